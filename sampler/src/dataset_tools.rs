@@ -1,0 +1,212 @@
+//! The dataset commands: `generate` (synthetic graphs), `import-parquet`
+//! (node and edge tables) and `inspect` (full validation and a summary).
+
+use std::time::Instant;
+
+use anyhow::Context;
+use offgnn_shared::dataset::Dataset;
+use offgnn_shared::parquet_import::{self, ImportConfig};
+use offgnn_shared::report::{human_bytes, print_summary};
+use offgnn_shared::synthetic::{self, GeneratorConfig};
+use offgnn_shared::topology::{Csr, CsrOptions};
+use offgnn_shared::{npy, progress};
+
+use crate::{GenerateArgs, ImportArgs, InspectArgs, Preset};
+
+pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
+    let defaults = GeneratorConfig::default();
+    let cfg = GeneratorConfig {
+        name: args
+            .out
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "synthetic".into()),
+        num_nodes: args.nodes,
+        avg_degree: args.avg_degree,
+        feature_dim: args.feature_dim,
+        dtype: args.dtype.into(),
+        num_classes: args.classes,
+        train_fraction: args.train_fraction,
+        valid_fraction: args.valid_fraction,
+        homophily: args.homophily,
+        power_law_exponent: args.power_law,
+        signal: args.signal.unwrap_or(defaults.signal),
+        seed: args.seed,
+    };
+    let summary = synthetic::generate(&args.out, &cfg, args.overwrite, true)
+        .with_context(|| format!("generating {}", args.out.display()))?;
+    print_summary(
+        &format!("generated {}", args.out.display()),
+        &[
+            ("nodes", summary.num_nodes.to_string()),
+            ("edges (directed)", summary.num_edges.to_string()),
+            (
+                "features",
+                format!(
+                    "{} x {} {}",
+                    summary.num_nodes, summary.feature_dim, summary.dtype
+                ),
+            ),
+            ("feature file", human_bytes(summary.feature_bytes)),
+            ("edge file", human_bytes(summary.edge_bytes)),
+            ("wall time", format!("{:.1} s", summary.seconds)),
+            (
+                "throughput",
+                format!(
+                    "{:.0} rows/s, {:.1} MB/s of features",
+                    summary.rows_per_sec, summary.feature_mb_per_sec
+                ),
+            ),
+        ],
+        &serde_json::json!({ "command": "generate", "dataset": args.out, "summary": summary }),
+    );
+    Ok(())
+}
+
+pub fn import_parquet(args: &ImportArgs) -> anyhow::Result<()> {
+    let mut cfg = match args.preset {
+        Some(Preset::Cora) => ImportConfig::cora(args.nodes.clone(), args.edges.clone()),
+        None => ImportConfig {
+            name: String::new(),
+            nodes: args.nodes.clone(),
+            edges: args.edges.clone(),
+            id_column: args.id_column.clone(),
+            features_column: args.features_column.clone(),
+            label_column: args.label_column.clone(),
+            source_column: args.source_column.clone(),
+            target_column: args.target_column.clone(),
+            add_reverse: args.add_reverse,
+            dtype: npy::DType::F32,
+            train_fraction: 0.0,
+            valid_fraction: 0.0,
+            split_seed: 0,
+        },
+    };
+    cfg.name = args.name.clone().unwrap_or_else(|| {
+        args.out
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
+    cfg.add_reverse |= args.add_reverse;
+    cfg.dtype = args.dtype.into();
+    cfg.train_fraction = args.train_fraction;
+    cfg.valid_fraction = args.valid_fraction;
+    cfg.split_seed = args.split_seed;
+    let started = Instant::now();
+    let s = parquet_import::import(&args.out, &cfg, args.overwrite)
+        .with_context(|| format!("importing into {}", args.out.display()))?;
+    print_summary(
+        &format!("imported {}", s.dataset.display()),
+        &[
+            ("nodes", s.num_nodes.to_string()),
+            ("edges in table", s.input_edges.to_string()),
+            (
+                "edges written",
+                format!(
+                    "{}{}",
+                    s.num_edges,
+                    if cfg.add_reverse {
+                        " (with reverse)"
+                    } else {
+                        ""
+                    }
+                ),
+            ),
+            ("classes", s.num_classes.to_string()),
+            ("feature dim", s.feature_dim.to_string()),
+            (
+                "split",
+                format!(
+                    "train {} / valid {} / test {} (seed {})",
+                    s.train, s.valid, s.test, cfg.split_seed
+                ),
+            ),
+            (
+                "wall time",
+                format!("{:.2} s", started.elapsed().as_secs_f64()),
+            ),
+        ],
+        &serde_json::json!({ "command": "import-parquet", "summary": s }),
+    );
+    Ok(())
+}
+
+pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
+    let ds = Dataset::open(&args.dataset)?;
+    let opts = CsrOptions {
+        add_reverse: args.add_reverse,
+        dedup: args.dedup,
+        keep_self_loops: !args.drop_self_loops,
+    };
+    let started = Instant::now();
+    let bar = progress::bar(ds.edges.len_hint().unwrap_or(0) * 2, "edges", "edges");
+    let csr = Csr::from_edge_list(&ds.edges, opts, |n| bar.inc(n))?;
+    bar.finish_and_clear();
+    let csr_seconds = started.elapsed().as_secs_f64();
+    let max_degree = (0..csr.num_nodes() as u32)
+        .map(|v| csr.degree(v))
+        .max()
+        .unwrap_or(0);
+    let feature_bytes = ds.features.row_bytes() * ds.num_nodes;
+    print_summary(
+        &format!("dataset {} ({})", ds.name, ds.root.display()),
+        &[
+            ("nodes", ds.num_nodes.to_string()),
+            (
+                "edges in file",
+                ds.edges.len_hint().map_or("csv".into(), |e| e.to_string()),
+            ),
+            ("csr edges", csr.num_edges().to_string()),
+            (
+                "mean / max in-degree",
+                format!(
+                    "{:.2} / {max_degree}",
+                    csr.num_edges() as f64 / ds.num_nodes as f64
+                ),
+            ),
+            (
+                "features",
+                format!(
+                    "{} x {} {} ({})",
+                    ds.num_nodes,
+                    ds.feature_dim(),
+                    ds.features.dtype(),
+                    human_bytes(feature_bytes)
+                ),
+            ),
+            ("classes", ds.num_classes.to_string()),
+            (
+                "train / valid / test",
+                format!(
+                    "{} / {} / {}",
+                    ds.train.seeds.len(),
+                    ds.valid.seeds.len(),
+                    ds.test.seeds.len()
+                ),
+            ),
+            (
+                "csr build",
+                format!("{csr_seconds:.2} s, {}", human_bytes(csr.memory_bytes())),
+            ),
+        ],
+        &serde_json::json!({
+            "command": "inspect",
+            "dataset": ds.root,
+            "name": ds.name,
+            "num_nodes": ds.num_nodes,
+            "num_edges_file": ds.edges.len_hint(),
+            "num_edges_csr": csr.num_edges(),
+            "max_in_degree": max_degree,
+            "feature_dim": ds.feature_dim(),
+            "feature_dtype": ds.features.dtype(),
+            "feature_bytes": feature_bytes,
+            "num_classes": ds.num_classes,
+            "train": ds.train.seeds.len(),
+            "valid": ds.valid.seeds.len(),
+            "test": ds.test.seeds.len(),
+            "csr_seconds": csr_seconds,
+        }),
+    );
+    Ok(())
+}

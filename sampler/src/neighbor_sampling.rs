@@ -1,0 +1,233 @@
+//! Node-wise uniform neighbor sampling without replacement (GraphSAGE;
+//! DiskGNN §3 samples offline exactly what online training would). One
+//! mini-batch becomes a stack of message-flow-graph blocks, as DGL builds
+//! them: each block's destination nodes are a prefix of its source nodes,
+//! and the input nodes (the last hop's sources) start with the seeds.
+//!
+//! Every batch draws from its own generator seeded by (run seed, split,
+//! epoch, batch index), so the output does not depend on which thread
+//! sampled which batch.
+
+use offgnn_shared::dataset::Split;
+use offgnn_shared::samples::Block;
+use offgnn_shared::topology::Csr;
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+
+/// Per-thread scratch space: a global-to-local id map kept all-`u32::MAX`
+/// between batches (only touched entries are reset), so a batch costs time
+/// in its own size, not the graph's.
+pub struct Scratch {
+    local: Vec<u32>,
+    picks: Vec<u32>,
+}
+
+impl Scratch {
+    pub fn new(num_nodes: u64) -> Self {
+        Scratch {
+            local: vec![u32::MAX; num_nodes as usize],
+            picks: Vec::new(),
+        }
+    }
+}
+
+/// splitmix64: decorrelates nearby seeds before they seed a generator.
+pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The generator of one (split, epoch, batch) of a run.
+pub fn batch_rng(seed: u64, split: Split, epoch: u32, index: u32) -> Pcg64Mcg {
+    let tag = match split {
+        Split::Train => 1u64,
+        Split::Valid => 2,
+        Split::Test => 3,
+    };
+    let key = mix(mix(mix(seed) ^ tag) ^ epoch as u64) ^ index as u64;
+    Pcg64Mcg::seed_from_u64(mix(key))
+}
+
+/// Samples the blocks of one batch. `fanouts` are per layer, input layer
+/// first (as DGL's `NeighborSampler`): the seeds' layer uses the last.
+pub fn sample_blocks(
+    csr: &Csr,
+    fanouts: &[usize],
+    seeds: &[u32],
+    rng: &mut impl Rng,
+    scratch: &mut Scratch,
+) -> (Vec<u32>, Vec<Block>) {
+    let mut nodes: Vec<u32> = Vec::with_capacity(seeds.len() * 8);
+    for &s in seeds {
+        debug_assert_eq!(scratch.local[s as usize], u32::MAX, "seeds are unique");
+        scratch.local[s as usize] = nodes.len() as u32;
+        nodes.push(s);
+    }
+    let mut blocks = Vec::with_capacity(fanouts.len());
+    let mut num_dst = nodes.len();
+    for &fanout in fanouts.iter().rev() {
+        let mut src = Vec::with_capacity(num_dst * fanout);
+        let mut dst = Vec::with_capacity(num_dst * fanout);
+        for d in 0..num_dst {
+            let neighbors = csr.neighbors(nodes[d]);
+            let picks: &[u32] = if neighbors.len() <= fanout {
+                neighbors
+            } else {
+                choose(neighbors, fanout, rng, &mut scratch.picks);
+                &scratch.picks
+            };
+            for &u in picks {
+                let slot = &mut scratch.local[u as usize];
+                if *slot == u32::MAX {
+                    *slot = nodes.len() as u32;
+                    nodes.push(u);
+                }
+                src.push(*slot);
+                dst.push(d as u32);
+            }
+        }
+        blocks.push(Block {
+            num_src: nodes.len() as u32,
+            num_dst: num_dst as u32,
+            src,
+            dst,
+        });
+        num_dst = nodes.len();
+    }
+    for &v in &nodes {
+        scratch.local[v as usize] = u32::MAX;
+    }
+    blocks.reverse();
+    (nodes, blocks)
+}
+
+/// Picks `k < neighbors.len()` distinct neighbors uniformly (Floyd's
+/// algorithm: k draws, no allocation proportional to the degree).
+fn choose(neighbors: &[u32], k: usize, rng: &mut impl Rng, out: &mut Vec<u32>) {
+    let n = neighbors.len();
+    out.clear();
+    // Floyd picks positions; a linear membership test is fastest for the
+    // small k of GNN fan-outs.
+    let mut positions: [usize; 64] = [0; 64];
+    if k <= positions.len() {
+        let mut len = 0;
+        for j in (n - k)..n {
+            let t = rng.random_range(0..=j);
+            let pick = if positions[..len].contains(&t) { j } else { t };
+            positions[len] = pick;
+            len += 1;
+        }
+        out.extend(positions[..len].iter().map(|&p| neighbors[p]));
+    } else {
+        let mut chosen = std::collections::HashSet::with_capacity(k);
+        for j in (n - k)..n {
+            let t = rng.random_range(0..=j);
+            let pick = if chosen.contains(&t) { j } else { t };
+            chosen.insert(pick);
+            out.push(neighbors[pick]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use offgnn_shared::topology::CsrOptions;
+    use proptest::prelude::*;
+    use std::collections::HashSet;
+
+    fn csr(n: u64, edges: &[(u64, u64)]) -> Csr {
+        let (src, dst): (Vec<u64>, Vec<u64>) = edges.iter().copied().unzip();
+        Csr::build(
+            n,
+            CsrOptions {
+                dedup: true,
+                ..Default::default()
+            },
+            |sink| sink(&src, &dst),
+        )
+        .unwrap()
+    }
+
+    fn graph() -> impl Strategy<Value = (u64, Vec<(u64, u64)>)> {
+        (2u64..80).prop_flat_map(|n| (Just(n), prop::collection::vec((0..n, 0..n), 0..600)))
+    }
+
+    proptest! {
+        #[test]
+        fn blocks_are_valid_message_flow_graphs(
+            (n, edges) in graph(),
+            fanouts in prop::collection::vec(1usize..8, 1..4),
+            seed: u64,
+            num_seeds in 1usize..10,
+        ) {
+            let g = csr(n, &edges);
+            let seeds: Vec<u32> = (0..n as u32).step_by(3).take(num_seeds).collect();
+            let mut scratch = Scratch::new(n);
+            let mut rng = Pcg64Mcg::seed_from_u64(seed);
+            let (nodes, blocks) = sample_blocks(&g, &fanouts, &seeds, &mut rng, &mut scratch);
+
+            // Input nodes are unique, start with the seeds.
+            prop_assert_eq!(&nodes[..seeds.len()], seeds.as_slice());
+            prop_assert_eq!(nodes.iter().collect::<HashSet<_>>().len(), nodes.len());
+            prop_assert_eq!(blocks.len(), fanouts.len());
+            // Outermost block's destinations are the seeds; each block's
+            // destinations are the next block's sources; the input layer's
+            // sources are all input nodes.
+            prop_assert_eq!(blocks.last().unwrap().num_dst as usize, seeds.len());
+            prop_assert_eq!(blocks[0].num_src as usize, nodes.len());
+            for w in blocks.windows(2) {
+                prop_assert_eq!(w[0].num_dst, w[1].num_src);
+            }
+            for (block, &fanout) in blocks.iter().zip(&fanouts) {
+                prop_assert!(block.num_dst <= block.num_src);
+                let mut per_dst: Vec<Vec<u32>> = vec![Vec::new(); block.num_dst as usize];
+                for (&s, &d) in block.src.iter().zip(&block.dst) {
+                    prop_assert!(s < block.num_src && d < block.num_dst);
+                    // Every sampled edge exists in the graph.
+                    let (gs, gd) = (nodes[s as usize], nodes[d as usize]);
+                    prop_assert!(g.neighbors(gd).binary_search(&gs).is_ok(), "{} -> {} not in graph", gs, gd);
+                    per_dst[d as usize].push(gs);
+                }
+                for (d, picked) in per_dst.iter().enumerate() {
+                    let degree = g.degree(nodes[d]) as usize;
+                    // Fan-out respected; all neighbors taken when fewer.
+                    prop_assert_eq!(picked.len(), degree.min(fanout));
+                    // No neighbor twice for one node in one layer.
+                    prop_assert_eq!(picked.iter().collect::<HashSet<_>>().len(), picked.len());
+                }
+            }
+            // The scratch map is clean for the next batch.
+            prop_assert!(scratch.local.iter().all(|&l| l == u32::MAX));
+        }
+    }
+
+    #[test]
+    fn floyd_is_uniform_enough() {
+        let neighbors: Vec<u32> = (0..10).collect();
+        let mut counts = [0u32; 10];
+        let mut rng = Pcg64Mcg::seed_from_u64(7);
+        let mut out = Vec::new();
+        for _ in 0..20_000 {
+            choose(&neighbors, 3, &mut rng, &mut out);
+            for &v in &out {
+                counts[v as usize] += 1;
+            }
+        }
+        // Each neighbor is picked with probability 3/10: 6000 expected.
+        for c in counts {
+            assert!((5600..6400).contains(&c), "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn large_fanouts_take_the_set_path() {
+        let neighbors: Vec<u32> = (0..500).collect();
+        let mut rng = Pcg64Mcg::seed_from_u64(1);
+        let mut out = Vec::new();
+        choose(&neighbors, 100, &mut rng, &mut out);
+        assert_eq!(out.iter().collect::<HashSet<_>>().len(), 100);
+    }
+}

@@ -1,0 +1,62 @@
+//! The end-of-run summary of `sampler`: a table, then the JSON summary.
+
+use offgnn_shared::report::{human_bytes, print_summary};
+
+use crate::sample_run::{Outcome, SampleConfig};
+
+pub fn print(cfg: &SampleConfig, o: &Outcome) {
+    let bytes: u64 = o.shard.files.iter().map(|f| f.object.size).sum();
+    let per_sec = o.batches as f64 / o.sample_seconds.max(1e-9);
+    let mut rows = vec![
+        (
+            "dataset",
+            format!(
+                "{} ({} nodes)",
+                o.shard.dataset.name, o.shard.dataset.num_nodes
+            ),
+        ),
+        (
+            "fan-outs / batch size",
+            format!("{:?} / {}", cfg.fanouts, cfg.batch_size),
+        ),
+        ("shard", format!("{} of {}", cfg.shard, cfg.num_shards)),
+        ("batches", o.batches.to_string()),
+        ("sampled edges", o.edges.to_string()),
+        (
+            "files",
+            format!("{} ({})", o.shard.files.len(), human_bytes(bytes)),
+        ),
+        ("topology", format!("{:.2} s", o.csr_seconds)),
+        (
+            "sampling",
+            format!(
+                "{:.2} s, {per_sec:.1} batches/s, {:.0} edges/s on {} threads",
+                o.sample_seconds,
+                o.edges as f64 / o.sample_seconds.max(1e-9),
+                cfg.threads
+            ),
+        ),
+    ];
+    rows.push((
+        "committed",
+        match &o.run {
+            Some(_) => format!("yes: {}/run.json", offgnn_shared::store::redact(&cfg.out)),
+            None => "not yet: waiting for the other shards".into(),
+        },
+    ));
+    let json = serde_json::json!({
+        "command": "sample",
+        "out": offgnn_shared::store::redact(&cfg.out),
+        "committed": o.run.is_some(),
+        "batches": o.batches,
+        "edges": o.edges,
+        "bytes": bytes,
+        "threads": cfg.threads,
+        "csr_seconds": o.csr_seconds,
+        "sample_seconds": o.sample_seconds,
+        "batches_per_second": per_sec,
+        "shard": &o.shard,
+        "run": &o.run,
+    });
+    print_summary("sampling run", &rows, &json);
+}

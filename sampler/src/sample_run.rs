@@ -1,0 +1,510 @@
+//! One sampling run (or one shard of it): plan the batches of every split and
+//! epoch, sample them on a thread pool, stream them as Parquet into the
+//! object store, and commit with the run summary (DiskGNN §3: all sampling
+//! happens before training, so the packer can see every access).
+//!
+//! The plan is fixed by the dataset, the parameters and the seed: training
+//! seeds are shuffled per epoch by a generator of (seed, epoch); batches are
+//! cut in order; every `batches_per_file` batches make one file; files are
+//! dealt to shards round-robin. Each batch has its own generator, so threads
+//! and shards change who samples a batch, never what is sampled.
+
+use std::sync::Mutex;
+use std::sync::mpsc::sync_channel;
+use std::time::Instant;
+
+use offgnn_shared::dataset::{Dataset, Split, file_fingerprint};
+use offgnn_shared::samples::{
+    self, DatasetInfo, FORMAT, FORMAT_VERSION, RUN_SUMMARY, RunSummary, SampleFile, SampledBatch,
+    SamplingParams, ShardFiles, ShardSummary, SplitCounts,
+};
+use offgnn_shared::store::Store;
+use offgnn_shared::topology::{Csr, CsrOptions};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rayon::prelude::*;
+
+use crate::neighbor_sampling::{Scratch, batch_rng, mix, sample_blocks};
+
+/// Row groups are flushed once this much is buffered.
+const ROW_GROUP_BYTES: usize = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error(
+        "{0} already holds a committed sampling run (run.json); pass --overwrite to replace it"
+    )]
+    Committed(String),
+    #[error(transparent)]
+    Shared(#[from] offgnn_shared::Error),
+    #[error("{file}: {fault}")]
+    Write { file: String, fault: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Clone, Debug)]
+pub struct SampleConfig {
+    pub dataset: std::path::PathBuf,
+    pub out: String,
+    pub fanouts: Vec<usize>,
+    pub batch_size: usize,
+    pub epochs: u32,
+    pub seed: u64,
+    pub threads: usize,
+    pub shard: u32,
+    pub num_shards: u32,
+    pub overwrite: bool,
+    pub batches_per_file: u32,
+    pub csr: CsrOptions,
+    pub show_progress: bool,
+}
+
+/// Parses `10,15,20`: positive fan-outs, input layer first.
+pub fn parse_fanouts(text: &str) -> Result<Vec<usize>> {
+    let parts: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    if parts.is_empty() {
+        return Err(Error::InvalidArgument(
+            "--fanout is empty: give one fan-out per layer, e.g. 10,15,20".into(),
+        ));
+    }
+    parts
+        .iter()
+        .map(|p| match p.parse::<usize>() {
+            Ok(0) => Err(Error::InvalidArgument(format!(
+                "--fanout {text}: a fan-out of 0 samples nothing"
+            ))),
+            Ok(k) => Ok(k),
+            Err(_) => Err(Error::InvalidArgument(format!(
+                "--fanout {text}: '{p}' is not a positive integer"
+            ))),
+        })
+        .collect()
+}
+
+impl SampleConfig {
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(m));
+        if self.fanouts.is_empty() || self.fanouts.contains(&0) {
+            return bad("fan-outs must be a non-empty list of positive integers".into());
+        }
+        if self.batch_size == 0 {
+            return bad("--batch-size must be at least 1".into());
+        }
+        if self.epochs == 0 {
+            return bad("--epochs must be at least 1".into());
+        }
+        if self.num_shards == 0 {
+            return bad("--num-shards must be at least 1".into());
+        }
+        if self.shard >= self.num_shards {
+            return bad(format!(
+                "--shard {} is out of range for --num-shards {} (shards are 0..{})",
+                self.shard, self.num_shards, self.num_shards
+            ));
+        }
+        if self.batches_per_file == 0 {
+            return bad("--batches-per-file must be at least 1".into());
+        }
+        if self.threads == 0 {
+            return bad("--threads must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    fn params(&self) -> SamplingParams {
+        SamplingParams {
+            fanouts: self.fanouts.clone(),
+            batch_size: self.batch_size,
+            epochs: self.epochs,
+            seed: self.seed,
+            batches_per_file: self.batches_per_file,
+            add_reverse_edges: self.csr.add_reverse,
+            dedup_edges: self.csr.dedup,
+            keep_self_loops: self.csr.keep_self_loops,
+        }
+    }
+}
+
+/// One output file's worth of batches.
+struct Unit {
+    split: Split,
+    epoch: u32,
+    part: u32,
+    first_batch: u32,
+    /// (seed, label) pairs of each batch.
+    batches: Vec<Vec<(u32, u32)>>,
+}
+
+/// The seeds of a split in the order one epoch visits them.
+fn epoch_order(ds: &Dataset, split: Split, epoch: u32, seed: u64) -> Vec<(u32, u32)> {
+    let set = ds.split(split);
+    let mut pairs: Vec<(u32, u32)> = set
+        .seeds
+        .iter()
+        .copied()
+        .zip(set.labels.iter().copied())
+        .collect();
+    if split == Split::Train {
+        let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(mix(mix(seed) ^ 0xE90C ^ epoch as u64));
+        pairs.shuffle(&mut rng);
+    }
+    pairs
+}
+
+/// Every file of the run, in a fixed order; `owned` filters one shard's.
+fn plan(ds: &Dataset, cfg: &SampleConfig, owned: bool) -> Vec<Unit> {
+    let mut units = Vec::new();
+    let mut global = 0u32;
+    let epochs = |split: Split| if split == Split::Train { cfg.epochs } else { 1 };
+    for split in Split::ALL {
+        for epoch in 0..epochs(split) {
+            let order = epoch_order(ds, split, epoch, cfg.seed);
+            let batches: Vec<Vec<(u32, u32)>> =
+                order.chunks(cfg.batch_size).map(<[_]>::to_vec).collect();
+            for (part, chunk) in batches.chunks(cfg.batches_per_file as usize).enumerate() {
+                if !owned || global % cfg.num_shards == cfg.shard {
+                    units.push(Unit {
+                        split,
+                        epoch,
+                        part: part as u32,
+                        first_batch: part as u32 * cfg.batches_per_file,
+                        batches: chunk.to_vec(),
+                    });
+                }
+                global += 1;
+            }
+        }
+    }
+    units
+}
+
+/// What a run (or shard) did.
+pub struct Outcome {
+    pub shard: ShardSummary,
+    /// Present when this process wrote the run summary.
+    pub run: Option<RunSummary>,
+    pub batches: u64,
+    pub edges: u64,
+    pub sample_seconds: f64,
+    pub csr_seconds: f64,
+}
+
+fn shard_name(shard: u32, num_shards: u32) -> String {
+    format!("_shards/shard-{shard:05}-of-{num_shards:05}.json")
+}
+
+/// Runs sampling as configured.
+pub fn run(cfg: &SampleConfig) -> Result<Outcome> {
+    cfg.validate()?;
+    let started = Instant::now();
+    let ds = Dataset::open(&cfg.dataset)?;
+    let store = Store::open(&cfg.out)?;
+
+    // Never leave a committed summary over files that are about to change.
+    if store.exists(RUN_SUMMARY)? {
+        if !cfg.overwrite {
+            return Err(Error::Committed(store.url().to_string()));
+        }
+        store.delete(RUN_SUMMARY)?;
+    }
+    if cfg.overwrite {
+        if cfg.num_shards == 1 {
+            store.delete_prefix("samples")?;
+            store.delete_prefix("_shards")?;
+        } else {
+            store.delete(&shard_name(cfg.shard, cfg.num_shards))?;
+        }
+    }
+
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(cfg.threads)
+        .build()
+        .map_err(|e| {
+            Error::InvalidArgument(format!("cannot start {} threads: {e}", cfg.threads))
+        })?;
+
+    let csr_started = Instant::now();
+    let bar = if cfg.show_progress {
+        offgnn_shared::progress::bar(ds.edges.len_hint().unwrap_or(0) * 2, "topology", "edges")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let csr = pool.install(|| Csr::from_edge_list(&ds.edges, cfg.csr, |n| bar.inc(n)))?;
+    bar.finish_and_clear();
+    let csr_seconds = csr_started.elapsed().as_secs_f64();
+    tracing::info!(
+        "topology: {} nodes, {} edges in CSR ({:.1} s)",
+        csr.num_nodes(),
+        csr.num_edges(),
+        csr_seconds
+    );
+
+    let dataset = DatasetInfo {
+        name: ds.name.clone(),
+        location: ds.root.display().to_string(),
+        fingerprint: ds.fingerprint()?,
+        feature_fingerprint: file_fingerprint(ds.features.path())?,
+        num_nodes: ds.num_nodes,
+        num_classes: ds.num_classes,
+        feature_dim: ds.feature_dim(),
+        feature_dtype: ds.features.dtype(),
+        graph_edges: csr.num_edges(),
+    };
+
+    let units = plan(&ds, cfg, true);
+    let total: u64 = units.iter().map(|u| u.batches.len() as u64).sum();
+    let bar = if cfg.show_progress {
+        offgnn_shared::progress::bar(total, "sampling", "batches")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let scratch = Mutex::new(Vec::<Scratch>::new());
+    let sample_started = Instant::now();
+    let mut files = Vec::with_capacity(units.len());
+    for unit in &units {
+        files.push(write_unit(&store, &csr, cfg, unit, &pool, &scratch, &bar)?);
+    }
+    bar.finish_and_clear();
+    let sample_seconds = sample_started.elapsed().as_secs_f64();
+    let (batches, edges) = files.iter().fold((0u64, 0u64), |(b, e), f| {
+        (b + f.batches as u64, e + f.edges)
+    });
+
+    let shard = ShardSummary {
+        format: FORMAT.into(),
+        format_version: FORMAT_VERSION,
+        shard: cfg.shard,
+        num_shards: cfg.num_shards,
+        dataset,
+        params: cfg.params(),
+        files,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    let run = if cfg.num_shards == 1 {
+        Some(commit(&store, &ds, cfg, vec![shard.clone()])?)
+    } else {
+        let body = serde_json::to_vec_pretty(&shard).expect("summaries serialize");
+        store.put(&shard_name(cfg.shard, cfg.num_shards), body)?;
+        try_commit_shards(&store, &ds, cfg)?
+    };
+    Ok(Outcome {
+        shard,
+        run,
+        batches,
+        edges,
+        sample_seconds,
+        csr_seconds,
+    })
+}
+
+/// Samples one unit's batches in parallel windows and streams them into one
+/// Parquet object; a writer thread encodes while the pool samples.
+fn write_unit(
+    store: &Store,
+    csr: &Csr,
+    cfg: &SampleConfig,
+    unit: &Unit,
+    pool: &rayon::ThreadPool,
+    scratch: &Mutex<Vec<Scratch>>,
+    bar: &indicatif::ProgressBar,
+) -> Result<SampleFile> {
+    let name = samples::file_name(unit.split, unit.epoch, unit.part);
+    let fail = |fault: String| Error::Write {
+        file: format!("{}/{name}", store.url().trim_end_matches('/')),
+        fault,
+    };
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(1).expect("level 1 is valid"),
+        ))
+        .set_dictionary_enabled(false)
+        .set_statistics_enabled(EnabledStatistics::None)
+        // Destinations are runs of equal ids: delta encoding stores them in bits.
+        .set_column_encoding(
+            ColumnPath::from(vec!["edge_dst".into(), "list".into(), "item".into()]),
+            Encoding::DELTA_BINARY_PACKED,
+        )
+        .set_max_row_group_size(1 << 20)
+        .build();
+    let mut writer = ArrowWriter::try_new(store.writer(&name), samples::schema(), Some(props))
+        .map_err(|e| fail(e.to_string()))?;
+
+    let window = (cfg.threads * 2).max(2);
+    let (tx, rx) = sync_channel::<Vec<SampledBatch>>(1);
+    let (edges, inputs, object) = std::thread::scope(|s| {
+        let encoder = s.spawn(move || -> Result<_> {
+            let (mut edges, mut inputs) = (0u64, 0u64);
+            for batches in rx {
+                edges += batches.iter().map(SampledBatch::num_edges).sum::<u64>();
+                inputs += batches
+                    .iter()
+                    .map(|b| b.input_nodes.len() as u64)
+                    .sum::<u64>();
+                let rb = samples::to_record_batch(&batches)?;
+                writer.write(&rb).map_err(|e| fail(e.to_string()))?;
+                if writer.in_progress_size() > ROW_GROUP_BYTES {
+                    writer.flush().map_err(|e| fail(e.to_string()))?;
+                }
+            }
+            let object = writer.into_inner().map_err(|e| fail(e.to_string()))?;
+            Ok((edges, inputs, object.finish()?))
+        });
+        for (w, chunk) in unit.batches.chunks(window).enumerate() {
+            let first = unit.first_batch + (w * window) as u32;
+            let sampled: Vec<SampledBatch> = pool.install(|| {
+                chunk
+                    .par_iter()
+                    .enumerate()
+                    .map(|(k, pairs)| {
+                        let index = first + k as u32;
+                        let mut mine = scratch
+                            .lock()
+                            .expect("scratch pool")
+                            .pop()
+                            .unwrap_or_else(|| Scratch::new(csr.num_nodes()));
+                        let seeds: Vec<u32> = pairs.iter().map(|p| p.0).collect();
+                        let labels: Vec<u32> = pairs.iter().map(|p| p.1).collect();
+                        let mut rng = batch_rng(cfg.seed, unit.split, unit.epoch, index);
+                        let (input_nodes, blocks) =
+                            sample_blocks(csr, &cfg.fanouts, &seeds, &mut rng, &mut mine);
+                        scratch.lock().expect("scratch pool").push(mine);
+                        SampledBatch {
+                            split: unit.split,
+                            epoch: unit.epoch,
+                            index,
+                            seeds,
+                            labels,
+                            input_nodes,
+                            blocks,
+                        }
+                    })
+                    .collect()
+            });
+            bar.inc(sampled.len() as u64);
+            if tx.send(sampled).is_err() {
+                break; // the encoder failed; its error is returned below
+            }
+        }
+        drop(tx);
+        encoder.join().expect("the encoder thread does not panic")
+    })?;
+    Ok(SampleFile {
+        object,
+        split: unit.split,
+        epoch: unit.epoch,
+        first_batch: unit.first_batch,
+        batches: unit.batches.len() as u32,
+        edges,
+        input_nodes: inputs,
+    })
+}
+
+/// Writes the run summary from every shard's summary: the commit point.
+fn commit(
+    store: &Store,
+    ds: &Dataset,
+    cfg: &SampleConfig,
+    shards: Vec<ShardSummary>,
+) -> Result<RunSummary> {
+    let mut counts = std::collections::BTreeMap::new();
+    for split in Split::ALL {
+        let seeds = ds.split(split).seeds.len() as u64;
+        let epochs = if split == Split::Train { cfg.epochs } else { 1 };
+        counts.insert(
+            split,
+            SplitCounts {
+                epochs,
+                batches_per_epoch: seeds.div_ceil(cfg.batch_size as u64) as u32,
+                seeds,
+                ..Default::default()
+            },
+        );
+    }
+    let mut files: Vec<SampleFile> = shards
+        .iter()
+        .flat_map(|s| s.files.iter().cloned())
+        .collect();
+    files.sort_by(|a, b| a.object.name.cmp(&b.object.name));
+    for f in &files {
+        let c = counts.get_mut(&f.split).expect("every split is counted");
+        c.batches += f.batches as u64;
+        c.edges += f.edges;
+        c.input_nodes += f.input_nodes;
+    }
+    let expected: u64 = counts
+        .values()
+        .map(|c| c.batches_per_epoch as u64 * c.epochs as u64)
+        .sum();
+    let found: u64 = counts.values().map(|c| c.batches).sum();
+    if expected != found {
+        return Err(Error::InvalidArgument(format!(
+            "the shards hold {found} batches, the plan has {expected}: shards of different runs?"
+        )));
+    }
+    let run = RunSummary {
+        format: FORMAT.into(),
+        format_version: FORMAT_VERSION,
+        dataset: shards[0].dataset.clone(),
+        params: shards[0].params.clone(),
+        num_shards: cfg.num_shards,
+        counts,
+        files,
+        shards: shards
+            .iter()
+            .map(|s| ShardFiles {
+                shard: s.shard,
+                files: s.files.iter().map(|f| f.object.name.clone()).collect(),
+            })
+            .collect(),
+        seconds: shards.iter().map(|s| s.seconds).fold(0.0, f64::max),
+    };
+    store.put(
+        RUN_SUMMARY,
+        serde_json::to_vec_pretty(&run).expect("summaries serialize"),
+    )?;
+    Ok(run)
+}
+
+/// In a sharded run, the shard that finds every shard's summary present
+/// writes the run summary. Shards of another run (different dataset or
+/// parameters) are refused rather than mixed.
+fn try_commit_shards(
+    store: &Store,
+    ds: &Dataset,
+    cfg: &SampleConfig,
+) -> Result<Option<RunSummary>> {
+    let mut shards = Vec::with_capacity(cfg.num_shards as usize);
+    for i in 0..cfg.num_shards {
+        let name = shard_name(i, cfg.num_shards);
+        if !store.exists(&name)? {
+            tracing::info!(
+                "shard {i} of {} has not finished: not committing yet",
+                cfg.num_shards
+            );
+            return Ok(None);
+        }
+        let summary: ShardSummary =
+            serde_json::from_slice(&store.get(&name)?).map_err(|e| Error::Write {
+                file: name.clone(),
+                fault: format!("malformed shard summary: {e}"),
+            })?;
+        if summary.params != cfg.params() || summary.dataset.fingerprint != ds.fingerprint()? {
+            return Err(Error::InvalidArgument(format!(
+                "{name} was written by a run with other parameters or another dataset; rerun it or pass --overwrite"
+            )));
+        }
+        shards.push(summary);
+    }
+    commit(store, ds, cfg, shards).map(Some)
+}

@@ -1,0 +1,16 @@
+//! Shared building blocks of offgnn: dataset formats (GraphBolt `OnDiskDataset`,
+//! `.npy`, Parquet import), the graph in CSR, synthetic graphs, and progress
+//! reporting. See `DESIGN.md` for how the three programs use them.
+
+pub mod dataset;
+pub mod error;
+pub mod npy;
+pub mod parquet_import;
+pub mod progress;
+pub mod report;
+pub mod samples;
+pub mod store;
+pub mod synthetic;
+pub mod topology;
+
+pub use error::{Error, Result};

@@ -1,0 +1,373 @@
+//! Imports a graph exported as two Parquet tables — nodes (id, feature list,
+//! label) and edges (source id, target id) — into the `OnDiskDataset` layout.
+//! Arbitrary 64-bit node ids are remapped to dense ids in the node table's row
+//! order; features stream to the `.npy` file as the table is read, so only the
+//! id map and the labels are held in memory.
+//!
+//! The split is fixed and documented: a seeded shuffle of the dense ids
+//! ([`crate::dataset::seeded_split`]), by default seed 0 with 60% train, 20%
+//! validation and 20% test.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Float32Type, Int64Type};
+use half::f16;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use crate::dataset::{DatasetSpec, DatasetWriter, Split, layout, seeded_split};
+use crate::error::{Error, Result};
+use crate::npy::{self, DType, NpyWriter};
+
+/// Where the tables are and which columns hold what.
+#[derive(Clone, Debug)]
+pub struct ImportConfig {
+    pub name: String,
+    pub nodes: PathBuf,
+    pub edges: PathBuf,
+    pub id_column: String,
+    pub features_column: String,
+    pub label_column: String,
+    pub source_column: String,
+    pub target_column: String,
+    /// Also write `v -> u` for every `u -> v`.
+    pub add_reverse: bool,
+    /// Feature dtype on disk: F32 or F16.
+    pub dtype: DType,
+    pub train_fraction: f64,
+    pub valid_fraction: f64,
+    pub split_seed: u64,
+}
+
+impl ImportConfig {
+    /// Column names of the Cora tables shipped in `graphdatascience`
+    /// (`graphdatascience/resources/cora/`), with reverse edges added because
+    /// citations are messages in both directions for classification.
+    pub fn cora(nodes: PathBuf, edges: PathBuf) -> Self {
+        ImportConfig {
+            name: "cora".into(),
+            nodes,
+            edges,
+            id_column: "nodeId".into(),
+            features_column: "features".into(),
+            label_column: "subject".into(),
+            source_column: "sourceNodeId".into(),
+            target_column: "targetNodeId".into(),
+            add_reverse: true,
+            dtype: DType::F32,
+            train_fraction: 0.6,
+            valid_fraction: 0.2,
+            split_seed: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ImportSummary {
+    pub dataset: PathBuf,
+    pub num_nodes: u64,
+    /// Edges in the input table.
+    pub input_edges: u64,
+    /// Edges written (doubled when reverse edges are added).
+    pub num_edges: u64,
+    pub num_classes: u32,
+    pub feature_dim: u64,
+    pub train: usize,
+    pub valid: usize,
+    pub test: usize,
+}
+
+fn open_table(
+    path: &Path,
+) -> Result<(u64, parquet::arrow::arrow_reader::ParquetRecordBatchReader)> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| Error::parquet(path, format!("not a readable Parquet file: {e}")))?;
+    let rows = builder.metadata().file_metadata().num_rows().max(0) as u64;
+    let reader = builder
+        .with_batch_size(8192)
+        .build()
+        .map_err(|e| Error::parquet(path, e.to_string()))?;
+    Ok((rows, reader))
+}
+
+fn column<'a>(path: &Path, batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
+    batch.column_by_name(name).ok_or_else(|| {
+        let have: Vec<_> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        Error::parquet(
+            path,
+            format!("no column '{name}' (columns: {})", have.join(", ")),
+        )
+    })
+}
+
+/// A column of integer ids as i64, refusing nulls.
+fn int_column(path: &Path, batch: &RecordBatch, name: &str) -> Result<Vec<i64>> {
+    let col = column(path, batch, name)?;
+    if !col.data_type().is_integer() {
+        return Err(Error::parquet(
+            path,
+            format!(
+                "column '{name}' has type {}, an integer column is required",
+                col.data_type()
+            ),
+        ));
+    }
+    if col.null_count() > 0 {
+        return Err(Error::parquet(path, format!("column '{name}' holds nulls")));
+    }
+    let cast = arrow::compute::cast(col, &DataType::Int64)
+        .map_err(|e| Error::parquet(path, format!("column '{name}': {e}")))?;
+    Ok(cast.as_primitive::<Int64Type>().values().to_vec())
+}
+
+/// Imports the tables, writing the dataset to `out` (refused when it exists,
+/// unless `overwrite`).
+pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportSummary> {
+    if !matches!(cfg.dtype, DType::F32 | DType::F16) {
+        return Err(Error::InvalidArgument(format!(
+            "feature dtype {} is not supported (float32 or float16)",
+            cfg.dtype
+        )));
+    }
+    let writer = DatasetWriter::create(out, overwrite)?;
+
+    // Nodes: ids, labels, and features streamed to disk in row order.
+    let (num_nodes, reader) = open_table(&cfg.nodes)?;
+    if num_nodes == 0 {
+        return Err(Error::parquet(&cfg.nodes, "the node table is empty"));
+    }
+    let mut ids: HashMap<i64, u32> = HashMap::with_capacity(num_nodes as usize);
+    let mut labels: Vec<u64> = Vec::with_capacity(num_nodes as usize);
+    let mut features: Option<(NpyWriter, u64)> = None;
+    let mut row = 0u64;
+    for batch in reader {
+        let batch = batch.map_err(|e| Error::parquet(&cfg.nodes, e.to_string()))?;
+        let batch_ids = int_column(&cfg.nodes, &batch, &cfg.id_column)?;
+        for (k, id) in batch_ids.into_iter().enumerate() {
+            let dense = u32::try_from(row + k as u64).map_err(|_| {
+                Error::parquet(&cfg.nodes, "more than 2^32 - 1 nodes are not supported")
+            })?;
+            if ids.insert(id, dense).is_some() {
+                return Err(Error::parquet(
+                    &cfg.nodes,
+                    format!("node id {id} appears twice (row {})", row + k as u64),
+                ));
+            }
+        }
+        for (k, l) in int_column(&cfg.nodes, &batch, &cfg.label_column)?
+            .into_iter()
+            .enumerate()
+        {
+            if l < 0 {
+                return Err(Error::parquet(
+                    &cfg.nodes,
+                    format!("negative label {l} at row {}", row + k as u64),
+                ));
+            }
+            labels.push(l as u64);
+        }
+        let (values, dim) = feature_rows(&cfg.nodes, &batch, &cfg.features_column, row)?;
+        let (w, d) = match &mut features {
+            Some(f) => f,
+            None => {
+                let w =
+                    NpyWriter::create(writer.path(layout::FEATURES), cfg.dtype, &[num_nodes, dim])?;
+                features.insert((w, dim))
+            }
+        };
+        if dim != *d {
+            return Err(Error::parquet(
+                &cfg.nodes,
+                format!("feature lists change length from {d} to {dim} near row {row}"),
+            ));
+        }
+        match cfg.dtype {
+            DType::F16 => {
+                let halves: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
+                let bytes: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+                w.write_bytes(&bytes)?;
+            }
+            _ => {
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                w.write_bytes(&bytes)?;
+            }
+        }
+        row += batch.num_rows() as u64;
+    }
+    let (features, feature_dim) = features.expect("the node table has rows");
+    features.finish()?;
+    let num_classes = labels.iter().max().map_or(0, |&m| m + 1);
+    if num_classes < 2 || num_classes > u32::MAX as u64 {
+        return Err(Error::parquet(
+            &cfg.nodes,
+            format!("labels span {num_classes} classes; at least 2 are required"),
+        ));
+    }
+    npy::write_i64(writer.path(layout::LABELS), &labels)?;
+
+    // Edges: remap to dense ids; the table's row count fixes the array shape.
+    let (input_edges, reader) = open_table(&cfg.edges)?;
+    let copies = if cfg.add_reverse { 2 } else { 1 };
+    let num_edges = input_edges * copies;
+    let mut edges = NpyWriter::create(writer.path(layout::EDGES), DType::I64, &[2, num_edges])?;
+    let mut at = 0u64;
+    for batch in reader {
+        let batch = batch.map_err(|e| Error::parquet(&cfg.edges, e.to_string()))?;
+        let dense = |name: &str| -> Result<Vec<u8>> {
+            let col = int_column(&cfg.edges, &batch, name)?;
+            let mut out = Vec::with_capacity(col.len() * 8);
+            for (k, id) in col.into_iter().enumerate() {
+                let d = ids.get(&id).ok_or_else(|| {
+                    Error::parquet(
+                        &cfg.edges,
+                        format!(
+                            "{name} {id} at row {} is not in the node table",
+                            at + k as u64
+                        ),
+                    )
+                })?;
+                out.extend_from_slice(&(*d as i64).to_le_bytes());
+            }
+            Ok(out)
+        };
+        let (src, dst) = (dense(&cfg.source_column)?, dense(&cfg.target_column)?);
+        // Row 0 of the [2, E] array holds sources, row 1 destinations; the
+        // reversed copies follow the originals in each row.
+        edges.write_at(at * 8, &src)?;
+        edges.write_at((num_edges + at) * 8, &dst)?;
+        if cfg.add_reverse {
+            edges.write_at((input_edges + at) * 8, &dst)?;
+            edges.write_at((num_edges + input_edges + at) * 8, &src)?;
+        }
+        at += batch.num_rows() as u64;
+    }
+    if at != input_edges {
+        return Err(Error::parquet(
+            &cfg.edges,
+            format!("metadata promises {input_edges} rows, read {at}"),
+        ));
+    }
+    edges.finish()?;
+
+    let [train, valid, test] = seeded_split(
+        num_nodes,
+        cfg.train_fraction,
+        cfg.valid_fraction,
+        cfg.split_seed,
+    )?;
+    for (split, seeds) in [
+        (Split::Train, &train),
+        (Split::Valid, &valid),
+        (Split::Test, &test),
+    ] {
+        let split_labels: Vec<u64> = seeds.iter().map(|&s| labels[s as usize]).collect();
+        writer.write_split(split, seeds, &split_labels)?;
+    }
+    let dataset = writer.commit(&DatasetSpec {
+        name: cfg.name.clone(),
+        num_nodes,
+        num_classes: num_classes as u32,
+    })?;
+    Ok(ImportSummary {
+        dataset,
+        num_nodes,
+        input_edges,
+        num_edges,
+        num_classes: num_classes as u32,
+        feature_dim,
+        train: train.len(),
+        valid: valid.len(),
+        test: test.len(),
+    })
+}
+
+/// The feature lists of a batch flattened to f32, with their common length.
+fn feature_rows(
+    path: &Path,
+    batch: &RecordBatch,
+    name: &str,
+    first_row: u64,
+) -> Result<(Vec<f32>, u64)> {
+    let col = column(path, batch, name)?;
+    if col.null_count() > 0 {
+        return Err(Error::parquet(
+            path,
+            format!("column '{name}' holds null feature lists"),
+        ));
+    }
+    let (offsets, values): (Vec<usize>, ArrayRef) = match col.data_type() {
+        DataType::List(_) => {
+            let l = col.as_list::<i32>();
+            (
+                l.value_offsets().iter().map(|&o| o as usize).collect(),
+                Arc::clone(l.values()),
+            )
+        }
+        DataType::LargeList(_) => {
+            let l = col.as_list::<i64>();
+            (
+                l.value_offsets().iter().map(|&o| o as usize).collect(),
+                Arc::clone(l.values()),
+            )
+        }
+        DataType::FixedSizeList(_, n) => {
+            let l = col.as_fixed_size_list();
+            let n = *n as usize;
+            (
+                (0..=l.len())
+                    .map(|i| l.value_offset(0) as usize + i * n)
+                    .collect(),
+                Arc::clone(l.values()),
+            )
+        }
+        other => {
+            return Err(Error::parquet(
+                path,
+                format!("column '{name}' has type {other}, a list of numbers is required"),
+            ));
+        }
+    };
+    if !(values.data_type().is_numeric()) {
+        return Err(Error::parquet(
+            path,
+            format!(
+                "column '{name}' holds {} values, numbers are required",
+                values.data_type()
+            ),
+        ));
+    }
+    let values = arrow::compute::cast(&values, &DataType::Float32)
+        .map_err(|e| Error::parquet(path, format!("column '{name}': {e}")))?;
+    let values = values.as_primitive::<Float32Type>();
+    let dim = offsets.get(1).map_or(0, |&e| e - offsets[0]);
+    if dim == 0 {
+        return Err(Error::parquet(
+            path,
+            format!("column '{name}' has empty feature lists"),
+        ));
+    }
+    let mut out = Vec::with_capacity(dim * batch.num_rows());
+    for (r, w) in offsets.windows(2).enumerate() {
+        if w[1] - w[0] != dim {
+            return Err(Error::parquet(
+                path,
+                format!(
+                    "feature list at row {} has length {}, expected {dim}",
+                    first_row + r as u64,
+                    w[1] - w[0]
+                ),
+            ));
+        }
+        out.extend_from_slice(&values.values()[w[0]..w[1]]);
+    }
+    Ok((out, dim as u64))
+}

@@ -1,0 +1,515 @@
+//! The sampler's output format, read by the packer and the trainer.
+//!
+//! A run lives under one URL:
+//!
+//! ```text
+//! samples/split=train/epoch=0000/part-00000.parquet   (training batches, per epoch)
+//! samples/split=valid/epoch=0000/part-00000.parquet   (sampled once)
+//! samples/split=test/epoch=0000/part-00000.parquet
+//! _shards/shard-00000-of-00004.json                    (sharded runs: what each shard wrote)
+//! run.json                                             (the run summary: the commit point)
+//! ```
+//!
+//! `run.json` is written last; a run without it is incomplete and is never
+//! read. It names every file with its size and SHA-256.
+//!
+//! Each Parquet row is one mini-batch (zstd; row groups of at most ~64 MiB):
+//!
+//! | column | type | meaning |
+//! |---|---|---|
+//! | `split` | utf8 | `train`, `valid` or `test` |
+//! | `epoch` | uint32 | sampled epoch (0 for valid and test) |
+//! | `index` | uint32 | batch position within its split and epoch |
+//! | `seeds` | list<uint32> | seed nodes (global ids) |
+//! | `labels` | list<uint32> | their labels |
+//! | `input_nodes` | list<uint32> | unique global ids of all nodes whose features are read, seeds first |
+//! | `block_num_src` | list<uint32> | per layer, input layer first: source-node count |
+//! | `block_num_dst` | list<uint32> | per layer: destination-node count (a prefix of the sources) |
+//! | `block_edge_offsets` | list<uint64> | layers + 1 offsets into `edge_src`/`edge_dst` |
+//! | `edge_src` | list<uint32> | edge sources in the layer's local ids |
+//! | `edge_dst` | list<uint32> | edge destinations in local ids, non-decreasing within a layer |
+//!
+//! Local id `i` of any layer is global node `input_nodes[i]`.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, AsArray, ListArray, ListBuilder, RecordBatch, StringArray, UInt32Array,
+    UInt32Builder, UInt64Builder,
+};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type, UInt64Type};
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::Split;
+use crate::error::{Error, Result};
+use crate::store::{Store, WrittenObject};
+
+/// Name of the run summary, the commit point of a sampling run.
+pub const RUN_SUMMARY: &str = "run.json";
+/// Format identifier and version of the samples layout.
+pub const FORMAT: &str = "offgnn-samples";
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One layer's sampled edges in local ids: `src[i] -> dst[i]`, with
+/// `dst < num_dst <= num_src`, grouped by destination in increasing order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub num_src: u32,
+    pub num_dst: u32,
+    pub src: Vec<u32>,
+    pub dst: Vec<u32>,
+}
+
+/// A sampled mini-batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SampledBatch {
+    pub split: Split,
+    pub epoch: u32,
+    /// Position of the batch within its split and epoch.
+    pub index: u32,
+    pub seeds: Vec<u32>,
+    pub labels: Vec<u32>,
+    /// Unique global ids of every node whose features the model reads,
+    /// seeds first; local id `i` of any layer is `input_nodes[i]`.
+    pub input_nodes: Vec<u32>,
+    /// Blocks from the input layer (`blocks[0]`, the widest) to the output
+    /// layer (whose destinations are the seeds).
+    pub blocks: Vec<Block>,
+}
+
+impl SampledBatch {
+    pub fn num_edges(&self) -> u64 {
+        self.blocks.iter().map(|b| b.src.len() as u64).sum()
+    }
+}
+
+/// The Arrow schema of a samples file.
+pub fn schema() -> SchemaRef {
+    let list = |name: &str, item: DataType| {
+        Field::new(
+            name,
+            DataType::List(Arc::new(Field::new_list_field(item, false))),
+            false,
+        )
+    };
+    Arc::new(Schema::new(vec![
+        Field::new("split", DataType::Utf8, false),
+        Field::new("epoch", DataType::UInt32, false),
+        Field::new("index", DataType::UInt32, false),
+        list("seeds", DataType::UInt32),
+        list("labels", DataType::UInt32),
+        list("input_nodes", DataType::UInt32),
+        list("block_num_src", DataType::UInt32),
+        list("block_num_dst", DataType::UInt32),
+        list("block_edge_offsets", DataType::UInt64),
+        list("edge_src", DataType::UInt32),
+        list("edge_dst", DataType::UInt32),
+    ]))
+}
+
+fn u32_list(rows: impl Iterator<Item = Vec<u32>>) -> ArrayRef {
+    let mut b = ListBuilder::new(UInt32Builder::new())
+        .with_field(Arc::new(Field::new_list_field(DataType::UInt32, false)));
+    for row in rows {
+        b.values().append_slice(&row);
+        b.append(true);
+    }
+    Arc::new(b.finish())
+}
+
+/// Encodes batches as one Arrow record batch (one row each).
+pub fn to_record_batch(batches: &[SampledBatch]) -> Result<RecordBatch> {
+    let split = StringArray::from_iter_values(batches.iter().map(|b| b.split.name()));
+    let epoch = UInt32Array::from_iter_values(batches.iter().map(|b| b.epoch));
+    let index = UInt32Array::from_iter_values(batches.iter().map(|b| b.index));
+    let mut offsets = ListBuilder::new(UInt64Builder::new())
+        .with_field(Arc::new(Field::new_list_field(DataType::UInt64, false)));
+    for b in batches {
+        let mut at = 0u64;
+        offsets.values().append_value(0);
+        for block in &b.blocks {
+            at += block.src.len() as u64;
+            offsets.values().append_value(at);
+        }
+        offsets.append(true);
+    }
+    let concat = |b: &SampledBatch, f: fn(&Block) -> &Vec<u32>| -> Vec<u32> {
+        let mut out = Vec::with_capacity(b.num_edges() as usize);
+        for block in &b.blocks {
+            out.extend_from_slice(f(block));
+        }
+        out
+    };
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(split),
+        Arc::new(epoch),
+        Arc::new(index),
+        u32_list(batches.iter().map(|b| b.seeds.clone())),
+        u32_list(batches.iter().map(|b| b.labels.clone())),
+        u32_list(batches.iter().map(|b| b.input_nodes.clone())),
+        u32_list(
+            batches
+                .iter()
+                .map(|b| b.blocks.iter().map(|k| k.num_src).collect()),
+        ),
+        u32_list(
+            batches
+                .iter()
+                .map(|b| b.blocks.iter().map(|k| k.num_dst).collect()),
+        ),
+        Arc::new(offsets.finish()),
+        u32_list(batches.iter().map(|b| concat(b, |k| &k.src))),
+        u32_list(batches.iter().map(|b| concat(b, |k| &k.dst))),
+    ];
+    RecordBatch::try_new(schema(), columns)
+        .map_err(|e| Error::InvalidArgument(format!("cannot encode batches: {e}")))
+}
+
+/// Decodes the rows of a record batch, checking the invariants a consumer
+/// relies on (ids in range, offsets consistent). `origin` names the file.
+pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBatch>> {
+    let bad = |fault: String| Error::Store {
+        url: origin.to_string(),
+        fault,
+    };
+    let col = |name: &str| -> Result<&ArrayRef> {
+        rb.column_by_name(name)
+            .ok_or_else(|| bad(format!("no column '{name}': not a samples file")))
+    };
+    let list = |name: &str| -> Result<&ListArray> {
+        col(name)?
+            .as_list_opt::<i32>()
+            .ok_or_else(|| bad(format!("column '{name}' is not a list")))
+    };
+    let u32s = |l: &ListArray, row: usize| -> Result<Vec<u32>> {
+        let v = l.value(row);
+        v.as_primitive_opt::<UInt32Type>()
+            .map(|a| a.values().to_vec())
+            .ok_or_else(|| bad("a list column does not hold uint32".into()))
+    };
+    let split = col("split")?
+        .as_string_opt::<i32>()
+        .ok_or_else(|| bad("column 'split' is not utf8".into()))?;
+    let epoch = col("epoch")?
+        .as_primitive_opt::<UInt32Type>()
+        .ok_or_else(|| bad("column 'epoch' is not uint32".into()))?;
+    let index = col("index")?
+        .as_primitive_opt::<UInt32Type>()
+        .ok_or_else(|| bad("column 'index' is not uint32".into()))?;
+    let (seeds, labels, input) = (list("seeds")?, list("labels")?, list("input_nodes")?);
+    let (nsrc, ndst, offs) = (
+        list("block_num_src")?,
+        list("block_num_dst")?,
+        list("block_edge_offsets")?,
+    );
+    let (esrc, edst) = (list("edge_src")?, list("edge_dst")?);
+    let mut out = Vec::with_capacity(rb.num_rows());
+    for row in 0..rb.num_rows() {
+        let split = match split.value(row) {
+            "train" => Split::Train,
+            "valid" => Split::Valid,
+            "test" => Split::Test,
+            other => return Err(bad(format!("row {row}: unknown split '{other}'"))),
+        };
+        let offsets: Vec<u64> = offs
+            .value(row)
+            .as_primitive_opt::<UInt64Type>()
+            .map(|a| a.values().to_vec())
+            .ok_or_else(|| bad("column 'block_edge_offsets' is not uint64".into()))?;
+        let (num_src, num_dst) = (u32s(nsrc, row)?, u32s(ndst, row)?);
+        let (src, dst) = (u32s(esrc, row)?, u32s(edst, row)?);
+        let input_nodes = u32s(input, row)?;
+        let layers = num_src.len();
+        if num_dst.len() != layers
+            || offsets.len() != layers + 1
+            || offsets.first() != Some(&0)
+            || offsets.last() != Some(&(src.len() as u64))
+            || src.len() != dst.len()
+            || offsets.windows(2).any(|w| w[0] > w[1])
+        {
+            return Err(bad(format!("row {row}: block columns disagree")));
+        }
+        let mut blocks = Vec::with_capacity(layers);
+        for l in 0..layers {
+            let r = offsets[l] as usize..offsets[l + 1] as usize;
+            let block = Block {
+                num_src: num_src[l],
+                num_dst: num_dst[l],
+                src: src[r.clone()].to_vec(),
+                dst: dst[r].to_vec(),
+            };
+            if block.num_dst > block.num_src
+                || block.num_src as usize > input_nodes.len()
+                || block.src.iter().any(|&s| s >= block.num_src)
+                || block.dst.iter().any(|&d| d >= block.num_dst)
+            {
+                return Err(bad(format!(
+                    "row {row}: layer {l} has local ids out of range"
+                )));
+            }
+            blocks.push(block);
+        }
+        let seeds = u32s(seeds, row)?;
+        let labels = u32s(labels, row)?;
+        if labels.len() != seeds.len() || input_nodes.get(..seeds.len()) != Some(&seeds[..]) {
+            return Err(bad(format!(
+                "row {row}: seeds, labels and input nodes disagree"
+            )));
+        }
+        out.push(SampledBatch {
+            split,
+            epoch: epoch.value(row),
+            index: index.value(row),
+            seeds,
+            labels,
+            input_nodes,
+            blocks,
+        });
+    }
+    Ok(out)
+}
+
+/// The relative name of a samples file.
+pub fn file_name(split: Split, epoch: u32, part: u32) -> String {
+    format!(
+        "samples/split={}/epoch={epoch:04}/part-{part:05}.parquet",
+        split.name()
+    )
+}
+
+/// One file of a run, as the run summary lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleFile {
+    #[serde(flatten)]
+    pub object: WrittenObject,
+    pub split: Split,
+    pub epoch: u32,
+    /// Index of the first batch in the file and how many follow.
+    pub first_batch: u32,
+    pub batches: u32,
+    pub edges: u64,
+    pub input_nodes: u64,
+}
+
+/// Per-split totals.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitCounts {
+    pub epochs: u32,
+    pub batches_per_epoch: u32,
+    pub seeds: u64,
+    pub batches: u64,
+    pub edges: u64,
+    pub input_nodes: u64,
+}
+
+/// The identity of the dataset a run was sampled from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatasetInfo {
+    pub name: String,
+    pub location: String,
+    /// SHA-256 over the metadata, topology, labels and sets (see `fingerprint`).
+    pub fingerprint: String,
+    /// SHA-256 over the feature file's header, size and sampled contents.
+    pub feature_fingerprint: String,
+    pub num_nodes: u64,
+    pub num_classes: u32,
+    pub feature_dim: u64,
+    pub feature_dtype: crate::npy::DType,
+    pub graph_edges: u64,
+}
+
+/// How the run was sampled.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    pub fanouts: Vec<usize>,
+    pub batch_size: usize,
+    pub epochs: u32,
+    pub seed: u64,
+    pub batches_per_file: u32,
+    pub add_reverse_edges: bool,
+    pub dedup_edges: bool,
+    pub keep_self_loops: bool,
+}
+
+/// What one shard of a run wrote.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShardSummary {
+    pub format: String,
+    pub format_version: u32,
+    pub shard: u32,
+    pub num_shards: u32,
+    pub dataset: DatasetInfo,
+    pub params: SamplingParams,
+    pub files: Vec<SampleFile>,
+    pub seconds: f64,
+}
+
+/// `run.json`: the commit point and table of contents of a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub format: String,
+    pub format_version: u32,
+    pub dataset: DatasetInfo,
+    pub params: SamplingParams,
+    pub num_shards: u32,
+    pub counts: std::collections::BTreeMap<Split, SplitCounts>,
+    /// Every file of the run, sorted by name.
+    pub files: Vec<SampleFile>,
+    /// Which files each shard wrote (one entry for an unsharded run).
+    pub shards: Vec<ShardFiles>,
+    /// Wall seconds of the slowest shard.
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardFiles {
+    pub shard: u32,
+    pub files: Vec<String>,
+}
+
+impl RunSummary {
+    /// Reads and checks the run summary of a samples location.
+    pub fn read(store: &Store) -> Result<RunSummary> {
+        let bytes = store.get(RUN_SUMMARY).map_err(|e| match e {
+            Error::Store { url, fault }
+                if fault.contains("not found") || fault.contains("NotFound") =>
+            {
+                Error::Store {
+                    url,
+                    fault: "no run summary: the sampling run is missing or incomplete".into(),
+                }
+            }
+            other => other,
+        })?;
+        let origin = format!("{}/{RUN_SUMMARY}", store.url().trim_end_matches('/'));
+        let run: RunSummary = serde_json::from_slice(&bytes).map_err(|e| Error::Store {
+            url: origin.clone(),
+            fault: format!("malformed run summary: {e}"),
+        })?;
+        if run.format != FORMAT || run.format_version != FORMAT_VERSION {
+            return Err(Error::Store {
+                url: origin,
+                fault: format!(
+                    "format {} version {} is not {FORMAT} version {FORMAT_VERSION}",
+                    run.format, run.format_version
+                ),
+            });
+        }
+        Ok(run)
+    }
+
+    /// The files of one split and epoch, in batch order.
+    pub fn files_of(&self, split: Split, epoch: u32) -> Vec<&SampleFile> {
+        let mut files: Vec<&SampleFile> = self
+            .files
+            .iter()
+            .filter(|f| f.split == split && f.epoch == epoch)
+            .collect();
+        files.sort_by_key(|f| f.first_batch);
+        files
+    }
+}
+
+/// Reads every batch of one samples file, checking its size and checksum
+/// against the run summary first.
+pub fn read_file(store: &Store, file: &SampleFile) -> Result<Vec<SampledBatch>> {
+    use sha2::Digest;
+    let bytes = store.get(&file.object.name)?;
+    let origin = format!("{}/{}", store.url().trim_end_matches('/'), file.object.name);
+    let sum = crate::store::hex(&sha2::Sha256::digest(&bytes));
+    if bytes.len() as u64 != file.object.size || sum != file.object.sha256 {
+        return Err(Error::Store {
+            url: origin,
+            fault:
+                "size or checksum differs from the run summary: the file is corrupt or was replaced"
+                    .into(),
+        });
+    }
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .map_err(|e| Error::Store {
+            url: origin.clone(),
+            fault: format!("not a readable Parquet file: {e}"),
+        })?
+        .with_batch_size(16)
+        .build()
+        .map_err(|e| Error::Store {
+            url: origin.clone(),
+            fault: e.to_string(),
+        })?;
+    let mut out = Vec::with_capacity(file.batches as usize);
+    for rb in reader {
+        let rb = rb.map_err(|e| Error::Store {
+            url: origin.clone(),
+            fault: e.to_string(),
+        })?;
+        out.extend(from_record_batch(&origin, &rb)?);
+    }
+    if out.len() != file.batches as usize {
+        return Err(Error::Store {
+            url: origin,
+            fault: format!(
+                "holds {} batches, the run summary says {}",
+                out.len(),
+                file.batches
+            ),
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch() -> SampledBatch {
+        SampledBatch {
+            split: Split::Valid,
+            epoch: 0,
+            index: 3,
+            seeds: vec![5, 9],
+            labels: vec![1, 0],
+            input_nodes: vec![5, 9, 2, 7],
+            blocks: vec![
+                Block {
+                    num_src: 4,
+                    num_dst: 3,
+                    src: vec![2, 3, 0],
+                    dst: vec![0, 1, 2],
+                },
+                Block {
+                    num_src: 3,
+                    num_dst: 2,
+                    src: vec![2, 1],
+                    dst: vec![0, 1],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn record_batch_round_trip() {
+        let batches = vec![
+            batch(),
+            SampledBatch {
+                index: 4,
+                ..batch()
+            },
+        ];
+        let rb = to_record_batch(&batches).unwrap();
+        assert_eq!(from_record_batch("x", &rb).unwrap(), batches);
+    }
+
+    #[test]
+    fn rejects_inconsistent_rows() {
+        let mut b = batch();
+        b.blocks[1].src[0] = 7; // out of the layer's source range
+        let rb = to_record_batch(&[b]).unwrap();
+        let err = from_record_batch("file.parquet", &rb)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("file.parquet") && err.contains("out of range"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,410 @@
+//! Object-store access for all three programs: one [`Store`] per URL (a local
+//! path, `file://`, `s3://`, `gs://`, `az://`, or `memory://` for tests) with
+//! a blocking API over `object_store`, so that sampling and packing threads
+//! stay plain threads (tokio lives only here). Large objects are written
+//! through [`ObjectWriter`], which uploads in parts above a threshold and
+//! checksums what it writes.
+
+use std::io::Write;
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::buffered::BufWriter;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use sha2::{Digest, Sha256};
+use tokio::runtime::Runtime;
+use tokio_util::io::SyncIoBridge;
+
+use crate::error::{Error, Result};
+
+/// Objects larger than this go up as multipart uploads.
+const MULTIPART_THRESHOLD: usize = 16 << 20;
+
+fn runtime() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("offgnn-store")
+            .enable_all()
+            .build()
+            .expect("a tokio runtime for object-store I/O")
+    })
+}
+
+/// A location in an object store: the store and the prefix under it.
+#[derive(Clone, Debug)]
+pub struct Store {
+    inner: Arc<dyn ObjectStore>,
+    root: Path,
+    display: String,
+}
+
+/// Credentials and settings come from the environment, as each store's own
+/// tools read them (`AWS_*`, `GOOGLE_*`, `AZURE_*`).
+fn env_options() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(k, _)| {
+            let k = k.to_ascii_lowercase();
+            k.starts_with("aws_") || k.starts_with("google_") || k.starts_with("azure_")
+        })
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .collect()
+}
+
+/// The URL without user info or query, for messages and summaries: a
+/// credential in a URL never reaches a log.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.scheme() != "file" => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.to_string().trim_end_matches('/').to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl Store {
+    /// Opens a location. A plain path is a local directory (created if
+    /// missing, so that a first run has somewhere to write).
+    pub fn open(location: &str) -> Result<Store> {
+        let display = redact(location);
+        let bad = |fault: String| Error::Store {
+            url: display.clone(),
+            fault,
+        };
+        if location.starts_with("memory://") {
+            return Ok(Store {
+                inner: Arc::new(InMemory::new()),
+                root: Path::from(location.trim_start_matches("memory://")),
+                display,
+            });
+        }
+        let url = if location.contains("://") {
+            url::Url::parse(location).map_err(|e| bad(format!("not a valid URL: {e}")))?
+        } else {
+            let dir = std::path::Path::new(location);
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+            let abs = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
+            url::Url::from_directory_path(&abs)
+                .map_err(|_| bad("cannot be turned into a file:// URL".into()))?
+        };
+        if url.scheme() == "file" {
+            let dir = url
+                .to_file_path()
+                .map_err(|_| bad("not a local path".into()))?;
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        }
+        let (store, root) =
+            object_store::parse_url_opts(&url, env_options()).map_err(|e| bad(e.to_string()))?;
+        Ok(Store {
+            inner: Arc::from(store),
+            root,
+            display,
+        })
+    }
+
+    /// A fresh in-memory store (tests).
+    pub fn memory() -> Store {
+        Store {
+            inner: Arc::new(InMemory::new()),
+            root: Path::default(),
+            display: "memory://".into(),
+        }
+    }
+
+    /// The same store under a sub-prefix.
+    pub fn child(&self, rel: &str) -> Store {
+        Store {
+            inner: Arc::clone(&self.inner),
+            root: self.path(rel),
+            display: format!("{}/{}", self.display.trim_end_matches('/'), rel),
+        }
+    }
+
+    /// The location as given (credentials removed).
+    pub fn url(&self) -> &str {
+        &self.display
+    }
+
+    fn path(&self, rel: &str) -> Path {
+        rel.split('/')
+            .filter(|p| !p.is_empty())
+            .fold(self.root.clone(), |acc, part| acc.clone().join(part))
+    }
+
+    fn err(&self, rel: &str, e: impl std::fmt::Display) -> Error {
+        Error::Store {
+            url: format!("{}/{}", self.display.trim_end_matches('/'), rel),
+            fault: e.to_string(),
+        }
+    }
+
+    /// Writes a whole object atomically (readers see all of it or none).
+    pub fn put(&self, rel: &str, bytes: impl Into<Bytes>) -> Result<()> {
+        let path = self.path(rel);
+        runtime()
+            .block_on(self.inner.put(&path, PutPayload::from(bytes.into())))
+            .map(|_| ())
+            .map_err(|e| self.err(rel, e))
+    }
+
+    /// Writes an object only if none exists under that name; returns false
+    /// when one does. Stores without conditional writes fall back to a check
+    /// then a write.
+    pub fn put_if_absent(&self, rel: &str, bytes: impl Into<Bytes>) -> Result<bool> {
+        let path = self.path(rel);
+        let bytes = bytes.into();
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match runtime().block_on(
+            self.inner
+                .put_opts(&path, PutPayload::from(bytes.clone()), opts),
+        ) {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(object_store::Error::NotImplemented { .. }) => {
+                if self.exists(rel)? {
+                    Ok(false)
+                } else {
+                    self.put(rel, bytes).map(|_| true)
+                }
+            }
+            Err(e) => Err(self.err(rel, e)),
+        }
+    }
+
+    pub fn get(&self, rel: &str) -> Result<Bytes> {
+        let path = self.path(rel);
+        runtime()
+            .block_on(async { self.inner.get(&path).await?.bytes().await })
+            .map_err(|e| self.err(rel, e))
+    }
+
+    pub fn get_range(&self, rel: &str, range: Range<u64>) -> Result<Bytes> {
+        let path = self.path(rel);
+        runtime()
+            .block_on(self.inner.get_range(&path, range))
+            .map_err(|e| self.err(rel, e))
+    }
+
+    /// The object's size, or `None` when there is none.
+    pub fn size(&self, rel: &str) -> Result<Option<u64>> {
+        let path = self.path(rel);
+        match runtime().block_on(self.inner.head(&path)) {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(rel, e)),
+        }
+    }
+
+    pub fn exists(&self, rel: &str) -> Result<bool> {
+        Ok(self.size(rel)?.is_some())
+    }
+
+    /// Every object under `rel_prefix`, as (name relative to this store, size), sorted.
+    pub fn list(&self, rel_prefix: &str) -> Result<Vec<(String, u64)>> {
+        let prefix = self.path(rel_prefix);
+        let metas: Vec<_> = runtime()
+            .block_on(self.inner.list(Some(&prefix)).try_collect::<Vec<_>>())
+            .map_err(|e| self.err(rel_prefix, e))?;
+        let root_parts = self.root.parts().count();
+        let mut out: Vec<(String, u64)> = metas
+            .into_iter()
+            .map(|m| {
+                let rel: Vec<String> = m
+                    .location
+                    .parts()
+                    .skip(root_parts)
+                    .map(|p| p.as_ref().to_string())
+                    .collect();
+                (rel.join("/"), m.size)
+            })
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    pub fn delete(&self, rel: &str) -> Result<()> {
+        let path = self.path(rel);
+        match runtime().block_on(self.inner.delete(&path)) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.err(rel, e)),
+        }
+    }
+
+    /// Deletes every object under `rel_prefix`; returns how many.
+    pub fn delete_prefix(&self, rel_prefix: &str) -> Result<usize> {
+        let objects = self.list(rel_prefix)?;
+        for (name, _) in &objects {
+            self.delete(name)?;
+        }
+        Ok(objects.len())
+    }
+
+    /// A streaming writer for one object: multipart above 16 MiB, checksummed.
+    /// Must be called from a plain thread, not from async code.
+    pub fn writer(&self, rel: &str) -> ObjectWriter {
+        let path = self.path(rel);
+        let inner = BufWriter::with_capacity(Arc::clone(&self.inner), path, MULTIPART_THRESHOLD)
+            .with_max_concurrency(4);
+        ObjectWriter {
+            bridge: Some(SyncIoBridge::new_with_handle(
+                inner,
+                runtime().handle().clone(),
+            )),
+            hasher: Sha256::new(),
+            size: 0,
+            name: rel.to_string(),
+            store: self.clone(),
+        }
+    }
+}
+
+/// What an [`ObjectWriter`] wrote.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WrittenObject {
+    /// Name relative to the store it was written to.
+    pub name: String,
+    pub size: u64,
+    /// Lower-case hex SHA-256 of the object's bytes.
+    pub sha256: String,
+}
+
+/// A `std::io::Write` into an object. Nothing is visible under the name until
+/// [`ObjectWriter::finish`]; dropped unfinished, the upload is abandoned.
+pub struct ObjectWriter {
+    bridge: Option<SyncIoBridge<BufWriter>>,
+    hasher: Sha256,
+    size: u64,
+    name: String,
+    store: Store,
+}
+
+impl Write for ObjectWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let bridge = self.bridge.as_mut().expect("writer used after finish");
+        let n = bridge.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.size += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        // Parts go up as they fill; a flush must not force a small part.
+        Ok(())
+    }
+}
+
+impl ObjectWriter {
+    /// Completes the upload and returns the object's size and checksum.
+    pub fn finish(mut self) -> Result<WrittenObject> {
+        let mut bridge = self.bridge.take().expect("finish called once");
+        bridge
+            .shutdown()
+            .map_err(|e| self.store.err(&self.name, e))?;
+        Ok(WrittenObject {
+            name: self.name.clone(),
+            size: self.size,
+            sha256: hex(&self.hasher.clone().finalize()),
+        })
+    }
+}
+
+impl Drop for ObjectWriter {
+    fn drop(&mut self) {
+        if let Some(bridge) = self.bridge.take() {
+            let mut inner = bridge.into_inner();
+            let _ = runtime().block_on(inner.abort());
+        }
+    }
+}
+
+/// Lower-case hex of a digest.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conformance(store: &Store) {
+        store.put("a/one.bin", vec![1u8, 2, 3]).unwrap();
+        assert_eq!(store.get("a/one.bin").unwrap().as_ref(), &[1, 2, 3]);
+        assert_eq!(
+            store.get_range("a/one.bin", 1..3).unwrap().as_ref(),
+            &[2, 3]
+        );
+        assert_eq!(store.size("a/one.bin").unwrap(), Some(3));
+        assert_eq!(store.size("a/none.bin").unwrap(), None);
+
+        assert!(store.put_if_absent("commit.json", b"{}".to_vec()).unwrap());
+        assert!(
+            !store
+                .put_if_absent("commit.json", b"{\"x\":1}".to_vec())
+                .unwrap()
+        );
+        assert_eq!(store.get("commit.json").unwrap().as_ref(), b"{}");
+
+        // A large object goes up in parts; its checksum is of all its bytes.
+        let big: Vec<u8> = (0..(MULTIPART_THRESHOLD as u32 + 12345))
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let mut w = store.writer("a/big.bin");
+        for chunk in big.chunks(1 << 20) {
+            w.write_all(chunk).unwrap();
+        }
+        let written = w.finish().unwrap();
+        assert_eq!(written.size, big.len() as u64);
+        assert_eq!(written.sha256, hex(&Sha256::digest(&big)));
+        assert_eq!(store.get("a/big.bin").unwrap().as_ref(), big.as_slice());
+
+        // An abandoned writer leaves nothing under its name.
+        let mut w = store.writer("a/abandoned.bin");
+        w.write_all(&big[..1000]).unwrap();
+        drop(w);
+        assert_eq!(store.size("a/abandoned.bin").unwrap(), None);
+
+        let names: Vec<String> = store
+            .list("a")
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, vec!["a/big.bin", "a/one.bin"]);
+        assert_eq!(store.delete_prefix("a").unwrap(), 2);
+        assert!(store.list("a").unwrap().is_empty());
+    }
+
+    #[test]
+    fn memory_store_conforms() {
+        conformance(&Store::memory());
+        conformance(&Store::memory().child("nested/prefix"));
+    }
+
+    #[test]
+    fn local_store_conforms() {
+        let dir = tempfile::tempdir().unwrap();
+        conformance(&Store::open(dir.path().join("x").to_str().unwrap()).unwrap());
+        let url = format!("file://{}", dir.path().join("y").display());
+        conformance(&Store::open(&url).unwrap());
+    }
+
+    #[test]
+    fn redacts_credentials() {
+        assert_eq!(
+            redact("https://user:secret@host/b?sig=abc"),
+            "https://host/b"
+        );
+        assert_eq!(redact("s3://bucket/prefix"), "s3://bucket/prefix");
+    }
+}
