@@ -56,6 +56,11 @@ impl Run {
 
 /// Runs a workspace binary with `args`.
 pub fn run(name: &str, args: &[&str]) -> Run {
+    run_with_env(name, args, &[])
+}
+
+/// Runs a workspace binary with `args` and extra environment variables.
+pub fn run_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     let Output {
         status,
         stdout,
@@ -63,6 +68,7 @@ pub fn run(name: &str, args: &[&str]) -> Run {
     } = Command::new(binary(name))
         .args(args)
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
     Run {

@@ -190,6 +190,7 @@ fn plan(ds: &Dataset, cfg: &SampleConfig, owned: bool) -> Vec<Unit> {
 }
 
 /// What a run (or shard) did.
+#[derive(Debug)]
 pub struct Outcome {
     pub shard: ShardSummary,
     /// Present when this process wrote the run summary.
@@ -204,12 +205,18 @@ fn shard_name(shard: u32, num_shards: u32) -> String {
     format!("_shards/shard-{shard:05}-of-{num_shards:05}.json")
 }
 
-/// Runs sampling as configured.
+/// Runs sampling as configured, into the store that `cfg.out` names.
 pub fn run(cfg: &SampleConfig) -> Result<Outcome> {
     cfg.validate()?;
-    let started = Instant::now();
     let ds = Dataset::open(&cfg.dataset)?;
     let store = Store::open(&cfg.out)?;
+    run_in(cfg, &ds, &store)
+}
+
+/// Runs sampling into an already opened store (tests use an in-memory one).
+pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome> {
+    cfg.validate()?;
+    let started = Instant::now();
 
     // Never leave a committed summary over files that are about to change.
     if store.exists(RUN_SUMMARY)? {
@@ -262,7 +269,7 @@ pub fn run(cfg: &SampleConfig) -> Result<Outcome> {
         graph_edges: csr.num_edges(),
     };
 
-    let units = plan(&ds, cfg, true);
+    let units = plan(ds, cfg, true);
     let total: u64 = units.iter().map(|u| u.batches.len() as u64).sum();
     let bar = if cfg.show_progress {
         offgnn_shared::progress::bar(total, "sampling", "batches")
@@ -273,7 +280,7 @@ pub fn run(cfg: &SampleConfig) -> Result<Outcome> {
     let sample_started = Instant::now();
     let mut files = Vec::with_capacity(units.len());
     for unit in &units {
-        files.push(write_unit(&store, &csr, cfg, unit, &pool, &scratch, &bar)?);
+        files.push(write_unit(store, &csr, cfg, unit, &pool, &scratch, &bar)?);
     }
     bar.finish_and_clear();
     let sample_seconds = sample_started.elapsed().as_secs_f64();
@@ -292,11 +299,11 @@ pub fn run(cfg: &SampleConfig) -> Result<Outcome> {
         seconds: started.elapsed().as_secs_f64(),
     };
     let run = if cfg.num_shards == 1 {
-        Some(commit(&store, &ds, cfg, vec![shard.clone()])?)
+        Some(commit(store, ds, cfg, vec![shard.clone()])?)
     } else {
         let body = serde_json::to_vec_pretty(&shard).expect("summaries serialize");
         store.put(&shard_name(cfg.shard, cfg.num_shards), body)?;
-        try_commit_shards(&store, &ds, cfg)?
+        try_commit_shards(store, ds, cfg)?
     };
     Ok(Outcome {
         shard,

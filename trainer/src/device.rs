@@ -50,7 +50,7 @@ pub fn print_info() -> anyhow::Result<()> {
         .collect();
     for device in devices {
         let a = tch::Tensor::ones([64, 64], (tch::Kind::Float, device));
-        let sum = (&a).matmul(&a).sum(tch::Kind::Float).double_value(&[]);
+        let sum = a.matmul(&a).sum(tch::Kind::Float).double_value(&[]);
         checks.push(serde_json::json!({ "device": format!("{device:?}"), "matmul_sum": sum }));
     }
     print_summary(

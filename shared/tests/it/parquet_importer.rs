@@ -53,7 +53,7 @@ fn imports_cora() {
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect();
     assert!(values.iter().all(|&v| v == 0.0 || v == 1.0));
-    assert!(values.iter().any(|&v| v == 1.0));
+    assert!(values.contains(&1.0));
     // Every class occurs; the largest (Neural_Networks) has 818 papers.
     let mut counts = [0usize; 7];
     for set in [&ds.train, &ds.valid, &ds.test] {
