@@ -1,14 +1,21 @@
-//! The packed-layout manifest: its format version and the rule for reading
-//! one. The packer writes `manifest.json` last, as the commit point of a
-//! layout; the trainer reads nothing a manifest does not name. The full
-//! schema (objects, tiers, address tables) grows with the packer; what is
-//! fixed from the start is that every manifest carries `format_version`, and
-//! a reader refuses versions it does not know instead of misreading them.
+//! The packed-layout manifest: schema, format version and validation.
+//!
+//! The packer writes `manifest.json` last, as the commit point of a layout;
+//! the trainer reads nothing the manifest does not name. Every object is
+//! named relative to the manifest's directory, with its size and CRC32C.
+//! A reader refuses a manifest of another format version instead of
+//! misreading it, and refuses object names that would leave the layout.
 
-use serde::Deserialize;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 /// The manifest format this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
+/// The manifest's own name inside a layout.
+pub const MANIFEST: &str = "manifest.json";
+/// Disk pages, and the alignment of every region of every object.
+pub const PAGE: u64 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -22,6 +29,8 @@ pub enum Error {
         "{origin}: manifest format version {found} is not supported (this build reads {FORMAT_VERSION})"
     )]
     UnsupportedVersion { origin: String, found: u32 },
+    #[error("{origin}: invalid manifest: {reason}")]
+    Invalid { origin: String, reason: String },
 }
 
 #[derive(Deserialize)]
@@ -29,8 +38,7 @@ struct VersionProbe {
     format_version: u32,
 }
 
-/// Reads only `format_version` from a manifest's bytes and checks that this
-/// build can read the rest. `origin` names the manifest in errors.
+/// Reads only `format_version` and checks that this build can read the rest.
 pub fn check_version(origin: &str, bytes: &[u8]) -> Result<u32, Error> {
     let probe: VersionProbe = serde_json::from_slice(bytes).map_err(|e| Error::Malformed {
         origin: origin.to_string(),
@@ -49,33 +57,357 @@ pub fn check_version(origin: &str, bytes: &[u8]) -> Result<u32, Error> {
     }
 }
 
+/// One object of the layout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Object {
+    /// Relative to the manifest's directory, `/`-separated.
+    pub name: String,
+    pub size: u64,
+    /// CRC32C (Castagnoli) of the object's bytes.
+    pub crc32c: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DatasetRef {
+    pub name: String,
+    pub num_nodes: u64,
+    pub feature_dim: u64,
+    /// `float32` or `float16`.
+    pub feature_dtype: String,
+    pub row_bytes: u64,
+    pub feature_file_bytes: u64,
+    /// The feature file that was packed (path or URL), for `packer verify`.
+    pub feature_location: String,
+    pub dataset_fingerprint: String,
+    pub feature_fingerprint: String,
+    pub num_classes: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SamplesRef {
+    pub location: String,
+    /// SHA-256 of the sampler's run.json.
+    pub run_sha256: String,
+    pub fanouts: Vec<usize>,
+    pub batch_size: usize,
+    pub epochs: u32,
+    pub seed: u64,
+}
+
+/// One cache tier: rows in slot order in one object.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Tier {
+    pub object: Option<String>,
+    pub rows: u64,
+    pub budget_bytes: u64,
+}
+
+/// A segment: its object holds the disk cache, then each batch's packed
+/// chunk; its table object holds the batches' address tables.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    pub object: String,
+    pub table: String,
+    /// `train`, `valid` or `test`.
+    pub split: String,
+    pub batches: u32,
+    pub disk_cache_rows: u64,
+    pub disk_cache_bytes: u64,
+    pub packed_rows: u64,
+    pub chunk_bytes: u64,
+}
+
+/// Where one batch lives: segment index and record index in its table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchRef {
+    pub segment: u32,
+    pub record: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Packing {
+    /// `batched` or `individual`.
+    pub mode: String,
+    /// `segmented` or `global`.
+    pub disk_cache: String,
+    pub segment_size: usize,
+    /// Whether the segment size came from the search (Algorithm 2).
+    pub searched: bool,
+    /// Algorithm 2's estimate of the training segments' bytes.
+    pub estimated_bytes: Option<u64>,
+    /// Feature-file partitions read (batched packing).
+    pub partitions: u64,
+    pub minhash_functions: usize,
+}
+
+/// Shares of training-batch row accesses served by each tier.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AccessShares {
+    pub gpu: f64,
+    pub cpu: f64,
+    pub disk_cache: f64,
+    pub packed: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub created_by: String,
+    pub dataset: DatasetRef,
+    pub samples: SamplesRef,
+    pub gpu_cache: Tier,
+    pub cpu_cache: Tier,
+    pub packing: Packing,
+    pub segments: Vec<Segment>,
+    /// Batches of each split (`train`, `valid`, `test`) per sampled epoch,
+    /// in the order the trainer consumes them.
+    pub schedule: BTreeMap<String, Vec<Vec<BatchRef>>>,
+    pub objects: Vec<Object>,
+    /// Bytes of every object on disk (features, address tables, topology).
+    pub disk_bytes: u64,
+    /// Bytes of the feature objects (caches and segments): what the disk
+    /// budget bounds.
+    pub feature_disk_bytes: u64,
+    /// `disk_bytes / feature_file_bytes`.
+    pub blow_up: f64,
+    /// Bytes a training epoch reads from disk over the bytes of the rows it
+    /// needs from disk (averaged over the sampled epochs).
+    pub predicted_read_amplification: f64,
+    pub access_shares: AccessShares,
+}
+
+fn safe_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('/')
+        && !name.contains('\\')
+        && name
+            .split('/')
+            .all(|p| !p.is_empty() && p != "." && p != "..")
+}
+
+impl Manifest {
+    /// Parses and validates a manifest: version first, then the schema,
+    /// then the references between its parts.
+    pub fn parse(origin: &str, bytes: &[u8]) -> Result<Manifest, Error> {
+        check_version(origin, bytes)?;
+        let m: Manifest = serde_json::from_slice(bytes).map_err(|e| Error::Malformed {
+            origin: origin.to_string(),
+            reason: e.to_string(),
+        })?;
+        m.validate().map_err(|reason| Error::Invalid {
+            origin: origin.to_string(),
+            reason,
+        })?;
+        Ok(m)
+    }
+
+    /// Checks that every reference resolves inside the layout.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut names = std::collections::HashSet::new();
+        for o in &self.objects {
+            if !safe_name(&o.name) {
+                return Err(format!(
+                    "object name '{}' leaves the layout's directory",
+                    o.name
+                ));
+            }
+            if !names.insert(o.name.as_str()) {
+                return Err(format!("object '{}' is listed twice", o.name));
+            }
+        }
+        let named = |n: &str| -> Result<(), String> {
+            if names.contains(n) {
+                Ok(())
+            } else {
+                Err(format!("'{n}' is not among the manifest's objects"))
+            }
+        };
+        for tier in [&self.gpu_cache, &self.cpu_cache] {
+            if let Some(o) = &tier.object {
+                named(o)?;
+            }
+        }
+        for s in &self.segments {
+            named(&s.object)?;
+            named(&s.table)?;
+        }
+        for (split, epochs) in &self.schedule {
+            if !matches!(split.as_str(), "train" | "valid" | "test") {
+                return Err(format!("unknown split '{split}' in the schedule"));
+            }
+            for refs in epochs {
+                for r in refs {
+                    let seg = self.segments.get(r.segment as usize).ok_or_else(|| {
+                        format!(
+                            "schedule names segment {} of {}",
+                            r.segment,
+                            self.segments.len()
+                        )
+                    })?;
+                    if r.record >= seg.batches {
+                        return Err(format!(
+                            "schedule names record {} of segment {} which holds {}",
+                            r.record, r.segment, seg.batches
+                        ));
+                    }
+                }
+            }
+        }
+        if self.schedule.get("train").is_none_or(|e| e.is_empty()) {
+            return Err("the schedule has no training epochs".into());
+        }
+        if self.dataset.row_bytes == 0 || self.dataset.num_nodes == 0 {
+            return Err("dataset shape is empty".into());
+        }
+        Ok(())
+    }
+
+    pub fn object(&self, name: &str) -> Option<&Object> {
+        self.objects.iter().find(|o| o.name == name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    pub(crate) fn sample() -> Manifest {
+        let obj = |name: &str| Object {
+            name: name.into(),
+            size: 4096,
+            crc32c: 7,
+        };
+        Manifest {
+            format_version: FORMAT_VERSION,
+            created_by: "test".into(),
+            dataset: DatasetRef {
+                name: "d".into(),
+                num_nodes: 10,
+                feature_dim: 4,
+                feature_dtype: "float32".into(),
+                row_bytes: 16,
+                feature_file_bytes: 288,
+                feature_location: "feat.npy".into(),
+                dataset_fingerprint: "a".into(),
+                feature_fingerprint: "b".into(),
+                num_classes: 2,
+            },
+            samples: SamplesRef {
+                location: "s".into(),
+                run_sha256: "c".into(),
+                fanouts: vec![2],
+                batch_size: 4,
+                epochs: 1,
+                seed: 0,
+            },
+            gpu_cache: Tier {
+                object: Some("pack/gpu_cache.bin".into()),
+                rows: 1,
+                budget_bytes: 16,
+            },
+            cpu_cache: Tier {
+                object: None,
+                rows: 0,
+                budget_bytes: 0,
+            },
+            packing: Packing {
+                mode: "batched".into(),
+                disk_cache: "segmented".into(),
+                segment_size: 1,
+                searched: false,
+                estimated_bytes: None,
+                partitions: 1,
+                minhash_functions: 2,
+            },
+            segments: vec![Segment {
+                object: "pack/segment-00000.bin".into(),
+                table: "pack/table-00000.bin".into(),
+                split: "train".into(),
+                batches: 1,
+                disk_cache_rows: 0,
+                disk_cache_bytes: 0,
+                packed_rows: 3,
+                chunk_bytes: 4096,
+            }],
+            schedule: BTreeMap::from([(
+                "train".to_string(),
+                vec![vec![BatchRef {
+                    segment: 0,
+                    record: 0,
+                }]],
+            )]),
+            objects: vec![
+                obj("pack/gpu_cache.bin"),
+                obj("pack/segment-00000.bin"),
+                obj("pack/table-00000.bin"),
+            ],
+            disk_bytes: 3 * 4096,
+            feature_disk_bytes: 2 * 4096,
+            blow_up: 42.0,
+            predicted_read_amplification: 1.0,
+            access_shares: AccessShares {
+                gpu: 0.25,
+                cpu: 0.0,
+                disk_cache: 0.0,
+                packed: 0.75,
+            },
+        }
+    }
+
     #[test]
-    fn accepts_the_current_version() {
-        let doc = format!(r#"{{"format_version": {FORMAT_VERSION}, "other": 1}}"#);
-        assert_eq!(
-            check_version("m.json", doc.as_bytes()).unwrap(),
-            FORMAT_VERSION
-        );
+    fn round_trips_and_validates() {
+        let m = sample();
+        let bytes = serde_json::to_vec(&m).unwrap();
+        assert_eq!(Manifest::parse("m.json", &bytes).unwrap(), m);
     }
 
     #[test]
     fn refuses_a_future_version_by_name() {
-        let doc = format!(r#"{{"format_version": {}}}"#, FORMAT_VERSION + 1);
-        let err = check_version("s3://b/m.json", doc.as_bytes()).unwrap_err();
+        let mut m = sample();
+        m.format_version = FORMAT_VERSION + 1;
+        let err = Manifest::parse("s3://b/m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
         assert!(matches!(err, Error::FutureVersion { .. }));
-        assert!(err.to_string().contains("s3://b/m.json"), "{err}");
-        assert!(err.to_string().contains("upgrade"), "{err}");
+        assert!(
+            err.to_string().contains("s3://b/m.json") && err.to_string().contains("upgrade"),
+            "{err}"
+        );
     }
 
     #[test]
-    fn refuses_documents_without_a_version() {
-        let err = check_version("m.json", b"{}").unwrap_err();
+    fn refuses_documents_without_a_version_or_fields() {
+        assert!(matches!(
+            check_version("m", b"{}"),
+            Err(Error::Malformed { .. })
+        ));
+        assert!(matches!(
+            check_version("m", b"not json"),
+            Err(Error::Malformed { .. })
+        ));
+        let doc = format!(r#"{{"format_version": {FORMAT_VERSION}}}"#);
+        let err = Manifest::parse("m.json", doc.as_bytes()).unwrap_err();
         assert!(matches!(err, Error::Malformed { .. }), "{err}");
-        let err = check_version("m.json", b"not json").unwrap_err();
-        assert!(matches!(err, Error::Malformed { .. }), "{err}");
+        assert!(err.to_string().contains("missing field"), "{err}");
+    }
+
+    #[test]
+    fn refuses_paths_that_escape_and_dangling_references() {
+        for bad in ["../etc/passwd", "/abs", "pack/../../x", "pack//x", "."] {
+            let mut m = sample();
+            m.objects[0].name = bad.into();
+            m.gpu_cache.object = Some(bad.into());
+            let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+            assert!(
+                err.to_string().contains("leaves the layout"),
+                "{bad}: {err}"
+            );
+        }
+        let mut m = sample();
+        m.schedule.get_mut("train").unwrap()[0][0].record = 5;
+        let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("record 5"), "{err}");
+        let mut m = sample();
+        m.segments[0].table = "pack/missing.bin".into();
+        let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("not among"), "{err}");
     }
 }

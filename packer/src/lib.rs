@@ -3,6 +3,21 @@
 //! the features into an object-store layout described by a manifest.
 //! `main.rs` only parses flags and calls [`run`].
 
+pub mod crc;
+pub mod error;
+pub mod feature_source;
+pub mod pack;
+pub mod plan;
+mod report;
+pub mod verify;
+
+pub mod access_rank;
+pub mod disk_pages;
+pub mod minhash;
+pub mod plan_error;
+pub mod segment_search;
+pub mod sizes;
+
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 const EXAMPLES: &str = "\
@@ -80,7 +95,7 @@ pub struct PackArgs {
     /// Disk budget: bytes, or a multiple of the feature file such as 3x.
     #[arg(long)]
     pub disk_budget: Option<String>,
-    /// Memory for packing partitions.
+    /// Memory the packer may use (plan plus feature partitions); default 2G.
     #[arg(long)]
     pub memory: Option<String>,
     /// Batches per segment (searched under the disk budget when absent).
@@ -96,9 +111,57 @@ pub struct PackArgs {
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    use anyhow::Context;
     match cli.command {
-        Some(Command::Verify(_)) | Some(Command::Inspect(_)) | None => {
-            anyhow::bail!("packing is not built yet: it needs the sampler's output format")
+        Some(Command::Verify(args)) => {
+            let s = verify::verify(&args.manifest, true).with_context(|| {
+                format!("verifying {}", offgnn_shared::store::redact(&args.manifest))
+            })?;
+            report::verified(&s);
+            Ok(())
+        }
+        Some(Command::Inspect(args)) => {
+            let (_, m, origin) = verify::open_layout(&args.manifest)?;
+            report::inspect(&origin, &m);
+            Ok(())
+        }
+        None => {
+            let a = cli.pack;
+            let need = |v: &Option<String>, flag: &str| {
+                v.clone()
+                    .ok_or_else(|| anyhow::anyhow!("{flag} is required (see packer --help)"))
+            };
+            let cfg = pack::PackConfig {
+                samples: need(&a.samples, "--samples")?,
+                features: need(&a.features, "--features")?,
+                out: need(&a.out, "--out")?,
+                gpu_cache: sizes::parse_bytes(&need(&a.gpu_cache, "--gpu-cache")?)?,
+                cpu_cache: sizes::parse_bytes(&need(&a.cpu_cache, "--cpu-cache")?)?,
+                disk_budget: sizes::parse_budget(&need(&a.disk_budget, "--disk-budget")?)?,
+                memory: match &a.memory {
+                    Some(m) => sizes::parse_bytes(m)?,
+                    None => DEFAULT_MEMORY,
+                },
+                segment_size: a.segment_size,
+                packing: match a.packing {
+                    Packing::Batched => pack::PackingMode::Batched,
+                    Packing::Individual => pack::PackingMode::Individual,
+                },
+                disk_cache: match a.disk_cache {
+                    DiskCache::Segmented => pack::DiskCacheMode::Segmented,
+                    DiskCache::Global => pack::DiskCacheMode::Global,
+                },
+                overwrite: a.overwrite,
+                show_progress: true,
+            };
+            let s = pack::pack(&cfg).with_context(|| {
+                format!("packing into {}", offgnn_shared::store::redact(&cfg.out))
+            })?;
+            report::packed(&cfg, &s);
+            Ok(())
         }
     }
 }
+
+/// Packing memory when --memory is not given.
+pub const DEFAULT_MEMORY: u64 = 2 << 30;

@@ -2,6 +2,7 @@
 //! `.npy`, Parquet import), the graph in CSR, synthetic graphs, and progress
 //! reporting. See `DESIGN.md` for how the three programs use them.
 
+pub mod address_table;
 pub mod dataset;
 pub mod error;
 pub mod npy;

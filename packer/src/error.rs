@@ -1,0 +1,36 @@
+//! The packer's one error type.
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error(transparent)]
+    Plan(#[from] crate::plan_error::PlanError),
+    #[error(transparent)]
+    Shared(#[from] offgnn_shared::Error),
+    #[error(transparent)]
+    Manifest(#[from] offgnn_manifests::Error),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} already holds a committed layout (manifest.json); pass --overwrite to replace it")]
+    Committed(String),
+    #[error("samples and features do not match: {0}")]
+    Mismatch(String),
+    #[error("verify: {0}")]
+    Verify(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn io(path: impl std::fmt::Display, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.to_string(),
+            source,
+        }
+    }
+}

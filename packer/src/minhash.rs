@@ -1,0 +1,285 @@
+//! The order of rows inside a segment's disk cache: MinHash reordering
+//! (DiskGNN §5.1, Algorithm 1), which stores rows read by similar sets of the
+//! segment's batches next to each other, so that each batch's rows share
+//! fewer pages.
+
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_pcg::Pcg64Mcg;
+use rayon::prelude::*;
+
+/// Rows per parallel task: each task walks every batch's slice of its id
+/// range, so a task should hold far more rows than there are batches.
+const ROWS_PER_TASK: usize = 1 << 14;
+
+/// Reorders a disk cache's rows (DiskGNN §5.1, Algorithm 1).
+///
+/// `rows` are the disk cache's node ids, ascending and unique; `batches[i]`
+/// are the ascending node ids batch `i` of the segment reads, which may
+/// include nodes outside `rows` (ignored). Draws `num_hashes` random
+/// permutations H_j of the batch indices (from `seed`; the paper finds 2
+/// enough) and gives each row v the signature S_j(v) = min H_j(i) over the
+/// batches i that read v. Rows are sorted by (S_1, ..., S_k, a 128-bit hash
+/// of v's whole batch set, v): rows with the same signature, which likely
+/// share batches, sit together, and rows with identical batch sets are
+/// contiguous (barring a collision of the 128-bit hash). With at least one hash function, rows no batch reads
+/// have the largest signature and come last. The same inputs and seed give
+/// the same order.
+///
+/// Cost: about O(entries + rows log rows): each range of rows walks every
+/// batch's slice of that range with a galloping search, in parallel over
+/// ranges, then one parallel sort. Input that is not sorted still yields a permutation of
+/// `rows`, only a worse order.
+pub fn minhash_order(rows: &[u32], batches: &[&[u32]], num_hashes: usize, seed: u64) -> Vec<u32> {
+    let k = num_hashes;
+    // Signatures are stored `stride` to a row; at least 1 so that the
+    // parallel chunks below line up with the rows even when k is 0.
+    let stride = k.max(1);
+    // H_j(i) is stored at [i * k + j]: a batch's k values side by side.
+    let mut rng = Pcg64Mcg::seed_from_u64(seed);
+    let mut hashes = vec![0u32; batches.len() * k];
+    for j in 0..k {
+        let mut permutation: Vec<u32> = (0..batches.len())
+            .map(|i| u32::try_from(i).expect("a segment holds fewer than 2^32 batches"))
+            .collect();
+        permutation.shuffle(&mut rng);
+        for (i, h) in permutation.into_iter().enumerate() {
+            hashes[i * k + j] = h;
+        }
+    }
+    // Two independent 64-bit hashes of each batch index; a row's set hash
+    // is their wrapping sum over its batches, which ignores order.
+    let batch_hash: Vec<(u64, u64)> = (0..batches.len() as u64)
+        .map(|i| {
+            (
+                splitmix64(i ^ 0x5EED_0001),
+                splitmix64(i ^ 0xA5A5_0002_0000_0000),
+            )
+        })
+        .collect();
+
+    let mut signature = vec![u32::MAX; rows.len() * stride];
+    let mut set_hash = vec![(0u64, 0u64); rows.len()];
+    rows.par_chunks(ROWS_PER_TASK)
+        .zip(signature.par_chunks_mut(ROWS_PER_TASK * stride))
+        .zip(set_hash.par_chunks_mut(ROWS_PER_TASK))
+        .for_each(|((rows, signature), set_hash)| {
+            let (first, last) = (rows[0], rows[rows.len() - 1]);
+            for (i, batch) in batches.iter().enumerate() {
+                // Algorithm 1, lines 7-11, for the batch's nodes in this range.
+                let lo = batch.partition_point(|&v| v < first);
+                let hi = batch.partition_point(|&v| v <= last).max(lo);
+                let mut at = 0;
+                for &v in &batch[lo..hi] {
+                    at = gallop(rows, at, v);
+                    if rows.get(at) != Some(&v) {
+                        continue;
+                    }
+                    for (s, &h) in signature[at * stride..at * stride + k]
+                        .iter_mut()
+                        .zip(&hashes[i * k..])
+                    {
+                        *s = (*s).min(h);
+                    }
+                    let (a, b) = batch_hash[i];
+                    set_hash[at] = (
+                        set_hash[at].0.wrapping_add(a),
+                        set_hash[at].1.wrapping_add(b),
+                    );
+                }
+            }
+        });
+
+    // Algorithm 1, line 12: argsort by signature (and the tie-breaks). The
+    // first two signatures, packed in one u64, and the tie-breaks sit in
+    // the sort records themselves; further signatures (k > 2) are looked up
+    // only when the first two tie.
+    let mut order: Vec<SortRecord> = (0..rows.len())
+        .into_par_iter()
+        .map(|p| {
+            let signature = &signature[p * stride..p * stride + k];
+            let s = |j: usize| signature.get(j).map_or(0, |&s| u64::from(s));
+            SortRecord {
+                first_two: (s(0) << 32) | s(1),
+                set_hash: set_hash[p],
+                row: rows[p],
+                position: p,
+            }
+        })
+        .collect();
+    order.par_sort_unstable_by(|a, b| {
+        a.first_two
+            .cmp(&b.first_two)
+            .then_with(|| {
+                let (pa, pb) = (a.position * stride, b.position * stride);
+                signature[pa + 2.min(k)..pa + k].cmp(&signature[pb + 2.min(k)..pb + k])
+            })
+            .then(a.set_hash.cmp(&b.set_hash))
+            .then(a.row.cmp(&b.row))
+    });
+    order.into_iter().map(|r| r.row).collect()
+}
+
+struct SortRecord {
+    first_two: u64,
+    set_hash: (u64, u64),
+    row: u32,
+    position: usize,
+}
+
+/// The first index at or after `from` whose row is not below `v`, for
+/// ascending `rows` and `rows[..from]` all below `v`: doubling steps, then a
+/// binary search, so a walk over a sorted batch costs O(batch log(gap)).
+fn gallop(rows: &[u32], from: usize, v: u32) -> usize {
+    // rows[..lo] < v; the answer is in lo..=hi.
+    let (mut lo, mut hi, mut step) = (from, from, 1);
+    while hi < rows.len() && rows[hi] < v {
+        lo = hi + 1;
+        hi = lo.saturating_add(step);
+        step = step.saturating_mul(2);
+    }
+    let hi = hi.min(rows.len());
+    lo + rows[lo..hi].partition_point(|&r| r < v)
+}
+
+/// splitmix64's finalizer: spreads nearby integers over all 64 bits.
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk_pages::pages_of_rows;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+    fn order(rows: &[u32], batches: &[Vec<u32>], k: usize, seed: u64) -> Vec<u32> {
+        let slices: Vec<&[u32]> = batches.iter().map(Vec::as_slice).collect();
+        minhash_order(rows, &slices, k, seed)
+    }
+
+    /// The pages of the disk cache, in `layout` order, that each batch reads.
+    fn pages_read(layout: &[u32], batches: &[Vec<u32>], row_bytes: u64) -> usize {
+        let position: HashMap<u32, u64> = layout
+            .iter()
+            .enumerate()
+            .map(|(p, &v)| (v, p as u64))
+            .collect();
+        batches
+            .iter()
+            .map(|b| {
+                let positions: Vec<u64> =
+                    b.iter().filter_map(|v| position.get(v).copied()).collect();
+                pages_of_rows(&positions, row_bytes).len()
+            })
+            .sum()
+    }
+
+    #[test]
+    fn reordering_puts_each_batch_on_fewer_pages() {
+        // DiskGNN Figure 4 at page scale: two batches read alternate rows,
+        // 8 rows to a page. In id order each batch touches all 8 pages; after
+        // reordering each touches 4.
+        let rows: Vec<u32> = (0..64).collect();
+        let batches = vec![
+            (0..64).step_by(2).collect::<Vec<u32>>(),
+            (1..64).step_by(2).collect::<Vec<u32>>(),
+        ];
+        let reordered = order(&rows, &batches, 2, 7);
+        assert_eq!(pages_read(&rows, &batches, 512), 16);
+        assert_eq!(pages_read(&reordered, &batches, 512), 8);
+    }
+
+    #[test]
+    fn similar_rows_are_grouped_across_many_batches() {
+        // 4 groups of 256 rows, group g read by batches {g, g + 4, g + 8},
+        // rows interleaved by id. A batch reads one group: 64 pages of 4
+        // rows in id order, 64 pages once its group is contiguous.
+        let rows: Vec<u32> = (0..1024).collect();
+        let batches: Vec<Vec<u32>> = (0..12)
+            .map(|i| (i % 4..1024).step_by(4).collect())
+            .collect();
+        let before = pages_read(&rows, &batches, 1024);
+        let after = pages_read(&order(&rows, &batches, 2, 1), &batches, 1024);
+        assert_eq!(before, 12 * 256);
+        assert_eq!(after, 12 * 64);
+    }
+
+    #[test]
+    fn nodes_outside_the_cache_are_ignored_and_the_seed_decides() {
+        let rows = [2, 5, 9, 11, 40];
+        let batches = vec![vec![2, 9, 40], vec![5, 11], vec![9, 11, 40]];
+        let with_extra = vec![
+            vec![0, 2, 3, 9, 40, 41],
+            vec![1, 5, 11, 12],
+            vec![9, 11, 40, 99],
+        ];
+        let a = order(&rows, &batches, 2, 42);
+        assert_eq!(a, order(&rows, &with_extra, 2, 42));
+        assert_eq!(a, order(&rows, &batches, 2, 42));
+        assert!(order(&[], &batches, 2, 1).is_empty());
+        // No batches: every row has the same (empty) set, so id order.
+        assert_eq!(order(&rows, &[], 2, 1), rows);
+        // No hash functions: only the set hash groups rows (a case proptest
+        // found: rows read by no batch must still come together).
+        let grouped = order(&[26, 27, 207], &[vec![27]], 0, 0);
+        assert!(
+            grouped == [26, 207, 27] || grouped == [27, 26, 207],
+            "{grouped:?}"
+        );
+    }
+
+    #[test]
+    fn gallop_finds_the_lower_bound() {
+        let rows: Vec<u32> = (0..100).map(|x| x * 3).collect();
+        for from in [0, 5, 50] {
+            for v in 0..320 {
+                let want = rows.partition_point(|&r| r < v).max(from);
+                if rows[..from].iter().all(|&r| r < v) {
+                    assert_eq!(gallop(&rows, from, v), want, "from {from} v {v}");
+                }
+            }
+        }
+    }
+
+    fn segment() -> impl Strategy<Value = (Vec<u32>, Vec<Vec<u32>>)> {
+        let ids = || {
+            prop::collection::btree_set(0u32..300, 0..60)
+                .prop_map(|s| s.into_iter().collect::<Vec<u32>>())
+        };
+        (ids(), prop::collection::vec(ids(), 0..12))
+    }
+
+    proptest! {
+        #[test]
+        fn the_order_permutes_rows_and_keeps_equal_batch_sets_together(
+            (rows, batches) in segment(),
+            k in 0usize..4,
+            seed: u64,
+        ) {
+            let out = order(&rows, &batches, k, seed);
+            let mut sorted = out.clone();
+            sorted.sort_unstable();
+            prop_assert_eq!(&sorted, &rows);
+            prop_assert_eq!(&out, &order(&rows, &batches, k, seed));
+
+            // Each batch set's rows occupy one contiguous range of positions.
+            let set_of = |v: u32| -> BTreeSet<usize> {
+                batches.iter().enumerate().filter(|(_, b)| b.binary_search(&v).is_ok()).map(|(i, _)| i).collect()
+            };
+            let mut spans: BTreeMap<BTreeSet<usize>, (usize, usize, usize)> = BTreeMap::new();
+            for (p, &v) in out.iter().enumerate() {
+                let span = spans.entry(set_of(v)).or_insert((p, p, 0));
+                span.1 = p;
+                span.2 += 1;
+            }
+            for (set, (first, last, count)) in spans {
+                prop_assert_eq!(last - first + 1, count, "rows of batches {:?} are split", set);
+            }
+        }
+    }
+}

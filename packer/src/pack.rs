@@ -1,0 +1,953 @@
+//! One packing job: read the sampler's run, plan the tiers and segments,
+//! pack the features (batched, §5.2, or the individual baseline), write the
+//! address tables (§6) and commit with the manifest.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use offgnn_manifests::{self as manifests, BatchRef, MANIFEST, Manifest, Object};
+use offgnn_shared::address_table::{self, BatchTable, TableWriter};
+use offgnn_shared::dataset::Split;
+use offgnn_shared::samples::{RunSummary, SampledBatch};
+use offgnn_shared::store::Store;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::crc::RunCrcs;
+use crate::error::{Error, Result};
+use crate::feature_source::FeatureSource;
+use crate::plan::{self, BatchInfo, CacheMap, Loc, Scratch, SegmentPlan, align};
+use crate::sizes::Budget;
+
+/// Fixed seed of the MinHash permutations: layouts are reproducible.
+const MINHASH_SEED: u64 = 0x5EED_D15C;
+/// What the process needs besides the plan and the partition buffer
+/// (binary, allocator, Parquet decoding of one samples file, write buffers).
+const BASELINE_BYTES: u64 = 96 << 20;
+/// Largest single write of gathered rows.
+const WRITE_PIECE: usize = 8 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PackingMode {
+    Batched,
+    Individual,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskCacheMode {
+    Segmented,
+    Global,
+}
+
+#[derive(Clone, Debug)]
+pub struct PackConfig {
+    pub samples: String,
+    pub features: String,
+    pub out: String,
+    pub gpu_cache: u64,
+    pub cpu_cache: u64,
+    pub disk_budget: Budget,
+    pub memory: u64,
+    pub segment_size: Option<usize>,
+    pub packing: PackingMode,
+    pub disk_cache: DiskCacheMode,
+    pub overwrite: bool,
+    pub show_progress: bool,
+}
+
+/// Phase timings and volumes of a packing job.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PackSummary {
+    pub manifest: String,
+    pub load_seconds: f64,
+    pub plan_seconds: f64,
+    pub pack_seconds: f64,
+    pub table_seconds: f64,
+    pub commit_seconds: f64,
+    pub total_seconds: f64,
+    pub feature_bytes_read: u64,
+    pub bytes_written: u64,
+    pub segment_size: usize,
+    pub searched: bool,
+    pub estimated_bytes: Option<u64>,
+    pub disk_bytes: u64,
+    /// Caches and segments: what the disk budget bounds.
+    pub feature_disk_bytes: u64,
+    pub disk_budget: u64,
+    pub blow_up: f64,
+    pub predicted_read_amplification: f64,
+    pub partitions: u64,
+    pub partition_bytes: u64,
+    pub plan_bytes: u64,
+    pub gpu_rows: u64,
+    pub cpu_rows: u64,
+    pub segments: usize,
+    pub access_shares: manifests::AccessShares,
+}
+
+fn bar(show: bool, len: u64, label: &str, unit: &str) -> indicatif::ProgressBar {
+    if show {
+        offgnn_shared::progress::bar(len, label, unit)
+    } else {
+        indicatif::ProgressBar::hidden()
+    }
+}
+
+/// An output file being filled at scattered offsets.
+struct OutFile {
+    name: String,
+    path: PathBuf,
+    file: File,
+    size: u64,
+    crcs: RunCrcs,
+}
+
+impl OutFile {
+    fn create(root: &Path, name: &str, size: u64) -> Result<OutFile> {
+        let path = root.join(name);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
+        }
+        let file = File::create(&path).map_err(|e| Error::io(path.display(), e))?;
+        file.set_len(size)
+            .map_err(|e| Error::io(path.display(), e))?;
+        Ok(OutFile {
+            name: name.to_string(),
+            path,
+            file,
+            size,
+            crcs: RunCrcs::default(),
+        })
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.file
+            .write_all_at(data, offset)
+            .map_err(|e| Error::io(self.path.display(), e))?;
+        self.crcs.record(offset, data);
+        Ok(())
+    }
+
+    fn finish(self) -> Result<Object> {
+        self.file
+            .sync_all()
+            .map_err(|e| Error::io(self.path.display(), e))?;
+        let crc32c = self
+            .crcs
+            .object_crc(self.size)
+            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", self.name)))?;
+        Ok(Object {
+            name: self.name,
+            size: self.size,
+            crc32c,
+        })
+    }
+}
+
+/// Reads every batch of the run, in the order the trainer consumes them:
+/// training epochs in turn, then validation, then test.
+fn load_batches(store: &Store, run: &RunSummary, show: bool) -> Result<Vec<BatchInfo>> {
+    let total: u64 = run.files.iter().map(|f| f.batches as u64).sum();
+    let pb = bar(show, total, "loading", "batches");
+    let mut out = Vec::with_capacity(total as usize);
+    for split in Split::ALL {
+        let epochs = run.counts.get(&split).map_or(0, |c| c.epochs);
+        for epoch in 0..epochs {
+            for file in run.files_of(split, epoch) {
+                for b in offgnn_shared::samples::read_file(store, file)? {
+                    out.push(BatchInfo {
+                        split,
+                        epoch,
+                        index: b.index,
+                        cold: Vec::new(),
+                        inputs: b.input_nodes,
+                    });
+                    pb.inc(1);
+                }
+            }
+        }
+    }
+    pb.finish_and_clear();
+    Ok(out)
+}
+
+/// Runs a packing job.
+pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
+    let started = Instant::now();
+    let samples = Store::open(&cfg.samples)?;
+    let run = RunSummary::read(&samples)?;
+    let run_bytes = samples.get(offgnn_shared::samples::RUN_SUMMARY)?;
+    let features = FeatureSource::open(&cfg.features)?;
+    check_match(&run, &features)?;
+
+    let out = Store::open(&cfg.out)?;
+    // A manifest over files about to change must go first.
+    if out.exists(MANIFEST)? {
+        if !cfg.overwrite {
+            return Err(Error::Committed(out.url().to_string()));
+        }
+        out.delete(MANIFEST)?;
+    }
+    let local_root = local_dir(&cfg.out);
+    let staging = match &local_root {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("offgnn-pack-{}", std::process::id())),
+    };
+    // A rerun starts clean: nothing of an interrupted run is reused.
+    let pack_dir = staging.join("pack");
+    if pack_dir.exists() {
+        std::fs::remove_dir_all(&pack_dir).map_err(|e| Error::io(pack_dir.display(), e))?;
+    }
+
+    let row_bytes = features.row_bytes();
+    let num_nodes = features.num_rows();
+    let feature_file_bytes = features.file_bytes();
+    let budget = cfg.disk_budget.resolve(feature_file_bytes);
+
+    let mut summary = PackSummary {
+        disk_budget: budget,
+        ..Default::default()
+    };
+    let mut batches = load_batches(&samples, &run, cfg.show_progress)?;
+    summary.load_seconds = started.elapsed().as_secs_f64();
+
+    // ---- plan ----
+    let t = Instant::now();
+    let (counts, cache) = plan::rank_and_split(
+        &mut batches,
+        num_nodes,
+        row_bytes,
+        cfg.gpu_cache,
+        cfg.cpu_cache,
+    )?;
+    drop(counts);
+    let plan_bytes = num_nodes * 8
+        + batches
+            .iter()
+            .map(|b| b.cold.len() as u64 * 12)
+            .sum::<u64>();
+    let partition_bytes = cfg
+        .memory
+        .checked_sub(plan_bytes + BASELINE_BYTES)
+        .filter(|&b| b >= row_bytes)
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "--memory {} is too small: the plan needs {} bytes and packing at least {} more; give at least {}",
+                cfg.memory,
+                plan_bytes,
+                BASELINE_BYTES + row_bytes,
+                plan_bytes + BASELINE_BYTES + row_bytes
+            ))
+        })?;
+    let partition_rows = (partition_bytes / row_bytes).clamp(1, num_nodes.max(1));
+    let num_partitions = num_nodes.div_ceil(partition_rows) as usize;
+    summary.partitions = num_partitions as u64;
+    summary.partition_bytes = partition_rows * row_bytes;
+    summary.plan_bytes = plan_bytes;
+
+    let by_split = |split: Split| -> Vec<usize> {
+        (0..batches.len())
+            .filter(|&i| batches[i].split == split)
+            .collect()
+    };
+    let (train, valid, test) = (
+        by_split(Split::Train),
+        by_split(Split::Valid),
+        by_split(Split::Test),
+    );
+    let mut scratch = Scratch::new(num_nodes);
+    let geometry = plan::Geometry {
+        row_bytes,
+        partition_rows,
+        num_partitions,
+        seed: MINHASH_SEED,
+    };
+    let seg_plan = |split: Split, ids: Vec<usize>, scratch: &mut Scratch| {
+        plan::plan_segment(split, ids, &batches, &geometry, scratch)
+    };
+    // Validation and test are read every epoch: one segment each.
+    let mut eval_segments = Vec::new();
+    for (split, ids) in [(Split::Valid, valid), (Split::Test, test)] {
+        if !ids.is_empty() {
+            eval_segments.push(seg_plan(split, ids, &mut scratch));
+        }
+    }
+    let eval_bytes: u64 = eval_segments.iter().map(|s| s.size).sum();
+    let cache_bytes =
+        align(cache.gpu.len() as u64 * row_bytes) + align(cache.cpu.len() as u64 * row_bytes);
+    let train_budget = budget.saturating_sub(eval_bytes + cache_bytes);
+    let (segment_size, searched, estimated) = match (cfg.disk_cache, cfg.segment_size) {
+        (DiskCacheMode::Global, _) => (train.len().max(1), false, None),
+        (DiskCacheMode::Segmented, Some(s)) => {
+            if s == 0 {
+                return Err(Error::InvalidArgument(
+                    "--segment-size must be at least 1".into(),
+                ));
+            }
+            (s, false, None)
+        }
+        (DiskCacheMode::Segmented, None) => {
+            let lists = train.iter().map(|&i| batches[i].cold.as_slice());
+            let found = crate::segment_search::search_segment_size(
+                lists,
+                train.len(),
+                num_nodes,
+                row_bytes,
+                train_budget,
+            )
+            .map_err(|e| match e {
+                crate::plan_error::PlanError::BudgetTooSmall { minimum, .. } => {
+                    crate::plan_error::PlanError::BudgetTooSmall {
+                        budget,
+                        minimum: minimum + eval_bytes + cache_bytes,
+                    }
+                }
+                other => other,
+            })?;
+            // Algorithm 2 extrapolates from the first segment; the real
+            // layout can come out larger. Grow the segment until the exact
+            // bytes fit, so the budget is a promise, not a hope.
+            let exact = |s: usize| {
+                crate::segment_search::exact_layout_bytes(
+                    train.iter().map(|&i| batches[i].cold.as_slice()),
+                    s,
+                    num_nodes,
+                    row_bytes,
+                )
+            };
+            let mut s = found.segment_size;
+            while s < train.len() && exact(s)? > train_budget {
+                s = (s + s.div_ceil(4)).min(train.len());
+            }
+            if exact(s)? > train_budget {
+                return Err(crate::plan_error::PlanError::BudgetTooSmall {
+                    budget,
+                    minimum: exact(train.len())? + eval_bytes + cache_bytes,
+                }
+                .into());
+            }
+            (s, true, Some(found.estimated_bytes))
+        }
+    };
+    let mut segments: Vec<SegmentPlan> = train
+        .chunks(segment_size.max(1))
+        .map(|ids| seg_plan(Split::Train, ids.to_vec(), &mut scratch))
+        .collect();
+    segments.extend(eval_segments);
+    drop(scratch);
+    summary.segment_size = segment_size;
+    summary.searched = searched;
+    summary.estimated_bytes = estimated;
+    summary.segments = segments.len();
+    summary.gpu_rows = cache.gpu.len() as u64;
+    summary.cpu_rows = cache.cpu.len() as u64;
+    summary.plan_seconds = t.elapsed().as_secs_f64();
+
+    // ---- pack ----
+    let t = Instant::now();
+    let gpu = (!cache.gpu.is_empty())
+        .then(|| {
+            OutFile::create(
+                &staging,
+                "pack/gpu_cache.bin",
+                align(cache.gpu.len() as u64 * row_bytes),
+            )
+        })
+        .transpose()?;
+    let cpu = (!cache.cpu.is_empty())
+        .then(|| {
+            OutFile::create(
+                &staging,
+                "pack/cpu_cache.bin",
+                align(cache.cpu.len() as u64 * row_bytes),
+            )
+        })
+        .transpose()?;
+    let seg_files: Vec<OutFile> = segments
+        .iter()
+        .enumerate()
+        .map(|(i, s)| OutFile::create(&staging, &format!("pack/segment-{i:05}.bin"), s.size))
+        .collect::<Result<_>>()?;
+    let ctx = PackCtx {
+        features: &features,
+        cache: &cache,
+        segments: &segments,
+        batches: &batches,
+        gpu: gpu.as_ref(),
+        cpu: cpu.as_ref(),
+        seg_files: &seg_files,
+        row_bytes,
+        partition_rows,
+        num_nodes,
+    };
+    summary.feature_bytes_read = match cfg.packing {
+        PackingMode::Batched => ctx.batched(cfg.show_progress)?,
+        PackingMode::Individual => ctx.individual(cfg.show_progress)?,
+    };
+    let mut objects = Vec::new();
+    summary.feature_disk_bytes = gpu
+        .iter()
+        .chain(cpu.iter())
+        .chain(seg_files.iter())
+        .map(|f| f.size)
+        .sum();
+    let gpu_object = gpu.map(OutFile::finish).transpose()?;
+    let cpu_object = cpu.map(OutFile::finish).transpose()?;
+    objects.extend(gpu_object.iter().cloned());
+    objects.extend(cpu_object.iter().cloned());
+    for f in seg_files {
+        objects.push(f.finish()?);
+    }
+    summary.pack_seconds = t.elapsed().as_secs_f64();
+
+    // ---- address tables ----
+    let t = Instant::now();
+    let tables = write_tables(
+        &samples,
+        &run,
+        &staging,
+        &segments,
+        &batches,
+        &cache,
+        row_bytes,
+        cfg.show_progress,
+    )?;
+    objects.extend(tables.objects.iter().cloned());
+    summary.table_seconds = t.elapsed().as_secs_f64();
+
+    // ---- commit ----
+    let t = Instant::now();
+    let disk_bytes: u64 = objects.iter().map(|o| o.size).sum();
+    summary.bytes_written = disk_bytes;
+    summary.disk_bytes = disk_bytes;
+    summary.blow_up = disk_bytes as f64 / feature_file_bytes as f64;
+    summary.predicted_read_amplification = tables.amplification();
+    summary.access_shares = tables.shares();
+    if local_root.is_none() {
+        upload(&out, &staging, &objects, cfg.show_progress)?;
+    }
+    let manifest = Manifest {
+        format_version: manifests::FORMAT_VERSION,
+        created_by: format!("offgnn packer {}", env!("CARGO_PKG_VERSION")),
+        dataset: manifests::DatasetRef {
+            name: run.dataset.name.clone(),
+            num_nodes,
+            feature_dim: run.dataset.feature_dim,
+            feature_dtype: features.dtype().name().to_string(),
+            row_bytes,
+            feature_file_bytes,
+            feature_location: features.describe(),
+            dataset_fingerprint: run.dataset.fingerprint.clone(),
+            feature_fingerprint: run.dataset.feature_fingerprint.clone(),
+            num_classes: run.dataset.num_classes,
+        },
+        samples: manifests::SamplesRef {
+            location: samples.url().to_string(),
+            run_sha256: {
+                use sha2::Digest;
+                offgnn_shared::store::hex(&sha2::Sha256::digest(&run_bytes))
+            },
+            fanouts: run.params.fanouts.clone(),
+            batch_size: run.params.batch_size,
+            epochs: run.params.epochs,
+            seed: run.params.seed,
+        },
+        gpu_cache: manifests::Tier {
+            object: gpu_object.map(|o| o.name),
+            rows: cache.gpu.len() as u64,
+            budget_bytes: cfg.gpu_cache,
+        },
+        cpu_cache: manifests::Tier {
+            object: cpu_object.map(|o| o.name),
+            rows: cache.cpu.len() as u64,
+            budget_bytes: cfg.cpu_cache,
+        },
+        packing: manifests::Packing {
+            mode: match cfg.packing {
+                PackingMode::Batched => "batched",
+                PackingMode::Individual => "individual",
+            }
+            .into(),
+            disk_cache: match cfg.disk_cache {
+                DiskCacheMode::Segmented => "segmented",
+                DiskCacheMode::Global => "global",
+            }
+            .into(),
+            segment_size,
+            searched,
+            estimated_bytes: estimated,
+            partitions: num_partitions as u64,
+            minhash_functions: 2,
+        },
+        segments: segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| manifests::Segment {
+                object: format!("pack/segment-{i:05}.bin"),
+                table: format!("pack/table-{i:05}.bin"),
+                split: s.split.name().into(),
+                batches: s.batches.len() as u32,
+                disk_cache_rows: s.dc_rows.len() as u64,
+                disk_cache_bytes: s.dc_bytes,
+                packed_rows: s.packed_rows(),
+                chunk_bytes: s.chunk_bytes(),
+            })
+            .collect(),
+        schedule: schedule(&segments, &batches),
+        objects,
+        disk_bytes,
+        feature_disk_bytes: summary.feature_disk_bytes,
+        blow_up: summary.blow_up,
+        predicted_read_amplification: summary.predicted_read_amplification,
+        access_shares: summary.access_shares.clone(),
+    };
+    manifest
+        .validate()
+        .map_err(|e| Error::InvalidArgument(format!("internal: the manifest is invalid: {e}")))?;
+    let body = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
+    out.put(MANIFEST, body)?;
+    if local_root.is_none() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    summary.commit_seconds = t.elapsed().as_secs_f64();
+    summary.total_seconds = started.elapsed().as_secs_f64();
+    summary.manifest = format!("{}/{MANIFEST}", out.url().trim_end_matches('/'));
+    Ok(summary)
+}
+
+/// The local directory of an output location, or `None` for a remote store.
+fn local_dir(location: &str) -> Option<PathBuf> {
+    if let Some(path) = location.strip_prefix("file://") {
+        return Some(PathBuf::from(path));
+    }
+    (!location.contains("://")).then(|| PathBuf::from(location))
+}
+
+/// Samples and features must come from the same dataset.
+fn check_match(run: &RunSummary, features: &FeatureSource) -> Result<()> {
+    let d = &run.dataset;
+    let shape = &features.header().shape;
+    if shape.len() != 2 || shape[0] != d.num_nodes || shape[1] != d.feature_dim {
+        return Err(Error::Mismatch(format!(
+            "{} has shape {:?}, the samples were drawn from a graph of {} nodes with {}-d features",
+            features.describe(),
+            shape,
+            d.num_nodes,
+            d.feature_dim
+        )));
+    }
+    if features.dtype() != d.feature_dtype {
+        return Err(Error::Mismatch(format!(
+            "{} holds {}, the sampled dataset's features are {}",
+            features.describe(),
+            features.dtype(),
+            d.feature_dtype
+        )));
+    }
+    if features.fingerprint()? != d.feature_fingerprint {
+        return Err(Error::Mismatch(format!(
+            "{} is not the feature file of dataset '{}' that was sampled (fingerprints differ)",
+            features.describe(),
+            d.name
+        )));
+    }
+    Ok(())
+}
+
+fn schedule(
+    segments: &[SegmentPlan],
+    batches: &[BatchInfo],
+) -> BTreeMap<String, Vec<Vec<BatchRef>>> {
+    let mut out: BTreeMap<String, Vec<Vec<BatchRef>>> = BTreeMap::new();
+    for (si, s) in segments.iter().enumerate() {
+        for (ri, &b) in s.batches.iter().enumerate() {
+            let info = &batches[b];
+            let epochs = out.entry(info.split.name().to_string()).or_default();
+            while epochs.len() <= info.epoch as usize {
+                epochs.push(Vec::new());
+            }
+            epochs[info.epoch as usize].push(BatchRef {
+                segment: si as u32,
+                record: ri as u32,
+            });
+        }
+    }
+    out
+}
+
+struct PackCtx<'a> {
+    features: &'a FeatureSource,
+    cache: &'a CacheMap,
+    segments: &'a [SegmentPlan],
+    batches: &'a [BatchInfo],
+    gpu: Option<&'a OutFile>,
+    cpu: Option<&'a OutFile>,
+    seg_files: &'a [OutFile],
+    row_bytes: u64,
+    partition_rows: u64,
+    num_nodes: u64,
+}
+
+impl PackCtx<'_> {
+    /// Copies `rows` (ascending or any order, all inside the partition that
+    /// starts at node `first`) out of `buf` into `out` from byte `offset`,
+    /// in pieces of at most [`WRITE_PIECE`].
+    fn gather_write(
+        &self,
+        out: &OutFile,
+        offset: u64,
+        rows: &[u32],
+        first: u64,
+        buf: &[u8],
+    ) -> Result<()> {
+        let rb = self.row_bytes as usize;
+        let per_piece = (WRITE_PIECE / rb).max(1);
+        let mut piece = Vec::with_capacity(per_piece.min(rows.len()) * rb);
+        for (k, group) in rows.chunks(per_piece).enumerate() {
+            piece.clear();
+            for &v in group {
+                let at = (v as u64 - first) as usize * rb;
+                piece.extend_from_slice(&buf[at..at + rb]);
+            }
+            out.write_at(offset + (k * per_piece * rb) as u64, &piece)?;
+        }
+        Ok(())
+    }
+
+    /// DiskGNN §5.2: the feature file is read once, in partitions; each
+    /// partition's rows go to every region that needs them as one run per
+    /// region. Returns the feature bytes read.
+    fn batched(&self, show: bool) -> Result<u64> {
+        let rb = self.row_bytes;
+        let pb = if show {
+            offgnn_shared::progress::bytes_bar(self.num_nodes * rb, "packing")
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        let mut buf = vec![0u8; (self.partition_rows.min(self.num_nodes) * rb) as usize];
+        let mut read = 0u64;
+        let mut first = 0u64;
+        let mut p = 0usize;
+        while first < self.num_nodes {
+            let end = (first + self.partition_rows).min(self.num_nodes);
+            let part = &mut buf[..((end - first) * rb) as usize];
+            for (k, piece) in part.chunks_mut(16 << 20).enumerate() {
+                self.features
+                    .read_rows(first + (k * (16 << 20)) as u64 / rb, piece)?;
+                read += piece.len() as u64;
+            }
+            let part = &buf[..((end - first) * rb) as usize];
+            let in_part = |nodes: &[u32]| -> (usize, usize) {
+                let a = nodes.partition_point(|&v| (v as u64) < first);
+                let b = nodes.partition_point(|&v| (v as u64) < end);
+                (a, b)
+            };
+            for (tier, out) in [(&self.cache.gpu, self.gpu), (&self.cache.cpu, self.cpu)] {
+                if let Some(out) = out {
+                    let (a, b) = in_part(tier);
+                    self.gather_write(out, a as u64 * rb, &tier[a..b], first, part)?;
+                }
+            }
+            self.segments.par_iter().zip(self.seg_files).try_for_each(
+                |(seg, out)| -> Result<()> {
+                    let (a, b) = (seg.dc_bounds[p], seg.dc_bounds[p + 1]);
+                    self.gather_write(out, a as u64 * rb, &seg.dc_rows[a..b], first, part)?;
+                    for (k, rows) in seg.packed.iter().enumerate() {
+                        let (a, b) = in_part(rows);
+                        if a < b {
+                            self.gather_write(
+                                out,
+                                seg.chunk_offset[k] + a as u64 * rb,
+                                &rows[a..b],
+                                first,
+                                part,
+                            )?;
+                        }
+                    }
+                    Ok(())
+                },
+            )?;
+            pb.inc(part.len() as u64);
+            first = end;
+            p += 1;
+        }
+        pb.finish_and_clear();
+        Ok(read)
+    }
+
+    /// The naive baseline (§5.2, Figure 6a): for every batch, one aligned
+    /// O_DIRECT read per row it needs, written to its place; cached rows
+    /// once each. Returns the bytes read from the feature file.
+    fn individual(&self, show: bool) -> Result<u64> {
+        let mut rows = self.features.direct_reader()?;
+        let rb = self.row_bytes;
+        let total: u64 = self.cache.gpu.len() as u64
+            + self.cache.cpu.len() as u64
+            + self
+                .segments
+                .iter()
+                .flat_map(|s| &s.batches)
+                .map(|&b| self.batches[b].cold.len() as u64)
+                .sum::<u64>();
+        let pb = bar(show, total, "packing", "rows");
+        let mut read = 0u64;
+        for (tier, out) in [(&self.cache.gpu, self.gpu), (&self.cache.cpu, self.cpu)] {
+            if let Some(out) = out {
+                for (slot, &v) in tier.iter().enumerate() {
+                    out.write_at(slot as u64 * rb, rows.read_row(v as u64)?)?;
+                    read += align(rb);
+                }
+                pb.inc(tier.len() as u64);
+            }
+        }
+        for (seg, out) in self.segments.iter().zip(self.seg_files) {
+            let mut written = std::collections::HashSet::new();
+            for (k, &b) in seg.batches.iter().enumerate() {
+                for &v in &self.batches[b].cold {
+                    let data = rows.read_row(v as u64)?;
+                    read += align(rb);
+                    match seg.dc_position(v) {
+                        // A shared row is written once; every batch still reads it.
+                        Some(pos) => {
+                            if written.insert(v) {
+                                out.write_at(pos as u64 * rb, data)?;
+                            }
+                        }
+                        None => {
+                            let i = seg.packed[k].binary_search(&v).map_err(|_| {
+                                Error::InvalidArgument(format!(
+                                    "internal: row {v} has no place in its segment"
+                                ))
+                            })?;
+                            out.write_at(seg.chunk_offset[k] + i as u64 * rb, data)?;
+                        }
+                    }
+                }
+                pb.inc(self.batches[b].cold.len() as u64);
+            }
+        }
+        pb.finish_and_clear();
+        Ok(read)
+    }
+}
+
+/// Totals gathered while writing the tables.
+#[derive(Default)]
+struct TableTotals {
+    objects: Vec<Object>,
+    gpu: u64,
+    cpu: u64,
+    dc: u64,
+    packed: u64,
+    disk_bytes: u64,
+    needed_bytes: u64,
+}
+
+impl TableTotals {
+    fn amplification(&self) -> f64 {
+        if self.needed_bytes == 0 {
+            1.0
+        } else {
+            self.disk_bytes as f64 / self.needed_bytes as f64
+        }
+    }
+
+    fn shares(&self) -> manifests::AccessShares {
+        let total = (self.gpu + self.cpu + self.dc + self.packed).max(1) as f64;
+        manifests::AccessShares {
+            gpu: self.gpu as f64 / total,
+            cpu: self.cpu as f64 / total,
+            disk_cache: self.dc as f64 / total,
+            packed: self.packed as f64 / total,
+        }
+    }
+}
+
+/// A writer that keeps the CRC32C of what passes through.
+struct CrcWriter<W> {
+    inner: W,
+    crc: u32,
+}
+
+impl<W: Write> Write for CrcWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc = crc32c::crc32c_append(self.crc, &buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Builds one batch's address table (DiskGNN §6).
+pub fn batch_table(
+    b: &SampledBatch,
+    seg: &SegmentPlan,
+    record: usize,
+    cache: &CacheMap,
+    row_bytes: u64,
+) -> Result<BatchTable> {
+    let mut t = BatchTable {
+        split: Some(b.split),
+        epoch: b.epoch,
+        index: b.index,
+        num_inputs: b.input_nodes.len() as u32,
+        labels: b.labels.clone(),
+        chunk_offset: seg.chunk_offset[record],
+        chunk_len: seg.chunk_len[record],
+        blocks: b.blocks.clone(),
+        ..Default::default()
+    };
+    let mut dc: Vec<(u64, u32)> = Vec::new(); // (cache position, input position)
+    for (i, &v) in b.input_nodes.iter().enumerate() {
+        match cache.locate(v) {
+            Loc::Gpu(slot) => {
+                t.gpu_pos.push(i as u32);
+                t.gpu_slot.push(slot);
+            }
+            Loc::Cpu(slot) => {
+                t.cpu_pos.push(i as u32);
+                t.cpu_slot.push(slot);
+            }
+            Loc::Disk => match seg.dc_position(v) {
+                Some(pos) => dc.push((pos as u64, i as u32)),
+                None => {
+                    let row = seg.packed[record].binary_search(&v).map_err(|_| {
+                        Error::InvalidArgument(format!(
+                            "internal: node {v} of batch {} has no place",
+                            b.index
+                        ))
+                    })?;
+                    t.packed_pos.push(i as u32);
+                    t.packed_row.push(row as u32);
+                }
+            },
+        }
+    }
+    dc.sort_unstable();
+    let positions: Vec<u64> = dc.iter().map(|d| d.0).collect();
+    let pages = crate::disk_pages::pages_of_rows(&positions, row_bytes);
+    t.page_runs = crate::disk_pages::page_runs(&pages);
+    for (pos, i) in dc {
+        let byte = pos * row_bytes;
+        let page_index = pages.binary_search(&(byte / plan::PAGE)).map_err(|_| {
+            Error::InvalidArgument("internal: a disk-cache row outside its pages".into())
+        })? as u64;
+        t.disk_pos.push(i);
+        t.disk_offset
+            .push(page_index * plan::PAGE + byte % plan::PAGE);
+    }
+    Ok(t)
+}
+
+/// Streams every batch from the samples again (for its topology) and writes
+/// each segment's table object.
+#[allow(clippy::too_many_arguments)]
+fn write_tables(
+    samples: &Store,
+    run: &RunSummary,
+    staging: &Path,
+    segments: &[SegmentPlan],
+    batches: &[BatchInfo],
+    cache: &CacheMap,
+    row_bytes: u64,
+    show: bool,
+) -> Result<TableTotals> {
+    let mut place: HashMap<(Split, u32, u32), (usize, usize)> = HashMap::new();
+    for (si, s) in segments.iter().enumerate() {
+        for (ri, &b) in s.batches.iter().enumerate() {
+            let info = &batches[b];
+            place.insert((info.split, info.epoch, info.index), (si, ri));
+        }
+    }
+    type Table = TableWriter<CrcWriter<BufWriter<File>>>;
+    let mut writers: Vec<Option<Table>> = (0..segments.len()).map(|_| None).collect();
+    let mut totals = TableTotals::default();
+    let pb = bar(show, batches.len() as u64, "tables", "batches");
+    for file in &run.files {
+        for b in offgnn_shared::samples::read_file(samples, file)? {
+            let Some(&(si, ri)) = place.get(&(b.split, b.epoch, b.index)) else {
+                continue;
+            };
+            let seg = &segments[si];
+            let t = batch_table(&b, seg, ri, cache, row_bytes)?;
+            if b.split == Split::Train {
+                totals.gpu += t.gpu_pos.len() as u64;
+                totals.cpu += t.cpu_pos.len() as u64;
+                totals.dc += t.disk_pos.len() as u64;
+                totals.packed += t.packed_pos.len() as u64;
+                totals.disk_bytes += t.disk_bytes();
+                totals.needed_bytes += t.disk_rows() * row_bytes;
+            }
+            let name = format!("pack/table-{si:05}.bin");
+            if writers[si].is_none() {
+                let path = staging.join(&name);
+                let f = File::create(&path).map_err(|e| Error::io(path.display(), e))?;
+                writers[si] = Some(TableWriter::new(CrcWriter {
+                    inner: BufWriter::with_capacity(1 << 20, f),
+                    crc: 0,
+                }));
+            }
+            let w = writers[si].as_mut().expect("created above");
+            if w.len() != ri {
+                return Err(Error::InvalidArgument(format!(
+                    "internal: batch {} of {} arrived out of order",
+                    b.index, b.split
+                )));
+            }
+            w.push(&address_table::encode(&t))
+                .map_err(|e| Error::io(&name, e))?;
+            pb.inc(1);
+            if w.len() == seg.batches.len() {
+                let w = writers[si].take().expect("present");
+                let (mut crcw, size) = w.finish().map_err(|e| Error::io(&name, e))?;
+                crcw.flush().map_err(|e| Error::io(&name, e))?;
+                let file = crcw
+                    .inner
+                    .into_inner()
+                    .map_err(|e| Error::io(&name, e.into_error()))?;
+                file.sync_all().map_err(|e| Error::io(&name, e))?;
+                totals.objects.push(Object {
+                    name,
+                    size,
+                    crc32c: crcw.crc,
+                });
+            }
+        }
+    }
+    pb.finish_and_clear();
+    if let Some(si) = writers.iter().position(Option::is_some) {
+        return Err(Error::InvalidArgument(format!(
+            "the samples lack batches of segment {si}: the run summary and its files disagree"
+        )));
+    }
+    totals.objects.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(totals)
+}
+
+/// Copies the staged objects to a remote store.
+fn upload(out: &Store, staging: &Path, objects: &[Object], show: bool) -> Result<()> {
+    let total = objects.iter().map(|o| o.size).sum();
+    let pb = if show {
+        offgnn_shared::progress::bytes_bar(total, "uploading")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    for o in objects {
+        let path = staging.join(&o.name);
+        let mut f = File::open(&path).map_err(|e| Error::io(path.display(), e))?;
+        let mut w = out.writer(&o.name);
+        let n = std::io::copy(&mut f, &mut w).map_err(|e| Error::io(&o.name, e))?;
+        w.finish()?;
+        pb.inc(n);
+    }
+    pb.finish_and_clear();
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! What `packer` prints at the end of each command: a table, then JSON.
+
+use offgnn_manifests::Manifest;
+use offgnn_shared::report::{human_bytes, print_summary};
+
+use crate::pack::{PackConfig, PackSummary};
+use crate::verify::VerifySummary;
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
+}
+
+pub fn packed(cfg: &PackConfig, s: &PackSummary) {
+    let read_rate = s.feature_bytes_read as f64 / s.pack_seconds.max(1e-9) / 1e6;
+    let rows = vec![
+        ("manifest", s.manifest.clone()),
+        (
+            "packing",
+            format!("{:?}, disk cache {:?}", cfg.packing, cfg.disk_cache).to_lowercase(),
+        ),
+        (
+            "tiers",
+            format!("GPU {} rows, CPU {} rows", s.gpu_rows, s.cpu_rows),
+        ),
+        (
+            "segment size",
+            match s.estimated_bytes {
+                Some(est) => format!(
+                    "{} batches (searched; estimate {} vs actual {} incl. caches and eval)",
+                    s.segment_size,
+                    human_bytes(est),
+                    human_bytes(s.disk_bytes)
+                ),
+                None => format!("{} batches", s.segment_size),
+            },
+        ),
+        ("segments", s.segments.to_string()),
+        (
+            "disk",
+            format!(
+                "features {} of a {} budget; {} with tables, blow-up {:.2}x",
+                human_bytes(s.feature_disk_bytes),
+                human_bytes(s.disk_budget),
+                human_bytes(s.disk_bytes),
+                s.blow_up
+            ),
+        ),
+        (
+            "predicted read amp.",
+            format!("{:.3}", s.predicted_read_amplification),
+        ),
+        (
+            "access shares",
+            format!(
+                "GPU {}, CPU {}, disk cache {}, packed {}",
+                pct(s.access_shares.gpu),
+                pct(s.access_shares.cpu),
+                pct(s.access_shares.disk_cache),
+                pct(s.access_shares.packed)
+            ),
+        ),
+        (
+            "partitions",
+            format!("{} of {}", s.partitions, human_bytes(s.partition_bytes)),
+        ),
+        (
+            "read / written",
+            format!(
+                "{} / {}",
+                human_bytes(s.feature_bytes_read),
+                human_bytes(s.bytes_written)
+            ),
+        ),
+        (
+            "phases",
+            format!(
+                "load {:.2}s, plan {:.2}s, pack {:.2}s ({read_rate:.0} MB/s read), tables {:.2}s, commit {:.2}s, total {:.2}s",
+                s.load_seconds,
+                s.plan_seconds,
+                s.pack_seconds,
+                s.table_seconds,
+                s.commit_seconds,
+                s.total_seconds
+            ),
+        ),
+    ];
+    print_summary(
+        "packed layout",
+        &rows,
+        &serde_json::json!({ "command": "pack", "summary": s }),
+    );
+}
+
+pub fn verified(s: &VerifySummary) {
+    print_summary(
+        "verified layout",
+        &[
+            ("manifest", s.manifest.clone()),
+            (
+                "objects",
+                format!(
+                    "{} ({}), sizes and CRC32C match",
+                    s.objects,
+                    human_bytes(s.object_bytes)
+                ),
+            ),
+            (
+                "batches",
+                format!(
+                    "{} rebuilt, {} rows equal to the feature file",
+                    s.batches, s.rows
+                ),
+            ),
+            ("wall time", format!("{:.2} s", s.seconds)),
+        ],
+        &serde_json::json!({ "command": "verify", "ok": true, "summary": s }),
+    );
+}
+
+pub fn inspect(origin: &str, m: &Manifest) {
+    let train_epochs = m.schedule.get("train").map_or(0, Vec::len);
+    let mut rows = vec![
+        ("manifest", origin.to_string()),
+        (
+            "dataset",
+            format!(
+                "{} ({} nodes, {}-d {})",
+                m.dataset.name, m.dataset.num_nodes, m.dataset.feature_dim, m.dataset.feature_dtype
+            ),
+        ),
+        (
+            "samples",
+            format!(
+                "{} (fan-outs {:?}, batch {}, {} epochs)",
+                m.samples.location, m.samples.fanouts, m.samples.batch_size, train_epochs
+            ),
+        ),
+        ("GPU cache", format!("{} rows", m.gpu_cache.rows)),
+        ("CPU cache", format!("{} rows", m.cpu_cache.rows)),
+        (
+            "packing",
+            format!(
+                "{}, disk cache {}, segment size {}",
+                m.packing.mode, m.packing.disk_cache, m.packing.segment_size
+            ),
+        ),
+        (
+            "disk",
+            format!(
+                "{} in {} objects, blow-up {:.2}x",
+                human_bytes(m.disk_bytes),
+                m.objects.len(),
+                m.blow_up
+            ),
+        ),
+        (
+            "predicted read amp.",
+            format!("{:.3}", m.predicted_read_amplification),
+        ),
+    ];
+    let seg_rows: Vec<(String, String)> = m
+        .segments
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            (
+                format!("segment {i}"),
+                format!(
+                    "{} x{} batches: disk cache {} rows ({}), packed {} rows ({})",
+                    s.split,
+                    s.batches,
+                    s.disk_cache_rows,
+                    human_bytes(s.disk_cache_bytes),
+                    s.packed_rows,
+                    human_bytes(s.chunk_bytes)
+                ),
+            )
+        })
+        .collect();
+    for (k, v) in seg_rows.iter().take(20) {
+        rows.push((k.as_str(), v.clone()));
+    }
+    let more = seg_rows.len().saturating_sub(20);
+    let more_line = format!("{more} more");
+    if more > 0 {
+        rows.push(("...", more_line));
+    }
+    print_summary(
+        "packed layout",
+        &rows,
+        &serde_json::json!({ "command": "inspect", "manifest": m }),
+    );
+}

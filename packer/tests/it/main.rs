@@ -1,0 +1,232 @@
+//! Packing end to end through the library: the verify oracle across
+//! settings, batched and individual packing agreeing byte for byte, and the
+//! inputs the packer must refuse.
+
+use std::path::{Path, PathBuf};
+
+use offgnn_manifests::MANIFEST;
+use offgnn_shared::npy::DType;
+use offgnn_shared::synthetic::{GeneratorConfig, generate};
+use offgnn_shared::topology::CsrOptions;
+use packer::error::Error;
+use packer::pack::{DiskCacheMode, PackConfig, PackSummary, PackingMode, pack};
+use packer::plan_error::PlanError;
+use packer::sizes::Budget;
+use packer::verify::{open_layout, verify};
+use sampler::sample_run::{SampleConfig, run};
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    samples: String,
+    features: String,
+}
+
+/// A small graph sampled for two epochs (8 training batches an epoch).
+fn fixture(dtype: DType, seed: u64) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let ds = root.join("g");
+    let cfg = GeneratorConfig {
+        num_nodes: 4000,
+        avg_degree: 6.0,
+        feature_dim: 24,
+        dtype,
+        num_classes: 4,
+        train_fraction: 0.1,
+        valid_fraction: 0.05,
+        seed,
+        ..Default::default()
+    };
+    generate(&ds, &cfg, false, false).unwrap();
+    let samples = root.join("samples");
+    run(&SampleConfig {
+        dataset: ds.clone(),
+        out: samples.to_str().unwrap().into(),
+        fanouts: vec![3, 4],
+        batch_size: 50,
+        epochs: 2,
+        seed: 1,
+        threads: 2,
+        shard: 0,
+        num_shards: 1,
+        overwrite: false,
+        batches_per_file: 5,
+        csr: CsrOptions::default(),
+        show_progress: false,
+    })
+    .unwrap();
+    Fixture {
+        _dir: dir,
+        samples: samples.to_str().unwrap().into(),
+        features: ds.join("data/feat.npy").to_str().unwrap().into(),
+        root,
+    }
+}
+
+fn config(f: &Fixture, out: &str) -> PackConfig {
+    PackConfig {
+        samples: f.samples.clone(),
+        features: f.features.clone(),
+        out: f.root.join(out).to_str().unwrap().into(),
+        gpu_cache: 40 * 96,
+        cpu_cache: 100 * 96,
+        disk_budget: Budget::Multiple(100.0),
+        memory: 256 << 20,
+        segment_size: None,
+        packing: PackingMode::Batched,
+        disk_cache: DiskCacheMode::Segmented,
+        overwrite: false,
+        show_progress: false,
+    }
+}
+
+fn pack_and_verify(cfg: &PackConfig) -> PackSummary {
+    let s = pack(cfg).unwrap();
+    let v = verify(&cfg.out, false).unwrap();
+    assert!(v.batches > 0 && v.rows > 0);
+    s
+}
+
+#[test]
+fn verify_passes_across_settings() {
+    let f = fixture(DType::F32, 3);
+    // Segments of one batch: no row is shared inside a segment, all packed.
+    let s = pack_and_verify(&PackConfig {
+        segment_size: Some(1),
+        gpu_cache: 0,
+        cpu_cache: 0,
+        ..config(&f, "one")
+    });
+    assert_eq!(s.access_shares.disk_cache, 0.0);
+    assert!(s.access_shares.packed > 0.99);
+    // One global disk cache.
+    let s = pack_and_verify(&PackConfig {
+        disk_cache: DiskCacheMode::Global,
+        ..config(&f, "global")
+    });
+    assert!(s.access_shares.disk_cache > 0.0);
+    assert_eq!(s.segment_size, 16);
+    // Searched segment size under a tight budget.
+    let s = pack_and_verify(&PackConfig {
+        disk_budget: Budget::Multiple(3.5),
+        ..config(&f, "searched")
+    });
+    assert!(s.searched);
+    assert!(
+        s.feature_disk_bytes <= s.disk_budget,
+        "{} > {}",
+        s.feature_disk_bytes,
+        s.disk_budget
+    );
+    assert!(
+        s.disk_bytes > s.feature_disk_bytes,
+        "tables are on disk too"
+    );
+    // Caches of zero size, and caches that hold every accessed row.
+    let s = pack_and_verify(&PackConfig {
+        gpu_cache: 0,
+        cpu_cache: 0,
+        ..config(&f, "nocache")
+    });
+    assert_eq!((s.gpu_rows, s.cpu_rows), (0, 0));
+    let s = pack_and_verify(&PackConfig {
+        gpu_cache: 1 << 30,
+        ..config(&f, "allcache")
+    });
+    assert_eq!(s.access_shares.gpu, 1.0);
+    // Tiny partitions: many passes, partition-major disk caches.
+    let s = pack_and_verify(&PackConfig {
+        memory: (96 << 20) + 464_372 + 20_000,
+        ..config(&f, "smallmem")
+    });
+    assert!(s.partitions > 1, "{} partitions", s.partitions);
+}
+
+#[test]
+fn verify_passes_on_f16_features() {
+    let f = fixture(DType::F16, 4);
+    let s = pack_and_verify(&config(&f, "f16"));
+    assert!(s.predicted_read_amplification >= 1.0);
+}
+
+#[test]
+fn individual_packing_writes_the_same_bytes() {
+    let f = fixture(DType::F32, 5);
+    let a = config(&f, "batched");
+    let b = PackConfig {
+        packing: PackingMode::Individual,
+        ..config(&f, "individual")
+    };
+    pack(&a).unwrap();
+    pack(&b).unwrap();
+    let (_, ma, _) = open_layout(&a.out).unwrap();
+    let (_, mb, _) = open_layout(&b.out).unwrap();
+    assert_eq!(ma.objects, mb.objects, "same plan, same bytes");
+    verify(&b.out, false).unwrap();
+}
+
+#[test]
+fn refuses_mismatched_features() {
+    let f = fixture(DType::F32, 6);
+    let other = fixture(DType::F32, 7);
+    let err = pack(&PackConfig {
+        features: other.features.clone(),
+        ..config(&f, "x")
+    })
+    .unwrap_err();
+    assert!(matches!(err, Error::Mismatch(_)), "{err}");
+    assert!(err.to_string().contains("fingerprints differ"), "{err}");
+    let half = fixture(DType::F16, 6);
+    let err = pack(&PackConfig {
+        features: half.features.clone(),
+        ..config(&f, "x")
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("float16"), "{err}");
+    assert!(!f.root.join("x").join(MANIFEST).exists());
+}
+
+#[test]
+fn refuses_a_budget_below_the_minimum_and_names_it() {
+    let f = fixture(DType::F32, 8);
+    let err = pack(&PackConfig {
+        disk_budget: Budget::Bytes(10_000),
+        ..config(&f, "tight")
+    })
+    .unwrap_err();
+    let Error::Plan(PlanError::BudgetTooSmall { minimum, .. }) = err else {
+        panic!("expected BudgetTooSmall, got {err}");
+    };
+    assert!(minimum > 10_000);
+    assert!(!f.root.join("tight").join(MANIFEST).exists());
+}
+
+#[test]
+fn refuses_a_committed_layout_and_recovers_from_an_interrupted_one() {
+    let f = fixture(DType::F32, 9);
+    let cfg = config(&f, "out");
+    pack(&cfg).unwrap();
+    let err = pack(&cfg).unwrap_err();
+    assert!(matches!(err, Error::Committed(_)), "{err}");
+    // An interrupted run: objects without a manifest, one of them garbage.
+    let out = Path::new(&cfg.out);
+    std::fs::remove_file(out.join(MANIFEST)).unwrap();
+    std::fs::write(out.join("pack/segment-00000.bin"), b"half-written").unwrap();
+    assert!(open_layout(&cfg.out).is_err(), "no manifest, no layout");
+    pack(&cfg).unwrap();
+    verify(&cfg.out, false).unwrap();
+    // A corrupted object is caught by its checksum.
+    let seg = out.join("pack/segment-00000.bin");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[10] ^= 1;
+    std::fs::write(&seg, bytes).unwrap();
+    let err = verify(&cfg.out, false).unwrap_err();
+    assert!(err.to_string().contains("checksum"), "{err}");
+    pack(&PackConfig {
+        overwrite: true,
+        ..cfg.clone()
+    })
+    .unwrap();
+    verify(&cfg.out, false).unwrap();
+}
