@@ -87,16 +87,16 @@ pub struct PackArgs {
     #[arg(long)]
     pub out: Option<String>,
     /// GPU-cache budget in bytes (suffixes K, M, G, T).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub gpu_cache: Option<String>,
     /// CPU-cache budget in bytes.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub cpu_cache: Option<String>,
     /// Disk budget: bytes, or a multiple of the feature file such as 3x.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub disk_budget: Option<String>,
     /// Memory the packer may use (plan plus feature partitions); default 2G.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub memory: Option<String>,
     /// Batches per segment (searched under the disk budget when absent).
     #[arg(long)]

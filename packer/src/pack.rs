@@ -30,6 +30,9 @@ const MINHASH_SEED: u64 = 0x5EED_D15C;
 const BASELINE_BYTES: u64 = 96 << 20;
 /// Largest single write of gathered rows.
 const WRITE_PIECE: usize = 8 << 20;
+/// Bytes of the feature file asked for at once while reading a partition
+/// (rounded down to whole rows).
+const READ_PIECE: usize = 16 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -187,23 +190,15 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
     check_match(&run, &features)?;
 
     let out = Store::open(&cfg.out)?;
-    // A manifest over files about to change must go first.
-    if out.exists(MANIFEST)? {
-        if !cfg.overwrite {
-            return Err(Error::Committed(out.url().to_string()));
-        }
-        out.delete(MANIFEST)?;
+    let committed = out.exists(MANIFEST)?;
+    if committed && !cfg.overwrite {
+        return Err(Error::Committed(out.url().to_string()));
     }
     let local_root = local_dir(&cfg.out);
     let staging = match &local_root {
         Some(dir) => dir.clone(),
         None => std::env::temp_dir().join(format!("offgnn-pack-{}", std::process::id())),
     };
-    // A rerun starts clean: nothing of an interrupted run is reused.
-    let pack_dir = staging.join("pack");
-    if pack_dir.exists() {
-        std::fs::remove_dir_all(&pack_dir).map_err(|e| Error::io(pack_dir.display(), e))?;
-    }
 
     let row_bytes = features.row_bytes();
     let num_nodes = features.num_rows();
@@ -348,6 +343,18 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
     summary.gpu_rows = cache.gpu.len() as u64;
     summary.cpu_rows = cache.cpu.len() as u64;
     summary.plan_seconds = t.elapsed().as_secs_f64();
+
+    // The plan holds (budgets, memory, inputs all checked): only now may a
+    // committed layout go, its manifest first so that it never covers
+    // changing objects. A rerun starts clean: nothing of an interrupted run
+    // is reused.
+    if committed {
+        out.delete(MANIFEST)?;
+    }
+    let pack_dir = staging.join("pack");
+    if pack_dir.exists() {
+        std::fs::remove_dir_all(&pack_dir).map_err(|e| Error::io(pack_dir.display(), e))?;
+    }
 
     // ---- pack ----
     let t = Instant::now();
@@ -637,9 +644,11 @@ impl PackCtx<'_> {
         while first < self.num_nodes {
             let end = (first + self.partition_rows).min(self.num_nodes);
             let part = &mut buf[..((end - first) * rb) as usize];
-            for (k, piece) in part.chunks_mut(16 << 20).enumerate() {
+            // Whole rows per read, so that each piece starts on a row.
+            let piece_rows = (READ_PIECE as u64 / rb).max(1);
+            for (k, piece) in part.chunks_mut((piece_rows * rb) as usize).enumerate() {
                 self.features
-                    .read_rows(first + (k * (16 << 20)) as u64 / rb, piece)?;
+                    .read_rows(first + k as u64 * piece_rows, piece)?;
                 read += piece.len() as u64;
             }
             let part = &buf[..((end - first) * rb) as usize];
@@ -800,6 +809,7 @@ pub fn batch_table(
         index: b.index,
         num_inputs: b.input_nodes.len() as u32,
         labels: b.labels.clone(),
+        input_nodes: b.input_nodes.clone(),
         chunk_offset: seg.chunk_offset[record],
         chunk_len: seg.chunk_len[record],
         blocks: b.blocks.clone(),

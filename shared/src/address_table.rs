@@ -32,6 +32,9 @@ pub struct BatchTable {
     pub num_inputs: u32,
     /// Labels of the seeds, which are input rows `0..labels.len()`.
     pub labels: Vec<u32>,
+    /// Global id of each input row (for the in-memory and naive baselines,
+    /// which read rows by node id rather than through the layout).
+    pub input_nodes: Vec<u32>,
     /// `out[gpu_pos[i]] = gpu_cache[gpu_slot[i]]`.
     pub gpu_pos: Vec<u32>,
     pub gpu_slot: Vec<u32>,
@@ -108,6 +111,7 @@ pub fn encode(t: &BatchTable) -> Vec<u8> {
     w.u32(t.index);
     w.u32(t.num_inputs);
     w.u32s(&t.labels);
+    w.u32s(&t.input_nodes);
     w.u32s(&t.gpu_pos);
     w.u32s(&t.gpu_slot);
     w.u32s(&t.cpu_pos);
@@ -205,6 +209,7 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
     let index = r.u32()?;
     let num_inputs = r.u32()?;
     let labels = r.u32s()?;
+    let input_nodes = r.u32s()?;
     let gpu_pos = r.u32s()?;
     let gpu_slot = r.u32s()?;
     let cpu_pos = r.u32s()?;
@@ -246,6 +251,7 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
         && packed_pos.len() == packed_row.len()
         && first.len() == count.len()
         && labels.len() <= num_inputs as usize
+        && input_nodes.len() == num_inputs as usize
         && [&gpu_pos, &cpu_pos, &disk_pos, &packed_pos]
             .iter()
             .all(|p| p.iter().all(|&x| x < num_inputs))
@@ -263,6 +269,7 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
         index,
         num_inputs,
         labels,
+        input_nodes,
         gpu_pos,
         gpu_slot,
         cpu_pos,
@@ -384,6 +391,7 @@ mod tests {
             index: 7,
             num_inputs: 5,
             labels: vec![3],
+            input_nodes: vec![10, 11, 12, 13, 14],
             gpu_pos: vec![0],
             gpu_slot: vec![9],
             cpu_pos: vec![4],

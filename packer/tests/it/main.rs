@@ -24,10 +24,7 @@ struct Fixture {
 
 /// A small graph sampled for two epochs (8 training batches an epoch).
 fn fixture(dtype: DType, seed: u64) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().to_path_buf();
-    let ds = root.join("g");
-    let cfg = GeneratorConfig {
+    fixture_with(GeneratorConfig {
         num_nodes: 4000,
         avg_degree: 6.0,
         feature_dim: 24,
@@ -37,7 +34,13 @@ fn fixture(dtype: DType, seed: u64) -> Fixture {
         valid_fraction: 0.05,
         seed,
         ..Default::default()
-    };
+    })
+}
+
+fn fixture_with(cfg: GeneratorConfig) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let ds = root.join("g");
     generate(&ds, &cfg, false, false).unwrap();
     let samples = root.join("samples");
     run(&SampleConfig {
@@ -143,6 +146,28 @@ fn verify_passes_across_settings() {
     assert!(s.partitions > 1, "{} partitions", s.partitions);
 }
 
+/// Rows whose size does not divide the packer's read piece (100 bytes), in
+/// a partition larger than one piece: every piece must start on a row.
+#[test]
+fn verify_passes_with_rows_that_straddle_read_pieces() {
+    let f = fixture_with(GeneratorConfig {
+        num_nodes: 200_000,
+        avg_degree: 4.0,
+        feature_dim: 25,
+        num_classes: 4,
+        train_fraction: 0.002,
+        valid_fraction: 0.001,
+        seed: 11,
+        ..Default::default()
+    });
+    let s = pack_and_verify(&PackConfig {
+        gpu_cache: 0,
+        cpu_cache: 0,
+        ..config(&f, "odd")
+    });
+    assert_eq!(s.partitions, 1, "one partition of 20 MB, read in pieces");
+}
+
 #[test]
 fn verify_passes_on_f16_features() {
     let f = fixture(DType::F16, 4);
@@ -209,6 +234,15 @@ fn refuses_a_committed_layout_and_recovers_from_an_interrupted_one() {
     pack(&cfg).unwrap();
     let err = pack(&cfg).unwrap_err();
     assert!(matches!(err, Error::Committed(_)), "{err}");
+    // --overwrite with a plan that fails keeps the committed layout whole.
+    let err = pack(&PackConfig {
+        overwrite: true,
+        disk_budget: Budget::Bytes(10_000),
+        ..cfg.clone()
+    })
+    .unwrap_err();
+    assert!(matches!(err, Error::Plan(_)), "{err}");
+    verify(&cfg.out, false).unwrap();
     // An interrupted run: objects without a manifest, one of them garbage.
     let out = Path::new(&cfg.out);
     std::fs::remove_file(out.join(MANIFEST)).unwrap();
