@@ -28,6 +28,7 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         num_classes: args.classes,
         train_fraction: args.train_fraction,
         valid_fraction: args.valid_fraction,
+        test_fraction: args.test_fraction,
         homophily: args.homophily,
         power_law_exponent: args.power_law,
         signal: args.signal.unwrap_or(defaults.signal),

@@ -1,6 +1,10 @@
 //! The `sampler` program: offline neighbor sampling of GNN mini-batches, and
 //! the dataset tools that feed it (`generate`, `import-parquet`, `inspect`).
 //! `main.rs` only parses flags and calls [`run`].
+//!
+//! Output layout and Parquet schema: [`offgnn_shared::samples`] (one row per
+//! mini-batch; `run.json` written last as the commit point). Sampling itself:
+//! [`neighbor_sampling`]; planning, threads, shards and commit: [`sample_run`].
 
 pub mod dataset_tools;
 pub mod neighbor_sampling;
@@ -87,9 +91,6 @@ pub struct SampleArgs {
     /// Add the reverse of every edge (sample over an undirected graph).
     #[arg(long)]
     pub add_reverse_edges: bool,
-    /// Keep each edge once.
-    #[arg(long)]
-    pub dedup_edges: bool,
     /// Drop self-loops.
     #[arg(long)]
     pub drop_self_loops: bool,
@@ -131,6 +132,9 @@ pub struct GenerateArgs {
     pub train_fraction: f64,
     #[arg(long, default_value_t = 0.05)]
     pub valid_fraction: f64,
+    /// Test fraction (default: every node not in train or validation).
+    #[arg(long)]
+    pub test_fraction: Option<f64>,
     /// Probability that an edge stays inside its community.
     #[arg(long, default_value_t = 0.8)]
     pub homophily: f64,
@@ -239,7 +243,8 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
         batches_per_file: args.batches_per_file,
         csr: offgnn_shared::topology::CsrOptions {
             add_reverse: args.add_reverse_edges,
-            dedup: args.dedup_edges,
+            // Always on for sampling (see `sample_run::run_in`).
+            dedup: true,
             keep_self_loops: !args.drop_self_loops,
         },
         show_progress: true,

@@ -130,7 +130,7 @@ impl SampleConfig {
             seed: self.seed,
             batches_per_file: self.batches_per_file,
             add_reverse_edges: self.csr.add_reverse,
-            dedup_edges: self.csr.dedup,
+            dedup_edges: true,
             keep_self_loops: self.csr.keep_self_loops,
         }
     }
@@ -218,20 +218,9 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     cfg.validate()?;
     let started = Instant::now();
 
-    // Never leave a committed summary over files that are about to change.
-    if store.exists(RUN_SUMMARY)? {
-        if !cfg.overwrite {
-            return Err(Error::Committed(store.url().to_string()));
-        }
-        store.delete(RUN_SUMMARY)?;
-    }
-    if cfg.overwrite {
-        if cfg.num_shards == 1 {
-            store.delete_prefix("samples")?;
-            store.delete_prefix("_shards")?;
-        } else {
-            store.delete(&shard_name(cfg.shard, cfg.num_shards))?;
-        }
+    let committed = store.exists(RUN_SUMMARY)?;
+    if committed && !cfg.overwrite {
+        return Err(Error::Committed(store.url().to_string()));
     }
 
     let pool = rayon::ThreadPoolBuilder::new()
@@ -247,8 +236,28 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let csr = pool.install(|| Csr::from_edge_list(&ds.edges, cfg.csr, |n| bar.inc(n)))?;
+    // Sampling is over distinct neighbors: repeated edges are kept once, so
+    // no neighbor can be taken twice for one node in one layer.
+    let csr_opts = CsrOptions {
+        dedup: true,
+        ..cfg.csr
+    };
+    let csr = pool.install(|| Csr::from_edge_list(&ds.edges, csr_opts, |n| bar.inc(n)))?;
     bar.finish_and_clear();
+
+    // The input is whole (every edge id checked): only now may an old run
+    // go. The summary goes first, so no commit ever covers changing files.
+    if committed {
+        store.delete(RUN_SUMMARY)?;
+    }
+    if cfg.overwrite {
+        if cfg.num_shards == 1 {
+            store.delete_prefix("samples")?;
+            store.delete_prefix("_shards")?;
+        } else {
+            store.delete(&shard_name(cfg.shard, cfg.num_shards))?;
+        }
+    }
     let csr_seconds = csr_started.elapsed().as_secs_f64();
     tracing::info!(
         "topology: {} nodes, {} edges in CSR ({:.1} s)",
@@ -358,10 +367,16 @@ fn write_unit(
                     .iter()
                     .map(|b| b.input_nodes.len() as u64)
                     .sum::<u64>();
-                let rb = samples::to_record_batch(&batches)?;
-                writer.write(&rb).map_err(|e| fail(e.to_string()))?;
-                if writer.in_progress_size() > ROW_GROUP_BYTES {
-                    writer.flush().map_err(|e| fail(e.to_string()))?;
+                // One row per write and a flush decision after each, so
+                // that row groups and pages end at the same batches
+                // whatever the window (the thread count): the bytes, and so
+                // the checksums, depend only on the samples.
+                for batch in &batches {
+                    let rb = samples::to_record_batch(std::slice::from_ref(batch))?;
+                    writer.write(&rb).map_err(|e| fail(e.to_string()))?;
+                    if writer.in_progress_size() > ROW_GROUP_BYTES {
+                        writer.flush().map_err(|e| fail(e.to_string()))?;
+                    }
                 }
             }
             let object = writer.into_inner().map_err(|e| fail(e.to_string()))?;

@@ -841,14 +841,23 @@ impl Drop for DatasetWriter {
 
 /// A deterministic split of `n` items into train, validation and test by a
 /// seeded shuffle: the first `train` fraction of the permutation is the train
-/// set, the next `valid` fraction the validation set, the rest the test set.
-/// Each part is returned sorted.
-pub fn seeded_split(n: u64, train: f64, valid: f64, seed: u64) -> Result<[Vec<u64>; 3]> {
+/// set, the next `valid` fraction the validation set, then the next `test`
+/// fraction (or, with `None`, the rest) the test set. Items left over belong
+/// to no set. Each part is returned sorted.
+pub fn seeded_split(
+    n: u64,
+    train: f64,
+    valid: f64,
+    test_fraction: Option<f64>,
+    seed: u64,
+) -> Result<[Vec<u64>; 3]> {
     use rand::SeedableRng;
     use rand::seq::SliceRandom;
-    if !(train > 0.0 && valid >= 0.0 && train + valid <= 1.0) {
+    let test_ok = test_fraction.is_none_or(|t| t >= 0.0 && train + valid + t <= 1.0 + 1e-12);
+    if !(train > 0.0 && valid >= 0.0 && train + valid <= 1.0 && test_ok) {
         return Err(Error::InvalidArgument(format!(
-            "split fractions train {train}, valid {valid} must satisfy 0 < train, 0 <= valid, train + valid <= 1"
+            "split fractions train {train}, valid {valid}, test {} must be non-negative, train positive, and add up to at most 1",
+            test_fraction.map_or("(the rest)".to_string(), |t| t.to_string())
         )));
     }
     let mut ids: Vec<u64> = (0..n).collect();
@@ -857,10 +866,43 @@ pub fn seeded_split(n: u64, train: f64, valid: f64, seed: u64) -> Result<[Vec<u6
     let n_train = ((n as f64 * train).round() as u64).max(1).min(n) as usize;
     let n_valid = ((n as f64 * valid).round() as usize).min(ids.len() - n_train);
     let mut test = ids.split_off(n_train + n_valid);
+    if let Some(t) = test_fraction {
+        test.truncate(((n as f64 * t).round() as usize).min(test.len()));
+    }
     let mut valid = ids.split_off(n_train);
     let mut train = ids;
     train.sort_unstable();
     valid.sort_unstable();
     test.sort_unstable();
     Ok([train, valid, test])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::seeded_split;
+
+    #[test]
+    fn seeded_split_partitions_and_honours_a_test_fraction() {
+        let [train, valid, test] = seeded_split(1000, 0.6, 0.2, None, 3).unwrap();
+        assert_eq!((train.len(), valid.len(), test.len()), (600, 200, 200));
+        let mut all: Vec<u64> = [&train, &valid, &test]
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..1000).collect::<Vec<_>>());
+        assert_eq!(seeded_split(1000, 0.6, 0.2, None, 3).unwrap()[0], train);
+        assert_ne!(seeded_split(1000, 0.6, 0.2, None, 4).unwrap()[0], train);
+
+        // A test fraction leaves the rest in no set; train and validation
+        // are the same as without it.
+        let [t2, v2, s2] = seeded_split(1000, 0.6, 0.2, Some(0.05), 3).unwrap();
+        assert_eq!((t2, v2), (train, valid));
+        assert_eq!(s2.len(), 50);
+        assert!(s2.iter().all(|x| test.binary_search(x).is_ok()));
+
+        let err = seeded_split(1000, 0.6, 0.2, Some(0.3), 3).unwrap_err();
+        assert!(err.to_string().contains("at most 1"), "{err}");
+    }
 }

@@ -262,6 +262,7 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         num_nodes,
         cfg.train_fraction,
         cfg.valid_fraction,
+        None,
         cfg.split_seed,
     )?;
     for (split, seeds) in [

@@ -59,8 +59,10 @@ pub struct GeneratorConfig {
     /// `C >= 2`: the blocks of the block model, and the labels.
     pub num_classes: u32,
     pub train_fraction: f64,
-    /// The test set is what train and validation leave.
     pub valid_fraction: f64,
+    /// The test set's fraction; `None`: what train and validation leave.
+    /// Large graphs want a small one, as every test node is sampled once.
+    pub test_fraction: Option<f64>,
     /// Probability that an edge stays inside its source's class.
     pub homophily: f64,
     /// `gamma > 2`: the degree tail is `P(deg >= k) ~ k^-(gamma-1)`.
@@ -88,6 +90,7 @@ impl Default for GeneratorConfig {
             num_classes: 16,
             train_fraction: 0.1,
             valid_fraction: 0.05,
+            test_fraction: None,
             homophily: 0.8,
             power_law_exponent: 2.5,
             signal: 0.2,
@@ -209,6 +212,7 @@ pub fn generate(
         cfg.num_nodes,
         cfg.train_fraction,
         cfg.valid_fraction,
+        cfg.test_fraction,
         stream_seed(cfg.seed, STREAM_SPLIT, 0),
     )?;
     for (split, seeds) in Split::ALL.into_iter().zip(&splits) {
@@ -313,6 +317,14 @@ fn validate(cfg: &GeneratorConfig) -> Result<()> {
         return bad(format!(
             "train_fraction {train} and valid_fraction {valid} must satisfy \
              0 < train_fraction, 0 <= valid_fraction, train_fraction + valid_fraction <= 1"
+        ));
+    }
+    if let Some(test) = cfg.test_fraction
+        && !(test >= 0.0 && train + valid + test <= 1.0 + 1e-12)
+    {
+        return bad(format!(
+            "test_fraction {test} must be non-negative and leave train_fraction + \
+             valid_fraction + test_fraction <= 1"
         ));
     }
     if !cfg.signal.is_finite() || cfg.signal < 0.0 {

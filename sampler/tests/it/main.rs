@@ -129,6 +129,15 @@ fn round_trip_through_the_memory_store_checks_every_batch() {
     let ds_path = dataset(dir.path());
     let ds = Dataset::open(&ds_path).unwrap();
     let csr = Csr::from_edge_list(&ds.edges, CsrOptions::default(), |_| {}).unwrap();
+    let dedup = CsrOptions {
+        dedup: true,
+        ..Default::default()
+    };
+    let distinct = Csr::from_edge_list(&ds.edges, dedup, |_| {}).unwrap();
+    assert!(
+        distinct.num_edges() < csr.num_edges(),
+        "the test graph repeats some edges"
+    );
     let store = Store::memory().child("runs/one");
     let cfg = config(&ds_path, "memory://");
     let outcome = run_in(&cfg, &ds, &store).unwrap();
@@ -157,10 +166,20 @@ fn round_trip_through_the_memory_store_checks_every_batch() {
                     // Blocks chain and every edge is an edge of the graph.
                     assert_eq!(b.blocks.last().unwrap().num_dst as usize, b.seeds.len());
                     assert_eq!(b.blocks[0].num_src as usize, b.input_nodes.len());
-                    for block in &b.blocks {
+                    // The generator repeats some edges: no neighbor is
+                    // still taken twice, and each node takes min(fan-out,
+                    // distinct neighbors).
+                    for (block, &fanout) in b.blocks.iter().zip(&cfg.fanouts) {
+                        let mut taken = vec![HashSet::new(); block.num_dst as usize];
                         for (&s, &d) in block.src.iter().zip(&block.dst) {
                             let (gs, gd) = (b.input_nodes[s as usize], b.input_nodes[d as usize]);
                             assert!(csr.neighbors(gd).binary_search(&gs).is_ok());
+                            assert!(taken[d as usize].insert(gs), "{gs} taken twice for {gd}");
+                        }
+                        for (d, set) in taken.iter().enumerate() {
+                            let distinct: HashSet<u32> =
+                                csr.neighbors(b.input_nodes[d]).iter().copied().collect();
+                            assert_eq!(set.len(), fanout.min(distinct.len()));
                         }
                     }
                     seen.extend_from_slice(&b.seeds);
