@@ -5,6 +5,7 @@
 pub mod address_table;
 pub mod dataset;
 pub mod error;
+pub mod io_engine;
 pub mod npy;
 pub mod parquet_import;
 pub mod progress;
