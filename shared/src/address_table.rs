@@ -237,6 +237,10 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
         {
             return Err(r.fail("block out of range"));
         }
+        // The trainer's segment reductions rely on edges grouped by destination.
+        if !dst.is_sorted() {
+            return Err(r.fail("block edges not sorted by destination"));
+        }
         blocks.push(Block {
             num_src,
             num_dst,

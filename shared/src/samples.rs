@@ -247,6 +247,11 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
                     "row {row}: layer {l} has local ids out of range"
                 )));
             }
+            if !block.dst.is_sorted() {
+                return Err(bad(format!(
+                    "row {row}: layer {l}'s edges are not grouped by destination"
+                )));
+            }
             blocks.push(block);
         }
         let seeds = u32s(seeds, row)?;

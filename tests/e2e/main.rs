@@ -263,3 +263,298 @@ fn unreachable_store_is_a_clear_error_without_credentials() {
         started.elapsed()
     );
 }
+
+/// Imports Cora and samples it into `dir`; returns (dataset, samples).
+fn cora_samples(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let cora = cora_dir();
+    let ds = dir.join("cora");
+    let r = run(
+        "sampler",
+        &[
+            "import-parquet",
+            "--preset",
+            "cora",
+            "--nodes",
+            cora.join("cora_nodes.parquet.gzip").to_str().unwrap(),
+            "--edges",
+            cora.join("cora_rels.parquet.gzip").to_str().unwrap(),
+            "--out",
+            ds.to_str().unwrap(),
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let samples = dir.join("samples");
+    let r = run(
+        "sampler",
+        &[
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            samples.to_str().unwrap(),
+            "--batch-size",
+            "256",
+            "--epochs",
+            "2",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    (ds, samples)
+}
+
+#[test]
+fn cora_packs_verifies_and_inspects_through_the_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ds, samples) = cora_samples(dir.path());
+    let feat = ds.join("data/feat.npy");
+    let out = dir.path().join("pack");
+    let args = [
+        "--samples",
+        samples.to_str().unwrap(),
+        "--features",
+        feat.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--gpu-cache",
+        "1M",
+        "--cpu-cache",
+        "2M",
+        "--disk-budget",
+        "8x",
+    ];
+    let r = run("packer", &args);
+    assert!(r.status.success(), "{}", r.stderr);
+    let s = &r.json()["summary"];
+    assert!(s["feature_disk_bytes"].as_u64().unwrap() <= s["disk_budget"].as_u64().unwrap());
+    assert!(s["predicted_read_amplification"].as_f64().unwrap() >= 1.0);
+    assert!(s["gpu_rows"].as_u64().unwrap() > 0);
+
+    let manifest = out.join("manifest.json");
+    let r = run(
+        "packer",
+        &["verify", "--manifest", manifest.to_str().unwrap()],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(r.json()["ok"], true);
+    // 1625 training seeds, batch 256, 2 epochs; 542 valid; 541 test.
+    assert_eq!(r.json()["summary"]["batches"], 2 * 7 + 3 + 3);
+
+    let r = run(
+        "packer",
+        &["inspect", "--manifest", manifest.to_str().unwrap()],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(r.json()["manifest"]["format_version"], 1);
+
+    // Committed layouts are refused; bad sizes and budgets are one line.
+    let again = run("packer", &args);
+    assert!(!again.status.success());
+    assert!(
+        again.stderr.contains("already holds a committed layout"),
+        "{}",
+        again.stderr
+    );
+    let other = dir.path().join("other");
+    for (flag, value, want) in [
+        ("--disk-budget", "1K", "raise --disk-budget to at least"),
+        ("--disk-budget", "-3x", "-3x"),
+        ("--gpu-cache", "lots", "lots"),
+    ] {
+        let mut a: Vec<&str> = args.to_vec();
+        a[5] = other.to_str().unwrap();
+        let i = a.iter().position(|x| *x == flag).unwrap();
+        a[i + 1] = value;
+        let r = run("packer", &a);
+        assert!(!r.status.success(), "{flag} {value}");
+        assert!(r.stderr.contains(want), "{flag} {value}: {}", r.stderr);
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+        assert!(!other.join("manifest.json").exists());
+    }
+}
+
+#[test]
+fn packer_peak_memory_stays_within_its_budget() {
+    if !std::path::Path::new("/usr/bin/time").exists() {
+        panic!("/usr/bin/time is missing: scripts/setup installs it");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("g");
+    // 100K nodes x 256-d float32: a 102 MB feature file.
+    let r = run(
+        "sampler",
+        &[
+            "generate",
+            "--out",
+            ds.to_str().unwrap(),
+            "--nodes",
+            "100000",
+            "--feature-dim",
+            "256",
+            "--train-fraction",
+            "0.01",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let samples = dir.path().join("s");
+    let r = run(
+        "sampler",
+        &[
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            samples.to_str().unwrap(),
+            "--fanout",
+            "5,5",
+            "--batch-size",
+            "200",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let budget_mib = 160u64;
+    let out = std::process::Command::new("/usr/bin/time")
+        .args(["-f", "peak_kb=%M"])
+        .arg(offgnn_e2e::binary("packer"))
+        .args(["--samples", samples.to_str().unwrap()])
+        .args(["--features", ds.join("data/feat.npy").to_str().unwrap()])
+        .args(["--out", dir.path().join("p").to_str().unwrap()])
+        .args([
+            "--gpu-cache",
+            "0",
+            "--cpu-cache",
+            "0",
+            "--disk-budget",
+            "5x",
+        ])
+        .args(["--memory", &format!("{budget_mib}M")])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let peak_kb: u64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("peak_kb="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak in {stderr}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert!(
+        summary["summary"]["partitions"].as_u64().unwrap() > 1,
+        "the budget must force several partitions"
+    );
+    assert!(
+        peak_kb <= budget_mib * 1024,
+        "peak {peak_kb} KiB over the {budget_mib} MiB budget"
+    );
+}
+
+/// Imports, samples and packs Cora into `dir`; returns the manifest path.
+fn cora_pack(dir: &std::path::Path) -> std::path::PathBuf {
+    let (ds, samples) = cora_samples(dir);
+    let out = dir.join("pack");
+    let r = run(
+        "packer",
+        &[
+            "--samples",
+            samples.to_str().unwrap(),
+            "--features",
+            ds.join("data/feat.npy").to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--gpu-cache",
+            "1M",
+            "--cpu-cache",
+            "2M",
+            "--disk-budget",
+            "8x",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    out.join("manifest.json")
+}
+
+#[test]
+fn cora_trains_through_the_binary_and_refuses_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = cora_pack(dir.path());
+    let m = manifest.to_str().unwrap();
+    let metrics = dir.path().join("metrics.jsonl");
+    let ckpt = dir.path().join("ckpt");
+    let train = |extra: &[&str]| {
+        let mut args = vec!["--manifest", m, "--epochs", "3", "--hidden", "64"];
+        args.extend_from_slice(extra);
+        run("trainer", &args)
+    };
+    let r = train(&[
+        "--metrics",
+        metrics.to_str().unwrap(),
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let s = &r.json()["summary"];
+    assert_eq!(s["epochs"].as_array().unwrap().len(), 3);
+    // Seven classes; chance is below 0.3.
+    let acc = s["test_acc_at_best_valid"].as_f64().unwrap();
+    assert!(acc > 0.6, "Cora test accuracy {acc}");
+    let lines = std::fs::read_to_string(&metrics).unwrap();
+    let rows: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3);
+    for key in [
+        "wall_seconds",
+        "stage_busy",
+        "disk_bytes",
+        "read_amplification",
+        "hit_gpu",
+        "hit_cpu",
+        "hit_disk",
+        "loss",
+        "train_acc",
+        "valid_acc",
+        "test_acc",
+    ] {
+        assert!(rows[2].get(key).is_some(), "metrics lack {key}");
+    }
+
+    // Bad input: one line, a failing exit.
+    let one_line = |r: &offgnn_e2e::Run, want: &str| {
+        assert!(!r.status.success(), "expected a failure mentioning {want}");
+        assert!(r.stderr.contains(want), "{want}: {}", r.stderr);
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    };
+    // cuda where libtorch sees no GPU (this suite runs on CPU machines).
+    one_line(&train(&["--device", "cuda"]), "no CUDA device");
+    // A checkpoint of another model.
+    one_line(
+        &train(&[
+            "--model",
+            "gat",
+            "--resume",
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+        ]),
+        "another model",
+    );
+    // A manifest of a future format version.
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let future = dir.path().join("pack/future.json");
+    std::fs::write(
+        &future,
+        text.replacen("\"format_version\": 1", "\"format_version\": 7", 1),
+    )
+    .unwrap();
+    one_line(
+        &run("trainer", &["--manifest", future.to_str().unwrap()]),
+        "newer than this build",
+    );
+    // A flipped bit in a segment, then a missing one.
+    let seg = dir.path().join("pack/pack/segment-00000.bin");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[4096] ^= 0x01;
+    std::fs::write(&seg, &bytes).unwrap();
+    one_line(&train(&[]), "checksum mismatch");
+    std::fs::remove_file(&seg).unwrap();
+    one_line(&train(&[]), "missing object");
+}

@@ -3,6 +3,13 @@
 //! parses flags and calls [`run`].
 
 pub mod device;
+pub mod error;
+pub mod layout;
+pub mod model;
+pub mod pipeline;
+mod report;
+pub mod staging;
+pub mod train;
 
 use std::path::PathBuf;
 
@@ -45,6 +52,24 @@ pub enum Command {
 pub enum Model {
     Sage,
     Gat,
+    /// Baseline: an MLP on the seeds' own features, no graph.
+    Mlp,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Features {
+    /// The packed layout (caches, disk-cache pages, packed chunks).
+    Packed,
+    /// Baseline: one aligned O_DIRECT read per needed row of the raw feature file.
+    Naive,
+    /// Baseline: all features in RAM.
+    Memory,
 }
 
 #[derive(Debug, Args)]
@@ -61,8 +86,14 @@ pub struct TrainArgs {
     pub epochs: u32,
     #[arg(long, default_value_t = 0.003)]
     pub lr: f64,
-    #[arg(long, default_value_t = 256)]
-    pub hidden: i64,
+    /// Hidden width (default: 256 for GraphSAGE, heads x 32 for GAT).
+    #[arg(long)]
+    pub hidden: Option<i64>,
+    /// GAT attention heads.
+    #[arg(long, default_value_t = 4)]
+    pub heads: i64,
+    #[arg(long, default_value_t = 0.5)]
+    pub dropout: f64,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Where a remote layout is staged.
@@ -73,21 +104,108 @@ pub struct TrainArgs {
     pub metrics: Option<PathBuf>,
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
+    /// Continue from the checkpoint in --checkpoint-dir.
     #[arg(long)]
     pub resume: bool,
+    /// Also checkpoint every N batches inside an epoch (default: at epoch ends only).
+    #[arg(long)]
+    pub checkpoint_every: Option<u64>,
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub pipeline: OnOff,
+    #[arg(long, value_enum, default_value_t = Features::Packed)]
+    pub features: Features,
+    /// Depth of the queues between pipeline stages.
+    #[arg(long, default_value_t = 2)]
+    pub queue_depth: usize,
+    /// io_uring rings.
+    #[arg(long, default_value_t = 4)]
+    pub io_rings: usize,
+    /// Requests in flight per ring.
+    #[arg(long, default_value_t = 64)]
+    pub io_depth: u32,
+    /// Use the pread thread pool even where io_uring works.
+    #[arg(long)]
+    pub pread: bool,
+    /// Train at most this many batches per epoch (for quick checks).
+    #[arg(long, hide = true)]
+    pub max_batches: Option<usize>,
 }
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Info) => device::print_info(),
-        None => {
-            let args = cli.train;
-            device::parse_device(&args.device)?;
-            if args.manifest.is_none() {
-                anyhow::bail!("--manifest is required (see trainer --help)");
-            }
-            anyhow::bail!("training is not built yet: the packer's manifest does not exist yet")
-        }
+        None => train_command(cli.train),
     }
+}
+
+fn train_command(a: TrainArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let device = device::parse_device(&a.device)?;
+    let location = a
+        .manifest
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("--manifest is required (see trainer --help)"))?;
+    tracing::info!("training on {device:?}");
+    let (dir, manifest) = staging::resolve(&location, a.local_dir.as_deref(), true)
+        .with_context(|| format!("reading {}", offgnn_shared::store::redact(&location)))?;
+    let engine = offgnn_shared::io_engine::IoEngine::new(offgnn_shared::io_engine::IoOptions {
+        rings: a.io_rings,
+        queue_depth: a.io_depth,
+        force_pread: a.pread,
+        ..Default::default()
+    });
+    let layout = layout::Layout::open(&dir, manifest, &engine, true)?;
+    let m = &layout.manifest;
+    let kind = match a.model {
+        Model::Sage => model::ModelKind::Sage,
+        Model::Gat => model::ModelKind::Gat,
+        Model::Mlp => model::ModelKind::Mlp,
+    };
+    let hidden = a.hidden.unwrap_or(match kind {
+        model::ModelKind::Sage | model::ModelKind::Mlp => 256,
+        model::ModelKind::Gat => a.heads * 32,
+    });
+    if hidden <= 0
+        || a.heads <= 0
+        || !(0.0..1.0).contains(&a.dropout)
+        || a.lr <= 0.0
+        || a.epochs == 0
+    {
+        anyhow::bail!(
+            "--hidden, --heads and --epochs must be positive, --dropout in [0, 1), --lr positive"
+        );
+    }
+    let cfg = train::TrainConfig {
+        model: model::ModelConfig {
+            kind,
+            in_dim: m.dataset.feature_dim as i64,
+            hidden,
+            classes: m.dataset.num_classes as i64,
+            layers: m.samples.fanouts.len(),
+            heads: a.heads,
+            dropout: a.dropout,
+        },
+        device,
+        epochs: a.epochs,
+        lr: a.lr,
+        seed: a.seed,
+        features: match a.features {
+            Features::Packed => pipeline::FeatureMode::Packed,
+            Features::Naive => pipeline::FeatureMode::Naive,
+            Features::Memory => pipeline::FeatureMode::Memory,
+        },
+        pipelined: a.pipeline == OnOff::On,
+        queue_depth: a.queue_depth,
+        metrics: a.metrics,
+        checkpoint_dir: a.checkpoint_dir,
+        resume: a.resume,
+        show_progress: true,
+        max_batches: a.max_batches,
+        checkpoint_every: a.checkpoint_every,
+        interrupt_after: None,
+    };
+    let summary = train::train(&layout, &engine, &cfg)?;
+    report::summary(&summary);
+    Ok(())
 }

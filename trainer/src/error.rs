@@ -1,0 +1,39 @@
+//! The trainer's one error type.
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    Layout(String),
+    #[error("{0}")]
+    Checkpoint(String),
+    /// The test hook `interrupt_after` fired: a stand-in for a kill.
+    #[error("interrupted after {0} training batches")]
+    Interrupted(u64),
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
+    #[error(transparent)]
+    Shared(#[from] offgnn_shared::Error),
+    #[error(transparent)]
+    Manifest(#[from] offgnn_manifests::Error),
+    #[error(transparent)]
+    Torch(#[from] tch::TchError),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn io(path: impl std::fmt::Display, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.to_string(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! A packed layout on local disk, ready to train from: the manifest, every
+//! object checked against its size and CRC32C before use, the segment
+//! objects opened for the I/O engine, and each table object's index.
+//! Remote layouts are first staged here by [`crate::staging`].
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use offgnn_manifests::{Manifest, Object};
+use offgnn_shared::address_table::{self, BatchTable, FOOTER};
+use offgnn_shared::io_engine::{IoEngine, IoFile};
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+
+pub struct Layout {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    pub segments: Vec<IoFile>,
+    tables: Vec<TableFile>,
+}
+
+/// One segment's table object, opened, with the (offset, length) of each
+/// batch record.
+struct TableFile {
+    file: File,
+    path: PathBuf,
+    records: Vec<(u64, u64)>,
+}
+
+/// CRC32C of a local file, read in large pieces.
+pub fn file_crc(path: &Path) -> Result<(u64, u32)> {
+    let f = File::open(path).map_err(|e| Error::io(path.display(), e))?;
+    let size = f
+        .metadata()
+        .map_err(|e| Error::io(path.display(), e))?
+        .len();
+    let mut buf = vec![0u8; 8 << 20];
+    let (mut at, mut crc) = (0u64, 0u32);
+    while at < size {
+        let n = (buf.len() as u64).min(size - at) as usize;
+        f.read_exact_at(&mut buf[..n], at)
+            .map_err(|e| Error::io(path.display(), e))?;
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        at += n as u64;
+    }
+    Ok((size, crc))
+}
+
+/// Checks one object: present, its size, its CRC32C.
+pub fn check_object(dir: &Path, o: &Object) -> Result<()> {
+    let path = dir.join(&o.name);
+    if !path.exists() {
+        return Err(Error::Layout(format!(
+            "{}: missing object {}",
+            dir.display(),
+            o.name
+        )));
+    }
+    let (size, crc) = file_crc(&path)?;
+    if size != o.size {
+        return Err(Error::Layout(format!(
+            "{}: {size} bytes, the manifest says {}",
+            path.display(),
+            o.size
+        )));
+    }
+    if crc != o.crc32c {
+        return Err(Error::Layout(format!(
+            "{}: checksum mismatch (corrupt or replaced)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+impl Layout {
+    /// Opens a local layout, checking every object first.
+    pub fn open(dir: &Path, manifest: Manifest, engine: &IoEngine, show: bool) -> Result<Layout> {
+        let total: u64 = manifest.objects.iter().map(|o| o.size).sum();
+        let pb = if show {
+            offgnn_shared::progress::bytes_bar(total, "checking")
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        manifest.objects.par_iter().try_for_each(|o| {
+            check_object(dir, o)?;
+            pb.inc(o.size);
+            Ok::<_, Error>(())
+        })?;
+        pb.finish_and_clear();
+        let mut segments = Vec::with_capacity(manifest.segments.len());
+        let mut tables = Vec::with_capacity(manifest.segments.len());
+        for s in &manifest.segments {
+            segments.push(engine.open(&dir.join(&s.object))?);
+            let path = dir.join(&s.table);
+            let f = File::open(&path).map_err(|e| Error::io(path.display(), e))?;
+            let size = f
+                .metadata()
+                .map_err(|e| Error::io(path.display(), e))?
+                .len();
+            let origin = path.display().to_string();
+            let mut footer = vec![0u8; FOOTER as usize];
+            f.read_exact_at(&mut footer, size.saturating_sub(FOOTER))
+                .map_err(|e| Error::io(&origin, e))?;
+            let (index_offset, _) = address_table::decode_footer(&origin, &footer, size)?;
+            let mut index = vec![0u8; (size - FOOTER - index_offset) as usize];
+            f.read_exact_at(&mut index, index_offset)
+                .map_err(|e| Error::io(&origin, e))?;
+            let entries = address_table::decode_index(&origin, &index, index_offset)?;
+            if entries.len() != s.batches as usize {
+                return Err(Error::Layout(format!(
+                    "{origin}: {} records, the manifest says {}",
+                    entries.len(),
+                    s.batches
+                )));
+            }
+            tables.push(TableFile {
+                file: f,
+                path,
+                records: entries,
+            });
+        }
+        Ok(Layout {
+            dir: dir.to_path_buf(),
+            manifest,
+            segments,
+            tables,
+        })
+    }
+
+    /// Reads one batch's address table and topology.
+    pub fn record(&self, segment: u32, record: u32) -> Result<BatchTable> {
+        let TableFile {
+            file: f,
+            path,
+            records,
+        } = &self.tables[segment as usize];
+        let (off, len) = records[record as usize];
+        let mut buf = vec![0u8; len as usize];
+        f.read_exact_at(&mut buf, off)
+            .map_err(|e| Error::io(path.display(), e))?;
+        Ok(address_table::decode(&path.display().to_string(), &buf)?)
+    }
+
+    /// Bytes of a cache object's rows (row-major, `rows x row_bytes`).
+    pub fn read_cache(&self, object: &str, rows: u64) -> Result<Vec<u8>> {
+        let path = self.dir.join(object);
+        let f = File::open(&path).map_err(|e| Error::io(path.display(), e))?;
+        let mut buf = vec![0u8; (rows * self.manifest.dataset.row_bytes) as usize];
+        f.read_exact_at(&mut buf, 0)
+            .map_err(|e| Error::io(path.display(), e))?;
+        Ok(buf)
+    }
+}

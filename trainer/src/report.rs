@@ -1,0 +1,62 @@
+//! What the trainer prints: a row per epoch, then the summary table and JSON.
+
+use offgnn_shared::report::{human_bytes, print_summary};
+
+use crate::train::{EpochMetrics, TrainSummary};
+
+pub fn epoch_row(e: &EpochMetrics) {
+    println!(
+        "epoch {:>3}  {:>7.2}s  loss {:.4}  train {:.4}  valid {:.4}  test {:.4}  disk {} (amp {:.2})  hits gpu/cpu/disk {:.2}/{:.2}/{:.2}  busy load {:.2}s asm {:.2}s graph {:.2}s model {:.2}s",
+        e.epoch,
+        e.wall_seconds,
+        e.loss,
+        e.train_acc,
+        e.valid_acc,
+        e.test_acc,
+        human_bytes(e.disk_bytes),
+        e.read_amplification,
+        e.hit_gpu,
+        e.hit_cpu,
+        e.hit_disk,
+        e.stage_busy.load,
+        e.stage_busy.assemble,
+        e.stage_busy.graph,
+        e.stage_busy.model,
+    );
+}
+
+pub fn summary(s: &TrainSummary) {
+    let rows = vec![
+        ("device", format!("{} (I/O: {})", s.device, s.io_backend)),
+        (
+            "features / pipeline",
+            format!(
+                "{:?} / {}",
+                s.features,
+                if s.pipelined { "on" } else { "off" }
+            )
+            .to_lowercase(),
+        ),
+        ("epochs", s.epochs.len().to_string()),
+        (
+            "best validation",
+            format!("{:.4} at epoch {}", s.best_valid_acc, s.best_epoch),
+        ),
+        (
+            "test at best validation",
+            format!("{:.4}", s.test_acc_at_best_valid),
+        ),
+        (
+            "mean epoch time",
+            format!(
+                "{:.3} s (first epoch excluded)",
+                s.mean_epoch_seconds_excl_first
+            ),
+        ),
+    ];
+    print_summary(
+        "training",
+        &rows,
+        &serde_json::json!({ "command": "train", "summary": s }),
+    );
+}

@@ -1,0 +1,619 @@
+//! The training job: epochs over the sampled batches through the pipeline,
+//! validation and test accuracy every epoch, checkpoints (every epoch, and
+//! every `checkpoint_every` batches within one), per-epoch metrics, and the
+//! final report (test accuracy at the best validation epoch).
+//!
+//! Epoch `t` trains on sampled epoch `t mod E` (E sampled epochs); past the
+//! sampled ones, the batch order is reshuffled with a generator of
+//! (seed, t), so no two passes see batches in the same order.
+//!
+//! Resume is exact: dropout draws are seeded per (seed, epoch, position),
+//! the optimizer's moments and step are in the checkpoint, and a checkpoint
+//! taken inside an epoch records the position and the epoch's running
+//! sums, so a resumed run trains every batch once and reports the same
+//! losses as one that was never stopped.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use offgnn_manifests::BatchRef;
+use offgnn_shared::io_engine::IoEngine;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor, nn};
+
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::model::{self, Adam, ModelConfig};
+use crate::pipeline::{
+    self, AssembleSources, FeatureMode, LoadSources, Ready, Sources, StageTimes,
+};
+
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    pub model: ModelConfig,
+    pub device: Device,
+    pub epochs: u32,
+    pub lr: f64,
+    pub seed: u64,
+    pub features: FeatureMode,
+    pub pipelined: bool,
+    pub queue_depth: usize,
+    pub metrics: Option<PathBuf>,
+    pub checkpoint_dir: Option<PathBuf>,
+    pub resume: bool,
+    /// Progress bars and a printed row per epoch (the binary); quiet for tests.
+    pub show_progress: bool,
+    /// Train at most this many batches of each epoch (quick checks).
+    pub max_batches: Option<usize>,
+    /// Also checkpoint after every this many batches inside an epoch.
+    pub checkpoint_every: Option<u64>,
+    /// Fail as if killed after this many training batches of this process,
+    /// just after any checkpoint due there (tests of resume).
+    pub interrupt_after: Option<u64>,
+}
+
+/// One epoch's figures; also the JSON line written to --metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpochMetrics {
+    pub epoch: u32,
+    pub sampled_epoch: u32,
+    pub batches: u64,
+    pub wall_seconds: f64,
+    pub train_seconds: f64,
+    pub eval_seconds: f64,
+    pub stage_busy: StageBusy,
+    pub disk_bytes: u64,
+    pub disk_rows_bytes: u64,
+    pub read_amplification: f64,
+    pub hit_gpu: f64,
+    pub hit_cpu: f64,
+    pub hit_disk: f64,
+    pub loss: f64,
+    pub train_acc: f64,
+    pub valid_acc: f64,
+    pub test_acc: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageBusy {
+    pub load: f64,
+    pub assemble: f64,
+    pub graph: f64,
+    pub model: f64,
+}
+
+impl From<StageTimes> for StageBusy {
+    fn from(t: StageTimes) -> Self {
+        StageBusy {
+            load: t.load,
+            assemble: t.assemble,
+            graph: t.graph,
+            model: t.model,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainSummary {
+    pub epochs: Vec<EpochMetrics>,
+    pub best_epoch: u32,
+    pub best_valid_acc: f64,
+    pub test_acc_at_best_valid: f64,
+    pub mean_epoch_seconds_excl_first: f64,
+    pub device: String,
+    pub io_backend: String,
+    pub features: FeatureMode,
+    pub pipelined: bool,
+    /// (epoch, batches of it done) where this run picked up a checkpoint.
+    pub resumed_from: Option<(u32, u64)>,
+}
+
+/// What a checkpoint records besides tensors. `checkpoint.json` is the
+/// commit point: it names the tensor file written before it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct CheckpointMeta {
+    model: ModelConfig,
+    manifest_run_sha256: String,
+    dataset_fingerprint: String,
+    /// Epochs completed.
+    epoch: u32,
+    /// Progress inside epoch `epoch`, when taken mid-epoch.
+    in_epoch: Option<EpochProgress>,
+    history: Vec<EpochMetrics>,
+    /// The tensor file (model and optimizer) of this checkpoint.
+    tensors: String,
+}
+
+/// An epoch's running sums: what a mid-epoch checkpoint must carry for the
+/// epoch's figures to come out whole after a resume.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct EpochProgress {
+    /// Batches of the epoch's order trained.
+    batches: u64,
+    loss_sum: f64,
+    correct: i64,
+    seen: i64,
+    disk_bytes: u64,
+    disk_rows_bytes: u64,
+    tiers: [u64; 3],
+    train_seconds: f64,
+    stage_busy: StageBusy,
+}
+
+const META: &str = "checkpoint.json";
+
+/// Sources shared by the stages: caches loaded once (the CPU cache pinned on CUDA).
+fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Sources> {
+    let m = &layout.manifest;
+    let kind = match m.dataset.feature_dtype.as_str() {
+        "float32" => Kind::Float,
+        "float16" => Kind::Half,
+        other => {
+            return Err(Error::Layout(format!(
+                "feature dtype {other} is not supported"
+            )));
+        }
+    };
+    let dim = m.dataset.feature_dim as i64;
+    let tier = |t: &offgnn_manifests::Tier, device: Device, pin: bool| -> Result<Option<Tensor>> {
+        let Some(object) = &t.object else {
+            return Ok(None);
+        };
+        let bytes = layout.read_cache(object, t.rows)?;
+        let cpu = Tensor::f_from_data_size(&bytes, &[t.rows as i64, dim], kind)?;
+        Ok(Some(match device {
+            Device::Cpu if pin && cfg.device.is_cuda() => cpu.pin_memory(cfg.device),
+            Device::Cpu => cpu,
+            d => cpu.to_device(d),
+        }))
+    };
+    let mut load = LoadSources {
+        mode: cfg.features,
+        row_bytes: m.dataset.row_bytes as usize,
+        raw: None,
+        raw_tail: None,
+    };
+    let mut asm = AssembleSources {
+        mode: cfg.features,
+        device: cfg.device,
+        kind,
+        dim,
+        gpu_cache: None,
+        cpu_cache: None,
+        memory: None,
+    };
+    match cfg.features {
+        FeatureMode::Packed => {
+            asm.gpu_cache = tier(&m.gpu_cache, cfg.device, false)?;
+            asm.cpu_cache = tier(&m.cpu_cache, Device::Cpu, true)?;
+        }
+        FeatureMode::Naive | FeatureMode::Memory => {
+            let path = PathBuf::from(&m.dataset.feature_location);
+            let npy = offgnn_shared::npy::NpyFile::open(&path)?;
+            if offgnn_shared::dataset::file_fingerprint(&path)? != m.dataset.feature_fingerprint {
+                return Err(Error::Layout(format!(
+                    "{}: not the feature file this layout was packed from",
+                    path.display()
+                )));
+            }
+            if cfg.features == FeatureMode::Naive {
+                load.raw = Some((engine.open(&path)?, npy.header().data_offset));
+                load.raw_tail =
+                    Some(std::fs::File::open(&path).map_err(|e| Error::io(path.display(), e))?);
+            } else {
+                let n = m.dataset.num_nodes;
+                let mut bytes = vec![0u8; (n * m.dataset.row_bytes) as usize];
+                npy.read_data_at(0, &mut bytes)?;
+                asm.memory = Some(Tensor::f_from_data_size(&bytes, &[n as i64, dim], kind)?);
+            }
+        }
+    }
+    let src = Sources {
+        load,
+        assemble: asm,
+    };
+    Ok(src)
+}
+
+fn accuracy(logits: &Tensor, labels: &Tensor) -> (i64, i64) {
+    let correct = logits
+        .argmax(-1, false)
+        .eq_tensor(labels)
+        .sum(Kind::Int64)
+        .int64_value(&[]);
+    (correct, labels.size()[0])
+}
+
+/// Training order of epoch `t`.
+fn epoch_order(schedule: &[Vec<BatchRef>], t: u32, seed: u64) -> (u32, Vec<BatchRef>) {
+    let sampled = t % schedule.len() as u32;
+    let mut order = schedule[sampled as usize].clone();
+    if t as usize >= schedule.len() {
+        let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(seed ^ (0x0E90_C000 + t as u64));
+        order.shuffle(&mut rng);
+    }
+    (sampled, order)
+}
+
+/// The seed of the dropout draws of the batch at `position` of epoch `t`.
+fn batch_seed(seed: u64, t: u32, position: u64) -> i64 {
+    let mut x = seed ^ 0x5EED_0000_0000_0000 ^ ((t as u64) << 32) ^ position;
+    // splitmix64's finaliser: nearby inputs give unrelated seeds.
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (x ^ (x >> 31)) as i64
+}
+
+/// Where a run starts: completed epochs, progress inside the next.
+struct Start {
+    history: Vec<EpochMetrics>,
+    in_epoch: Option<EpochProgress>,
+    resumed_from: Option<(u32, u64)>,
+}
+
+/// Loads the checkpoint in `dir` into the model and optimizer, after
+/// checking that it belongs to this model and this layout.
+fn resume(
+    dir: &Path,
+    vs: &nn::VarStore,
+    adam: &mut Adam,
+    cfg: &TrainConfig,
+    m: &offgnn_manifests::Manifest,
+) -> Result<Start> {
+    let meta_path = dir.join(META);
+    if !meta_path.exists() {
+        tracing::info!("no checkpoint in {}: starting from scratch", dir.display());
+        return Ok(Start {
+            history: Vec::new(),
+            in_epoch: None,
+            resumed_from: None,
+        });
+    }
+    let bytes = std::fs::read(&meta_path).map_err(|e| Error::io(meta_path.display(), e))?;
+    let meta: CheckpointMeta = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::Checkpoint(format!(
+            "{}: malformed checkpoint: {e}",
+            meta_path.display()
+        ))
+    })?;
+    if meta.model != cfg.model {
+        return Err(Error::Checkpoint(format!(
+            "{}: the checkpoint is of another model ({:?}, hidden {}, {} layers), not {:?} hidden {}, {} layers",
+            dir.display(),
+            meta.model.kind,
+            meta.model.hidden,
+            meta.model.layers,
+            cfg.model.kind,
+            cfg.model.hidden,
+            cfg.model.layers
+        )));
+    }
+    if meta.manifest_run_sha256 != m.samples.run_sha256
+        || meta.dataset_fingerprint != m.dataset.dataset_fingerprint
+    {
+        return Err(Error::Checkpoint(format!(
+            "{}: the checkpoint was trained on another layout (other samples or dataset)",
+            dir.display()
+        )));
+    }
+    let tensors = dir.join(&meta.tensors);
+    if meta.tensors.contains('/') || !tensors.exists() {
+        return Err(Error::Checkpoint(format!(
+            "{}: names tensor file {:?}, which is not in {}",
+            meta_path.display(),
+            meta.tensors,
+            dir.display()
+        )));
+    }
+    let named: HashMap<String, Tensor> = Tensor::load_multi_with_device(&tensors, cfg.device)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", tensors.display())))?
+        .into_iter()
+        .collect();
+    tch::no_grad(|| -> Result<()> {
+        // `variables()` hands out tensors that share the store's storage.
+        for (name, mut var) in vs.variables() {
+            let saved = named
+                .get(&format!("model.{name}"))
+                .ok_or_else(|| Error::Checkpoint(format!("{}: lacks {name}", tensors.display())))?;
+            if saved.size() != var.size() {
+                return Err(Error::Checkpoint(format!(
+                    "{}: {name} has another shape",
+                    tensors.display()
+                )));
+            }
+            var.copy_(saved);
+        }
+        Ok(())
+    })?;
+    adam.load_state(&named)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", tensors.display())))?;
+    let position = meta.in_epoch.as_ref().map_or(0, |p| p.batches);
+    tracing::info!(
+        "resumed from {} at epoch {}, batch {position}",
+        dir.display(),
+        meta.epoch
+    );
+    Ok(Start {
+        history: meta.history,
+        in_epoch: meta.in_epoch,
+        resumed_from: Some((meta.epoch, position)),
+    })
+}
+
+/// Trains as configured on an opened layout.
+pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<TrainSummary> {
+    let m = &layout.manifest;
+    let schedule = m
+        .schedule
+        .get("train")
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| Error::Layout("the layout has no training batches".into()))?;
+    let eval_sets: Vec<(&str, Vec<BatchRef>)> = ["valid", "test"]
+        .iter()
+        .map(|s| {
+            (
+                *s,
+                m.schedule
+                    .get(*s)
+                    .and_then(|e| e.first())
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+        })
+        .collect();
+    if cfg.checkpoint_every == Some(0) {
+        return Err(Error::InvalidArgument(
+            "--checkpoint-every must be at least 1".into(),
+        ));
+    }
+    tch::manual_seed(cfg.seed as i64);
+    let vs = nn::VarStore::new(cfg.device);
+    let net = model::build(&vs.root(), &cfg.model);
+    let mut adam = Adam::new(&vs, cfg.lr);
+    let src = sources(layout, engine, cfg)?;
+
+    let start = match (&cfg.checkpoint_dir, cfg.resume) {
+        (Some(dir), true) => resume(dir, &vs, &mut adam, cfg, m)?,
+        (None, true) => {
+            return Err(Error::InvalidArgument(
+                "--resume needs --checkpoint-dir".into(),
+            ));
+        }
+        _ => Start {
+            history: Vec::new(),
+            in_epoch: None,
+            resumed_from: None,
+        },
+    };
+    let mut history = start.history;
+    let mut in_epoch = start.in_epoch;
+    let mut metrics_file = match &cfg.metrics {
+        Some(p) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(cfg.resume)
+                .write(true)
+                .truncate(!cfg.resume)
+                .open(p)
+                .map_err(|e| Error::io(p.display(), e))?,
+        ),
+        None => None,
+    };
+
+    let mut trained_here = 0u64;
+    let first_epoch = history.len() as u32;
+    for t in first_epoch..cfg.epochs {
+        let started = Instant::now();
+        let (sampled, mut order) = epoch_order(schedule, t, cfg.seed);
+        if let Some(k) = cfg.max_batches {
+            order.truncate(k);
+        }
+        let mut p = in_epoch.take().unwrap_or_default();
+        let skip = (p.batches as usize).min(order.len());
+        let pb = if cfg.show_progress {
+            let pb =
+                offgnn_shared::progress::bar(order.len() as u64, &format!("epoch {t}"), "batches");
+            pb.set_position(skip as u64);
+            pb
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        let times_before = p.stage_busy.clone();
+        let seconds_before = p.train_seconds;
+        let times = pipeline::run_batches(
+            layout,
+            engine,
+            &src,
+            &order[skip..],
+            cfg.pipelined,
+            cfg.queue_depth,
+            |r: Ready| {
+                tch::manual_seed(batch_seed(cfg.seed, t, p.batches));
+                let logits = net.forward(&r.x, &r.blocks, true);
+                let loss = logits.cross_entropy_for_logits(&r.labels);
+                adam.zero_grad();
+                loss.backward();
+                adam.step();
+                p.loss_sum += loss.double_value(&[]);
+                let (c, n) = accuracy(&logits, &r.labels);
+                p.correct += c;
+                p.seen += n;
+                p.batches += 1;
+                p.disk_bytes += r.disk_bytes;
+                p.disk_rows_bytes += r.disk_rows * src.load.row_bytes as u64;
+                for (a, b) in p.tiers.iter_mut().zip(r.tiers) {
+                    *a += b;
+                }
+                pb.inc(1);
+                trained_here += 1;
+                if let (Some(dir), Some(every)) = (&cfg.checkpoint_dir, cfg.checkpoint_every)
+                    && p.batches % every == 0
+                    && (p.batches as usize) < order.len()
+                {
+                    p.train_seconds = seconds_before + started.elapsed().as_secs_f64();
+                    save_checkpoint(dir, &vs, &adam, cfg, m, &history, Some(&p))?;
+                }
+                if cfg.interrupt_after == Some(trained_here) {
+                    return Err(Error::Interrupted(trained_here));
+                }
+                Ok(())
+            },
+        )?;
+        pb.finish_and_clear();
+        let mut e = EpochMetrics {
+            epoch: t,
+            sampled_epoch: sampled,
+            batches: p.batches,
+            ..Default::default()
+        };
+        e.train_seconds = seconds_before + started.elapsed().as_secs_f64();
+        e.stage_busy = StageBusy {
+            load: times_before.load + times.load,
+            assemble: times_before.assemble + times.assemble,
+            graph: times_before.graph + times.graph,
+            model: times_before.model + times.model,
+        };
+        e.loss = p.loss_sum / p.batches.max(1) as f64;
+        e.train_acc = p.correct as f64 / p.seen.max(1) as f64;
+        e.disk_bytes = p.disk_bytes;
+        e.disk_rows_bytes = p.disk_rows_bytes;
+        e.read_amplification = if p.disk_rows_bytes == 0 {
+            1.0
+        } else {
+            p.disk_bytes as f64 / p.disk_rows_bytes as f64
+        };
+        let total: u64 = p.tiers.iter().sum::<u64>().max(1);
+        (e.hit_gpu, e.hit_cpu, e.hit_disk) = (
+            p.tiers[0] as f64 / total as f64,
+            p.tiers[1] as f64 / total as f64,
+            p.tiers[2] as f64 / total as f64,
+        );
+
+        let eval_started = Instant::now();
+        for (name, refs) in &eval_sets {
+            let (mut c, mut n) = (0i64, 0i64);
+            tch::no_grad(|| {
+                pipeline::run_batches(
+                    layout,
+                    engine,
+                    &src,
+                    refs,
+                    cfg.pipelined,
+                    cfg.queue_depth,
+                    |r: Ready| {
+                        let (cc, nn) = accuracy(&net.forward(&r.x, &r.blocks, false), &r.labels);
+                        c += cc;
+                        n += nn;
+                        Ok(())
+                    },
+                )
+            })?;
+            let acc = c as f64 / n.max(1) as f64;
+            if *name == "valid" {
+                e.valid_acc = acc
+            } else {
+                e.test_acc = acc
+            }
+        }
+        e.eval_seconds = eval_started.elapsed().as_secs_f64();
+        e.wall_seconds = e.train_seconds + e.eval_seconds;
+        if let Some(f) = metrics_file.as_mut() {
+            let line = serde_json::to_string(&e).expect("metrics serialize");
+            writeln!(f, "{line}").map_err(|err| Error::io("metrics", err))?;
+        }
+        if cfg.show_progress {
+            crate::report::epoch_row(&e);
+        }
+        history.push(e);
+        if let Some(dir) = &cfg.checkpoint_dir {
+            save_checkpoint(dir, &vs, &adam, cfg, m, &history, None)?;
+        }
+    }
+
+    let (best_epoch, best) = history
+        .iter()
+        .enumerate()
+        .max_by(|a, b| {
+            a.1.valid_acc
+                .partial_cmp(&b.1.valid_acc)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(b.0.cmp(&a.0))
+        })
+        .map(|(i, e)| (i as u32, e.clone()))
+        .unwrap_or_default();
+    let rest: Vec<f64> = history.iter().skip(1).map(|e| e.wall_seconds).collect();
+    Ok(TrainSummary {
+        mean_epoch_seconds_excl_first: if rest.is_empty() {
+            history.first().map_or(0.0, |e| e.wall_seconds)
+        } else {
+            rest.iter().sum::<f64>() / rest.len() as f64
+        },
+        best_epoch,
+        best_valid_acc: best.valid_acc,
+        test_acc_at_best_valid: best.test_acc,
+        epochs: history,
+        device: format!("{:?}", cfg.device),
+        io_backend: engine.backend().to_string(),
+        features: cfg.features,
+        pipelined: cfg.pipelined,
+        resumed_from: start.resumed_from,
+    })
+}
+
+/// Writes a checkpoint: a new tensor file, then `checkpoint.json` naming it
+/// by rename (the commit), then the older tensor files go. A crash at any
+/// point leaves the previous checkpoint or the new one whole.
+fn save_checkpoint(
+    dir: &Path,
+    vs: &nn::VarStore,
+    adam: &Adam,
+    cfg: &TrainConfig,
+    m: &offgnn_manifests::Manifest,
+    history: &[EpochMetrics],
+    in_epoch: Option<&EpochProgress>,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
+    let epoch = history.len() as u32;
+    let position = in_epoch.map_or(0, |p| p.batches);
+    let tensors = format!("checkpoint-e{epoch:05}-b{position:08}.ot");
+    let mut named: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .map(|(k, v)| (format!("model.{k}"), v))
+        .collect();
+    named.extend(adam.state());
+    let tmp = dir.join(format!("{tensors}.partial"));
+    Tensor::save_multi(&named, &tmp)?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(tmp.display(), e))?;
+    std::fs::rename(&tmp, dir.join(&tensors)).map_err(|e| Error::io(dir.display(), e))?;
+    let meta = CheckpointMeta {
+        model: cfg.model.clone(),
+        manifest_run_sha256: m.samples.run_sha256.clone(),
+        dataset_fingerprint: m.dataset.dataset_fingerprint.clone(),
+        epoch,
+        in_epoch: in_epoch.cloned(),
+        history: history.to_vec(),
+        tensors: tensors.clone(),
+    };
+    let meta_tmp = dir.join(format!("{META}.partial"));
+    let file = std::fs::File::create(&meta_tmp).map_err(|e| Error::io(meta_tmp.display(), e))?;
+    serde_json::to_writer_pretty(&file, &meta).expect("checkpoint metadata serializes");
+    file.sync_all()
+        .map_err(|e| Error::io(meta_tmp.display(), e))?;
+    std::fs::rename(&meta_tmp, dir.join(META)).map_err(|e| Error::io(dir.display(), e))?;
+    // Older tensor files are no longer named by the commit point.
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir.display(), e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("checkpoint-") && name != tensors {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    Ok(())
+}

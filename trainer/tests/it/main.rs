@@ -1,0 +1,412 @@
+//! Training end to end on a generated graph through the library: learning,
+//! identical inputs across feature modes, identical losses with and without
+//! the pipeline, and resume from a checkpoint.
+
+use std::path::PathBuf;
+
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoOptions};
+use offgnn_shared::synthetic::{GeneratorConfig, generate};
+use offgnn_shared::topology::CsrOptions;
+use packer::pack::{DiskCacheMode, PackConfig, PackingMode, pack};
+use packer::sizes::Budget;
+use sampler::sample_run::{SampleConfig, run};
+use trainer::layout::Layout;
+use trainer::model::{ModelConfig, ModelKind};
+use trainer::pipeline::{self, AssembleSources, FeatureMode, LoadSources, Sources};
+use trainer::staging;
+use trainer::train::{TrainConfig, train};
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    pack: PathBuf,
+}
+
+/// libtorch's random generator and thread pool are process-wide: trainings
+/// in parallel test threads would draw each other's dropout masks. Each
+/// test holds this lock while it trains.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn fixture() -> Fixture {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let ds = root.join("g");
+    generate(
+        &ds,
+        &GeneratorConfig {
+            num_nodes: 3000,
+            avg_degree: 8.0,
+            feature_dim: 32,
+            num_classes: 4,
+            train_fraction: 0.3,
+            valid_fraction: 0.2,
+            signal: 0.25,
+            seed: 2,
+            ..Default::default()
+        },
+        false,
+        false,
+    )
+    .unwrap();
+    let samples = root.join("s");
+    run(&SampleConfig {
+        dataset: ds.clone(),
+        out: samples.to_str().unwrap().into(),
+        fanouts: vec![5, 5],
+        batch_size: 128,
+        epochs: 2,
+        seed: 3,
+        threads: 2,
+        shard: 0,
+        num_shards: 1,
+        overwrite: false,
+        batches_per_file: 4,
+        csr: CsrOptions::default(),
+        show_progress: false,
+    })
+    .unwrap();
+    let pack_dir = root.join("p");
+    pack(&PackConfig {
+        samples: samples.to_str().unwrap().into(),
+        features: ds.join("data/feat.npy").to_str().unwrap().into(),
+        out: pack_dir.to_str().unwrap().into(),
+        gpu_cache: 200 * 128,
+        cpu_cache: 300 * 128,
+        disk_budget: Budget::Multiple(20.0),
+        memory: 256 << 20,
+        segment_size: Some(3),
+        packing: PackingMode::Batched,
+        disk_cache: DiskCacheMode::Segmented,
+        overwrite: false,
+        show_progress: false,
+    })
+    .unwrap();
+    Fixture {
+        _dir: dir,
+        root,
+        pack: pack_dir,
+    }
+}
+
+fn engine() -> IoEngine {
+    IoEngine::new(IoOptions::default())
+}
+
+fn open(f: &Fixture, engine: &IoEngine) -> Layout {
+    let (dir, m) =
+        staging::resolve(f.pack.join("manifest.json").to_str().unwrap(), None, false).unwrap();
+    Layout::open(&dir, m, engine, false).unwrap()
+}
+
+fn config(kind: ModelKind) -> TrainConfig {
+    TrainConfig {
+        model: ModelConfig {
+            kind,
+            in_dim: 32,
+            hidden: 32,
+            classes: 4,
+            layers: 2,
+            heads: 4,
+            dropout: 0.2,
+        },
+        device: tch::Device::Cpu,
+        epochs: 4,
+        lr: 0.01,
+        seed: 7,
+        features: FeatureMode::Packed,
+        pipelined: true,
+        queue_depth: 2,
+        metrics: None,
+        checkpoint_dir: None,
+        resume: false,
+        show_progress: false,
+        max_batches: None,
+        checkpoint_every: None,
+        interrupt_after: None,
+    }
+}
+
+#[test]
+fn graphsage_and_gat_learn() {
+    let _serial = serial();
+    let f = fixture();
+    let e = engine();
+    let layout = open(&f, &e);
+    // The features-only baseline: an MLP on each seed's own row.
+    let mlp = train(
+        &layout,
+        &e,
+        &TrainConfig {
+            epochs: 6,
+            ..config(ModelKind::Mlp)
+        },
+    )
+    .unwrap()
+    .test_acc_at_best_valid;
+    for kind in [ModelKind::Sage, ModelKind::Gat] {
+        let s = train(
+            &layout,
+            &e,
+            &TrainConfig {
+                epochs: 6,
+                ..config(kind)
+            },
+        )
+        .unwrap();
+        let first = &s.epochs[0];
+        let last = s.epochs.last().unwrap();
+        eprintln!(
+            "{kind:?}: loss {:.3} -> {:.3}, test {:.3} (features-only {mlp:.3})",
+            first.loss, last.loss, s.test_acc_at_best_valid
+        );
+        assert!(
+            last.loss < first.loss * 0.8,
+            "{kind:?}: loss {} -> {}",
+            first.loss,
+            last.loss
+        );
+        // Four classes: chance is 0.25; neighbor aggregation should do far
+        // better, and better than the node's own features alone.
+        assert!(
+            s.test_acc_at_best_valid > 0.6,
+            "{kind:?}: test accuracy {}",
+            s.test_acc_at_best_valid
+        );
+        assert!(
+            s.test_acc_at_best_valid > mlp + 0.1,
+            "{kind:?}: test accuracy {} against the features-only {mlp}",
+            s.test_acc_at_best_valid
+        );
+        assert!(last.hit_gpu > 0.0 && last.hit_disk > 0.0);
+        assert!(last.read_amplification >= 1.0);
+    }
+}
+
+#[test]
+fn the_three_feature_modes_feed_identical_inputs() {
+    feature_modes_agree(engine());
+}
+
+/// The same check through the pread fallback of the I/O engine.
+#[test]
+fn the_feature_modes_agree_on_the_pread_engine_too() {
+    let e = IoEngine::new(IoOptions {
+        force_pread: true,
+        ..IoOptions::default()
+    });
+    assert_eq!(e.backend(), offgnn_shared::io_engine::Backend::Pread);
+    feature_modes_agree(e);
+}
+
+fn feature_modes_agree(e: IoEngine) {
+    let _serial = serial();
+    let f = fixture();
+    let layout = open(&f, &e);
+    let m = &layout.manifest;
+    let refs: Vec<_> = m.schedule.values().flatten().flatten().copied().collect();
+    let make = |mode: FeatureMode| -> Sources {
+        let kind = tch::Kind::Float;
+        let dim = 32;
+        let read = |t: &offgnn_manifests::Tier| {
+            t.object.as_ref().map(|o| {
+                tch::Tensor::from_data_size(
+                    &layout.read_cache(o, t.rows).unwrap(),
+                    &[t.rows as i64, dim],
+                    kind,
+                )
+            })
+        };
+        let npy = offgnn_shared::npy::NpyFile::open(&m.dataset.feature_location).unwrap();
+        let mut all = vec![0u8; (m.dataset.num_nodes * m.dataset.row_bytes) as usize];
+        npy.read_data_at(0, &mut all).unwrap();
+        Sources {
+            load: LoadSources {
+                mode,
+                row_bytes: m.dataset.row_bytes as usize,
+                raw: Some((
+                    e.open(std::path::Path::new(&m.dataset.feature_location))
+                        .unwrap(),
+                    npy.header().data_offset,
+                )),
+                raw_tail: Some(std::fs::File::open(&m.dataset.feature_location).unwrap()),
+            },
+            assemble: AssembleSources {
+                mode,
+                device: tch::Device::Cpu,
+                kind,
+                dim,
+                gpu_cache: read(&m.gpu_cache),
+                cpu_cache: read(&m.cpu_cache),
+                memory: Some(tch::Tensor::from_data_size(
+                    &all,
+                    &[m.dataset.num_nodes as i64, dim],
+                    kind,
+                )),
+            },
+        }
+    };
+    let modes = [
+        make(FeatureMode::Packed),
+        make(FeatureMode::Naive),
+        make(FeatureMode::Memory),
+    ];
+    let mut buf = AlignedBuf::new(0);
+    for r in refs {
+        let xs: Vec<tch::Tensor> = modes
+            .iter()
+            .map(|src| {
+                let loaded = pipeline::load(&layout, &e, &src.load, r, &mut buf).unwrap();
+                pipeline::assemble(&src.assemble, &loaded).unwrap().0
+            })
+            .collect();
+        assert!(xs[0].equal(&xs[1]), "packed and naive differ for {r:?}");
+        assert!(xs[0].equal(&xs[2]), "packed and memory differ for {r:?}");
+    }
+}
+
+#[test]
+fn pipelined_and_sequential_runs_give_the_same_losses() {
+    let _serial = serial();
+    let f = fixture();
+    let e = engine();
+    let layout = open(&f, &e);
+    let a = train(
+        &layout,
+        &e,
+        &TrainConfig {
+            epochs: 3,
+            ..config(ModelKind::Sage)
+        },
+    )
+    .unwrap();
+    let b = train(
+        &layout,
+        &e,
+        &TrainConfig {
+            epochs: 3,
+            pipelined: false,
+            ..config(ModelKind::Sage)
+        },
+    )
+    .unwrap();
+    let la: Vec<f64> = a.epochs.iter().map(|e| e.loss).collect();
+    let lb: Vec<f64> = b.epochs.iter().map(|e| e.loss).collect();
+    assert_eq!(la, lb);
+}
+
+#[test]
+fn an_interrupted_run_resumes_where_it_stopped() {
+    let _serial = serial();
+    let f = fixture();
+    let e = engine();
+    let layout = open(&f, &e);
+    let ckpt = f.root.join("ckpt");
+    let straight = train(
+        &layout,
+        &e,
+        &TrainConfig {
+            epochs: 3,
+            ..config(ModelKind::Gat)
+        },
+    )
+    .unwrap();
+    // Stopped after two epochs, then resumed for the third.
+    let with_ckpt = |epochs, resume| TrainConfig {
+        epochs,
+        resume,
+        checkpoint_dir: Some(ckpt.clone()),
+        ..config(ModelKind::Gat)
+    };
+    train(&layout, &e, &with_ckpt(2, false)).unwrap();
+    let resumed = train(&layout, &e, &with_ckpt(3, true)).unwrap();
+    for k in 0..2 {
+        assert_eq!(
+            resumed.epochs[k].loss, straight.epochs[k].loss,
+            "history of epoch {k}"
+        );
+    }
+    assert_eq!(resumed.resumed_from, Some((2, 0)));
+    assert_eq!(resumed.epochs.len(), 3);
+    assert_eq!(resumed.epochs[2].loss, straight.epochs[2].loss);
+    assert_eq!(resumed.epochs[2].valid_acc, straight.epochs[2].valid_acc);
+
+    // Killed inside epoch 1 (8 batches an epoch) after batch 11, with a
+    // checkpoint every 3 batches: the resumed run picks up at epoch 1,
+    // batch 3, re-trains batches 3..8 from that state, and every epoch's
+    // figures come out as in the run that never stopped.
+    let mid = f.root.join("ckpt-mid");
+    let mid_cfg = |resume, interrupt_after| TrainConfig {
+        epochs: 3,
+        resume,
+        interrupt_after,
+        checkpoint_every: Some(3),
+        checkpoint_dir: Some(mid.clone()),
+        ..config(ModelKind::Gat)
+    };
+    let err = train(&layout, &e, &mid_cfg(false, Some(11)))
+        .err()
+        .map(|e| e.to_string());
+    assert_eq!(
+        err.as_deref(),
+        Some("interrupted after 11 training batches")
+    );
+    let resumed = train(&layout, &e, &mid_cfg(true, None)).unwrap();
+    assert_eq!(resumed.resumed_from, Some((1, 3)));
+    let losses = |s: &trainer::train::TrainSummary| -> Vec<(u64, f64, f64)> {
+        s.epochs
+            .iter()
+            .map(|e| (e.batches, e.loss, e.valid_acc))
+            .collect()
+    };
+    assert_eq!(losses(&resumed), losses(&straight));
+    assert_eq!(resumed.epochs[1].batches, 8);
+
+    // A checkpoint of another model is refused.
+    let err = train(
+        &layout,
+        &e,
+        &TrainConfig {
+            epochs: 4,
+            resume: true,
+            checkpoint_dir: Some(ckpt.clone()),
+            ..config(ModelKind::Sage)
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("another model"), "{err}");
+}
+
+#[test]
+fn corrupt_objects_and_unknown_versions_are_refused() {
+    let _serial = serial();
+    let f = fixture();
+    let e = engine();
+    let manifest = f.pack.join("manifest.json");
+    // A bit flip in a segment object is caught before training.
+    let seg = f.pack.join("pack/segment-00000.bin");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[100] ^= 0x10;
+    std::fs::write(&seg, &bytes).unwrap();
+    let (dir, m) = staging::resolve(manifest.to_str().unwrap(), None, false).unwrap();
+    let err = Layout::open(&dir, m, &e, false).err().expect("refused");
+    assert!(err.to_string().contains("checksum"), "{err}");
+    bytes[100] ^= 0x10;
+    std::fs::write(&seg, &bytes).unwrap();
+    // A manifest from the future.
+    let text = std::fs::read_to_string(&manifest).unwrap().replacen(
+        "\"format_version\": 1",
+        "\"format_version\": 9",
+        1,
+    );
+    std::fs::write(&manifest, text).unwrap();
+    let err = staging::resolve(manifest.to_str().unwrap(), None, false)
+        .expect_err("a manifest of a future version is refused");
+    assert!(err.to_string().contains("newer than this build"), "{err}");
+}
