@@ -105,14 +105,22 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(100);
     let ds = Dataset::open(&path)?;
     let started = Instant::now();
-    let csr = Csr::from_edge_list(&ds.edges, CsrOptions::default(), |_| {})?;
+    // The graph the sampler samples: repeated edges kept once (DGL's side
+    // deduplicates too, with dgl.to_simple).
+    let opts = CsrOptions {
+        dedup: true,
+        ..CsrOptions::default()
+    };
+    let csr = Csr::from_edge_list(&ds.edges, opts, |_| {})?;
     eprintln!(
         "graph: {} nodes, {} edges, CSR built in {:.1} s",
         csr.num_nodes(),
         csr.num_edges(),
         started.elapsed().as_secs_f64()
     );
-    let mut seeds = ds.train.seeds.clone();
+    // Seed batches drawn from every node (a benchmark of sampling, not of
+    // the training split's size), the same for both systems.
+    let mut seeds: Vec<u32> = (0..csr.num_nodes() as u32).collect();
     seeds.shuffle(&mut rand_pcg::Pcg64Mcg::seed_from_u64(0));
     let batches: Vec<Vec<u32>> = seeds
         .chunks(BATCH)

@@ -30,6 +30,8 @@ with open(os.path.join(args.dataset, "metadata.yaml")) as f:
 edges = np.load(os.path.join(args.dataset, meta["graph"]["edges"][0]["path"]), mmap_mode="r")
 n = meta["graph"]["nodes"][0]["num"]
 g = dgl.graph((torch.from_numpy(np.ascontiguousarray(edges[0])), torch.from_numpy(np.ascontiguousarray(edges[1]))), num_nodes=n)
+# The graph offgnn samples: repeated edges kept once.
+g = dgl.to_simple(g)
 g.create_formats_()
 sampler = dgl.dataloading.NeighborSampler([int(x) for x in args.fanouts.split(",")])
 seeds = torch.from_numpy(np.load(args.seeds))
