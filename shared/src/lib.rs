@@ -4,6 +4,7 @@
 
 pub mod address_table;
 pub mod dataset;
+pub mod disk_probe;
 pub mod error;
 pub mod io_engine;
 pub mod npy;
@@ -12,6 +13,7 @@ pub mod progress;
 pub mod report;
 pub mod samples;
 pub mod store;
+pub mod store_faults;
 pub mod synthetic;
 pub mod topology;
 

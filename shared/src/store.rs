@@ -24,6 +24,66 @@ use crate::error::{Error, Result};
 /// Objects larger than this go up as multipart uploads.
 const MULTIPART_THRESHOLD: usize = 16 << 20;
 
+/// Tries of an idempotent request before its error is returned. HTTP stores
+/// retry inside `object_store` too; this covers what reaches us anyway (a
+/// connection dropped mid-body, a 5xx after its retries, injected faults).
+const ATTEMPTS: u32 = 4;
+/// The first wait before a retry; each further one doubles it.
+const FIRST_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Whether an error may pass if the request is sent again: I/O and HTTP
+/// failures are, answers about the object (missing, exists, changed) and
+/// refusals (unauthenticated, not implemented) are not.
+fn transient(e: &object_store::Error) -> bool {
+    matches!(
+        e,
+        object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
+    )
+}
+
+/// Runs `op` until it succeeds, fails for good, or has been tried
+/// [`ATTEMPTS`] times, sleeping 100 ms, 200 ms, 400 ms between tries.
+fn with_retry<T, F, Fut>(what: &str, mut op: F) -> object_store::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = object_store::Result<T>>,
+{
+    runtime().block_on(async {
+        let mut wait = FIRST_BACKOFF;
+        let mut attempt = 1;
+        loop {
+            match op().await {
+                Err(e) if transient(&e) && attempt < ATTEMPTS => {
+                    tracing::debug!(
+                        "{what}: {e}; retrying in {wait:?} (attempt {attempt} of {ATTEMPTS})"
+                    );
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    })
+}
+
+/// The store as opened, wrapped for fault injection when
+/// [`crate::store_faults::ENV`] asks for it.
+fn maybe_faulty(inner: Arc<dyn ObjectStore>) -> Result<Arc<dyn ObjectStore>> {
+    let Ok(text) = std::env::var(crate::store_faults::ENV) else {
+        return Ok(inner);
+    };
+    let plan = crate::store_faults::FaultPlan::parse(&text).map_err(Error::InvalidArgument)?;
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "fault injection is on ({}={text})",
+            crate::store_faults::ENV
+        );
+    }
+    Ok(Arc::new(crate::store_faults::FaultyStore::new(inner, plan)))
+}
+
 fn runtime() -> &'static Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
@@ -42,6 +102,9 @@ pub struct Store {
     inner: Arc<dyn ObjectStore>,
     root: Path,
     display: String,
+    /// A local-filesystem store (`file://` or a path), whose reads skip the
+    /// async runtime: ranged reads of a local layout are plain preads.
+    local: bool,
 }
 
 /// Credentials and settings come from the environment, as each store's own
@@ -81,9 +144,10 @@ impl Store {
         };
         if location.starts_with("memory://") {
             return Ok(Store {
-                inner: Arc::new(InMemory::new()),
+                inner: maybe_faulty(Arc::new(InMemory::new()))?,
                 root: Path::from(location.trim_start_matches("memory://")),
                 display,
+                local: false,
             });
         }
         let url = if location.contains("://") {
@@ -103,11 +167,26 @@ impl Store {
         }
         let (store, root) =
             object_store::parse_url_opts(&url, env_options()).map_err(|e| bad(e.to_string()))?;
+        let faulty = std::env::var_os(crate::store_faults::ENV).is_some();
         Ok(Store {
-            inner: Arc::from(store),
+            inner: maybe_faulty(Arc::from(store))?,
             root,
             display,
+            // Faults are injected in object_store requests: keep local
+            // reads on that path when they are asked for.
+            local: url.scheme() == "file" && !faulty,
         })
+    }
+
+    /// A store over any `object_store` implementation (tests wrap stores to
+    /// inject faults; embedders bring their own).
+    pub fn from_object_store(inner: Arc<dyn ObjectStore>, display: &str) -> Store {
+        Store {
+            inner,
+            root: Path::default(),
+            display: display.to_string(),
+            local: false,
+        }
     }
 
     /// A fresh in-memory store (tests).
@@ -116,6 +195,7 @@ impl Store {
             inner: Arc::new(InMemory::new()),
             root: Path::default(),
             display: "memory://".into(),
+            local: false,
         }
     }
 
@@ -124,7 +204,8 @@ impl Store {
         Store {
             inner: Arc::clone(&self.inner),
             root: self.path(rel),
-            display: format!("{}/{}", self.display.trim_end_matches('/'), rel),
+            display: self.join(rel),
+            local: self.local,
         }
     }
 
@@ -139,9 +220,27 @@ impl Store {
             .fold(self.root.clone(), |acc, part| acc.clone().join(part))
     }
 
+    /// The file behind `rel` in a local store (object_store roots local
+    /// stores at `/`). `None` for other stores, and for names that
+    /// object_store would have percent-encoded.
+    fn local_file(&self, rel: &str) -> Option<std::path::PathBuf> {
+        let path = self.path(rel);
+        (self.local && !path.as_ref().contains('%'))
+            .then(|| std::path::Path::new("/").join(path.as_ref()))
+    }
+
+    /// The displayed location of `rel` (`memory://` + `a` is `memory://a`).
+    pub fn join(&self, rel: &str) -> String {
+        if self.display.ends_with("://") {
+            format!("{}{rel}", self.display)
+        } else {
+            format!("{}/{rel}", self.display.trim_end_matches('/'))
+        }
+    }
+
     fn err(&self, rel: &str, e: impl std::fmt::Display) -> Error {
         Error::Store {
-            url: format!("{}/{}", self.display.trim_end_matches('/'), rel),
+            url: self.join(rel),
             fault: e.to_string(),
         }
     }
@@ -149,8 +248,8 @@ impl Store {
     /// Writes a whole object atomically (readers see all of it or none).
     pub fn put(&self, rel: &str, bytes: impl Into<Bytes>) -> Result<()> {
         let path = self.path(rel);
-        runtime()
-            .block_on(self.inner.put(&path, PutPayload::from(bytes.into())))
+        let payload = PutPayload::from(bytes.into());
+        with_retry(rel, || self.inner.put(&path, payload.clone()))
             .map(|_| ())
             .map_err(|e| self.err(rel, e))
     }
@@ -165,10 +264,12 @@ impl Store {
             mode: PutMode::Create,
             ..Default::default()
         };
-        match runtime().block_on(
+        // A retry after a lost answer can meet the object this call wrote;
+        // the caller reads it back, so that case is told apart there.
+        match with_retry(rel, || {
             self.inner
-                .put_opts(&path, PutPayload::from(bytes.clone()), opts),
-        ) {
+                .put_opts(&path, PutPayload::from(bytes.clone()), opts.clone())
+        }) {
             Ok(_) => Ok(true),
             Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
             Err(object_store::Error::NotImplemented { .. }) => {
@@ -184,22 +285,27 @@ impl Store {
 
     pub fn get(&self, rel: &str) -> Result<Bytes> {
         let path = self.path(rel);
-        runtime()
-            .block_on(async { self.inner.get(&path).await?.bytes().await })
+        with_retry(rel, || async { self.inner.get(&path).await?.bytes().await })
             .map_err(|e| self.err(rel, e))
     }
 
     pub fn get_range(&self, rel: &str, range: Range<u64>) -> Result<Bytes> {
+        if let Some(file) = self.local_file(rel) {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0u8; (range.end.saturating_sub(range.start)) as usize];
+            return std::fs::File::open(&file)
+                .and_then(|f| f.read_exact_at(&mut buf, range.start))
+                .map(|()| Bytes::from(buf))
+                .map_err(|e| self.err(rel, e));
+        }
         let path = self.path(rel);
-        runtime()
-            .block_on(self.inner.get_range(&path, range))
-            .map_err(|e| self.err(rel, e))
+        with_retry(rel, || self.inner.get_range(&path, range.clone())).map_err(|e| self.err(rel, e))
     }
 
     /// The object's size, or `None` when there is none.
     pub fn size(&self, rel: &str) -> Result<Option<u64>> {
         let path = self.path(rel);
-        match runtime().block_on(self.inner.head(&path)) {
+        match with_retry(rel, || self.inner.head(&path)) {
             Ok(meta) => Ok(Some(meta.size)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.err(rel, e)),
@@ -213,9 +319,10 @@ impl Store {
     /// Every object under `rel_prefix`, as (name relative to this store, size), sorted.
     pub fn list(&self, rel_prefix: &str) -> Result<Vec<(String, u64)>> {
         let prefix = self.path(rel_prefix);
-        let metas: Vec<_> = runtime()
-            .block_on(self.inner.list(Some(&prefix)).try_collect::<Vec<_>>())
-            .map_err(|e| self.err(rel_prefix, e))?;
+        let metas: Vec<_> = with_retry(rel_prefix, || {
+            self.inner.list(Some(&prefix)).try_collect::<Vec<_>>()
+        })
+        .map_err(|e| self.err(rel_prefix, e))?;
         let root_parts = self.root.parts().count();
         let mut out: Vec<(String, u64)> = metas
             .into_iter()
@@ -235,7 +342,7 @@ impl Store {
 
     pub fn delete(&self, rel: &str) -> Result<()> {
         let path = self.path(rel);
-        match runtime().block_on(self.inner.delete(&path)) {
+        match with_retry(rel, || self.inner.delete(&path)) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.err(rel, e)),
         }
@@ -397,6 +504,56 @@ mod tests {
         conformance(&Store::open(dir.path().join("x").to_str().unwrap()).unwrap());
         let url = format!("file://{}", dir.path().join("y").display());
         conformance(&Store::open(&url).unwrap());
+    }
+
+    fn faulty(plan: &str) -> (Store, Arc<crate::store_faults::FaultCounts>) {
+        let plan = crate::store_faults::FaultPlan::parse(plan).unwrap();
+        let faulty = crate::store_faults::FaultyStore::new(Arc::new(InMemory::new()), plan);
+        let counts = faulty.counts();
+        (
+            Store::from_object_store(Arc::new(faulty), "faulty://"),
+            counts,
+        )
+    }
+
+    #[test]
+    fn transient_faults_are_retried_and_answers_are_not() {
+        use std::sync::atomic::Ordering::Relaxed;
+        // Three requests in ten fail: every call still succeeds (the seed
+        // fixes which ones fail, so this run is the same every time).
+        let (store, counts) = faulty("fail=0.3,seed=11");
+        for i in 0..40u8 {
+            let name = format!("o/{i}");
+            store.put(&name, vec![i; 100]).unwrap();
+            assert_eq!(store.get(&name).unwrap().as_ref(), &[i; 100][..]);
+            assert_eq!(store.get_range(&name, 10..12).unwrap().as_ref(), &[i, i]);
+        }
+        assert_eq!(store.list("o").unwrap().len(), 40);
+        let failed = counts.failed.load(Relaxed);
+        assert!(failed > 20, "only {failed} faults injected");
+        // A missing object is an answer, not a fault: asked once.
+        let (store, counts) = faulty("fail=0.0");
+        assert_eq!(store.size("absent").unwrap(), None);
+        assert!(store.get("absent").is_err());
+        assert_eq!(counts.requests.load(Relaxed), 2);
+        // A store that always fails gives up after its tries, naming the object.
+        let (store, counts) = faulty("fail=1.0");
+        let err = store.get("x/y").unwrap_err().to_string();
+        assert!(
+            err.contains("faulty://x/y") && err.contains("injected fault"),
+            "{err}"
+        );
+        assert_eq!(counts.requests.load(Relaxed), ATTEMPTS as u64);
+    }
+
+    #[test]
+    fn stalled_requests_complete() {
+        let (store, counts) = faulty("stall=1.0,stall_ms=30");
+        let started = std::time::Instant::now();
+        store.put("a", vec![1u8]).unwrap();
+        assert_eq!(store.get("a").unwrap().as_ref(), &[1]);
+        assert!(started.elapsed() >= std::time::Duration::from_millis(60));
+        assert_eq!(counts.stalled.load(std::sync::atomic::Ordering::Relaxed), 2);
     }
 
     #[test]
