@@ -4,13 +4,18 @@
 //! packing baseline, which reads one aligned block per row on purpose.
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, IoOptions, PAGE, ReadReq};
 use offgnn_shared::npy::{self, DType, Header};
 use offgnn_shared::store::Store;
 
 use crate::error::{Error, Result};
+
+/// Bytes asked for at once when a partition comes from an object store
+/// (rounded down to whole rows).
+const READ_PIECE: usize = 16 << 20;
 
 pub enum FeatureSource {
     Local {
@@ -125,20 +130,25 @@ impl FeatureSource {
 
     /// A reader for one row at a time with O_DIRECT, 4 KiB-aligned (the
     /// individual-packing baseline: what per-row random reads really cost).
-    pub fn direct_reader(&self) -> Result<DirectRows> {
+    pub fn row_reader(&self) -> Result<RowReader> {
         let FeatureSource::Local { path, header, .. } = self else {
             return Err(Error::InvalidArgument(
                 "--packing individual reads rows from a local feature file; give a path".into(),
             ));
         };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc_o_direct())
-            .open(path)
-            .or_else(|_| File::open(path))
-            .map_err(|e| offgnn_shared::Error::io(path, e))?;
-        Ok(DirectRows {
+        let engine = IoEngine::new(IoOptions::default());
+        let file = engine.open(path)?;
+        if !file.is_direct() {
+            tracing::warn!(
+                "{}: O_DIRECT refused; the individual baseline reads through the page cache",
+                path.display()
+            );
+        }
+        let tail = File::open(path).map_err(|e| offgnn_shared::Error::io(path, e))?;
+        Ok(RowReader {
+            engine,
             file,
+            tail,
             path: path.clone(),
             data_offset: header.data_offset,
             row_bytes: self.row_bytes(),
@@ -160,82 +170,198 @@ fn check_size(location: &str, header: &Header, len: u64) -> Result<()> {
     Ok(())
 }
 
-/// O_DIRECT's value on Linux (x86-64 and aarch64 differ; both supported).
-fn libc_o_direct() -> i32 {
-    if cfg!(target_arch = "aarch64") {
-        0o200000
-    } else {
-        0o40000
-    }
-}
+/// Rows asked of the I/O engine per call by [`RowReader::read_each`].
+const ROWS_PER_CALL: usize = 8192;
 
-/// A heap buffer aligned to 4 KiB for O_DIRECT.
-pub struct AlignedBuf {
-    raw: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl AlignedBuf {
-    pub fn new(len: usize) -> Self {
-        let raw = vec![0u8; len + 4096];
-        let start = raw.as_ptr().align_offset(4096);
-        AlignedBuf { raw, start, len }
-    }
-
-    pub fn resize(&mut self, len: usize) {
-        if len > self.len {
-            *self = AlignedBuf::new(len);
-        }
-        self.len = len;
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.raw[self.start..self.start + self.len]
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        &self.raw[self.start..self.start + self.len]
-    }
-}
-
-/// Reads single rows through O_DIRECT (falls back to buffered reads where
-/// the filesystem refuses O_DIRECT, e.g. tmpfs).
-pub struct DirectRows {
-    file: File,
+/// The individual-packing baseline's reader (DiskGNN §5.2, Figure 6a): one
+/// aligned O_DIRECT read of the pages that hold each row, many in flight at
+/// once through the shared I/O engine (its rings and queue depth), so that
+/// the baseline is as fast as random row reads get on this disk.
+pub struct RowReader {
+    engine: IoEngine,
+    file: IoFile,
+    /// The same file opened buffered, for rows in its last partial page (an
+    /// O_DIRECT read cannot stop short of a page boundary).
+    tail: File,
     path: PathBuf,
     data_offset: u64,
     row_bytes: u64,
     buf: AlignedBuf,
 }
 
-impl DirectRows {
-    /// Reads row `v` with one aligned read of the pages that hold it.
-    pub fn read_row(&mut self, v: u64) -> Result<&[u8]> {
-        let start = self.data_offset + v * self.row_bytes;
-        let end = start + self.row_bytes;
-        let a = start / 4096 * 4096;
-        let b = end.div_ceil(4096) * 4096;
-        self.buf.resize((b - a) as usize);
-        let buf = self.buf.as_mut_slice();
-        let mut got = 0usize;
-        while got < buf.len() {
-            let n = self
-                .file
-                .read_at(&mut buf[got..], a + got as u64)
-                .map_err(|e| offgnn_shared::Error::io(&self.path, e))?;
-            if n == 0 {
-                break; // the last page of the file is short
+impl RowReader {
+    /// Reads the rows `rows` and hands each to `sink` with its index in
+    /// `rows`, in order. Returns the bytes read from disk (whole pages).
+    pub fn read_each(
+        &mut self,
+        rows: &[u32],
+        mut sink: impl FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<u64> {
+        let page = PAGE as u64;
+        let rb = self.row_bytes;
+        let mut read = 0u64;
+        let mut reqs = Vec::with_capacity(ROWS_PER_CALL);
+        let mut starts = Vec::with_capacity(ROWS_PER_CALL);
+        let mut row = vec![0u8; rb as usize];
+        for (group, chunk) in rows.chunks(ROWS_PER_CALL).enumerate() {
+            reqs.clear();
+            starts.clear();
+            let mut at = 0usize;
+            for &v in chunk {
+                let start = self.data_offset + v as u64 * rb;
+                let (first, end) = (start / page * page, (start + rb).div_ceil(page) * page);
+                if self.file.is_direct() && end > self.file.len() {
+                    starts.push(None);
+                    continue;
+                }
+                reqs.push(ReadReq {
+                    offset: first,
+                    len: (end - first) as usize,
+                    buf_offset: at,
+                });
+                starts.push(Some(at + (start - first) as usize));
+                at += (end - first) as usize;
             }
-            got += n;
+            self.buf.resize(at);
+            read += self.engine.read(&self.file, &reqs, &mut self.buf)?;
+            for (k, (&v, start)) in chunk.iter().zip(&starts).enumerate() {
+                let data = match start {
+                    Some(s) => &self.buf.as_slice()[*s..*s + rb as usize],
+                    None => {
+                        let at = self.data_offset + v as u64 * rb;
+                        self.tail
+                            .read_exact_at(&mut row, at)
+                            .map_err(|e| offgnn_shared::Error::io(&self.path, e))?;
+                        read += page;
+                        &row
+                    }
+                };
+                sink(group * ROWS_PER_CALL + k, data)?;
+            }
         }
-        if (got as u64) < end - a {
-            return Err(Error::InvalidArgument(format!(
-                "{}: short read at row {v}",
-                self.path.display()
-            )));
+        Ok(read)
+    }
+}
+
+/// Bytes per request when reading a partition: the engine cuts each into
+/// 1 MiB pieces spread over its rings.
+const PARTITION_REQUEST: usize = 4 << 20;
+
+/// A buffer holding rows `[first, end)` of the feature file, page-aligned
+/// so that O_DIRECT can fill it: the rows start `skew` bytes in.
+pub struct PartitionBuf {
+    buf: AlignedBuf,
+    skew: usize,
+    len: usize,
+}
+
+impl PartitionBuf {
+    pub fn new() -> Self {
+        PartitionBuf {
+            buf: AlignedBuf::new(0),
+            skew: 0,
+            len: 0,
         }
-        let off = (start - a) as usize;
-        Ok(&self.buf.as_slice()[off..off + self.row_bytes as usize])
+    }
+
+    /// The partition's rows, row-major.
+    pub fn rows(&self) -> &[u8] {
+        &self.buf.as_slice()[self.skew..self.skew + self.len]
+    }
+}
+
+impl Default for PartitionBuf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Reads whole partitions of the feature file (DiskGNN §5.2): a local file
+/// with O_DIRECT through the I/O engine, many large requests in flight, so
+/// that the disk streams at its sequential bandwidth and no page-cache copy
+/// costs a core; an object with ranged GETs.
+pub struct PartitionReader<'a> {
+    source: &'a FeatureSource,
+    local: Option<(IoEngine, IoFile)>,
+}
+
+impl<'a> PartitionReader<'a> {
+    /// Reads rows `[first, end)` into `out`; returns the bytes read from
+    /// the file (the page-aligned span around them, locally).
+    pub fn read(&self, first: u64, end: u64, out: &mut PartitionBuf) -> Result<u64> {
+        let rb = self.source.row_bytes();
+        let data_offset = self.source.header().data_offset;
+        let (start, stop) = (data_offset + first * rb, data_offset + end * rb);
+        out.len = ((end - first) * rb) as usize;
+        let Some((engine, file)) = &self.local else {
+            out.skew = 0;
+            out.buf.resize(out.len);
+            let piece_rows = (READ_PIECE as u64 / rb).max(1);
+            for (k, piece) in out.buf.as_mut_slice()[..out.len]
+                .chunks_mut((piece_rows * rb) as usize)
+                .enumerate()
+            {
+                self.source
+                    .read_rows(first + k as u64 * piece_rows, piece)?;
+            }
+            return Ok(out.len as u64);
+        };
+        let page = PAGE as u64;
+        let aligned = start / page * page;
+        // O_DIRECT cannot read a short last page: its bytes come buffered.
+        let direct_end = stop
+            .div_ceil(page)
+            .saturating_mul(page)
+            .min(file.len() / page * page);
+        let direct_end = if file.is_direct() {
+            direct_end.max(aligned)
+        } else {
+            stop
+        };
+        out.skew = (start - aligned) as usize;
+        out.buf
+            .resize((stop.div_ceil(page) * page - aligned) as usize);
+        let reqs: Vec<ReadReq> = (aligned..direct_end)
+            .step_by(PARTITION_REQUEST)
+            .map(|at| ReadReq {
+                offset: at,
+                len: (direct_end - at).min(PARTITION_REQUEST as u64) as usize,
+                buf_offset: (at - aligned) as usize,
+            })
+            .collect();
+        let mut read = engine.read(file, &reqs, &mut out.buf)?;
+        if direct_end < stop {
+            let FeatureSource::Local {
+                path, file: plain, ..
+            } = self.source
+            else {
+                unreachable!("a local reader reads a local source");
+            };
+            let at = (direct_end - aligned) as usize;
+            let tail = &mut out.buf.as_mut_slice()[at..at + (stop - direct_end) as usize];
+            plain
+                .read_exact_at(tail, direct_end)
+                .map_err(|e| offgnn_shared::Error::io(path, e))?;
+            read += stop - direct_end;
+        }
+        Ok(read)
+    }
+}
+
+impl FeatureSource {
+    /// A reader of whole partitions (see [`PartitionReader`]).
+    pub fn partition_reader(&self) -> Result<PartitionReader<'_>> {
+        let local = match self {
+            FeatureSource::Local { path, .. } => {
+                let engine = IoEngine::new(IoOptions::default());
+                let file = engine.open(path)?;
+                Some((engine, file))
+            }
+            FeatureSource::Remote { .. } => None,
+        };
+        Ok(PartitionReader {
+            source: self,
+            local,
+        })
     }
 }

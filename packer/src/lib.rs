@@ -3,6 +3,7 @@
 //! the features into an object-store layout described by a manifest.
 //! `main.rs` only parses flags and calls [`run`].
 
+pub mod batched_pack;
 pub mod crc;
 pub mod error;
 pub mod feature_source;

@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -14,10 +13,9 @@ use offgnn_shared::address_table::{self, BatchTable, TableWriter};
 use offgnn_shared::dataset::Split;
 use offgnn_shared::samples::{RunSummary, SampledBatch};
 use offgnn_shared::store::Store;
-use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::crc::RunCrcs;
+use crate::batched_pack::{OutFile, PackCtx};
 use crate::error::{Error, Result};
 use crate::feature_source::FeatureSource;
 use crate::plan::{self, BatchInfo, CacheMap, Loc, Scratch, SegmentPlan, align};
@@ -28,11 +26,6 @@ const MINHASH_SEED: u64 = 0x5EED_D15C;
 /// What the process needs besides the plan and the partition buffer
 /// (binary, allocator, Parquet decoding of one samples file, write buffers).
 const BASELINE_BYTES: u64 = 96 << 20;
-/// Largest single write of gathered rows.
-const WRITE_PIECE: usize = 8 << 20;
-/// Bytes of the feature file asked for at once while reading a partition
-/// (rounded down to whole rows).
-const READ_PIECE: usize = 16 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -71,6 +64,12 @@ pub struct PackSummary {
     pub load_seconds: f64,
     pub plan_seconds: f64,
     pub pack_seconds: f64,
+    /// Of the packing phase: busy seconds reading the feature file, and
+    /// gathering and writing rows (batched packing overlaps the two).
+    pub pack_read_seconds: f64,
+    pub pack_write_seconds: f64,
+    /// Seconds building the address tables (beside the packing, on a
+    /// thread of their own).
     pub table_seconds: f64,
     pub commit_seconds: f64,
     pub total_seconds: f64,
@@ -78,7 +77,12 @@ pub struct PackSummary {
     pub bytes_written: u64,
     pub segment_size: usize,
     pub searched: bool,
+    /// Algorithm 2's segment size and its estimate of the training
+    /// segments' bytes (searched runs), beside the exact outcome below.
+    pub algorithm2_segment_size: Option<usize>,
     pub estimated_bytes: Option<u64>,
+    /// Exact bytes of the training segments at the chosen size.
+    pub train_segment_bytes: u64,
     pub disk_bytes: u64,
     /// Caches and segments: what the disk budget bounds.
     pub feature_disk_bytes: u64,
@@ -99,57 +103,6 @@ fn bar(show: bool, len: u64, label: &str, unit: &str) -> indicatif::ProgressBar 
         offgnn_shared::progress::bar(len, label, unit)
     } else {
         indicatif::ProgressBar::hidden()
-    }
-}
-
-/// An output file being filled at scattered offsets.
-struct OutFile {
-    name: String,
-    path: PathBuf,
-    file: File,
-    size: u64,
-    crcs: RunCrcs,
-}
-
-impl OutFile {
-    fn create(root: &Path, name: &str, size: u64) -> Result<OutFile> {
-        let path = root.join(name);
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
-        }
-        let file = File::create(&path).map_err(|e| Error::io(path.display(), e))?;
-        file.set_len(size)
-            .map_err(|e| Error::io(path.display(), e))?;
-        Ok(OutFile {
-            name: name.to_string(),
-            path,
-            file,
-            size,
-            crcs: RunCrcs::default(),
-        })
-    }
-
-    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.file
-            .write_all_at(data, offset)
-            .map_err(|e| Error::io(self.path.display(), e))?;
-        self.crcs.record(offset, data);
-        Ok(())
-    }
-
-    fn finish(self) -> Result<Object> {
-        self.file
-            .sync_all()
-            .map_err(|e| Error::io(self.path.display(), e))?;
-        let crc32c = self
-            .crcs
-            .object_crc(self.size)
-            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", self.name)))?;
-        Ok(Object {
-            name: self.name,
-            size: self.size,
-            crc32c,
-        })
     }
 }
 
@@ -230,17 +183,21 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
     let partition_bytes = cfg
         .memory
         .checked_sub(plan_bytes + BASELINE_BYTES)
-        .filter(|&b| b >= row_bytes)
+        .filter(|&b| b >= 2 * (row_bytes + 2 * 4096))
         .ok_or_else(|| {
+            let least = BASELINE_BYTES + 2 * (row_bytes + 2 * 4096);
             Error::InvalidArgument(format!(
                 "--memory {} is too small: the plan needs {} bytes and packing at least {} more; give at least {}",
                 cfg.memory,
                 plan_bytes,
-                BASELINE_BYTES + row_bytes,
-                plan_bytes + BASELINE_BYTES + row_bytes
+                least,
+                plan_bytes + least
             ))
         })?;
-    let partition_rows = (partition_bytes / row_bytes).clamp(1, num_nodes.max(1));
+    // Two partition buffers take turns (one read while the other is
+    // dispatched); each has up to two pages of alignment slack.
+    let partition_rows =
+        ((partition_bytes / 2).saturating_sub(2 * 4096) / row_bytes).clamp(1, num_nodes.max(1));
     let num_partitions = num_nodes.div_ceil(partition_rows) as usize;
     summary.partitions = num_partitions as u64;
     summary.partition_bytes = partition_rows * row_bytes;
@@ -277,16 +234,28 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
     let cache_bytes =
         align(cache.gpu.len() as u64 * row_bytes) + align(cache.cpu.len() as u64 * row_bytes);
     let train_budget = budget.saturating_sub(eval_bytes + cache_bytes);
-    let (segment_size, searched, estimated) = match (cfg.disk_cache, cfg.segment_size) {
-        (DiskCacheMode::Global, _) => (train.len().max(1), false, None),
-        (DiskCacheMode::Segmented, Some(s)) => {
-            if s == 0 {
-                return Err(Error::InvalidArgument(
-                    "--segment-size must be at least 1".into(),
-                ));
-            }
-            (s, false, None)
+    // The exact bytes the training segments take at a segment size: one
+    // pass over the cold lists, cheap beside the packing itself.
+    let exact = |s: usize| {
+        crate::segment_search::exact_layout_bytes(
+            train.iter().map(|&i| batches[i].cold.as_slice()),
+            s,
+            num_nodes,
+            row_bytes,
+        )
+    };
+    let too_small = |minimum: u64| crate::plan_error::PlanError::BudgetTooSmall {
+        budget,
+        minimum: minimum + eval_bytes + cache_bytes,
+    };
+    let (segment_size, searched, estimated, algorithm2) = match (cfg.disk_cache, cfg.segment_size) {
+        (DiskCacheMode::Global, _) => (train.len().max(1), false, None, None),
+        (DiskCacheMode::Segmented, Some(0)) => {
+            return Err(Error::InvalidArgument(
+                "--segment-size must be at least 1".into(),
+            ));
         }
+        (DiskCacheMode::Segmented, Some(s)) => (s, false, None, None),
         (DiskCacheMode::Segmented, None) => {
             let lists = train.iter().map(|&i| batches[i].cold.as_slice());
             let found = crate::segment_search::search_segment_size(
@@ -297,39 +266,52 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
                 train_budget,
             )
             .map_err(|e| match e {
-                crate::plan_error::PlanError::BudgetTooSmall { minimum, .. } => {
-                    crate::plan_error::PlanError::BudgetTooSmall {
-                        budget,
-                        minimum: minimum + eval_bytes + cache_bytes,
-                    }
-                }
+                crate::plan_error::PlanError::BudgetTooSmall { minimum, .. } => too_small(minimum),
                 other => other,
             })?;
-            // Algorithm 2 extrapolates from the first segment; the real
-            // layout can come out larger. Grow the segment until the exact
-            // bytes fit, so the budget is a promise, not a hope.
-            let exact = |s: usize| {
-                crate::segment_search::exact_layout_bytes(
-                    train.iter().map(|&i| batches[i].cold.as_slice()),
-                    s,
-                    num_nodes,
-                    row_bytes,
-                )
-            };
+            // Algorithm 2 extrapolates from the first segment, so the
+            // real layout can come out larger or smaller than its
+            // estimate. Grow the segment until the exact bytes fit (the
+            // budget is a promise, not a hope), then shrink it to the
+            // smallest size that still fits: smaller segments share
+            // fewer rows per disk cache and read less they do not need.
             let mut s = found.segment_size;
             while s < train.len() && exact(s)? > train_budget {
                 s = (s + s.div_ceil(4)).min(train.len());
             }
             if exact(s)? > train_budget {
-                return Err(crate::plan_error::PlanError::BudgetTooSmall {
-                    budget,
-                    minimum: exact(train.len())? + eval_bytes + cache_bytes,
-                }
-                .into());
+                return Err(too_small(exact(train.len())?).into());
             }
-            (s, true, Some(found.estimated_bytes))
+            // The bytes fall as segments grow, nearly monotonically; the
+            // bisection keeps `exact(hi) <= budget` whatever they do.
+            let (mut lo, mut hi) = (1, s);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if exact(mid)? <= train_budget {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            (
+                hi,
+                true,
+                Some(found.estimated_bytes),
+                Some(found.segment_size),
+            )
         }
     };
+    // Whichever way the size was chosen, the layout must fit the budget.
+    let train_bytes = exact(segment_size)?;
+    if train_bytes > train_budget {
+        return Err(match (cfg.disk_cache, cfg.segment_size) {
+            (DiskCacheMode::Segmented, Some(s)) => Error::InvalidArgument(format!(
+                "--segment-size {s} lays out {} bytes of training segments, beyond the {} left of --disk-budget after caches and evaluation segments; raise the budget or drop --segment-size to search one",
+                train_bytes, train_budget
+            )),
+            _ => too_small(train_bytes).into(),
+        });
+    }
     let mut segments: Vec<SegmentPlan> = train
         .chunks(segment_size.max(1))
         .map(|ids| seg_plan(Split::Train, ids.to_vec(), &mut scratch))
@@ -339,6 +321,8 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
     summary.segment_size = segment_size;
     summary.searched = searched;
     summary.estimated_bytes = estimated;
+    summary.algorithm2_segment_size = algorithm2;
+    summary.train_segment_bytes = train_bytes;
     summary.segments = segments.len();
     summary.gpu_rows = cache.gpu.len() as u64;
     summary.cpu_rows = cache.cpu.len() as u64;
@@ -393,10 +377,33 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
         partition_rows,
         num_nodes,
     };
-    summary.feature_bytes_read = match cfg.packing {
-        PackingMode::Batched => ctx.batched(cfg.show_progress)?,
-        PackingMode::Individual => ctx.individual(cfg.show_progress)?,
-    };
+    // The address tables need the plan, not the features: they are built
+    // on a second thread while the features stream (its bar stays hidden
+    // beside the packing bar).
+    let (pass, tables) = std::thread::scope(|s| {
+        let tables = s.spawn(|| {
+            let t = Instant::now();
+            let tables = write_tables(
+                &samples, &run, &staging, &segments, &batches, &cache, row_bytes, false,
+            );
+            (tables, t.elapsed().as_secs_f64())
+        });
+        let pass = match cfg.packing {
+            PackingMode::Batched => ctx.batched(cfg.show_progress),
+            PackingMode::Individual => ctx.individual(cfg.show_progress),
+        };
+        (
+            pass,
+            tables.join().expect("the table writer does not panic"),
+        )
+    });
+    let pass = pass?;
+    let (tables, table_seconds) = tables;
+    let tables = tables?;
+    summary.feature_bytes_read = pass.bytes_read;
+    summary.pack_read_seconds = pass.read_seconds;
+    summary.pack_write_seconds = pass.write_seconds;
+    summary.table_seconds = table_seconds;
     let mut objects = Vec::new();
     summary.feature_disk_bytes = gpu
         .iter()
@@ -411,22 +418,8 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
     for f in seg_files {
         objects.push(f.finish()?);
     }
-    summary.pack_seconds = t.elapsed().as_secs_f64();
-
-    // ---- address tables ----
-    let t = Instant::now();
-    let tables = write_tables(
-        &samples,
-        &run,
-        &staging,
-        &segments,
-        &batches,
-        &cache,
-        row_bytes,
-        cfg.show_progress,
-    )?;
     objects.extend(tables.objects.iter().cloned());
-    summary.table_seconds = t.elapsed().as_secs_f64();
+    summary.pack_seconds = t.elapsed().as_secs_f64();
 
     // ---- commit ----
     let t = Instant::now();
@@ -586,164 +579,6 @@ fn schedule(
         }
     }
     out
-}
-
-struct PackCtx<'a> {
-    features: &'a FeatureSource,
-    cache: &'a CacheMap,
-    segments: &'a [SegmentPlan],
-    batches: &'a [BatchInfo],
-    gpu: Option<&'a OutFile>,
-    cpu: Option<&'a OutFile>,
-    seg_files: &'a [OutFile],
-    row_bytes: u64,
-    partition_rows: u64,
-    num_nodes: u64,
-}
-
-impl PackCtx<'_> {
-    /// Copies `rows` (ascending or any order, all inside the partition that
-    /// starts at node `first`) out of `buf` into `out` from byte `offset`,
-    /// in pieces of at most [`WRITE_PIECE`].
-    fn gather_write(
-        &self,
-        out: &OutFile,
-        offset: u64,
-        rows: &[u32],
-        first: u64,
-        buf: &[u8],
-    ) -> Result<()> {
-        let rb = self.row_bytes as usize;
-        let per_piece = (WRITE_PIECE / rb).max(1);
-        let mut piece = Vec::with_capacity(per_piece.min(rows.len()) * rb);
-        for (k, group) in rows.chunks(per_piece).enumerate() {
-            piece.clear();
-            for &v in group {
-                let at = (v as u64 - first) as usize * rb;
-                piece.extend_from_slice(&buf[at..at + rb]);
-            }
-            out.write_at(offset + (k * per_piece * rb) as u64, &piece)?;
-        }
-        Ok(())
-    }
-
-    /// DiskGNN §5.2: the feature file is read once, in partitions; each
-    /// partition's rows go to every region that needs them as one run per
-    /// region. Returns the feature bytes read.
-    fn batched(&self, show: bool) -> Result<u64> {
-        let rb = self.row_bytes;
-        let pb = if show {
-            offgnn_shared::progress::bytes_bar(self.num_nodes * rb, "packing")
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
-        let mut buf = vec![0u8; (self.partition_rows.min(self.num_nodes) * rb) as usize];
-        let mut read = 0u64;
-        let mut first = 0u64;
-        let mut p = 0usize;
-        while first < self.num_nodes {
-            let end = (first + self.partition_rows).min(self.num_nodes);
-            let part = &mut buf[..((end - first) * rb) as usize];
-            // Whole rows per read, so that each piece starts on a row.
-            let piece_rows = (READ_PIECE as u64 / rb).max(1);
-            for (k, piece) in part.chunks_mut((piece_rows * rb) as usize).enumerate() {
-                self.features
-                    .read_rows(first + k as u64 * piece_rows, piece)?;
-                read += piece.len() as u64;
-            }
-            let part = &buf[..((end - first) * rb) as usize];
-            let in_part = |nodes: &[u32]| -> (usize, usize) {
-                let a = nodes.partition_point(|&v| (v as u64) < first);
-                let b = nodes.partition_point(|&v| (v as u64) < end);
-                (a, b)
-            };
-            for (tier, out) in [(&self.cache.gpu, self.gpu), (&self.cache.cpu, self.cpu)] {
-                if let Some(out) = out {
-                    let (a, b) = in_part(tier);
-                    self.gather_write(out, a as u64 * rb, &tier[a..b], first, part)?;
-                }
-            }
-            self.segments.par_iter().zip(self.seg_files).try_for_each(
-                |(seg, out)| -> Result<()> {
-                    let (a, b) = (seg.dc_bounds[p], seg.dc_bounds[p + 1]);
-                    self.gather_write(out, a as u64 * rb, &seg.dc_rows[a..b], first, part)?;
-                    for (k, rows) in seg.packed.iter().enumerate() {
-                        let (a, b) = in_part(rows);
-                        if a < b {
-                            self.gather_write(
-                                out,
-                                seg.chunk_offset[k] + a as u64 * rb,
-                                &rows[a..b],
-                                first,
-                                part,
-                            )?;
-                        }
-                    }
-                    Ok(())
-                },
-            )?;
-            pb.inc(part.len() as u64);
-            first = end;
-            p += 1;
-        }
-        pb.finish_and_clear();
-        Ok(read)
-    }
-
-    /// The naive baseline (§5.2, Figure 6a): for every batch, one aligned
-    /// O_DIRECT read per row it needs, written to its place; cached rows
-    /// once each. Returns the bytes read from the feature file.
-    fn individual(&self, show: bool) -> Result<u64> {
-        let mut rows = self.features.direct_reader()?;
-        let rb = self.row_bytes;
-        let total: u64 = self.cache.gpu.len() as u64
-            + self.cache.cpu.len() as u64
-            + self
-                .segments
-                .iter()
-                .flat_map(|s| &s.batches)
-                .map(|&b| self.batches[b].cold.len() as u64)
-                .sum::<u64>();
-        let pb = bar(show, total, "packing", "rows");
-        let mut read = 0u64;
-        for (tier, out) in [(&self.cache.gpu, self.gpu), (&self.cache.cpu, self.cpu)] {
-            if let Some(out) = out {
-                for (slot, &v) in tier.iter().enumerate() {
-                    out.write_at(slot as u64 * rb, rows.read_row(v as u64)?)?;
-                    read += align(rb);
-                }
-                pb.inc(tier.len() as u64);
-            }
-        }
-        for (seg, out) in self.segments.iter().zip(self.seg_files) {
-            let mut written = std::collections::HashSet::new();
-            for (k, &b) in seg.batches.iter().enumerate() {
-                for &v in &self.batches[b].cold {
-                    let data = rows.read_row(v as u64)?;
-                    read += align(rb);
-                    match seg.dc_position(v) {
-                        // A shared row is written once; every batch still reads it.
-                        Some(pos) => {
-                            if written.insert(v) {
-                                out.write_at(pos as u64 * rb, data)?;
-                            }
-                        }
-                        None => {
-                            let i = seg.packed[k].binary_search(&v).map_err(|_| {
-                                Error::InvalidArgument(format!(
-                                    "internal: row {v} has no place in its segment"
-                                ))
-                            })?;
-                            out.write_at(seg.chunk_offset[k] + i as u64 * rb, data)?;
-                        }
-                    }
-                }
-                pb.inc(self.batches[b].cold.len() as u64);
-            }
-        }
-        pb.finish_and_clear();
-        Ok(read)
-    }
 }
 
 /// Totals gathered while writing the tables.

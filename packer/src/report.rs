@@ -24,14 +24,18 @@ pub fn packed(cfg: &PackConfig, s: &PackSummary) {
         ),
         (
             "segment size",
-            match s.estimated_bytes {
-                Some(est) => format!(
-                    "{} batches (searched; estimate {} vs actual {} incl. caches and eval)",
+            match (s.algorithm2_segment_size, s.estimated_bytes) {
+                (Some(a2), Some(est)) => format!(
+                    "{} batches, {} of training segments (Algorithm 2 chose {a2}, estimating {})",
                     s.segment_size,
+                    human_bytes(s.train_segment_bytes),
                     human_bytes(est),
-                    human_bytes(s.disk_bytes)
                 ),
-                None => format!("{} batches", s.segment_size),
+                _ => format!(
+                    "{} batches, {} of training segments",
+                    s.segment_size,
+                    human_bytes(s.train_segment_bytes)
+                ),
             },
         ),
         ("segments", s.segments.to_string()),

@@ -147,7 +147,7 @@ struct EpochProgress {
 const META: &str = "checkpoint.json";
 
 /// Sources shared by the stages: caches loaded once (the CPU cache pinned on CUDA).
-fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Sources> {
+pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Sources> {
     let m = &layout.manifest;
     let kind = match m.dataset.feature_dtype.as_str() {
         "float32" => Kind::Float,
