@@ -3,14 +3,17 @@
 //! partition's rows into every region that needs them, and the individual
 //! packing baseline, one aligned read per needed row per batch.
 //!
-//! Every region of the layout (the GPU-cache and CPU-cache blocks, each
-//! segment's disk cache, each batch's packed chunk) starts on a 4 KiB page
-//! and is filled in order as the partitions go by: partition p holds the
-//! region's next run of rows. So each region is an append stream, written
-//! with O_DIRECT in whole pages from a small staging buffer (a row that
-//! straddles a page boundary waits in the region's carry for the next
-//! partition), and the disk sees large sequential writes without the page
-//! cache copying every byte.
+//! The feature file streams through two piece buffers (a reader thread fills
+//! one with O_DIRECT while the other is dispatched). Every region of the
+//! layout (the GPU-cache and CPU-cache blocks, each segment's disk cache,
+//! each batch's packed chunk) starts on a 4 KiB page and is written front to
+//! back: caches and packed chunks hold their rows in node order, so each
+//! piece appends their next rows; a disk cache is in MinHash order, so the
+//! rows of its current partition gather in a staging buffer and go out as
+//! one run when the partition ends (see `plan`). Each region is thus an
+//! append stream, written with O_DIRECT in whole pages (a row that straddles
+//! a page boundary waits in the region's carry), and the disk sees large
+//! sequential writes without the page cache copying every byte.
 
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
@@ -127,7 +130,7 @@ impl RegionWriter {
         }
     }
 
-    /// Appends the rows `rows` of the partition that starts at node `first`
+    /// Appends the rows `rows` of the piece that starts at node `first`
     /// (`part` holds its rows) in whole-page writes.
     fn append(
         &mut self,
@@ -137,22 +140,43 @@ impl RegionWriter {
         part: &[u8],
         rb: usize,
     ) -> Result<()> {
+        self.append_rows(out, rows.len(), rb, |i, dst| {
+            let src = (rows[i] as u64 - first) as usize * rb;
+            dst.copy_from_slice(&part[src..src + rb]);
+        })
+    }
+
+    /// Appends `bytes`, a whole number of rows, in whole-page writes.
+    fn append_bytes(&mut self, out: &OutFile, bytes: &[u8], rb: usize) -> Result<()> {
+        self.append_rows(out, bytes.len() / rb, rb, |i, dst| {
+            dst.copy_from_slice(&bytes[i * rb..(i + 1) * rb]);
+        })
+    }
+
+    /// Appends `n` rows, row `i` copied into the slice `row(i, dst)` gets,
+    /// through this thread's staging buffer: whole pages go out, the rest
+    /// waits in the carry.
+    fn append_rows(
+        &mut self,
+        out: &OutFile,
+        n: usize,
+        rb: usize,
+        mut row: impl FnMut(usize, &mut [u8]),
+    ) -> Result<()> {
         STAGE.with_borrow_mut(|stage| {
             let mut i = 0;
-            while i < rows.len() {
+            while i < n {
                 let c = self.carry.len();
-                let take = (stage.len().saturating_sub(c) / rb).clamp(1, rows.len() - i);
+                let take = (stage.len().saturating_sub(c) / rb).clamp(1, n - i);
                 if c + take * rb > stage.len() {
                     stage.resize(c + take * rb);
                 }
                 let buf = stage.as_mut_slice();
                 buf[..c].copy_from_slice(&self.carry);
-                let mut at = c;
-                for &v in &rows[i..i + take] {
-                    let src = (v as u64 - first) as usize * rb;
-                    buf[at..at + rb].copy_from_slice(&part[src..src + rb]);
-                    at += rb;
+                for (k, dst) in buf[c..c + take * rb].chunks_exact_mut(rb).enumerate() {
+                    row(i + k, dst);
                 }
+                let at = c + take * rb;
                 let full = at / PAGE * PAGE;
                 if full > 0 {
                     out.write_pages(self.start + self.done, &stage.as_slice()[..full])?;
@@ -195,6 +219,53 @@ pub struct PassFigures {
     pub write_seconds: f64,
 }
 
+/// The current partition's disk-cache runs, one per segment, end to end in
+/// one buffer (kept between partitions, so it is allocated once).
+#[derive(Default)]
+struct Staging {
+    partition: Option<usize>,
+    buf: Vec<u8>,
+    /// `ends[s]` is where segment s's run ends in `buf`.
+    ends: Vec<usize>,
+}
+
+impl Staging {
+    /// Lays out the runs of partition `p`.
+    fn start(&mut self, p: usize, segments: &[SegmentPlan], rb: u64) {
+        self.ends.clear();
+        let mut at = 0usize;
+        for seg in segments {
+            at += (seg.dc_bounds[p + 1] - seg.dc_bounds[p]) * rb as usize;
+            self.ends.push(at);
+        }
+        self.buf.resize(at, 0);
+        self.partition = Some(p);
+    }
+
+    fn runs(&self) -> Vec<&[u8]> {
+        let mut runs = Vec::with_capacity(self.ends.len());
+        let mut start = 0;
+        for &end in &self.ends {
+            runs.push(&self.buf[start..end]);
+            start = end;
+        }
+        runs
+    }
+
+    fn runs_mut(&mut self) -> Vec<&mut [u8]> {
+        let mut runs = Vec::with_capacity(self.ends.len());
+        let mut rest = self.buf.as_mut_slice();
+        let mut start = 0;
+        for &end in &self.ends {
+            let (run, tail) = rest.split_at_mut(end - start);
+            runs.push(run);
+            rest = tail;
+            start = end;
+        }
+        runs
+    }
+}
+
 /// The writers of one segment's regions: its disk cache, then each chunk.
 struct SegmentWriters {
     disk_cache: RegionWriter,
@@ -211,7 +282,10 @@ pub struct PackCtx<'a> {
     pub cpu: Option<&'a OutFile>,
     pub seg_files: &'a [OutFile],
     pub row_bytes: u64,
-    pub partition_rows: u64,
+    /// First node of each partition, `num_nodes` last (`plan::partition_bounds`).
+    pub bounds: &'a [u64],
+    /// Rows per piece the feature file is read in.
+    pub piece_rows: u64,
     pub num_nodes: u64,
 }
 
@@ -224,11 +298,11 @@ fn bar(show: bool, len: u64, label: &str, unit: &str) -> indicatif::ProgressBar 
 }
 
 impl PackCtx<'_> {
-    /// DiskGNN §5.2: the feature file is read once, in partitions; each
-    /// partition's rows go to every region that needs them. Two partition
-    /// buffers take turns: a reader thread fills one (O_DIRECT, many
-    /// requests in flight) while this thread dispatches the other, so the
-    /// disk streams while rows are copied out.
+    /// DiskGNN §5.2: the feature file is read once, front to back, and each
+    /// piece's rows go to every region that needs them. Two piece buffers
+    /// take turns: a reader thread fills one (O_DIRECT, many requests in
+    /// flight) while this thread dispatches the other, so the disk streams
+    /// while rows are copied out.
     pub fn batched(&self, show: bool) -> Result<PassFigures> {
         let rb = self.row_bytes;
         let pb = if show {
@@ -236,9 +310,16 @@ impl PackCtx<'_> {
         } else {
             indicatif::ProgressBar::hidden()
         };
-        let parts: Vec<(u64, u64)> = (0..self.num_nodes)
-            .step_by(self.partition_rows.max(1) as usize)
-            .map(|first| (first, (first + self.partition_rows).min(self.num_nodes)))
+        // Pieces never straddle a partition.
+        let pieces: Vec<(usize, u64, u64)> = self
+            .bounds
+            .windows(2)
+            .enumerate()
+            .flat_map(|(p, w)| {
+                (w[0]..w[1])
+                    .step_by(self.piece_rows.max(1) as usize)
+                    .map(move |first| (p, first, (first + self.piece_rows).min(w[1])))
+            })
             .collect();
         let mut tiers = [RegionWriter::new(0), RegionWriter::new(0)];
         let mut writers: Vec<SegmentWriters> = self
@@ -262,10 +343,10 @@ impl PackCtx<'_> {
                     .send(PartitionBuf::new())
                     .expect("the receiver is alive");
             }
-            let (parts_ref, reader) = (&parts, &reader);
+            let (pieces_ref, reader) = (&pieces, &reader);
             let read_thread = s.spawn(move || -> Result<(u64, f64)> {
                 let (mut read, mut busy) = (0u64, 0.0);
-                for &(first, end) in parts_ref {
+                for &(_, first, end) in pieces_ref {
                     let Ok(mut buf) = empty.recv() else {
                         break; // the dispatcher stopped; its error is returned
                     };
@@ -278,12 +359,27 @@ impl PackCtx<'_> {
                 }
                 Ok((read, busy))
             });
+            let mut staging = Staging::default();
             let mut dispatched = Ok(());
             let mut write_seconds = 0.0;
-            for (p, buf) in filled.iter().enumerate() {
-                let (first, end) = parts[p];
+            for (k, buf) in filled.iter().enumerate() {
+                let (p, first, end) = pieces[k];
                 let started = Instant::now();
-                dispatched = self.dispatch(p, first, end, buf.rows(), &mut tiers, &mut writers);
+                dispatched = (|| {
+                    if staging.partition != Some(p) {
+                        self.flush_disk_caches(&mut staging, &mut writers)?;
+                        staging.start(p, self.segments, rb);
+                    }
+                    self.dispatch(
+                        p,
+                        first,
+                        end,
+                        buf.rows(),
+                        &mut tiers,
+                        &mut writers,
+                        &mut staging,
+                    )
+                })();
                 write_seconds += started.elapsed().as_secs_f64();
                 if dispatched.is_err() {
                     break;
@@ -298,10 +394,12 @@ impl PackCtx<'_> {
                 .join()
                 .expect("the partition reader does not panic")?;
             dispatched?;
+            let started = Instant::now();
+            self.flush_disk_caches(&mut staging, &mut writers)?;
             Ok(PassFigures {
                 bytes_read,
                 read_seconds,
-                write_seconds,
+                write_seconds: write_seconds + started.elapsed().as_secs_f64(),
             })
         })?;
         for (w, out) in tiers.iter_mut().zip([self.gpu, self.cpu]) {
@@ -320,10 +418,32 @@ impl PackCtx<'_> {
         Ok(figures)
     }
 
-    /// Sends partition `p` (rows `[first, end)`, in `part`) to every region
-    /// that needs rows of it: the caches, and each segment's disk cache and
-    /// packed chunks. Segments (each its own file) and the two caches are
-    /// written side by side.
+    /// Writes the staged disk-cache runs of the current partition, each
+    /// after the previous partition's run of its disk cache.
+    fn flush_disk_caches(
+        &self,
+        staging: &mut Staging,
+        writers: &mut [SegmentWriters],
+    ) -> Result<()> {
+        if staging.partition.is_none() {
+            return Ok(());
+        }
+        let rb = self.row_bytes as usize;
+        let runs = staging.runs();
+        writers
+            .par_iter_mut()
+            .zip(self.seg_files)
+            .zip(runs)
+            .try_for_each(|((w, out), run)| w.disk_cache.append_bytes(out, run, rb))?;
+        staging.partition = None;
+        Ok(())
+    }
+
+    /// Sends a piece of partition `p` (rows `[first, end)`, in `part`) to
+    /// every region that needs rows of it: the caches and the packed chunks
+    /// append them, each disk cache stages them at their MinHash positions.
+    /// Segments (each its own file) and the two caches go side by side.
+    #[allow(clippy::too_many_arguments)]
     fn dispatch(
         &self,
         p: usize,
@@ -332,9 +452,10 @@ impl PackCtx<'_> {
         part: &[u8],
         tiers: &mut [RegionWriter; 2],
         writers: &mut [SegmentWriters],
+        staging: &mut Staging,
     ) -> Result<()> {
         let rb = self.row_bytes as usize;
-        let in_part = |nodes: &[u32]| -> (usize, usize) {
+        let in_piece = |nodes: &[u32]| -> (usize, usize) {
             let a = nodes.partition_point(|&v| (v as u64) < first);
             let b = nodes.partition_point(|&v| (v as u64) < end);
             (a, b)
@@ -343,12 +464,13 @@ impl PackCtx<'_> {
         let tier = |w: &mut RegionWriter, rows: &[u32], out: Option<&OutFile>| -> Result<()> {
             match out {
                 Some(out) => {
-                    let (a, b) = in_part(rows);
+                    let (a, b) = in_piece(rows);
                     w.append(out, &rows[a..b], first, part, rb)
                 }
                 None => Ok(()),
             }
         };
+        let runs = staging.runs_mut();
         let (caches, segments) = rayon::join(
             || {
                 rayon::join(
@@ -361,12 +483,16 @@ impl PackCtx<'_> {
                     .par_iter()
                     .zip(self.seg_files)
                     .zip(writers.par_iter_mut())
-                    .try_for_each(|((seg, out), w)| -> Result<()> {
-                        let (a, b) = (seg.dc_bounds[p], seg.dc_bounds[p + 1]);
-                        w.disk_cache
-                            .append(out, &seg.dc_rows[a..b], first, part, rb)?;
+                    .zip(runs)
+                    .try_for_each(|(((seg, out), w), run)| -> Result<()> {
+                        let base = seg.dc_bounds[p];
+                        for &(v, pos) in seg.dc_entries_in(first, end) {
+                            let (src, dst) =
+                                ((v as u64 - first) as usize * rb, (pos as usize - base) * rb);
+                            run[dst..dst + rb].copy_from_slice(&part[src..src + rb]);
+                        }
                         for (rows, cw) in seg.packed.iter().zip(&mut w.chunks) {
-                            let (a, b) = in_part(rows);
+                            let (a, b) = in_piece(rows);
                             if a < b {
                                 cw.append(out, &rows[a..b], first, part, rb)?;
                             }

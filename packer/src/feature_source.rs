@@ -55,6 +55,9 @@ impl FeatureSource {
         }
         let path = PathBuf::from(location.trim_start_matches("file://"));
         let npy = npy::NpyFile::open(&path)?;
+        // The manifest records where the features are (the trainer's naive
+        // and in-memory baselines read them): an absolute path.
+        let path = path.canonicalize().unwrap_or(path);
         let header = npy.header().clone();
         let file = File::open(&path).map_err(|e| offgnn_shared::Error::io(&path, e))?;
         Ok(FeatureSource::Local { path, file, header })

@@ -23,6 +23,9 @@ use crate::sizes::Budget;
 
 /// Fixed seed of the MinHash permutations: layouts are reproducible.
 const MINHASH_SEED: u64 = 0x5EED_D15C;
+/// The largest piece of the feature file read at once.
+const MAX_PIECE_BYTES: u64 = 64 << 20;
+const PAGE: u64 = 4096;
 /// What the process needs besides the plan and the partition buffer
 /// (binary, allocator, Parquet decoding of one samples file, write buffers).
 const BASELINE_BYTES: u64 = 96 << 20;
@@ -89,8 +92,12 @@ pub struct PackSummary {
     pub disk_budget: u64,
     pub blow_up: f64,
     pub predicted_read_amplification: f64,
+    /// Partitions of the node range (more than one only when the disk
+    /// caches outgrow the memory budget), the largest partition's staged
+    /// disk-cache bytes, and the size of each of the two read buffers.
     pub partitions: u64,
-    pub partition_bytes: u64,
+    pub staging_bytes: u64,
+    pub piece_bytes: u64,
     pub plan_bytes: u64,
     pub gpu_rows: u64,
     pub cpu_rows: u64,
@@ -152,6 +159,9 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
         Some(dir) => dir.clone(),
         None => std::env::temp_dir().join(format!("offgnn-pack-{}", std::process::id())),
     };
+    let _staging_dir = StagingDir {
+        dir: local_root.is_none().then(|| staging.clone()),
+    };
 
     let row_bytes = features.row_bytes();
     let num_nodes = features.num_rows();
@@ -180,12 +190,15 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
             .iter()
             .map(|b| b.cold.len() as u64 * 12)
             .sum::<u64>();
-    let partition_bytes = cfg
+    // Memory: the plan (and a per-node counter for partitioning), two piece
+    // buffers that take turns, and the staging of disk-cache runs.
+    let plan_bytes = plan_bytes + num_nodes * 4;
+    let least = BASELINE_BYTES + 2 * (row_bytes + 2 * PAGE);
+    let available = cfg
         .memory
         .checked_sub(plan_bytes + BASELINE_BYTES)
-        .filter(|&b| b >= 2 * (row_bytes + 2 * 4096))
+        .filter(|&b| b >= 2 * (row_bytes + 2 * PAGE))
         .ok_or_else(|| {
-            let least = BASELINE_BYTES + 2 * (row_bytes + 2 * 4096);
             Error::InvalidArgument(format!(
                 "--memory {} is too small: the plan needs {} bytes and packing at least {} more; give at least {}",
                 cfg.memory,
@@ -194,14 +207,11 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
                 plan_bytes + least
             ))
         })?;
-    // Two partition buffers take turns (one read while the other is
-    // dispatched); each has up to two pages of alignment slack.
-    let partition_rows =
-        ((partition_bytes / 2).saturating_sub(2 * 4096) / row_bytes).clamp(1, num_nodes.max(1));
-    let num_partitions = num_nodes.div_ceil(partition_rows) as usize;
-    summary.partitions = num_partitions as u64;
-    summary.partition_bytes = partition_rows * row_bytes;
+    let piece_bytes = (available / 4).clamp(row_bytes + 2 * PAGE, MAX_PIECE_BYTES);
+    let piece_rows = ((piece_bytes - 2 * PAGE) / row_bytes).max(1);
+    let staging_budget = available - 2 * piece_bytes;
     summary.plan_bytes = plan_bytes;
+    summary.piece_bytes = piece_bytes;
 
     let by_split = |split: Split| -> Vec<usize> {
         (0..batches.len())
@@ -216,8 +226,6 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
     let mut scratch = Scratch::new(num_nodes);
     let geometry = plan::Geometry {
         row_bytes,
-        partition_rows,
-        num_partitions,
         seed: MINHASH_SEED,
     };
     let seg_plan = |split: Split, ids: Vec<usize>, scratch: &mut Scratch| {
@@ -318,6 +326,26 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
         .collect();
     segments.extend(eval_segments);
     drop(scratch);
+    // The disk caches' rows are staged in memory until their run goes out:
+    // beyond the budget, the node range is cut into partitions.
+    let (bounds, staging_bytes) =
+        plan::partition_bounds(&segments, num_nodes, row_bytes, staging_budget);
+    if staging_bytes > staging_budget {
+        return Err(Error::InvalidArgument(format!(
+            "--memory {} is too small: one node's disk-cache rows need {staging_bytes} bytes of staging beside the {} of the plan and buffers; give at least {}",
+            cfg.memory,
+            plan_bytes + BASELINE_BYTES + 2 * piece_bytes,
+            plan_bytes + BASELINE_BYTES + 2 * piece_bytes + staging_bytes
+        )));
+    }
+    let num_partitions = bounds.len() - 1;
+    if num_partitions > 1 {
+        for seg in &mut segments {
+            seg.partition(&bounds);
+        }
+    }
+    summary.partitions = num_partitions as u64;
+    summary.staging_bytes = staging_bytes;
     summary.segment_size = segment_size;
     summary.searched = searched;
     summary.estimated_bytes = estimated;
@@ -374,7 +402,8 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
         cpu: cpu.as_ref(),
         seg_files: &seg_files,
         row_bytes,
-        partition_rows,
+        bounds: &bounds,
+        piece_rows,
         num_nodes,
     };
     // The address tables need the plan, not the features: they are built
@@ -430,6 +459,9 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
     summary.predicted_read_amplification = tables.amplification();
     summary.access_shares = tables.shares();
     if local_root.is_none() {
+        // Objects of an older layout whose names this one does not reuse
+        // would linger unreferenced: the prefix starts empty.
+        out.delete_prefix("pack")?;
         upload(&out, &staging, &objects, cfg.show_progress)?;
     }
     let manifest = Manifest {
@@ -512,9 +544,6 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
         .map_err(|e| Error::InvalidArgument(format!("internal: the manifest is invalid: {e}")))?;
     let body = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
     out.put(MANIFEST, body)?;
-    if local_root.is_none() {
-        let _ = std::fs::remove_dir_all(&staging);
-    }
     summary.commit_seconds = t.elapsed().as_secs_f64();
     summary.total_seconds = started.elapsed().as_secs_f64();
     summary.manifest = format!("{}/{MANIFEST}", out.url().trim_end_matches('/'));
@@ -787,12 +816,52 @@ fn upload(out: &Store, staging: &Path, objects: &[Object], show: bool) -> Result
     };
     for o in objects {
         let path = staging.join(&o.name);
-        let mut f = File::open(&path).map_err(|e| Error::io(path.display(), e))?;
-        let mut w = out.writer(&o.name);
-        let n = std::io::copy(&mut f, &mut w).map_err(|e| Error::io(&o.name, e))?;
-        w.finish()?;
-        pb.inc(n);
+        // A multipart upload cannot resend one failed part: the whole object
+        // goes again, after a growing pause (the store's own requests were
+        // retried already).
+        let mut wait = UPLOAD_BACKOFF;
+        for attempt in 1..=UPLOAD_ATTEMPTS {
+            let sent = (|| -> Result<u64> {
+                let mut f = File::open(&path).map_err(|e| Error::io(path.display(), e))?;
+                let mut w = out.writer(&o.name);
+                let n =
+                    std::io::copy(&mut f, &mut w).map_err(|e| Error::io(out.join(&o.name), e))?;
+                w.finish()?;
+                Ok(n)
+            })();
+            match sent {
+                Ok(n) => {
+                    pb.inc(n);
+                    break;
+                }
+                Err(e) if attempt < UPLOAD_ATTEMPTS => {
+                    tracing::warn!("{e}; uploading {} again in {wait:?}", o.name);
+                    std::thread::sleep(wait);
+                    wait *= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
     pb.finish_and_clear();
     Ok(())
+}
+
+/// Tries of one object's upload.
+const UPLOAD_ATTEMPTS: u32 = 4;
+/// The pause before the first retry of an upload; each further one doubles.
+const UPLOAD_BACKOFF: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The local folder a remote layout is built in before it goes up; removed
+/// when the job ends, whether it succeeded or not.
+struct StagingDir {
+    dir: Option<PathBuf>,
+}
+
+impl Drop for StagingDir {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }

@@ -3,12 +3,16 @@
 //! chunks, and every region's offset — everything batched packing and the
 //! address tables need, decided before a byte of features is read.
 //!
-//! Regions are 4 KiB aligned (`O_DIRECT`). Cache tiers hold their rows in
-//! ascending node order, and each disk cache is MinHash-ordered within each
-//! feature-file partition (partition-major): every partition then fills one
-//! contiguous run of every region, so batched packing writes large runs
-//! (DiskGNN §5.2) instead of one row at a time. With the whole feature file
-//! in one partition this is exactly Algorithm 1's order.
+//! Regions are 4 KiB aligned (`O_DIRECT`). Cache tiers and packed chunks
+//! hold their rows in ascending node order, so they fill front to back as
+//! the feature file streams by. Each disk cache is in Algorithm 1's MinHash
+//! order, which visits the file in no order at all: batched packing gathers
+//! a disk cache's rows in memory until they can go out as one run. When the
+//! disk caches together hold more than the memory budget, the node range is
+//! cut into partitions whose disk-cache rows fit ([`partition_bounds`]) and
+//! each disk cache is MinHash-ordered within each partition (partition-major;
+//! [`SegmentPlan::partition`]). With one partition — whenever the disk
+//! caches fit in memory — this is exactly Algorithm 1's order.
 
 use offgnn_shared::dataset::Split;
 
@@ -94,7 +98,8 @@ pub struct SegmentPlan {
     pub dc_rows: Vec<u32>,
     /// `(node, position)` sorted by node, for lookups.
     dc_index: Vec<(u32, u32)>,
-    /// `dc_bounds[p]..dc_bounds[p + 1]` are the positions of partition `p`'s rows.
+    /// `dc_bounds[p]..dc_bounds[p + 1]` are the positions of partition `p`'s
+    /// rows (one partition until [`SegmentPlan::partition`]).
     pub dc_bounds: Vec<usize>,
     /// Per batch: the rows only it needs in this segment, ascending.
     pub packed: Vec<Vec<u32>>,
@@ -111,6 +116,32 @@ impl SegmentPlan {
             .binary_search_by_key(&v, |&(n, _)| n)
             .ok()
             .map(|i| self.dc_index[i].1)
+    }
+
+    /// The disk-cache entries whose node lies in `[first, end)`, as
+    /// `(node, position)` sorted by node.
+    pub fn dc_entries_in(&self, first: u64, end: u64) -> &[(u32, u32)] {
+        let a = self.dc_index.partition_point(|&(v, _)| (v as u64) < first);
+        let b = self.dc_index.partition_point(|&(v, _)| (v as u64) < end);
+        &self.dc_index[a..b]
+    }
+
+    /// Orders the disk cache partition-major: stable-sorted by the partition
+    /// of each row (`bounds[p]..bounds[p + 1]` are partition p's nodes), so
+    /// MinHash order holds within each partition.
+    pub fn partition(&mut self, bounds: &[u64]) {
+        let part = |v: u32| bounds.partition_point(|&b| b <= v as u64) - 1;
+        self.dc_rows.sort_by_key(|&v| part(v));
+        self.dc_bounds = (0..bounds.len())
+            .map(|p| self.dc_rows.partition_point(|&v| part(v) < p))
+            .collect();
+        for (pos, &v) in self.dc_rows.iter().enumerate() {
+            let i = self
+                .dc_index
+                .binary_search_by_key(&v, |&(n, _)| n)
+                .expect("every disk-cache row is in the index");
+            self.dc_index[i].1 = pos as u32;
+        }
     }
 
     pub fn packed_rows(&self) -> u64 {
@@ -141,11 +172,41 @@ impl Scratch {
 #[derive(Clone, Copy, Debug)]
 pub struct Geometry {
     pub row_bytes: u64,
-    /// Rows per feature-file partition of batched packing.
-    pub partition_rows: u64,
-    pub num_partitions: usize,
     /// Seed of the MinHash permutations.
     pub seed: u64,
+}
+
+/// Cuts the node range `[0, num_nodes)` into partitions whose disk-cache
+/// entries (over all segments) take at most `budget` bytes each. Returns the
+/// first node of each partition with `num_nodes` last, and the largest
+/// partition's disk-cache bytes. One partition when everything fits. A node
+/// with more entries than the budget holds is a partition of its own, so the
+/// largest can exceed the budget: the caller checks.
+pub fn partition_bounds(
+    segments: &[SegmentPlan],
+    num_nodes: u64,
+    row_bytes: u64,
+    budget: u64,
+) -> (Vec<u64>, u64) {
+    let mut entries = vec![0u32; num_nodes as usize];
+    for s in segments {
+        for &v in &s.dc_rows {
+            entries[v as usize] += 1;
+        }
+    }
+    let mut bounds = vec![0u64];
+    let (mut filled, mut largest) = (0u64, 0u64);
+    for (v, &n) in entries.iter().enumerate() {
+        let bytes = n as u64 * row_bytes;
+        if filled > 0 && filled + bytes > budget {
+            bounds.push(v as u64);
+            filled = 0;
+        }
+        filled += bytes;
+        largest = largest.max(filled);
+    }
+    bounds.push(num_nodes);
+    (bounds, largest)
 }
 
 /// Plans one segment (DiskGNN §5.1): rows two or more of its batches need go
@@ -158,12 +219,7 @@ pub fn plan_segment(
     geometry: &Geometry,
     scratch: &mut Scratch,
 ) -> SegmentPlan {
-    let Geometry {
-        row_bytes,
-        partition_rows,
-        num_partitions,
-        seed,
-    } = *geometry;
+    let Geometry { row_bytes, seed } = *geometry;
     for &b in &batch_ids {
         for &v in &batches[b].cold {
             let c = &mut scratch.count[v as usize];
@@ -196,17 +252,14 @@ pub fn plan_segment(
     }
     scratch.touched.clear();
 
-    // DiskGNN §5.1, Algorithm 1 (two hash functions), then partition-major.
+    // DiskGNN §5.1, Algorithm 1 (two hash functions); partitioned later
+    // only if the disk caches outgrow the packing memory.
     let lists: Vec<&[u32]> = batch_ids
         .iter()
         .map(|&b| batches[b].cold.as_slice())
         .collect();
-    let mut dc_rows = minhash_order(&shared, &lists, 2, seed);
-    dc_rows.sort_by_key(|&v| v as u64 / partition_rows);
-    let mut dc_bounds = Vec::with_capacity(num_partitions + 1);
-    for p in 0..=num_partitions as u64 {
-        dc_bounds.push(dc_rows.partition_point(|&v| (v as u64 / partition_rows) < p));
-    }
+    let dc_rows = minhash_order(&shared, &lists, 2, seed);
+    let dc_bounds = vec![0, dc_rows.len()];
     let mut dc_index: Vec<(u32, u32)> = dc_rows
         .iter()
         .enumerate()
@@ -266,4 +319,74 @@ pub fn rank_and_split(
         b.inputs = Vec::new();
     }
     Ok((counts, map))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(cold: &[u32]) -> BatchInfo {
+        BatchInfo {
+            split: Split::Train,
+            epoch: 0,
+            index: 0,
+            cold: cold.to_vec(),
+            inputs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn partitions_hold_their_disk_cache_rows_within_the_budget() {
+        // Two segments over 20 nodes; rows shared inside a segment go to its
+        // disk cache.
+        let batches = vec![
+            batch(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]),
+            batch(&[0, 2, 4, 6, 8, 10, 12, 14]),
+            batch(&[1, 3, 5, 7, 9, 11, 13, 15, 17, 19]),
+            batch(&[1, 5, 9, 13, 17, 18]),
+        ];
+        let geometry = Geometry {
+            row_bytes: 10,
+            seed: 3,
+        };
+        let mut scratch = Scratch::new(20);
+        let mut segments = vec![
+            plan_segment(Split::Train, vec![0, 1], &batches, &geometry, &mut scratch),
+            plan_segment(Split::Train, vec![2, 3], &batches, &geometry, &mut scratch),
+        ];
+        assert_eq!(segments[0].dc_rows.len(), 5); // 0 2 4 6 8
+        assert_eq!(segments[1].dc_rows.len(), 5); // 1 5 9 13 17
+        // Everything fits: one partition, Algorithm 1's order untouched.
+        let (bounds, largest) = partition_bounds(&segments, 20, 10, 1000);
+        assert_eq!((bounds, largest), (vec![0, 20], 100));
+        // 30 bytes a partition: three rows at most.
+        let (bounds, largest) = partition_bounds(&segments, 20, 10, 30);
+        assert!(largest <= 30);
+        assert_eq!(bounds.first(), Some(&0));
+        assert_eq!(bounds.last(), Some(&20));
+        let before: Vec<Vec<u32>> = segments.iter().map(|s| s.dc_rows.clone()).collect();
+        for s in &mut segments {
+            s.partition(&bounds);
+        }
+        for (s, old) in segments.iter().zip(&before) {
+            let mut a = s.dc_rows.clone();
+            let mut b = old.clone();
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "the same rows, reordered");
+            for p in 0..bounds.len() - 1 {
+                for &v in &s.dc_rows[s.dc_bounds[p]..s.dc_bounds[p + 1]] {
+                    assert!((bounds[p]..bounds[p + 1]).contains(&(v as u64)));
+                }
+                // Within a partition, the MinHash order of the whole.
+                let run = &s.dc_rows[s.dc_bounds[p]..s.dc_bounds[p + 1]];
+                let kept: Vec<u32> = old.iter().copied().filter(|v| run.contains(v)).collect();
+                assert_eq!(run, kept.as_slice());
+            }
+            for (pos, &v) in s.dc_rows.iter().enumerate() {
+                assert_eq!(s.dc_position(v), Some(pos as u32));
+            }
+            assert_eq!(s.dc_entries_in(0, 20).len(), s.dc_rows.len());
+        }
+    }
 }

@@ -64,8 +64,15 @@ pub fn packed(cfg: &PackConfig, s: &PackSummary) {
             ),
         ),
         (
-            "partitions",
-            format!("{} of {}", s.partitions, human_bytes(s.partition_bytes)),
+            "memory",
+            format!(
+                "plan {}, read pieces 2 x {}, disk-cache staging {} ({} partition{})",
+                human_bytes(s.plan_bytes),
+                human_bytes(s.piece_bytes),
+                human_bytes(s.staging_bytes),
+                s.partitions,
+                if s.partitions == 1 { "" } else { "s" }
+            ),
         ),
         (
             "read / written",

@@ -289,7 +289,9 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     let sample_started = Instant::now();
     let mut files = Vec::with_capacity(units.len());
     for unit in &units {
-        files.push(write_unit(store, &csr, cfg, unit, &pool, &scratch, &bar)?);
+        files.push(write_unit_with_retry(
+            store, &csr, cfg, unit, &pool, &scratch, &bar,
+        )?);
     }
     bar.finish_and_clear();
     let sample_seconds = sample_started.elapsed().as_secs_f64();
@@ -322,6 +324,38 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         sample_seconds,
         csr_seconds,
     })
+}
+
+/// Tries of one output file.
+const WRITE_ATTEMPTS: u32 = 4;
+
+/// [`write_unit`], again from the start after a store failure: a multipart
+/// upload cannot resend one failed part, and sampling is deterministic, so
+/// the file is made anew (the store's own requests were retried already).
+fn write_unit_with_retry(
+    store: &Store,
+    csr: &Csr,
+    cfg: &SampleConfig,
+    unit: &Unit,
+    pool: &rayon::ThreadPool,
+    scratch: &Mutex<Vec<Scratch>>,
+    bar: &indicatif::ProgressBar,
+) -> Result<SampleFile> {
+    let position = bar.position();
+    let mut wait = std::time::Duration::from_millis(500);
+    let mut attempt = 1;
+    loop {
+        match write_unit(store, csr, cfg, unit, pool, scratch, bar) {
+            Err(e @ (Error::Write { .. } | Error::Shared(_))) if attempt < WRITE_ATTEMPTS => {
+                tracing::warn!("{e}; writing the file again in {wait:?}");
+                bar.set_position(position);
+                std::thread::sleep(wait);
+                wait *= 2;
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Samples one unit's batches in parallel windows and streams them into one

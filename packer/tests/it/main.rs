@@ -138,14 +138,21 @@ fn verify_passes_across_settings() {
         ..config(&f, "allcache")
     });
     assert_eq!(s.access_shares.gpu, 1.0);
-    // Tiny partitions: many passes, partition-major disk caches. The
-    // packer's fixed allowance is 96 MiB; the plan's share is what the
-    // same plan reports; two partition buffers of about 20 KB come on top.
-    let plan_bytes = pack(&config(&f, "probe")).unwrap().plan_bytes;
+    // Disk caches larger than the staging memory: many partitions,
+    // partition-major disk caches. The packer's fixed allowance is 96 MiB;
+    // the plan's share is what the same plan reports; two read buffers of
+    // a row and two pages each, then about 2 KB of staging.
+    let global = PackConfig {
+        disk_cache: DiskCacheMode::Global,
+        ..config(&f, "probe")
+    };
+    let plan_bytes = pack(&global).unwrap().plan_bytes;
     let s = pack_and_verify(&PackConfig {
-        memory: (96 << 20) + plan_bytes + 2 * (20_000 + 2 * 4096),
-        ..config(&f, "smallmem")
+        memory: (96 << 20) + plan_bytes + 2 * (96 + 2 * 4096) + 2_000,
+        out: f.root.join("smallmem").to_str().unwrap().into(),
+        ..global
     });
+    assert!(s.staging_bytes <= 2_000, "{} bytes staged", s.staging_bytes);
     assert!(s.partitions > 10, "{} partitions", s.partitions);
 }
 
