@@ -16,14 +16,14 @@
 //! sequential writes without the page cache copying every byte.
 
 use std::cell::RefCell;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
 use offgnn_manifests::Object;
-use offgnn_shared::io_engine::{AlignedBuf, PAGE};
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, PAGE, ReadReq};
 use rayon::prelude::*;
 
 use crate::crc::RunCrcs;
@@ -44,16 +44,23 @@ pub struct OutFile {
     name: String,
     path: PathBuf,
     file: File,
-    /// The same file opened with O_DIRECT, for whole-page writes; `None`
-    /// where the filesystem refuses it (then writes go through `file`).
-    direct: Option<File>,
+    /// The same file opened with O_DIRECT for the I/O engine's whole-page
+    /// writes; `None` where the filesystem refuses it (then writes go
+    /// through `file`).
+    direct: Option<IoFile>,
     pub size: u64,
     crcs: RunCrcs,
 }
 
 impl OutFile {
-    /// Creates `root/name` of `size` zero bytes.
-    pub fn create(root: &Path, name: &str, size: u64) -> Result<OutFile> {
+    /// Creates `root/name` of `size` zero bytes; with `engine`, whole pages
+    /// will go through it with O_DIRECT.
+    pub fn create(
+        root: &Path,
+        name: &str,
+        size: u64,
+        engine: Option<&IoEngine>,
+    ) -> Result<OutFile> {
         let path = root.join(name);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
@@ -61,11 +68,10 @@ impl OutFile {
         let file = File::create(&path).map_err(|e| Error::io(path.display(), e))?;
         file.set_len(size)
             .map_err(|e| Error::io(path.display(), e))?;
-        let direct = OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
-            .ok();
+        let direct = match engine {
+            Some(engine) => Some(engine.open_write(&path)?).filter(IoFile::is_direct),
+            None => None,
+        };
         Ok(OutFile {
             name: name.to_string(),
             path,
@@ -85,13 +91,32 @@ impl OutFile {
         Ok(())
     }
 
-    /// Writes whole pages from a page-aligned buffer at a page-aligned
-    /// offset, with O_DIRECT where the filesystem allows it.
-    fn write_pages(&self, offset: u64, data: &[u8]) -> Result<()> {
-        debug_assert!(offset.is_multiple_of(PAGE as u64) && data.len().is_multiple_of(PAGE));
-        let file = self.direct.as_ref().unwrap_or(&self.file);
-        file.write_all_at(data, offset)
-            .map_err(|e| Error::io(self.path.display(), e))?;
+    /// Writes the first `len` bytes of `buf` (whole pages) at a
+    /// page-aligned offset: through the engine's rings with O_DIRECT where
+    /// the filesystem allows it, so a large write is many in flight.
+    fn write_pages(
+        &self,
+        engine: &IoEngine,
+        offset: u64,
+        buf: &AlignedBuf,
+        len: usize,
+    ) -> Result<()> {
+        debug_assert!(offset.is_multiple_of(PAGE as u64) && len.is_multiple_of(PAGE));
+        let data = &buf.as_slice()[..len];
+        match &self.direct {
+            Some(direct) => {
+                let req = ReadReq {
+                    offset,
+                    len,
+                    buf_offset: 0,
+                };
+                engine.write(direct, &[req], buf)?;
+            }
+            None => self
+                .file
+                .write_all_at(data, offset)
+                .map_err(|e| Error::io(self.path.display(), e))?,
+        }
         self.crcs.record(offset, data);
         Ok(())
     }
@@ -112,6 +137,9 @@ impl OutFile {
         })
     }
 }
+
+/// Where a region's pages go: the engine and the output object.
+type Io<'a> = (&'a IoEngine, &'a OutFile);
 
 /// One region being appended to: where it starts, the whole pages written
 /// so far, and the bytes of a page not yet full.
@@ -134,21 +162,21 @@ impl RegionWriter {
     /// (`part` holds its rows) in whole-page writes.
     fn append(
         &mut self,
-        out: &OutFile,
+        io: Io<'_>,
         rows: &[u32],
         first: u64,
         part: &[u8],
         rb: usize,
     ) -> Result<()> {
-        self.append_rows(out, rows.len(), rb, |i, dst| {
+        self.append_rows(io, rows.len(), rb, |i, dst| {
             let src = (rows[i] as u64 - first) as usize * rb;
             dst.copy_from_slice(&part[src..src + rb]);
         })
     }
 
     /// Appends `bytes`, a whole number of rows, in whole-page writes.
-    fn append_bytes(&mut self, out: &OutFile, bytes: &[u8], rb: usize) -> Result<()> {
-        self.append_rows(out, bytes.len() / rb, rb, |i, dst| {
+    fn append_bytes(&mut self, io: Io<'_>, bytes: &[u8], rb: usize) -> Result<()> {
+        self.append_rows(io, bytes.len() / rb, rb, |i, dst| {
             dst.copy_from_slice(&bytes[i * rb..(i + 1) * rb]);
         })
     }
@@ -158,7 +186,7 @@ impl RegionWriter {
     /// waits in the carry.
     fn append_rows(
         &mut self,
-        out: &OutFile,
+        (engine, out): Io<'_>,
         n: usize,
         rb: usize,
         mut row: impl FnMut(usize, &mut [u8]),
@@ -179,7 +207,7 @@ impl RegionWriter {
                 let at = c + take * rb;
                 let full = at / PAGE * PAGE;
                 if full > 0 {
-                    out.write_pages(self.start + self.done, &stage.as_slice()[..full])?;
+                    out.write_pages(engine, self.start + self.done, stage, full)?;
                     self.done += full as u64;
                 }
                 self.carry.clear();
@@ -192,7 +220,7 @@ impl RegionWriter {
 
     /// Writes the last, partial page, padded with zeros (every region is
     /// a whole number of pages).
-    fn finish(&mut self, out: &OutFile) -> Result<()> {
+    fn finish(&mut self, (engine, out): Io<'_>) -> Result<()> {
         if self.carry.is_empty() {
             return Ok(());
         }
@@ -200,7 +228,7 @@ impl RegionWriter {
             let buf = &mut stage.as_mut_slice()[..PAGE];
             buf.fill(0);
             buf[..self.carry.len()].copy_from_slice(&self.carry);
-            out.write_pages(self.start + self.done, &stage.as_slice()[..PAGE])?;
+            out.write_pages(engine, self.start + self.done, stage, PAGE)?;
             self.done += PAGE as u64;
             self.carry.clear();
             Ok(())
@@ -274,6 +302,10 @@ struct SegmentWriters {
 
 /// Everything packing needs, borrowed from the plan.
 pub struct PackCtx<'a> {
+    /// Reads the feature file (O_DIRECT).
+    pub engine: &'a IoEngine,
+    /// Writes the regions (O_DIRECT), on rings of its own.
+    pub write_engine: &'a IoEngine,
     pub features: &'a FeatureSource,
     pub cache: &'a CacheMap,
     pub segments: &'a [SegmentPlan],
@@ -334,7 +366,7 @@ impl PackCtx<'_> {
                     .collect(),
             })
             .collect();
-        let reader = self.features.partition_reader()?;
+        let reader = self.features.partition_reader(self.engine)?;
         let figures = std::thread::scope(|s| -> Result<PassFigures> {
             let (to_dispatch, filled) = sync_channel::<PartitionBuf>(1);
             let (to_reader, empty) = sync_channel::<PartitionBuf>(2);
@@ -404,13 +436,13 @@ impl PackCtx<'_> {
         })?;
         for (w, out) in tiers.iter_mut().zip([self.gpu, self.cpu]) {
             if let Some(out) = out {
-                w.finish(out)?;
+                w.finish((self.write_engine, out))?;
             }
         }
         for ((w, out), seg) in writers.iter_mut().zip(self.seg_files).zip(self.segments) {
-            w.disk_cache.finish(out)?;
+            w.disk_cache.finish((self.write_engine, out))?;
             for c in &mut w.chunks {
-                c.finish(out)?;
+                c.finish((self.write_engine, out))?;
             }
             debug_assert!(w.disk_cache.done <= seg.dc_bytes);
         }
@@ -434,7 +466,9 @@ impl PackCtx<'_> {
             .par_iter_mut()
             .zip(self.seg_files)
             .zip(runs)
-            .try_for_each(|((w, out), run)| w.disk_cache.append_bytes(out, run, rb))?;
+            .try_for_each(|((w, out), run)| {
+                w.disk_cache.append_bytes((self.write_engine, out), run, rb)
+            })?;
         staging.partition = None;
         Ok(())
     }
@@ -465,7 +499,7 @@ impl PackCtx<'_> {
             match out {
                 Some(out) => {
                     let (a, b) = in_piece(rows);
-                    w.append(out, &rows[a..b], first, part, rb)
+                    w.append((self.write_engine, out), &rows[a..b], first, part, rb)
                 }
                 None => Ok(()),
             }
@@ -494,7 +528,7 @@ impl PackCtx<'_> {
                         for (rows, cw) in seg.packed.iter().zip(&mut w.chunks) {
                             let (a, b) = in_piece(rows);
                             if a < b {
-                                cw.append(out, &rows[a..b], first, part, rb)?;
+                                cw.append((self.write_engine, out), &rows[a..b], first, part, rb)?;
                             }
                         }
                         Ok(())

@@ -285,7 +285,7 @@ impl Default for PartitionBuf {
 /// costs a core; an object with ranged GETs.
 pub struct PartitionReader<'a> {
     source: &'a FeatureSource,
-    local: Option<(IoEngine, IoFile)>,
+    local: Option<(&'a IoEngine, IoFile)>,
 }
 
 impl<'a> PartitionReader<'a> {
@@ -353,13 +353,9 @@ impl<'a> PartitionReader<'a> {
 
 impl FeatureSource {
     /// A reader of whole partitions (see [`PartitionReader`]).
-    pub fn partition_reader(&self) -> Result<PartitionReader<'_>> {
+    pub fn partition_reader<'a>(&'a self, engine: &'a IoEngine) -> Result<PartitionReader<'a>> {
         let local = match self {
-            FeatureSource::Local { path, .. } => {
-                let engine = IoEngine::new(IoOptions::default());
-                let file = engine.open(path)?;
-                Some((engine, file))
-            }
+            FeatureSource::Local { path, .. } => Some((engine, engine.open(path)?)),
             FeatureSource::Remote { .. } => None,
         };
         Ok(PartitionReader {

@@ -109,6 +109,8 @@ pub struct IoFile {
     path: PathBuf,
     direct: bool,
     len: u64,
+    /// Opened by [`IoEngine::open_write`].
+    writable: bool,
 }
 
 impl IoFile {
@@ -383,6 +385,35 @@ impl IoEngine {
             path: path.to_path_buf(),
             direct: is_direct,
             len,
+            writable: false,
+        })
+    }
+
+    /// Opens an existing file for [`IoEngine::write`]: with O_DIRECT when the
+    /// options ask for it and the filesystem allows it (as [`IoEngine::open`]).
+    pub fn open_write(&self, path: &Path) -> Result<IoFile> {
+        let open = |direct: bool| {
+            let mut o = OpenOptions::new();
+            o.write(true);
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            o.open(path)
+        };
+        let (file, direct) = match self.opts.direct.then(|| open(true)) {
+            Some(Ok(file)) => (file, true),
+            Some(Err(e)) if e.raw_os_error() != Some(libc::EINVAL) => {
+                return Err(Error::io(path, e));
+            }
+            _ => (open(false).map_err(|e| Error::io(path, e))?, false),
+        };
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        Ok(IoFile {
+            file,
+            path: path.to_path_buf(),
+            direct,
+            len,
+            writable: true,
         })
     }
 
@@ -396,9 +427,33 @@ impl IoEngine {
     /// buffer's contents are then unspecified.
     pub fn read(&self, file: &IoFile, reqs: &[ReadReq], buf: &mut AlignedBuf) -> Result<u64> {
         check_requests(file, reqs, buf)?;
-        let batch = Arc::new(Batch::new(file));
-        let fd = file.file.as_raw_fd();
         let base = buf.as_mut_ptr();
+        // `buf` stays borrowed mutably until `submit` returns, after the last
+        // read into it.
+        self.submit(file, reqs, base, false)
+    }
+
+    /// Writes every request from `buf` (request i's bytes come from
+    /// `buf[req.buf_offset..][..req.len]` and go to the file at `req.offset`)
+    /// and returns the bytes written, spread over the rings like reads. The
+    /// file must come from [`IoEngine::open_write`]; on an O_DIRECT file the
+    /// requests are page-aligned. Returns once no write of this call is in
+    /// flight; the first error is returned.
+    pub fn write(&self, file: &IoFile, reqs: &[ReadReq], buf: &AlignedBuf) -> Result<u64> {
+        if !file.writable {
+            return Err(invalid(file, "was not opened for writing".into()));
+        }
+        check_requests(file, reqs, buf)?;
+        // The workers only read through this pointer for a write; `buf` stays
+        // borrowed until `submit` returns, after the last write from it.
+        let base = buf.as_slice().as_ptr().cast_mut();
+        self.submit(file, reqs, base, true)
+    }
+
+    /// Cuts the requests into pieces, queues them and waits for the last.
+    fn submit(&self, file: &IoFile, reqs: &[ReadReq], base: *mut u8, write: bool) -> Result<u64> {
+        let batch = Arc::new(Batch::new(file, write));
+        let fd = file.file.as_raw_fd();
         let mut pieces = Vec::with_capacity(reqs.len());
         let mut total = 0u64;
         for req in reqs {
@@ -423,8 +478,8 @@ impl IoEngine {
         }
         batch.remaining.store(pieces.len(), Ordering::Relaxed);
         self.queue.push(pieces);
-        // `buf` and `file` stay borrowed until every piece has finished: the
-        // kernel and the workers write through `dst` only before that.
+        // The buffer and `file` stay borrowed until every piece has finished:
+        // the kernel and the workers use `dst` only before that.
         batch.wait();
         match lock(&batch.error).take() {
             Some(e) => Err(e),
@@ -570,6 +625,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Batch {
     path: PathBuf,
     direct: bool,
+    /// Writes from the buffer rather than reads into it.
+    write: bool,
     remaining: AtomicUsize,
     failed: AtomicBool,
     error: Mutex<Option<Error>>,
@@ -578,10 +635,11 @@ struct Batch {
 }
 
 impl Batch {
-    fn new(file: &IoFile) -> Self {
+    fn new(file: &IoFile, write: bool) -> Self {
         Batch {
             path: file.path.clone(),
             direct: file.direct,
+            write,
             remaining: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
             error: Mutex::new(None),
@@ -635,11 +693,13 @@ struct Piece {
     batch: Arc<Batch>,
 }
 
-// SAFETY: `dst` points into the buffer of the `read` call that made the piece.
-// That call holds `&mut AlignedBuf` and the `&IoFile` behind `fd` and does not
-// return before the piece is finished, so the memory and the descriptor
-// outlive every use on the worker thread; `check_requests` makes the pieces'
-// destinations disjoint, so no two threads write the same bytes.
+// SAFETY: `dst` points into the buffer of the `read` (or `write`) call that
+// made the piece. That call holds the buffer (`&mut` for a read, `&` for a
+// write, which only reads through `dst`) and the `&IoFile` behind `fd`, and
+// does not return before the piece is finished, so the memory and the
+// descriptor outlive every use on the worker thread; `check_requests` makes
+// the pieces' ranges of the buffer disjoint, so no two threads write the
+// same bytes.
 unsafe impl Send for Piece {}
 
 /// What a completed read means for its piece.
@@ -681,18 +741,26 @@ impl Piece {
     }
 
     fn end_of_file(&self) -> Error {
+        let what = if self.batch.write {
+            format!(
+                "the disk took no more bytes at offset {}, {} short of the write of {} bytes at offset {}",
+                self.next_offset(),
+                self.remaining(),
+                self.len,
+                self.offset
+            )
+        } else {
+            format!(
+                "end of file at offset {}, {} bytes short of the read of {} bytes at offset {}",
+                self.next_offset(),
+                self.remaining(),
+                self.len,
+                self.offset
+            )
+        };
         Error::io(
             &self.batch.path,
-            io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "end of file at offset {}, {} bytes short of the read of {} bytes at offset {}",
-                    self.next_offset(),
-                    self.remaining(),
-                    self.len,
-                    self.offset
-                ),
-            ),
+            io::Error::new(io::ErrorKind::UnexpectedEof, what),
         )
     }
 
@@ -790,12 +858,21 @@ fn pread_piece(piece: &mut Piece) {
         // the caller's buffer and belong to this piece alone (see `Piece`);
         // `fd` is open; the offset fits `off_t` (`check_requests`).
         let n = unsafe {
-            libc::pread(
-                piece.fd,
-                piece.next_dst().cast(),
-                piece.remaining(),
-                piece.next_offset() as libc::off_t,
-            )
+            if piece.batch.write {
+                libc::pwrite(
+                    piece.fd,
+                    piece.next_dst().cast_const().cast(),
+                    piece.remaining(),
+                    piece.next_offset() as libc::off_t,
+                )
+            } else {
+                libc::pread(
+                    piece.fd,
+                    piece.next_dst().cast(),
+                    piece.remaining(),
+                    piece.next_offset() as libc::off_t,
+                )
+            }
         };
         if n < 0 {
             let e = io::Error::last_os_error();
@@ -893,14 +970,17 @@ fn uring_worker(mut ring: IoUring, depth: usize, queue: &WorkQueue) {
 
 /// Puts the read of a piece's remainder on the ring's submission queue.
 fn queue_read(ring: &mut IoUring, slot: usize, piece: &Piece) {
-    let entry = opcode::Read::new(
-        types::Fd(piece.fd),
-        piece.next_dst(),
-        // A piece is at most MAX_PIECE (1 MiB) long.
-        piece.remaining() as u32,
-    )
-    .offset(piece.next_offset())
-    .build()
+    // A piece is at most MAX_PIECE (1 MiB) long.
+    let len = piece.remaining() as u32;
+    let entry = if piece.batch.write {
+        opcode::Write::new(types::Fd(piece.fd), piece.next_dst().cast_const(), len)
+            .offset(piece.next_offset())
+            .build()
+    } else {
+        opcode::Read::new(types::Fd(piece.fd), piece.next_dst(), len)
+            .offset(piece.next_offset())
+            .build()
+    }
     .user_data(slot as u64);
     loop {
         // SAFETY: the read writes at most `remaining()` bytes at `next_dst()`,
@@ -1352,6 +1432,48 @@ mod tests {
         });
     }
 
+    fn writes_land_where_asked(backend: Backend) {
+        let Some(engine) = engine(backend, 2, 4) else {
+            return;
+        };
+        let fx = fixture(3 << 20, 21);
+        // Scattered page-aligned writes of random bytes, some longer than a
+        // piece, then everything read back.
+        let mut rng = Pcg64::seed_from_u64(5);
+        let (reqs, len) = random_requests(&mut rng, fx.bytes.len() / PAGE, 12);
+        // Requests may overlap in the file: keep the first of overlapping ones.
+        let mut taken = vec![false; fx.bytes.len() / PAGE];
+        let reqs: Vec<ReadReq> = reqs
+            .into_iter()
+            .filter(|r| {
+                let pages = r.offset as usize / PAGE..(r.offset as usize + r.len) / PAGE;
+                let free = pages.clone().all(|p| !taken[p]);
+                if free {
+                    pages.for_each(|p| taken[p] = true);
+                }
+                free
+            })
+            .collect();
+        let mut src = AlignedBuf::new(len);
+        rng.fill_bytes(src.as_mut_slice());
+        let file = engine.open_write(&fx.path).expect("opening for writing");
+        let written = engine.write(&file, &reqs, &src).expect("writing");
+        assert_eq!(written, reqs.iter().map(|r| r.len as u64).sum::<u64>());
+        let mut want = fx.bytes.clone();
+        for r in &reqs {
+            want[r.offset as usize..][..r.len]
+                .copy_from_slice(&src.as_slice()[r.buf_offset..][..r.len]);
+        }
+        assert!(
+            std::fs::read(&fx.path).unwrap() == want,
+            "the file holds what was written"
+        );
+        // A file opened for reading refuses writes.
+        let read_only = open(&engine, &fx);
+        let err = message(engine.write(&read_only, &reqs, &src));
+        assert!(err.contains("not opened for writing"), "{err}");
+    }
+
     macro_rules! both_backends {
         ($($case:ident),* $(,)?) => {
             mod on_io_uring {
@@ -1364,6 +1486,7 @@ mod tests {
     }
 
     both_backends!(
+        writes_land_where_asked,
         random_requests_match_file,
         whole_file_in_one_request,
         reads_at_end_of_file,
