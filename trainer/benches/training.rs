@@ -52,9 +52,10 @@ fn load_only(
     let started = Instant::now();
     let (mut disk_bytes, mut disk_rows) = (0, 0);
     for &r in order {
-        let loaded = pipeline::load(layout, engine, &src.load, r, &mut buf)?;
+        let loaded = pipeline::load(layout, engine, &src.load, r, buf)?;
         disk_bytes += loaded.disk_bytes;
         disk_rows += loaded.disk_rows;
+        buf = loaded.buf;
     }
     Ok(LoadFigure {
         seconds: started.elapsed().as_secs_f64(),
@@ -72,7 +73,7 @@ fn input_path(
 ) -> anyhow::Result<f64> {
     let src = sources(layout, engine, cfg)?;
     let started = Instant::now();
-    pipeline::run_batches(layout, engine, &src, order, true, cfg.queue_depth, |_| {
+    pipeline::run_batches(layout, engine, &src, order, cfg.pipeline_options(), |_| {
         Ok(())
     })?;
     Ok(started.elapsed().as_secs_f64())
@@ -133,6 +134,7 @@ fn main() -> anyhow::Result<()> {
         features,
         pipelined,
         queue_depth: 2,
+        loaders: 2,
         metrics: None,
         checkpoint_dir: None,
         resume: false,

@@ -117,6 +117,9 @@ pub struct TrainArgs {
     /// Depth of the queues between pipeline stages.
     #[arg(long, default_value_t = 2)]
     pub queue_depth: usize,
+    /// Loader threads: batches whose disk reads are in flight at once.
+    #[arg(long, default_value_t = 2)]
+    pub loaders: usize,
     /// io_uring rings.
     #[arg(long, default_value_t = 4)]
     pub io_rings: usize,
@@ -197,6 +200,7 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         },
         pipelined: a.pipeline == OnOff::On,
         queue_depth: a.queue_depth,
+        loaders: a.loaders,
         metrics: a.metrics,
         checkpoint_dir: a.checkpoint_dir,
         resume: a.resume,

@@ -11,7 +11,8 @@
 //! queues always belong to the same batch. With the pipeline off, one thread
 //! runs the same stage functions in sequence — same inputs, same results.
 
-use std::sync::mpsc::sync_channel;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use offgnn_manifests::BatchRef;
@@ -46,21 +47,32 @@ pub struct LoadSources {
     pub raw_tail: Option<std::fs::File>,
 }
 
-/// What feature assembly needs: the cache tensors, owned by the assembling
-/// thread (tensors may move between threads but not be shared).
+/// What feature assembly needs. On CUDA: the GPU cache on the device and
+/// the CPU cache as a pinned host tensor, gathered by torch. On the CPU:
+/// the caches as plain host rows, gathered by this crate's own copies (no
+/// torch threads racing the model step's for the same cores).
 pub struct AssembleSources {
     pub mode: FeatureMode,
     pub device: Device,
     /// Element kind of the stored features (Float or Half).
     pub kind: Kind,
     pub dim: i64,
+    pub row_bytes: usize,
     pub gpu_cache: Option<Tensor>,
     pub cpu_cache: Option<Tensor>,
     pub memory: Option<Tensor>,
+    /// Host rows of the GPU cache, the CPU cache and (memory mode) every
+    /// node, on the CPU device.
+    pub gpu_rows: Option<Arc<Vec<u8>>>,
+    pub cpu_rows: Option<Arc<Vec<u8>>>,
+    pub all_rows: Option<Arc<Vec<u8>>>,
+    /// Host matrices kept for the next batches: a batch's input matrix is
+    /// hundreds of MB, and fresh memory costs page faults every time.
+    pub spare: Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
 impl AssembleSources {
-    /// Another handle on the same tensors (no copy).
+    /// Another handle on the same tensors and rows (no copy).
     pub fn share(&self) -> AssembleSources {
         let clone = |t: &Option<Tensor>| t.as_ref().map(Tensor::shallow_clone);
         AssembleSources {
@@ -68,9 +80,14 @@ impl AssembleSources {
             device: self.device,
             kind: self.kind,
             dim: self.dim,
+            row_bytes: self.row_bytes,
             gpu_cache: clone(&self.gpu_cache),
             cpu_cache: clone(&self.cpu_cache),
             memory: clone(&self.memory),
+            gpu_rows: self.gpu_rows.clone(),
+            cpu_rows: self.cpu_rows.clone(),
+            all_rows: self.all_rows.clone(),
+            spare: Arc::clone(&self.spare),
         }
     }
 }
@@ -81,12 +98,15 @@ pub struct Sources {
     pub assemble: AssembleSources,
 }
 
-/// Output of feature loading.
+/// Output of feature loading: the pages read, where each row read from disk
+/// sits in them, and the table.
 pub struct Loaded {
     pub table: BatchTable,
-    /// Rows read from disk, packed densely, and the input row each fills.
-    pub rows: Vec<u8>,
-    pub positions: Vec<i64>,
+    /// The batch's reads, back to back (disk-cache page runs, then its packed
+    /// chunk; naive mode: each row's pages).
+    pub buf: AlignedBuf,
+    /// `(input position, byte offset in buf)` of every row read from disk.
+    pub disk: Vec<(u32, usize)>,
     pub disk_bytes: u64,
     pub disk_rows: u64,
 }
@@ -111,21 +131,23 @@ pub struct StageTimes {
 }
 
 /// Stage 1: the batch's table, then its disk reads — page runs of the
-/// segment's disk cache and its packed chunk, submitted together.
+/// segment's disk cache and its packed chunk, submitted together — into
+/// `buf`, which the result carries on (loaders hand buffers round, so
+/// after the first batches no memory is fresh).
 pub fn load(
     layout: &Layout,
     engine: &IoEngine,
     src: &LoadSources,
     r: BatchRef,
-    buf: &mut AlignedBuf,
+    mut buf: AlignedBuf,
 ) -> Result<Loaded> {
     let table = layout.record(r.segment, r.record)?;
     let rb = src.row_bytes;
     match src.mode {
         FeatureMode::Memory => Ok(Loaded {
             table,
-            rows: Vec::new(),
-            positions: Vec::new(),
+            buf,
+            disk: Vec::new(),
             disk_bytes: 0,
             disk_rows: 0,
         }),
@@ -150,26 +172,21 @@ pub fn load(
                 at += table.chunk_len as usize;
             }
             buf.resize(at);
-            let disk_bytes = engine.read(&layout.segments[r.segment as usize], &reqs, buf)?;
-            let data = buf.as_slice();
-            let n = table.disk_pos.len() + table.packed_pos.len();
-            let mut rows = Vec::with_capacity(n * rb);
-            let mut positions = Vec::with_capacity(n);
+            let disk_bytes = engine.read(&layout.segments[r.segment as usize], &reqs, &mut buf)?;
+            let mut disk = Vec::with_capacity(table.disk_pos.len() + table.packed_pos.len());
             for (&p, &off) in table.disk_pos.iter().zip(&table.disk_offset) {
-                rows.extend_from_slice(&data[off as usize..off as usize + rb]);
-                positions.push(p as i64);
+                disk.push((p, off as usize));
             }
             for (&p, &row) in table.packed_pos.iter().zip(&table.packed_row) {
-                let off = chunk_base + row as usize * rb;
-                rows.extend_from_slice(&data[off..off + rb]);
-                positions.push(p as i64);
+                disk.push((p, chunk_base + row as usize * rb));
             }
+            let disk_rows = disk.len() as u64;
             Ok(Loaded {
                 table,
-                rows,
-                positions,
+                buf,
+                disk,
                 disk_bytes,
-                disk_rows: n as u64,
+                disk_rows,
             })
         }
         FeatureMode::Naive => {
@@ -178,17 +195,17 @@ pub fn load(
             })?;
             let file_len = file.len();
             // One aligned read per needed row: the pages that hold it.
-            let mut reqs = Vec::with_capacity(table.input_nodes.len());
-            let mut starts = Vec::with_capacity(table.input_nodes.len());
+            let n = table.input_nodes.len();
+            let mut reqs = Vec::with_capacity(n);
+            let mut disk = Vec::with_capacity(n);
             let mut tail_rows = Vec::new();
             let mut at = 0usize;
             for (i, &v) in table.input_nodes.iter().enumerate() {
                 let start = data_offset + v as u64 * rb as u64;
                 let first = start / 4096 * 4096;
                 let end = (start + rb as u64).div_ceil(4096) * 4096;
-                if end > file_len {
+                if file.is_direct() && end > file_len {
                     tail_rows.push((i, start));
-                    starts.push(usize::MAX);
                     continue;
                 }
                 reqs.push(ReadReq {
@@ -196,37 +213,33 @@ pub fn load(
                     len: (end - first) as usize,
                     buf_offset: at,
                 });
-                starts.push(at + (start - first) as usize);
+                disk.push((i as u32, at + (start - first) as usize));
                 at += (end - first) as usize;
             }
-            buf.resize(at);
-            let mut disk_bytes = engine.read(file, &reqs, buf)?;
-            let data = buf.as_slice();
-            let mut rows = vec![0u8; starts.len() * rb];
-            for (i, &s) in starts.iter().enumerate() {
-                if s != usize::MAX {
-                    rows[i * rb..(i + 1) * rb].copy_from_slice(&data[s..s + rb]);
-                }
-            }
+            // Rows in the file's short last page are read buffered, after
+            // the rest in the same buffer.
+            buf.resize(at + tail_rows.len() * rb);
+            let mut disk_bytes = engine.read(file, &reqs, &mut buf)?;
             if !tail_rows.is_empty() {
                 let tail = src.raw_tail.as_ref().ok_or_else(|| {
                     Error::InvalidArgument("naive mode without a feature file".into())
                 })?;
-                for (i, start) in tail_rows {
+                for (k, (i, start)) in tail_rows.into_iter().enumerate() {
+                    let off = at + k * rb;
                     std::os::unix::fs::FileExt::read_exact_at(
                         tail,
-                        &mut rows[i * rb..(i + 1) * rb],
+                        &mut buf.as_mut_slice()[off..off + rb],
                         start,
                     )
                     .map_err(|e| Error::io(file.path().display(), e))?;
                     disk_bytes += 4096;
+                    disk.push((i as u32, off));
                 }
             }
-            let n = starts.len();
             Ok(Loaded {
                 table,
-                rows,
-                positions: (0..n as i64).collect(),
+                buf,
+                disk,
                 disk_bytes,
                 disk_rows: n as u64,
             })
@@ -239,49 +252,117 @@ fn index(v: &[u32], device: Device) -> Tensor {
     Tensor::from_slice(&v).to_device(device)
 }
 
+/// Host matrices kept for reuse (one per stage that may hold one, and one
+/// more).
+const MAX_SPARE: usize = 3;
+
+/// A dense `[n, d]` host matrix whose rows `fill` writes (every one of
+/// them: a reused buffer's stale bytes never show).
+fn host_matrix(
+    src: &AssembleSources,
+    n: usize,
+    fill: impl FnOnce(&mut [u8]) -> Result<()>,
+) -> Result<Tensor> {
+    let spare = || src.spare.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut host = spare().pop().unwrap_or_default();
+    host.resize(n * src.row_bytes, 0);
+    let x = fill(&mut host).and_then(|()| {
+        Ok(Tensor::f_from_data_size(
+            &host,
+            &[n as i64, src.dim],
+            src.kind,
+        )?)
+    });
+    let mut pool = spare();
+    if pool.len() < MAX_SPARE {
+        pool.push(host);
+    }
+    x
+}
+
+/// Copies the rows `slots` of `from` to input positions `pos` of `out`.
+fn gather(out: &mut [u8], pos: &[u32], from: &[u8], slots: &[u32], rb: usize) {
+    for (&p, &s) in pos.iter().zip(slots) {
+        let (d, f) = (p as usize * rb, s as usize * rb);
+        out[d..d + rb].copy_from_slice(&from[f..f + rb]);
+    }
+}
+
 /// Stage 2: one `[inputs, d]` float tensor on the device from the GPU
 /// cache, the CPU cache and the loaded rows (DiskGNN §4, feature assembling).
 pub fn assemble(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])> {
     let t = &l.table;
-    let n = t.num_inputs as i64;
-    let x = match src.mode {
-        FeatureMode::Memory => {
-            let feats = src
-                .memory
-                .as_ref()
-                .ok_or_else(|| Error::InvalidArgument("memory mode without features".into()))?;
+    let n = t.num_inputs as usize;
+    let rb = src.row_bytes;
+    let missing = |what: &str| Error::InvalidArgument(format!("{what} mode without its rows"));
+    let loaded = |out: &mut [u8]| {
+        let data = l.buf.as_slice();
+        for &(p, off) in &l.disk {
+            let d = p as usize * rb;
+            out[d..d + rb].copy_from_slice(&data[off..off + rb]);
+        }
+    };
+    let x = match (src.mode, src.device) {
+        (FeatureMode::Naive, _) => host_matrix(src, n, |out| {
+            loaded(out);
+            Ok(())
+        })?
+        .to_device(src.device),
+        (FeatureMode::Memory, Device::Cpu) => {
+            let all = src.all_rows.as_ref().ok_or_else(|| missing("memory"))?;
+            host_matrix(src, n, |out| {
+                let positions: Vec<u32> = (0..n as u32).collect();
+                gather(out, &positions, all, &t.input_nodes, rb);
+                Ok(())
+            })?
+        }
+        (FeatureMode::Memory, device) => {
+            let feats = src.memory.as_ref().ok_or_else(|| missing("memory"))?;
             feats
                 .index_select(0, &index(&t.input_nodes, Device::Cpu))
-                .to_device(src.device)
+                .to_device(device)
         }
-        FeatureMode::Naive => {
-            Tensor::f_from_data_size(&l.rows, &[n, src.dim], src.kind)?.to_device(src.device)
-        }
-        FeatureMode::Packed => {
-            let mut out = Tensor::zeros([n, src.dim], (src.kind, src.device));
-            if let Some(gpu) = &src.gpu_cache
-                && !t.gpu_pos.is_empty()
-            {
-                let rows = gpu.index_select(0, &index(&t.gpu_slot, src.device));
-                let _ = out.index_copy_(0, &index(&t.gpu_pos, src.device), &rows);
+        (FeatureMode::Packed, Device::Cpu) => host_matrix(src, n, |out| {
+            for (rows, pos, slots) in [
+                (&src.gpu_rows, &t.gpu_pos, &t.gpu_slot),
+                (&src.cpu_rows, &t.cpu_pos, &t.cpu_slot),
+            ] {
+                if !pos.is_empty() {
+                    let rows = rows.as_ref().ok_or_else(|| missing("cache"))?;
+                    gather(out, pos, rows, slots, rb);
+                }
             }
-            if let Some(cpu) = &src.cpu_cache
-                && !t.cpu_pos.is_empty()
-            {
+            loaded(out);
+            Ok(())
+        })?,
+        (FeatureMode::Packed, device) => {
+            // Every row is written below: no need to zero the matrix first.
+            let mut out = Tensor::empty([n as i64, src.dim], (src.kind, device));
+            if !t.gpu_pos.is_empty() {
+                let gpu = src.gpu_cache.as_ref().ok_or_else(|| missing("cache"))?;
+                let rows = gpu.index_select(0, &index(&t.gpu_slot, device));
+                let _ = out.index_copy_(0, &index(&t.gpu_pos, device), &rows);
+            }
+            if !t.cpu_pos.is_empty() {
+                let cpu = src.cpu_cache.as_ref().ok_or_else(|| missing("cache"))?;
                 let rows = cpu
                     .index_select(0, &index(&t.cpu_slot, Device::Cpu))
-                    .to_device(src.device);
-                let _ = out.index_copy_(0, &index(&t.cpu_pos, src.device), &rows);
+                    .to_device(device);
+                let _ = out.index_copy_(0, &index(&t.cpu_pos, device), &rows);
             }
-            if !l.positions.is_empty() {
-                let k = l.positions.len() as i64;
-                let rows = Tensor::f_from_data_size(&l.rows, &[k, src.dim], src.kind)?
-                    .to_device(src.device);
-                let _ = out.index_copy_(
-                    0,
-                    &Tensor::from_slice(&l.positions).to_device(src.device),
-                    &rows,
-                );
+            if !l.disk.is_empty() {
+                let data = l.buf.as_slice();
+                let mut rows = Vec::with_capacity(l.disk.len() * rb);
+                let mut positions = Vec::with_capacity(l.disk.len());
+                for &(p, off) in &l.disk {
+                    rows.extend_from_slice(&data[off..off + rb]);
+                    positions.push(p as i64);
+                }
+                let k = l.disk.len() as i64;
+                let rows =
+                    Tensor::f_from_data_size(&rows, &[k, src.dim], src.kind)?.to_device(device);
+                let _ =
+                    out.index_copy_(0, &Tensor::from_slice(&positions).to_device(device), &rows);
             }
             out
         }
@@ -312,24 +393,35 @@ pub fn graph(t: &BatchTable, device: Device) -> (Vec<BlockTensors>, Tensor) {
     (blocks, index(&t.labels, device))
 }
 
+/// How batches flow through the stages.
+#[derive(Clone, Copy, Debug)]
+pub struct PipelineOptions {
+    /// Stages on their own threads (else in sequence on the caller's).
+    pub pipelined: bool,
+    /// Batches a queue between two stages holds.
+    pub queue_depth: usize,
+    /// Loader threads: each reads every `loaders`-th batch, so this many
+    /// batches' reads are in flight while tables decode and rows unpack.
+    pub loaders: usize,
+}
+
 /// Runs `step` on every batch of `order`, with the stages pipelined over
-/// threads (queue depth `depth`) or in sequence on this thread.
+/// threads or in sequence on this thread.
 pub fn run_batches(
     layout: &Layout,
     engine: &IoEngine,
     src: &Sources,
     order: &[BatchRef],
-    pipelined: bool,
-    depth: usize,
+    opts: PipelineOptions,
     mut step: impl FnMut(Ready) -> Result<()>,
 ) -> Result<StageTimes> {
     let mut times = StageTimes::default();
     let secs = |d: Duration| d.as_secs_f64();
-    if !pipelined {
-        let mut buf = AlignedBuf::new(0);
+    if !opts.pipelined {
+        let mut spare = AlignedBuf::new(0);
         for &r in order {
             let t = Instant::now();
-            let loaded = load(layout, engine, &src.load, r, &mut buf)?;
+            let loaded = load(layout, engine, &src.load, r, spare)?;
             times.load += secs(t.elapsed());
             let t = Instant::now();
             let (x, tiers) = assemble(&src.assemble, &loaded)?;
@@ -347,40 +439,60 @@ pub fn run_batches(
                 tiers,
             })?;
             times.model += secs(t.elapsed());
+            spare = loaded.buf;
         }
         return Ok(times);
     }
-    let depth = depth.max(1);
+    let depth = opts.queue_depth.max(1);
+    let loaders = opts.loaders.clamp(1, order.len().max(1));
     let (load_src, asm_src, device) = (&src.load, src.assemble.share(), src.assemble.device);
     std::thread::scope(|s| -> Result<StageTimes> {
-        let (to_assemble, from_load) = sync_channel::<Loaded>(depth);
-        let (to_graph, graph_in) = sync_channel::<BatchTable>(depth);
+        // Loader j takes batches j, j + L, j + 2L, ...; the assembler and
+        // the graph loader read the loaders' queues in turn, so batches
+        // keep their order. Buffers go back to their loader once assembled.
+        let mut to_assemble: Vec<Receiver<Loaded>> = Vec::new();
+        let mut to_graph: Vec<Receiver<BatchTable>> = Vec::new();
+        let mut recycle: Vec<SyncSender<AlignedBuf>> = Vec::new();
+        let mut handles = Vec::new();
+        for j in 0..loaders {
+            let (loaded_tx, loaded_rx) = sync_channel::<Loaded>(depth);
+            let (graph_tx, graph_rx) = sync_channel::<BatchTable>(depth);
+            let (spare_tx, spare_rx) = sync_channel::<AlignedBuf>(depth + 2);
+            to_assemble.push(loaded_rx);
+            to_graph.push(graph_rx);
+            recycle.push(spare_tx);
+            handles.push(s.spawn(move || -> Result<f64> {
+                let mut busy = 0.0;
+                for &r in order.iter().skip(j).step_by(loaders) {
+                    let buf = spare_rx.try_recv().unwrap_or_else(|_| AlignedBuf::new(0));
+                    let t = Instant::now();
+                    let mut loaded = load(layout, engine, load_src, r, buf)?;
+                    busy += secs(t.elapsed());
+                    let topology = BatchTable {
+                        labels: std::mem::take(&mut loaded.table.labels),
+                        blocks: std::mem::take(&mut loaded.table.blocks),
+                        ..Default::default()
+                    };
+                    if graph_tx.send(topology).is_err() || loaded_tx.send(loaded).is_err() {
+                        break;
+                    }
+                }
+                Ok(busy)
+            }));
+        }
         let (to_model_x, model_x) = sync_channel::<(Tensor, [u64; 3], u64, u64)>(depth);
         let (to_model_g, model_g) = sync_channel::<(Vec<BlockTensors>, Tensor)>(depth);
-        let loader = s.spawn(move || -> Result<f64> {
-            let mut busy = 0.0;
-            let mut buf = AlignedBuf::new(0);
-            for &r in order {
-                let t = Instant::now();
-                let mut loaded = load(layout, engine, load_src, r, &mut buf)?;
-                busy += secs(t.elapsed());
-                let topology = BatchTable {
-                    labels: std::mem::take(&mut loaded.table.labels),
-                    blocks: std::mem::take(&mut loaded.table.blocks),
-                    ..Default::default()
-                };
-                if to_graph.send(topology).is_err() || to_assemble.send(loaded).is_err() {
-                    break;
-                }
-            }
-            Ok(busy)
-        });
+        let n = order.len();
         let assembler = s.spawn(move || -> Result<f64> {
             let mut busy = 0.0;
-            for loaded in from_load {
+            for k in 0..n {
+                let Ok(loaded) = to_assemble[k % loaders].recv() else {
+                    break; // a loader stopped; its error is collected below
+                };
                 let t = Instant::now();
                 let (x, tiers) = assemble(&asm_src, &loaded)?;
                 busy += secs(t.elapsed());
+                let _ = recycle[k % loaders].try_send(loaded.buf);
                 if to_model_x
                     .send((x, tiers, loaded.disk_bytes, loaded.disk_rows))
                     .is_err()
@@ -392,7 +504,10 @@ pub fn run_batches(
         });
         let grapher = s.spawn(move || -> f64 {
             let mut busy = 0.0;
-            for t in graph_in {
+            for k in 0..n {
+                let Ok(t) = to_graph[k % loaders].recv() else {
+                    break;
+                };
                 let start = Instant::now();
                 let out = graph(&t, device);
                 busy += secs(start.elapsed());
@@ -404,7 +519,7 @@ pub fn run_batches(
         });
         let mut model_busy = 0.0;
         let mut result = Ok(());
-        for _ in order {
+        for _ in 0..n {
             let (Ok((x, tiers, disk_bytes, disk_rows)), Ok((blocks, labels))) =
                 (model_x.recv(), model_g.recv())
             else {
@@ -426,9 +541,18 @@ pub fn run_batches(
         }
         drop(model_x);
         drop(model_g);
-        let load = loader.join().expect("the loader does not panic")?;
-        let assemble = assembler.join().expect("the assembler does not panic")?;
+        let assemble = assembler.join().expect("the assembler does not panic");
         let graph = grapher.join().expect("the graph loader does not panic");
+        let mut load = 0.0;
+        let mut loader_error = Ok(());
+        for h in handles {
+            match h.join().expect("a loader does not panic") {
+                Ok(busy) => load += busy,
+                Err(e) => loader_error = loader_error.and(Err(e)),
+            }
+        }
+        loader_error?;
+        let assemble = assemble?;
         result?;
         Ok(StageTimes {
             load,

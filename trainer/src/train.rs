@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use offgnn_manifests::BatchRef;
@@ -42,6 +43,8 @@ pub struct TrainConfig {
     pub features: FeatureMode,
     pub pipelined: bool,
     pub queue_depth: usize,
+    /// Loader threads of the pipeline (batches whose reads are in flight).
+    pub loaders: usize,
     pub metrics: Option<PathBuf>,
     pub checkpoint_dir: Option<PathBuf>,
     pub resume: bool,
@@ -54,6 +57,16 @@ pub struct TrainConfig {
     /// Fail as if killed after this many training batches of this process,
     /// just after any checkpoint due there (tests of resume).
     pub interrupt_after: Option<u64>,
+}
+
+impl TrainConfig {
+    pub fn pipeline_options(&self) -> pipeline::PipelineOptions {
+        pipeline::PipelineOptions {
+            pipelined: self.pipelined,
+            queue_depth: self.queue_depth,
+            loaders: self.loaders,
+        }
+    }
 }
 
 /// One epoch's figures; also the JSON line written to --metrics.
@@ -159,17 +172,17 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
         }
     };
     let dim = m.dataset.feature_dim as i64;
-    let tier = |t: &offgnn_manifests::Tier, device: Device, pin: bool| -> Result<Option<Tensor>> {
-        let Some(object) = &t.object else {
-            return Ok(None);
-        };
-        let bytes = layout.read_cache(object, t.rows)?;
-        let cpu = Tensor::f_from_data_size(&bytes, &[t.rows as i64, dim], kind)?;
-        Ok(Some(match device {
-            Device::Cpu if pin && cfg.device.is_cuda() => cpu.pin_memory(cfg.device),
-            Device::Cpu => cpu,
-            d => cpu.to_device(d),
-        }))
+    let on_cpu = cfg.device == Device::Cpu;
+    // On the CPU the caches stay plain rows; on CUDA the GPU cache goes to
+    // the device and the CPU cache into pinned host memory (DiskGNN §4).
+    let cache = |t: &offgnn_manifests::Tier| -> Result<Option<Vec<u8>>> {
+        t.object
+            .as_ref()
+            .map(|object| layout.read_cache(object, t.rows))
+            .transpose()
+    };
+    let tensor = |bytes: &[u8], rows: u64| -> Result<Tensor> {
+        Ok(Tensor::f_from_data_size(bytes, &[rows as i64, dim], kind)?)
     };
     let mut load = LoadSources {
         mode: cfg.features,
@@ -182,14 +195,29 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
         device: cfg.device,
         kind,
         dim,
+        row_bytes: m.dataset.row_bytes as usize,
         gpu_cache: None,
         cpu_cache: None,
         memory: None,
+        gpu_rows: None,
+        cpu_rows: None,
+        all_rows: None,
+        spare: Arc::default(),
     };
     match cfg.features {
         FeatureMode::Packed => {
-            asm.gpu_cache = tier(&m.gpu_cache, cfg.device, false)?;
-            asm.cpu_cache = tier(&m.cpu_cache, Device::Cpu, true)?;
+            let (gpu, cpu) = (cache(&m.gpu_cache)?, cache(&m.cpu_cache)?);
+            if on_cpu {
+                asm.gpu_rows = gpu.map(Arc::new);
+                asm.cpu_rows = cpu.map(Arc::new);
+            } else {
+                asm.gpu_cache = gpu
+                    .map(|b| tensor(&b, m.gpu_cache.rows).map(|t| t.to_device(cfg.device)))
+                    .transpose()?;
+                asm.cpu_cache = cpu
+                    .map(|b| tensor(&b, m.cpu_cache.rows).map(|t| t.pin_memory(cfg.device)))
+                    .transpose()?;
+            }
         }
         FeatureMode::Naive | FeatureMode::Memory => {
             let path = PathBuf::from(&m.dataset.feature_location);
@@ -208,7 +236,11 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
                 let n = m.dataset.num_nodes;
                 let mut bytes = vec![0u8; (n * m.dataset.row_bytes) as usize];
                 npy.read_data_at(0, &mut bytes)?;
-                asm.memory = Some(Tensor::f_from_data_size(&bytes, &[n as i64, dim], kind)?);
+                if on_cpu {
+                    asm.all_rows = Some(Arc::new(bytes));
+                } else {
+                    asm.memory = Some(tensor(&bytes, n)?);
+                }
             }
         }
     }
@@ -429,8 +461,7 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
             engine,
             &src,
             &order[skip..],
-            cfg.pipelined,
-            cfg.queue_depth,
+            cfg.pipeline_options(),
             |r: Ready| {
                 tch::manual_seed(batch_seed(cfg.seed, t, p.batches));
                 let logits = net.forward(&r.x, &r.blocks, true);
@@ -502,8 +533,7 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
                     engine,
                     &src,
                     refs,
-                    cfg.pipelined,
-                    cfg.queue_depth,
+                    cfg.pipeline_options(),
                     |r: Ready| {
                         let (cc, nn) = accuracy(&net.forward(&r.x, &r.blocks, false), &r.labels);
                         c += cc;

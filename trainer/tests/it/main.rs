@@ -12,7 +12,7 @@ use packer::sizes::Budget;
 use sampler::sample_run::{SampleConfig, run};
 use trainer::layout::Layout;
 use trainer::model::{ModelConfig, ModelKind};
-use trainer::pipeline::{self, AssembleSources, FeatureMode, LoadSources, Sources};
+use trainer::pipeline::{self, FeatureMode};
 use trainer::staging;
 use trainer::train::{TrainConfig, train};
 
@@ -123,6 +123,7 @@ fn config(kind: ModelKind) -> TrainConfig {
         features: FeatureMode::Packed,
         pipelined: true,
         queue_depth: 2,
+        loaders: 2,
         metrics: None,
         checkpoint_dir: None,
         resume: false,
@@ -211,63 +212,49 @@ fn feature_modes_agree(e: IoEngine) {
     let layout = open(&f, &e);
     let m = &layout.manifest;
     let refs: Vec<_> = m.schedule.values().flatten().flatten().copied().collect();
-    let make = |mode: FeatureMode| -> Sources {
-        let kind = tch::Kind::Float;
-        let dim = 32;
-        let read = |t: &offgnn_manifests::Tier| {
-            t.object.as_ref().map(|o| {
-                tch::Tensor::from_data_size(
-                    &layout.read_cache(o, t.rows).unwrap(),
-                    &[t.rows as i64, dim],
-                    kind,
-                )
-            })
-        };
-        let npy = offgnn_shared::npy::NpyFile::open(&m.dataset.feature_location).unwrap();
-        let mut all = vec![0u8; (m.dataset.num_nodes * m.dataset.row_bytes) as usize];
-        npy.read_data_at(0, &mut all).unwrap();
-        Sources {
-            load: LoadSources {
-                mode,
-                row_bytes: m.dataset.row_bytes as usize,
-                raw: Some((
-                    e.open(std::path::Path::new(&m.dataset.feature_location))
-                        .unwrap(),
-                    npy.header().data_offset,
-                )),
-                raw_tail: Some(std::fs::File::open(&m.dataset.feature_location).unwrap()),
+    let make = |features: FeatureMode| {
+        trainer::train::sources(
+            &layout,
+            &e,
+            &TrainConfig {
+                features,
+                ..config(ModelKind::Sage)
             },
-            assemble: AssembleSources {
-                mode,
-                device: tch::Device::Cpu,
-                kind,
-                dim,
-                gpu_cache: read(&m.gpu_cache),
-                cpu_cache: read(&m.cpu_cache),
-                memory: Some(tch::Tensor::from_data_size(
-                    &all,
-                    &[m.dataset.num_nodes as i64, dim],
-                    kind,
-                )),
-            },
-        }
+        )
+        .unwrap()
     };
     let modes = [
         make(FeatureMode::Packed),
         make(FeatureMode::Naive),
         make(FeatureMode::Memory),
     ];
-    let mut buf = AlignedBuf::new(0);
     for r in refs {
         let xs: Vec<tch::Tensor> = modes
             .iter()
             .map(|src| {
-                let loaded = pipeline::load(&layout, &e, &src.load, r, &mut buf).unwrap();
+                let loaded = pipeline::load(&layout, &e, &src.load, r, AlignedBuf::new(0)).unwrap();
                 pipeline::assemble(&src.assemble, &loaded).unwrap().0
             })
             .collect();
         assert!(xs[0].equal(&xs[1]), "packed and naive differ for {r:?}");
         assert!(xs[0].equal(&xs[2]), "packed and memory differ for {r:?}");
+        // And against the feature file itself, row by row.
+        let table = layout.record(r.segment, r.record).unwrap();
+        let npy = offgnn_shared::npy::NpyFile::open(&m.dataset.feature_location).unwrap();
+        let mut row = vec![0u8; m.dataset.row_bytes as usize];
+        let want: Vec<f32> = table
+            .input_nodes
+            .iter()
+            .flat_map(|&v| {
+                npy.read_data_at(v as u64 * m.dataset.row_bytes, &mut row)
+                    .unwrap();
+                row.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let got: Vec<f32> = Vec::try_from(xs[0].flatten(0, 1)).unwrap();
+        assert_eq!(got, want, "packed rows of {r:?} against the feature file");
     }
 }
 
@@ -296,9 +283,23 @@ fn pipelined_and_sequential_runs_give_the_same_losses() {
         },
     )
     .unwrap();
-    let la: Vec<f64> = a.epochs.iter().map(|e| e.loss).collect();
-    let lb: Vec<f64> = b.epochs.iter().map(|e| e.loss).collect();
-    assert_eq!(la, lb);
+    // Three loaders interleave the batches; the model still sees them in order.
+    let c = train(
+        &layout,
+        &e,
+        &TrainConfig {
+            epochs: 3,
+            loaders: 3,
+            queue_depth: 1,
+            ..config(ModelKind::Sage)
+        },
+    )
+    .unwrap();
+    let losses = |s: &trainer::train::TrainSummary| -> Vec<f64> {
+        s.epochs.iter().map(|e| e.loss).collect()
+    };
+    assert_eq!(losses(&a), losses(&b));
+    assert_eq!(losses(&a), losses(&c));
 }
 
 #[test]
