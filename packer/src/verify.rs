@@ -43,7 +43,28 @@ fn range(store: &Store, name: &str, offset: u64, len: u64) -> Result<bytes::Byte
     Ok(store.get_range(name, offset..offset + len)?)
 }
 
-/// Rows of a cache tier, read in runs of consecutive slots.
+/// Reads over a gap this small rather than ask again: over an object store
+/// a request costs more than reading this much.
+const COALESCE_GAP: u64 = 256 << 10;
+
+/// Groups sorted row numbers into spans read as one request each: `(first
+/// row, rows, index of the first in `rows`, count)`.
+fn spans(rows: &[u64], row_bytes: u64) -> Vec<(u64, u64, usize, usize)> {
+    let gap_rows = (COALESCE_GAP / row_bytes.max(1)).max(1);
+    let mut out: Vec<(u64, u64, usize, usize)> = Vec::new();
+    for (i, &r) in rows.iter().enumerate() {
+        match out.last_mut() {
+            Some((first, len, _, count)) if r < *first + *len + gap_rows => {
+                *len = (*len).max(r - *first + 1);
+                *count += 1;
+            }
+            _ => out.push((r, 1, i, 1)),
+        }
+    }
+    out
+}
+
+/// Rows of a cache tier, read in spans of nearby slots.
 fn gather_slots(
     store: &Store,
     object: &str,
@@ -52,24 +73,47 @@ fn gather_slots(
     rb: u64,
     out: &mut [u8],
 ) -> Result<()> {
-    let mut order: Vec<(u32, u32)> = slots.iter().copied().zip(pos.iter().copied()).collect();
+    let mut order: Vec<(u64, u32)> = slots
+        .iter()
+        .map(|&s| u64::from(s))
+        .zip(pos.iter().copied())
+        .collect();
     order.sort_unstable();
-    let mut i = 0;
-    while i < order.len() {
-        let mut j = i + 1;
-        while j < order.len() && order[j].0 == order[j - 1].0 + 1 {
-            j += 1;
+    let rows: Vec<u64> = order.iter().map(|o| o.0).collect();
+    let rb_us = rb as usize;
+    for (first, len, at, count) in spans(&rows, rb) {
+        let data = range(store, object, first * rb, len * rb)?;
+        for &(slot, p) in &order[at..at + count] {
+            let src = (slot - first) as usize * rb_us;
+            let dst = p as usize * rb_us;
+            out[dst..dst + rb_us].copy_from_slice(&data[src..src + rb_us]);
         }
-        let first = order[i].0 as u64;
-        let data = range(store, object, first * rb, (j - i) as u64 * rb)?;
-        for (k, &(_, p)) in order[i..j].iter().enumerate() {
-            let dst = p as usize * rb as usize;
-            out[dst..dst + rb as usize]
-                .copy_from_slice(&data[k * rb as usize..(k + 1) * rb as usize]);
-        }
-        i = j;
     }
     Ok(())
+}
+
+/// The feature file's rows of `nodes`, in that order, read in spans of
+/// nearby rows.
+fn feature_rows(features: &FeatureSource, nodes: &[u32], rb: u64) -> Result<Vec<u8>> {
+    let mut order: Vec<(u64, usize)> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (u64::from(v), i))
+        .collect();
+    order.sort_unstable();
+    let rows: Vec<u64> = order.iter().map(|o| o.0).collect();
+    let rb_us = rb as usize;
+    let mut out = vec![0u8; nodes.len() * rb_us];
+    let mut buf = Vec::new();
+    for (first, len, at, count) in spans(&rows, rb) {
+        buf.resize(len as usize * rb_us, 0);
+        features.read_rows(first, &mut buf)?;
+        for &(v, i) in &order[at..at + count] {
+            let src = (v - first) as usize * rb_us;
+            out[i * rb_us..(i + 1) * rb_us].copy_from_slice(&buf[src..src + rb_us]);
+        }
+    }
+    Ok(out)
 }
 
 /// Assembles a batch's input matrix from the layout (what the trainer does).
@@ -208,7 +252,6 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
         object_bytes,
         ..Default::default()
     };
-    let mut row = vec![0u8; rb];
     for file in &run.files {
         for b in offgnn_shared::samples::read_file(&samples, file)? {
             let name = format!("{} epoch {} batch {}", b.split, b.epoch, b.index);
@@ -224,9 +267,9 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
                 )));
             }
             let got = assemble(&store, &m, si, &t)?;
+            let want = feature_rows(&features, &b.input_nodes, rb as u64)?;
             for (i, &v) in b.input_nodes.iter().enumerate() {
-                features.read_rows(v as u64, &mut row)?;
-                if got[i * rb..(i + 1) * rb] != row[..] {
+                if got[i * rb..(i + 1) * rb] != want[i * rb..(i + 1) * rb] {
                     return Err(Error::Verify(format!(
                         "{name}: row {i} (node {v}) differs from the feature file"
                     )));
@@ -245,4 +288,19 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
     }
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spans;
+
+    #[test]
+    fn nearby_rows_share_a_read_and_far_ones_do_not() {
+        // 1 KiB rows: a gap of up to 255 rows is read through.
+        let rows = [3, 4, 5, 100, 1000, 1001];
+        assert_eq!(spans(&rows, 1024), vec![(3, 98, 0, 4), (1000, 2, 4, 2)]);
+        // Rows larger than the gap are read one by one unless adjacent.
+        assert_eq!(spans(&[0, 1, 3], 1 << 20), vec![(0, 2, 0, 2), (3, 1, 2, 1)]);
+        assert!(spans(&[], 8).is_empty());
+    }
 }

@@ -31,14 +31,64 @@ const ATTEMPTS: u32 = 4;
 /// The first wait before a retry; each further one doubles it.
 const FIRST_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Whether an error may pass if the request is sent again: I/O and HTTP
-/// failures are, answers about the object (missing, exists, changed) and
-/// refusals (unauthenticated, not implemented) are not.
+/// Whether an error may pass if the request is sent again: I/O failures
+/// are; answers about the object (missing, exists, changed), refusals
+/// (unauthenticated, not implemented) and what an HTTP store's client has
+/// already retried with backoff (see [`http_retry`]) are not.
 fn transient(e: &object_store::Error) -> bool {
-    matches!(
-        e,
-        object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
-    )
+    match e {
+        object_store::Error::Generic { store, .. } => {
+            !matches!(*store, "S3" | "GCS" | "MicrosoftAzure" | "HTTP")
+        }
+        object_store::Error::JoinError { .. } => true,
+        _ => false,
+    }
+}
+
+/// How the HTTP stores' clients retry: a few times with exponential backoff
+/// (100 ms doubling, at most 5 s), for at most 20 s, so that a brief outage
+/// passes unnoticed and a store that is gone is reported within seconds,
+/// not after object_store's default three minutes.
+fn http_retry() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        backoff: object_store::BackoffConfig {
+            init_backoff: std::time::Duration::from_millis(100),
+            max_backoff: std::time::Duration::from_secs(5),
+            base: 2.0,
+        },
+        max_retries: 5,
+        retry_timeout: std::time::Duration::from_secs(20),
+    }
+}
+
+/// The store behind a URL, configured by `options` (object_store keys),
+/// with [`http_retry`] for S3, GCS and Azure.
+fn build_store(
+    url: &url::Url,
+    options: Vec<(String, String)>,
+) -> object_store::Result<(Box<dyn ObjectStore>, Path)> {
+    use object_store::ObjectStoreScheme as Scheme;
+    macro_rules! configured {
+        ($builder:expr) => {{
+            let mut builder = $builder.with_url(url.as_str()).with_retry(http_retry());
+            for (key, value) in &options {
+                if let Ok(key) = key.parse() {
+                    builder = builder.with_config(key, value);
+                }
+            }
+            Box::new(builder.build()?) as Box<dyn ObjectStore>
+        }};
+    }
+    let (scheme, path) = Scheme::parse(url)?;
+    let store = match scheme {
+        Scheme::AmazonS3 => configured!(object_store::aws::AmazonS3Builder::new()),
+        Scheme::GoogleCloudStorage => {
+            configured!(object_store::gcp::GoogleCloudStorageBuilder::new())
+        }
+        Scheme::MicrosoftAzure => configured!(object_store::azure::MicrosoftAzureBuilder::new()),
+        _ => return object_store::parse_url_opts(url, options),
+    };
+    Ok((store, path))
 }
 
 /// Runs `op` until it succeeds, fails for good, or has been tried
@@ -135,8 +185,15 @@ pub fn redact(url: &str) -> String {
 
 impl Store {
     /// Opens a location. A plain path is a local directory (created if
-    /// missing, so that a first run has somewhere to write).
+    /// missing, so that a first run has somewhere to write). Credentials and
+    /// settings come from the environment.
     pub fn open(location: &str) -> Result<Store> {
+        Store::open_with(location, &[])
+    }
+
+    /// Opens a location with settings (`object_store` keys such as
+    /// `aws_endpoint`) on top of those in the environment.
+    pub fn open_with(location: &str, settings: &[(&str, &str)]) -> Result<Store> {
         let display = redact(location);
         let bad = |fault: String| Error::Store {
             url: display.clone(),
@@ -165,8 +222,15 @@ impl Store {
                 .map_err(|_| bad("not a local path".into()))?;
             std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         }
-        let (store, root) =
-            object_store::parse_url_opts(&url, env_options()).map_err(|e| bad(e.to_string()))?;
+        let (store, root) = {
+            let mut options = env_options();
+            options.extend(
+                settings
+                    .iter()
+                    .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string())),
+            );
+            build_store(&url, options).map_err(|e| bad(e.to_string()))?
+        };
         let faulty = std::env::var_os(crate::store_faults::ENV).is_some();
         Ok(Store {
             inner: maybe_faulty(Arc::from(store))?,
@@ -554,6 +618,42 @@ mod tests {
         assert_eq!(store.get("a").unwrap().as_ref(), &[1]);
         assert!(started.elapsed() >= std::time::Duration::from_millis(60));
         assert_eq!(counts.stalled.load(std::sync::atomic::Ordering::Relaxed), 2);
+    }
+
+    /// The S3-compatible server `scripts/test` starts (s3s-fs on loopback),
+    /// as `object_store` settings; `None` when none runs, which fails the
+    /// test under `OFFGNN_REQUIRE_S3=1` (as `scripts/test` sets).
+    fn s3_settings() -> Option<Vec<(&'static str, String)>> {
+        let Ok(endpoint) = std::env::var("OFFGNN_S3_ENDPOINT") else {
+            assert!(
+                std::env::var_os("OFFGNN_REQUIRE_S3").is_none_or(|v| v != "1"),
+                "OFFGNN_REQUIRE_S3=1 but no S3 server: OFFGNN_S3_ENDPOINT is unset"
+            );
+            let _ = writeln!(
+                std::io::stderr(),
+                "store tests: no S3 server (OFFGNN_S3_ENDPOINT unset): the S3 half did NOT run"
+            );
+            return None;
+        };
+        let var = |k: &str| std::env::var(k).unwrap_or_default();
+        Some(vec![
+            ("aws_endpoint", endpoint),
+            ("aws_allow_http", "true".into()),
+            ("aws_access_key_id", var("OFFGNN_S3_ACCESS_KEY")),
+            ("aws_secret_access_key", var("OFFGNN_S3_SECRET_KEY")),
+            ("aws_region", "us-east-1".into()),
+        ])
+    }
+
+    #[test]
+    fn s3_store_conforms() {
+        let Some(settings) = s3_settings() else {
+            return;
+        };
+        let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let bucket = std::env::var("OFFGNN_S3_BUCKET").unwrap_or_else(|_| "offgnn".into());
+        let url = format!("s3://{bucket}/conformance-{}", std::process::id());
+        conformance(&Store::open_with(&url, &settings).unwrap());
     }
 
     #[test]

@@ -1,0 +1,434 @@
+//! Bad input, one table for all three programs: each case is one clear line
+//! on stderr naming what is wrong, a failing exit, and nothing written under
+//! a committed name.
+
+use std::path::{Path, PathBuf};
+
+use offgnn_e2e::run;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    ds: PathBuf,
+    samples: PathBuf,
+    pack: PathBuf,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let ds = root.join("g");
+    let ok = |r: offgnn_e2e::Run| assert!(r.status.success(), "{}", r.stderr);
+    ok(run(
+        "sampler",
+        &[
+            "generate",
+            "--out",
+            ds.to_str().unwrap(),
+            "--nodes",
+            "2000",
+            "--feature-dim",
+            "8",
+            "--classes",
+            "4",
+        ],
+    ));
+    let samples = root.join("samples");
+    ok(run(
+        "sampler",
+        &[
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            samples.to_str().unwrap(),
+            "--fanout",
+            "3,3",
+            "--batch-size",
+            "64",
+        ],
+    ));
+    let pack = root.join("pack");
+    ok(run(
+        "packer",
+        &[
+            "--samples",
+            samples.to_str().unwrap(),
+            "--features",
+            ds.join("data/feat.npy").to_str().unwrap(),
+            "--out",
+            pack.to_str().unwrap(),
+            "--gpu-cache",
+            "4K",
+            "--cpu-cache",
+            "4K",
+            "--disk-budget",
+            "8x",
+        ],
+    ));
+    Fixture {
+        _dir: dir,
+        root,
+        ds,
+        samples,
+        pack,
+    }
+}
+
+/// A copy of the fixture's dataset with `edit` applied, in a new folder.
+fn edited_dataset(f: &Fixture, name: &str, edit: impl FnOnce(&Path)) -> PathBuf {
+    let out = f.root.join(name);
+    copy_dir(&f.ds, &out);
+    edit(&out);
+    out
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Replaces `from` with `to` in `file`.
+fn rewrite(file: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(file).unwrap();
+    assert!(text.contains(from), "{} lacks {from:?}", file.display());
+    std::fs::write(file, text.replacen(from, to, 1)).unwrap();
+}
+
+/// Writes a `.npy` of little-endian i64 with `shape` from `values`.
+fn write_npy_i64(path: &Path, shape: &[usize], values: &[i64]) {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
+    let mut header = format!("{{'descr': '<i8', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for v in values {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Flips one byte in the middle of `file`.
+fn flip_byte(file: &Path) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x5a;
+    std::fs::write(file, bytes).unwrap();
+}
+
+fn first_file(dir: &Path, ext: &str) -> PathBuf {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == ext) {
+                return p;
+            }
+        }
+    }
+    panic!("no .{ext} file under {}", dir.display())
+}
+
+#[test]
+fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
+    let f = fixture();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let feat = s(&f.ds.join("data/feat.npy"));
+    let manifest = s(&f.pack.join("manifest.json"));
+
+    // Datasets broken in the ways a user's files break.
+    let out_of_range = edited_dataset(&f, "oor", |d| {
+        let train = d.join("set/train_seeds.npy");
+        write_npy_i64(&train, &[2], &[1, 2000]);
+    });
+    let negative = edited_dataset(&f, "neg", |d| {
+        write_npy_i64(&d.join("set/train_seeds.npy"), &[2], &[1, -4]);
+    });
+    let empty_train = edited_dataset(&f, "empty", |d| {
+        write_npy_i64(&d.join("set/train_seeds.npy"), &[0], &[]);
+        write_npy_i64(&d.join("set/train_labels.npy"), &[0], &[]);
+    });
+    let escaping = edited_dataset(&f, "escape", |d| {
+        rewrite(
+            &d.join("metadata.yaml"),
+            "data/feat.npy",
+            "../../etc/passwd",
+        );
+    });
+    let wrong_dtype = edited_dataset(&f, "dtype", |d| {
+        write_npy_i64(&d.join("data/feat.npy"), &[2000, 8], &vec![0; 16000]);
+    });
+
+    // Samples and layouts damaged after they were committed.
+    let bad_samples = f.root.join("bad-samples");
+    copy_dir(&f.samples, &bad_samples);
+    flip_byte(&first_file(&bad_samples, "parquet"));
+    let future = f.pack.join("future.json");
+    let escape_manifest = f.pack.join("escape.json");
+    let missing_field = f.pack.join("missing.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(
+        &future,
+        text.replacen("\"format_version\": 1", "\"format_version\": 99", 1),
+    )
+    .unwrap();
+    std::fs::write(
+        &escape_manifest,
+        text.replace("\"pack/segment-00000.bin\"", "\"../../segment.bin\""),
+    )
+    .unwrap();
+    let mut j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    j.as_object_mut().unwrap().remove("objects");
+    std::fs::write(&missing_field, serde_json::to_vec(&j).unwrap()).unwrap();
+
+    let new_out = |name: &str| s(&f.root.join(name));
+    let samples = s(&f.samples);
+    let sampler = |ds: &Path, out: &str, extra: &[&str]| -> Vec<String> {
+        let mut a = vec![
+            "--dataset".to_string(),
+            s(ds),
+            "--out".into(),
+            out.to_string(),
+        ];
+        a.extend(extra.iter().map(|x| x.to_string()));
+        a
+    };
+    let packer = |samples: &str, features: &str, out: &str, extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "--samples",
+            samples,
+            "--features",
+            features,
+            "--out",
+            out,
+            "--gpu-cache",
+            "4K",
+            "--cpu-cache",
+            "4K",
+            "--disk-budget",
+            "8x",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        for pair in extra.chunks(2) {
+            match a.iter().position(|x| x == pair[0]) {
+                Some(i) => a[i + 1] = pair[1].to_string(),
+                None => a.extend(pair.iter().map(|x| x.to_string())),
+            }
+        }
+        a
+    };
+    let trainer = |m: &str, extra: &[&str]| -> Vec<String> {
+        let mut a = vec![
+            "--manifest".to_string(),
+            m.to_string(),
+            "--epochs".into(),
+            "1".into(),
+        ];
+        a.extend(extra.iter().map(|x| x.to_string()));
+        a
+    };
+    // (program, arguments, what the line must say, the commit that must not appear)
+    let cases: Vec<(&str, Vec<String>, &str, Option<PathBuf>)> = vec![
+        (
+            "sampler",
+            sampler(&out_of_range, &new_out("s1"), &[]),
+            "out of range",
+            Some(f.root.join("s1/run.json")),
+        ),
+        (
+            "sampler",
+            sampler(&negative, &new_out("s2"), &[]),
+            "negative",
+            Some(f.root.join("s2/run.json")),
+        ),
+        (
+            "sampler",
+            sampler(&empty_train, &new_out("s3"), &[]),
+            "train",
+            Some(f.root.join("s3/run.json")),
+        ),
+        (
+            "sampler",
+            sampler(&escaping, &new_out("s4"), &[]),
+            "leaves the dataset directory",
+            Some(f.root.join("s4/run.json")),
+        ),
+        (
+            "sampler",
+            sampler(&wrong_dtype, &new_out("s5"), &[]),
+            "int64",
+            Some(f.root.join("s5/run.json")),
+        ),
+        (
+            "sampler",
+            sampler(&f.ds, &new_out("s6"), &["--fanout", "3,0"]),
+            "0",
+            Some(f.root.join("s6/run.json")),
+        ),
+        (
+            "sampler",
+            sampler(&f.ds, &new_out("s7"), &["--batch-size", "0"]),
+            "batch-size",
+            Some(f.root.join("s7/run.json")),
+        ),
+        (
+            "sampler",
+            sampler(
+                &f.ds,
+                &new_out("s8"),
+                &["--shard", "4", "--num-shards", "2"],
+            ),
+            "out of range",
+            Some(f.root.join("s8/run.json")),
+        ),
+        (
+            "sampler",
+            sampler(&f.ds, &new_out("s9"), &["--epochs", "0"]),
+            "epochs",
+            Some(f.root.join("s9/run.json")),
+        ),
+        (
+            "packer",
+            packer(&s(&bad_samples), &feat, &new_out("p1"), &[]),
+            "checksum",
+            Some(f.root.join("p1/manifest.json")),
+        ),
+        (
+            "packer",
+            packer(
+                &samples,
+                &s(&wrong_dtype.join("data/feat.npy")),
+                &new_out("p2"),
+                &[],
+            ),
+            "feat.npy",
+            Some(f.root.join("p2/manifest.json")),
+        ),
+        (
+            "packer",
+            packer(
+                &samples,
+                &feat,
+                &new_out("p3"),
+                &["--gpu-cache", "99999999999T"],
+            ),
+            "99999999999T",
+            Some(f.root.join("p3/manifest.json")),
+        ),
+        (
+            "packer",
+            packer(&samples, &feat, &new_out("p4"), &["--disk-budget", "0"]),
+            "disk-budget",
+            Some(f.root.join("p4/manifest.json")),
+        ),
+        (
+            "packer",
+            packer(&samples, &feat, &new_out("p5"), &["--memory", "1K"]),
+            "--memory",
+            Some(f.root.join("p5/manifest.json")),
+        ),
+        (
+            "packer",
+            packer(&samples, &feat, &new_out("p6"), &["--segment-size", "0"]),
+            "segment-size",
+            Some(f.root.join("p6/manifest.json")),
+        ),
+        (
+            "packer",
+            vec!["verify".into(), "--manifest".into(), s(&escape_manifest)],
+            "leaves the layout",
+            None,
+        ),
+        (
+            "trainer",
+            trainer(&s(&future), &[]),
+            "newer than this build",
+            None,
+        ),
+        (
+            "trainer",
+            trainer(&s(&escape_manifest), &[]),
+            "leaves the layout",
+            None,
+        ),
+        ("trainer", trainer(&s(&missing_field), &[]), "objects", None),
+        ("trainer", trainer(&manifest, &["--lr=-1"]), "--lr", None),
+        (
+            "trainer",
+            trainer(&manifest, &["--loaders", "0"]),
+            "--loaders",
+            None,
+        ),
+        (
+            "trainer",
+            trainer(&manifest, &["--queue-depth", "0"]),
+            "--queue-depth",
+            None,
+        ),
+        (
+            "trainer",
+            trainer(
+                &manifest,
+                &[
+                    "--checkpoint-every",
+                    "0",
+                    "--checkpoint-dir",
+                    &new_out("ck"),
+                ],
+            ),
+            "checkpoint-every",
+            None,
+        ),
+        (
+            "trainer",
+            trainer(&manifest, &["--device", "cuda:x"]),
+            "unknown device",
+            None,
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (program, args, want, commit) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let r = run(program, &args);
+        let line = r.stderr.trim();
+        // The table the closing notes quote (shown with --nocapture).
+        eprintln!("{program} | {want} | exit {:?} | {line}", r.status.code());
+        let ok = !r.status.success()
+            && line.lines().count() == 1
+            && line.contains(want)
+            && commit.as_ref().is_none_or(|c| !c.exists());
+        if !ok {
+            failures.push(format!(
+                "{program} {args:?}: exit {:?}, stderr {line:?} (want {want:?})",
+                r.status.code()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}

@@ -1,0 +1,138 @@
+//! The three programs with every location an s3:// URL, against the
+//! S3-compatible server `scripts/test` starts on loopback.
+
+use offgnn_e2e::{S3, run, run_env};
+
+/// Generates a small graph locally and uploads its feature file.
+fn graph_with_remote_features(dir: &std::path::Path, s3: &S3, prefix: &str) -> std::path::PathBuf {
+    let ds = dir.join("g");
+    let r = run(
+        "sampler",
+        &[
+            "generate",
+            "--out",
+            ds.to_str().unwrap(),
+            "--nodes",
+            "4000",
+            "--feature-dim",
+            "16",
+            "--classes",
+            "4",
+            "--train-fraction",
+            "0.2",
+            "--valid-fraction",
+            "0.1",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    s3.store(prefix)
+        .put("feat.npy", std::fs::read(ds.join("data/feat.npy")).unwrap())
+        .unwrap();
+    ds
+}
+
+#[test]
+fn sample_pack_and_train_through_s3() {
+    let Some(s3) = S3::from_env() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = format!("e2e-{}", std::process::id());
+    let ds = graph_with_remote_features(dir.path(), &s3, &prefix);
+    let env = s3.env();
+    let (samples, features, pack) = (
+        s3.url(&format!("{prefix}/samples")),
+        s3.url(&format!("{prefix}/feat.npy")),
+        s3.url(&format!("{prefix}/pack")),
+    );
+    let mut outputs = Vec::new();
+    let r = run_env(
+        "sampler",
+        &[
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            &samples,
+            "--fanout",
+            "4,6",
+            "--batch-size",
+            "128",
+            "--epochs",
+            "2",
+        ],
+        &env,
+    );
+    assert!(r.status.success(), "sampler: {}", r.stderr);
+    outputs.push(r);
+    let r = run_env(
+        "packer",
+        &[
+            "--samples",
+            &samples,
+            "--features",
+            &features,
+            "--out",
+            &pack,
+            "--gpu-cache",
+            "32K",
+            "--cpu-cache",
+            "64K",
+            "--disk-budget",
+            "6x",
+        ],
+        &env,
+    );
+    assert!(r.status.success(), "packer: {}", r.stderr);
+    assert!(
+        r.json()["summary"]["manifest"]
+            .as_str()
+            .unwrap()
+            .starts_with("s3://")
+    );
+    outputs.push(r);
+    let manifest = format!("{pack}/manifest.json");
+    let r = run_env("packer", &["verify", "--manifest", &manifest], &env);
+    assert!(r.status.success(), "verify: {}", r.stderr);
+    assert_eq!(r.json()["ok"], true);
+    outputs.push(r);
+    let stage = dir.path().join("stage");
+    let train = || {
+        run_env(
+            "trainer",
+            &[
+                "--manifest",
+                &manifest,
+                "--local-dir",
+                stage.to_str().unwrap(),
+                "--epochs",
+                "6",
+                "--hidden",
+                "64",
+                "--lr",
+                "0.01",
+            ],
+            &env,
+        )
+    };
+    let r = train();
+    assert!(r.status.success(), "trainer: {}", r.stderr);
+    let acc = r.json()["summary"]["test_acc_at_best_valid"]
+        .as_f64()
+        .unwrap();
+    assert!(acc > 0.4, "four classes, test accuracy {acc}");
+    outputs.push(r);
+    // A second run finds the staged layout whole and trains the same.
+    let again = train();
+    assert!(again.status.success(), "trainer again: {}", again.stderr);
+    assert_eq!(
+        again.json()["summary"]["epochs"][0]["loss"],
+        outputs[3].json()["summary"]["epochs"][0]["loss"]
+    );
+    outputs.push(again);
+    for r in &outputs {
+        assert!(
+            !r.stdout.contains(&s3.secret_key) && !r.stderr.contains(&s3.secret_key),
+            "the secret key leaked"
+        );
+    }
+}
