@@ -78,6 +78,49 @@ pub fn run_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     }
 }
 
+/// Runs a workspace binary under `/usr/bin/time` (scripts/setup installs
+/// it) and returns the run and its peak resident memory in bytes. The
+/// time line is taken off stderr.
+pub fn run_peak(name: &str, args: &[&str]) -> (Run, u64) {
+    let time = Path::new("/usr/bin/time");
+    assert!(
+        time.exists(),
+        "/usr/bin/time is missing: scripts/setup installs it"
+    );
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = Command::new(time)
+        .args(["-f", "offgnn_peak_kb=%M"])
+        .arg(binary(name))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+    let stderr = String::from_utf8_lossy(&stderr);
+    let mut peak_kb = None;
+    let mut rest = String::new();
+    for line in stderr.lines() {
+        match line.strip_prefix("offgnn_peak_kb=") {
+            Some(v) => peak_kb = v.trim().parse::<u64>().ok(),
+            // time's own note of a failing exit.
+            None if line.starts_with("Command exited with non-zero status") => {}
+            None => {
+                rest.push_str(line);
+                rest.push('\n');
+            }
+        }
+    }
+    let peak_kb = peak_kb.unwrap_or_else(|| panic!("no peak from /usr/bin/time in {stderr}"));
+    let run = Run {
+        status,
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: rest,
+    };
+    (run, peak_kb * 1024)
+}
+
 /// The Cora tables fetched by scripts/setup.
 pub fn cora_dir() -> PathBuf {
     let dir = std::env::var_os("OFFGNN_CORA_DIR")
@@ -89,4 +132,178 @@ pub fn cora_dir() -> PathBuf {
         dir.display()
     );
     dir
+}
+
+/// The S3-compatible server `scripts/test` starts (see `scripts/s3-server`),
+/// read from the environment it exports.
+pub struct S3 {
+    pub endpoint: String,
+    pub bucket: String,
+    pub access_key: String,
+    pub secret_key: String,
+    /// Where the server keeps its objects: `root/bucket/key`.
+    pub root: PathBuf,
+    /// The server binary, to start private instances.
+    pub bin: PathBuf,
+}
+
+impl S3 {
+    /// The server, or `None` when none runs; under `OFFGNN_REQUIRE_S3=1`
+    /// (as `scripts/test` sets) a missing server fails the test instead.
+    pub fn from_env() -> Option<S3> {
+        let var = |k: &str| std::env::var(k).ok();
+        let Some(endpoint) = var("OFFGNN_S3_ENDPOINT") else {
+            assert!(
+                var("OFFGNN_REQUIRE_S3").as_deref() != Some("1"),
+                "OFFGNN_REQUIRE_S3=1 but OFFGNN_S3_ENDPOINT is unset: start scripts/s3-server"
+            );
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "e2e: no S3 server (OFFGNN_S3_ENDPOINT unset): this S3 test did NOT run"
+            );
+            return None;
+        };
+        Some(S3 {
+            endpoint,
+            bucket: var("OFFGNN_S3_BUCKET").unwrap_or_else(|| "offgnn".into()),
+            access_key: var("OFFGNN_S3_ACCESS_KEY").unwrap_or_default(),
+            secret_key: var("OFFGNN_S3_SECRET_KEY").unwrap_or_default(),
+            root: var("OFFGNN_S3S_ROOT")
+                .map(PathBuf::from)
+                .unwrap_or_default(),
+            bin: var("OFFGNN_S3S_BIN").map(PathBuf::from).unwrap_or_default(),
+        })
+    }
+
+    /// `s3://bucket/key`.
+    pub fn url(&self, key: &str) -> String {
+        format!("s3://{}/{key}", self.bucket)
+    }
+
+    /// The variables a program needs to reach this server.
+    pub fn env(&self) -> Vec<(String, String)> {
+        s3_env(&self.endpoint, &self.access_key, &self.secret_key)
+    }
+
+    /// The store at `s3://bucket/key`, opened in this process.
+    pub fn store(&self, key: &str) -> offgnn_shared::store::Store {
+        let env = self.env();
+        let settings: Vec<(&str, &str)> =
+            env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        offgnn_shared::store::Store::open_with(&self.url(key), &settings)
+            .expect("opening the test server's bucket")
+    }
+}
+
+fn s3_env(endpoint: &str, access_key: &str, secret_key: &str) -> Vec<(String, String)> {
+    [
+        ("AWS_ENDPOINT", endpoint),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_ACCESS_KEY_ID", access_key),
+        ("AWS_SECRET_ACCESS_KEY", secret_key),
+        ("AWS_REGION", "us-east-1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// A private s3s-fs instance on its own port and data directory, which a
+/// test can kill and start again (same port, same objects).
+pub struct S3Server {
+    bin: PathBuf,
+    pub root: tempfile::TempDir,
+    pub bucket: String,
+    port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl S3Server {
+    /// Starts one with an empty bucket `bucket`.
+    pub fn start(bin: &Path, bucket: &str) -> S3Server {
+        let root = tempfile::tempdir().expect("a data directory");
+        std::fs::create_dir_all(root.path().join(bucket)).expect("the bucket directory");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut server = S3Server {
+            bin: bin.to_path_buf(),
+            root,
+            bucket: bucket.to_string(),
+            port,
+            child: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// Kills the server (SIGKILL): connections drop, nothing is flushed.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server (again) on the same port and data, and waits until
+    /// it accepts connections.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = Command::new(&self.bin)
+            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
+            .args([
+                "--access-key",
+                "offgnn-test",
+                "--secret-key",
+                "offgnn-test-secret",
+            ])
+            .arg(self.root.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.bin.display()));
+        self.child = Some(child);
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        for _ in 0..200 {
+            if std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(100))
+                .is_ok()
+            {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!("s3s-fs did not start listening on port {}", self.port);
+    }
+
+    pub fn url(&self, key: &str) -> String {
+        format!("s3://{}/{key}", self.bucket)
+    }
+
+    pub fn env(&self) -> Vec<(String, String)> {
+        s3_env(
+            &format!("http://127.0.0.1:{}", self.port),
+            "offgnn-test",
+            "offgnn-test-secret",
+        )
+    }
+
+    /// Whether an object exists (the server keeps `root/bucket/key`).
+    pub fn has(&self, key: &str) -> bool {
+        self.root.path().join(&self.bucket).join(key).exists()
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs a workspace binary with extra environment variables given as owned
+/// pairs (as [`S3::env`] returns them).
+pub fn run_env(name: &str, args: &[&str], env: &[(String, String)]) -> Run {
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    run_with_env(name, args, &pairs)
 }

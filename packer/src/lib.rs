@@ -17,7 +17,7 @@ pub mod disk_pages;
 pub mod minhash;
 pub mod plan_error;
 pub mod segment_search;
-pub mod sizes;
+pub use offgnn_shared::sizes;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 

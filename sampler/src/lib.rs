@@ -7,6 +7,7 @@
 //! [`neighbor_sampling`]; planning, threads, shards and commit: [`sample_run`].
 
 pub mod dataset_tools;
+pub mod memory;
 pub mod neighbor_sampling;
 mod report;
 pub mod sample_run;
@@ -91,6 +92,10 @@ pub struct SampleArgs {
     /// Add the reverse of every edge (sample over an undirected graph).
     #[arg(long)]
     pub add_reverse_edges: bool,
+    /// Refuse to start if the run's stated peak memory (logged at the start
+    /// and in the summary) exceeds this, e.g. 8G.
+    #[arg(long)]
+    pub memory: Option<String>,
     /// Drop self-loops.
     #[arg(long)]
     pub drop_self_loops: bool,
@@ -248,6 +253,11 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
             keep_self_loops: !args.drop_self_loops,
         },
         show_progress: true,
+        memory_limit: args
+            .memory
+            .as_deref()
+            .map(offgnn_shared::sizes::parse_bytes)
+            .transpose()?,
     };
     let outcome = sample_run::run(&cfg)
         .with_context(|| format!("sampling into {}", offgnn_shared::store::redact(&cfg.out)))?;

@@ -27,6 +27,7 @@ pub fn print(cfg: &SampleConfig, o: &Outcome) {
             format!("{} ({})", o.shard.files.len(), human_bytes(bytes)),
         ),
         ("topology", format!("{:.2} s", o.csr_seconds)),
+        ("memory (stated peak)", human_bytes(o.memory.total_bytes)),
         (
             "sampling",
             format!(
@@ -55,6 +56,7 @@ pub fn print(cfg: &SampleConfig, o: &Outcome) {
         "csr_seconds": o.csr_seconds,
         "sample_seconds": o.sample_seconds,
         "batches_per_second": per_sec,
+        "memory": &o.memory,
         "shard": &o.shard,
         "run": &o.run,
     });

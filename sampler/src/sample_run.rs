@@ -28,7 +28,9 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rayon::prelude::*;
 
+use crate::memory::MemoryEstimate;
 use crate::neighbor_sampling::{Scratch, batch_rng, mix, sample_blocks};
+use offgnn_shared::report::human_bytes;
 
 /// Row groups are flushed once this much is buffered.
 const ROW_GROUP_BYTES: usize = 64 << 20;
@@ -64,6 +66,8 @@ pub struct SampleConfig {
     pub batches_per_file: u32,
     pub csr: CsrOptions,
     pub show_progress: bool,
+    /// Refuse to start when the stated peak memory exceeds this.
+    pub memory_limit: Option<u64>,
 }
 
 /// Parses `10,15,20`: positive fan-outs, input layer first.
@@ -199,6 +203,7 @@ pub struct Outcome {
     pub edges: u64,
     pub sample_seconds: f64,
     pub csr_seconds: f64,
+    pub memory: MemoryEstimate,
 }
 
 fn shard_name(shard: u32, num_shards: u32) -> String {
@@ -221,6 +226,30 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     let committed = store.exists(RUN_SUMMARY)?;
     if committed && !cfg.overwrite {
         return Err(Error::Committed(store.url().to_string()));
+    }
+
+    let memory = crate::memory::estimate(ds, cfg);
+    tracing::info!(
+        "memory: at most {} (graph {}, build {}, thread scratch {}, batches in flight {}, output buffers {})",
+        human_bytes(memory.total_bytes),
+        human_bytes(memory.graph_bytes),
+        human_bytes(memory.graph_build_bytes),
+        human_bytes(memory.scratch_bytes),
+        human_bytes(memory.batches_in_flight_bytes),
+        human_bytes(memory.output_bytes),
+    );
+    if let Some(limit) = cfg.memory_limit
+        && memory.total_bytes > limit
+    {
+        return Err(Error::InvalidArgument(format!(
+            "--memory {}: this run needs up to {} (graph {}, {} threads' scratch {}, batches in flight {}); give more memory, or fewer --threads or a smaller --batch-size",
+            human_bytes(limit),
+            human_bytes(memory.total_bytes),
+            human_bytes(memory.graph_bytes),
+            cfg.threads,
+            human_bytes(memory.scratch_bytes),
+            human_bytes(memory.batches_in_flight_bytes),
+        )));
     }
 
     let pool = rayon::ThreadPoolBuilder::new()
@@ -323,6 +352,7 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         edges,
         sample_seconds,
         csr_seconds,
+        memory,
     })
 }
 

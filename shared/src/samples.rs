@@ -415,6 +415,24 @@ impl RunSummary {
     }
 }
 
+/// Upper bounds on one batch's blocks, input layer first: `(sources,
+/// destinations, edges)` of each, for `batch_size` seeds and these
+/// fan-outs (input layer first) on a graph of `num_nodes`. Node counts grow
+/// from the seeds outwards and stop at the node count; every count
+/// saturates rather than overflows. Memory statements rest on these.
+pub fn block_bounds(num_nodes: u64, batch_size: u64, fanouts: &[usize]) -> Vec<(u64, u64, u64)> {
+    let mut dst = batch_size.min(num_nodes);
+    let mut out = Vec::with_capacity(fanouts.len());
+    for &f in fanouts.iter().rev() {
+        let edges = dst.saturating_mul(f as u64);
+        let src = dst.saturating_add(edges).min(num_nodes);
+        out.push((src, dst, edges));
+        dst = src;
+    }
+    out.reverse();
+    out
+}
+
 /// Reads every batch of one samples file, checking its size and checksum
 /// against the run summary first.
 pub fn read_file(store: &Store, file: &SampleFile) -> Result<Vec<SampledBatch>> {
@@ -430,25 +448,7 @@ pub fn read_file(store: &Store, file: &SampleFile) -> Result<Vec<SampledBatch>> 
                     .into(),
         });
     }
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
-        .map_err(|e| Error::Store {
-            url: origin.clone(),
-            fault: format!("not a readable Parquet file: {e}"),
-        })?
-        .with_batch_size(16)
-        .build()
-        .map_err(|e| Error::Store {
-            url: origin.clone(),
-            fault: e.to_string(),
-        })?;
-    let mut out = Vec::with_capacity(file.batches as usize);
-    for rb in reader {
-        let rb = rb.map_err(|e| Error::Store {
-            url: origin.clone(),
-            fault: e.to_string(),
-        })?;
-        out.extend(from_record_batch(&origin, &rb)?);
-    }
+    let out = decode_file(&origin, bytes)?;
     if out.len() != file.batches as usize {
         return Err(Error::Store {
             url: origin,
@@ -458,6 +458,28 @@ pub fn read_file(store: &Store, file: &SampleFile) -> Result<Vec<SampledBatch>> 
                 file.batches
             ),
         });
+    }
+    Ok(out)
+}
+
+/// Decodes the batches of one samples file's bytes: a Parquet file in
+/// [`schema`], each row checked by [`from_record_batch`]. `origin` names the
+/// file in errors. The fuzz target `samples_decode` drives this with
+/// arbitrary bytes: it must return an error, never panic.
+pub fn decode_file(origin: &str, bytes: bytes::Bytes) -> Result<Vec<SampledBatch>> {
+    let fault = |e: &dyn std::fmt::Display| Error::Store {
+        url: origin.to_string(),
+        fault: format!("not a readable samples file: {e}"),
+    };
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .map_err(|e| fault(&e))?
+        .with_batch_size(16)
+        .build()
+        .map_err(|e| fault(&e))?;
+    let mut out = Vec::new();
+    for rb in reader {
+        let rb = rb.map_err(|e| fault(&e))?;
+        out.extend(from_record_batch(origin, &rb)?);
     }
     Ok(out)
 }

@@ -2,7 +2,7 @@
 //! units (`512K`, `1.5G`, `4GiB`) and disk budgets that may be a multiple of
 //! the feature file (`3x`).
 
-use crate::plan_error::PlanError;
+use crate::error::Error;
 
 const FORMAT_HINT: &str =
     "expected a number of bytes with an optional binary unit, such as 4096, 512K, 1.5G or 4GiB";
@@ -12,8 +12,8 @@ const FORMAT_HINT: &str =
 /// case. Every unit is binary (`K` = `KB` = `KiB` = 1024 bytes), as memory
 /// and disk budgets usually mean. A fraction needs a unit (`1.5G`); the
 /// result is rounded down to whole bytes.
-pub fn parse_bytes(text: &str) -> Result<u64, PlanError> {
-    let invalid = |why: &str| PlanError::InvalidArgument(format!("invalid size {text:?}: {why}"));
+pub fn parse_bytes(text: &str) -> Result<u64, Error> {
+    let invalid = |why: &str| Error::InvalidArgument(format!("invalid size {text:?}: {why}"));
     let trimmed = text.trim();
     if trimmed.is_empty() {
         return Err(invalid(FORMAT_HINT));
@@ -95,13 +95,13 @@ impl Budget {
 
 /// Parses a disk budget: a byte count as [`parse_bytes`] reads it, or a
 /// positive, finite multiple of the feature file such as `3x` or `2.5X`.
-pub fn parse_budget(text: &str) -> Result<Budget, PlanError> {
+pub fn parse_budget(text: &str) -> Result<Budget, Error> {
     let trimmed = text.trim();
     let Some(multiple) = trimmed.strip_suffix(['x', 'X']) else {
         return parse_bytes(text).map(Budget::Bytes);
     };
     let invalid = || {
-        PlanError::InvalidArgument(format!(
+        Error::InvalidArgument(format!(
             "invalid disk budget {text:?}: a multiple of the feature file must be a positive number followed by x, such as 3x or 2.5x"
         ))
     };

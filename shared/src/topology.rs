@@ -38,7 +38,7 @@ pub struct Csr {
 }
 
 /// Edge pairs per streamed chunk.
-const CHUNK: usize = 1 << 20;
+pub const CHUNK: usize = 1 << 20;
 
 impl Csr {
     /// Builds from a dataset's edge list, calling `progress` with the number

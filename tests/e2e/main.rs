@@ -1,5 +1,9 @@
 //! End-to-end: the three binaries as a user runs them.
 
+mod bad_input;
+mod faults;
+mod s3;
+
 use offgnn_e2e::{cora_dir, run, run_with_env};
 
 #[test]
@@ -410,40 +414,92 @@ fn packer_peak_memory_stays_within_its_budget() {
     );
     assert!(r.status.success(), "{}", r.stderr);
     let budget_mib = 160u64;
-    let out = std::process::Command::new("/usr/bin/time")
-        .args(["-f", "peak_kb=%M"])
-        .arg(offgnn_e2e::binary("packer"))
-        .args(["--samples", samples.to_str().unwrap()])
-        .args(["--features", ds.join("data/feat.npy").to_str().unwrap()])
-        .args(["--out", dir.path().join("p").to_str().unwrap()])
-        .args([
+    let budget = format!("{budget_mib}M");
+    let (r, peak) = offgnn_e2e::run_peak(
+        "packer",
+        &[
+            "--samples",
+            samples.to_str().unwrap(),
+            "--features",
+            ds.join("data/feat.npy").to_str().unwrap(),
+            "--out",
+            dir.path().join("p").to_str().unwrap(),
             "--gpu-cache",
             "0",
             "--cpu-cache",
             "0",
             "--disk-budget",
             "5x",
-        ])
-        .args(["--memory", &format!("{budget_mib}M")])
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let peak_kb: u64 = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("peak_kb="))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no peak in {stderr}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+            "--memory",
+            &budget,
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
     assert!(
-        summary["summary"]["partitions"].as_u64().unwrap() > 1,
+        r.json()["summary"]["partitions"].as_u64().unwrap() > 1,
         "the budget must force several partitions"
     );
+    eprintln!("packer: peak RSS {peak} bytes, --memory {budget_mib} MiB");
     assert!(
-        peak_kb <= budget_mib * 1024,
-        "peak {peak_kb} KiB over the {budget_mib} MiB budget"
+        peak <= budget_mib << 20,
+        "peak {peak} bytes over the {budget_mib} MiB budget"
+    );
+}
+
+#[test]
+fn sampler_states_its_memory_and_holds_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("g");
+    // 300K nodes, about 3M edges: a graph of some 25 MB.
+    let r = run(
+        "sampler",
+        &[
+            "generate",
+            "--out",
+            ds.to_str().unwrap(),
+            "--nodes",
+            "300000",
+            "--feature-dim",
+            "4",
+            "--train-fraction",
+            "0.05",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let sample = |out: &str, memory: &str| {
+        offgnn_e2e::run_peak(
+            "sampler",
+            &[
+                "--dataset",
+                ds.to_str().unwrap(),
+                "--out",
+                dir.path().join(out).to_str().unwrap(),
+                "--fanout",
+                "10,10",
+                "--batch-size",
+                "512",
+                "--threads",
+                "2",
+                "--memory",
+                memory,
+            ],
+        )
+    };
+    // Too small a budget is refused up front, and nothing is written.
+    let (r, _) = sample("small", "64M");
+    assert!(!r.status.success());
+    assert!(r.stderr.contains("--memory 64.00 MiB"), "{}", r.stderr);
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    assert!(!dir.path().join("small/run.json").exists());
+
+    let (r, peak) = sample("s", "1G");
+    assert!(r.status.success(), "{}", r.stderr);
+    let stated = r.json()["memory"]["total_bytes"].as_u64().unwrap();
+    eprintln!("sampler on 300K nodes: peak RSS {peak} bytes, stated {stated}");
+    assert!(stated <= 1 << 30);
+    assert!(
+        peak <= stated,
+        "peak RSS {peak} bytes over the stated {stated}"
     );
 }
 
@@ -557,4 +613,45 @@ fn cora_trains_through_the_binary_and_refuses_bad_input() {
     one_line(&train(&[]), "checksum mismatch");
     std::fs::remove_file(&seg).unwrap();
     one_line(&train(&[]), "missing object");
+}
+
+#[test]
+fn trainer_states_its_memory_and_holds_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = cora_pack(dir.path());
+    let m = manifest.to_str().unwrap();
+    let train = |memory: &str| {
+        offgnn_e2e::run_peak(
+            "trainer",
+            &[
+                "--manifest",
+                m,
+                "--epochs",
+                "2",
+                "--hidden",
+                "64",
+                "--loaders",
+                "1",
+                "--queue-depth",
+                "1",
+                "--memory",
+                memory,
+            ],
+        )
+    };
+    // Too small a budget is refused before training, in one line.
+    let (r, _) = train("100M");
+    assert!(!r.status.success());
+    assert!(r.stderr.contains("--memory 100.00 MiB"), "{}", r.stderr);
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+
+    let (r, peak) = train("1300M");
+    assert!(r.status.success(), "{}", r.stderr);
+    let stated = r.json()["memory"]["total_bytes"].as_u64().unwrap();
+    assert!(stated <= 1300 << 20);
+    eprintln!("trainer on Cora: peak RSS {peak} bytes, stated {stated}");
+    assert!(
+        peak <= stated,
+        "peak RSS {peak} bytes over the stated {stated}"
+    );
 }

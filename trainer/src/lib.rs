@@ -5,6 +5,7 @@
 pub mod device;
 pub mod error;
 pub mod layout;
+pub mod memory;
 pub mod model;
 pub mod pipeline;
 mod report;
@@ -14,6 +15,7 @@ pub mod train;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use offgnn_shared::report::human_bytes;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -129,6 +131,10 @@ pub struct TrainArgs {
     /// Use the pread thread pool even where io_uring works.
     #[arg(long)]
     pub pread: bool,
+    /// Refuse to start if the run's stated peak host memory (logged at the
+    /// start and in the summary) exceeds this, e.g. 16G.
+    #[arg(long)]
+    pub memory: Option<String>,
     /// Train at most this many batches per epoch (for quick checks).
     #[arg(long, hide = true)]
     pub max_batches: Option<usize>,
@@ -145,6 +151,49 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     use anyhow::Context;
     let device = device::parse_device(&a.device)?;
+    // Flags are checked before anything is read or staged.
+    let kind = match a.model {
+        Model::Sage => model::ModelKind::Sage,
+        Model::Gat => model::ModelKind::Gat,
+        Model::Mlp => model::ModelKind::Mlp,
+    };
+    let hidden = a.hidden.unwrap_or(match kind {
+        model::ModelKind::Sage | model::ModelKind::Mlp => 256,
+        model::ModelKind::Gat => a.heads * 32,
+    });
+    for (flag, value) in [
+        ("--queue-depth", a.queue_depth),
+        ("--loaders", a.loaders),
+        ("--io-rings", a.io_rings),
+        ("--io-depth", a.io_depth as usize),
+    ] {
+        if value == 0 {
+            anyhow::bail!("{flag} must be at least 1");
+        }
+    }
+    if a.checkpoint_every == Some(0) {
+        anyhow::bail!("--checkpoint-every must be at least 1");
+    }
+    if hidden <= 0
+        || a.heads <= 0
+        || !(0.0..1.0).contains(&a.dropout)
+        || a.lr <= 0.0
+        || !a.lr.is_finite()
+        || a.epochs == 0
+    {
+        anyhow::bail!(
+            "--hidden, --heads and --epochs must be positive, --dropout in [0, 1), --lr positive (got --lr {}, --dropout {}, --hidden {hidden}, --heads {}, --epochs {})",
+            a.lr,
+            a.dropout,
+            a.heads,
+            a.epochs
+        );
+    }
+    let memory_limit = a
+        .memory
+        .as_deref()
+        .map(offgnn_shared::sizes::parse_bytes)
+        .transpose()?;
     let location = a
         .manifest
         .clone()
@@ -160,25 +209,6 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     });
     let layout = layout::Layout::open(&dir, manifest, &engine, true)?;
     let m = &layout.manifest;
-    let kind = match a.model {
-        Model::Sage => model::ModelKind::Sage,
-        Model::Gat => model::ModelKind::Gat,
-        Model::Mlp => model::ModelKind::Mlp,
-    };
-    let hidden = a.hidden.unwrap_or(match kind {
-        model::ModelKind::Sage | model::ModelKind::Mlp => 256,
-        model::ModelKind::Gat => a.heads * 32,
-    });
-    if hidden <= 0
-        || a.heads <= 0
-        || !(0.0..1.0).contains(&a.dropout)
-        || a.lr <= 0.0
-        || a.epochs == 0
-    {
-        anyhow::bail!(
-            "--hidden, --heads and --epochs must be positive, --dropout in [0, 1), --lr positive"
-        );
-    }
     let cfg = train::TrainConfig {
         model: model::ModelConfig {
             kind,
@@ -209,7 +239,29 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         checkpoint_every: a.checkpoint_every,
         interrupt_after: None,
     };
+    let memory = memory::estimate(m, &cfg);
+    tracing::info!(
+        "memory: at most {} (caches {}, batches in flight {}, model {}, activations {}, runtime {})",
+        human_bytes(memory.total_bytes),
+        human_bytes(memory.cache_bytes),
+        human_bytes(memory.batches_in_flight_bytes),
+        human_bytes(memory.model_bytes),
+        human_bytes(memory.activation_bytes),
+        human_bytes(memory.runtime_bytes),
+    );
+    if let Some(limit) = memory_limit
+        && memory.total_bytes > limit
+    {
+        anyhow::bail!(
+            "--memory {}: this run needs up to {} (caches {}, batches in flight {}, activations {}); give more memory, or fewer --loaders or a smaller --queue-depth",
+            human_bytes(limit),
+            human_bytes(memory.total_bytes),
+            human_bytes(memory.cache_bytes),
+            human_bytes(memory.batches_in_flight_bytes),
+            human_bytes(memory.activation_bytes),
+        );
+    }
     let summary = train::train(&layout, &engine, &cfg)?;
-    report::summary(&summary);
+    report::summary(&summary, &memory);
     Ok(())
 }

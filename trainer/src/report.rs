@@ -2,6 +2,7 @@
 
 use offgnn_shared::report::{human_bytes, print_summary};
 
+use crate::memory::MemoryEstimate;
 use crate::train::{EpochMetrics, TrainSummary};
 
 pub fn epoch_row(e: &EpochMetrics) {
@@ -25,7 +26,7 @@ pub fn epoch_row(e: &EpochMetrics) {
     );
 }
 
-pub fn summary(s: &TrainSummary) {
+pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
     let rows = vec![
         ("device", format!("{} (I/O: {})", s.device, s.io_backend)),
         (
@@ -53,10 +54,11 @@ pub fn summary(s: &TrainSummary) {
                 s.mean_epoch_seconds_excl_first
             ),
         ),
+        ("memory (stated peak)", human_bytes(memory.total_bytes)),
     ];
     print_summary(
         "training",
         &rows,
-        &serde_json::json!({ "command": "train", "summary": s }),
+        &serde_json::json!({ "command": "train", "summary": s, "memory": memory }),
     );
 }

@@ -57,6 +57,7 @@ fn fixture_with(cfg: GeneratorConfig) -> Fixture {
         batches_per_file: 5,
         csr: CsrOptions::default(),
         show_progress: false,
+        memory_limit: None,
     })
     .unwrap();
     Fixture {

@@ -43,6 +43,7 @@ fn config(dataset: &Path, out: &str) -> SampleConfig {
         batches_per_file: 3,
         csr: CsrOptions::default(),
         show_progress: false,
+        memory_limit: None,
     }
 }
 

@@ -70,6 +70,7 @@ fn fixture() -> Fixture {
         batches_per_file: 4,
         csr: CsrOptions::default(),
         show_progress: false,
+        memory_limit: None,
     })
     .unwrap();
     let pack_dir = root.join("p");

@@ -1,0 +1,128 @@
+//! The memory a sampling run will use, stated from its flags and the
+//! dataset's shape before any work starts (`--memory` refuses a run whose
+//! statement exceeds it). Every part is an upper bound on what the run
+//! allocates; the end-to-end suite checks a run's peak RSS against it.
+
+use offgnn_shared::dataset::{Dataset, EdgeSource, Split};
+use offgnn_shared::topology::CHUNK;
+use serde::Serialize;
+
+use crate::sample_run::SampleConfig;
+
+/// Edge pairs the CSV reader can hold per line at the least (`0,1\n`).
+const MIN_CSV_LINE: u64 = 4;
+/// The process before any data: code, thread stacks touched, allocator
+/// arenas and the Tokio runtime of the object store (measured at about
+/// 20 MiB; stated with room).
+const RUNTIME_BYTES: u64 = 64 << 20;
+/// Parquet's open row group (flushed past 64 MiB, by one batch at most)
+/// and its encoded pages beside it.
+const ROW_GROUP_BYTES: u64 = 2 * (64 << 20);
+/// The store writer's buffer plus the multipart parts it keeps in flight
+/// (object_store's BufWriter: 16 MiB parts, up to 8 at once).
+const UPLOAD_BYTES: u64 = 9 * (16 << 20);
+
+/// A statement of peak memory, by part.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MemoryEstimate {
+    /// The sampling graph: u64 offsets and u32 neighbor ids.
+    pub graph_bytes: u64,
+    /// Extra while the graph is built: per-node cursors and edge chunks.
+    pub graph_build_bytes: u64,
+    /// Per-thread node maps of the sampler.
+    pub scratch_bytes: u64,
+    /// Sampled batches between the threads and the Parquet encoder, at
+    /// the fan-outs' worst case, and one Arrow copy of each.
+    pub batches_in_flight_bytes: u64,
+    /// Parquet row group, encoded pages and upload buffers.
+    pub output_bytes: u64,
+    /// Every split's seeds and labels, in plan order.
+    pub plan_bytes: u64,
+    pub runtime_bytes: u64,
+    /// Peak: the runtime, the graph, and the larger of the build and the
+    /// sampling that follows it.
+    pub total_bytes: u64,
+}
+
+/// Upper bound on one batch's bytes: seeds and labels, input node ids, and
+/// each block's edges (two u32s each).
+pub fn batch_bytes_bound(num_nodes: u64, batch_size: u64, fanouts: &[usize]) -> u64 {
+    let blocks = offgnn_shared::samples::block_bounds(num_nodes, batch_size, fanouts);
+    let inputs = blocks.first().map_or(batch_size.min(num_nodes), |b| b.0);
+    blocks.iter().fold(
+        8 * batch_size.min(num_nodes) + 4 * inputs,
+        |bytes, &(_, _, edges)| bytes.saturating_add(edges.saturating_mul(8)),
+    )
+}
+
+/// States the peak memory of sampling `ds` as `cfg` says.
+pub fn estimate(ds: &Dataset, cfg: &SampleConfig) -> MemoryEstimate {
+    let n = ds.num_nodes;
+    let input_edges = match &ds.edges.source {
+        EdgeSource::Numpy(f) => f.shape()[1],
+        EdgeSource::Csv(path) => std::fs::metadata(path).map_or(0, |m| m.len() / MIN_CSV_LINE),
+    };
+    let graph_edges = if cfg.csr.add_reverse {
+        input_edges.saturating_mul(2)
+    } else {
+        input_edges
+    };
+    let graph_bytes = 8 * (n + 1) + graph_edges.saturating_mul(4);
+    // Cursors (later the rows' deduplicated degrees), and a chunk of
+    // sources and destinations as read and as u64 pairs.
+    let graph_build_bytes = 8 * n + 4 * (CHUNK as u64) * 16;
+    let threads = cfg.threads as u64;
+    let scratch_bytes = threads * 4 * n;
+    // Windows of 2 x threads batches: one being sampled, one in the
+    // channel, one being encoded.
+    let window = (2 * threads).max(2);
+    let per_batch = batch_bytes_bound(n, cfg.batch_size as u64, &cfg.fanouts);
+    let batches_in_flight_bytes = 3 * window * per_batch * 2;
+    let seeds: u64 = Split::ALL
+        .iter()
+        .map(|&s| {
+            let epochs = if s == Split::Train {
+                cfg.epochs as u64
+            } else {
+                1
+            };
+            ds.split(s).seeds.len() as u64 * epochs
+        })
+        .sum();
+    // Seeds and labels (8 bytes a seed) in each epoch's order, and the
+    // unit plan's copy of them.
+    let plan_bytes = seeds * 8 * 2;
+    let output_bytes = ROW_GROUP_BYTES + UPLOAD_BYTES;
+    let sampling = scratch_bytes + batches_in_flight_bytes + output_bytes + plan_bytes;
+    let total_bytes = RUNTIME_BYTES + graph_bytes + graph_build_bytes.max(sampling);
+    MemoryEstimate {
+        graph_bytes,
+        graph_build_bytes,
+        scratch_bytes,
+        batches_in_flight_bytes,
+        output_bytes,
+        plan_bytes,
+        runtime_bytes: RUNTIME_BYTES,
+        total_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_bound_grows_by_fanout_and_stops_at_the_node_count() {
+        // 2 seeds, fan-out 3: 6 edges, at most 8 input nodes.
+        assert_eq!(batch_bytes_bound(1000, 2, &[3]), 8 * 2 + 6 * 8 + 4 * 8);
+        // Two layers: output layer 2 -> 6 edges (8 nodes), input layer
+        // 8 -> 24 edges (32 nodes).
+        assert_eq!(
+            batch_bytes_bound(1000, 2, &[3, 3]),
+            8 * 2 + 6 * 8 + 24 * 8 + 4 * 32
+        );
+        // Node counts cap at the graph's size.
+        assert_eq!(batch_bytes_bound(4, 2, &[3]), 8 * 2 + 6 * 8 + 4 * 4);
+        assert_eq!(batch_bytes_bound(10, u64::MAX, &[usize::MAX]), u64::MAX);
+    }
+}

@@ -1,0 +1,167 @@
+//! The host memory a training run will use, stated from its flags and the
+//! manifest before any batch is read (`--memory` refuses a run whose
+//! statement exceeds it). Each part is an upper bound; batch sizes come
+//! from the sampling fan-outs' worst case ([`block_bounds`]), so the
+//! statement holds for any batch the layout can hold. The end-to-end suite
+//! checks a run's peak RSS against it.
+
+use offgnn_manifests::Manifest;
+use offgnn_shared::samples::block_bounds;
+use serde::Serialize;
+use tch::Device;
+
+use crate::model::ModelKind;
+use crate::pipeline::FeatureMode;
+use crate::train::TrainConfig;
+
+/// libtorch's CPU runtime once loaded and warmed (its code, OpenMP and
+/// allocator pools, the intra-op threads): `trainer info`, which loads it
+/// and runs one matmul, peaks at 470 MiB here; stated with room.
+const TORCH_RUNTIME_BYTES: u64 = 512 << 20;
+/// The rest of the process: staging, io_uring rings, address tables being
+/// decoded, progress and summaries.
+const PROCESS_BYTES: u64 = 64 << 20;
+/// Disk pages are read whole.
+const PAGE: u64 = 4096;
+/// A layer's tensors, and the gradients of the same sizes in the backward
+/// pass.
+const ACTIVATION_FACTOR: u64 = 2;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MemoryEstimate {
+    /// Feature rows held for the whole run: the two cache tiers (both in
+    /// host memory on the CPU device; the CPU tier pinned on CUDA, with the
+    /// rows it was read from while it loads), or every row (`--features
+    /// memory`).
+    pub cache_bytes: u64,
+    /// Read buffers and assembled inputs of the batches in the pipeline's
+    /// queues.
+    pub batches_in_flight_bytes: u64,
+    /// Parameters, gradients and Adam's two moments.
+    pub model_bytes: u64,
+    /// Activations kept for the backward pass (host memory on the CPU
+    /// device only; on CUDA they live on the GPU).
+    pub activation_bytes: u64,
+    pub runtime_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// States the peak host memory of training `m` as `cfg` says.
+pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
+    let row = m.dataset.row_bytes;
+    let on_cpu = cfg.device == Device::Cpu;
+    let cache_bytes = match cfg.features {
+        FeatureMode::Packed if on_cpu => (m.gpu_cache.rows + m.cpu_cache.rows) * row,
+        // The rows read (then dropped), the tensor made of them, its pinned copy.
+        FeatureMode::Packed => 3 * m.cpu_cache.rows * row + m.gpu_cache.rows * row,
+        FeatureMode::Memory if on_cpu => m.dataset.num_nodes * row,
+        FeatureMode::Memory => 2 * m.dataset.num_nodes * row,
+        FeatureMode::Naive => 0,
+    };
+
+    let blocks = block_bounds(
+        m.dataset.num_nodes,
+        m.samples.batch_size as u64,
+        &m.samples.fanouts,
+    );
+    let inputs = blocks.first().map_or(0, |b| b.0);
+    let largest_disk_cache = m
+        .segments
+        .iter()
+        .map(|s| s.disk_cache_bytes)
+        .max()
+        .unwrap_or(0);
+    // A batch's read: its disk-cache pages (each row on a page of its own
+    // at worst, never more than the segment's cache) and its packed chunk,
+    // both whole pages; its assembled input matrix beside it.
+    let read = (inputs.saturating_mul(PAGE)).min(largest_disk_cache.next_multiple_of(PAGE))
+        + (inputs * row).next_multiple_of(PAGE)
+        + 2 * PAGE;
+    let assembled = inputs * m.dataset.feature_dim * 4;
+    // Each loader holds one batch it reads, `queue_depth` loaded ones and
+    // `queue_depth + 2` spare buffers; the assembler one, the model step
+    // `queue_depth` assembled inputs and the one it trains on.
+    let loaders = cfg.loaders.max(1) as u64;
+    let depth = cfg.queue_depth.max(1) as u64;
+    let batches_in_flight_bytes = if cfg.pipelined {
+        loaders * (2 * depth + 3) * read + (depth + 2) * assembled
+    } else {
+        read + assembled
+    };
+
+    let mc = &cfg.model;
+    let heads = if mc.kind == ModelKind::Gat {
+        mc.heads as u64
+    } else {
+        1
+    };
+    let widths: Vec<u64> = std::iter::once(mc.in_dim as u64)
+        .chain(std::iter::repeat_n(
+            mc.hidden as u64,
+            mc.layers.saturating_sub(1),
+        ))
+        .chain(std::iter::once(mc.classes as u64 * heads))
+        .collect();
+    // Every layer has at most two weight matrices (self and neighbor, or
+    // projection and residual) and a few vectors per output.
+    let params: u64 = widths.windows(2).map(|w| 2 * w[0] * w[1] + 4 * w[1]).sum();
+    let model_bytes = params * 4 * 4;
+
+    let activation_bytes = if on_cpu {
+        let elements: u64 = blocks
+            .iter()
+            .zip(widths.windows(2))
+            .enumerate()
+            .map(|(l, (&(src, dst, edges), w))| {
+                let (d_in, d_out) = (w[0], w[1]);
+                match mc.kind {
+                    // The sources' rows gathered along the edges and summed
+                    // into the destinations, then the two projections, the
+                    // activation and the dropout mask.
+                    ModelKind::Sage => edges
+                        .saturating_mul(d_in)
+                        .saturating_add(dst.saturating_mul(d_in + 6 * d_out)),
+                    // The sources' projection and scores, per-edge scores
+                    // through the softmax, per-edge messages, and the
+                    // destinations' sums, residual and activation.
+                    ModelKind::Gat => src
+                        .saturating_mul(2 * d_out + heads)
+                        .saturating_add(edges.saturating_mul(2 * d_out + 8 * heads))
+                        .saturating_add(dst.saturating_mul(6 * d_out)),
+                    // The seeds' rows only.
+                    ModelKind::Mlp if l == 0 => {
+                        let seeds = blocks.last().map_or(0, |b| b.1);
+                        seeds.saturating_mul(d_in + 6 * d_out)
+                    }
+                    ModelKind::Mlp => {
+                        let seeds = blocks.last().map_or(0, |b| b.1);
+                        seeds.saturating_mul(6 * d_out)
+                    }
+                }
+            })
+            .fold(0u64, u64::saturating_add);
+        // Each kept for the backward pass has a gradient of its size.
+        elements.saturating_mul(4 * ACTIVATION_FACTOR)
+    } else {
+        0
+    };
+
+    let runtime_bytes = TORCH_RUNTIME_BYTES + PROCESS_BYTES;
+    let total_bytes = [
+        cache_bytes,
+        batches_in_flight_bytes,
+        model_bytes,
+        activation_bytes,
+        runtime_bytes,
+    ]
+    .into_iter()
+    .fold(0u64, u64::saturating_add);
+    MemoryEstimate {
+        cache_bytes,
+        batches_in_flight_bytes,
+        model_bytes,
+        activation_bytes,
+        runtime_bytes,
+        total_bytes,
+    }
+}
