@@ -321,14 +321,6 @@ pub struct PackCtx<'a> {
     pub num_nodes: u64,
 }
 
-fn bar(show: bool, len: u64, label: &str, unit: &str) -> indicatif::ProgressBar {
-    if show {
-        offgnn_shared::progress::bar(len, label, unit)
-    } else {
-        indicatif::ProgressBar::hidden()
-    }
-}
-
 impl PackCtx<'_> {
     /// DiskGNN §5.2: the feature file is read once, front to back, and each
     /// piece's rows go to every region that needs them. Two piece buffers
@@ -337,11 +329,7 @@ impl PackCtx<'_> {
     /// while rows are copied out.
     pub fn batched(&self, show: bool) -> Result<PassFigures> {
         let rb = self.row_bytes;
-        let pb = if show {
-            offgnn_shared::progress::bytes_bar(self.num_nodes * rb, "packing")
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
+        let pb = offgnn_shared::progress::bytes_bar_if(show, self.num_nodes * rb, "packing");
         // Pieces never straddle a partition.
         let pieces: Vec<(usize, u64, u64)> = self
             .bounds
@@ -556,7 +544,7 @@ impl PackCtx<'_> {
                 .flat_map(|s| &s.batches)
                 .map(|&b| self.batches[b].cold.len() as u64)
                 .sum::<u64>();
-        let pb = bar(show, total, "packing", "rows");
+        let pb = offgnn_shared::progress::bar_if(show, total, "packing", "rows");
         let mut read = 0u64;
         for (tier, out) in [(&self.cache.gpu, self.gpu), (&self.cache.cpu, self.cpu)] {
             if let Some(out) = out {

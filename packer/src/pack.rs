@@ -106,19 +106,11 @@ pub struct PackSummary {
     pub access_shares: manifests::AccessShares,
 }
 
-fn bar(show: bool, len: u64, label: &str, unit: &str) -> indicatif::ProgressBar {
-    if show {
-        offgnn_shared::progress::bar(len, label, unit)
-    } else {
-        indicatif::ProgressBar::hidden()
-    }
-}
-
 /// Reads every batch of the run, in the order the trainer consumes them:
 /// training epochs in turn, then validation, then test.
 fn load_batches(store: &Store, run: &RunSummary, show: bool) -> Result<Vec<BatchInfo>> {
     let total: u64 = run.files.iter().map(|f| f.batches as u64).sum();
-    let pb = bar(show, total, "loading", "batches");
+    let pb = offgnn_shared::progress::bar_if(show, total, "loading", "batches");
     let mut out = Vec::with_capacity(total as usize);
     for split in Split::ALL {
         let epochs = run.counts.get(&split).map_or(0, |c| c.epochs);
@@ -753,7 +745,7 @@ fn write_tables(
     type Table = TableWriter<CrcWriter<BufWriter<File>>>;
     let mut writers: Vec<Option<Table>> = (0..segments.len()).map(|_| None).collect();
     let mut totals = TableTotals::default();
-    let pb = bar(show, batches.len() as u64, "tables", "batches");
+    let pb = offgnn_shared::progress::bar_if(show, batches.len() as u64, "tables", "batches");
     for file in &run.files {
         for b in offgnn_shared::samples::read_file(samples, file)? {
             let Some(&(si, ri)) = place.get(&(b.split, b.epoch, b.index)) else {
@@ -818,11 +810,7 @@ fn write_tables(
 /// Copies the staged objects to a remote store.
 fn upload(out: &Store, staging: &Path, objects: &[Object], show: bool) -> Result<()> {
     let total = objects.iter().map(|o| o.size).sum();
-    let pb = if show {
-        offgnn_shared::progress::bytes_bar(total, "uploading")
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let pb = offgnn_shared::progress::bytes_bar_if(show, total, "uploading");
     for o in objects {
         let path = staging.join(&o.name);
         // A multipart upload cannot resend one failed part: the whole object

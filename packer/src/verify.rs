@@ -241,11 +241,7 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
             tables.len()
         )));
     }
-    let pb = if show {
-        offgnn_shared::progress::bar(scheduled as u64, "verifying", "batches")
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let pb = offgnn_shared::progress::bar_if(show, scheduled as u64, "verifying", "batches");
     let mut summary = VerifySummary {
         manifest: origin,
         objects: m.objects.len(),

@@ -260,11 +260,12 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         })?;
 
     let csr_started = Instant::now();
-    let bar = if cfg.show_progress {
-        offgnn_shared::progress::bar(ds.edges.len_hint().unwrap_or(0) * 2, "topology", "edges")
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = offgnn_shared::progress::bar_if(
+        cfg.show_progress,
+        ds.edges.len_hint().unwrap_or(0) * 2,
+        "topology",
+        "edges",
+    );
     // Sampling is over distinct neighbors: repeated edges are kept once, so
     // no neighbor can be taken twice for one node in one layer.
     let csr_opts = CsrOptions {
@@ -309,11 +310,7 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
 
     let units = plan(ds, cfg, true);
     let total: u64 = units.iter().map(|u| u.batches.len() as u64).sum();
-    let bar = if cfg.show_progress {
-        offgnn_shared::progress::bar(total, "sampling", "batches")
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = offgnn_shared::progress::bar_if(cfg.show_progress, total, "sampling", "batches");
     let scratch = Mutex::new(Vec::<Scratch>::new());
     let sample_started = Instant::now();
     let mut files = Vec::with_capacity(units.len());

@@ -15,6 +15,24 @@ pub fn bar(len: u64, label: &str, unit: &str) -> ProgressBar {
         .with_prefix(label.to_string())
 }
 
+/// [`bar`] when `show`, else a hidden bar (quiet library calls and tests).
+pub fn bar_if(show: bool, len: u64, label: &str, unit: &str) -> ProgressBar {
+    if show {
+        bar(len, label, unit)
+    } else {
+        ProgressBar::hidden()
+    }
+}
+
+/// [`bytes_bar`] when `show`, else a hidden bar.
+pub fn bytes_bar_if(show: bool, len: u64, label: &str) -> ProgressBar {
+    if show {
+        bytes_bar(len, label)
+    } else {
+        ProgressBar::hidden()
+    }
+}
+
 /// A bar over bytes.
 pub fn bytes_bar(len: u64, label: &str) -> ProgressBar {
     let style = ProgressStyle::with_template(

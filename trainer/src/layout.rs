@@ -79,11 +79,7 @@ impl Layout {
     /// Opens a local layout, checking every object first.
     pub fn open(dir: &Path, manifest: Manifest, engine: &IoEngine, show: bool) -> Result<Layout> {
         let total: u64 = manifest.objects.iter().map(|o| o.size).sum();
-        let pb = if show {
-            offgnn_shared::progress::bytes_bar(total, "checking")
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
+        let pb = offgnn_shared::progress::bytes_bar_if(show, total, "checking");
         manifest.objects.par_iter().try_for_each(|o| {
             check_object(dir, o)?;
             pb.inc(o.size);

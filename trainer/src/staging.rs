@@ -49,11 +49,7 @@ pub fn resolve(
     let bytes = store.get(&name)?;
     let manifest = Manifest::parse(&origin, &bytes)?;
     let total: u64 = manifest.objects.iter().map(|o| o.size).sum();
-    let pb = if show {
-        offgnn_shared::progress::bytes_bar(total, "staging")
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let pb = offgnn_shared::progress::bytes_bar_if(show, total, "staging");
     for o in &manifest.objects {
         if check_object(local, o).is_ok() {
             pb.inc(o.size);
