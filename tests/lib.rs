@@ -78,6 +78,17 @@ pub fn run_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     }
 }
 
+/// Writes a synthetic dataset at `dir/g` with `sampler generate` and these
+/// flags, failing the test if that fails; returns its directory.
+pub fn generate(dir: &Path, flags: &[&str]) -> PathBuf {
+    let ds = dir.join("g");
+    let mut args = vec!["generate", "--out", ds.to_str().expect("a UTF-8 path")];
+    args.extend_from_slice(flags);
+    let r = run("sampler", &args);
+    assert!(r.status.success(), "sampler generate: {}", r.stderr);
+    ds
+}
+
 /// Runs a workspace binary under `/usr/bin/time` (scripts/setup installs
 /// it) and returns the run and its peak resident memory in bytes. The
 /// time line is taken off stderr.

@@ -17,22 +17,11 @@ struct Fixture {
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
-    let ds = root.join("g");
+    let ds = offgnn_e2e::generate(
+        &root,
+        &["--nodes", "2000", "--feature-dim", "8", "--classes", "4"],
+    );
     let ok = |r: offgnn_e2e::Run| assert!(r.status.success(), "{}", r.stderr);
-    ok(run(
-        "sampler",
-        &[
-            "generate",
-            "--out",
-            ds.to_str().unwrap(),
-            "--nodes",
-            "2000",
-            "--feature-dim",
-            "8",
-            "--classes",
-            "4",
-        ],
-    ));
     let samples = root.join("samples");
     ok(run(
         "sampler",

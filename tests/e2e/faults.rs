@@ -11,13 +11,9 @@ use std::time::{Duration, Instant};
 use offgnn_e2e::{S3, S3Server, binary, run, run_env};
 
 fn generate(dir: &Path, nodes: &str) -> PathBuf {
-    let ds = dir.join("g");
-    let r = run(
-        "sampler",
+    offgnn_e2e::generate(
+        dir,
         &[
-            "generate",
-            "--out",
-            ds.to_str().unwrap(),
             "--nodes",
             nodes,
             "--feature-dim",
@@ -29,9 +25,7 @@ fn generate(dir: &Path, nodes: &str) -> PathBuf {
             "--valid-fraction",
             "0.1",
         ],
-    );
-    assert!(r.status.success(), "{}", r.stderr);
-    ds
+    )
 }
 
 fn sample_args<'a>(ds: &'a Path, out: &'a str) -> Vec<&'a str> {

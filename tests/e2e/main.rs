@@ -381,14 +381,10 @@ fn packer_peak_memory_stays_within_its_budget() {
         panic!("/usr/bin/time is missing: scripts/setup installs it");
     }
     let dir = tempfile::tempdir().unwrap();
-    let ds = dir.path().join("g");
     // 100K nodes x 256-d float32: a 102 MB feature file.
-    let r = run(
-        "sampler",
+    let ds = offgnn_e2e::generate(
+        dir.path(),
         &[
-            "generate",
-            "--out",
-            ds.to_str().unwrap(),
             "--nodes",
             "100000",
             "--feature-dim",
@@ -397,7 +393,6 @@ fn packer_peak_memory_stays_within_its_budget() {
             "0.01",
         ],
     );
-    assert!(r.status.success(), "{}", r.stderr);
     let samples = dir.path().join("s");
     let r = run(
         "sampler",
@@ -449,14 +444,10 @@ fn packer_peak_memory_stays_within_its_budget() {
 #[test]
 fn sampler_states_its_memory_and_holds_to_it() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = dir.path().join("g");
     // 300K nodes, about 3M edges: a graph of some 25 MB.
-    let r = run(
-        "sampler",
+    let ds = offgnn_e2e::generate(
+        dir.path(),
         &[
-            "generate",
-            "--out",
-            ds.to_str().unwrap(),
             "--nodes",
             "300000",
             "--feature-dim",
@@ -465,7 +456,6 @@ fn sampler_states_its_memory_and_holds_to_it() {
             "0.05",
         ],
     );
-    assert!(r.status.success(), "{}", r.stderr);
     let sample = |out: &str, memory: &str| {
         offgnn_e2e::run_peak(
             "sampler",

@@ -1,17 +1,13 @@
 //! The three programs with every location an s3:// URL, against the
 //! S3-compatible server `scripts/test` starts on loopback.
 
-use offgnn_e2e::{S3, run, run_env};
+use offgnn_e2e::{S3, run_env};
 
 /// Generates a small graph locally and uploads its feature file.
 fn graph_with_remote_features(dir: &std::path::Path, s3: &S3, prefix: &str) -> std::path::PathBuf {
-    let ds = dir.join("g");
-    let r = run(
-        "sampler",
+    let ds = offgnn_e2e::generate(
+        dir,
         &[
-            "generate",
-            "--out",
-            ds.to_str().unwrap(),
             "--nodes",
             "4000",
             "--feature-dim",
@@ -24,7 +20,6 @@ fn graph_with_remote_features(dir: &std::path::Path, s3: &S3, prefix: &str) -> s
             "0.1",
         ],
     );
-    assert!(r.status.success(), "{}", r.stderr);
     s3.store(prefix)
         .put("feat.npy", std::fs::read(ds.join("data/feat.npy")).unwrap())
         .unwrap();
