@@ -107,30 +107,43 @@ pub struct PackSummary {
 }
 
 /// Reads every batch of the run, in the order the trainer consumes them:
-/// training epochs in turn, then validation, then test.
+/// training epochs in turn, then validation, then test. Files are fetched,
+/// checked and decoded in parallel (one per thread at a time); the order
+/// is kept.
 fn load_batches(store: &Store, run: &RunSummary, show: bool) -> Result<Vec<BatchInfo>> {
+    use rayon::prelude::*;
     let total: u64 = run.files.iter().map(|f| f.batches as u64).sum();
     let pb = offgnn_shared::progress::bar_if(show, total, "loading", "batches");
-    let mut out = Vec::with_capacity(total as usize);
+    let mut files = Vec::new();
     for split in Split::ALL {
         let epochs = run.counts.get(&split).map_or(0, |c| c.epochs);
         for epoch in 0..epochs {
-            for file in run.files_of(split, epoch) {
-                for b in offgnn_shared::samples::read_file(store, file)? {
-                    out.push(BatchInfo {
-                        split,
-                        epoch,
-                        index: b.index,
-                        cold: Vec::new(),
-                        inputs: b.input_nodes,
-                    });
-                    pb.inc(1);
-                }
-            }
+            files.extend(
+                run.files_of(split, epoch)
+                    .into_iter()
+                    .map(|f| (split, epoch, f)),
+            );
         }
     }
+    let per_file: Vec<Vec<BatchInfo>> = files
+        .par_iter()
+        .map(|&(split, epoch, file)| -> Result<Vec<BatchInfo>> {
+            let batches = offgnn_shared::samples::read_file(store, file)?;
+            pb.inc(batches.len() as u64);
+            Ok(batches
+                .into_iter()
+                .map(|b| BatchInfo {
+                    split,
+                    epoch,
+                    index: b.index,
+                    cold: Vec::new(),
+                    inputs: b.input_nodes,
+                })
+                .collect())
+        })
+        .collect::<Result<_>>()?;
     pb.finish_and_clear();
-    Ok(out)
+    Ok(per_file.into_iter().flatten().collect())
 }
 
 /// Runs a packing job.
