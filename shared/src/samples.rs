@@ -481,20 +481,19 @@ pub fn decode_file(origin: &str, bytes: bytes::Bytes) -> Result<Vec<SampledBatch
     // child count that overflows an allocation, also found by fuzzing): a
     // panic inside it is this file's fault, reported as such. Only calls
     // into parquet are guarded; a panic in our own checks stays a bug.
-    let guarded =
-        |step: &dyn Fn() -> String| fault(&format!("the Parquet decoder failed ({})", step()));
+    let guarded = |step: String| fault(&format!("the Parquet decoder failed ({step})"));
     let mut reader = std::panic::catch_unwind(|| {
         parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new_with_options(
             bytes, options,
         )
         .and_then(|b| b.with_batch_size(16).build())
     })
-    .map_err(|_| guarded(&|| "footer".into()))?
+    .map_err(|_| guarded("footer".into()))?
     .map_err(|e| fault(&e))?;
     let mut out = Vec::new();
     loop {
         let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next()))
-            .map_err(|_| guarded(&|| format!("row group after {} batches", out.len())))?;
+            .map_err(|_| guarded(format!("row group after {} batches", out.len())))?;
         let Some(rb) = next else { break };
         let rb = rb.map_err(|e| fault(&e))?;
         out.extend(from_record_batch(origin, &rb)?);

@@ -95,13 +95,14 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
     } else {
         1
     };
-    let widths: Vec<u64> = std::iter::once(mc.in_dim as u64)
-        .chain(std::iter::repeat_n(
-            mc.hidden as u64,
-            mc.layers.saturating_sub(1),
-        ))
-        .chain(std::iter::once(mc.classes as u64 * heads))
+    // The model's layer widths; GAT's output layer has one set per head.
+    let mut widths: Vec<u64> = crate::model::widths(mc)
+        .into_iter()
+        .map(|w| w as u64)
         .collect();
+    if let Some(last) = widths.last_mut() {
+        *last *= heads;
+    }
     // Every layer has at most two weight matrices (self and neighbor, or
     // projection and residual) and a few vectors per output.
     let params: u64 = widths.windows(2).map(|w| 2 * w[0] * w[1] + 4 * w[1]).sum();

@@ -54,7 +54,7 @@ pub fn build(vs: &nn::Path, cfg: &ModelConfig) -> Box<dyn Gnn> {
 }
 
 /// Layer widths: input, `layers - 1` hidden, classes.
-fn widths(cfg: &ModelConfig) -> Vec<i64> {
+pub(crate) fn widths(cfg: &ModelConfig) -> Vec<i64> {
     std::iter::once(cfg.in_dim)
         .chain(std::iter::repeat_n(cfg.hidden, cfg.layers - 1))
         .chain(std::iter::once(cfg.classes))
@@ -126,10 +126,7 @@ pub struct Sage {
 
 impl Sage {
     pub fn new(vs: &nn::Path, cfg: &ModelConfig) -> Self {
-        let dims: Vec<i64> = std::iter::once(cfg.in_dim)
-            .chain(std::iter::repeat_n(cfg.hidden, cfg.layers - 1))
-            .chain(std::iter::once(cfg.classes))
-            .collect();
+        let dims = widths(cfg);
         let mut self_lin = Vec::new();
         let mut neigh_lin = Vec::new();
         for l in 0..cfg.layers {
