@@ -191,10 +191,10 @@ impl AlignedBuf {
             let cap = page_capacity(len);
             let ptr = alloc_zeroed_pages(cap);
             // SAFETY: both allocations hold at least `self.len` bytes and are
-            // distinct; the old one is freed with the layout it was made with.
+            // distinct; the old one is freed as it was made.
             unsafe {
                 std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), ptr.as_ptr(), self.len);
-                std::alloc::dealloc(self.ptr.as_ptr(), buf_layout(self.cap));
+                free_pages(self.ptr, self.cap);
             }
             self.ptr = ptr;
             self.cap = cap;
@@ -212,8 +212,8 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: `ptr` was allocated with exactly this layout and is freed once.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), buf_layout(self.cap)) };
+        // SAFETY: `ptr` came from `alloc_zeroed_pages(self.cap)` and is freed once.
+        unsafe { free_pages(self.ptr, self.cap) };
     }
 }
 
@@ -232,32 +232,60 @@ fn page_capacity(len: usize) -> usize {
         .expect("an aligned buffer of more than usize::MAX bytes")
 }
 
-/// Buffers of this size or more are aligned to it and asked to be backed by
-/// transparent huge pages: a multi-GB packing partition then takes a few
-/// thousand page faults to zero instead of a million (each costly in a VM).
+/// Buffers of this size or more are mapped from the kernel on their own and
+/// asked to be backed by transparent huge pages: their pages arrive zeroed
+/// when first touched (no second pass to zero them, which in a VM costs
+/// as much as the first), and a multi-GB packing partition takes a few
+/// thousand page faults instead of a million.
 const HUGE_PAGE: usize = 2 << 20;
 
-fn buf_layout(cap: usize) -> std::alloc::Layout {
-    let align = if cap >= HUGE_PAGE { HUGE_PAGE } else { PAGE };
-    std::alloc::Layout::from_size_align(cap, align)
+fn small_layout(cap: usize) -> std::alloc::Layout {
+    std::alloc::Layout::from_size_align(cap, PAGE)
         .expect("an aligned buffer of more than isize::MAX bytes")
 }
 
 /// `cap` zeroed bytes (a nonzero multiple of [`PAGE`]), aligned for
-/// O_DIRECT; huge-page backed where large enough and the kernel agrees.
+/// O_DIRECT; from an anonymous mapping where large enough.
 fn alloc_zeroed_pages(cap: usize) -> NonNull<u8> {
-    let layout = buf_layout(cap);
-    // SAFETY: the layout's size is at least one page, never zero.
-    let raw = unsafe { std::alloc::alloc(layout) };
-    let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
     if cap >= HUGE_PAGE {
-        // SAFETY: advice on this allocation's own range, which is aligned to
-        // the huge page size; a refusal (THP off) changes nothing.
-        unsafe { libc::madvise(raw.cast(), cap, libc::MADV_HUGEPAGE) };
+        // SAFETY: a fresh private anonymous mapping, no address hint; the
+        // kernel returns page-aligned memory that reads as zero.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                cap,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            std::alloc::handle_alloc_error(small_layout(cap));
+        }
+        // SAFETY: advice on this mapping's own range; a refusal (THP off)
+        // changes nothing.
+        unsafe { libc::madvise(raw, cap, libc::MADV_HUGEPAGE) };
+        return NonNull::new(raw.cast()).expect("mmap does not return null on success");
     }
-    // SAFETY: the allocation holds `cap` bytes; zeroing them initializes all.
-    unsafe { std::ptr::write_bytes(raw, 0, cap) };
-    ptr
+    let layout = small_layout(cap);
+    // SAFETY: the layout's size is at least one page, never zero.
+    let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+    NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout))
+}
+
+/// Frees what [`alloc_zeroed_pages`] returned.
+///
+/// # Safety
+/// `ptr` came from `alloc_zeroed_pages(cap)` and is not used again.
+unsafe fn free_pages(ptr: NonNull<u8>, cap: usize) {
+    if cap >= HUGE_PAGE {
+        // SAFETY: the caller passes a mapping of exactly `cap` bytes.
+        unsafe { libc::munmap(ptr.as_ptr().cast(), cap) };
+    } else {
+        // SAFETY: allocated with exactly this layout.
+        unsafe { std::alloc::dealloc(ptr.as_ptr(), small_layout(cap)) };
+    }
 }
 
 /// Reads byte ranges of files into [`AlignedBuf`]s over io_uring or `pread`.
@@ -450,8 +478,53 @@ impl IoEngine {
         self.submit(file, reqs, base, true)
     }
 
+    /// Starts writing the requests from `buf` (as [`IoEngine::write`]) and
+    /// returns at once: the engine holds the buffer and the file until the
+    /// writes finish, and [`PendingWrite::wait`] gives the buffer back with
+    /// the outcome. A caller thus gathers its next buffer while the disk
+    /// takes the last one.
+    pub fn write_behind(
+        &self,
+        file: &Arc<IoFile>,
+        reqs: &[ReadReq],
+        buf: AlignedBuf,
+    ) -> Result<PendingWrite> {
+        if !file.writable {
+            return Err(invalid(file, "was not opened for writing".into()));
+        }
+        check_requests(file, reqs, &buf)?;
+        let base = buf.as_slice().as_ptr().cast_mut();
+        let (batch, total) = self.enqueue(file, reqs, base, true);
+        Ok(PendingWrite {
+            batch,
+            total,
+            buf: Some(buf),
+            _file: Arc::clone(file),
+        })
+    }
+
     /// Cuts the requests into pieces, queues them and waits for the last.
     fn submit(&self, file: &IoFile, reqs: &[ReadReq], base: *mut u8, write: bool) -> Result<u64> {
+        let (batch, total) = self.enqueue(file, reqs, base, write);
+        // The buffer and `file` stay borrowed until every piece has finished:
+        // the kernel and the workers use `dst` only before that.
+        batch.wait();
+        match lock(&batch.error).take() {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
+    }
+
+    /// Cuts the requests into pieces and queues them; the batch is finished
+    /// once every piece is (at once when there are none). The caller keeps
+    /// the buffer behind `base` and the file alive until then.
+    fn enqueue(
+        &self,
+        file: &IoFile,
+        reqs: &[ReadReq],
+        base: *mut u8,
+        write: bool,
+    ) -> (Arc<Batch>, u64) {
         let batch = Arc::new(Batch::new(file, write));
         let fd = file.file.as_raw_fd();
         let mut pieces = Vec::with_capacity(reqs.len());
@@ -474,17 +547,54 @@ impl IoEngine {
             total += req.len as u64;
         }
         if pieces.is_empty() {
-            return Ok(0);
+            *lock(&batch.finished) = true;
+        } else {
+            batch.remaining.store(pieces.len(), Ordering::Relaxed);
+            self.queue.push(pieces);
         }
-        batch.remaining.store(pieces.len(), Ordering::Relaxed);
-        self.queue.push(pieces);
-        // The buffer and `file` stay borrowed until every piece has finished:
-        // the kernel and the workers use `dst` only before that.
-        batch.wait();
-        match lock(&batch.error).take() {
+        (batch, total)
+    }
+}
+
+/// A write started by [`IoEngine::write_behind`]: it owns the buffer (and a
+/// handle on the file) until the write is done. Dropping it waits for the
+/// write; leaking it leaks the buffer, which the kernel may still read.
+pub struct PendingWrite {
+    batch: Arc<Batch>,
+    total: u64,
+    buf: Option<AlignedBuf>,
+    _file: Arc<IoFile>,
+}
+
+impl PendingWrite {
+    /// Waits for the write and returns the bytes written (or its first
+    /// error) and the buffer, free for reuse.
+    pub fn wait(mut self) -> (Result<u64>, AlignedBuf) {
+        self.batch.wait();
+        let outcome = match lock(&self.batch.error).take() {
             Some(e) => Err(e),
-            None => Ok(total),
+            None => Ok(self.total),
+        };
+        let buf = self.buf.take().expect("a pending write holds its buffer");
+        (outcome, buf)
+    }
+}
+
+impl Drop for PendingWrite {
+    fn drop(&mut self) {
+        // The buffer must outlive the workers' reads from it.
+        if self.buf.is_some() {
+            self.batch.wait();
         }
+    }
+}
+
+impl fmt::Debug for PendingWrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PendingWrite")
+            .field("path", &self.batch.path)
+            .field("bytes", &self.total)
+            .finish()
     }
 }
 
@@ -697,7 +807,10 @@ struct Piece {
 // made the piece. That call holds the buffer (`&mut` for a read, `&` for a
 // write, which only reads through `dst`) and the `&IoFile` behind `fd`, and
 // does not return before the piece is finished, so the memory and the
-// descriptor outlive every use on the worker thread; `check_requests` makes
+// descriptor outlive every use on the worker thread. A `write_behind` piece's
+// buffer and file are owned by its `PendingWrite`, which frees neither before
+// the piece is finished (its drop waits; a leaked one frees nothing), and the
+// workers only read through `dst`; `check_requests` makes
 // the pieces' ranges of the buffer disjoint, so no two threads write the
 // same bytes.
 unsafe impl Send for Piece {}
@@ -1103,9 +1216,9 @@ mod tests {
         }
     }
 
-    fn message(result: Result<u64>) -> String {
+    fn message<T: fmt::Debug>(result: Result<T>) -> String {
         match result {
-            Ok(n) => panic!("expected an error, read {n} bytes"),
+            Ok(n) => panic!("expected an error, got {n:?}"),
             Err(e) => e.to_string(),
         }
     }
@@ -1474,6 +1587,68 @@ mod tests {
         assert!(err.contains("not opened for writing"), "{err}");
     }
 
+    fn writes_behind_land_where_asked(backend: Backend) {
+        let Some(engine) = engine(backend, 2, 4) else {
+            return;
+        };
+        let fx = fixture(3 << 20, 22);
+        let file = Arc::new(engine.open_write(&fx.path).expect("opening for writing"));
+        // Eight buffers in flight at once, each to its own 384 KiB run (more
+        // than one piece for some), then two more: one waited for, one only
+        // dropped.
+        let mut rng = Pcg64::seed_from_u64(6);
+        let run = 96 * PAGE;
+        let mut want = fx.bytes.clone();
+        let mut pending = Vec::new();
+        for k in 0..8 {
+            let mut buf = AlignedBuf::new(run + PAGE);
+            rng.fill_bytes(buf.as_mut_slice());
+            let req = ReadReq {
+                offset: (k * run) as u64,
+                len: run,
+                buf_offset: PAGE,
+            };
+            want[k * run..][..run].copy_from_slice(&buf.as_slice()[PAGE..]);
+            pending.push(engine.write_behind(&file, &[req], buf).expect("queued"));
+        }
+        for p in pending {
+            let (written, buf) = p.wait();
+            assert_eq!(written.expect("written"), run as u64);
+            assert_eq!(buf.len(), run + PAGE, "the buffer comes back whole");
+        }
+        let mut last = AlignedBuf::new(PAGE);
+        rng.fill_bytes(last.as_mut_slice());
+        let at = fx.bytes.len() - PAGE;
+        want[at..].copy_from_slice(last.as_slice());
+        let req = ReadReq {
+            offset: at as u64,
+            len: PAGE,
+            buf_offset: 0,
+        };
+        drop(engine.write_behind(&file, &[req], last).expect("queued"));
+        // No requests: finished at once.
+        let (written, _) = engine
+            .write_behind(&file, &[], AlignedBuf::new(PAGE))
+            .expect("queued")
+            .wait();
+        assert_eq!(written.expect("nothing to write"), 0);
+        assert!(
+            std::fs::read(&fx.path).unwrap() == want,
+            "the file holds what was written"
+        );
+        // A request that does not fit its buffer is refused before any write.
+        let req = ReadReq {
+            offset: 0,
+            len: 2 * PAGE,
+            buf_offset: 0,
+        };
+        let err = message(engine.write_behind(&file, &[req], AlignedBuf::new(PAGE)));
+        assert!(err.contains("does not fit"), "{err}");
+        let read_only = Arc::new(open(&engine, &fx));
+        let err = message(engine.write_behind(&read_only, &[], AlignedBuf::new(PAGE)));
+        assert!(err.contains("not opened for writing"), "{err}");
+    }
+
     macro_rules! both_backends {
         ($($case:ident),* $(,)?) => {
             mod on_io_uring {
@@ -1487,6 +1662,7 @@ mod tests {
 
     both_backends!(
         writes_land_where_asked,
+        writes_behind_land_where_asked,
         random_requests_match_file,
         whole_file_in_one_request,
         reads_at_end_of_file,
@@ -1575,6 +1751,25 @@ mod tests {
                 .all(|(i, &b)| b == i as u8 | 1)
         );
         assert!(buf.as_slice()[10..].iter().all(|&b| b == 0));
+        // Past `HUGE_PAGE` the buffer is a mapping of its own: zeroed,
+        // aligned, the prefix kept across a move from the heap and between
+        // mappings.
+        buf.resize(HUGE_PAGE + 1);
+        assert_eq!(buf.capacity(), HUGE_PAGE + PAGE);
+        assert_eq!(buf.as_slice().as_ptr() as usize % PAGE, 0);
+        assert!(
+            buf.as_slice()[..10]
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == i as u8 | 1)
+        );
+        assert!(buf.as_slice()[10..].iter().all(|&b| b == 0));
+        buf.as_mut_slice()[HUGE_PAGE] = 7;
+        buf.resize(3 * HUGE_PAGE);
+        assert_eq!(buf.as_slice()[HUGE_PAGE], 7);
+        assert!(buf.as_slice()[HUGE_PAGE + 1..].iter().all(|&b| b == 0));
+        let big = AlignedBuf::new(5 * HUGE_PAGE);
+        assert!(big.as_slice().iter().all(|&b| b == 0));
     }
 
     #[test]
