@@ -165,38 +165,107 @@ pub fn to_record_batch(batches: &[SampledBatch]) -> Result<RecordBatch> {
         .map_err(|e| Error::InvalidArgument(format!("cannot encode batches: {e}")))
 }
 
-/// Decodes the rows of a record batch, checking the invariants a consumer
-/// relies on (ids in range, offsets consistent). `origin` names the file.
-pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBatch>> {
-    let bad = |fault: String| Error::Store {
-        url: origin.to_string(),
-        fault,
-    };
-    let col = |name: &str| -> Result<&ArrayRef> {
-        rb.column_by_name(name)
-            .ok_or_else(|| bad(format!("no column '{name}': not a samples file")))
-    };
-    let list = |name: &str| -> Result<&ListArray> {
-        col(name)?
+/// A record batch's columns by name, cast with checks; `origin` names the
+/// file in errors.
+struct Columns<'a> {
+    origin: &'a str,
+    rb: &'a RecordBatch,
+}
+
+impl<'a> Columns<'a> {
+    fn bad(&self, fault: String) -> Error {
+        Error::Store {
+            url: self.origin.to_string(),
+            fault,
+        }
+    }
+
+    fn col(&self, name: &str) -> Result<&'a ArrayRef> {
+        self.rb
+            .column_by_name(name)
+            .ok_or_else(|| self.bad(format!("no column '{name}': not a samples file")))
+    }
+
+    fn list(&self, name: &str) -> Result<&'a ListArray> {
+        self.col(name)?
             .as_list_opt::<i32>()
-            .ok_or_else(|| bad(format!("column '{name}' is not a list")))
-    };
-    let u32s = |l: &ListArray, row: usize| -> Result<Vec<u32>> {
+            .ok_or_else(|| self.bad(format!("column '{name}' is not a list")))
+    }
+
+    fn u32s(&self, l: &ListArray, row: usize) -> Result<Vec<u32>> {
         let v = l.value(row);
         v.as_primitive_opt::<UInt32Type>()
             .map(|a| a.values().to_vec())
-            .ok_or_else(|| bad("a list column does not hold uint32".into()))
-    };
-    let split = col("split")?
-        .as_string_opt::<i32>()
-        .ok_or_else(|| bad("column 'split' is not utf8".into()))?;
-    let epoch = col("epoch")?
-        .as_primitive_opt::<UInt32Type>()
-        .ok_or_else(|| bad("column 'epoch' is not uint32".into()))?;
-    let index = col("index")?
-        .as_primitive_opt::<UInt32Type>()
-        .ok_or_else(|| bad("column 'index' is not uint32".into()))?;
-    let (seeds, labels, input) = (list("seeds")?, list("labels")?, list("input_nodes")?);
+            .ok_or_else(|| self.bad("a list column does not hold uint32".into()))
+    }
+
+    /// Each row's split, epoch and index.
+    fn ids(&self) -> Result<Vec<(Split, u32, u32)>> {
+        let split = self
+            .col("split")?
+            .as_string_opt::<i32>()
+            .ok_or_else(|| self.bad("column 'split' is not utf8".into()))?;
+        let epoch = self
+            .col("epoch")?
+            .as_primitive_opt::<UInt32Type>()
+            .ok_or_else(|| self.bad("column 'epoch' is not uint32".into()))?;
+        let index = self
+            .col("index")?
+            .as_primitive_opt::<UInt32Type>()
+            .ok_or_else(|| self.bad("column 'index' is not uint32".into()))?;
+        (0..self.rb.num_rows())
+            .map(|row| {
+                let split = match split.value(row) {
+                    "train" => Split::Train,
+                    "valid" => Split::Valid,
+                    "test" => Split::Test,
+                    other => return Err(self.bad(format!("row {row}: unknown split '{other}'"))),
+                };
+                Ok((split, epoch.value(row), index.value(row)))
+            })
+            .collect()
+    }
+
+    /// Row `row`'s seeds and input nodes, the seeds a prefix of the inputs.
+    fn seeds_and_inputs(&self, row: usize) -> Result<(Vec<u32>, Vec<u32>)> {
+        let seeds = self.u32s(self.list("seeds")?, row)?;
+        let inputs = self.u32s(self.list("input_nodes")?, row)?;
+        if inputs.get(..seeds.len()) != Some(&seeds[..]) {
+            return Err(self.bad(format!(
+                "row {row}: the seeds are not the first input nodes"
+            )));
+        }
+        Ok((seeds, inputs))
+    }
+}
+
+/// Each row's identity and input nodes ([`read_inputs`]).
+fn inputs_from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<BatchInputs>> {
+    let cols = Columns { origin, rb };
+    cols.ids()?
+        .into_iter()
+        .enumerate()
+        .map(|(row, (split, epoch, index))| {
+            let (_, input_nodes) = cols.seeds_and_inputs(row)?;
+            Ok(BatchInputs {
+                split,
+                epoch,
+                index,
+                input_nodes,
+            })
+        })
+        .collect()
+}
+
+/// Decodes the rows of a record batch, checking the invariants a consumer
+/// relies on (ids in range, offsets consistent). `origin` names the file.
+pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBatch>> {
+    let cols = Columns { origin, rb };
+    let bad = |fault: String| cols.bad(fault);
+    let list = |name: &str| cols.list(name);
+    let u32s = |l: &ListArray, row: usize| cols.u32s(l, row);
+    let ids = cols.ids()?;
+    let labels = list("labels")?;
     let (nsrc, ndst, offs) = (
         list("block_num_src")?,
         list("block_num_dst")?,
@@ -204,13 +273,7 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
     );
     let (esrc, edst) = (list("edge_src")?, list("edge_dst")?);
     let mut out = Vec::with_capacity(rb.num_rows());
-    for row in 0..rb.num_rows() {
-        let split = match split.value(row) {
-            "train" => Split::Train,
-            "valid" => Split::Valid,
-            "test" => Split::Test,
-            other => return Err(bad(format!("row {row}: unknown split '{other}'"))),
-        };
+    for (row, (split, epoch, index)) in ids.into_iter().enumerate() {
         let offsets: Vec<u64> = offs
             .value(row)
             .as_primitive_opt::<UInt64Type>()
@@ -218,7 +281,7 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
             .ok_or_else(|| bad("column 'block_edge_offsets' is not uint64".into()))?;
         let (num_src, num_dst) = (u32s(nsrc, row)?, u32s(ndst, row)?);
         let (src, dst) = (u32s(esrc, row)?, u32s(edst, row)?);
-        let input_nodes = u32s(input, row)?;
+        let (seeds, input_nodes) = cols.seeds_and_inputs(row)?;
         let layers = num_src.len();
         if num_dst.len() != layers
             || offsets.len() != layers + 1
@@ -254,17 +317,18 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
             }
             blocks.push(block);
         }
-        let seeds = u32s(seeds, row)?;
         let labels = u32s(labels, row)?;
-        if labels.len() != seeds.len() || input_nodes.get(..seeds.len()) != Some(&seeds[..]) {
+        if labels.len() != seeds.len() {
             return Err(bad(format!(
-                "row {row}: seeds, labels and input nodes disagree"
+                "row {row}: {} labels for {} seeds",
+                labels.len(),
+                seeds.len()
             )));
         }
         out.push(SampledBatch {
             split,
-            epoch: epoch.value(row),
-            index: index.value(row),
+            epoch,
+            index,
             seeds,
             labels,
             input_nodes,
@@ -433,9 +497,9 @@ pub fn block_bounds(num_nodes: u64, batch_size: u64, fanouts: &[usize]) -> Vec<(
     out
 }
 
-/// Reads every batch of one samples file, checking its size and checksum
-/// against the run summary first.
-pub fn read_file(store: &Store, file: &SampleFile) -> Result<Vec<SampledBatch>> {
+/// Fetches one samples file and checks its size and checksum against the
+/// run summary; returns its bytes and its URL for errors.
+fn fetch_checked(store: &Store, file: &SampleFile) -> Result<(String, bytes::Bytes)> {
     use sha2::Digest;
     let bytes = store.get(&file.object.name)?;
     let origin = format!("{}/{}", store.url().trim_end_matches('/'), file.object.name);
@@ -448,7 +512,11 @@ pub fn read_file(store: &Store, file: &SampleFile) -> Result<Vec<SampledBatch>> 
                     .into(),
         });
     }
-    let out = decode_file(&origin, bytes)?;
+    Ok((origin, bytes))
+}
+
+/// Checks that a file held the batches the run summary says.
+fn check_count<T>(origin: String, out: Vec<T>, file: &SampleFile) -> Result<Vec<T>> {
     if out.len() != file.batches as usize {
         return Err(Error::Store {
             url: origin,
@@ -462,11 +530,58 @@ pub fn read_file(store: &Store, file: &SampleFile) -> Result<Vec<SampledBatch>> 
     Ok(out)
 }
 
+/// Reads every batch of one samples file, checking its size and checksum
+/// against the run summary first.
+pub fn read_file(store: &Store, file: &SampleFile) -> Result<Vec<SampledBatch>> {
+    let (origin, bytes) = fetch_checked(store, file)?;
+    let out = decode_file(&origin, bytes)?;
+    check_count(origin, out, file)
+}
+
+/// What planning a layout needs of a batch: which batch it is and the nodes
+/// whose feature rows it reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchInputs {
+    pub split: Split,
+    pub epoch: u32,
+    pub index: u32,
+    pub input_nodes: Vec<u32>,
+}
+
+/// The columns [`read_inputs`] decodes; the blocks' edges, most of a
+/// file's bytes, are skipped.
+const INPUT_COLUMNS: [&str; 5] = ["split", "epoch", "index", "seeds", "input_nodes"];
+
+/// Reads each batch's identity and input nodes from one samples file (size
+/// and checksum checked first), decoding only those columns: the packer
+/// plans from these and reads the topology again, whole and fully checked,
+/// while it packs.
+pub fn read_inputs(store: &Store, file: &SampleFile) -> Result<Vec<BatchInputs>> {
+    let (origin, bytes) = fetch_checked(store, file)?;
+    let out = decode_columns(&origin, bytes, Some(&INPUT_COLUMNS), |rb| {
+        inputs_from_record_batch(&origin, rb)
+    })?;
+    check_count(origin, out, file)
+}
+
 /// Decodes the batches of one samples file's bytes: a Parquet file in
 /// [`schema`], each row checked by [`from_record_batch`]. `origin` names the
 /// file in errors. The fuzz target `samples_decode` drives this with
 /// arbitrary bytes: it must return an error, never panic.
 pub fn decode_file(origin: &str, bytes: bytes::Bytes) -> Result<Vec<SampledBatch>> {
+    decode_columns(origin, bytes, None, |rb| from_record_batch(origin, rb))
+}
+
+/// Decodes a samples file's rows with `rows`, reading only `columns` (all
+/// when `None`).
+fn decode_columns<T>(
+    origin: &str,
+    bytes: bytes::Bytes,
+    columns: Option<&[&str]>,
+    mut rows: impl FnMut(&RecordBatch) -> Result<Vec<T>>,
+) -> Result<Vec<T>> {
+    use parquet::arrow::ProjectionMask;
+    use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
     let fault = |e: &dyn std::fmt::Display| Error::Store {
         url: origin.to_string(),
         fault: format!("not a readable samples file: {e}"),
@@ -475,18 +590,26 @@ pub fn decode_file(origin: &str, bytes: bytes::Bytes) -> Result<Vec<SampledBatch
     // on some corrupt ones (found by the fuzz target; the input is kept in
     // tests/fuzz/regressions/samples_decode). The Parquet schema maps to
     // the same Arrow types, and every column is checked below.
-    let options =
-        parquet::arrow::arrow_reader::ArrowReaderOptions::new().with_skip_arrow_metadata(true);
+    let options = ArrowReaderOptions::new().with_skip_arrow_metadata(true);
     // The parquet crate itself still panics on some corrupt footers (a
     // child count that overflows an allocation, also found by fuzzing): a
     // panic inside it is this file's fault, reported as such. Only calls
     // into parquet are guarded; a panic in our own checks stays a bug.
     let guarded = |step: String| fault(&format!("the Parquet decoder failed ({step})"));
     let mut reader = std::panic::catch_unwind(|| {
-        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new_with_options(
-            bytes, options,
-        )
-        .and_then(|b| b.with_batch_size(16).build())
+        ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, options).and_then(|b| {
+            let b = match columns {
+                Some(names) => {
+                    let mask = ProjectionMask::columns(
+                        b.metadata().file_metadata().schema_descr(),
+                        names.iter().copied(),
+                    );
+                    b.with_projection(mask)
+                }
+                None => b,
+            };
+            b.with_batch_size(16).build()
+        })
     })
     .map_err(|_| guarded("footer".into()))?
     .map_err(|e| fault(&e))?;
@@ -496,7 +619,7 @@ pub fn decode_file(origin: &str, bytes: bytes::Bytes) -> Result<Vec<SampledBatch
             .map_err(|_| guarded(format!("row group after {} batches", out.len())))?;
         let Some(rb) = next else { break };
         let rb = rb.map_err(|e| fault(&e))?;
-        out.extend(from_record_batch(origin, &rb)?);
+        out.extend(rows(&rb)?);
     }
     Ok(out)
 }
@@ -541,6 +664,57 @@ mod tests {
         ];
         let rb = to_record_batch(&batches).unwrap();
         assert_eq!(from_record_batch("x", &rb).unwrap(), batches);
+    }
+
+    fn parquet_bytes(batches: &[SampledBatch]) -> bytes::Bytes {
+        let rb = to_record_batch(batches).unwrap();
+        let mut out = Vec::new();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut out, rb.schema(), None).unwrap();
+        w.write(&rb).unwrap();
+        w.close().unwrap();
+        out.into()
+    }
+
+    fn inputs_of(bytes: bytes::Bytes) -> Result<Vec<BatchInputs>> {
+        decode_columns("x", bytes, Some(&INPUT_COLUMNS), |rb| {
+            inputs_from_record_batch("x", rb)
+        })
+    }
+
+    #[test]
+    fn inputs_are_read_without_the_topology() {
+        let batches = vec![
+            batch(),
+            SampledBatch {
+                split: Split::Train,
+                epoch: 2,
+                index: 4,
+                input_nodes: vec![5, 9, 1, 2, 7],
+                ..batch()
+            },
+        ];
+        let want: Vec<BatchInputs> = batches
+            .iter()
+            .map(|b| BatchInputs {
+                split: b.split,
+                epoch: b.epoch,
+                index: b.index,
+                input_nodes: b.input_nodes.clone(),
+            })
+            .collect();
+        let bytes = parquet_bytes(&batches);
+        assert_eq!(inputs_of(bytes.clone()).unwrap(), want);
+        assert_eq!(decode_file("x", bytes).unwrap(), batches);
+        // Seeds that do not lead the input nodes: both readers refuse.
+        let mut bad = batch();
+        bad.input_nodes.swap(0, 2);
+        let bytes = parquet_bytes(&[bad]);
+        for err in [
+            inputs_of(bytes.clone()).unwrap_err(),
+            decode_file("x", bytes).unwrap_err(),
+        ] {
+            assert!(err.to_string().contains("seeds are not the first"), "{err}");
+        }
     }
 
     #[test]
