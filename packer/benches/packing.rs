@@ -10,7 +10,9 @@
 //!    both figures are shown;
 //! 2. the batched packer's wall time against the ideal of reading the feature
 //!    file once and writing its output once at this disk's sequential
-//!    bandwidth (both measured here, O_DIRECT);
+//!    bandwidth (both measured here, O_DIRECT, right before each batched run:
+//!    this virtual disk's bandwidth drifts by tens of percent within
+//!    minutes);
 //! 3. the predicted read amplification at disk budgets 3x, 5x and 7x on each
 //!    of the graphs in `OFFGNN_BENCH_AMP` (caches of size zero, so that every
 //!    access is a disk access).
@@ -89,12 +91,15 @@ fn main() -> anyhow::Result<()> {
             .with_context(|| format!("reading {features}"))?
             .len();
         // This disk's sequential figures, O_DIRECT.
-        let engine = IoEngine::new(IoOptions::default());
-        let read_bw = disk_probe::sequential_read(&engine, Path::new(&features), u64::MAX)?;
-        let write_bw = disk_probe::sequential_write(&out.join("probe.bin"), 4 << 30)?;
-        drop(engine);
+        let probe = || -> anyhow::Result<_> {
+            let engine = IoEngine::new(IoOptions::default());
+            let read = disk_probe::sequential_read(&engine, Path::new(&features), u64::MAX)?;
+            let write = disk_probe::sequential_write(&out.join("probe.bin"), 4 << 30)?;
+            Ok((read, write))
+        };
 
         let batched_dir = out.join("batched");
+        let (first_read_bw, first_write_bw) = probe()?;
         let first = timed_pack(&config(&samples, &features, &batched_dir)?)?;
         let individual_dir = out.join("individual");
         let individual = timed_pack(&PackConfig {
@@ -102,6 +107,7 @@ fn main() -> anyhow::Result<()> {
             ..config(&samples, &features, &individual_dir)?
         })?;
         remove(&individual_dir)?;
+        let (read_bw, write_bw) = probe()?;
         let batched = timed_pack(&config(&samples, &features, &batched_dir)?)?;
         if batched.feature_disk_bytes != individual.feature_disk_bytes {
             bail!("the two packings laid out different sizes");
@@ -109,12 +115,19 @@ fn main() -> anyhow::Result<()> {
 
         let ideal = feature_bytes as f64 / read_bw.bytes_per_second()
             + batched.feature_disk_bytes as f64 / write_bw.bytes_per_second();
+        let ideal_first = feature_bytes as f64 / first_read_bw.bytes_per_second()
+            + first.feature_disk_bytes as f64 / first_write_bw.bytes_per_second();
         println!("packing, {samples} with {features} ({feature_bytes} bytes)");
-        println!(
-            "  disk: sequential read {:.0} MB/s, write {:.0} MB/s (O_DIRECT)",
-            read_bw.bytes_per_second() / 1e6,
-            write_bw.bytes_per_second() / 1e6
-        );
+        for (run, r, w) in [
+            ("1st", &first_read_bw, &first_write_bw),
+            ("2nd", &read_bw, &write_bw),
+        ] {
+            println!(
+                "  disk before the {run} batched run: sequential read {:.0} MB/s, write {:.0} MB/s (O_DIRECT)",
+                r.bytes_per_second() / 1e6,
+                w.bytes_per_second() / 1e6
+            );
+        }
         println!(
             "  {:<18} {:>8} {:>8} {:>8} {:>8} {:>10} {:>11} {:>10}",
             "packing",
@@ -146,12 +159,12 @@ fn main() -> anyhow::Result<()> {
         let speedup_first = individual.total_seconds / first.total_seconds;
         let speedup_pack = individual.pack_seconds / batched.pack_seconds;
         let over_ideal = batched.total_seconds / ideal;
-        let over_ideal_first = first.total_seconds / ideal;
+        let over_ideal_first = first.total_seconds / ideal_first;
         println!(
             "  batched / individual: {speedup_total:.1}x faster in wall time ({speedup_pack:.1}x in the packing phase); first run {speedup_first:.1}x"
         );
         println!(
-            "  batched wall time / (read once + write once at sequential bandwidth = {ideal:.1} s): {over_ideal:.2}x; first run {over_ideal_first:.2}x"
+            "  batched wall time / (read once + write once at sequential bandwidth = {ideal:.1} s): {over_ideal:.2}x; first run {over_ideal_first:.2}x (ideal {ideal_first:.1} s)"
         );
         report.insert(
             "packing".into(),
@@ -161,6 +174,9 @@ fn main() -> anyhow::Result<()> {
                 "feature_file_bytes": feature_bytes,
                 "sequential_read": read_bw,
                 "sequential_write": write_bw,
+                "sequential_read_first_run": first_read_bw,
+                "sequential_write_first_run": first_write_bw,
+                "ideal_seconds_first_run": ideal_first,
                 "batched_first_run": first,
                 "batched": batched,
                 "individual": individual,

@@ -3,8 +3,9 @@
 //! partition's rows into every region that needs them, and the individual
 //! packing baseline, one aligned read per needed row per batch.
 //!
-//! The feature file streams through two piece buffers (a reader thread fills
-//! one with O_DIRECT while the other is dispatched). Every region of the
+//! The feature file streams through two piece buffers (a reader thread,
+//! started before the plan is done, fills one with O_DIRECT while the other
+//! is dispatched); a piece may straddle two partitions. Every region of the
 //! layout (the GPU-cache and CPU-cache blocks, each segment's disk cache,
 //! each batch's packed chunk) starts on a 4 KiB page and is written front to
 //! back: caches and packed chunks hold their rows in node order, so each
@@ -13,30 +14,161 @@
 //! one run when the partition ends (see `plan`). Each region is thus an
 //! append stream, written with O_DIRECT in whole pages (a row that straddles
 //! a page boundary waits in the region's carry), and the disk sees large
-//! sequential writes without the page cache copying every byte.
+//! sequential writes without the page cache copying every byte. The writes
+//! go behind: a thread hands a full stage buffer to the I/O engine and
+//! gathers the next while the disk takes it (`WritePool`).
 
-use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::sync_channel;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::{Scope, ScopedJoinHandle};
 use std::time::Instant;
 
 use offgnn_manifests::Object;
-use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, PAGE, ReadReq};
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, PAGE, PendingWrite, ReadReq};
 use rayon::prelude::*;
 
 use crate::crc::RunCrcs;
 use crate::error::{Error, Result};
-use crate::feature_source::{FeatureSource, PartitionBuf};
+use crate::feature_source::{FeatureSource, PartitionBuf, PartitionReader};
 use crate::plan::{BatchInfo, CacheMap, SegmentPlan};
 
 /// Bytes gathered per direct write (plus a page for the carried tail).
-const STAGE_BYTES: usize = (8 << 20) + PAGE;
+const STAGE_BYTES: usize = (4 << 20) + PAGE;
+/// Stage buffers at most: one being filled by each gathering thread and
+/// the others on their way to the disk. 16 x 4 MiB stays inside the
+/// packer's baseline memory (`pack::BASELINE_BYTES`).
+pub const MAX_STAGES: usize = 16;
+/// The most memory the stage buffers take.
+pub const STAGE_POOL_BYTES: u64 = (MAX_STAGES * STAGE_BYTES) as u64;
 
-thread_local! {
-    /// Each thread's staging buffer: allocated once, page-aligned.
-    static STAGE: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::new(STAGE_BYTES));
+/// The stage buffers rows are gathered in, shared by the threads that
+/// gather, and the direct writes in flight from them (write-behind: a
+/// thread hands a full buffer to the engine and fills the next while the
+/// disk takes it). A buffer comes back when its write is waited for.
+pub struct WritePool<'e> {
+    engine: &'e IoEngine,
+    capacity: usize,
+    state: Mutex<PoolState>,
+    returned: Condvar,
+}
+
+#[derive(Default)]
+struct PoolState {
+    free: Vec<AlignedBuf>,
+    allocated: usize,
+    in_flight: VecDeque<PendingWrite>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The pool's state is consistent at every unlock.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<'e> WritePool<'e> {
+    /// A pool of at most `MAX_STAGES` buffers, two per thread that gathers
+    /// (so each can fill one while its last one is written).
+    pub fn new(engine: &'e IoEngine) -> Self {
+        WritePool {
+            engine,
+            capacity: (2 * rayon::current_num_threads() + 2).min(MAX_STAGES),
+            state: Mutex::new(PoolState::default()),
+            returned: Condvar::new(),
+        }
+    }
+
+    /// A stage buffer: a free one, a new one while under the cap, else the
+    /// buffer of the oldest write in flight once it is done (its error, if
+    /// any, is returned here).
+    fn take(&self) -> Result<AlignedBuf> {
+        let mut state = lock(&self.state);
+        loop {
+            if let Some(buf) = state.free.pop() {
+                return Ok(buf);
+            }
+            if state.allocated < self.capacity {
+                state.allocated += 1;
+                drop(state);
+                return Ok(AlignedBuf::new(STAGE_BYTES));
+            }
+            if let Some(oldest) = state.in_flight.pop_front() {
+                drop(state);
+                let (written, buf) = oldest.wait();
+                if let Err(e) = written {
+                    self.give(buf);
+                    return Err(e.into());
+                }
+                return Ok(buf);
+            }
+            // Every buffer is being filled by another thread.
+            state = self
+                .returned
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Returns a buffer that goes to no write.
+    fn give(&self, buf: AlignedBuf) {
+        lock(&self.state).free.push(buf);
+        self.returned.notify_one();
+    }
+
+    /// Writes the first `len` bytes of `buf` (whole pages) at a
+    /// page-aligned `offset` of `out`: behind, through the engine, where
+    /// the file is open with O_DIRECT, else at once through the page cache.
+    fn write(&self, out: &OutFile, offset: u64, buf: AlignedBuf, len: usize) -> Result<()> {
+        debug_assert!(offset.is_multiple_of(PAGE as u64) && len.is_multiple_of(PAGE));
+        out.crcs.record(offset, &buf.as_slice()[..len]);
+        match &out.direct {
+            Some(direct) => {
+                let req = ReadReq {
+                    offset,
+                    len,
+                    buf_offset: 0,
+                };
+                // The length is the request's; the buffer keeps its size.
+                match self.engine.write_behind(direct, &[req], buf) {
+                    Ok(pending) => {
+                        lock(&self.state).in_flight.push_back(pending);
+                        self.returned.notify_one();
+                        Ok(())
+                    }
+                    Err(e) => {
+                        // The buffer is gone: a waiting thread may make a new one.
+                        lock(&self.state).allocated -= 1;
+                        self.returned.notify_one();
+                        Err(e.into())
+                    }
+                }
+            }
+            None => {
+                let written = out
+                    .file
+                    .write_all_at(&buf.as_slice()[..len], offset)
+                    .map_err(|e| Error::io(out.path.display(), e));
+                self.give(buf);
+                written
+            }
+        }
+    }
+
+    /// Waits for every write in flight; the first error is returned.
+    pub fn drain(&self) -> Result<()> {
+        let pending: Vec<PendingWrite> = lock(&self.state).in_flight.drain(..).collect();
+        let mut first = Ok(());
+        for p in pending {
+            let (written, buf) = p.wait();
+            if let (Err(e), Ok(())) = (written, &first) {
+                first = Err(e.into());
+            }
+            self.give(buf);
+        }
+        first
+    }
 }
 
 /// An output object being filled, with the CRC32C of what went in.
@@ -47,7 +179,7 @@ pub struct OutFile {
     /// The same file opened with O_DIRECT for the I/O engine's whole-page
     /// writes; `None` where the filesystem refuses it (then writes go
     /// through `file`).
-    direct: Option<IoFile>,
+    direct: Option<Arc<IoFile>>,
     pub size: u64,
     crcs: RunCrcs,
 }
@@ -69,7 +201,9 @@ impl OutFile {
         file.set_len(size)
             .map_err(|e| Error::io(path.display(), e))?;
         let direct = match engine {
-            Some(engine) => Some(engine.open_write(&path)?).filter(IoFile::is_direct),
+            Some(engine) => Some(engine.open_write(&path)?)
+                .filter(IoFile::is_direct)
+                .map(Arc::new),
             None => None,
         };
         Ok(OutFile {
@@ -91,36 +225,6 @@ impl OutFile {
         Ok(())
     }
 
-    /// Writes the first `len` bytes of `buf` (whole pages) at a
-    /// page-aligned offset: through the engine's rings with O_DIRECT where
-    /// the filesystem allows it, so a large write is many in flight.
-    fn write_pages(
-        &self,
-        engine: &IoEngine,
-        offset: u64,
-        buf: &AlignedBuf,
-        len: usize,
-    ) -> Result<()> {
-        debug_assert!(offset.is_multiple_of(PAGE as u64) && len.is_multiple_of(PAGE));
-        let data = &buf.as_slice()[..len];
-        match &self.direct {
-            Some(direct) => {
-                let req = ReadReq {
-                    offset,
-                    len,
-                    buf_offset: 0,
-                };
-                engine.write(direct, &[req], buf)?;
-            }
-            None => self
-                .file
-                .write_all_at(data, offset)
-                .map_err(|e| Error::io(self.path.display(), e))?,
-        }
-        self.crcs.record(offset, data);
-        Ok(())
-    }
-
     /// Flushes the file and returns it as a manifest object.
     pub fn finish(self) -> Result<Object> {
         self.file
@@ -138,8 +242,8 @@ impl OutFile {
     }
 }
 
-/// Where a region's pages go: the engine and the output object.
-type Io<'a> = (&'a IoEngine, &'a OutFile);
+/// Where a region's pages go: the stage pool and the output object.
+type Io<'a> = (&'a WritePool<'a>, &'a OutFile);
 
 /// One region being appended to: where it starts, the whole pages written
 /// so far, and the bytes of a page not yet full.
@@ -182,56 +286,119 @@ impl RegionWriter {
     }
 
     /// Appends `n` rows, row `i` copied into the slice `row(i, dst)` gets,
-    /// through this thread's staging buffer: whole pages go out, the rest
-    /// waits in the carry.
+    /// through a stage buffer of the pool: whole pages go out behind, the
+    /// rest waits in the carry.
     fn append_rows(
         &mut self,
-        (engine, out): Io<'_>,
+        (pool, out): Io<'_>,
         n: usize,
         rb: usize,
         mut row: impl FnMut(usize, &mut [u8]),
     ) -> Result<()> {
-        STAGE.with_borrow_mut(|stage| {
-            let mut i = 0;
-            while i < n {
-                let c = self.carry.len();
-                let take = (stage.len().saturating_sub(c) / rb).clamp(1, n - i);
-                if c + take * rb > stage.len() {
-                    stage.resize(c + take * rb);
-                }
-                let buf = stage.as_mut_slice();
-                buf[..c].copy_from_slice(&self.carry);
-                for (k, dst) in buf[c..c + take * rb].chunks_exact_mut(rb).enumerate() {
-                    row(i + k, dst);
-                }
-                let at = c + take * rb;
-                let full = at / PAGE * PAGE;
-                if full > 0 {
-                    out.write_pages(engine, self.start + self.done, stage, full)?;
-                    self.done += full as u64;
-                }
-                self.carry.clear();
-                self.carry.extend_from_slice(&stage.as_slice()[full..at]);
-                i += take;
+        let mut i = 0;
+        while i < n {
+            let mut stage = pool.take()?;
+            let c = self.carry.len();
+            let take = (stage.len().saturating_sub(c) / rb).clamp(1, n - i);
+            if c + take * rb > stage.len() {
+                stage.resize(c + take * rb); // a row longer than a stage
             }
-            Ok(())
-        })
+            let buf = stage.as_mut_slice();
+            buf[..c].copy_from_slice(&self.carry);
+            for (k, dst) in buf[c..c + take * rb].chunks_exact_mut(rb).enumerate() {
+                row(i + k, dst);
+            }
+            let at = c + take * rb;
+            let full = at / PAGE * PAGE;
+            self.carry.clear();
+            self.carry.extend_from_slice(&buf[full..at]);
+            if full > 0 {
+                pool.write(out, self.start + self.done, stage, full)?;
+                self.done += full as u64;
+            } else {
+                pool.give(stage);
+            }
+            i += take;
+        }
+        Ok(())
     }
 
     /// Writes the last, partial page, padded with zeros (every region is
     /// a whole number of pages).
-    fn finish(&mut self, (engine, out): Io<'_>) -> Result<()> {
+    fn finish(&mut self, (pool, out): Io<'_>) -> Result<()> {
         if self.carry.is_empty() {
             return Ok(());
         }
-        STAGE.with_borrow_mut(|stage| {
-            let buf = &mut stage.as_mut_slice()[..PAGE];
-            buf.fill(0);
-            buf[..self.carry.len()].copy_from_slice(&self.carry);
-            out.write_pages(engine, self.start + self.done, stage, PAGE)?;
-            self.done += PAGE as u64;
-            self.carry.clear();
-            Ok(())
+        let mut stage = pool.take()?;
+        let buf = &mut stage.as_mut_slice()[..PAGE];
+        buf.fill(0);
+        buf[..self.carry.len()].copy_from_slice(&self.carry);
+        pool.write(out, self.start + self.done, stage, PAGE)?;
+        self.done += PAGE as u64;
+        self.carry.clear();
+        Ok(())
+    }
+}
+
+/// The feature file read front to back in pieces of equal rows by a thread
+/// of its own, up to `depth` pieces ahead of the packing pass (DiskGNN
+/// §5.2's one sequential read). It starts before the plan is finished, so
+/// the disk streams while the packer plans.
+pub struct ReadAhead<'scope> {
+    /// Each piece's rows `[first, end)`, in reading order.
+    pieces: Vec<(u64, u64)>,
+    filled: Receiver<PartitionBuf>,
+    to_reader: SyncSender<PartitionBuf>,
+    thread: ScopedJoinHandle<'scope, Result<(u64, f64)>>,
+}
+
+impl<'scope> ReadAhead<'scope> {
+    /// Starts reading `num_nodes` rows in pieces of `piece_rows`, through
+    /// `depth` buffers (at least two: one read while one is dispatched).
+    /// Dropped unused, the reader stops at its next piece.
+    pub fn start<'env>(
+        s: &'scope Scope<'scope, 'env>,
+        features: &'env FeatureSource,
+        engine: &'env IoEngine,
+        piece_rows: u64,
+        depth: usize,
+    ) -> Result<Self> {
+        let num_nodes = features.num_rows();
+        let step = piece_rows.max(1);
+        let pieces: Vec<(u64, u64)> = (0..num_nodes)
+            .step_by(step as usize)
+            .map(|first| (first, (first + step).min(num_nodes)))
+            .collect();
+        let depth = depth.max(2);
+        let reader: PartitionReader<'env> = features.partition_reader(engine)?;
+        let (to_dispatch, filled) = sync_channel::<PartitionBuf>(depth);
+        let (to_reader, empty) = sync_channel::<PartitionBuf>(depth);
+        for _ in 0..depth {
+            to_reader
+                .send(PartitionBuf::new())
+                .expect("the receiver is alive");
+        }
+        let order = pieces.clone();
+        let thread = s.spawn(move || -> Result<(u64, f64)> {
+            let (mut read, mut busy) = (0u64, 0.0);
+            for (first, end) in order {
+                let Ok(mut buf) = empty.recv() else {
+                    break; // the pass stopped (or never started)
+                };
+                let started = Instant::now();
+                read += reader.read(first, end, &mut buf)?;
+                busy += started.elapsed().as_secs_f64();
+                if to_dispatch.send(buf).is_err() {
+                    break;
+                }
+            }
+            Ok((read, busy))
+        });
+        Ok(ReadAhead {
+            pieces,
+            filled,
+            to_reader,
+            thread,
         })
     }
 }
@@ -304,8 +471,8 @@ struct SegmentWriters {
 pub struct PackCtx<'a> {
     /// Reads the feature file (O_DIRECT).
     pub engine: &'a IoEngine,
-    /// Writes the regions (O_DIRECT), on rings of its own.
-    pub write_engine: &'a IoEngine,
+    /// Writes the regions (O_DIRECT, behind), on rings of its own.
+    pub writes: &'a WritePool<'a>,
     pub features: &'a FeatureSource,
     pub cache: &'a CacheMap,
     pub segments: &'a [SegmentPlan],
@@ -316,31 +483,18 @@ pub struct PackCtx<'a> {
     pub row_bytes: u64,
     /// First node of each partition, `num_nodes` last (`plan::partition_bounds`).
     pub bounds: &'a [u64],
-    /// Rows per piece the feature file is read in.
-    pub piece_rows: u64,
     pub num_nodes: u64,
 }
 
 impl PackCtx<'_> {
     /// DiskGNN §5.2: the feature file is read once, front to back, and each
-    /// piece's rows go to every region that needs them. Two piece buffers
-    /// take turns: a reader thread fills one (O_DIRECT, many requests in
-    /// flight) while this thread dispatches the other, so the disk streams
-    /// while rows are copied out.
-    pub fn batched(&self, show: bool) -> Result<PassFigures> {
+    /// piece's rows go to every region that needs them. The pieces come
+    /// from `ahead` (a reader thread, O_DIRECT, many requests in flight)
+    /// while this thread dispatches, and the rows go out behind through the
+    /// write pool, so the disk streams while rows are copied.
+    pub fn batched(&self, ahead: ReadAhead<'_>, show: bool) -> Result<PassFigures> {
         let rb = self.row_bytes;
         let pb = offgnn_shared::progress::bytes_bar_if(show, self.num_nodes * rb, "packing");
-        // Pieces never straddle a partition.
-        let pieces: Vec<(usize, u64, u64)> = self
-            .bounds
-            .windows(2)
-            .enumerate()
-            .flat_map(|(p, w)| {
-                (w[0]..w[1])
-                    .step_by(self.piece_rows.max(1) as usize)
-                    .map(move |first| (p, first, (first + self.piece_rows).min(w[1])))
-            })
-            .collect();
         let mut tiers = [RegionWriter::new(0), RegionWriter::new(0)];
         let mut writers: Vec<SegmentWriters> = self
             .segments
@@ -354,86 +508,73 @@ impl PackCtx<'_> {
                     .collect(),
             })
             .collect();
-        let reader = self.features.partition_reader(self.engine)?;
-        let figures = std::thread::scope(|s| -> Result<PassFigures> {
-            let (to_dispatch, filled) = sync_channel::<PartitionBuf>(1);
-            let (to_reader, empty) = sync_channel::<PartitionBuf>(2);
-            for _ in 0..2 {
-                to_reader
-                    .send(PartitionBuf::new())
-                    .expect("the receiver is alive");
-            }
-            let (pieces_ref, reader) = (&pieces, &reader);
-            let read_thread = s.spawn(move || -> Result<(u64, f64)> {
-                let (mut read, mut busy) = (0u64, 0.0);
-                for &(_, first, end) in pieces_ref {
-                    let Ok(mut buf) = empty.recv() else {
-                        break; // the dispatcher stopped; its error is returned
-                    };
-                    let started = Instant::now();
-                    read += reader.read(first, end, &mut buf)?;
-                    busy += started.elapsed().as_secs_f64();
-                    if to_dispatch.send(buf).is_err() {
-                        break;
+        let ReadAhead {
+            pieces,
+            filled,
+            to_reader,
+            thread,
+        } = ahead;
+        let mut staging = Staging::default();
+        let mut dispatched: Result<()> = Ok(());
+        let mut write_seconds = 0.0;
+        // The partition of the piece's first row; pieces ignore partitions,
+        // so one may hold the end of one and the start of the next.
+        let mut p = 0;
+        for (k, buf) in filled.iter().enumerate() {
+            let (first, end) = pieces[k];
+            let started = Instant::now();
+            dispatched = (|| {
+                let mut at = first;
+                while at < end {
+                    while self.bounds[p + 1] <= at {
+                        p += 1;
                     }
-                }
-                Ok((read, busy))
-            });
-            let mut staging = Staging::default();
-            let mut dispatched = Ok(());
-            let mut write_seconds = 0.0;
-            for (k, buf) in filled.iter().enumerate() {
-                let (p, first, end) = pieces[k];
-                let started = Instant::now();
-                dispatched = (|| {
+                    let stop = end.min(self.bounds[p + 1]);
                     if staging.partition != Some(p) {
                         self.flush_disk_caches(&mut staging, &mut writers)?;
                         staging.start(p, self.segments, rb);
                     }
-                    self.dispatch(
-                        p,
-                        first,
-                        end,
-                        buf.rows(),
-                        &mut tiers,
-                        &mut writers,
-                        &mut staging,
-                    )
-                })();
-                write_seconds += started.elapsed().as_secs_f64();
-                if dispatched.is_err() {
-                    break;
+                    let rows =
+                        &buf.rows()[((at - first) * rb) as usize..((stop - first) * rb) as usize];
+                    self.dispatch(p, at, stop, rows, &mut tiers, &mut writers, &mut staging)?;
+                    at = stop;
                 }
-                pb.inc(buf.rows().len() as u64);
-                // The reader may be done: a closed channel is fine.
-                let _ = to_reader.send(buf);
+                Ok(())
+            })();
+            write_seconds += started.elapsed().as_secs_f64();
+            if dispatched.is_err() {
+                break;
             }
-            drop(filled);
-            drop(to_reader);
-            let (bytes_read, read_seconds) = read_thread
-                .join()
-                .expect("the partition reader does not panic")?;
-            dispatched?;
-            let started = Instant::now();
-            self.flush_disk_caches(&mut staging, &mut writers)?;
-            Ok(PassFigures {
-                bytes_read,
-                read_seconds,
-                write_seconds: write_seconds + started.elapsed().as_secs_f64(),
-            })
-        })?;
+            pb.inc(buf.rows().len() as u64);
+            // The reader may be done: a closed channel is fine.
+            let _ = to_reader.send(buf);
+        }
+        drop(filled);
+        drop(to_reader);
+        let (bytes_read, read_seconds) = thread
+            .join()
+            .expect("the partition reader does not panic")?;
+        dispatched?;
+        let started = Instant::now();
+        self.flush_disk_caches(&mut staging, &mut writers)?;
         for (w, out) in tiers.iter_mut().zip([self.gpu, self.cpu]) {
             if let Some(out) = out {
-                w.finish((self.write_engine, out))?;
+                w.finish((self.writes, out))?;
             }
         }
         for ((w, out), seg) in writers.iter_mut().zip(self.seg_files).zip(self.segments) {
-            w.disk_cache.finish((self.write_engine, out))?;
+            w.disk_cache.finish((self.writes, out))?;
             for c in &mut w.chunks {
-                c.finish((self.write_engine, out))?;
+                c.finish((self.writes, out))?;
             }
             debug_assert!(w.disk_cache.done <= seg.dc_bytes);
         }
+        self.writes.drain()?;
+        let figures = PassFigures {
+            bytes_read,
+            read_seconds,
+            write_seconds: write_seconds + started.elapsed().as_secs_f64(),
+        };
         pb.finish_and_clear();
         Ok(figures)
     }
@@ -455,7 +596,7 @@ impl PackCtx<'_> {
             .zip(self.seg_files)
             .zip(runs)
             .try_for_each(|((w, out), run)| {
-                w.disk_cache.append_bytes((self.write_engine, out), run, rb)
+                w.disk_cache.append_bytes((self.writes, out), run, rb)
             })?;
         staging.partition = None;
         Ok(())
@@ -487,7 +628,7 @@ impl PackCtx<'_> {
             match out {
                 Some(out) => {
                     let (a, b) = in_piece(rows);
-                    w.append((self.write_engine, out), &rows[a..b], first, part, rb)
+                    w.append((self.writes, out), &rows[a..b], first, part, rb)
                 }
                 None => Ok(()),
             }
@@ -516,7 +657,7 @@ impl PackCtx<'_> {
                         for (rows, cw) in seg.packed.iter().zip(&mut w.chunks) {
                             let (a, b) = in_piece(rows);
                             if a < b {
-                                cw.append((self.write_engine, out), &rows[a..b], first, part, rb)?;
+                                cw.append((self.writes, out), &rows[a..b], first, part, rb)?;
                             }
                         }
                         Ok(())

@@ -16,7 +16,7 @@ use offgnn_shared::samples::{RunSummary, SampledBatch};
 use offgnn_shared::store::Store;
 use serde::Serialize;
 
-use crate::batched_pack::{OutFile, PackCtx};
+use crate::batched_pack::{OutFile, PackCtx, ReadAhead};
 use crate::error::{Error, Result};
 use crate::feature_source::FeatureSource;
 use crate::plan::{self, BatchInfo, CacheMap, Loc, Scratch, SegmentPlan, align};
@@ -27,9 +27,10 @@ const MINHASH_SEED: u64 = 0x5EED_D15C;
 /// The largest piece of the feature file read at once.
 const MAX_PIECE_BYTES: u64 = 64 << 20;
 const PAGE: u64 = 4096;
-/// What the process needs besides the plan and the partition buffer
-/// (binary, allocator, Parquet decoding of one samples file, write buffers).
-const BASELINE_BYTES: u64 = 96 << 20;
+/// What the process needs besides the plan and the partition buffer:
+/// binary, allocator, Parquet decoding of samples files, and the stage
+/// buffers of the writes (`batched_pack::STAGE_POOL_BYTES`, 64 MiB).
+pub const BASELINE_BYTES: u64 = 128 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -128,7 +129,9 @@ fn load_batches(store: &Store, run: &RunSummary, show: bool) -> Result<Vec<Batch
     let per_file: Vec<Vec<BatchInfo>> = files
         .par_iter()
         .map(|&(split, epoch, file)| -> Result<Vec<BatchInfo>> {
-            let batches = offgnn_shared::samples::read_file(store, file)?;
+            // The plan needs the input nodes only; the topology is read
+            // (and checked whole) by the table writer during packing.
+            let batches = offgnn_shared::samples::read_inputs(store, file)?;
             pb.inc(batches.len() as u64);
             Ok(batches
                 .into_iter()
@@ -181,387 +184,467 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
     let mut batches = load_batches(&samples, &run, cfg.show_progress)?;
     summary.load_seconds = started.elapsed().as_secs_f64();
 
-    // ---- plan ----
-    let t = Instant::now();
-    let (counts, cache) = plan::rank_and_split(
-        &mut batches,
-        num_nodes,
-        row_bytes,
-        cfg.gpu_cache,
-        cfg.cpu_cache,
-    )?;
-    drop(counts);
-    let plan_bytes = num_nodes * 8
-        + batches
-            .iter()
-            .map(|b| b.cold.len() as u64 * 12)
-            .sum::<u64>();
-    // Memory: the plan (and a per-node counter for partitioning), two piece
-    // buffers that take turns, and the staging of disk-cache runs.
-    let plan_bytes = plan_bytes + num_nodes * 4;
-    let least = BASELINE_BYTES + 2 * (row_bytes + 2 * PAGE);
-    let available = cfg
-        .memory
-        .checked_sub(plan_bytes + BASELINE_BYTES)
-        .filter(|&b| b >= 2 * (row_bytes + 2 * PAGE))
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "--memory {} is too small: the plan needs {} bytes and packing at least {} more; give at least {}",
-                cfg.memory,
-                plan_bytes,
-                least,
-                plan_bytes + least
-            ))
-        })?;
-    let piece_bytes = (available / 4).clamp(row_bytes + 2 * PAGE, MAX_PIECE_BYTES);
+    // The feature file's pass starts now, beside the plan: its piece size
+    // comes from the memory a bound on the plan leaves (the plan's exact
+    // bytes are checked once it is made).
+    let inputs: u64 = batches.iter().map(|b| b.inputs.len() as u64).sum();
+    let piece_bytes = piece_size(cfg.memory, plan_memory(num_nodes, inputs), row_bytes);
     let piece_rows = ((piece_bytes - 2 * PAGE) / row_bytes).max(1);
-    let staging_budget = available - 2 * piece_bytes;
-    summary.plan_bytes = plan_bytes;
-    summary.piece_bytes = piece_bytes;
-
-    let by_split = |split: Split| -> Vec<usize> {
-        (0..batches.len())
-            .filter(|&i| batches[i].split == split)
-            .collect()
-    };
-    let (train, valid, test) = (
-        by_split(Split::Train),
-        by_split(Split::Valid),
-        by_split(Split::Test),
-    );
-    let mut scratch = Scratch::new(num_nodes);
-    let geometry = plan::Geometry {
-        row_bytes,
-        seed: MINHASH_SEED,
-    };
-    let seg_plan = |split: Split, ids: Vec<usize>, scratch: &mut Scratch| {
-        plan::plan_segment(split, ids, &batches, &geometry, scratch)
-    };
-    // Validation and test are read every epoch: one segment each.
-    let mut eval_segments = Vec::new();
-    for (split, ids) in [(Split::Valid, valid), (Split::Test, test)] {
-        if !ids.is_empty() {
-            eval_segments.push(seg_plan(split, ids, &mut scratch));
-        }
-    }
-    let eval_bytes: u64 = eval_segments.iter().map(|s| s.size).sum();
-    let cache_bytes =
-        align(cache.gpu.len() as u64 * row_bytes) + align(cache.cpu.len() as u64 * row_bytes);
-    let train_budget = budget.saturating_sub(eval_bytes + cache_bytes);
-    // The exact bytes the training segments take at a segment size: one
-    // pass over the cold lists, cheap beside the packing itself.
-    let exact = |s: usize| {
-        crate::segment_search::exact_layout_bytes(
-            train.iter().map(|&i| batches[i].cold.as_slice()),
-            s,
-            num_nodes,
-            row_bytes,
-        )
-    };
-    let too_small = |minimum: u64| crate::plan_error::PlanError::BudgetTooSmall {
-        budget,
-        minimum: minimum + eval_bytes + cache_bytes,
-    };
-    let (segment_size, searched, estimated, algorithm2) = match (cfg.disk_cache, cfg.segment_size) {
-        (DiskCacheMode::Global, _) => (train.len().max(1), false, None, None),
-        (DiskCacheMode::Segmented, Some(0)) => {
-            return Err(Error::InvalidArgument(
-                "--segment-size must be at least 1".into(),
-            ));
-        }
-        (DiskCacheMode::Segmented, Some(s)) => (s, false, None, None),
-        (DiskCacheMode::Segmented, None) => {
-            let lists = train.iter().map(|&i| batches[i].cold.as_slice());
-            let found = crate::segment_search::search_segment_size(
-                lists,
-                train.len(),
-                num_nodes,
-                row_bytes,
-                train_budget,
-            )
-            .map_err(|e| match e {
-                crate::plan_error::PlanError::BudgetTooSmall { minimum, .. } => too_small(minimum),
-                other => other,
-            })?;
-            // Algorithm 2 extrapolates from the first segment, so the
-            // real layout can come out larger or smaller than its
-            // estimate. Grow the segment until the exact bytes fit (the
-            // budget is a promise, not a hope), then shrink it to the
-            // smallest size that still fits: smaller segments share
-            // fewer rows per disk cache and read less they do not need.
-            let mut s = found.segment_size;
-            while s < train.len() && exact(s)? > train_budget {
-                s = (s + s.div_ceil(4)).min(train.len());
-            }
-            if exact(s)? > train_budget {
-                return Err(too_small(exact(train.len())?).into());
-            }
-            // The bytes fall as segments grow, nearly monotonically; the
-            // bisection keeps `exact(hi) <= budget` whatever they do.
-            let (mut lo, mut hi) = (1, s);
-            while lo < hi {
-                let mid = lo + (hi - lo) / 2;
-                if exact(mid)? <= train_budget {
-                    hi = mid;
-                } else {
-                    lo = mid + 1;
-                }
-            }
-            (
-                hi,
-                true,
-                Some(found.estimated_bytes),
-                Some(found.segment_size),
-            )
-        }
-    };
-    // Whichever way the size was chosen, the layout must fit the budget.
-    let train_bytes = exact(segment_size)?;
-    if train_bytes > train_budget {
-        return Err(match (cfg.disk_cache, cfg.segment_size) {
-            (DiskCacheMode::Segmented, Some(s)) => Error::InvalidArgument(format!(
-                "--segment-size {s} lays out {} bytes of training segments, beyond the {} left of --disk-budget after caches and evaluation segments; raise the budget or drop --segment-size to search one",
-                train_bytes, train_budget
-            )),
-            _ => too_small(train_bytes).into(),
-        });
-    }
-    let mut segments: Vec<SegmentPlan> = train
-        .chunks(segment_size.max(1))
-        .map(|ids| seg_plan(Split::Train, ids.to_vec(), &mut scratch))
-        .collect();
-    segments.extend(eval_segments);
-    drop(scratch);
-    // The disk caches' rows are staged in memory until their run goes out:
-    // beyond the budget, the node range is cut into partitions.
-    let (bounds, staging_bytes) =
-        plan::partition_bounds(&segments, num_nodes, row_bytes, staging_budget);
-    if staging_bytes > staging_budget {
-        return Err(Error::InvalidArgument(format!(
-            "--memory {} is too small: one node's disk-cache rows need {staging_bytes} bytes of staging beside the {} of the plan and buffers; give at least {}",
-            cfg.memory,
-            plan_bytes + BASELINE_BYTES + 2 * piece_bytes,
-            plan_bytes + BASELINE_BYTES + 2 * piece_bytes + staging_bytes
-        )));
-    }
-    let num_partitions = bounds.len() - 1;
-    if num_partitions > 1 {
-        for seg in &mut segments {
-            seg.partition(&bounds);
-        }
-    }
-    summary.partitions = num_partitions as u64;
-    summary.staging_bytes = staging_bytes;
-    summary.segment_size = segment_size;
-    summary.searched = searched;
-    summary.estimated_bytes = estimated;
-    summary.algorithm2_segment_size = algorithm2;
-    summary.train_segment_bytes = train_bytes;
-    summary.segments = segments.len();
-    summary.gpu_rows = cache.gpu.len() as u64;
-    summary.cpu_rows = cache.cpu.len() as u64;
-    summary.plan_seconds = t.elapsed().as_secs_f64();
-
-    // The plan holds (budgets, memory, inputs all checked): only now may a
-    // committed layout go, its manifest first so that it never covers
-    // changing objects. A rerun starts clean: nothing of an interrupted run
-    // is reused.
-    if committed {
-        out.delete(MANIFEST)?;
-    }
-    let pack_dir = staging.join("pack");
-    if pack_dir.exists() {
-        std::fs::remove_dir_all(&pack_dir).map_err(|e| Error::io(pack_dir.display(), e))?;
-    }
-
-    // ---- pack ----
-    let t = Instant::now();
-    // Batched packing writes whole pages through the engine with O_DIRECT;
-    // the individual baseline writes row by row through the page cache.
     // Reads and writes get rings of their own: a region's write never waits
     // behind a 64 MiB piece's reads in one queue.
     let engine = IoEngine::new(IoOptions::default());
-    let write_engine = IoEngine::new(IoOptions::default());
-    let direct = (cfg.packing == PackingMode::Batched).then_some(&write_engine);
-    let create = |name: &str, size: u64| OutFile::create(&staging, name, size, direct);
-    let gpu = (!cache.gpu.is_empty())
-        .then(|| {
-            create(
-                "pack/gpu_cache.bin",
-                align(cache.gpu.len() as u64 * row_bytes),
-            )
-        })
-        .transpose()?;
-    let cpu = (!cache.cpu.is_empty())
-        .then(|| {
-            create(
-                "pack/cpu_cache.bin",
-                align(cache.cpu.len() as u64 * row_bytes),
-            )
-        })
-        .transpose()?;
-    let seg_files: Vec<OutFile> = segments
-        .iter()
-        .enumerate()
-        .map(|(i, s)| create(&format!("pack/segment-{i:05}.bin"), s.size))
-        .collect::<Result<_>>()?;
-    let ctx = PackCtx {
-        engine: &engine,
-        write_engine: &write_engine,
-        features: &features,
-        cache: &cache,
-        segments: &segments,
-        batches: &batches,
-        gpu: gpu.as_ref(),
-        cpu: cpu.as_ref(),
-        seg_files: &seg_files,
-        row_bytes,
-        bounds: &bounds,
-        piece_rows,
-        num_nodes,
-    };
-    // The address tables need the plan, not the features: they are built
-    // on a second thread while the features stream (its bar stays hidden
-    // beside the packing bar).
-    let (pass, tables) = std::thread::scope(|s| {
-        let tables = s.spawn(|| {
-            let t = Instant::now();
-            let tables = write_tables(
-                &samples, &run, &staging, &segments, &batches, &cache, row_bytes, false,
-            );
-            (tables, t.elapsed().as_secs_f64())
-        });
-        let pass = match cfg.packing {
-            PackingMode::Batched => ctx.batched(cfg.show_progress),
-            PackingMode::Individual => ctx.individual(cfg.show_progress),
+    std::thread::scope(|s| -> Result<PackSummary> {
+        let ahead = match cfg.packing {
+            PackingMode::Batched => Some(ReadAhead::start(
+                s,
+                &features,
+                &engine,
+                piece_rows,
+                READ_AHEAD as usize,
+            )?),
+            PackingMode::Individual => None,
         };
-        (
-            pass,
-            tables.join().expect("the table writer does not panic"),
-        )
-    });
-    let pass = pass?;
-    let (tables, table_seconds) = tables;
-    let tables = tables?;
-    summary.feature_bytes_read = pass.bytes_read;
-    summary.pack_read_seconds = pass.read_seconds;
-    summary.pack_write_seconds = pass.write_seconds;
-    summary.table_seconds = table_seconds;
-    let mut objects = Vec::new();
-    summary.feature_disk_bytes = gpu
-        .iter()
-        .chain(cpu.iter())
-        .chain(seg_files.iter())
-        .map(|f| f.size)
-        .sum();
-    let gpu_object = gpu.map(OutFile::finish).transpose()?;
-    let cpu_object = cpu.map(OutFile::finish).transpose()?;
-    objects.extend(gpu_object.iter().cloned());
-    objects.extend(cpu_object.iter().cloned());
-    for f in seg_files {
-        objects.push(f.finish()?);
-    }
-    objects.extend(tables.objects.iter().cloned());
-    summary.pack_seconds = t.elapsed().as_secs_f64();
 
-    // ---- commit ----
-    let t = Instant::now();
-    let disk_bytes: u64 = objects.iter().map(|o| o.size).sum();
-    summary.bytes_written = disk_bytes;
-    summary.disk_bytes = disk_bytes;
-    summary.blow_up = disk_bytes as f64 / feature_file_bytes as f64;
-    summary.predicted_read_amplification = tables.amplification();
-    summary.access_shares = tables.shares();
-    if local_root.is_none() {
-        // Objects of an older layout whose names this one does not reuse
-        // would linger unreferenced: the prefix starts empty.
-        out.delete_prefix("pack")?;
-        upload(&out, &staging, &objects, cfg.show_progress)?;
-    }
-    let manifest = Manifest {
-        format_version: manifests::FORMAT_VERSION,
-        created_by: format!("offgnn packer {}", env!("CARGO_PKG_VERSION")),
-        dataset: manifests::DatasetRef {
-            name: run.dataset.name.clone(),
+        // ---- plan ----
+        let t = Instant::now();
+        let (counts, cache) = plan::rank_and_split(
+            &mut batches,
             num_nodes,
-            feature_dim: run.dataset.feature_dim,
-            feature_dtype: features.dtype().name().to_string(),
             row_bytes,
-            feature_file_bytes,
-            feature_location: features.describe(),
-            dataset_fingerprint: run.dataset.fingerprint.clone(),
-            feature_fingerprint: run.dataset.feature_fingerprint.clone(),
-            num_classes: run.dataset.num_classes,
-        },
-        samples: manifests::SamplesRef {
-            location: samples.url().to_string(),
-            run_sha256: {
-                use sha2::Digest;
-                offgnn_shared::store::hex(&sha2::Sha256::digest(&run_bytes))
-            },
-            fanouts: run.params.fanouts.clone(),
-            batch_size: run.params.batch_size,
-            epochs: run.params.epochs,
-            seed: run.params.seed,
-        },
-        gpu_cache: manifests::Tier {
-            object: gpu_object.map(|o| o.name),
-            rows: cache.gpu.len() as u64,
-            budget_bytes: cfg.gpu_cache,
-        },
-        cpu_cache: manifests::Tier {
-            object: cpu_object.map(|o| o.name),
-            rows: cache.cpu.len() as u64,
-            budget_bytes: cfg.cpu_cache,
-        },
-        packing: manifests::Packing {
-            mode: match cfg.packing {
-                PackingMode::Batched => "batched",
-                PackingMode::Individual => "individual",
+            cfg.gpu_cache,
+            cfg.cpu_cache,
+        )?;
+        drop(counts);
+        // Memory: the plan, the pieces read ahead, and the staging of
+        // disk-cache runs.
+        let plan_bytes = plan_memory(num_nodes, batches.iter().map(|b| b.cold.len() as u64).sum());
+        let least = BASELINE_BYTES + READ_AHEAD * piece_bytes;
+        let available = cfg
+            .memory
+            .checked_sub(plan_bytes + BASELINE_BYTES)
+            .filter(|&b| b >= READ_AHEAD * piece_bytes)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "--memory {} is too small: the plan needs {} bytes and packing at least {} more; give at least {}",
+                    cfg.memory,
+                    plan_bytes,
+                    least,
+                    plan_bytes + least
+                ))
+            })?;
+        let staging_budget = available - READ_AHEAD * piece_bytes;
+        summary.plan_bytes = plan_bytes;
+        summary.piece_bytes = piece_bytes;
+
+        let by_split = |split: Split| -> Vec<usize> {
+            (0..batches.len())
+                .filter(|&i| batches[i].split == split)
+                .collect()
+        };
+        let (train, valid, test) = (
+            by_split(Split::Train),
+            by_split(Split::Valid),
+            by_split(Split::Test),
+        );
+        let mut scratch = Scratch::new(num_nodes);
+        let geometry = plan::Geometry {
+            row_bytes,
+            seed: MINHASH_SEED,
+        };
+        let seg_plan = |split: Split, ids: Vec<usize>, scratch: &mut Scratch| {
+            plan::plan_segment(split, ids, &batches, &geometry, scratch)
+        };
+        // Validation and test are read every epoch: one segment each.
+        let mut eval_segments = Vec::new();
+        for (split, ids) in [(Split::Valid, valid), (Split::Test, test)] {
+            if !ids.is_empty() {
+                eval_segments.push(seg_plan(split, ids, &mut scratch));
             }
-            .into(),
-            disk_cache: match cfg.disk_cache {
-                DiskCacheMode::Segmented => "segmented",
-                DiskCacheMode::Global => "global",
+        }
+        let eval_bytes: u64 = eval_segments.iter().map(|s| s.size).sum();
+        let cache_bytes =
+            align(cache.gpu.len() as u64 * row_bytes) + align(cache.cpu.len() as u64 * row_bytes);
+        let train_budget = budget.saturating_sub(eval_bytes + cache_bytes);
+        // The exact bytes the training segments take at a segment size: one
+        // pass over the cold lists, cheap beside the packing itself.
+        let exact = |s: usize| {
+            crate::segment_search::exact_layout_bytes(
+                train.iter().map(|&i| batches[i].cold.as_slice()),
+                s,
+                num_nodes,
+                row_bytes,
+            )
+        };
+        let too_small = |minimum: u64| crate::plan_error::PlanError::BudgetTooSmall {
+            budget,
+            minimum: minimum + eval_bytes + cache_bytes,
+        };
+        let (segment_size, searched, estimated, algorithm2) =
+            match (cfg.disk_cache, cfg.segment_size) {
+                (DiskCacheMode::Global, _) => (train.len().max(1), false, None, None),
+                (DiskCacheMode::Segmented, Some(0)) => {
+                    return Err(Error::InvalidArgument(
+                        "--segment-size must be at least 1".into(),
+                    ));
+                }
+                (DiskCacheMode::Segmented, Some(s)) => (s, false, None, None),
+                (DiskCacheMode::Segmented, None) => {
+                    let lists = train.iter().map(|&i| batches[i].cold.as_slice());
+                    let found = crate::segment_search::search_segment_size(
+                        lists,
+                        train.len(),
+                        num_nodes,
+                        row_bytes,
+                        train_budget,
+                    )
+                    .map_err(|e| match e {
+                        crate::plan_error::PlanError::BudgetTooSmall { minimum, .. } => {
+                            too_small(minimum)
+                        }
+                        other => other,
+                    })?;
+                    // Algorithm 2 extrapolates from the first segment, so the
+                    // real layout can come out larger or smaller than its
+                    // estimate. Grow the segment until the exact bytes fit (the
+                    // budget is a promise, not a hope), then shrink it to the
+                    // smallest size that still fits: smaller segments share
+                    // fewer rows per disk cache and read less they do not need.
+                    let mut s = found.segment_size;
+                    while s < train.len() && exact(s)? > train_budget {
+                        s = (s + s.div_ceil(4)).min(train.len());
+                    }
+                    if exact(s)? > train_budget {
+                        return Err(too_small(exact(train.len())?).into());
+                    }
+                    // The bytes fall as segments grow, nearly monotonically; the
+                    // bisection keeps `exact(hi) <= budget` whatever they do.
+                    let (mut lo, mut hi) = (1, s);
+                    while lo < hi {
+                        let mid = lo + (hi - lo) / 2;
+                        if exact(mid)? <= train_budget {
+                            hi = mid;
+                        } else {
+                            lo = mid + 1;
+                        }
+                    }
+                    (
+                        hi,
+                        true,
+                        Some(found.estimated_bytes),
+                        Some(found.segment_size),
+                    )
+                }
+            };
+        // Whichever way the size was chosen, the layout must fit the budget.
+        let train_bytes = exact(segment_size)?;
+        if train_bytes > train_budget {
+            return Err(match (cfg.disk_cache, cfg.segment_size) {
+                (DiskCacheMode::Segmented, Some(s)) => Error::InvalidArgument(format!(
+                    "--segment-size {s} lays out {} bytes of training segments, beyond the {} left of --disk-budget after caches and evaluation segments; raise the budget or drop --segment-size to search one",
+                    train_bytes, train_budget
+                )),
+                _ => too_small(train_bytes).into(),
+            });
+        }
+        let mut segments: Vec<SegmentPlan> = train
+            .chunks(segment_size.max(1))
+            .map(|ids| seg_plan(Split::Train, ids.to_vec(), &mut scratch))
+            .collect();
+        segments.extend(eval_segments);
+        drop(scratch);
+        // The disk caches' rows are staged in memory until their run goes out:
+        // beyond the budget, the node range is cut into partitions.
+        let (bounds, staging_bytes) =
+            plan::partition_bounds(&segments, num_nodes, row_bytes, staging_budget);
+        if staging_bytes > staging_budget {
+            return Err(Error::InvalidArgument(format!(
+                "--memory {} is too small: one node's disk-cache rows need {staging_bytes} bytes of staging beside the {} of the plan and buffers; give at least {}",
+                cfg.memory,
+                plan_bytes + BASELINE_BYTES + READ_AHEAD * piece_bytes,
+                plan_bytes + BASELINE_BYTES + READ_AHEAD * piece_bytes + staging_bytes
+            )));
+        }
+        let num_partitions = bounds.len() - 1;
+        if num_partitions > 1 {
+            for seg in &mut segments {
+                seg.partition(&bounds);
             }
-            .into(),
-            segment_size,
-            searched,
-            estimated_bytes: estimated,
-            partitions: num_partitions as u64,
-            minhash_functions: 2,
-        },
-        segments: segments
+        }
+        summary.partitions = num_partitions as u64;
+        summary.staging_bytes = staging_bytes;
+        summary.segment_size = segment_size;
+        summary.searched = searched;
+        summary.estimated_bytes = estimated;
+        summary.algorithm2_segment_size = algorithm2;
+        summary.train_segment_bytes = train_bytes;
+        summary.segments = segments.len();
+        summary.gpu_rows = cache.gpu.len() as u64;
+        summary.cpu_rows = cache.cpu.len() as u64;
+        summary.plan_seconds = t.elapsed().as_secs_f64();
+
+        // The plan holds (budgets, memory, inputs all checked): only now may a
+        // committed layout go, its manifest first so that it never covers
+        // changing objects. A rerun starts clean: nothing of an interrupted run
+        // is reused.
+        if committed {
+            out.delete(MANIFEST)?;
+        }
+        // The old objects move aside in one rename and are removed on a
+        // thread of their own while the new ones are written (deleting
+        // gigabytes takes the filesystem a while); so are any left aside by
+        // a run that was killed.
+        let pack_dir = staging.join("pack");
+        let mut old = leftovers(&staging)?;
+        if pack_dir.exists() {
+            let aside = staging.join(format!("{OLD_PREFIX}{}", std::process::id()));
+            std::fs::rename(&pack_dir, &aside).map_err(|e| Error::io(pack_dir.display(), e))?;
+            old.push(aside);
+        }
+        let cleaner = s.spawn(move || {
+            for dir in old {
+                if let Err(e) = std::fs::remove_dir_all(&dir) {
+                    tracing::warn!(
+                        "removing the old layout's objects in {}: {e}",
+                        dir.display()
+                    );
+                }
+            }
+        });
+
+        // ---- pack ----
+        let t = Instant::now();
+        // Batched packing writes whole pages through the engine with O_DIRECT;
+        // the individual baseline writes row by row through the page cache.
+        let write_engine = IoEngine::new(IoOptions::default());
+        let direct = (cfg.packing == PackingMode::Batched).then_some(&write_engine);
+        let create = |name: &str, size: u64| OutFile::create(&staging, name, size, direct);
+        let gpu = (!cache.gpu.is_empty())
+            .then(|| {
+                create(
+                    "pack/gpu_cache.bin",
+                    align(cache.gpu.len() as u64 * row_bytes),
+                )
+            })
+            .transpose()?;
+        let cpu = (!cache.cpu.is_empty())
+            .then(|| {
+                create(
+                    "pack/cpu_cache.bin",
+                    align(cache.cpu.len() as u64 * row_bytes),
+                )
+            })
+            .transpose()?;
+        let seg_files: Vec<OutFile> = segments
             .iter()
             .enumerate()
-            .map(|(i, s)| manifests::Segment {
-                object: format!("pack/segment-{i:05}.bin"),
-                table: format!("pack/table-{i:05}.bin"),
-                split: s.split.name().into(),
-                batches: s.batches.len() as u32,
-                disk_cache_rows: s.dc_rows.len() as u64,
-                disk_cache_bytes: s.dc_bytes,
-                packed_rows: s.packed_rows(),
-                chunk_bytes: s.chunk_bytes(),
-            })
-            .collect(),
-        schedule: schedule(&segments, &batches),
-        objects,
-        disk_bytes,
-        feature_disk_bytes: summary.feature_disk_bytes,
-        blow_up: summary.blow_up,
-        predicted_read_amplification: summary.predicted_read_amplification,
-        access_shares: summary.access_shares.clone(),
+            .map(|(i, s)| create(&format!("pack/segment-{i:05}.bin"), s.size))
+            .collect::<Result<_>>()?;
+        let writes = crate::batched_pack::WritePool::new(&write_engine);
+        let ctx = PackCtx {
+            engine: &engine,
+            writes: &writes,
+            features: &features,
+            cache: &cache,
+            segments: &segments,
+            batches: &batches,
+            gpu: gpu.as_ref(),
+            cpu: cpu.as_ref(),
+            seg_files: &seg_files,
+            row_bytes,
+            bounds: &bounds,
+            num_nodes,
+        };
+        // The address tables need the plan, not the features: they are built
+        // on a second thread while the features stream (its bar stays hidden
+        // beside the packing bar).
+        let (pass, tables) = std::thread::scope(|s| {
+            let tables = s.spawn(|| {
+                let t = Instant::now();
+                let tables = write_tables(
+                    &samples, &run, &staging, &segments, &batches, &cache, row_bytes, false,
+                );
+                (tables, t.elapsed().as_secs_f64())
+            });
+            let pass = match cfg.packing {
+                PackingMode::Batched => ctx.batched(
+                    ahead.expect("batched packing reads ahead"),
+                    cfg.show_progress,
+                ),
+                PackingMode::Individual => ctx.individual(cfg.show_progress),
+            };
+            (
+                pass,
+                tables.join().expect("the table writer does not panic"),
+            )
+        });
+        let pass = pass?;
+        let (tables, table_seconds) = tables;
+        let tables = tables?;
+        summary.feature_bytes_read = pass.bytes_read;
+        summary.pack_read_seconds = pass.read_seconds;
+        summary.pack_write_seconds = pass.write_seconds;
+        summary.table_seconds = table_seconds;
+        let mut objects = Vec::new();
+        summary.feature_disk_bytes = gpu
+            .iter()
+            .chain(cpu.iter())
+            .chain(seg_files.iter())
+            .map(|f| f.size)
+            .sum();
+        let gpu_object = gpu.map(OutFile::finish).transpose()?;
+        let cpu_object = cpu.map(OutFile::finish).transpose()?;
+        objects.extend(gpu_object.iter().cloned());
+        objects.extend(cpu_object.iter().cloned());
+        for f in seg_files {
+            objects.push(f.finish()?);
+        }
+        objects.extend(tables.objects.iter().cloned());
+        summary.pack_seconds = t.elapsed().as_secs_f64();
+
+        // ---- commit ----
+        let t = Instant::now();
+        let disk_bytes: u64 = objects.iter().map(|o| o.size).sum();
+        summary.bytes_written = disk_bytes;
+        summary.disk_bytes = disk_bytes;
+        summary.blow_up = disk_bytes as f64 / feature_file_bytes as f64;
+        summary.predicted_read_amplification = tables.amplification();
+        summary.access_shares = tables.shares();
+        if local_root.is_none() {
+            // Objects of an older layout whose names this one does not reuse
+            // would linger unreferenced: the prefix starts empty.
+            out.delete_prefix("pack")?;
+            upload(&out, &staging, &objects, cfg.show_progress)?;
+        }
+        let manifest = Manifest {
+            format_version: manifests::FORMAT_VERSION,
+            created_by: format!("offgnn packer {}", env!("CARGO_PKG_VERSION")),
+            dataset: manifests::DatasetRef {
+                name: run.dataset.name.clone(),
+                num_nodes,
+                feature_dim: run.dataset.feature_dim,
+                feature_dtype: features.dtype().name().to_string(),
+                row_bytes,
+                feature_file_bytes,
+                feature_location: features.describe(),
+                dataset_fingerprint: run.dataset.fingerprint.clone(),
+                feature_fingerprint: run.dataset.feature_fingerprint.clone(),
+                num_classes: run.dataset.num_classes,
+            },
+            samples: manifests::SamplesRef {
+                location: samples.url().to_string(),
+                run_sha256: {
+                    use sha2::Digest;
+                    offgnn_shared::store::hex(&sha2::Sha256::digest(&run_bytes))
+                },
+                fanouts: run.params.fanouts.clone(),
+                batch_size: run.params.batch_size,
+                epochs: run.params.epochs,
+                seed: run.params.seed,
+            },
+            gpu_cache: manifests::Tier {
+                object: gpu_object.map(|o| o.name),
+                rows: cache.gpu.len() as u64,
+                budget_bytes: cfg.gpu_cache,
+            },
+            cpu_cache: manifests::Tier {
+                object: cpu_object.map(|o| o.name),
+                rows: cache.cpu.len() as u64,
+                budget_bytes: cfg.cpu_cache,
+            },
+            packing: manifests::Packing {
+                mode: match cfg.packing {
+                    PackingMode::Batched => "batched",
+                    PackingMode::Individual => "individual",
+                }
+                .into(),
+                disk_cache: match cfg.disk_cache {
+                    DiskCacheMode::Segmented => "segmented",
+                    DiskCacheMode::Global => "global",
+                }
+                .into(),
+                segment_size,
+                searched,
+                estimated_bytes: estimated,
+                partitions: num_partitions as u64,
+                minhash_functions: 2,
+            },
+            segments: segments
+                .iter()
+                .enumerate()
+                .map(|(i, s)| manifests::Segment {
+                    object: format!("pack/segment-{i:05}.bin"),
+                    table: format!("pack/table-{i:05}.bin"),
+                    split: s.split.name().into(),
+                    batches: s.batches.len() as u32,
+                    disk_cache_rows: s.dc_rows.len() as u64,
+                    disk_cache_bytes: s.dc_bytes,
+                    packed_rows: s.packed_rows(),
+                    chunk_bytes: s.chunk_bytes(),
+                })
+                .collect(),
+            schedule: schedule(&segments, &batches),
+            objects,
+            disk_bytes,
+            feature_disk_bytes: summary.feature_disk_bytes,
+            blow_up: summary.blow_up,
+            predicted_read_amplification: summary.predicted_read_amplification,
+            access_shares: summary.access_shares.clone(),
+        };
+        manifest.validate().map_err(|e| {
+            Error::InvalidArgument(format!("internal: the manifest is invalid: {e}"))
+        })?;
+        let body = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
+        out.put(MANIFEST, body)?;
+        summary.commit_seconds = t.elapsed().as_secs_f64();
+        summary.total_seconds = started.elapsed().as_secs_f64();
+        summary.manifest = format!("{}/{MANIFEST}", out.url().trim_end_matches('/'));
+        cleaner.join().expect("removing a directory does not panic");
+        Ok(summary)
+    })
+}
+
+/// Where a layout's replaced objects wait for removal (then the process id).
+const OLD_PREFIX: &str = ".pack-old-";
+
+/// Directories of replaced objects in `staging` that an earlier run did not
+/// get to remove.
+fn leftovers(staging: &Path) -> Result<Vec<PathBuf>> {
+    let entries = match std::fs::read_dir(staging) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(staging.display(), e)),
     };
-    manifest
-        .validate()
-        .map_err(|e| Error::InvalidArgument(format!("internal: the manifest is invalid: {e}")))?;
-    let body = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
-    out.put(MANIFEST, body)?;
-    summary.commit_seconds = t.elapsed().as_secs_f64();
-    summary.total_seconds = started.elapsed().as_secs_f64();
-    summary.manifest = format!("{}/{MANIFEST}", out.url().trim_end_matches('/'));
-    Ok(summary)
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(staging.display(), e))?;
+        if entry.file_name().to_string_lossy().starts_with(OLD_PREFIX) {
+            out.push(entry.path());
+        }
+    }
+    Ok(out)
+}
+
+/// Bytes the plan takes: per node, its tier slot and a counter for the
+/// partitioning; per cold row of a batch, its id and its place.
+fn plan_memory(num_nodes: u64, cold_rows: u64) -> u64 {
+    num_nodes * 12 + cold_rows * 12
+}
+
+/// Pieces of the feature file read ahead of the packing: one filled while
+/// one is dispatched. Deeper read-ahead lets the disk read more while the
+/// plan is made, but costs fresh memory; on a VM whose host backs guest
+/// memory lazily, first touching it took more CPU (about 3 s per GiB, in
+/// the page faults of the reads) than the reads saved: 16 pieces of 64 MiB
+/// made the 10M-node bench 0.5 to 1 s slower than 2.
+const READ_AHEAD: u64 = 2;
+
+/// The feature file's piece size under `memory`, given (a bound on) the
+/// plan's bytes: a quarter of what is left, at most [`MAX_PIECE_BYTES`]; the
+/// rest stages disk-cache rows. A piece holds a row and the pages around
+/// it, however little is left.
+fn piece_size(memory: u64, plan_bytes: u64, row_bytes: u64) -> u64 {
+    let left = memory.saturating_sub(plan_bytes + BASELINE_BYTES);
+    (left / 4).clamp(row_bytes + 2 * PAGE, MAX_PIECE_BYTES)
 }
 
 /// The local directory of an output location, or `None` for a remote store.

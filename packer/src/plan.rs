@@ -15,6 +15,7 @@
 //! caches fit in memory — this is exactly Algorithm 1's order.
 
 use offgnn_shared::dataset::Split;
+use rayon::prelude::*;
 
 use crate::access_rank::{AccessCounts, Tiers};
 use crate::minhash::minhash_order;
@@ -307,7 +308,7 @@ pub fn rank_and_split(
     }
     let tiers = crate::access_rank::assign_tiers(&counts, row_bytes, gpu_bytes, cpu_bytes);
     let map = CacheMap::new(&tiers, num_nodes)?;
-    for b in batches.iter_mut() {
+    batches.par_iter_mut().for_each(|b| {
         let mut cold: Vec<u32> = b
             .inputs
             .iter()
@@ -317,7 +318,7 @@ pub fn rank_and_split(
         cold.sort_unstable();
         b.cold = cold;
         b.inputs = Vec::new();
-    }
+    });
     Ok((counts, map))
 }
 

@@ -140,21 +140,42 @@ fn verify_passes_across_settings() {
     });
     assert_eq!(s.access_shares.gpu, 1.0);
     // Disk caches larger than the staging memory: many partitions,
-    // partition-major disk caches. The packer's fixed allowance is 96 MiB;
-    // the plan's share is what the same plan reports; two read buffers of
-    // a row and two pages each, then about 2 KB of staging.
+    // partition-major disk caches. The packer's fixed allowance is
+    // `BASELINE_BYTES`; the plan's share is what the same plan reports; two
+    // read buffers of a row and two pages each, then about 2 KB of staging.
     let global = PackConfig {
         disk_cache: DiskCacheMode::Global,
         ..config(&f, "probe")
     };
     let plan_bytes = pack(&global).unwrap().plan_bytes;
     let s = pack_and_verify(&PackConfig {
-        memory: (96 << 20) + plan_bytes + 2 * (96 + 2 * 4096) + 2_000,
+        memory: packer::pack::BASELINE_BYTES + plan_bytes + 2 * (96 + 2 * 4096) + 2_000,
         out: f.root.join("smallmem").to_str().unwrap().into(),
-        ..global
+        ..global.clone()
     });
     assert!(s.staging_bytes <= 2_000, "{} bytes staged", s.staging_bytes);
     assert!(s.partitions > 10, "{} partitions", s.partitions);
+    // Pieces of several rows over several partitions: the piece size is
+    // fixed before the plan and ignores the partitions, so pieces straddle
+    // their bounds.
+    let mut straddled = false;
+    for extra in [20_000, 60_000, 200_000] {
+        let s = pack_and_verify(&PackConfig {
+            memory: packer::pack::BASELINE_BYTES + plan_bytes + 2 * (96 + 2 * 4096) + extra,
+            out: f
+                .root
+                .join(format!("pieces-{extra}"))
+                .to_str()
+                .unwrap()
+                .into(),
+            ..global.clone()
+        });
+        straddled |= s.partitions > 1 && s.piece_bytes >= 2 * 4096 + 3 * 96;
+    }
+    assert!(
+        straddled,
+        "no run had pieces of several rows and several partitions"
+    );
 }
 
 /// Rows whose size does not divide the packer's read piece (100 bytes), in
