@@ -46,15 +46,22 @@ fn range(store: &Store, name: &str, offset: u64, len: u64) -> Result<bytes::Byte
 /// Reads over a gap this small rather than ask again: over an object store
 /// a request costs more than reading this much.
 const COALESCE_GAP: u64 = 256 << 10;
+/// A span grows to this many bytes at most (then a new one starts): one
+/// reused buffer holds any span.
+const MAX_SPAN: u64 = 64 << 20;
 
 /// Groups sorted row numbers into spans read as one request each: `(first
 /// row, rows, index of the first in `rows`, count)`.
 fn spans(rows: &[u64], row_bytes: u64) -> Vec<(u64, u64, usize, usize)> {
-    let gap_rows = (COALESCE_GAP / row_bytes.max(1)).max(1);
+    let rb = row_bytes.max(1);
+    let gap_rows = (COALESCE_GAP / rb).max(1);
+    let max_rows = (MAX_SPAN / rb).max(1);
     let mut out: Vec<(u64, u64, usize, usize)> = Vec::new();
     for (i, &r) in rows.iter().enumerate() {
         match out.last_mut() {
-            Some((first, len, _, count)) if r < *first + *len + gap_rows => {
+            Some((first, len, _, count))
+                if r < *first + *len + gap_rows && r - *first < max_rows =>
+            {
                 *len = (*len).max(r - *first + 1);
                 *count += 1;
             }
@@ -62,6 +69,22 @@ fn spans(rows: &[u64], row_bytes: u64) -> Vec<(u64, u64, usize, usize)> {
         }
     }
     out
+}
+
+/// Buffers reused from batch to batch: fresh memory costs page faults, and
+/// a batch's matrices and spans run to gigabytes.
+#[derive(Default)]
+pub struct Scratch {
+    span: Vec<u8>,
+    pages: Vec<u8>,
+    got: Vec<u8>,
+    want: Vec<u8>,
+}
+
+/// Fills `buf` with `len` bytes of `object` from `offset`.
+fn read_span(store: &Store, object: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
+    buf.resize(len as usize, 0);
+    Ok(store.read_into(object, offset, buf)?)
 }
 
 /// Rows of a cache tier, read in spans of nearby slots.
@@ -72,6 +95,7 @@ fn gather_slots(
     slots: &[u32],
     rb: u64,
     out: &mut [u8],
+    span: &mut Vec<u8>,
 ) -> Result<()> {
     let mut order: Vec<(u64, u32)> = slots
         .iter()
@@ -82,19 +106,25 @@ fn gather_slots(
     let rows: Vec<u64> = order.iter().map(|o| o.0).collect();
     let rb_us = rb as usize;
     for (first, len, at, count) in spans(&rows, rb) {
-        let data = range(store, object, first * rb, len * rb)?;
+        read_span(store, object, first * rb, len * rb, span)?;
         for &(slot, p) in &order[at..at + count] {
             let src = (slot - first) as usize * rb_us;
             let dst = p as usize * rb_us;
-            out[dst..dst + rb_us].copy_from_slice(&data[src..src + rb_us]);
+            out[dst..dst + rb_us].copy_from_slice(&span[src..src + rb_us]);
         }
     }
     Ok(())
 }
 
-/// The feature file's rows of `nodes`, in that order, read in spans of
-/// nearby rows.
-fn feature_rows(features: &FeatureSource, nodes: &[u32], rb: u64) -> Result<Vec<u8>> {
+/// The feature file's rows of `nodes`, in that order, into `out`, read in
+/// spans of nearby rows.
+fn feature_rows(
+    features: &FeatureSource,
+    nodes: &[u32],
+    rb: u64,
+    out: &mut Vec<u8>,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
     let mut order: Vec<(u64, usize)> = nodes
         .iter()
         .enumerate()
@@ -103,30 +133,40 @@ fn feature_rows(features: &FeatureSource, nodes: &[u32], rb: u64) -> Result<Vec<
     order.sort_unstable();
     let rows: Vec<u64> = order.iter().map(|o| o.0).collect();
     let rb_us = rb as usize;
-    let mut out = vec![0u8; nodes.len() * rb_us];
-    let mut buf = Vec::new();
+    out.resize(nodes.len() * rb_us, 0);
     for (first, len, at, count) in spans(&rows, rb) {
         buf.resize(len as usize * rb_us, 0);
-        features.read_rows(first, &mut buf)?;
+        features.read_rows(first, buf)?;
         for &(v, i) in &order[at..at + count] {
             let src = (v - first) as usize * rb_us;
             out[i * rb_us..(i + 1) * rb_us].copy_from_slice(&buf[src..src + rb_us]);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
-/// Assembles a batch's input matrix from the layout (what the trainer does).
-pub fn assemble(store: &Store, m: &Manifest, segment: usize, t: &BatchTable) -> Result<Vec<u8>> {
+/// Assembles a batch's input matrix from the layout (what the trainer does)
+/// into `scratch.got`.
+fn assemble(
+    store: &Store,
+    m: &Manifest,
+    segment: usize,
+    t: &BatchTable,
+    scratch: &mut Scratch,
+) -> Result<()> {
     let rb = m.dataset.row_bytes;
-    let mut out = vec![0u8; t.num_inputs as usize * rb as usize];
+    let Scratch {
+        span, pages, got, ..
+    } = scratch;
+    got.resize(t.num_inputs as usize * rb as usize, 0);
+    let out = got.as_mut_slice();
     if !t.gpu_pos.is_empty() {
         let object = m
             .gpu_cache
             .object
             .as_deref()
             .ok_or_else(|| Error::Verify("GPU rows but no GPU cache".into()))?;
-        gather_slots(store, object, &t.gpu_pos, &t.gpu_slot, rb, &mut out)?;
+        gather_slots(store, object, &t.gpu_pos, &t.gpu_slot, rb, out, span)?;
     }
     if !t.cpu_pos.is_empty() {
         let object = m
@@ -134,25 +174,29 @@ pub fn assemble(store: &Store, m: &Manifest, segment: usize, t: &BatchTable) -> 
             .object
             .as_deref()
             .ok_or_else(|| Error::Verify("CPU rows but no CPU cache".into()))?;
-        gather_slots(store, object, &t.cpu_pos, &t.cpu_slot, rb, &mut out)?;
+        gather_slots(store, object, &t.cpu_pos, &t.cpu_slot, rb, out, span)?;
     }
     let seg = &m.segments[segment].object;
-    let mut pages = Vec::new();
+    let total: u64 = t.page_runs.iter().map(|&(_, count)| count * 4096).sum();
+    pages.resize(total as usize, 0);
+    let mut at = 0usize;
     for &(first, count) in &t.page_runs {
-        pages.extend_from_slice(&range(store, seg, first * 4096, count * 4096)?);
+        let len = (count * 4096) as usize;
+        store.read_into(seg, first * 4096, &mut pages[at..at + len])?;
+        at += len;
     }
     for (&p, &off) in t.disk_pos.iter().zip(&t.disk_offset) {
         let (dst, src) = (p as usize * rb as usize, off as usize);
         out[dst..dst + rb as usize].copy_from_slice(&pages[src..src + rb as usize]);
     }
     if !t.packed_pos.is_empty() {
-        let chunk = range(store, seg, t.chunk_offset, t.chunk_len)?;
+        read_span(store, seg, t.chunk_offset, t.chunk_len, span)?;
         for (&p, &r) in t.packed_pos.iter().zip(&t.packed_row) {
             let (dst, src) = (p as usize * rb as usize, r as usize * rb as usize);
-            out[dst..dst + rb as usize].copy_from_slice(&chunk[src..src + rb as usize]);
+            out[dst..dst + rb as usize].copy_from_slice(&span[src..src + rb as usize]);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Reads the records of one segment's table object.
@@ -182,6 +226,7 @@ pub fn read_table(store: &Store, name: &str) -> Result<Vec<BatchTable>> {
 /// Checks every object's size and CRC32C.
 pub fn check_objects(store: &Store, m: &Manifest) -> Result<u64> {
     let mut bytes = 0;
+    let mut buf = Vec::new();
     for o in &m.objects {
         let size = store
             .size(&o.name)?
@@ -195,8 +240,9 @@ pub fn check_objects(store: &Store, m: &Manifest) -> Result<u64> {
         let mut crc = 0u32;
         let mut at = 0;
         while at < size {
-            let n = (64u64 << 20).min(size - at);
-            crc = crc32c::crc32c_append(crc, &range(store, &o.name, at, n)?);
+            let n = MAX_SPAN.min(size - at);
+            read_span(store, &o.name, at, n, &mut buf)?;
+            crc = crc32c::crc32c_append(crc, &buf);
             at += n;
         }
         if crc != o.crc32c {
@@ -248,6 +294,7 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
         object_bytes,
         ..Default::default()
     };
+    let mut scratch = Scratch::default();
     for file in &run.files {
         for b in offgnn_shared::samples::read_file(&samples, file)? {
             let name = format!("{} epoch {} batch {}", b.split, b.epoch, b.index);
@@ -262,8 +309,15 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
                     "{name}: topology or labels differ from the samples"
                 )));
             }
-            let got = assemble(&store, &m, si, &t)?;
-            let want = feature_rows(&features, &b.input_nodes, rb as u64)?;
+            assemble(&store, &m, si, &t, &mut scratch)?;
+            feature_rows(
+                &features,
+                &b.input_nodes,
+                rb as u64,
+                &mut scratch.want,
+                &mut scratch.span,
+            )?;
+            let (got, want) = (&scratch.got, &scratch.want);
             for (i, &v) in b.input_nodes.iter().enumerate() {
                 if got[i * rb..(i + 1) * rb] != want[i * rb..(i + 1) * rb] {
                     return Err(Error::Verify(format!(
@@ -298,5 +352,9 @@ mod tests {
         // Rows larger than the gap are read one by one unless adjacent.
         assert_eq!(spans(&[0, 1, 3], 1 << 20), vec![(0, 2, 0, 2), (3, 1, 2, 1)]);
         assert!(spans(&[], 8).is_empty());
+        // A span stops at 64 MiB, however dense the rows.
+        let rows: Vec<u64> = (0..200).collect();
+        let lens: Vec<u64> = spans(&rows, 1 << 20).iter().map(|s| s.1).collect();
+        assert_eq!(lens, [64, 64, 64, 8]);
     }
 }
