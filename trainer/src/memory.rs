@@ -116,11 +116,12 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
             .map(|(l, (&(src, dst, edges), w))| {
                 let (d_in, d_out) = (w[0], w[1]);
                 match mc.kind {
-                    // The sources' rows gathered along the edges and summed
-                    // into the destinations, then the two projections, the
+                    // The edge-to-destination map of the mean's
+                    // embedding_bag (int64: two elements an edge), the
+                    // destinations' means, then the two projections, the
                     // activation and the dropout mask.
                     ModelKind::Sage => edges
-                        .saturating_mul(d_in)
+                        .saturating_mul(2)
                         .saturating_add(dst.saturating_mul(d_in + 6 * d_out)),
                     // The sources' projection and scores, per-edge scores
                     // through the softmax, per-edge messages, and the

@@ -377,16 +377,24 @@ pub fn graph(t: &BatchTable, device: Device) -> (Vec<BlockTensors>, Tensor) {
         .blocks
         .iter()
         .map(|b| {
-            let dst = index(&b.dst, device);
+            let (src, dst) = (index(&b.src, device), index(&b.dst, device));
             let counts = dst.bincount(None::<Tensor>, b.num_dst as i64);
-            let deg = counts.clamp_min(1).to_kind(Kind::Float);
+            // Edges are sorted by destination: each destination's edges
+            // start at the running sum of the in-degrees before it.
+            let offsets = Tensor::cat(
+                &[
+                    Tensor::zeros([1], (Kind::Int64, device)),
+                    counts.cumsum(0, Kind::Int64),
+                ],
+                0,
+            );
             BlockTensors {
-                src: index(&b.src, device),
+                src,
                 dst,
                 num_src: b.num_src as i64,
                 num_dst: b.num_dst as i64,
                 counts,
-                deg,
+                offsets,
             }
         })
         .collect();
