@@ -135,6 +135,8 @@ fn input_path(
 }
 
 fn main() -> anyhow::Result<()> {
+    // As the trainer binary does.
+    trainer::retain_freed_memory();
     let Ok(manifest) = std::env::var("OFFGNN_BENCH_MANIFEST") else {
         eprintln!(
             "OFFGNN_BENCH_MANIFEST is not set: nothing to measure (see scripts/bench-trainer)"
