@@ -11,8 +11,8 @@
 //! queues always belong to the same batch. With the pipeline off, one thread
 //! runs the same stage functions in sequence — same inputs, same results.
 
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use offgnn_manifests::BatchRef;
@@ -66,9 +66,6 @@ pub struct AssembleSources {
     pub gpu_rows: Option<Arc<Vec<u8>>>,
     pub cpu_rows: Option<Arc<Vec<u8>>>,
     pub all_rows: Option<Arc<Vec<u8>>>,
-    /// Host matrices kept for the next batches: a batch's input matrix is
-    /// hundreds of MB, and fresh memory costs page faults every time.
-    pub spare: Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
 impl AssembleSources {
@@ -87,7 +84,6 @@ impl AssembleSources {
             gpu_rows: self.gpu_rows.clone(),
             cpu_rows: self.cpu_rows.clone(),
             all_rows: self.all_rows.clone(),
-            spare: Arc::clone(&self.spare),
         }
     }
 }
@@ -252,32 +248,27 @@ fn index(v: &[u32], device: Device) -> Tensor {
     Tensor::from_slice(&v).to_device(device)
 }
 
-/// Host matrices kept for reuse (one per stage that may hold one, and one
-/// more).
-const MAX_SPARE: usize = 3;
-
-/// A dense `[n, d]` host matrix whose rows `fill` writes (every one of
-/// them: a reused buffer's stale bytes never show).
+/// A dense `[n, d]` CPU tensor whose rows `fill` writes, every one of them
+/// (the tensor's memory is not zeroed first), straight into the tensor:
+/// a batch's input matrix is hundreds of MB, not worth a second copy.
 fn host_matrix(
     src: &AssembleSources,
     n: usize,
     fill: impl FnOnce(&mut [u8]) -> Result<()>,
 ) -> Result<Tensor> {
-    let spare = || src.spare.lock().unwrap_or_else(PoisonError::into_inner);
-    let mut host = spare().pop().unwrap_or_default();
-    host.resize(n * src.row_bytes, 0);
-    let x = fill(&mut host).and_then(|()| {
-        Ok(Tensor::f_from_data_size(
-            &host,
-            &[n as i64, src.dim],
-            src.kind,
-        )?)
-    });
-    let mut pool = spare();
-    if pool.len() < MAX_SPARE {
-        pool.push(host);
+    let x = Tensor::f_empty([n as i64, src.dim], (src.kind, Device::Cpu))?;
+    let len = n * src.row_bytes;
+    debug_assert_eq!(x.numel() * x.kind().elt_size_in_bytes(), len);
+    if len == 0 {
+        fill(&mut [])?;
+        return Ok(x);
     }
-    x
+    // SAFETY: `x` is a new contiguous CPU tensor of `len` bytes (n rows of
+    // `row_bytes`, its dtype's row) that nothing else refers to; the slice
+    // ends before `x` is returned.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(x.data_ptr().cast::<u8>(), len) };
+    fill(bytes)?;
+    Ok(x)
 }
 
 /// Copies the rows `slots` of `from` to input positions `pos` of `out`.

@@ -202,7 +202,6 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
         gpu_rows: None,
         cpu_rows: None,
         all_rows: None,
-        spare: Arc::default(),
     };
     match cfg.features {
         FeatureMode::Packed => {
