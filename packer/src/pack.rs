@@ -29,8 +29,10 @@ const MAX_PIECE_BYTES: u64 = 64 << 20;
 const PAGE: u64 = 4096;
 /// What the process needs besides the plan and the partition buffer:
 /// binary, allocator, Parquet decoding of samples files, and the stage
-/// buffers of the writes (`batched_pack::STAGE_POOL_BYTES`, 64 MiB).
+/// buffers of the writes (`batched_pack::STAGE_POOL_BYTES`, just over 64 MiB).
 pub const BASELINE_BYTES: u64 = 128 << 20;
+// The stage buffers leave at least 48 MiB of it to the rest.
+const _: () = assert!(crate::batched_pack::STAGE_POOL_BYTES + (48 << 20) <= BASELINE_BYTES);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -418,22 +420,14 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
         let write_engine = IoEngine::new(IoOptions::default());
         let direct = (cfg.packing == PackingMode::Batched).then_some(&write_engine);
         let create = |name: &str, size: u64| OutFile::create(&staging, name, size, direct);
-        let gpu = (!cache.gpu.is_empty())
-            .then(|| {
-                create(
-                    "pack/gpu_cache.bin",
-                    align(cache.gpu.len() as u64 * row_bytes),
-                )
-            })
-            .transpose()?;
-        let cpu = (!cache.cpu.is_empty())
-            .then(|| {
-                create(
-                    "pack/cpu_cache.bin",
-                    align(cache.cpu.len() as u64 * row_bytes),
-                )
-            })
-            .transpose()?;
+        // A cache tier's block, when it holds any rows.
+        let tier = |name: &str, rows: &[u32]| {
+            (!rows.is_empty())
+                .then(|| create(name, align(rows.len() as u64 * row_bytes)))
+                .transpose()
+        };
+        let gpu = tier("pack/gpu_cache.bin", &cache.gpu)?;
+        let cpu = tier("pack/cpu_cache.bin", &cache.cpu)?;
         let seg_files: Vec<OutFile> = segments
             .iter()
             .enumerate()

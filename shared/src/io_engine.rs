@@ -1719,6 +1719,13 @@ mod tests {
 
     #[test]
     fn aligned_buf_is_aligned_zeroed_and_resizes() {
+        // The first `n` bytes still hold the pattern written below.
+        let kept = |buf: &AlignedBuf, n: usize| {
+            buf.as_slice()[..n]
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == i as u8 | 1)
+        };
         let empty = AlignedBuf::new(0);
         assert!(empty.is_empty() && empty.as_slice().is_empty());
         assert_eq!(empty.as_slice().as_ptr() as usize % PAGE, 0);
@@ -1733,23 +1740,13 @@ mod tests {
         // Growing past the capacity reallocates, still aligned, prefix kept.
         buf.resize(100_000);
         assert_eq!(buf.as_slice().as_ptr() as usize % PAGE, 0);
-        assert!(
-            buf.as_slice()[..5000]
-                .iter()
-                .enumerate()
-                .all(|(i, &b)| b == i as u8 | 1)
-        );
+        assert!(kept(&buf, 5000));
         assert!(buf.as_slice()[5000..].iter().all(|&b| b == 0));
         // Shrinking then growing within the capacity zeroes the regrown bytes.
         buf.resize(10);
         assert_eq!(buf.len(), 10);
         buf.resize(5000);
-        assert!(
-            buf.as_slice()[..10]
-                .iter()
-                .enumerate()
-                .all(|(i, &b)| b == i as u8 | 1)
-        );
+        assert!(kept(&buf, 10));
         assert!(buf.as_slice()[10..].iter().all(|&b| b == 0));
         // Past `HUGE_PAGE` the buffer is a mapping of its own: zeroed,
         // aligned, the prefix kept across a move from the heap and between
@@ -1757,12 +1754,7 @@ mod tests {
         buf.resize(HUGE_PAGE + 1);
         assert_eq!(buf.capacity(), HUGE_PAGE + PAGE);
         assert_eq!(buf.as_slice().as_ptr() as usize % PAGE, 0);
-        assert!(
-            buf.as_slice()[..10]
-                .iter()
-                .enumerate()
-                .all(|(i, &b)| b == i as u8 | 1)
-        );
+        assert!(kept(&buf, 10));
         assert!(buf.as_slice()[10..].iter().all(|&b| b == 0));
         buf.as_mut_slice()[HUGE_PAGE] = 7;
         buf.resize(3 * HUGE_PAGE);
