@@ -36,6 +36,43 @@ impl AccessCounts {
         self.counts.len() as u64
     }
 
+    /// Counts many batches at once: the node range is cut into one run per
+    /// thread, and each thread counts the ids of every batch that fall in its
+    /// run, so no two threads write one counter and each writes a smaller
+    /// table. Checks every id first; on one out of range nothing is counted.
+    pub fn from_batches(num_nodes: u64, batches: &[&[u32]]) -> Result<Self, PlanError> {
+        let mut counts = AccessCounts::new(num_nodes);
+        let n = counts.counts.len();
+        let out_of_range = batches
+            .par_iter()
+            .find_map_first(|b| b.iter().copied().find(|&v| v as usize >= n));
+        if let Some(v) = out_of_range {
+            return Err(PlanError::InvalidArgument(format!(
+                "input node {v} is out of range: the graph has {n} nodes"
+            )));
+        }
+        if n > 0 {
+            let run = n.div_ceil(rayon::current_num_threads());
+            counts
+                .counts
+                .par_chunks_mut(run)
+                .enumerate()
+                .for_each(|(i, chunk)| {
+                    let first = (i * run) as u32;
+                    for &v in batches.iter().flat_map(|b| b.iter()) {
+                        // Ids below `first` wrap to large offsets.
+                        let offset = v.wrapping_sub(first) as usize;
+                        if let Some(c) = chunk.get_mut(offset) {
+                            *c = c.saturating_add(1);
+                        }
+                    }
+                });
+        }
+        counts.accessed = counts.counts.par_iter().filter(|&&c| c > 0).count() as u64;
+        counts.total = batches.iter().map(|b| b.len() as u64).sum();
+        Ok(counts)
+    }
+
     /// Counts one batch: each of its input nodes once. A batch's input nodes
     /// are unique, so a count is the number of batches that read the row.
     /// Counts saturate at `u32::MAX`. On an id out of range nothing of the
@@ -93,18 +130,20 @@ pub enum Location {
 }
 
 /// The memory tiers of the four-level feature store (DiskGNN §4): which
-/// nodes the GPU and CPU caches hold, in slot order, and where every node is.
+/// nodes the GPU and CPU caches hold and where every node is. Each cache
+/// numbers its rows in ascending node order, the order the feature file
+/// streams them in, so the packer fills the cache blocks front to back.
 pub struct Tiers {
-    /// Per node: its rank among the cached nodes (GPU slots first, then CPU
-    /// slots), or [`ON_DISK`]. One `u32` per node keeps `locate` O(1) and
-    /// the table 4 bytes a node.
-    rank: Vec<u32>,
-    /// The cached nodes by rank: GPU slots, then CPU slots.
-    cached: Vec<u32>,
-    num_gpu: usize,
+    /// Per node: its GPU slot, [`CPU_FLAG`] with its CPU slot, or
+    /// [`ON_DISK`]. One `u32` per node keeps `locate` O(1) and the table
+    /// 4 bytes a node.
+    loc: Vec<u32>,
+    gpu: Vec<u32>,
+    cpu: Vec<u32>,
 }
 
 const ON_DISK: u32 = u32::MAX;
+const CPU_FLAG: u32 = 1 << 31;
 
 impl Tiers {
     /// Where node `v`'s row lives.
@@ -112,36 +151,53 @@ impl Tiers {
     /// # Panics
     /// If `v` is not below the node count the tiers were built for.
     pub fn locate(&self, v: u32) -> Location {
-        match self.rank[v as usize] {
+        match self.loc[v as usize] {
             ON_DISK => Location::Disk,
-            r if (r as usize) < self.num_gpu => Location::Gpu(r),
-            r => Location::Cpu(r - self.num_gpu as u32),
+            x if x & CPU_FLAG != 0 => Location::Cpu(x & !CPU_FLAG),
+            x => Location::Gpu(x),
         }
     }
 
-    /// The GPU cache's nodes; node `gpu_nodes()[s]` is in slot `s`.
+    /// The GPU cache's nodes, ascending; node `gpu_nodes()[s]` is in slot `s`.
     pub fn gpu_nodes(&self) -> &[u32] {
-        &self.cached[..self.num_gpu]
+        &self.gpu
     }
 
-    /// The CPU cache's nodes; node `cpu_nodes()[s]` is in slot `s`.
+    /// The CPU cache's nodes, ascending; node `cpu_nodes()[s]` is in slot `s`.
     pub fn cpu_nodes(&self) -> &[u32] {
-        &self.cached[self.num_gpu..]
+        &self.cpu
     }
 
     /// The row reads that `counts` makes of each tier: (GPU, CPU, disk).
     pub fn hits(&self, counts: &AccessCounts) -> (u64, u64, u64) {
         let (mut gpu, mut cpu, mut disk) = (0u64, 0u64, 0u64);
-        for (&r, &c) in self.rank.iter().zip(&counts.counts) {
+        for (v, &c) in counts.counts.iter().enumerate() {
             let c = u64::from(c);
-            match r {
-                ON_DISK => disk += c,
-                r if (r as usize) < self.num_gpu => gpu += c,
-                _ => cpu += c,
+            match self.locate(v as u32) {
+                Location::Gpu(_) => gpu += c,
+                Location::Cpu(_) => cpu += c,
+                Location::Disk => disk += c,
             }
         }
         (gpu, cpu, disk)
     }
+}
+
+/// Where the top `k` of a ranking by count (most first, ties by ascending
+/// id) ends: every node counted above the returned count is in, and so are
+/// the first `take` nodes (by id) counted exactly at it. `histogram[c]` is
+/// how many nodes have count `c`.
+fn cut(histogram: &[u64], k: u64) -> (u32, u64) {
+    let mut above = 0u64;
+    for (c, &n) in histogram.iter().enumerate().skip(1).rev() {
+        if above + n >= k {
+            return (c as u32, k - above);
+        }
+        above += n;
+    }
+    // `k` is at most the accessed nodes, so only `k == 0` gets here when
+    // nothing is accessed: nothing is taken.
+    (u32::MAX, 0)
 }
 
 /// Ranks the accessed nodes by count, most first, ties by node id ascending
@@ -151,52 +207,63 @@ impl Tiers {
 /// store). Rows no batch reads are never cached: they cost space and save no
 /// read. A cache smaller than one row holds none; with `row_bytes == 0`
 /// every accessed node fits.
+///
+/// Counts are small (at most the number of batches), so the ranking is a
+/// histogram of counts and one pass over the nodes in id order, not a sort.
+/// A cache of 2^31 rows or more is refused (`CPU_FLAG` marks CPU slots).
 pub fn assign_tiers(
     counts: &AccessCounts,
     row_bytes: u64,
     gpu_bytes: u64,
     cpu_bytes: u64,
-) -> Tiers {
+) -> Result<Tiers, PlanError> {
     let capacity = |bytes: u64| bytes.checked_div(row_bytes).unwrap_or(u64::MAX);
     let accessed = counts.accessed();
     let num_gpu = capacity(gpu_bytes).min(accessed);
     let num_cpu = capacity(cpu_bytes).min(accessed - num_gpu);
-    // Both fit usize: they are at most the node count, which fits u32.
-    let (num_gpu, num_cached) = (num_gpu as usize, (num_gpu + num_cpu) as usize);
-
-    let mut rank = vec![ON_DISK; counts.counts.len()];
-    if num_cached == 0 {
-        return Tiers {
-            rank,
-            cached: Vec::new(),
-            num_gpu: 0,
+    if num_gpu.max(num_cpu) >= u64::from(CPU_FLAG) {
+        return Err(PlanError::InvalidArgument(format!(
+            "a cache of {} rows is not supported: a cache holds fewer than 2^31 rows",
+            num_gpu.max(num_cpu)
+        )));
+    }
+    let mut loc = vec![ON_DISK; counts.counts.len()];
+    let (mut gpu, mut cpu) = (Vec::new(), Vec::new());
+    if num_gpu + num_cpu > 0 {
+        let max = counts.counts.par_iter().copied().max().unwrap_or(0);
+        let mut histogram = vec![0u64; max as usize + 1];
+        for &c in &counts.counts {
+            histogram[c as usize] += 1;
+        }
+        let (gpu_count, mut gpu_ties) = cut(&histogram, num_gpu);
+        let (cached_count, mut cached_ties) = cut(&histogram, num_gpu + num_cpu);
+        gpu.reserve_exact(num_gpu as usize);
+        cpu.reserve_exact(num_cpu as usize);
+        // A node at a cut's count is in while that cut has ties left; a GPU
+        // node is cached too, so it takes a tie of both cuts.
+        let take = |c: u32, cut_count: u32, ties: &mut u64| {
+            c > cut_count
+                || (c == cut_count && *ties > 0 && {
+                    *ties -= 1;
+                    true
+                })
         };
+        for (v, &c) in counts.counts.iter().enumerate() {
+            if c == 0 {
+                continue;
+            }
+            let in_gpu = take(c, gpu_count, &mut gpu_ties);
+            let cached = take(c, cached_count, &mut cached_ties);
+            if in_gpu {
+                loc[v] = gpu.len() as u32;
+                gpu.push(v as u32);
+            } else if cached {
+                loc[v] = CPU_FLAG | cpu.len() as u32;
+                cpu.push(v as u32);
+            }
+        }
     }
-    // One u64 key per accessed node: the inverted count above the id, so
-    // ascending keys are descending counts with ties by ascending id, and
-    // keys are unique. Only the top `num_cached` need sorting: select them
-    // in O(n), then sort those.
-    let mut keys: Vec<u64> = counts
-        .counts
-        .par_iter()
-        .enumerate()
-        .filter(|&(_, &c)| c > 0)
-        .map(|(v, &c)| (u64::from(!c) << 32) | v as u64)
-        .collect();
-    if num_cached < keys.len() {
-        keys.select_nth_unstable(num_cached);
-        keys.truncate(num_cached);
-    }
-    keys.par_sort_unstable();
-    let cached: Vec<u32> = keys.iter().map(|&k| k as u32).collect();
-    for (r, &v) in cached.iter().enumerate() {
-        rank[v as usize] = r as u32;
-    }
-    Tiers {
-        rank,
-        cached,
-        num_gpu,
-    }
+    Ok(Tiers { loc, gpu, cpu })
 }
 
 #[cfg(test)]
@@ -236,6 +303,15 @@ mod tests {
     }
 
     #[test]
+    fn counting_in_parallel_refuses_an_id_out_of_range() {
+        let message = AccessCounts::from_batches(4, &[&[0, 1], &[2, 9, 4]])
+            .err()
+            .expect("9 is out of range")
+            .to_string();
+        assert!(message.contains("input node 9"), "{message}");
+    }
+
+    #[test]
     fn counts_saturate() {
         let mut counts = AccessCounts::new(2);
         counts.counts[0] = u32::MAX - 1;
@@ -252,11 +328,11 @@ mod tests {
         batches.extend([vec![1], vec![1]]);
         let counts = counts_of(5, &batches);
         // 10-byte rows: the GPU holds 2 (25 bytes), the CPU 1 (19 bytes).
-        let tiers = assign_tiers(&counts, 10, 25, 19);
-        assert_eq!(tiers.gpu_nodes(), [1, 0]);
+        let tiers = assign_tiers(&counts, 10, 25, 19).expect("caches under 2^31 rows");
+        assert_eq!(tiers.gpu_nodes(), [0, 1]);
         assert_eq!(tiers.cpu_nodes(), [2]);
-        assert_eq!(tiers.locate(1), Location::Gpu(0));
-        assert_eq!(tiers.locate(0), Location::Gpu(1));
+        assert_eq!(tiers.locate(0), Location::Gpu(0));
+        assert_eq!(tiers.locate(1), Location::Gpu(1));
         assert_eq!(tiers.locate(2), Location::Cpu(0));
         assert_eq!(tiers.locate(3), Location::Disk);
         assert_eq!(tiers.locate(4), Location::Disk);
@@ -266,7 +342,7 @@ mod tests {
     #[test]
     fn unread_rows_are_never_cached() {
         let counts = counts_of(10, &[vec![3, 7]]);
-        let tiers = assign_tiers(&counts, 4, 1 << 20, 1 << 20);
+        let tiers = assign_tiers(&counts, 4, 1 << 20, 1 << 20).expect("caches under 2^31 rows");
         assert_eq!(tiers.gpu_nodes(), [3, 7]);
         assert!(tiers.cpu_nodes().is_empty());
         assert_eq!(tiers.locate(0), Location::Disk);
@@ -289,7 +365,7 @@ mod tests {
             cpu_bytes in 0u64..2000,
         ) {
             let counts = counts_of(n, &batches);
-            let tiers = assign_tiers(&counts, row_bytes, gpu_bytes, cpu_bytes);
+            let tiers = assign_tiers(&counts, row_bytes, gpu_bytes, cpu_bytes).expect("caches under 2^31 rows");
             let (gpu, cpu) = (tiers.gpu_nodes(), tiers.cpu_nodes());
 
             // Budgets are respected, and a cache is only short of its
@@ -327,11 +403,16 @@ mod tests {
             prop_assert!(min_cached >= max_disk);
             prop_assert!(min_cached >= 1);
 
-            // The exact order: a full sort by (count descending, id).
+            // The exact tiers: the prefixes of a full sort by (count
+            // descending, id), each cache numbered in node order.
             let mut oracle: Vec<u32> = (0..n as u32).filter(|&v| counts.count(v) > 0).collect();
             oracle.sort_by_key(|&v| (std::cmp::Reverse(counts.count(v)), v));
-            let ranked: Vec<u32> = gpu.iter().chain(cpu).copied().collect();
-            prop_assert_eq!(&ranked[..], &oracle[..ranked.len()]);
+            let mut want_gpu = oracle[..gpu.len()].to_vec();
+            let mut want_cpu = oracle[gpu.len()..gpu.len() + cpu.len()].to_vec();
+            want_gpu.sort_unstable();
+            want_cpu.sort_unstable();
+            prop_assert_eq!(gpu, &want_gpu[..]);
+            prop_assert_eq!(cpu, &want_cpu[..]);
 
             // Every read is served by exactly one tier.
             let (g, c, d) = tiers.hits(&counts);
@@ -341,9 +422,19 @@ mod tests {
         }
 
         #[test]
+        fn counting_in_parallel_counts_what_one_batch_at_a_time_does((n, batches) in batches()) {
+            let one_by_one = counts_of(n, &batches);
+            let slices: Vec<&[u32]> = batches.iter().map(Vec::as_slice).collect();
+            let at_once = AccessCounts::from_batches(n, &slices).expect("ids in range");
+            prop_assert_eq!(at_once.as_slice(), one_by_one.as_slice());
+            prop_assert_eq!(at_once.accessed(), one_by_one.accessed());
+            prop_assert_eq!(at_once.total(), one_by_one.total());
+        }
+
+        #[test]
         fn zero_budgets_cache_nothing((n, batches) in batches(), row_bytes in 1u64..64) {
             let counts = counts_of(n, &batches);
-            let tiers = assign_tiers(&counts, row_bytes, 0, row_bytes - 1);
+            let tiers = assign_tiers(&counts, row_bytes, 0, row_bytes - 1).expect("caches under 2^31 rows");
             prop_assert!(tiers.gpu_nodes().is_empty() && tiers.cpu_nodes().is_empty());
             prop_assert!((0..n as u32).all(|v| tiers.locate(v) == Location::Disk));
             prop_assert_eq!(tiers.hits(&counts), (0, 0, counts.total()));

@@ -31,10 +31,11 @@ use offgnn_manifests::Object;
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, PAGE, PendingWrite, ReadReq};
 use rayon::prelude::*;
 
+use crate::access_rank::Tiers;
 use crate::crc::RunCrcs;
 use crate::error::{Error, Result};
 use crate::feature_source::{FeatureSource, PartitionBuf, PartitionReader};
-use crate::plan::{BatchInfo, CacheMap, SegmentPlan};
+use crate::plan::{BatchInfo, SegmentPlan};
 
 /// Bytes gathered per direct write (plus a page for the carried tail).
 const STAGE_BYTES: usize = (4 << 20) + PAGE;
@@ -474,7 +475,7 @@ pub struct PackCtx<'a> {
     /// Writes the regions (O_DIRECT, behind), on rings of its own.
     pub writes: &'a WritePool<'a>,
     pub features: &'a FeatureSource,
-    pub cache: &'a CacheMap,
+    pub cache: &'a Tiers,
     pub segments: &'a [SegmentPlan],
     pub batches: &'a [BatchInfo],
     pub gpu: Option<&'a OutFile>,
@@ -637,8 +638,8 @@ impl PackCtx<'_> {
         let (caches, segments) = rayon::join(
             || {
                 rayon::join(
-                    || tier(gpu_w, &self.cache.gpu, self.gpu),
-                    || tier(cpu_w, &self.cache.cpu, self.cpu),
+                    || tier(gpu_w, self.cache.gpu_nodes(), self.gpu),
+                    || tier(cpu_w, self.cache.cpu_nodes(), self.cpu),
                 )
             },
             || {
@@ -677,8 +678,8 @@ impl PackCtx<'_> {
         let started = Instant::now();
         let mut rows = self.features.row_reader()?;
         let rb = self.row_bytes;
-        let total: u64 = self.cache.gpu.len() as u64
-            + self.cache.cpu.len() as u64
+        let total: u64 = self.cache.gpu_nodes().len() as u64
+            + self.cache.cpu_nodes().len() as u64
             + self
                 .segments
                 .iter()
@@ -687,7 +688,10 @@ impl PackCtx<'_> {
                 .sum::<u64>();
         let pb = offgnn_shared::progress::bar_if(show, total, "packing", "rows");
         let mut read = 0u64;
-        for (tier, out) in [(&self.cache.gpu, self.gpu), (&self.cache.cpu, self.cpu)] {
+        for (tier, out) in [
+            (self.cache.gpu_nodes(), self.gpu),
+            (self.cache.cpu_nodes(), self.cpu),
+        ] {
             if let Some(out) = out {
                 read += rows.read_each(tier, |slot, data| out.write_at(slot as u64 * rb, data))?;
                 pb.inc(tier.len() as u64);

@@ -16,10 +16,11 @@ use offgnn_shared::samples::{RunSummary, SampledBatch};
 use offgnn_shared::store::Store;
 use serde::Serialize;
 
+use crate::access_rank::{Location, Tiers};
 use crate::batched_pack::{OutFile, PackCtx, ReadAhead};
 use crate::error::{Error, Result};
 use crate::feature_source::FeatureSource;
-use crate::plan::{self, BatchInfo, CacheMap, Loc, Scratch, SegmentPlan, align};
+use crate::plan::{self, BatchInfo, Scratch, SegmentPlan, align};
 use crate::sizes::Budget;
 
 /// Fixed seed of the MinHash permutations: layouts are reproducible.
@@ -264,8 +265,8 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
             }
         }
         let eval_bytes: u64 = eval_segments.iter().map(|s| s.size).sum();
-        let cache_bytes =
-            align(cache.gpu.len() as u64 * row_bytes) + align(cache.cpu.len() as u64 * row_bytes);
+        let cache_bytes = align(cache.gpu_nodes().len() as u64 * row_bytes)
+            + align(cache.cpu_nodes().len() as u64 * row_bytes);
         let train_budget = budget.saturating_sub(eval_bytes + cache_bytes);
         // The exact bytes the training segments take at a segment size: one
         // pass over the cold lists, cheap beside the packing itself.
@@ -380,8 +381,8 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
         summary.algorithm2_segment_size = algorithm2;
         summary.train_segment_bytes = train_bytes;
         summary.segments = segments.len();
-        summary.gpu_rows = cache.gpu.len() as u64;
-        summary.cpu_rows = cache.cpu.len() as u64;
+        summary.gpu_rows = cache.gpu_nodes().len() as u64;
+        summary.cpu_rows = cache.cpu_nodes().len() as u64;
         summary.plan_seconds = t.elapsed().as_secs_f64();
 
         // The plan holds (budgets, memory, inputs all checked): only now may a
@@ -426,8 +427,8 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
                 .then(|| create(name, align(rows.len() as u64 * row_bytes)))
                 .transpose()
         };
-        let gpu = tier("pack/gpu_cache.bin", &cache.gpu)?;
-        let cpu = tier("pack/cpu_cache.bin", &cache.cpu)?;
+        let gpu = tier("pack/gpu_cache.bin", cache.gpu_nodes())?;
+        let cpu = tier("pack/cpu_cache.bin", cache.cpu_nodes())?;
         let seg_files: Vec<OutFile> = segments
             .iter()
             .enumerate()
@@ -537,12 +538,12 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
             },
             gpu_cache: manifests::Tier {
                 object: gpu_object.map(|o| o.name),
-                rows: cache.gpu.len() as u64,
+                rows: cache.gpu_nodes().len() as u64,
                 budget_bytes: cfg.gpu_cache,
             },
             cpu_cache: manifests::Tier {
                 object: cpu_object.map(|o| o.name),
-                rows: cache.cpu.len() as u64,
+                rows: cache.cpu_nodes().len() as u64,
                 budget_bytes: cfg.cpu_cache,
             },
             packing: manifests::Packing {
@@ -755,7 +756,7 @@ pub fn batch_table(
     b: &SampledBatch,
     seg: &SegmentPlan,
     record: usize,
-    cache: &CacheMap,
+    cache: &Tiers,
     row_bytes: u64,
 ) -> Result<BatchTable> {
     let mut t = BatchTable {
@@ -773,15 +774,15 @@ pub fn batch_table(
     let mut dc: Vec<(u64, u32)> = Vec::new(); // (cache position, input position)
     for (i, &v) in b.input_nodes.iter().enumerate() {
         match cache.locate(v) {
-            Loc::Gpu(slot) => {
+            Location::Gpu(slot) => {
                 t.gpu_pos.push(i as u32);
                 t.gpu_slot.push(slot);
             }
-            Loc::Cpu(slot) => {
+            Location::Cpu(slot) => {
                 t.cpu_pos.push(i as u32);
                 t.cpu_slot.push(slot);
             }
-            Loc::Disk => match seg.dc_position(v) {
+            Location::Disk => match seg.dc_position(v) {
                 Some(pos) => dc.push((pos as u64, i as u32)),
                 None => {
                     let row = seg.packed[record].binary_search(&v).map_err(|_| {
@@ -821,7 +822,7 @@ fn write_tables(
     staging: &Path,
     segments: &[SegmentPlan],
     batches: &[BatchInfo],
-    cache: &CacheMap,
+    cache: &Tiers,
     row_bytes: u64,
     show: bool,
 ) -> Result<TableTotals> {

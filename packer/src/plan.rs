@@ -17,7 +17,7 @@
 use offgnn_shared::dataset::Split;
 use rayon::prelude::*;
 
-use crate::access_rank::{AccessCounts, Tiers};
+use crate::access_rank::{AccessCounts, Location, Tiers};
 use crate::minhash::minhash_order;
 
 pub const PAGE: u64 = 4096;
@@ -37,56 +37,6 @@ pub struct BatchInfo {
     pub cold: Vec<u32>,
     /// All input nodes, for counting; emptied once the tiers are fixed.
     pub inputs: Vec<u32>,
-}
-
-/// Where each node's row lives among the caches, with slots in ascending
-/// node order.
-pub struct CacheMap {
-    loc: Vec<u32>,
-    pub gpu: Vec<u32>,
-    pub cpu: Vec<u32>,
-}
-
-const DISK: u32 = u32::MAX;
-const CPU_FLAG: u32 = 1 << 31;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Loc {
-    Gpu(u32),
-    Cpu(u32),
-    Disk,
-}
-
-impl CacheMap {
-    /// Takes the tier membership from the frequency ranking and numbers each
-    /// tier's rows by node id.
-    pub fn new(tiers: &Tiers, num_nodes: u64) -> Result<CacheMap, crate::error::Error> {
-        let mut gpu = tiers.gpu_nodes().to_vec();
-        let mut cpu = tiers.cpu_nodes().to_vec();
-        if gpu.len() as u64 >= CPU_FLAG as u64 || cpu.len() as u64 >= CPU_FLAG as u64 {
-            return Err(crate::error::Error::InvalidArgument(
-                "a cache tier of 2^31 rows or more is not supported".into(),
-            ));
-        }
-        gpu.sort_unstable();
-        cpu.sort_unstable();
-        let mut loc = vec![DISK; num_nodes as usize];
-        for (slot, &v) in gpu.iter().enumerate() {
-            loc[v as usize] = slot as u32;
-        }
-        for (slot, &v) in cpu.iter().enumerate() {
-            loc[v as usize] = CPU_FLAG | slot as u32;
-        }
-        Ok(CacheMap { loc, gpu, cpu })
-    }
-
-    pub fn locate(&self, v: u32) -> Loc {
-        match self.loc[v as usize] {
-            DISK => Loc::Disk,
-            x if x & CPU_FLAG != 0 => Loc::Cpu(x & !CPU_FLAG),
-            x => Loc::Gpu(x),
-        }
-    }
 }
 
 /// One segment: a run of consecutive batches of one split sharing a disk cache.
@@ -189,6 +139,13 @@ pub fn partition_bounds(
     row_bytes: u64,
     budget: u64,
 ) -> (Vec<u64>, u64) {
+    let total: u64 = segments
+        .iter()
+        .map(|s| s.dc_rows.len() as u64 * row_bytes)
+        .sum();
+    if total <= budget {
+        return (vec![0, num_nodes], total);
+    }
     let mut entries = vec![0u32; num_nodes as usize];
     for s in segments {
         for &v in &s.dc_rows {
@@ -301,25 +258,26 @@ pub fn rank_and_split(
     row_bytes: u64,
     gpu_bytes: u64,
     cpu_bytes: u64,
-) -> Result<(AccessCounts, CacheMap), crate::error::Error> {
-    let mut counts = AccessCounts::new(num_nodes);
-    for b in batches.iter().filter(|b| b.split == Split::Train) {
-        counts.add_batch(&b.inputs)?;
-    }
-    let tiers = crate::access_rank::assign_tiers(&counts, row_bytes, gpu_bytes, cpu_bytes);
-    let map = CacheMap::new(&tiers, num_nodes)?;
+) -> Result<(AccessCounts, Tiers), crate::error::Error> {
+    let train: Vec<&[u32]> = batches
+        .iter()
+        .filter(|b| b.split == Split::Train)
+        .map(|b| b.inputs.as_slice())
+        .collect();
+    let counts = AccessCounts::from_batches(num_nodes, &train)?;
+    let tiers = crate::access_rank::assign_tiers(&counts, row_bytes, gpu_bytes, cpu_bytes)?;
     batches.par_iter_mut().for_each(|b| {
         let mut cold: Vec<u32> = b
             .inputs
             .iter()
             .copied()
-            .filter(|&v| map.locate(v) == Loc::Disk)
+            .filter(|&v| tiers.locate(v) == Location::Disk)
             .collect();
         cold.sort_unstable();
         b.cold = cold;
         b.inputs = Vec::new();
     });
-    Ok((counts, map))
+    Ok((counts, tiers))
 }
 
 #[cfg(test)]
