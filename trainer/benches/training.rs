@@ -41,29 +41,6 @@ struct LoadFigure {
     disk_rows: u64,
 }
 
-fn load_only(
-    layout: &Layout,
-    engine: &IoEngine,
-    cfg: &TrainConfig,
-    order: &[offgnn_manifests::BatchRef],
-) -> anyhow::Result<LoadFigure> {
-    let src = sources(layout, engine, cfg)?;
-    let mut buf = AlignedBuf::new(0);
-    let started = Instant::now();
-    let (mut disk_bytes, mut disk_rows) = (0, 0);
-    for &r in order {
-        let loaded = pipeline::load(layout, engine, &src.load, r, buf)?;
-        disk_bytes += loaded.disk_bytes;
-        disk_rows += loaded.disk_rows;
-        buf = loaded.buf;
-    }
-    Ok(LoadFigure {
-        seconds: started.elapsed().as_secs_f64(),
-        disk_bytes,
-        disk_rows,
-    })
-}
-
 /// Stage 1 as the pipeline runs it: `loaders` threads, each loading every
 /// `loaders`-th batch and recycling its buffer. A first, untimed pass sizes
 /// the buffers, as the first batches of a long epoch do; the second pass is
@@ -212,7 +189,12 @@ fn main() -> anyhow::Result<()> {
         seq.seconds += b.seconds;
     }
     eprintln!("== bench: feature loading, packed then naive");
-    let packed_one = load_only(&layout, &engine, &cfg(FeatureMode::Packed, true), &order)?;
+    // One loader against two, both timed on a warm second pass.
+    let one_loader = TrainConfig {
+        loaders: 1,
+        ..cfg(FeatureMode::Packed, true)
+    };
+    let packed_one = load_parallel(&layout, &engine, &one_loader, &order)?;
     let packed = load_parallel(&layout, &engine, &cfg(FeatureMode::Packed, true), &order)?;
     let naive = load_parallel(&layout, &engine, &cfg(FeatureMode::Naive, true), &order)?;
     eprintln!("== bench: input path (stages 1-3), packed then naive");
