@@ -139,7 +139,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(if kind == ModelKind::Gat { 128 } else { 256 });
 
     let engine = IoEngine::new(IoOptions::default());
-    let (dir, m) = staging::resolve(&manifest, None, false)?;
+    let (dir, m) = staging::resolve(&manifest, None, &engine, false)?;
     let layout = Layout::open(&dir, m, &engine, true)?;
     let m = &layout.manifest;
     let mut order = m

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use offgnn_manifests::{Manifest, Object};
 use offgnn_shared::address_table::{self, BatchTable, FOOTER};
-use offgnn_shared::io_engine::{IoEngine, IoFile};
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, PAGE, ReadReq};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
@@ -29,27 +29,53 @@ struct TableFile {
     records: Vec<(u64, u64)>,
 }
 
-/// CRC32C of a local file, read in large pieces.
-pub fn file_crc(path: &Path) -> Result<(u64, u32)> {
-    let f = File::open(path).map_err(|e| Error::io(path.display(), e))?;
-    let size = f
-        .metadata()
-        .map_err(|e| Error::io(path.display(), e))?
-        .len();
-    let mut buf = vec![0u8; 8 << 20];
+/// Bytes per read request of [`file_crc`], and requests per engine call.
+const CRC_REQUEST: usize = 4 << 20;
+const CRC_PER_CALL: usize = 8;
+
+/// CRC32C of a local file, read through `engine` in large requests, several
+/// in flight (O_DIRECT where the filesystem allows: a layout of gigabytes is
+/// checked at the disk's speed and leaves the page cache alone). Buffered
+/// reads of 8 MiB, one at a time, took 17 s for the 2.7 GB bench layout.
+/// An O_DIRECT read cannot take a short last page: those bytes are read
+/// buffered.
+pub fn file_crc(engine: &IoEngine, path: &Path) -> Result<(u64, u32)> {
+    let file = engine.open(path)?;
+    let size = file.len();
+    let direct_end = if file.is_direct() {
+        size / PAGE as u64 * PAGE as u64
+    } else {
+        size
+    };
+    let mut buf = AlignedBuf::new(CRC_REQUEST * CRC_PER_CALL);
     let (mut at, mut crc) = (0u64, 0u32);
-    while at < size {
-        let n = (buf.len() as u64).min(size - at) as usize;
-        f.read_exact_at(&mut buf[..n], at)
-            .map_err(|e| Error::io(path.display(), e))?;
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
+    while at < direct_end {
+        let reqs: Vec<ReadReq> = (0..CRC_PER_CALL)
+            .map(|i| at + (i * CRC_REQUEST) as u64)
+            .take_while(|&offset| offset < direct_end)
+            .enumerate()
+            .map(|(i, offset)| ReadReq {
+                offset,
+                len: (direct_end - offset).min(CRC_REQUEST as u64) as usize,
+                buf_offset: i * CRC_REQUEST,
+            })
+            .collect();
+        let n = engine.read(&file, &reqs, &mut buf)? as usize;
+        crc = crc32c::crc32c_append(crc, &buf.as_slice()[..n]);
         at += n as u64;
+    }
+    if at < size {
+        let mut tail = vec![0u8; (size - at) as usize];
+        let f = File::open(path).map_err(|e| Error::io(path.display(), e))?;
+        f.read_exact_at(&mut tail, at)
+            .map_err(|e| Error::io(path.display(), e))?;
+        crc = crc32c::crc32c_append(crc, &tail);
     }
     Ok((size, crc))
 }
 
 /// Checks one object: present, its size, its CRC32C.
-pub fn check_object(dir: &Path, o: &Object) -> Result<()> {
+pub fn check_object(engine: &IoEngine, dir: &Path, o: &Object) -> Result<()> {
     let path = dir.join(&o.name);
     if !path.exists() {
         return Err(Error::Layout(format!(
@@ -58,7 +84,7 @@ pub fn check_object(dir: &Path, o: &Object) -> Result<()> {
             o.name
         )));
     }
-    let (size, crc) = file_crc(&path)?;
+    let (size, crc) = file_crc(engine, &path)?;
     if size != o.size {
         return Err(Error::Layout(format!(
             "{}: {size} bytes, the manifest says {}",
@@ -81,7 +107,7 @@ impl Layout {
         let total: u64 = manifest.objects.iter().map(|o| o.size).sum();
         let pb = offgnn_shared::progress::bytes_bar_if(show, total, "checking");
         manifest.objects.par_iter().try_for_each(|o| {
-            check_object(dir, o)?;
+            check_object(engine, dir, o)?;
             pb.inc(o.size);
             Ok::<_, Error>(())
         })?;

@@ -218,14 +218,14 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         .clone()
         .ok_or_else(|| anyhow::anyhow!("--manifest is required (see trainer --help)"))?;
     tracing::info!("training on {device:?}");
-    let (dir, manifest) = staging::resolve(&location, a.local_dir.as_deref(), true)
-        .with_context(|| format!("reading {}", offgnn_shared::store::redact(&location)))?;
     let engine = offgnn_shared::io_engine::IoEngine::new(offgnn_shared::io_engine::IoOptions {
         rings: a.io_rings,
         queue_depth: a.io_depth,
         force_pread: a.pread,
         ..Default::default()
     });
+    let (dir, manifest) = staging::resolve(&location, a.local_dir.as_deref(), &engine, true)
+        .with_context(|| format!("reading {}", offgnn_shared::store::redact(&location)))?;
     let layout = layout::Layout::open(&dir, manifest, &engine, true)?;
     let m = &layout.manifest;
     let cfg = train::TrainConfig {

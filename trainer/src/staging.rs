@@ -7,6 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use offgnn_manifests::{MANIFEST, Manifest};
+use offgnn_shared::io_engine::IoEngine;
 use offgnn_shared::store::Store;
 use rayon::prelude::*;
 
@@ -20,6 +21,7 @@ const RANGE: u64 = 8 << 20;
 pub fn resolve(
     location: &str,
     local_dir: Option<&Path>,
+    engine: &IoEngine,
     show: bool,
 ) -> Result<(PathBuf, Manifest)> {
     let (dir, name) = match location.rsplit_once('/') {
@@ -51,7 +53,7 @@ pub fn resolve(
     let total: u64 = manifest.objects.iter().map(|o| o.size).sum();
     let pb = offgnn_shared::progress::bytes_bar_if(show, total, "staging");
     for o in &manifest.objects {
-        if check_object(local, o).is_ok() {
+        if check_object(engine, local, o).is_ok() {
             pb.inc(o.size);
             continue;
         }
@@ -73,7 +75,7 @@ pub fn resolve(
         })?;
         f.sync_all().map_err(|e| Error::io(tmp.display(), e))?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io(path.display(), e))?;
-        check_object(local, o)?;
+        check_object(engine, local, o)?;
     }
     pb.finish_and_clear();
     std::fs::write(local.join(MANIFEST), &bytes)

@@ -101,8 +101,13 @@ fn engine() -> IoEngine {
 }
 
 fn open(f: &Fixture, engine: &IoEngine) -> Layout {
-    let (dir, m) =
-        staging::resolve(f.pack.join("manifest.json").to_str().unwrap(), None, false).unwrap();
+    let (dir, m) = staging::resolve(
+        f.pack.join("manifest.json").to_str().unwrap(),
+        None,
+        engine,
+        false,
+    )
+    .unwrap();
     Layout::open(&dir, m, engine, false).unwrap()
 }
 
@@ -396,7 +401,7 @@ fn corrupt_objects_and_unknown_versions_are_refused() {
     let mut bytes = std::fs::read(&seg).unwrap();
     bytes[100] ^= 0x10;
     std::fs::write(&seg, &bytes).unwrap();
-    let (dir, m) = staging::resolve(manifest.to_str().unwrap(), None, false).unwrap();
+    let (dir, m) = staging::resolve(manifest.to_str().unwrap(), None, &e, false).unwrap();
     let err = Layout::open(&dir, m, &e, false).err().expect("refused");
     assert!(err.to_string().contains("checksum"), "{err}");
     bytes[100] ^= 0x10;
@@ -408,7 +413,7 @@ fn corrupt_objects_and_unknown_versions_are_refused() {
         1,
     );
     std::fs::write(&manifest, text).unwrap();
-    let err = staging::resolve(manifest.to_str().unwrap(), None, false)
+    let err = staging::resolve(manifest.to_str().unwrap(), None, &e, false)
         .expect_err("a manifest of a future version is refused");
     assert!(err.to_string().contains("newer than this build"), "{err}");
 }
