@@ -149,6 +149,17 @@ pub struct AccessShares {
     pub packed: f64,
 }
 
+/// The largest batch of the layout, figure by figure: each is the maximum
+/// over all batches (of every split), so together they bound any one batch.
+/// The trainer states its memory from them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchShape {
+    /// Input nodes (rows of the assembled feature matrix).
+    pub inputs: u64,
+    /// Per block, input layer first: `[sources, destinations, edges]`.
+    pub blocks: Vec<[u64; 3]>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     pub format_version: u32,
@@ -174,6 +185,10 @@ pub struct Manifest {
     /// needs from disk (averaged over the sampled epochs).
     pub predicted_read_amplification: f64,
     pub access_shares: AccessShares,
+    /// Absent in layouts packed before it was recorded: the trainer then
+    /// bounds batches by the sampling fan-outs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub largest_batch: Option<BatchShape>,
 }
 
 fn safe_name(name: &str) -> bool {
@@ -203,6 +218,15 @@ impl Manifest {
 
     /// Checks that every reference resolves inside the layout.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(shape) = &self.largest_batch
+            && shape.blocks.len() != self.samples.fanouts.len()
+        {
+            return Err(format!(
+                "largest_batch has {} blocks, the sampling {} layers",
+                shape.blocks.len(),
+                self.samples.fanouts.len()
+            ));
+        }
         let mut names = std::collections::HashSet::new();
         for o in &self.objects {
             if !safe_name(&o.name) {
@@ -351,6 +375,10 @@ mod tests {
                 disk_cache: 0.0,
                 packed: 0.75,
             },
+            largest_batch: Some(BatchShape {
+                inputs: 3,
+                blocks: vec![[3, 1, 2]],
+            }),
         }
     }
 
@@ -359,6 +387,22 @@ mod tests {
         let m = sample();
         let bytes = serde_json::to_vec(&m).unwrap();
         assert_eq!(Manifest::parse("m.json", &bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn the_largest_batch_is_optional_and_matches_the_layers() {
+        let mut m = sample();
+        m.largest_batch = None;
+        let bytes = serde_json::to_vec(&m).unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains("largest_batch"));
+        assert_eq!(Manifest::parse("m.json", &bytes).unwrap(), m);
+        let mut m = sample();
+        m.largest_batch = Some(BatchShape {
+            inputs: 3,
+            blocks: vec![[3, 1, 2], [1, 1, 0]],
+        });
+        let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("2 blocks"), "{err}");
     }
 
     #[test]

@@ -584,6 +584,7 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
             blow_up: summary.blow_up,
             predicted_read_amplification: summary.predicted_read_amplification,
             access_shares: summary.access_shares.clone(),
+            largest_batch: Some(tables.largest.clone()),
         };
         manifest.validate().map_err(|e| {
             Error::InvalidArgument(format!("internal: the manifest is invalid: {e}"))
@@ -706,6 +707,8 @@ fn schedule(
 #[derive(Default)]
 struct TableTotals {
     objects: Vec<Object>,
+    /// Each figure's maximum over all batches.
+    largest: manifests::BatchShape,
     gpu: u64,
     cpu: u64,
     dc: u64,
@@ -844,6 +847,17 @@ fn write_tables(
             };
             let seg = &segments[si];
             let t = batch_table(&b, seg, ri, cache, row_bytes)?;
+            let largest = &mut totals.largest;
+            largest.inputs = largest.inputs.max(b.input_nodes.len() as u64);
+            largest
+                .blocks
+                .resize(b.blocks.len().max(largest.blocks.len()), [0; 3]);
+            for (most, block) in largest.blocks.iter_mut().zip(&b.blocks) {
+                let shape = [block.num_src, block.num_dst, block.src.len() as u32];
+                for (m, x) in most.iter_mut().zip(shape) {
+                    *m = (*m).max(u64::from(x));
+                }
+            }
             if b.split == Split::Train {
                 totals.gpu += t.gpu_pos.len() as u64;
                 totals.cpu += t.cpu_pos.len() as u64;

@@ -1,9 +1,11 @@
 //! The host memory a training run will use, stated from its flags and the
 //! manifest before any batch is read (`--memory` refuses a run whose
 //! statement exceeds it). Each part is an upper bound; batch sizes come
-//! from the sampling fan-outs' worst case ([`block_bounds`]), so the
-//! statement holds for any batch the layout can hold. The end-to-end suite
-//! checks a run's peak RSS against it.
+//! from the largest batch the packer recorded in the manifest (each figure
+//! the maximum over all batches), or, in a layout without it, from the
+//! sampling fan-outs' worst case ([`block_bounds`]), so the statement holds
+//! for every batch of the layout. The end-to-end suite checks a run's peak
+//! RSS against it.
 
 use offgnn_manifests::Manifest;
 use offgnn_shared::samples::block_bounds;
@@ -46,6 +48,20 @@ pub struct MemoryEstimate {
     pub total_bytes: u64,
 }
 
+/// Per block, input layer first, `(sources, destinations, edges)` of the
+/// largest batch: as the packer recorded it, or (in a layout packed before
+/// it did) the sampling fan-outs' worst case.
+fn batch_bounds(m: &Manifest) -> Vec<(u64, u64, u64)> {
+    match &m.largest_batch {
+        Some(shape) => shape.blocks.iter().map(|&[s, d, e]| (s, d, e)).collect(),
+        None => block_bounds(
+            m.dataset.num_nodes,
+            m.samples.batch_size as u64,
+            &m.samples.fanouts,
+        ),
+    }
+}
+
 /// States the peak host memory of training `m` as `cfg` says.
 pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
     let row = m.dataset.row_bytes;
@@ -59,12 +75,9 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
         FeatureMode::Naive => 0,
     };
 
-    let blocks = block_bounds(
-        m.dataset.num_nodes,
-        m.samples.batch_size as u64,
-        &m.samples.fanouts,
-    );
-    let inputs = blocks.first().map_or(0, |b| b.0);
+    let blocks = batch_bounds(m);
+    let recorded_inputs = m.largest_batch.as_ref().map_or(0, |s| s.inputs);
+    let inputs = blocks.first().map_or(0, |b| b.0).max(recorded_inputs);
     let largest_disk_cache = m
         .segments
         .iter()
