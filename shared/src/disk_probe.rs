@@ -11,7 +11,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Instant;
 
-use crate::io_engine::{AlignedBuf, IoEngine, ReadReq};
+use crate::io_engine::{AlignedBuf, IoEngine};
 use crate::{Error, Result};
 
 /// Bytes per request of the sequential probes: large enough for any NVMe's
@@ -39,24 +39,8 @@ impl Bandwidth {
 pub fn sequential_read(engine: &IoEngine, path: &Path, limit: u64) -> Result<Bandwidth> {
     let file = engine.open(path)?;
     let end = file.len().min(limit) / REQUEST as u64 * REQUEST as u64;
-    let mut buf = AlignedBuf::new(REQUEST * PER_CALL);
     let started = Instant::now();
-    let mut at = 0u64;
-    let mut bytes = 0u64;
-    while at < end {
-        let reqs: Vec<ReadReq> = (0..PER_CALL)
-            .map(|i| at + (i * REQUEST) as u64)
-            .take_while(|&offset| offset < end)
-            .enumerate()
-            .map(|(i, offset)| ReadReq {
-                offset,
-                len: REQUEST,
-                buf_offset: i * REQUEST,
-            })
-            .collect();
-        bytes += engine.read(&file, &reqs, &mut buf)?;
-        at += (reqs.len() * REQUEST) as u64;
-    }
+    let bytes = engine.read_sequential(&file, end, REQUEST, PER_CALL, |_| {})?;
     Ok(Bandwidth {
         bytes,
         seconds: started.elapsed().as_secs_f64(),

@@ -461,6 +461,39 @@ impl IoEngine {
         self.submit(file, reqs, base, false)
     }
 
+    /// Reads `file`'s bytes `[0, end)` front to back in requests of
+    /// `request` bytes (the last may be shorter), `per_call` of them queued
+    /// together, and hands each call's bytes to `each` in file order. On an
+    /// O_DIRECT file `end` and `request` are page-aligned. Returns the bytes
+    /// read.
+    pub fn read_sequential(
+        &self,
+        file: &IoFile,
+        end: u64,
+        request: usize,
+        per_call: usize,
+        mut each: impl FnMut(&[u8]),
+    ) -> Result<u64> {
+        let mut buf = AlignedBuf::new(request * per_call);
+        let mut at = 0u64;
+        while at < end {
+            let reqs: Vec<ReadReq> = (0..per_call)
+                .map(|i| at + (i * request) as u64)
+                .take_while(|&offset| offset < end)
+                .enumerate()
+                .map(|(i, offset)| ReadReq {
+                    offset,
+                    len: (end - offset).min(request as u64) as usize,
+                    buf_offset: i * request,
+                })
+                .collect();
+            let n = self.read(file, &reqs, &mut buf)?;
+            each(&buf.as_slice()[..n as usize]);
+            at += n;
+        }
+        Ok(at)
+    }
+
     /// Writes every request from `buf` (request i's bytes come from
     /// `buf[req.buf_offset..][..req.len]` and go to the file at `req.offset`)
     /// and returns the bytes written, spread over the rings like reads. The

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use offgnn_manifests::{Manifest, Object};
 use offgnn_shared::address_table::{self, BatchTable, FOOTER};
-use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, PAGE, ReadReq};
+use offgnn_shared::io_engine::{IoEngine, IoFile, PAGE};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
@@ -47,23 +47,10 @@ pub fn file_crc(engine: &IoEngine, path: &Path) -> Result<(u64, u32)> {
     } else {
         size
     };
-    let mut buf = AlignedBuf::new(CRC_REQUEST * CRC_PER_CALL);
-    let (mut at, mut crc) = (0u64, 0u32);
-    while at < direct_end {
-        let reqs: Vec<ReadReq> = (0..CRC_PER_CALL)
-            .map(|i| at + (i * CRC_REQUEST) as u64)
-            .take_while(|&offset| offset < direct_end)
-            .enumerate()
-            .map(|(i, offset)| ReadReq {
-                offset,
-                len: (direct_end - offset).min(CRC_REQUEST as u64) as usize,
-                buf_offset: i * CRC_REQUEST,
-            })
-            .collect();
-        let n = engine.read(&file, &reqs, &mut buf)? as usize;
-        crc = crc32c::crc32c_append(crc, &buf.as_slice()[..n]);
-        at += n as u64;
-    }
+    let mut crc = 0u32;
+    let at = engine.read_sequential(&file, direct_end, CRC_REQUEST, CRC_PER_CALL, |bytes| {
+        crc = crc32c::crc32c_append(crc, bytes);
+    })?;
     if at < size {
         let mut tail = vec![0u8; (size - at) as usize];
         let f = File::open(path).map_err(|e| Error::io(path.display(), e))?;
