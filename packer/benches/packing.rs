@@ -9,7 +9,8 @@
 //!    touch of the partition buffers costs far more than a later one, and
 //!    both figures are shown;
 //! 2. the batched packer's wall time against the ideal of reading the feature
-//!    file once and writing its output once at this disk's sequential
+//!    file once and writing its output once (every object of the layout:
+//!    feature blocks, address tables, topology) at this disk's sequential
 //!    bandwidth (both measured here, O_DIRECT, right before and right after
 //!    each batched run, the faster of the two kept: this virtual disk's
 //!    bandwidth drifts by tens of percent within minutes, and the faster
@@ -129,9 +130,9 @@ fn main() -> anyhow::Result<()> {
         let (read_bw, write_bw) = (faster(&before.0, &after.0), faster(&before.1, &after.1));
 
         let ideal = feature_bytes as f64 / read_bw.bytes_per_second()
-            + batched.feature_disk_bytes as f64 / write_bw.bytes_per_second();
+            + batched.bytes_written as f64 / write_bw.bytes_per_second();
         let ideal_first = feature_bytes as f64 / first_read_bw.bytes_per_second()
-            + first.feature_disk_bytes as f64 / first_write_bw.bytes_per_second();
+            + first.bytes_written as f64 / first_write_bw.bytes_per_second();
         println!("packing, {samples} with {features} ({feature_bytes} bytes)");
         for (run, probes) in [
             ("1st", [&before_first, &after_first]),
@@ -169,7 +170,7 @@ fn main() -> anyhow::Result<()> {
                 s.pack_read_seconds,
                 s.pack_write_seconds,
                 s.feature_bytes_read as f64 / 1e6,
-                s.feature_disk_bytes as f64 / 1e6,
+                s.bytes_written as f64 / 1e6,
                 s.feature_bytes_read as f64 / s.pack_seconds / 1e6
             );
         }
