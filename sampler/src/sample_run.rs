@@ -412,7 +412,7 @@ fn write_unit(
             ColumnPath::from(vec!["edge_dst".into(), "list".into(), "item".into()]),
             Encoding::DELTA_BINARY_PACKED,
         )
-        .set_max_row_group_size(1 << 20)
+        .set_max_row_group_row_count(Some(1 << 20))
         .build();
     let mut writer = ArrowWriter::try_new(store.writer(&name), samples::schema(), Some(props))
         .map_err(|e| fail(e.to_string()))?;

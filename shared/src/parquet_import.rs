@@ -325,7 +325,7 @@ fn feature_rows(
             let n = *n as usize;
             (
                 (0..=l.len())
-                    .map(|i| l.value_offset(0) as usize + i * n)
+                    .map(|i| l.value_offset_at(0) + i * n)
                     .collect(),
                 Arc::clone(l.values()),
             )
