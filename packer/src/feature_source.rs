@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, IoOptions, PAGE, ReadReq};
 use offgnn_shared::npy::{self, DType, Header};
@@ -61,6 +61,14 @@ impl FeatureSource {
         let header = npy.header().clone();
         let file = File::open(&path).map_err(|e| offgnn_shared::Error::io(&path, e))?;
         Ok(FeatureSource::Local { path, file, header })
+    }
+
+    /// The file's path when it is local.
+    pub fn local_path(&self) -> Option<&Path> {
+        match self {
+            FeatureSource::Local { path, .. } => Some(path),
+            FeatureSource::Remote { .. } => None,
+        }
     }
 
     pub fn header(&self) -> &Header {

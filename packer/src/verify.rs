@@ -1,15 +1,18 @@
 //! `packer verify`: rebuilds every batch's feature matrix from the packed
 //! layout alone, exactly as the trainer will, and compares it byte for byte
-//! with a direct gather from the original feature file (the packing oracle).
-//! Every object's size and CRC32C is checked first.
+//! with the original feature file's rows (the packing oracle). Every
+//! object's size and CRC32C is checked first. Local files are mapped, so
+//! that a gather touches only the rows it needs.
 
 use std::collections::HashMap;
 
 use offgnn_manifests::{MANIFEST, Manifest};
 use offgnn_shared::address_table::{self, BatchTable, FOOTER};
 use offgnn_shared::dataset::Split;
+use offgnn_shared::io_engine::MappedFile;
 use offgnn_shared::samples::RunSummary;
 use offgnn_shared::store::Store;
+use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -78,7 +81,6 @@ pub struct Scratch {
     span: Vec<u8>,
     pages: Vec<u8>,
     got: Vec<u8>,
-    want: Vec<u8>,
 }
 
 /// Fills `buf` with `len` bytes of `object` from `offset`.
@@ -87,59 +89,160 @@ fn read_span(store: &Store, object: &str, offset: u64, len: u64, buf: &mut Vec<u
     Ok(store.read_into(object, offset, buf)?)
 }
 
-/// Rows of a cache tier, read in spans of nearby slots.
-fn gather_slots(
-    store: &Store,
-    object: &str,
-    pos: &[u32],
-    slots: &[u32],
-    rb: u64,
+/// Where a gather's rows come from: a local file, mapped (each row copied
+/// from where it lies in the page cache), or ranged reads of nearby rows in
+/// spans (a remote store). Copying whole spans would move a feature file
+/// through memory once per batch: 46 s on the 10M-node bench layout, 14
+/// batches over a 5 GB file, against a few seconds mapped.
+enum RowSource<'a> {
+    Mapped {
+        name: &'a str,
+        bytes: &'a [u8],
+        /// Where row 0 starts.
+        base: u64,
+    },
+    /// Fills the buffer with rows from the given row on.
+    Read(&'a dyn Fn(u64, &mut [u8]) -> Result<()>),
+}
+
+/// Copies row `r` of `src` to row `d` of `out` for every `(r, d)` of
+/// `order`, sorted by `r` (a mapped file is touched front to back; a read
+/// covers nearby rows at once).
+fn gather(
+    src: &RowSource,
+    order: &[(u64, usize)],
+    rb: usize,
     out: &mut [u8],
-    span: &mut Vec<u8>,
+    buf: &mut Vec<u8>,
 ) -> Result<()> {
-    let mut order: Vec<(u64, u32)> = slots
-        .iter()
-        .map(|&s| u64::from(s))
-        .zip(pos.iter().copied())
-        .collect();
-    order.sort_unstable();
-    let rows: Vec<u64> = order.iter().map(|o| o.0).collect();
-    let rb_us = rb as usize;
-    for (first, len, at, count) in spans(&rows, rb) {
-        read_span(store, object, first * rb, len * rb, span)?;
-        for &(slot, p) in &order[at..at + count] {
-            let src = (slot - first) as usize * rb_us;
-            let dst = p as usize * rb_us;
-            out[dst..dst + rb_us].copy_from_slice(&span[src..src + rb_us]);
+    match src {
+        RowSource::Mapped { name, bytes, base } => {
+            for &(r, d) in order {
+                let row = r
+                    .checked_mul(rb as u64)
+                    .and_then(|at| at.checked_add(*base))
+                    .and_then(|at| bytes.get(at as usize..(at as usize).checked_add(rb)?))
+                    .ok_or_else(|| {
+                        Error::Verify(format!(
+                            "{name}: row {r} lies past its end ({} bytes)",
+                            bytes.len()
+                        ))
+                    })?;
+                out[d * rb..(d + 1) * rb].copy_from_slice(row);
+            }
+        }
+        RowSource::Read(read) => {
+            let rows: Vec<u64> = order.iter().map(|o| o.0).collect();
+            for (first, len, at, count) in spans(&rows, rb as u64) {
+                buf.resize(len as usize * rb, 0);
+                read(first, buf)?;
+                for &(r, d) in &order[at..at + count] {
+                    let src = (r - first) as usize * rb;
+                    out[d * rb..(d + 1) * rb].copy_from_slice(&buf[src..src + rb]);
+                }
+            }
         }
     }
     Ok(())
 }
 
-/// The feature file's rows of `nodes`, in that order, into `out`, read in
-/// spans of nearby rows.
-fn feature_rows(
-    features: &FeatureSource,
-    nodes: &[u32],
+/// `(row, position)` pairs sorted by row.
+fn by_row(
+    rows: impl Iterator<Item = u64>,
+    positions: impl Iterator<Item = usize>,
+) -> Vec<(u64, usize)> {
+    let mut order: Vec<(u64, usize)> = rows.zip(positions).collect();
+    order.sort_unstable();
+    order
+}
+
+/// The local files a verify run maps: the cache tiers' objects and the
+/// feature file, where they are local.
+struct Maps {
+    objects: HashMap<String, MappedFile>,
+    features: Option<MappedFile>,
+}
+
+impl Maps {
+    fn open(store: &Store, m: &Manifest, features: &FeatureSource) -> Result<Maps> {
+        let mut objects = HashMap::new();
+        for name in [&m.gpu_cache.object, &m.cpu_cache.object]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(path) = store.local_file(name) {
+                objects.insert(name.clone(), MappedFile::open(&path)?);
+            }
+        }
+        let features = features.local_path().map(MappedFile::open).transpose()?;
+        Ok(Maps { objects, features })
+    }
+}
+
+/// Rows of a cache tier's object into their input positions: `order`
+/// holds `(slot, position)` pairs sorted by slot.
+fn gather_slots(
+    store: &Store,
+    maps: &Maps,
+    object: &str,
+    order: &[(u64, usize)],
     rb: u64,
-    out: &mut Vec<u8>,
+    out: &mut [u8],
+    span: &mut Vec<u8>,
+) -> Result<()> {
+    let read = |first: u64, buf: &mut [u8]| -> Result<()> {
+        Ok(store.read_into(object, first * rb, buf)?)
+    };
+    let src = match maps.objects.get(object) {
+        Some(map) => RowSource::Mapped {
+            name: object,
+            bytes: map.bytes(),
+            base: 0,
+        },
+        None => RowSource::Read(&read),
+    };
+    gather(&src, order, rb as usize, out, span)
+}
+
+/// Compares row `i` of `got` with the feature file's row of `nodes[i]`,
+/// for every `i`, in place: a mapped file's rows in parallel, a remote
+/// one's in spans of nearby rows. A mismatch names the first differing
+/// row (in node order).
+fn compare_with_features(
+    features: &FeatureSource,
+    maps: &Maps,
+    nodes: &[u32],
+    got: &[u8],
+    rb: usize,
     buf: &mut Vec<u8>,
 ) -> Result<()> {
-    let mut order: Vec<(u64, usize)> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| (u64::from(v), i))
-        .collect();
-    order.sort_unstable();
-    let rows: Vec<u64> = order.iter().map(|o| o.0).collect();
-    let rb_us = rb as usize;
-    out.resize(nodes.len() * rb_us, 0);
-    for (first, len, at, count) in spans(&rows, rb) {
-        buf.resize(len as usize * rb_us, 0);
-        features.read_rows(first, buf)?;
-        for &(v, i) in &order[at..at + count] {
-            let src = (v - first) as usize * rb_us;
-            out[i * rb_us..(i + 1) * rb_us].copy_from_slice(&buf[src..src + rb_us]);
+    let order = by_row(nodes.iter().map(|&v| u64::from(v)), 0..nodes.len());
+    let differs = |i: usize, row: &[u8]| got[i * rb..(i + 1) * rb] != *row;
+    let mismatch = |v: u64, i: usize| format!("row {i} (node {v}) differs from the feature file");
+    match &maps.features {
+        Some(map) => {
+            let bytes = map.bytes();
+            let base = features.header().data_offset as usize;
+            let first_bad = order.par_iter().find_first(|&&(v, i)| {
+                let at = base + v as usize * rb;
+                bytes.get(at..at + rb).is_none_or(|row| differs(i, row))
+            });
+            if let Some(&(v, i)) = first_bad {
+                return Err(Error::Verify(mismatch(v, i)));
+            }
+        }
+        None => {
+            let rows: Vec<u64> = order.iter().map(|o| o.0).collect();
+            for (first, len, at, count) in spans(&rows, rb as u64) {
+                buf.resize(len as usize * rb, 0);
+                features.read_rows(first, buf)?;
+                for &(v, i) in &order[at..at + count] {
+                    let src = (v - first) as usize * rb;
+                    if differs(i, &buf[src..src + rb]) {
+                        return Err(Error::Verify(mismatch(v, i)));
+                    }
+                }
+            }
         }
     }
     Ok(())
@@ -149,6 +252,7 @@ fn feature_rows(
 /// into `scratch.got`.
 fn assemble(
     store: &Store,
+    maps: &Maps,
     m: &Manifest,
     segment: usize,
     t: &BatchTable,
@@ -160,21 +264,21 @@ fn assemble(
     } = scratch;
     got.resize(t.num_inputs as usize * rb as usize, 0);
     let out = got.as_mut_slice();
-    if !t.gpu_pos.is_empty() {
-        let object = m
-            .gpu_cache
-            .object
+    for (tier, object, pos, slots) in [
+        ("GPU", &m.gpu_cache.object, &t.gpu_pos, &t.gpu_slot),
+        ("CPU", &m.cpu_cache.object, &t.cpu_pos, &t.cpu_slot),
+    ] {
+        if pos.is_empty() {
+            continue;
+        }
+        let object = object
             .as_deref()
-            .ok_or_else(|| Error::Verify("GPU rows but no GPU cache".into()))?;
-        gather_slots(store, object, &t.gpu_pos, &t.gpu_slot, rb, out, span)?;
-    }
-    if !t.cpu_pos.is_empty() {
-        let object = m
-            .cpu_cache
-            .object
-            .as_deref()
-            .ok_or_else(|| Error::Verify("CPU rows but no CPU cache".into()))?;
-        gather_slots(store, object, &t.cpu_pos, &t.cpu_slot, rb, out, span)?;
+            .ok_or_else(|| Error::Verify(format!("{tier} rows but no {tier} cache")))?;
+        let order = by_row(
+            slots.iter().map(|&s| u64::from(s)),
+            pos.iter().map(|&p| p as usize),
+        );
+        gather_slots(store, maps, object, &order, rb, out, span)?;
     }
     let seg = &m.segments[segment].object;
     let total: u64 = t.page_runs.iter().map(|&(_, count)| count * 4096).sum();
@@ -294,6 +398,7 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
         object_bytes,
         ..Default::default()
     };
+    let maps = Maps::open(&store, &m, &features)?;
     let mut scratch = Scratch::default();
     for file in &run.files {
         for b in offgnn_shared::samples::read_file(&samples, file)? {
@@ -309,22 +414,19 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
                     "{name}: topology or labels differ from the samples"
                 )));
             }
-            assemble(&store, &m, si, &t, &mut scratch)?;
-            feature_rows(
+            assemble(&store, &maps, &m, si, &t, &mut scratch)?;
+            compare_with_features(
                 &features,
+                &maps,
                 &b.input_nodes,
-                rb as u64,
-                &mut scratch.want,
+                &scratch.got,
+                rb,
                 &mut scratch.span,
-            )?;
-            let (got, want) = (&scratch.got, &scratch.want);
-            for (i, &v) in b.input_nodes.iter().enumerate() {
-                if got[i * rb..(i + 1) * rb] != want[i * rb..(i + 1) * rb] {
-                    return Err(Error::Verify(format!(
-                        "{name}: row {i} (node {v}) differs from the feature file"
-                    )));
-                }
-            }
+            )
+            .map_err(|e| match e {
+                Error::Verify(fault) => Error::Verify(format!("{name}: {fault}")),
+                other => other,
+            })?;
             summary.batches += 1;
             summary.rows += b.input_nodes.len() as u64;
             pb.inc(1);

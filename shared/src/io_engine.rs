@@ -288,6 +288,37 @@ unsafe fn free_pages(ptr: NonNull<u8>, cap: usize) {
     }
 }
 
+/// A local file mapped read-only: its bytes are read where they lie, in the
+/// page cache, and only the pages touched are read from the disk. For
+/// gathers that touch scattered rows of a file many times over (`packer
+/// verify`), where copying whole spans into a buffer would move the file
+/// through memory once per gather.
+pub struct MappedFile {
+    /// `None` for an empty file (nothing to map).
+    map: Option<memmap2::Mmap>,
+}
+
+impl MappedFile {
+    pub fn open(path: &Path) -> Result<MappedFile> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len == 0 {
+            return Ok(MappedFile { map: None });
+        }
+        // SAFETY: a private read-only mapping; the bytes are only read as
+        // `&[u8]`. offgnn never changes a feature file or a committed
+        // layout object in place (a new layout is written beside the old
+        // one and renamed); another process that truncated the file while
+        // it is mapped would end this one with SIGBUS, as with any mapping.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        Ok(MappedFile { map: Some(map) })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
+
 /// Reads byte ranges of files into [`AlignedBuf`]s over io_uring or `pread`.
 /// `Send + Sync`: any number of threads may call [`IoEngine::read`] at once;
 /// their pieces share the rings.

@@ -287,7 +287,7 @@ impl Store {
     /// The file behind `rel` in a local store (object_store roots local
     /// stores at `/`). `None` for other stores, and for names that
     /// object_store would have percent-encoded.
-    fn local_file(&self, rel: &str) -> Option<std::path::PathBuf> {
+    pub fn local_file(&self, rel: &str) -> Option<std::path::PathBuf> {
         let path = self.path(rel);
         (self.local && !path.as_ref().contains('%'))
             .then(|| std::path::Path::new("/").join(path.as_ref()))

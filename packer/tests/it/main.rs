@@ -296,3 +296,40 @@ fn refuses_a_committed_layout_and_recovers_from_an_interrupted_one() {
     .unwrap();
     verify(&cfg.out, false).unwrap();
 }
+
+/// Overwrites the first byte of `object` in the layout at `out` and records
+/// the object's new checksum in the manifest: a layout that is whole but
+/// holds the wrong bytes, which only the comparison with the feature file
+/// can catch.
+fn corrupt_consistently(out: &Path, object: &str) {
+    let path = out.join(object);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[0] ^= 0x5a;
+    std::fs::write(&path, &bytes).unwrap();
+    let manifest = out.join(MANIFEST);
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let entry = m["objects"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|o| o["name"] == object)
+        .unwrap();
+    entry["crc32c"] = crc32c::crc32c(&bytes).into();
+    std::fs::write(&manifest, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+}
+
+#[test]
+fn verify_names_the_batch_and_row_whose_bytes_differ() {
+    let f = fixture(DType::F32, 13);
+    let cfg = config(&f, "wrong");
+    let s = pack(&cfg).unwrap();
+    assert!(s.gpu_rows > 0, "the test needs GPU-cache rows");
+    // GPU slot 0 holds a row some batch needs: its first byte is now wrong.
+    corrupt_consistently(Path::new(&cfg.out), "pack/gpu_cache.bin");
+    let err = verify(&cfg.out, false).unwrap_err().to_string();
+    assert!(
+        err.contains("differs from the feature file") && err.contains("batch"),
+        "{err}"
+    );
+}
