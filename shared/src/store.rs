@@ -45,18 +45,21 @@ fn transient(e: &object_store::Error) -> bool {
     }
 }
 
-/// How the HTTP stores' clients retry: a few times with exponential backoff
-/// (100 ms doubling, at most 5 s), for at most 20 s, so that a brief outage
-/// passes unnoticed and a store that is gone is reported within seconds,
-/// not after object_store's default three minutes.
+/// How the HTTP stores' clients retry: with exponential backoff (each wait
+/// drawn between 300 ms and twice the last, at most 5 s), up to 10 times or
+/// 20 s, so that an outage of a few seconds passes unnoticed and a store
+/// that is gone is reported within 20-odd seconds, not after object_store's
+/// default three minutes. The waits are jittered, so only their floor is
+/// sure: 10 x 300 ms = 3 s. (With 5 retries from 100 ms, the retries of one
+/// run were spent in 1.8 s and a 1.5 s outage failed it.)
 fn http_retry() -> object_store::RetryConfig {
     object_store::RetryConfig {
         backoff: object_store::BackoffConfig {
-            init_backoff: std::time::Duration::from_millis(100),
+            init_backoff: std::time::Duration::from_millis(300),
             max_backoff: std::time::Duration::from_secs(5),
             base: 2.0,
         },
-        max_retries: 5,
+        max_retries: 10,
         retry_timeout: std::time::Duration::from_secs(20),
     }
 }
