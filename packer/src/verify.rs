@@ -105,6 +105,33 @@ enum RowSource<'a> {
     Read(&'a dyn Fn(u64, &mut [u8]) -> Result<()>),
 }
 
+/// Row `r` of a mapped file whose row 0 starts at `base`; `None` past its end.
+fn mapped_row(bytes: &[u8], base: u64, r: u64, rb: usize) -> Option<&[u8]> {
+    let at = usize::try_from(r.checked_mul(rb as u64)?.checked_add(base)?).ok()?;
+    bytes.get(at..at.checked_add(rb)?)
+}
+
+/// Calls `each(r, d, row)` for every `(r, d)` of `order` (sorted by `r`),
+/// with `row` read by `read` in spans of nearby rows through `buf`.
+fn for_each_spanned_row(
+    order: &[(u64, usize)],
+    rb: usize,
+    buf: &mut Vec<u8>,
+    read: &dyn Fn(u64, &mut [u8]) -> Result<()>,
+    mut each: impl FnMut(u64, usize, &[u8]) -> Result<()>,
+) -> Result<()> {
+    let rows: Vec<u64> = order.iter().map(|o| o.0).collect();
+    for (first, len, at, count) in spans(&rows, rb as u64) {
+        buf.resize(len as usize * rb, 0);
+        read(first, buf)?;
+        for &(r, d) in &order[at..at + count] {
+            let src = (r - first) as usize * rb;
+            each(r, d, &buf[src..src + rb])?;
+        }
+    }
+    Ok(())
+}
+
 /// Copies row `r` of `src` to row `d` of `out` for every `(r, d)` of
 /// `order`, sorted by `r` (a mapped file is touched front to back; a read
 /// covers nearby rows at once).
@@ -115,35 +142,25 @@ fn gather(
     out: &mut [u8],
     buf: &mut Vec<u8>,
 ) -> Result<()> {
+    let mut put = |d: usize, row: &[u8]| out[d * rb..(d + 1) * rb].copy_from_slice(row);
     match src {
         RowSource::Mapped { name, bytes, base } => {
             for &(r, d) in order {
-                let row = r
-                    .checked_mul(rb as u64)
-                    .and_then(|at| at.checked_add(*base))
-                    .and_then(|at| bytes.get(at as usize..(at as usize).checked_add(rb)?))
-                    .ok_or_else(|| {
-                        Error::Verify(format!(
-                            "{name}: row {r} lies past its end ({} bytes)",
-                            bytes.len()
-                        ))
-                    })?;
-                out[d * rb..(d + 1) * rb].copy_from_slice(row);
+                let row = mapped_row(bytes, *base, r, rb).ok_or_else(|| {
+                    Error::Verify(format!(
+                        "{name}: row {r} lies past its end ({} bytes)",
+                        bytes.len()
+                    ))
+                })?;
+                put(d, row);
             }
+            Ok(())
         }
-        RowSource::Read(read) => {
-            let rows: Vec<u64> = order.iter().map(|o| o.0).collect();
-            for (first, len, at, count) in spans(&rows, rb as u64) {
-                buf.resize(len as usize * rb, 0);
-                read(first, buf)?;
-                for &(r, d) in &order[at..at + count] {
-                    let src = (r - first) as usize * rb;
-                    out[d * rb..(d + 1) * rb].copy_from_slice(&buf[src..src + rb]);
-                }
-            }
-        }
+        RowSource::Read(read) => for_each_spanned_row(order, rb, buf, *read, |_, d, row| {
+            put(d, row);
+            Ok(())
+        }),
     }
-    Ok(())
 }
 
 /// `(row, position)` pairs sorted by row.
@@ -221,28 +238,22 @@ fn compare_with_features(
     let mismatch = |v: u64, i: usize| format!("row {i} (node {v}) differs from the feature file");
     match &maps.features {
         Some(map) => {
-            let bytes = map.bytes();
-            let base = features.header().data_offset as usize;
+            let base = features.header().data_offset;
             let first_bad = order.par_iter().find_first(|&&(v, i)| {
-                let at = base + v as usize * rb;
-                bytes.get(at..at + rb).is_none_or(|row| differs(i, row))
+                mapped_row(map.bytes(), base, v, rb).is_none_or(|row| differs(i, row))
             });
             if let Some(&(v, i)) = first_bad {
                 return Err(Error::Verify(mismatch(v, i)));
             }
         }
         None => {
-            let rows: Vec<u64> = order.iter().map(|o| o.0).collect();
-            for (first, len, at, count) in spans(&rows, rb as u64) {
-                buf.resize(len as usize * rb, 0);
-                features.read_rows(first, buf)?;
-                for &(v, i) in &order[at..at + count] {
-                    let src = (v - first) as usize * rb;
-                    if differs(i, &buf[src..src + rb]) {
-                        return Err(Error::Verify(mismatch(v, i)));
-                    }
+            let read = |first: u64, buf: &mut [u8]| features.read_rows(first, buf);
+            for_each_spanned_row(&order, rb, buf, &read, |v, i, row| {
+                if differs(i, row) {
+                    return Err(Error::Verify(mismatch(v, i)));
                 }
-            }
+                Ok(())
+            })?;
         }
     }
     Ok(())
