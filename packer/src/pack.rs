@@ -754,9 +754,11 @@ impl<W: Write> Write for CrcWriter<W> {
     }
 }
 
-/// Builds one batch's address table (DiskGNN §6).
+/// Builds one batch's address table (DiskGNN §6). The batch's labels,
+/// input nodes and blocks move into the table: they are its largest part,
+/// and copying them cost the table writer fresh memory beside the packing.
 pub fn batch_table(
-    b: &SampledBatch,
+    b: SampledBatch,
     seg: &SegmentPlan,
     record: usize,
     cache: &Tiers,
@@ -767,15 +769,15 @@ pub fn batch_table(
         epoch: b.epoch,
         index: b.index,
         num_inputs: b.input_nodes.len() as u32,
-        labels: b.labels.clone(),
-        input_nodes: b.input_nodes.clone(),
+        labels: b.labels,
+        input_nodes: b.input_nodes,
         chunk_offset: seg.chunk_offset[record],
         chunk_len: seg.chunk_len[record],
-        blocks: b.blocks.clone(),
+        blocks: b.blocks,
         ..Default::default()
     };
     let mut dc: Vec<(u64, u32)> = Vec::new(); // (cache position, input position)
-    for (i, &v) in b.input_nodes.iter().enumerate() {
+    for (i, &v) in t.input_nodes.iter().enumerate() {
         match cache.locate(v) {
             Location::Gpu(slot) => {
                 t.gpu_pos.push(i as u32);
@@ -791,7 +793,7 @@ pub fn batch_table(
                     let row = seg.packed[record].binary_search(&v).map_err(|_| {
                         Error::InvalidArgument(format!(
                             "internal: node {v} of batch {} has no place",
-                            b.index
+                            t.index
                         ))
                     })?;
                     t.packed_pos.push(i as u32);
@@ -839,6 +841,7 @@ fn write_tables(
     type Table = TableWriter<CrcWriter<BufWriter<File>>>;
     let mut writers: Vec<Option<Table>> = (0..segments.len()).map(|_| None).collect();
     let mut totals = TableTotals::default();
+    let mut record = Vec::new();
     let pb = offgnn_shared::progress::bar_if(show, batches.len() as u64, "tables", "batches");
     for file in &run.files {
         for b in offgnn_shared::samples::read_file(samples, file)? {
@@ -846,7 +849,6 @@ fn write_tables(
                 continue;
             };
             let seg = &segments[si];
-            let t = batch_table(&b, seg, ri, cache, row_bytes)?;
             let largest = &mut totals.largest;
             largest.inputs = largest.inputs.max(b.input_nodes.len() as u64);
             largest
@@ -858,7 +860,9 @@ fn write_tables(
                     *m = (*m).max(u64::from(x));
                 }
             }
-            if b.split == Split::Train {
+            let split = b.split;
+            let t = batch_table(b, seg, ri, cache, row_bytes)?;
+            if split == Split::Train {
                 totals.gpu += t.gpu_pos.len() as u64;
                 totals.cpu += t.cpu_pos.len() as u64;
                 totals.dc += t.disk_pos.len() as u64;
@@ -878,12 +882,12 @@ fn write_tables(
             let w = writers[si].as_mut().expect("created above");
             if w.len() != ri {
                 return Err(Error::InvalidArgument(format!(
-                    "internal: batch {} of {} arrived out of order",
-                    b.index, b.split
+                    "internal: batch {} of {split} arrived out of order",
+                    t.index
                 )));
             }
-            w.push(&address_table::encode(&t))
-                .map_err(|e| Error::io(&name, e))?;
+            address_table::encode_into(&t, &mut record);
+            w.push(&record).map_err(|e| Error::io(&name, e))?;
             pb.inc(1);
             if w.len() == seg.batches.len() {
                 let w = writers[si].take().expect("present");

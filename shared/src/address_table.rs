@@ -71,9 +71,9 @@ impl BatchTable {
     }
 }
 
-struct Writer(Vec<u8>);
+struct Writer<'a>(&'a mut Vec<u8>);
 
-impl Writer {
+impl Writer<'_> {
     fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
@@ -96,11 +96,21 @@ impl Writer {
 
 /// Encodes one record.
 pub fn encode(t: &BatchTable) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(
+    let mut out = Vec::new();
+    encode_into(t, &mut out);
+    out
+}
+
+/// Encodes one record into `out`, replacing what it held. A writer of many
+/// records reuses one buffer: its pages are touched once, not per record.
+pub fn encode_into(t: &BatchTable, out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(
         64 + 8 * (t.gpu_pos.len() + t.cpu_pos.len() + t.packed_pos.len())
             + 12 * t.disk_pos.len()
             + 8 * t.blocks.iter().map(|b| b.src.len()).sum::<usize>(),
-    ));
+    );
+    let mut w = Writer(out);
     w.u32(match t.split {
         None => 0,
         Some(Split::Train) => 1,
@@ -132,7 +142,6 @@ pub fn encode(t: &BatchTable) -> Vec<u8> {
         w.u32s(&b.src);
         w.u32s(&b.dst);
     }
-    w.0
 }
 
 struct Reader<'a> {
@@ -441,6 +450,21 @@ mod tests {
             t
         );
         assert_eq!(t.disk_bytes(), 2 * 4096 + 4096);
+    }
+
+    #[test]
+    fn a_reused_buffer_encodes_as_a_fresh_one() {
+        let short = table();
+        let mut long = table();
+        long.input_nodes.extend(0..1000);
+        long.num_inputs = long.input_nodes.len() as u32;
+        let mut buf = Vec::new();
+        encode_into(&long, &mut buf);
+        assert_eq!(buf, encode(&long));
+        // The longer record's bytes must not linger past the shorter one.
+        encode_into(&short, &mut buf);
+        assert_eq!(buf, encode(&short));
+        assert_eq!(decode("t", &buf).unwrap(), short);
     }
 
     #[test]
