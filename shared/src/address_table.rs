@@ -105,10 +105,14 @@ pub fn encode(t: &BatchTable) -> Vec<u8> {
 /// records reuses one buffer: its pages are touched once, not per record.
 pub fn encode_into(t: &BatchTable, out: &mut Vec<u8>) {
     out.clear();
+    // The exact size: 132 bytes of fixed fields and list lengths, then the
+    // lists (a block adds two counts and two list lengths).
     out.reserve(
-        64 + 8 * (t.gpu_pos.len() + t.cpu_pos.len() + t.packed_pos.len())
+        132 + 4 * (t.labels.len() + t.input_nodes.len())
+            + 8 * (t.gpu_pos.len() + t.cpu_pos.len() + t.packed_pos.len())
+            + 16 * t.page_runs.len()
             + 12 * t.disk_pos.len()
-            + 8 * t.blocks.iter().map(|b| b.src.len()).sum::<usize>(),
+            + t.blocks.iter().map(|b| 24 + 8 * b.src.len()).sum::<usize>(),
     );
     let mut w = Writer(out);
     w.u32(match t.split {
