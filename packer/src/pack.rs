@@ -210,14 +210,13 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
 
         // ---- plan ----
         let t = Instant::now();
-        let (counts, cache) = plan::rank_and_split(
+        let cache = plan::rank_and_split(
             &mut batches,
             num_nodes,
             row_bytes,
             cfg.gpu_cache,
             cfg.cpu_cache,
         )?;
-        drop(counts);
         // Memory: the plan, the pieces read ahead, and the staging of
         // disk-cache runs.
         let plan_bytes = plan_memory(num_nodes, batches.iter().map(|b| b.cold.len() as u64).sum());

@@ -106,6 +106,9 @@ impl SegmentPlan {
 
 /// Per-node counters reset after each use (touched entries only).
 pub struct Scratch {
+    num_nodes: usize,
+    /// Empty until a segment of two or more batches needs it: a per-node
+    /// table is fresh memory, and one-batch segments share nothing.
     count: Vec<u32>,
     touched: Vec<u32>,
 }
@@ -113,7 +116,8 @@ pub struct Scratch {
 impl Scratch {
     pub fn new(num_nodes: u64) -> Self {
         Scratch {
-            count: vec![0; num_nodes as usize],
+            num_nodes: num_nodes as usize,
+            count: Vec::new(),
             touched: Vec::new(),
         }
     }
@@ -178,13 +182,21 @@ pub fn plan_segment(
     scratch: &mut Scratch,
 ) -> SegmentPlan {
     let Geometry { row_bytes, seed } = *geometry;
-    for &b in &batch_ids {
-        for &v in &batches[b].cold {
-            let c = &mut scratch.count[v as usize];
-            if *c == 0 {
-                scratch.touched.push(v);
+    // With one batch nothing is shared: every cold row is packed, and
+    // nothing needs counting.
+    let one = batch_ids.len() == 1;
+    if !one {
+        if scratch.count.is_empty() {
+            scratch.count = vec![0; scratch.num_nodes];
+        }
+        for &b in &batch_ids {
+            for &v in &batches[b].cold {
+                let c = &mut scratch.count[v as usize];
+                if *c == 0 {
+                    scratch.touched.push(v);
+                }
+                *c = c.saturating_add(1);
             }
-            *c = c.saturating_add(1);
         }
     }
     let mut shared: Vec<u32> = scratch
@@ -201,7 +213,7 @@ pub fn plan_segment(
                 .cold
                 .iter()
                 .copied()
-                .filter(|&v| scratch.count[v as usize] == 1)
+                .filter(|&v| one || scratch.count[v as usize] == 1)
                 .collect()
         })
         .collect();
@@ -258,14 +270,14 @@ pub fn rank_and_split(
     row_bytes: u64,
     gpu_bytes: u64,
     cpu_bytes: u64,
-) -> Result<(AccessCounts, Tiers), crate::error::Error> {
+) -> Result<Tiers, crate::error::Error> {
     let train: Vec<&[u32]> = batches
         .iter()
         .filter(|b| b.split == Split::Train)
         .map(|b| b.inputs.as_slice())
         .collect();
     let counts = AccessCounts::from_batches(num_nodes, &train)?;
-    let tiers = crate::access_rank::assign_tiers(&counts, row_bytes, gpu_bytes, cpu_bytes)?;
+    let tiers = crate::access_rank::assign_tiers(counts, row_bytes, gpu_bytes, cpu_bytes)?;
     batches.par_iter_mut().for_each(|b| {
         let mut cold: Vec<u32> = b
             .inputs
@@ -277,7 +289,7 @@ pub fn rank_and_split(
         b.cold = cold;
         b.inputs = Vec::new();
     });
-    Ok((counts, tiers))
+    Ok(tiers)
 }
 
 #[cfg(test)]
@@ -347,5 +359,29 @@ mod tests {
             }
             assert_eq!(s.dc_entries_in(0, 20).len(), s.dc_rows.len());
         }
+    }
+
+    #[test]
+    fn a_one_batch_segment_packs_every_cold_row_without_counting() {
+        let batches = vec![batch(&[2, 5, 7]), batch(&[5, 7, 9])];
+        let geometry = Geometry {
+            row_bytes: 10,
+            seed: 3,
+        };
+        let mut scratch = Scratch::new(20);
+        let alone = plan_segment(Split::Train, vec![0], &batches, &geometry, &mut scratch);
+        assert!(alone.dc_rows.is_empty());
+        assert_eq!(alone.packed, [vec![2, 5, 7]]);
+        assert_eq!((alone.dc_bytes, alone.chunk_len[0]), (0, PAGE));
+        assert!(scratch.count.is_empty(), "no per-node table for one batch");
+        // Two batches count their rows: 5 and 7 are shared.
+        let pair = plan_segment(Split::Train, vec![0, 1], &batches, &geometry, &mut scratch);
+        let mut shared = pair.dc_rows.clone();
+        shared.sort_unstable();
+        assert_eq!(shared, [5, 7]);
+        assert_eq!(pair.packed, [vec![2], vec![9]]);
+        assert_eq!(scratch.count.len(), 20);
+        assert!(scratch.count.iter().all(|&c| c == 0), "left clean");
+        assert!(scratch.touched.is_empty());
     }
 }
