@@ -234,10 +234,6 @@ pub fn assign_tiers(
     // 10M-node bench's plan about 45 ms of its 0.38 s (binaries alternated).
     let mut loc = counts.counts;
     let (mut gpu, mut cpu) = (Vec::new(), Vec::new());
-    if num_gpu + num_cpu == 0 {
-        loc.par_iter_mut().for_each(|l| *l = ON_DISK);
-        return Ok(Tiers { loc, gpu, cpu });
-    }
     let max = loc.par_iter().copied().max().unwrap_or(0);
     let mut histogram = vec![0u64; max as usize + 1];
     for &c in &loc {
@@ -248,7 +244,8 @@ pub fn assign_tiers(
     gpu.reserve_exact(num_gpu as usize);
     cpu.reserve_exact(num_cpu as usize);
     // A node at a cut's count is in while that cut has ties left; a GPU
-    // node is cached too, so it takes a tie of both cuts.
+    // node is cached too, so it takes a tie of both cuts. With both caches
+    // empty, each cut is at the top count with no ties: nothing is taken.
     let take = |c: u32, cut_count: u32, ties: &mut u64| {
         c > cut_count
             || (c == cut_count && *ties > 0 && {
