@@ -1,6 +1,7 @@
 //! End-to-end: the three binaries as a user runs them.
 
 mod bad_input;
+mod export;
 mod faults;
 mod s3;
 

@@ -176,6 +176,8 @@ fn main() -> anyhow::Result<()> {
         max_batches: Some(order.len()),
         checkpoint_every: None,
         interrupt_after: None,
+        export: None,
+        dump: None,
     };
 
     // The disk's sequential figure, on the objects the packed loader reads.

@@ -4,6 +4,7 @@
 
 pub mod device;
 pub mod error;
+pub mod export;
 pub mod layout;
 pub mod memory;
 pub mod model;
@@ -25,6 +26,15 @@ Examples:
   # Pull a layout from S3 to local NVMe and train GAT with metrics and checkpoints:
   trainer --manifest s3://bucket/cora/pack/manifest.json --local-dir /nvme/cora \\
       --model gat --device cuda:0 --metrics metrics.jsonl --checkpoint-dir ckpt
+
+  # Train and export the best validation epoch's model for PyTorch Geometric:
+  trainer --manifest data/cora-pack/manifest.json --model gat --export models/cora-gat
+
+  # Export the model of an existing checkpoint:
+  trainer export --checkpoint-dir ckpt --out s3://bucket/models/cora-sage
+
+  # Check an export and show what it holds:
+  trainer show-model --model models/cora-gat
 
   # Show the libtorch build and the devices it can use:
   trainer info";
@@ -48,6 +58,36 @@ pub struct Cli {
 pub enum Command {
     /// Print the libtorch version and the devices it can use.
     Info,
+    /// Write the model of a checkpoint as model.safetensors + model.json
+    /// (PyTorch Geometric's parameter names and constructor arguments).
+    Export(ExportArgs),
+    /// Check an export (model.json, the weights' checksum, every parameter's
+    /// name and shape) and print what it holds.
+    ShowModel {
+        /// The export: a directory or an object-store URL.
+        #[arg(long)]
+        model: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The --checkpoint-dir of a training run.
+    #[arg(long)]
+    pub checkpoint_dir: PathBuf,
+    /// Where the export goes: a directory or an object-store URL.
+    #[arg(long)]
+    pub out: String,
+    /// Export the parameters the checkpoint was taken with, not those of
+    /// the best validation epoch.
+    #[arg(long)]
+    pub last: bool,
+    /// Replace an export already at --out.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Refuse unless the checkpoint was trained on this layout's manifest.
+    #[arg(long)]
+    pub manifest: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -135,6 +175,24 @@ pub struct TrainArgs {
     /// start and in the summary) exceeds this, e.g. 16G.
     #[arg(long)]
     pub memory: Option<String>,
+    /// Write the best validation epoch's model here at the end (a directory
+    /// or an object-store URL): model.safetensors and model.json, which load
+    /// into PyTorch Geometric's GraphSAGE, GAT or MLP.
+    #[arg(long)]
+    pub export: Option<String>,
+    /// With --export, also write the last epoch's model to EXPORT/last.
+    #[arg(long, requires = "export")]
+    pub export_last: bool,
+    /// Replace an export already at --export.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Write the first --dump-count test batches (blocks, input rows, and
+    /// the best model's logits) to this safetensors file, to check the
+    /// export against another implementation.
+    #[arg(long)]
+    pub dump_batches: Option<PathBuf>,
+    #[arg(long, default_value_t = 2)]
+    pub dump_count: usize,
     /// Train at most this many batches per epoch (for quick checks).
     #[arg(long, hide = true)]
     pub max_batches: Option<usize>,
@@ -163,6 +221,20 @@ pub fn retain_freed_memory() {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Info) => device::print_info(),
+        Some(Command::Export(a)) => export_command(a),
+        Some(Command::ShowModel { model }) => {
+            let (card, vs) = export::read(&model, tch::Device::Cpu)?;
+            let weights_bytes = vs.variables().values().map(|t| t.numel() as u64 * 4).sum();
+            report::export_summary(
+                "show-model",
+                &export::Written {
+                    location: offgnn_shared::store::redact(&model),
+                    weights_bytes,
+                    card,
+                },
+            );
+            Ok(())
+        }
         None => train_command(cli.train),
     }
 }
@@ -192,6 +264,12 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     }
     if a.checkpoint_every == Some(0) {
         anyhow::bail!("--checkpoint-every must be at least 1");
+    }
+    if kind == model::ModelKind::Gat && hidden % a.heads != 0 {
+        anyhow::bail!(
+            "--hidden {hidden} is not a multiple of --heads {}: GAT's hidden layers split their width evenly across heads",
+            a.heads
+        );
     }
     if hidden <= 0
         || a.heads <= 0
@@ -257,6 +335,15 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         max_batches: a.max_batches,
         checkpoint_every: a.checkpoint_every,
         interrupt_after: None,
+        export: a.export.map(|location| train::ExportTarget {
+            location,
+            overwrite: a.overwrite,
+            last: a.export_last,
+        }),
+        dump: a.dump_batches.map(|path| train::DumpTarget {
+            path,
+            batches: a.dump_count,
+        }),
     };
     let memory = memory::estimate(m, &cfg);
     tracing::info!(
@@ -282,5 +369,34 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     }
     let summary = train::train(&layout, &engine, &cfg)?;
     report::summary(&summary, &memory);
+    Ok(())
+}
+
+fn export_command(a: ExportArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let manifest = a
+        .manifest
+        .as_deref()
+        .map(|location| {
+            let (dir, name) = location.rsplit_once('/').unwrap_or((".", location));
+            let store = offgnn_shared::store::Store::open(dir)?;
+            let bytes = store.get(name)?;
+            anyhow::Ok(offgnn_manifests::Manifest::parse(location, &bytes)?)
+        })
+        .transpose()
+        .with_context(|| {
+            format!(
+                "reading {}",
+                offgnn_shared::store::redact(a.manifest.as_deref().unwrap_or_default())
+            )
+        })?;
+    let written = train::export_checkpoint(
+        &a.checkpoint_dir,
+        &a.out,
+        a.last,
+        a.overwrite,
+        manifest.as_ref(),
+    )?;
+    report::export_summary("export", &written);
     Ok(())
 }

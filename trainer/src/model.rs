@@ -2,6 +2,9 @@
 //! with mean aggregation and GAT with multi-head attention, softmax over each
 //! destination's sampled in-edges. Three layers by default; dropout between
 //! layers. DiskGNN §7 uses hidden 256 for GraphSAGE and 4 heads x 32 for GAT.
+//! Each computes exactly the function of PyTorch Geometric's model class of
+//! the same kind, and names its parameters as that class does, so that an
+//! export (see `export`) loads into PyG with `strict=True`.
 //! An MLP on the seeds' own features is the features-only baseline: what a
 //! GNN gains over it is what the graph contributes.
 
@@ -62,8 +65,42 @@ pub(crate) fn widths(cfg: &ModelConfig) -> Vec<i64> {
         .collect()
 }
 
+/// The activation between layers, by PyTorch Geometric's name for it (the
+/// `act` argument of its model classes): ReLU for GraphSAGE and the MLP (PyG's
+/// default), ELU for GAT (Veličković et al.).
+pub fn activation(kind: ModelKind) -> &'static str {
+    match kind {
+        ModelKind::Sage | ModelKind::Mlp => "relu",
+        ModelKind::Gat => "elu",
+    }
+}
+
+/// Between two layers, as PyG's `BasicGNN` and `MLP` do: activation, then dropout.
+fn between_layers(h: Tensor, kind: ModelKind, dropout: f64, train: bool) -> Tensor {
+    let h = match kind {
+        ModelKind::Gat => h.elu(),
+        ModelKind::Sage | ModelKind::Mlp => h.relu(),
+    };
+    h.dropout(dropout, train)
+}
+
+/// A linear layer without bias, as PyG's `Linear(..., bias=False)`.
+fn linear_no_bias(p: nn::Path, d_in: i64, d_out: i64) -> nn::Linear {
+    nn::linear(
+        p,
+        d_in,
+        d_out,
+        nn::LinearConfig {
+            bias: false,
+            ..Default::default()
+        },
+    )
+}
+
 /// The features-only baseline: as many linear layers as the GNN has, on the
-/// seeds' own rows (input rows `0..seeds`), no neighbor in sight.
+/// seeds' own rows (input rows `0..seeds`), no neighbor in sight. Parameters
+/// are named as in `torch_geometric.nn.models.MLP` with `norm=None`
+/// (`lins.{l}.weight`, `lins.{l}.bias`).
 pub struct Mlp {
     lin: Vec<nn::Linear>,
     dropout: f64,
@@ -72,15 +109,9 @@ pub struct Mlp {
 impl Mlp {
     pub fn new(vs: &nn::Path, cfg: &ModelConfig) -> Self {
         let dims = widths(cfg);
+        let lins = vs / "lins";
         let lin = (0..cfg.layers)
-            .map(|l| {
-                nn::linear(
-                    vs / format!("mlp{l}"),
-                    dims[l],
-                    dims[l + 1],
-                    Default::default(),
-                )
-            })
+            .map(|l| nn::linear(&lins / l, dims[l], dims[l + 1], Default::default()))
             .collect();
         Mlp {
             lin,
@@ -99,7 +130,7 @@ impl Gnn for Mlp {
             h = if l == last {
                 out
             } else {
-                out.relu().dropout(self.dropout, train)
+                between_layers(out, ModelKind::Mlp, self.dropout, train)
             };
         }
         h
@@ -119,39 +150,34 @@ fn mean_aggregate(h: &Tensor, b: &BlockTensors) -> Tensor {
     out
 }
 
-/// GraphSAGE (Hamilton et al.) with mean aggregation:
-/// `h_dst' = W_self h_dst + W_neigh mean(h_src)`.
+/// GraphSAGE (Hamilton et al.) with mean aggregation, exactly PyG's
+/// `SAGEConv`: `h_dst' = lin_l(mean(h_src)) + lin_r(h_dst)`, the bias on
+/// `lin_l`. Parameters are named as in `torch_geometric.nn.models.GraphSAGE`
+/// (`convs.{l}.lin_l.weight`, `convs.{l}.lin_l.bias`, `convs.{l}.lin_r.weight`).
 pub struct Sage {
-    self_lin: Vec<nn::Linear>,
-    neigh_lin: Vec<nn::Linear>,
+    lin_l: Vec<nn::Linear>,
+    lin_r: Vec<nn::Linear>,
     dropout: f64,
 }
 
 impl Sage {
     pub fn new(vs: &nn::Path, cfg: &ModelConfig) -> Self {
         let dims = widths(cfg);
-        let mut self_lin = Vec::new();
-        let mut neigh_lin = Vec::new();
+        let convs = vs / "convs";
+        let (mut lin_l, mut lin_r) = (Vec::new(), Vec::new());
         for l in 0..cfg.layers {
-            self_lin.push(nn::linear(
-                vs / format!("self{l}"),
+            let p = &convs / l;
+            lin_l.push(nn::linear(
+                &p / "lin_l",
                 dims[l],
                 dims[l + 1],
                 Default::default(),
             ));
-            neigh_lin.push(nn::linear(
-                vs / format!("neigh{l}"),
-                dims[l],
-                dims[l + 1],
-                nn::LinearConfig {
-                    bias: false,
-                    ..Default::default()
-                },
-            ));
+            lin_r.push(linear_no_bias(&p / "lin_r", dims[l], dims[l + 1]));
         }
         Sage {
-            self_lin,
-            neigh_lin,
+            lin_l,
+            lin_r,
             dropout: cfg.dropout,
         }
     }
@@ -163,26 +189,33 @@ impl Gnn for Sage {
         let last = blocks.len() - 1;
         for (l, b) in blocks.iter().enumerate() {
             let h_dst = h.narrow(0, 0, b.num_dst);
-            let out = self.self_lin[l].forward(&h_dst)
-                + self.neigh_lin[l].forward(&mean_aggregate(&h, b));
+            let out = self.lin_l[l].forward(&mean_aggregate(&h, b)) + self.lin_r[l].forward(&h_dst);
             h = if l == last {
                 out
             } else {
-                out.relu().dropout(self.dropout, train)
+                between_layers(out, ModelKind::Sage, self.dropout, train)
             };
         }
         h
     }
 }
 
-/// GAT (Veličković et al.): per head, `e_uv = LeakyReLU(a_src·Wh_u + a_dst·Wh_v)`,
-/// softmax over each destination's sampled in-edges, weighted sum of `Wh_u`.
-/// Hidden layers concatenate heads; the output layer averages them.
+/// GAT (Veličković et al.), exactly PyG's `GATConv` with `residual=True` as
+/// `torch_geometric.nn.models.GAT` builds it: per head,
+/// `e_uv = LeakyReLU_0.2(att_src·Wh_u + att_dst·Wh_v)`, softmax over each
+/// destination's in-edges plus a self-loop (edges from a node to itself in
+/// the block are replaced by that one self-loop, as PyG's `add_self_loops`
+/// does), weighted sum of `Wh_u`; hidden layers concatenate heads, the
+/// output layer averages them; then `+ res(h_dst) + bias`. Attention
+/// coefficients get the model's dropout in training, as in PyG. Parameters:
+/// `convs.{l}.lin.weight`, `convs.{l}.att_src`, `convs.{l}.att_dst`,
+/// `convs.{l}.res.weight`, `convs.{l}.bias`.
 pub struct Gat {
     lin: Vec<nn::Linear>,
-    self_lin: Vec<nn::Linear>,
-    attn_src: Vec<Tensor>,
-    attn_dst: Vec<Tensor>,
+    res: Vec<nn::Linear>,
+    att_src: Vec<Tensor>,
+    att_dst: Vec<Tensor>,
+    bias: Vec<Tensor>,
     heads: i64,
     out_per_head: Vec<i64>,
     dropout: f64,
@@ -190,61 +223,48 @@ pub struct Gat {
 
 impl Gat {
     pub fn new(vs: &nn::Path, cfg: &ModelConfig) -> Self {
+        // PyG's GAT gives each hidden head hidden / heads channels and
+        // requires the division to be exact (checked where flags are read).
         let per_head = (cfg.hidden / cfg.heads).max(1);
         let mut in_dim = cfg.in_dim;
-        let (mut lin, mut self_lin, mut attn_src, mut attn_dst, mut out_per_head) =
-            (vec![], vec![], vec![], vec![], vec![]);
-        for l in 0..cfg.layers {
-            let out = if l + 1 == cfg.layers {
-                cfg.classes
-            } else {
-                per_head
-            };
-            let p = vs / format!("gat{l}");
-            lin.push(nn::linear(
-                &p / "w",
-                in_dim,
-                cfg.heads * out,
-                nn::LinearConfig {
-                    bias: false,
-                    ..Default::default()
-                },
-            ));
-            // A residual projection of the destination keeps deep stacks trainable.
-            self_lin.push(nn::linear(
-                &p / "res",
-                in_dim,
-                cfg.heads * out,
-                Default::default(),
-            ));
-            attn_src.push(p.var(
-                "a_src",
-                &[1, cfg.heads, out],
-                nn::Init::Randn {
-                    mean: 0.0,
-                    stdev: 0.1,
-                },
-            ));
-            attn_dst.push(p.var(
-                "a_dst",
-                &[1, cfg.heads, out],
-                nn::Init::Randn {
-                    mean: 0.0,
-                    stdev: 0.1,
-                },
-            ));
-            out_per_head.push(out);
-            in_dim = cfg.heads * out;
-        }
-        Gat {
-            lin,
-            self_lin,
-            attn_src,
-            attn_dst,
+        let convs = vs / "convs";
+        let mut g = Gat {
+            lin: vec![],
+            res: vec![],
+            att_src: vec![],
+            att_dst: vec![],
+            bias: vec![],
             heads: cfg.heads,
-            out_per_head,
+            out_per_head: vec![],
             dropout: cfg.dropout,
+        };
+        for l in 0..cfg.layers {
+            let last = l + 1 == cfg.layers;
+            let out = if last { cfg.classes } else { per_head };
+            // Hidden layers concatenate the heads; the last averages them.
+            let total_out = if last { out } else { cfg.heads * out };
+            let p = &convs / l;
+            g.lin
+                .push(linear_no_bias(&p / "lin", in_dim, cfg.heads * out));
+            g.res.push(linear_no_bias(&p / "res", in_dim, total_out));
+            let glorot = |name: &str| {
+                let bound = (6.0 / (cfg.heads + out) as f64).sqrt();
+                p.var(
+                    name,
+                    &[1, cfg.heads, out],
+                    nn::Init::Uniform {
+                        lo: -bound,
+                        up: bound,
+                    },
+                )
+            };
+            g.att_src.push(glorot("att_src"));
+            g.att_dst.push(glorot("att_dst"));
+            g.bias.push(p.zeros("bias", &[total_out]));
+            g.out_per_head.push(out);
+            in_dim = total_out;
         }
+        g
     }
 }
 
@@ -256,17 +276,20 @@ impl Gnn for Gat {
             let out = self.out_per_head[l];
             let z = self.lin[l].forward(&h).view([-1, self.heads, out]);
             let z_dst = z.narrow(0, 0, b.num_dst);
-            let el =
-                (&z * &self.attn_src[l]).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
-            let er = (&z_dst * &self.attn_dst[l]).sum_dim_intlist(
-                [-1i64].as_slice(),
-                false,
-                Kind::Float,
-            );
-            let e = el.index_select(0, &b.src) + er.index_select(0, &b.dst);
-            let e = e.maximum(&(&e * 0.2)); // LeakyReLU(0.2)
-            // Softmax over each destination's in-edges, shifted by the max for stability.
-            // Edges come sorted by destination: a segment max per destination.
+            let sum_last = |t: Tensor| t.sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+            let el = sum_last(&z * &self.att_src[l]);
+            let er = sum_last(&z_dst * &self.att_dst[l]);
+            let leaky_relu = |e: Tensor| e.maximum(&(&e * 0.2));
+            // Block edges from a destination to itself give way to the one
+            // self-loop every destination gets (PyG: remove_self_loops, then
+            // add_self_loops); their scores become -inf, their weights 0.
+            let self_edge = b.src.eq_tensor(&b.dst).unsqueeze(-1);
+            let e = leaky_relu(el.index_select(0, &b.src) + er.index_select(0, &b.dst))
+                .masked_fill(&self_edge, f64::NEG_INFINITY);
+            let e_self = leaky_relu(el.narrow(0, 0, b.num_dst) + &er);
+            // Softmax over each destination's in-edges and its self-loop,
+            // shifted by their maximum. Edges come sorted by destination: a
+            // segment max per destination.
             let max = tch::no_grad(|| {
                 Tensor::segment_reduce(
                     &e,
@@ -278,23 +301,31 @@ impl Gnn for Gat {
                     false,
                     f64::NEG_INFINITY,
                 )
+                .maximum(&e_self)
             });
             let w = (e - max.index_select(0, &b.dst)).exp();
+            let w_self = (e_self - &max).exp();
+            // PyG's softmax divides by the sum plus 1e-16.
             let denom = Tensor::zeros([b.num_dst, self.heads], (w.kind(), w.device()))
-                .index_add(0, &b.dst, &w);
-            let alpha =
-                (&w / denom.index_select(0, &b.dst).clamp_min(1e-16)).dropout(self.dropout, train);
+                .index_add(0, &b.dst, &w)
+                + &w_self
+                + 1e-16;
+            let alpha = (&w / denom.index_select(0, &b.dst)).dropout(self.dropout, train);
+            let alpha_self = (w_self / denom).dropout(self.dropout, train);
             let msg = z.index_select(0, &b.src) * alpha.unsqueeze(-1);
             let agg = Tensor::zeros([b.num_dst, self.heads, out], (msg.kind(), msg.device()))
-                .index_add(0, &b.dst, &msg);
-            let res = self.self_lin[l]
-                .forward(&h.narrow(0, 0, b.num_dst))
-                .view([-1, self.heads, out]);
-            let y = agg + res;
-            h = if l == last {
-                y.mean_dim([1i64].as_slice(), false, Kind::Float)
+                .index_add(0, &b.dst, &msg)
+                + z_dst * alpha_self.unsqueeze(-1);
+            let agg = if l == last {
+                agg.mean_dim([1i64].as_slice(), false, Kind::Float)
             } else {
-                y.flatten(1, 2).elu().dropout(self.dropout, train)
+                agg.flatten(1, 2)
+            };
+            let y = agg + self.res[l].forward(&h.narrow(0, 0, b.num_dst)) + &self.bias[l];
+            h = if l == last {
+                y
+            } else {
+                between_layers(y, ModelKind::Gat, self.dropout, train)
             };
         }
         h
@@ -410,6 +441,54 @@ mod tests {
     use offgnn_shared::address_table::BatchTable;
     use offgnn_shared::samples::Block;
     use tch::Device;
+
+    /// GAT replaces a block's edges from a node to itself by the one
+    /// self-loop every destination gets (PyG's remove_self_loops then
+    /// add_self_loops): the same block with and without such an edge gives
+    /// the same output, and a destination without in-edges attends to
+    /// itself alone.
+    #[test]
+    fn gat_treats_existing_self_edges_as_pyg_does() {
+        let cfg = ModelConfig {
+            kind: ModelKind::Gat,
+            in_dim: 4,
+            hidden: 6,
+            classes: 3,
+            layers: 1,
+            heads: 2,
+            dropout: 0.0,
+        };
+        let vs = nn::VarStore::new(Device::Cpu);
+        let net = build(&vs.root(), &cfg);
+        let block = |src: Vec<u32>, dst: Vec<u32>| BatchTable {
+            blocks: vec![Block {
+                num_src: 5,
+                num_dst: 3,
+                src,
+                dst,
+            }],
+            ..Default::default()
+        };
+        let x = Tensor::randn([5, 4], (Kind::Float, Device::Cpu));
+        let run = |t: &BatchTable| net.forward(&x, &graph(t, Device::Cpu).0, false);
+        // Destination 1 has no in-edges; destination 2 has one from itself.
+        let plain = run(&block(vec![1, 4, 4, 3], vec![0, 0, 2, 2]));
+        let with_self = run(&block(vec![1, 4, 4, 2, 3], vec![0, 0, 2, 2, 2]));
+        assert!(
+            plain.allclose(&with_self, 1e-6, 1e-6, false),
+            "{plain} vs {with_self}"
+        );
+        // Destination 1 alone: attention 1 on itself, so the output is
+        // the mean over heads of lin(x_1), plus res(x_1) and the bias.
+        let vars = vs.variables();
+        let x1 = x.get(1).unsqueeze(0);
+        let z = x1.matmul(&vars["convs.0.lin.weight"].tr()).view([2, 3]);
+        let want = z.mean_dim([0i64].as_slice(), false, Kind::Float)
+            + x1.matmul(&vars["convs.0.res.weight"].tr()).squeeze_dim(0)
+            + &vars["convs.0.bias"];
+        let got = plain.get(1);
+        assert!(got.allclose(&want, 1e-5, 1e-6, false), "{got} vs {want}");
+    }
 
     /// The sparse mean against a row-per-edge reference, forward and
     /// backward, with a destination that has no in-edges.

@@ -2,6 +2,7 @@
 
 use offgnn_shared::report::{human_bytes, print_summary};
 
+use crate::export::Written;
 use crate::memory::MemoryEstimate;
 use crate::train::{EpochMetrics, TrainSummary};
 
@@ -56,9 +57,49 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
         ),
         ("memory (stated peak)", human_bytes(memory.total_bytes)),
     ];
+    let mut rows = rows;
+    for w in &s.exports {
+        rows.push((
+            "export",
+            format!("{} ({} epoch {})", w.location, w.card.which, w.card.epoch),
+        ));
+    }
+    if let Some(d) = &s.dump {
+        rows.push(("batch dump", d.display().to_string()));
+    }
     print_summary(
         "training",
         &rows,
         &serde_json::json!({ "command": "train", "summary": s, "memory": memory }),
+    );
+}
+
+pub fn export_summary(command: &str, w: &Written) {
+    let c = &w.card;
+    let rows = vec![
+        ("export", w.location.clone()),
+        (
+            "model",
+            format!(
+                "PyG {}, {} layers, {} -> {} -> {}, act {}",
+                c.pyg.class, c.num_layers, c.in_channels, c.hidden_channels, c.out_channels, c.act
+            ),
+        ),
+        (
+            "parameters",
+            format!("{} ({})", c.parameters, human_bytes(w.weights_bytes)),
+        ),
+        (
+            "epoch",
+            format!(
+                "{} ({}): validation {:.4}, test {:.4}",
+                c.epoch, c.which, c.valid_acc, c.test_acc
+            ),
+        ),
+    ];
+    print_summary(
+        command,
+        &rows,
+        &serde_json::json!({ "command": command, "export": w }),
     );
 }

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::error::{Error, Result};
+use crate::export;
 use crate::layout::Layout;
 use crate::model::{self, Adam, ModelConfig};
 use crate::pipeline::{
@@ -57,6 +58,28 @@ pub struct TrainConfig {
     /// Fail as if killed after this many training batches of this process,
     /// just after any checkpoint due there (tests of resume).
     pub interrupt_after: Option<u64>,
+    /// Where the trained model goes as safetensors + model.json.
+    pub export: Option<ExportTarget>,
+    /// Write a few test batches' blocks, input rows and logits of the
+    /// exported model here (for checking the export against another reader).
+    pub dump: Option<DumpTarget>,
+}
+
+/// `--export`: the best validation epoch's model goes to `location`; with
+/// `last`, the last epoch's also goes to `location/last`.
+#[derive(Clone, Debug)]
+pub struct ExportTarget {
+    pub location: String,
+    pub overwrite: bool,
+    pub last: bool,
+}
+
+/// `--dump-batches`: a safetensors file of the first `batches` test batches
+/// as the best model sees them.
+#[derive(Clone, Debug)]
+pub struct DumpTarget {
+    pub path: PathBuf,
+    pub batches: usize,
 }
 
 impl TrainConfig {
@@ -123,6 +146,10 @@ pub struct TrainSummary {
     pub pipelined: bool,
     /// (epoch, batches of it done) where this run picked up a checkpoint.
     pub resumed_from: Option<(u32, u64)>,
+    /// The exports written: the best epoch's, then the last epoch's if asked.
+    pub exports: Vec<export::Written>,
+    /// The batch dump written, if asked.
+    pub dump: Option<PathBuf>,
 }
 
 /// What a checkpoint records besides tensors. `checkpoint.json` is the
@@ -139,6 +166,28 @@ struct CheckpointMeta {
     history: Vec<EpochMetrics>,
     /// The tensor file (model and optimizer) of this checkpoint.
     tensors: String,
+    /// The epoch whose parameters the tensor file also holds as `best.*`:
+    /// the best validation so far. Absent in checkpoints of older trainers.
+    #[serde(default)]
+    best_epoch: Option<u32>,
+    #[serde(default)]
+    feature_dtype: String,
+}
+
+/// What a checkpoint saves of the model: its parameters, the optimizer's
+/// state, and the best validation epoch's parameters so far.
+#[derive(Clone, Copy)]
+struct State<'a> {
+    vs: &'a nn::VarStore,
+    adam: &'a Adam,
+    best: Option<&'a Best>,
+}
+
+/// The parameters of the best validation epoch so far.
+struct Best {
+    epoch: u32,
+    valid_acc: f64,
+    params: Vec<(String, Tensor)>,
 }
 
 /// An epoch's running sums: what a mid-epoch checkpoint must carry for the
@@ -284,6 +333,18 @@ struct Start {
     history: Vec<EpochMetrics>,
     in_epoch: Option<EpochProgress>,
     resumed_from: Option<(u32, u64)>,
+    best: Option<Best>,
+}
+
+impl Start {
+    fn fresh() -> Self {
+        Start {
+            history: Vec::new(),
+            in_epoch: None,
+            resumed_from: None,
+            best: None,
+        }
+    }
 }
 
 /// Loads the checkpoint in `dir` into the model and optimizer, after
@@ -298,11 +359,7 @@ fn resume(
     let meta_path = dir.join(META);
     if !meta_path.exists() {
         tracing::info!("no checkpoint in {}: starting from scratch", dir.display());
-        return Ok(Start {
-            history: Vec::new(),
-            in_epoch: None,
-            resumed_from: None,
-        });
+        return Ok(Start::fresh());
     }
     let bytes = std::fs::read(&meta_path).map_err(|e| Error::io(meta_path.display(), e))?;
     let meta: CheckpointMeta = serde_json::from_slice(&bytes).map_err(|e| {
@@ -340,26 +397,13 @@ fn resume(
             dir.display()
         )));
     }
-    let named: HashMap<String, Tensor> = Tensor::load_multi_with_device(&tensors, cfg.device)
-        .map_err(|e| Error::Checkpoint(format!("{}: {e}", tensors.display())))?
-        .into_iter()
-        .collect();
-    tch::no_grad(|| -> Result<()> {
-        // `variables()` hands out tensors that share the store's storage.
-        for (name, mut var) in vs.variables() {
-            let saved = named
-                .get(&format!("model.{name}"))
-                .ok_or_else(|| Error::Checkpoint(format!("{}: lacks {name}", tensors.display())))?;
-            if saved.size() != var.size() {
-                return Err(Error::Checkpoint(format!(
-                    "{}: {name} has another shape",
-                    tensors.display()
-                )));
-            }
-            var.copy_(saved);
-        }
-        Ok(())
-    })?;
+    let named = load_tensors(&tensors, cfg.device)?;
+    export::load_into(
+        vs,
+        &with_prefix(&named, "model."),
+        &tensors.display().to_string(),
+    )?;
+    let best = best_of(&meta, &named, &tensors)?;
     adam.load_state(&named)
         .map_err(|e| Error::Checkpoint(format!("{}: {e}", tensors.display())))?;
     let position = meta.in_epoch.as_ref().map_or(0, |p| p.batches);
@@ -372,7 +416,58 @@ fn resume(
         history: meta.history,
         in_epoch: meta.in_epoch,
         resumed_from: Some((meta.epoch, position)),
+        best,
     })
+}
+
+/// A checkpoint's tensor file, by name.
+fn load_tensors(path: &Path, device: Device) -> Result<HashMap<String, Tensor>> {
+    Ok(Tensor::load_multi_with_device(path, device)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", path.display())))?
+        .into_iter()
+        .collect())
+}
+
+/// The tensors named `prefix` + name, by name.
+fn with_prefix(named: &HashMap<String, Tensor>, prefix: &str) -> HashMap<String, Tensor> {
+    named
+        .iter()
+        .filter_map(|(k, v)| {
+            k.strip_prefix(prefix)
+                .map(|name| (name.to_string(), v.shallow_clone()))
+        })
+        .collect()
+}
+
+/// The best epoch's parameters that a checkpoint holds, if it names one.
+fn best_of(
+    meta: &CheckpointMeta,
+    named: &HashMap<String, Tensor>,
+    tensors: &Path,
+) -> Result<Option<Best>> {
+    let Some(epoch) = meta.best_epoch else {
+        return Ok(None);
+    };
+    let valid_acc = meta
+        .history
+        .get(epoch as usize)
+        .map(|e| e.valid_acc)
+        .ok_or_else(|| {
+            Error::Checkpoint(format!(
+                "{}: names best epoch {epoch}, which its history lacks",
+                tensors.display()
+            ))
+        })?;
+    let mut params: Vec<(String, Tensor)> = with_prefix(named, "best.model.")
+        .into_iter()
+        .map(|(k, v)| (k, v.to_device(Device::Cpu)))
+        .collect();
+    params.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(Some(Best {
+        epoch,
+        valid_acc,
+        params,
+    }))
 }
 
 /// Trains as configured on an opened layout.
@@ -414,13 +509,14 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
                 "--resume needs --checkpoint-dir".into(),
             ));
         }
-        _ => Start {
-            history: Vec::new(),
-            in_epoch: None,
-            resumed_from: None,
-        },
+        _ => Start::fresh(),
     };
+    if let Some(x) = &cfg.export {
+        // Refused before any training, not after it.
+        export::check_target(&x.location, x.overwrite)?;
+    }
     let mut history = start.history;
+    let mut best_so_far = start.best;
     let mut in_epoch = start.in_epoch;
     let mut metrics_file = match &cfg.metrics {
         Some(p) => Some(
@@ -485,7 +581,12 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
                     && (p.batches as usize) < order.len()
                 {
                     p.train_seconds = seconds_before + started.elapsed().as_secs_f64();
-                    save_checkpoint(dir, &vs, &adam, cfg, m, &history, Some(&p))?;
+                    let state = State {
+                        vs: &vs,
+                        adam: &adam,
+                        best: best_so_far.as_ref(),
+                    };
+                    save_checkpoint(dir, &state, cfg, m, &history, Some(&p))?;
                 }
                 if cfg.interrupt_after == Some(trained_here) {
                     return Err(Error::Interrupted(trained_here));
@@ -557,9 +658,25 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
         if cfg.show_progress {
             crate::report::epoch_row(&e);
         }
+        // Ties keep the earlier epoch, as the summary's pick does.
+        if best_so_far
+            .as_ref()
+            .is_none_or(|b| e.valid_acc > b.valid_acc)
+        {
+            best_so_far = Some(Best {
+                epoch: t,
+                valid_acc: e.valid_acc,
+                params: export::snapshot(&vs),
+            });
+        }
         history.push(e);
         if let Some(dir) = &cfg.checkpoint_dir {
-            save_checkpoint(dir, &vs, &adam, cfg, m, &history, None)?;
+            let state = State {
+                vs: &vs,
+                adam: &adam,
+                best: best_so_far.as_ref(),
+            };
+            save_checkpoint(dir, &state, cfg, m, &history, None)?;
         }
     }
 
@@ -575,6 +692,61 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
         .map(|(i, e)| (i as u32, e.clone()))
         .unwrap_or_default();
     let rest: Vec<f64> = history.iter().skip(1).map(|e| e.wall_seconds).collect();
+    let mut exports = Vec::new();
+    let mut dump = None;
+    if cfg.export.is_some() || cfg.dump.is_some() {
+        let best = best_so_far.filter(|b| b.epoch == best_epoch).ok_or_else(|| {
+            Error::Checkpoint(format!(
+                "the parameters of the best epoch ({best_epoch}) are not in the checkpoint this run resumed from (an older trainer wrote it); export the last epoch with `trainer export --last`"
+            ))
+        })?;
+        let last = export::snapshot(&vs);
+        let provenance = |which: &str, e: &EpochMetrics| export::Provenance {
+            feature_dtype: m.dataset.feature_dtype.clone(),
+            dataset_fingerprint: m.dataset.dataset_fingerprint.clone(),
+            samples_run_sha256: m.samples.run_sha256.clone(),
+            which: which.into(),
+            epoch: e.epoch,
+            valid_acc: e.valid_acc,
+            test_acc: e.test_acc,
+        };
+        if let Some(target) = &cfg.dump {
+            let params: HashMap<String, Tensor> = best
+                .params
+                .iter()
+                .map(|(k, v)| (k.clone(), v.shallow_clone()))
+                .collect();
+            export::load_into(&vs, &params, "the best epoch's parameters")?;
+            let test = eval_sets
+                .iter()
+                .find(|(name, _)| *name == "test")
+                .map(|(_, refs)| refs.as_slice())
+                .unwrap_or_default();
+            dump_batches(layout, engine, &src, cfg, net.as_ref(), test, target)?;
+            dump = Some(target.path.clone());
+        }
+        if let Some(x) = &cfg.export {
+            let at_best = &history[best_epoch as usize];
+            exports.push(export::write(
+                &x.location,
+                &cfg.model,
+                &best.params,
+                &provenance("best", at_best),
+                x.overwrite,
+            )?);
+            if x.last {
+                let last_epoch = history.last().expect("at least one epoch ran");
+                let location = offgnn_shared::store::Store::open(&x.location)?.join("last");
+                exports.push(export::write(
+                    &location,
+                    &cfg.model,
+                    &last,
+                    &provenance("last", last_epoch),
+                    x.overwrite,
+                )?);
+            }
+        }
+    }
     Ok(TrainSummary {
         mean_epoch_seconds_excl_first: if rest.is_empty() {
             history.first().map_or(0.0, |e| e.wall_seconds)
@@ -590,7 +762,151 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
         features: cfg.features,
         pipelined: cfg.pipelined,
         resumed_from: start.resumed_from,
+        exports,
+        dump,
     })
+}
+
+/// Runs the model on the first `target.batches` of `refs` and writes, per
+/// batch `k`: `batch{k}.x` (input rows, float32), `batch{k}.block{l}.src`,
+/// `.dst` (int64 local ids, edges sorted by destination) and `.size`
+/// (`[num_src, num_dst]`) for each layer `l`, `batch{k}.logits` and
+/// `batch{k}.labels`. Written to a temporary name, then renamed.
+fn dump_batches(
+    layout: &Layout,
+    engine: &IoEngine,
+    src: &Sources,
+    cfg: &TrainConfig,
+    net: &dyn model::Gnn,
+    refs: &[BatchRef],
+    target: &DumpTarget,
+) -> Result<()> {
+    let refs = &refs[..target.batches.min(refs.len())];
+    let mut named: Vec<(String, Tensor)> = Vec::new();
+    tch::no_grad(|| {
+        pipeline::run_batches(
+            layout,
+            engine,
+            src,
+            refs,
+            cfg.pipeline_options(),
+            |r: Ready| {
+                let k = named.len();
+                let logits = net.forward(&r.x, &r.blocks, false);
+                let mut add =
+                    |name: String, t: Tensor| named.push((name, t.to_device(Device::Cpu)));
+                add(format!("batch{k}.x"), r.x.to_kind(Kind::Float));
+                for (l, b) in r.blocks.iter().enumerate() {
+                    add(format!("batch{k}.block{l}.src"), b.src.to_kind(Kind::Int64));
+                    add(format!("batch{k}.block{l}.dst"), b.dst.to_kind(Kind::Int64));
+                    add(
+                        format!("batch{k}.block{l}.size"),
+                        Tensor::from_slice(&[b.num_src, b.num_dst]),
+                    );
+                }
+                add(format!("batch{k}.logits"), logits);
+                add(format!("batch{k}.labels"), r.labels.to_kind(Kind::Int64));
+                Ok(())
+            },
+        )
+    })?;
+    export::write_tensors(&target.path, &named)
+}
+
+/// `trainer export`: the model of a checkpoint (its best validation epoch,
+/// or with `last` the parameters it was taken with) to `out`. With a
+/// manifest, the checkpoint must have been trained on that layout.
+pub fn export_checkpoint(
+    dir: &Path,
+    out: &str,
+    last: bool,
+    overwrite: bool,
+    manifest: Option<&offgnn_manifests::Manifest>,
+) -> Result<export::Written> {
+    let meta_path = dir.join(META);
+    let bytes = std::fs::read(&meta_path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Error::Checkpoint(format!(
+                "{}: no checkpoint (checkpoint.json) there",
+                dir.display()
+            ))
+        } else {
+            Error::io(meta_path.display(), e)
+        }
+    })?;
+    let meta: CheckpointMeta = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::Checkpoint(format!(
+            "{}: malformed checkpoint: {e}",
+            meta_path.display()
+        ))
+    })?;
+    if let Some(m) = manifest
+        && (meta.manifest_run_sha256 != m.samples.run_sha256
+            || meta.dataset_fingerprint != m.dataset.dataset_fingerprint)
+    {
+        return Err(Error::Checkpoint(format!(
+            "{}: the checkpoint was trained on another layout than that manifest (other samples or dataset)",
+            dir.display()
+        )));
+    }
+    export::check_target(out, overwrite)?;
+    let tensors = dir.join(&meta.tensors);
+    if meta.tensors.contains('/') || !tensors.exists() {
+        return Err(Error::Checkpoint(format!(
+            "{}: names tensor file {:?}, which is not in {}",
+            meta_path.display(),
+            meta.tensors,
+            dir.display()
+        )));
+    }
+    let named = load_tensors(&tensors, Device::Cpu)?;
+    let (which, epoch, prefix) = if last {
+        if meta.in_epoch.is_some() {
+            tracing::warn!(
+                "the checkpoint was taken inside epoch {}: its parameters are those of that moment",
+                meta.epoch
+            );
+        }
+        ("last", meta.epoch.saturating_sub(1), "model.")
+    } else {
+        let epoch = meta.best_epoch.ok_or_else(|| {
+            Error::Checkpoint(format!(
+                "{}: holds no best-epoch parameters (an older trainer wrote it); pass --last to export the parameters it holds",
+                dir.display()
+            ))
+        })?;
+        ("best", epoch, "best.model.")
+    };
+    let figures = meta.history.get(epoch as usize).cloned().ok_or_else(|| {
+        Error::Checkpoint(format!(
+            "{}: no completed epoch to export",
+            meta_path.display()
+        ))
+    })?;
+    // Through a fresh model: every parameter present, with its shape.
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _net = model::build(&vs.root(), &meta.model);
+    export::load_into(
+        &vs,
+        &with_prefix(&named, prefix),
+        &tensors.display().to_string(),
+    )?;
+    let provenance = export::Provenance {
+        feature_dtype: meta.feature_dtype.clone(),
+        dataset_fingerprint: meta.dataset_fingerprint.clone(),
+        samples_run_sha256: meta.manifest_run_sha256.clone(),
+        which: which.into(),
+        epoch,
+        valid_acc: figures.valid_acc,
+        test_acc: figures.test_acc,
+    };
+    export::write(
+        out,
+        &meta.model,
+        &export::snapshot(&vs),
+        &provenance,
+        overwrite,
+    )
 }
 
 /// Writes a checkpoint: a new tensor file, then `checkpoint.json` naming it
@@ -598,13 +914,13 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
 /// point leaves the previous checkpoint or the new one whole.
 fn save_checkpoint(
     dir: &Path,
-    vs: &nn::VarStore,
-    adam: &Adam,
+    state: &State,
     cfg: &TrainConfig,
     m: &offgnn_manifests::Manifest,
     history: &[EpochMetrics],
     in_epoch: Option<&EpochProgress>,
 ) -> Result<()> {
+    let State { vs, adam, best } = *state;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
     let epoch = history.len() as u32;
     let position = in_epoch.map_or(0, |p| p.batches);
@@ -615,6 +931,13 @@ fn save_checkpoint(
         .map(|(k, v)| (format!("model.{k}"), v))
         .collect();
     named.extend(adam.state());
+    if let Some(b) = best {
+        named.extend(
+            b.params
+                .iter()
+                .map(|(k, v)| (format!("best.model.{k}"), v.shallow_clone())),
+        );
+    }
     let tmp = dir.join(format!("{tensors}.partial"));
     Tensor::save_multi(&named, &tmp)?;
     std::fs::File::open(&tmp)
@@ -629,6 +952,8 @@ fn save_checkpoint(
         in_epoch: in_epoch.cloned(),
         history: history.to_vec(),
         tensors: tensors.clone(),
+        best_epoch: best.map(|b| b.epoch),
+        feature_dtype: m.dataset.feature_dtype.clone(),
     };
     let meta_tmp = dir.join(format!("{META}.partial"));
     let file = std::fs::File::create(&meta_tmp).map_err(|e| Error::io(meta_tmp.display(), e))?;

@@ -137,6 +137,8 @@ fn config(kind: ModelKind) -> TrainConfig {
         max_batches: None,
         checkpoint_every: None,
         interrupt_after: None,
+        export: None,
+        dump: None,
     }
 }
 
@@ -315,11 +317,19 @@ fn an_interrupted_run_resumes_where_it_stopped() {
     let e = engine();
     let layout = open(&f, &e);
     let ckpt = f.root.join("ckpt");
+    let export_to = |name: &str| {
+        Some(trainer::train::ExportTarget {
+            location: f.root.join(name).to_str().unwrap().to_string(),
+            overwrite: false,
+            last: true,
+        })
+    };
     let straight = train(
         &layout,
         &e,
         &TrainConfig {
             epochs: 3,
+            export: export_to("export-straight"),
             ..config(ModelKind::Gat)
         },
     )
@@ -355,6 +365,11 @@ fn an_interrupted_run_resumes_where_it_stopped() {
         interrupt_after,
         checkpoint_every: Some(3),
         checkpoint_dir: Some(mid.clone()),
+        export: if resume {
+            export_to("export-resumed")
+        } else {
+            None
+        },
         ..config(ModelKind::Gat)
     };
     let err = train(&layout, &e, &mid_cfg(false, Some(11)))
@@ -374,6 +389,27 @@ fn an_interrupted_run_resumes_where_it_stopped() {
     };
     assert_eq!(losses(&resumed), losses(&straight));
     assert_eq!(resumed.epochs[1].batches, 8);
+    // The best epoch's parameters came through the checkpoints: both runs
+    // export the same weights, for the best and the last epoch.
+    for sub in ["", "last/"] {
+        let weights = |run: &str| {
+            std::fs::read(f.root.join(format!("export-{run}/{sub}model.safetensors"))).unwrap()
+        };
+        assert!(
+            weights("straight") == weights("resumed"),
+            "{sub}model.safetensors differs"
+        );
+    }
+    assert_eq!(resumed.exports[0].card.epoch, straight.best_epoch);
+    assert_eq!(resumed.exports[1].card.which, "last");
+    // `trainer export` from the checkpoint writes the same best weights.
+    let from_ckpt = f.root.join("export-ckpt");
+    trainer::train::export_checkpoint(&mid, from_ckpt.to_str().unwrap(), false, false, None)
+        .unwrap();
+    assert!(
+        std::fs::read(from_ckpt.join("model.safetensors")).unwrap()
+            == std::fs::read(f.root.join("export-straight/model.safetensors")).unwrap()
+    );
 
     // A checkpoint of another model is refused.
     let err = train(

@@ -1,0 +1,167 @@
+"""Parity of offgnn's exported models with PyTorch Geometric's own classes.
+
+For each graph (a generated one, and Cora) and each model (GraphSAGE, GAT),
+this runs the offgnn binaries as a user would (sampler, packer, trainer with
+--export and --dump-batches), then builds the PyG model that model.json
+names, loads model.safetensors into it with strict=True, runs PyG's layers on
+the same sampled blocks of the test batches that the trainer dumped, and
+compares logits (within 1e-4, absolute) and predicted classes (all equal).
+The MLP baseline is checked the same way on the generated graph.
+
+Usage: python pyg_parity.py --bin-dir target/debug --work DIR [--cora-dir D]
+Prints one line per case and, last, one line of JSON; exits non-zero on a
+mismatch.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch_geometric
+import torch_geometric.nn.models as pyg_models
+from safetensors.torch import load_file
+
+TOLERANCE = 1e-4
+
+
+def run(bin_dir, program, *args):
+    cmd = [os.path.join(bin_dir, program), *map(str, args)]
+    env = dict(os.environ, RUST_LOG="warn")
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def pack(bin_dir, work, name, dataset):
+    samples = os.path.join(work, name, "samples")
+    out = os.path.join(work, name, "pack")
+    run(bin_dir, "sampler", "--dataset", dataset, "--out", samples,
+        "--fanout", "5,10", "--batch-size", 128, "--epochs", 2, "--overwrite")
+    run(bin_dir, "packer", "--samples", samples,
+        "--features", os.path.join(dataset, "data", "feat.npy"), "--out", out,
+        "--gpu-cache", "64K", "--cpu-cache", "128K", "--disk-budget", "8x",
+        "--overwrite")
+    return os.path.join(out, "manifest.json")
+
+
+def pyg_model(export_dir):
+    with open(os.path.join(export_dir, "model.json")) as f:
+        card = json.load(f)
+    cls = getattr(pyg_models, card["pyg"]["class"])
+    model = cls(**card["pyg"]["kwargs"])
+    model.load_state_dict(load_file(os.path.join(export_dir, "model.safetensors")),
+                          strict=True)
+    return card, model.eval()
+
+
+def pyg_forward(model, card, dump, k):
+    """PyG's layers on batch k's blocks: layer l maps the rows of block l's
+    sources to its destinations (the first num_dst sources), as the
+    trainer's sampled message-flow graph does."""
+    x = dump[f"batch{k}.x"]
+    if card["pyg"]["class"] == "MLP":
+        seeds = int(dump[f"batch{k}.block{card['num_layers'] - 1}.size"][1])
+        return model(x[:seeds])
+    h = x
+    for l, conv in enumerate(model.convs):
+        num_src, num_dst = (int(v) for v in dump[f"batch{k}.block{l}.size"])
+        edge_index = torch.stack([dump[f"batch{k}.block{l}.src"],
+                                  dump[f"batch{k}.block{l}.dst"]])
+        assert h.size(0) == num_src, (h.size(0), num_src)
+        h = conv((h, h[:num_dst]), edge_index, size=(num_src, num_dst))
+        if l < len(model.convs) - 1:
+            h = model.dropout(model.act(h))
+    return h
+
+
+def check(bin_dir, work, name, manifest, arch):
+    export_dir = os.path.join(work, name, f"export-{arch}")
+    dump_path = os.path.join(work, name, f"dump-{arch}.safetensors")
+    summary = run(bin_dir, "trainer", "--manifest", manifest, "--model", arch,
+                  "--epochs", 3, "--hidden", 32, "--heads", 4, "--lr", 0.01,
+                  "--export", export_dir, "--overwrite",
+                  "--dump-batches", dump_path, "--dump-count", 3)["summary"]
+    card, model = pyg_model(export_dir)
+    dump = load_file(dump_path)
+    batches = sorted({key.split(".")[0] for key in dump})
+    worst, nodes, edges = 0.0, 0, 0
+    with torch.no_grad():
+        for b in batches:
+            k = int(b.removeprefix("batch"))
+            ours = dump[f"batch{k}.logits"]
+            theirs = pyg_forward(model, card, dump, k)
+            if theirs.shape != ours.shape:
+                sys.exit(f"{name} {arch} batch {k}: PyG logits {tuple(theirs.shape)}, "
+                         f"offgnn {tuple(ours.shape)}")
+            diff = (theirs - ours).abs().max().item()
+            worst = max(worst, diff)
+            same = bool((theirs.argmax(-1) == ours.argmax(-1)).all())
+            nodes += ours.size(0)
+            edges += sum(dump[f"batch{k}.block{l}.src"].numel()
+                         for l in range(card["num_layers"]))
+            if diff > TOLERANCE or not same:
+                sys.exit(f"FAIL {name} {arch} batch {k}: largest logit difference "
+                         f"{diff:.3e} (tolerance {TOLERANCE}), classes equal: {same}")
+    if not batches:
+        sys.exit(f"{name} {arch}: the dump holds no batches")
+    # The comparison must be able to fail: parameters moved by 1e-3 give
+    # logits beyond the tolerance.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-3 * torch.randn_like(p))
+        moved = max((pyg_forward(model, card, dump, int(b.removeprefix("batch")))
+                     - dump[f"{b}.logits"]).abs().max().item() for b in batches)
+    if moved <= TOLERANCE:
+        sys.exit(f"{name} {arch}: perturbed parameters still agree ({moved:.3e}); "
+                 "the comparison cannot tell models apart")
+    row = {"graph": name, "model": arch, "pyg_class": card["pyg"]["class"],
+           "batches": len(batches), "seed_nodes": nodes, "edges": edges,
+           "max_abs_logit_diff": worst, "perturbed_diff": moved,
+           "test_acc_at_best_valid": summary["test_acc_at_best_valid"],
+           "exported_epoch": card["epoch"]}
+    print(f"ok {name:>9} {arch:<4} ({card['pyg']['class']}): {len(batches)} batches, "
+          f"{nodes} seeds, {edges} edges, largest logit difference {worst:.3e} "
+          f"(parameters moved by 1e-3: {moved:.3e})")
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bin-dir", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--cora-dir", help="the Cora Parquet tables (scripts/setup fetches them)")
+    a = p.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    torch.manual_seed(0)
+
+    graphs = []
+    gen = os.path.join(a.work, "generated", "dataset")
+    run(a.bin_dir, "sampler", "generate", "--out", gen, "--nodes", 3000,
+        "--feature-dim", 24, "--classes", 5, "--overwrite")
+    graphs.append(("generated", gen, ["sage", "gat", "mlp"]))
+    if a.cora_dir:
+        cora = os.path.join(a.work, "cora", "dataset")
+        run(a.bin_dir, "sampler", "import-parquet", "--preset", "cora",
+            "--nodes", os.path.join(a.cora_dir, "cora_nodes.parquet.gzip"),
+            "--edges", os.path.join(a.cora_dir, "cora_rels.parquet.gzip"),
+            "--out", cora, "--overwrite")
+        graphs.append(("cora", cora, ["sage", "gat"]))
+
+    rows = []
+    for name, dataset, archs in graphs:
+        manifest = pack(a.bin_dir, a.work, name, dataset)
+        for arch in archs:
+            rows.append(check(a.bin_dir, a.work, name, manifest, arch))
+    print(json.dumps({"torch": torch.__version__,
+                      "torch_geometric": torch_geometric.__version__,
+                      "tolerance": TOLERANCE,
+                      "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in rows),
+                      "cases": rows}))
+
+
+if __name__ == "__main__":
+    main()

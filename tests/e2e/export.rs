@@ -1,0 +1,171 @@
+//! The trained model as an export: PyTorch Geometric loads it and computes
+//! the same logits (python/pyg_parity.py, a real PyG client), and bad
+//! export targets and inputs are refused in one line.
+
+use offgnn_e2e::{binary, cora_dir, run, workspace};
+
+/// The parity test of the export issue: GraphSAGE and GAT (and the MLP
+/// baseline) trained by the binaries on a generated graph and on Cora,
+/// exported, loaded into PyG's model classes with strict=True, and run by
+/// PyG on the same sampled test blocks: logits within 1e-4, classes equal.
+#[test]
+fn exports_compute_the_same_logits_in_pytorch_geometric() {
+    let python = workspace().join(".venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup",
+        python.display()
+    );
+    let work = tempfile::tempdir().unwrap();
+    let bin_dir = binary("trainer").parent().unwrap().to_path_buf();
+    let out = std::process::Command::new(&python)
+        .arg(workspace().join("python/pyg_parity.py"))
+        .arg("--bin-dir")
+        .arg(&bin_dir)
+        .arg("--work")
+        .arg(work.path())
+        .arg("--cora-dir")
+        .arg(cora_dir())
+        .output()
+        .expect("python starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "pyg_parity.py failed:\n{stdout}\n{stderr}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
+    let cases = summary["cases"].as_array().unwrap();
+    let names: Vec<String> = cases
+        .iter()
+        .map(|c| format!("{} {}", c["graph"], c["model"]).replace('"', ""))
+        .collect();
+    for want in ["generated sage", "generated gat", "cora sage", "cora gat"] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} not checked: {names:?}"
+        );
+    }
+    for c in cases {
+        assert!(c["max_abs_logit_diff"].as_f64().unwrap() <= 1e-4, "{c}");
+        assert!(c["seed_nodes"].as_u64().unwrap() > 0, "{c}");
+    }
+}
+
+/// Bad export input, each refused with one line and a failing exit, and
+/// nothing written: an occupied target, a checkpoint of another manifest, a
+/// model.json of a newer format, GAT widths PyG cannot split over heads.
+#[test]
+fn export_refuses_bad_input_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = crate::cora_pack(dir.path());
+    let m = manifest.to_str().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let export = dir.path().join("export");
+    let (c, x) = (ckpt.to_str().unwrap(), export.to_str().unwrap());
+    let one_line = |r: &offgnn_e2e::Run, want: &str| {
+        assert!(!r.status.success(), "expected a failure mentioning {want}");
+        assert!(r.stderr.contains(want), "{want}: {}", r.stderr);
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    };
+    let train = |extra: &[&str]| {
+        let mut args = vec![
+            "--manifest",
+            m,
+            "--epochs",
+            "2",
+            "--hidden",
+            "32",
+            "--max-batches",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        run("trainer", &args)
+    };
+    let r = train(&["--checkpoint-dir", c, "--export", x]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let exported = &r.json()["summary"]["exports"][0];
+    assert_eq!(exported["card"]["which"], "best");
+    assert_eq!(exported["card"]["pyg"]["class"], "GraphSAGE");
+    let card = std::fs::read(export.join("model.json")).unwrap();
+
+    // An occupied target: refused before training, by both commands.
+    one_line(&train(&["--export", x]), "holds an export already");
+    one_line(
+        &run("trainer", &["export", "--checkpoint-dir", c, "--out", x]),
+        "holds an export already",
+    );
+    assert_eq!(std::fs::read(export.join("model.json")).unwrap(), card);
+    // --overwrite replaces it; the last epoch's parameters on request.
+    let r = run(
+        "trainer",
+        &[
+            "export",
+            "--checkpoint-dir",
+            c,
+            "--out",
+            x,
+            "--overwrite",
+            "--last",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(r.json()["export"]["card"]["which"], "last");
+    let r = run("trainer", &["show-model", "--model", x]);
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(r.json()["export"]["card"]["epoch"], 1);
+
+    // A checkpoint of another manifest (another dataset fingerprint).
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let fp = v["dataset"]["dataset_fingerprint"].as_str().unwrap();
+    let other = dir.path().join("pack/other.json");
+    std::fs::write(&other, text.replace(fp, &"0".repeat(fp.len()))).unwrap();
+    let fresh = dir.path().join("fresh");
+    one_line(
+        &run(
+            "trainer",
+            &[
+                "export",
+                "--checkpoint-dir",
+                c,
+                "--out",
+                fresh.to_str().unwrap(),
+                "--manifest",
+                other.to_str().unwrap(),
+            ],
+        ),
+        "another layout",
+    );
+    assert!(!fresh.join("model.json").exists());
+
+    // A model.json of a newer format version.
+    let newer = String::from_utf8(std::fs::read(export.join("model.json")).unwrap())
+        .unwrap()
+        .replacen("\"format_version\": 1", "\"format_version\": 2", 1);
+    std::fs::write(export.join("model.json"), newer).unwrap();
+    one_line(
+        &run("trainer", &["show-model", "--model", x]),
+        "format version 2 is newer",
+    );
+
+    // GAT's hidden width must split evenly over its heads, as in PyG.
+    one_line(
+        &run(
+            "trainer",
+            &[
+                "--manifest",
+                m,
+                "--model",
+                "gat",
+                "--hidden",
+                "30",
+                "--heads",
+                "4",
+            ],
+        ),
+        "not a multiple of --heads",
+    );
+}

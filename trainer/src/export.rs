@@ -1,0 +1,466 @@
+//! The trained model as a portable artifact: `model.safetensors` (one float32
+//! tensor per parameter, named as PyTorch Geometric's model class names it)
+//! and `model.json` (the architecture under PyG's constructor argument names,
+//! where it came from, what it reached). `model.json` is written last and is
+//! the commit: a location without it holds no export, and it carries the
+//! SHA-256 of the weights it belongs to, which readers check.
+
+use std::collections::HashMap;
+
+use offgnn_shared::store::Store;
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+use tch::{Device, Kind, Tensor, nn};
+
+use crate::error::{Error, Result};
+use crate::model::{self, ModelConfig, ModelKind};
+
+/// The version of the export format this trainer writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+pub const CARD: &str = "model.json";
+pub const WEIGHTS: &str = "model.safetensors";
+
+/// How to build the model in PyTorch Geometric: the class in
+/// `torch_geometric.nn.models` and its keyword arguments, so that
+/// `getattr(models, pyg["class"])(**pyg["kwargs"])` takes the weights with
+/// `load_state_dict(..., strict=True)`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PygModel {
+    pub class: String,
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `model.json`. Keys name what PyG's constructors call them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelCard {
+    pub format_version: u32,
+    /// sage | gat | mlp.
+    pub architecture: ModelKind,
+    pub num_layers: usize,
+    pub in_channels: i64,
+    pub hidden_channels: i64,
+    pub out_channels: i64,
+    /// Attention heads (GAT only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heads: Option<i64>,
+    /// Neighbor aggregation (GraphSAGE: mean; GAT: attention-weighted sum).
+    pub aggr: String,
+    /// The activation between layers.
+    pub act: String,
+    pub dropout: f64,
+    /// GAT: a residual projection of each destination (PyG's `residual`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual: Option<bool>,
+    /// GAT: every destination attends to itself (PyG's `add_self_loops`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_self_loops: Option<bool>,
+    pub pyg: PygModel,
+    /// The dtype of the feature file the model was trained on; the model
+    /// itself takes float32 rows.
+    pub feature_dtype: String,
+    pub dataset_fingerprint: String,
+    pub samples_run_sha256: String,
+    pub offgnn_version: String,
+    /// Which epoch's parameters these are: `best` (best validation) or `last`.
+    pub which: String,
+    pub epoch: u32,
+    pub valid_acc: f64,
+    pub test_acc: f64,
+    pub parameters: i64,
+    pub weights: String,
+    pub weights_sha256: String,
+}
+
+/// Where the parameters came from, besides the model's shape.
+#[derive(Clone, Debug)]
+pub struct Provenance {
+    pub feature_dtype: String,
+    pub dataset_fingerprint: String,
+    pub samples_run_sha256: String,
+    pub which: String,
+    pub epoch: u32,
+    pub valid_acc: f64,
+    pub test_acc: f64,
+}
+
+impl ModelCard {
+    fn new(cfg: &ModelConfig, from: &Provenance, parameters: i64, weights_sha256: String) -> Self {
+        let gat = cfg.kind == ModelKind::Gat;
+        let act = model::activation(cfg.kind).to_string();
+        let mut kwargs = serde_json::Map::new();
+        let mut arg = |k: &str, v: serde_json::Value| {
+            kwargs.insert(k.to_string(), v);
+        };
+        arg("in_channels", cfg.in_dim.into());
+        arg("hidden_channels", cfg.hidden.into());
+        arg("out_channels", cfg.classes.into());
+        arg("num_layers", cfg.layers.into());
+        arg("dropout", cfg.dropout.into());
+        arg("act", act.clone().into());
+        let class = match cfg.kind {
+            ModelKind::Sage => {
+                arg("aggr", "mean".into());
+                "GraphSAGE"
+            }
+            ModelKind::Gat => {
+                arg("heads", cfg.heads.into());
+                arg("residual", true.into());
+                arg("add_self_loops", true.into());
+                "GAT"
+            }
+            ModelKind::Mlp => {
+                // PyG's MLP normalises with batch norm unless told not to.
+                arg("norm", serde_json::Value::Null);
+                "MLP"
+            }
+        };
+        ModelCard {
+            format_version: FORMAT_VERSION,
+            architecture: cfg.kind,
+            num_layers: cfg.layers,
+            in_channels: cfg.in_dim,
+            hidden_channels: cfg.hidden,
+            out_channels: cfg.classes,
+            heads: gat.then_some(cfg.heads),
+            aggr: match cfg.kind {
+                ModelKind::Sage => "mean",
+                ModelKind::Gat => "attention",
+                ModelKind::Mlp => "none",
+            }
+            .into(),
+            act,
+            dropout: cfg.dropout,
+            residual: gat.then_some(true),
+            add_self_loops: gat.then_some(true),
+            pyg: PygModel {
+                class: class.into(),
+                kwargs,
+            },
+            feature_dtype: from.feature_dtype.clone(),
+            dataset_fingerprint: from.dataset_fingerprint.clone(),
+            samples_run_sha256: from.samples_run_sha256.clone(),
+            offgnn_version: env!("CARGO_PKG_VERSION").into(),
+            which: from.which.clone(),
+            epoch: from.epoch,
+            valid_acc: from.valid_acc,
+            test_acc: from.test_acc,
+            parameters,
+            weights: WEIGHTS.into(),
+            weights_sha256,
+        }
+    }
+
+    /// The model configuration this card describes.
+    pub fn config(&self) -> ModelConfig {
+        ModelConfig {
+            kind: self.architecture,
+            in_dim: self.in_channels,
+            hidden: self.hidden_channels,
+            classes: self.out_channels,
+            layers: self.num_layers,
+            heads: self.heads.unwrap_or(1),
+            dropout: self.dropout,
+        }
+    }
+}
+
+/// Copies of named parameters on the CPU, detached: a snapshot that later
+/// optimizer steps do not touch.
+pub fn snapshot(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut named: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .map(|(k, v)| (k, v.detach().to_device(Device::Cpu).copy()))
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+/// Copies `named` into the store's variables; every variable must be there
+/// with its shape.
+pub fn load_into(vs: &nn::VarStore, named: &HashMap<String, Tensor>, what: &str) -> Result<()> {
+    tch::no_grad(|| {
+        for (name, mut var) in vs.variables() {
+            let saved = named
+                .get(&name)
+                .ok_or_else(|| Error::Checkpoint(format!("{what}: lacks parameter {name}")))?;
+            if saved.size() != var.size() {
+                return Err(Error::Checkpoint(format!(
+                    "{what}: parameter {name} has shape {:?}, the model needs {:?}",
+                    saved.size(),
+                    var.size()
+                )));
+            }
+            var.copy_(&saved.to_device(var.device()).to_kind(var.kind()));
+        }
+        if named.len() != vs.variables().len() {
+            let mut extra: Vec<&String> = named
+                .keys()
+                .filter(|k| !vs.variables().contains_key(*k))
+                .collect();
+            extra.sort();
+            return Err(Error::Checkpoint(format!(
+                "{what}: holds parameters the model does not have: {extra:?}"
+            )));
+        }
+        Ok(())
+    })
+}
+
+/// The safetensors encoding of `named`: float tensors as float32, integer
+/// tensors as int64, little-endian.
+fn encode(named: &[(String, Tensor)]) -> Result<Vec<u8>> {
+    let mut bufs = Vec::with_capacity(named.len());
+    for (name, t) in named {
+        let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+        let t = t.to_device(Device::Cpu).contiguous().view([-1]);
+        let (dtype, bytes): (safetensors::Dtype, Vec<u8>) = if t.is_floating_point() {
+            let values = Vec::<f32>::try_from(&t.to_kind(Kind::Float))?;
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (safetensors::Dtype::F32, bytes)
+        } else {
+            let values = Vec::<i64>::try_from(&t.to_kind(Kind::Int64))?;
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (safetensors::Dtype::I64, bytes)
+        };
+        bufs.push((name.clone(), dtype, shape, bytes));
+    }
+    let views = bufs
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)
+                .map(|v| (name.clone(), v))
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::Checkpoint(format!("encoding tensors: {e}")))?;
+    // `format: pt` is what the Hugging Face tools look for in PyTorch weights.
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::tensor::serialize(views, Some(meta))
+        .map_err(|e| Error::Checkpoint(format!("encoding tensors: {e}")))
+}
+
+/// Writes `named` as a safetensors file at a local `path`: a temporary
+/// name, then a rename, so the file is whole or absent.
+pub fn write_tensors(path: &std::path::Path, named: &[(String, Tensor)]) -> Result<()> {
+    let bytes = encode(named)?;
+    let tmp = path.with_extension("partial");
+    std::fs::write(&tmp, bytes).map_err(|e| Error::io(tmp.display(), e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path.display(), e))
+}
+
+/// Decodes safetensors bytes into CPU float32 tensors.
+fn decode(bytes: &[u8], what: &str) -> Result<HashMap<String, Tensor>> {
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| Error::Checkpoint(format!("{what}: not a safetensors file: {e}")))?;
+    let mut out = HashMap::new();
+    for (name, view) in st.tensors() {
+        if view.dtype() != safetensors::Dtype::F32 {
+            return Err(Error::Checkpoint(format!(
+                "{what}: tensor {name} is {:?}, not F32",
+                view.dtype()
+            )));
+        }
+        let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+        let t = Tensor::f_from_data_size(view.data(), &shape, Kind::Float)?;
+        out.insert(name, t);
+    }
+    Ok(out)
+}
+
+/// Refuses a location that already holds an export, unless `overwrite`.
+pub fn check_target(location: &str, overwrite: bool) -> Result<Store> {
+    let store = Store::open(location)?;
+    if !overwrite && store.exists(CARD)? {
+        return Err(Error::InvalidArgument(format!(
+            "{}: holds an export already (model.json); pass --overwrite to replace it",
+            store.url()
+        )));
+    }
+    Ok(store)
+}
+
+/// What [`write`] wrote.
+#[derive(Clone, Debug, Serialize)]
+pub struct Written {
+    pub location: String,
+    pub weights_bytes: u64,
+    pub card: ModelCard,
+}
+
+/// Writes the export of `named` (the parameters of a model of `cfg`) to
+/// `location`: the weights, then `model.json` as the commit. With
+/// `overwrite`, an earlier export's `model.json` goes first, so no reader
+/// pairs the old card with the new weights.
+pub fn write(
+    location: &str,
+    cfg: &ModelConfig,
+    named: &[(String, Tensor)],
+    from: &Provenance,
+    overwrite: bool,
+) -> Result<Written> {
+    let store = check_target(location, overwrite)?;
+    let bytes = encode(named)?;
+    let sha = offgnn_shared::store::hex(&sha2::Sha256::digest(&bytes));
+    let parameters = named.iter().map(|(_, t)| t.numel() as i64).sum();
+    let card = ModelCard::new(cfg, from, parameters, sha);
+    let json = serde_json::to_vec_pretty(&card).expect("model card serializes");
+    if overwrite {
+        store.delete(CARD)?;
+    }
+    let weights_bytes = bytes.len() as u64;
+    store.put(WEIGHTS, bytes)?;
+    if !store.put_if_absent(CARD, json)? {
+        return Err(Error::InvalidArgument(format!(
+            "{}: another run committed an export there while this one wrote; its model.json was kept",
+            store.url()
+        )));
+    }
+    Ok(Written {
+        location: store.url().to_string(),
+        weights_bytes,
+        card,
+    })
+}
+
+/// Reads an export: the card (refusing a newer format), then the weights,
+/// checked against the card's checksum and loaded into a fresh model of
+/// the card's shape on `device`.
+pub fn read(location: &str, device: Device) -> Result<(ModelCard, nn::VarStore)> {
+    let store = Store::open(location)?;
+    let card_url = store.join(CARD);
+    if !store.exists(CARD)? {
+        return Err(Error::InvalidArgument(format!(
+            "{card_url}: no such file; is {} an export (trainer --export or trainer export)?",
+            store.url()
+        )));
+    }
+    let raw: serde_json::Value = serde_json::from_slice(&store.get(CARD)?)
+        .map_err(|e| Error::Checkpoint(format!("{card_url}: not JSON: {e}")))?;
+    let version = raw
+        .get("format_version")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or_else(|| Error::Checkpoint(format!("{card_url}: no format_version")))?;
+    if version > u64::from(FORMAT_VERSION) {
+        return Err(Error::Checkpoint(format!(
+            "{card_url}: format version {version} is newer than this trainer reads ({FORMAT_VERSION}); use a newer offgnn"
+        )));
+    }
+    let card: ModelCard = serde_json::from_value(raw)
+        .map_err(|e| Error::Checkpoint(format!("{card_url}: malformed model card: {e}")))?;
+    if card.weights.contains('/') {
+        return Err(Error::Checkpoint(format!(
+            "{card_url}: names weights {:?} outside the export",
+            card.weights
+        )));
+    }
+    let weights_url = store.join(&card.weights);
+    let bytes = store.get(&card.weights)?;
+    let sha = offgnn_shared::store::hex(&sha2::Sha256::digest(&bytes));
+    if sha != card.weights_sha256 {
+        return Err(Error::Checkpoint(format!(
+            "{weights_url}: SHA-256 {sha} is not the {} that model.json names (another export overwrote it?)",
+            card.weights_sha256
+        )));
+    }
+    let named = decode(&bytes, &weights_url)?;
+    let vs = nn::VarStore::new(device);
+    let _net = model::build(&vs.root(), &card.config());
+    load_into(&vs, &named, &weights_url)?;
+    Ok((card, vs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(kind: ModelKind) -> ModelConfig {
+        ModelConfig {
+            kind,
+            in_dim: 6,
+            hidden: 8,
+            classes: 3,
+            layers: 2,
+            heads: 2,
+            dropout: 0.5,
+        }
+    }
+
+    fn provenance() -> Provenance {
+        Provenance {
+            feature_dtype: "float32".into(),
+            dataset_fingerprint: "fp".into(),
+            samples_run_sha256: "run".into(),
+            which: "best".into(),
+            epoch: 3,
+            valid_acc: 0.5,
+            test_acc: 0.25,
+        }
+    }
+
+    /// Every parameter comes back bit for bit, into a model of the card's
+    /// shape; the card names PyG's class and arguments.
+    #[test]
+    fn an_export_reads_back_exactly() {
+        for kind in [ModelKind::Sage, ModelKind::Gat, ModelKind::Mlp] {
+            let dir = tempfile::tempdir().unwrap();
+            let loc = dir.path().to_str().unwrap();
+            let vs = nn::VarStore::new(Device::Cpu);
+            let _net = model::build(&vs.root(), &cfg(kind));
+            let named = snapshot(&vs);
+            let w = write(loc, &cfg(kind), &named, &provenance(), false).unwrap();
+            let (card, back) = read(loc, Device::Cpu).unwrap();
+            assert_eq!(card, w.card);
+            // Heads mean nothing to GraphSAGE and the MLP; the card has none.
+            let heads = if kind == ModelKind::Gat { 2 } else { 1 };
+            assert_eq!(card.config(), ModelConfig { heads, ..cfg(kind) });
+            let back = back.variables();
+            assert_eq!(back.len(), named.len());
+            for (name, t) in &named {
+                assert!(t.equal(&back[name]), "{kind:?} {name}");
+            }
+            let class = card.pyg.class.as_str();
+            match kind {
+                ModelKind::Sage => assert_eq!(class, "GraphSAGE"),
+                ModelKind::Gat => {
+                    assert_eq!(class, "GAT");
+                    assert_eq!(card.pyg.kwargs["heads"], 2);
+                    assert!(named.iter().any(|(n, _)| n == "convs.1.att_src"));
+                }
+                ModelKind::Mlp => assert_eq!(class, "MLP"),
+            }
+        }
+    }
+
+    /// A second export to the same place is refused without overwrite; a
+    /// newer format and weights that are not the card's are refused on read.
+    #[test]
+    fn bad_exports_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let loc = dir.path().to_str().unwrap();
+        let c = cfg(ModelKind::Sage);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _net = model::build(&vs.root(), &c);
+        let named = snapshot(&vs);
+        write(loc, &c, &named, &provenance(), false).unwrap();
+        let again = write(loc, &c, &named, &provenance(), false).unwrap_err();
+        assert!(again.to_string().contains("--overwrite"), "{again}");
+        write(loc, &c, &named, &provenance(), true).unwrap();
+
+        let card_path = dir.path().join(CARD);
+        let mut card: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&card_path).unwrap()).unwrap();
+        card["format_version"] = 2.into();
+        std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
+        let newer = read(loc, Device::Cpu).unwrap_err().to_string();
+        assert!(newer.contains("format version 2 is newer"), "{newer}");
+
+        card["format_version"] = 1.into();
+        std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
+        let mut weights = std::fs::read(dir.path().join(WEIGHTS)).unwrap();
+        let last = weights.len() - 1;
+        weights[last] ^= 1;
+        std::fs::write(dir.path().join(WEIGHTS), weights).unwrap();
+        let changed = read(loc, Device::Cpu).unwrap_err().to_string();
+        assert!(changed.contains("SHA-256"), "{changed}");
+    }
+}
