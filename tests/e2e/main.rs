@@ -584,6 +584,37 @@ fn cora_trains_through_the_binary_and_refuses_bad_input() {
         ]),
         "another model",
     );
+    // An earlier run's checkpoint or metrics are not replaced unless asked.
+    let (c, mf) = (ckpt.to_str().unwrap(), metrics.to_str().unwrap());
+    one_line(
+        &train(&["--checkpoint-dir", c]),
+        "holds a checkpoint of an earlier run",
+    );
+    one_line(&train(&["--metrics", mf]), "the metrics file exists");
+    // A resume must keep the settings that fix the results.
+    one_line(
+        &train(&["--checkpoint-dir", c, "--resume", "--lr", "0.01"]),
+        "a resume continues the same run",
+    );
+    // A diverged run stops with a failing exit and keeps its last checkpoint.
+    let diverged = dir.path().join("ckpt-diverged");
+    let r = train(&[
+        "--lr",
+        "1e30",
+        "--checkpoint-dir",
+        diverged.to_str().unwrap(),
+        "--checkpoint-every",
+        "1",
+    ]);
+    one_line(&r, "training diverged and stopped");
+    assert!(r.stderr.contains("is kept"), "{}", r.stderr);
+    assert!(
+        r.stdout.is_empty(),
+        "a diverged run reports no figures: {}",
+        r.stdout
+    );
+    assert!(diverged.join("checkpoint.json").exists());
+
     // A manifest of a future format version.
     let text = std::fs::read_to_string(&manifest).unwrap();
     let future = dir.path().join("pack/future.json");

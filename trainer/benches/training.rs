@@ -172,6 +172,7 @@ fn main() -> anyhow::Result<()> {
         metrics: None,
         checkpoint_dir: None,
         resume: false,
+        overwrite: false,
         show_progress: false,
         max_batches: Some(order.len()),
         checkpoint_every: None,

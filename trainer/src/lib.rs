@@ -183,7 +183,9 @@ pub struct TrainArgs {
     /// With --export, also write the last epoch's model to EXPORT/last.
     #[arg(long, requires = "export")]
     pub export_last: bool,
-    /// Replace an export already at --export.
+    /// Start afresh over what an earlier run left: a checkpoint in
+    /// --checkpoint-dir, the --metrics file, an export at --export. Without
+    /// it (or --resume) the run refuses to replace them.
     #[arg(long)]
     pub overwrite: bool,
     /// Write the first --dump-count test batches (blocks, input rows, and
@@ -331,6 +333,7 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         metrics: a.metrics,
         checkpoint_dir: a.checkpoint_dir,
         resume: a.resume,
+        overwrite: a.overwrite,
         show_progress: true,
         max_batches: a.max_batches,
         checkpoint_every: a.checkpoint_every,

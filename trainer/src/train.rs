@@ -49,6 +49,9 @@ pub struct TrainConfig {
     pub metrics: Option<PathBuf>,
     pub checkpoint_dir: Option<PathBuf>,
     pub resume: bool,
+    /// Replace an earlier run's checkpoint and metrics file instead of
+    /// refusing to start over them.
+    pub overwrite: bool,
     /// Progress bars and a printed row per epoch (the binary); quiet for tests.
     pub show_progress: bool,
     /// Train at most this many batches of each epoch (quick checks).
@@ -172,6 +175,28 @@ struct CheckpointMeta {
     best_epoch: Option<u32>,
     #[serde(default)]
     feature_dtype: String,
+    /// What else fixes the run's results: a resume must keep them.
+    #[serde(default)]
+    hyper: Option<Hyper>,
+}
+
+/// The settings besides the model's shape that a resumed run must share
+/// with the run it continues, for resume to be exact.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct Hyper {
+    lr: f64,
+    seed: u64,
+    max_batches: Option<usize>,
+}
+
+impl Hyper {
+    fn of(cfg: &TrainConfig) -> Self {
+        Hyper {
+            lr: cfg.lr,
+            seed: cfg.seed,
+            max_batches: cfg.max_batches,
+        }
+    }
 }
 
 /// What a checkpoint saves of the model: its parameters, the optimizer's
@@ -388,6 +413,29 @@ fn resume(
             dir.display()
         )));
     }
+    if let Some(saved) = &meta.hyper {
+        let now = Hyper::of(cfg);
+        let mut changed = Vec::new();
+        if saved.lr != now.lr {
+            changed.push(format!("--lr {:?} (now {:?})", saved.lr, now.lr));
+        }
+        if saved.seed != now.seed {
+            changed.push(format!("--seed {} (now {})", saved.seed, now.seed));
+        }
+        if saved.max_batches != now.max_batches {
+            changed.push(format!(
+                "batches per epoch capped at {:?} (now {:?})",
+                saved.max_batches, now.max_batches
+            ));
+        }
+        if !changed.is_empty() {
+            return Err(Error::Checkpoint(format!(
+                "{}: the checkpoint's run used {}; a resume continues the same run, so pass the same settings, or start a new run with --overwrite",
+                dir.display(),
+                changed.join(", ")
+            )));
+        }
+    }
     let tensors = dir.join(&meta.tensors);
     if meta.tensors.contains('/') || !tensors.exists() {
         return Err(Error::Checkpoint(format!(
@@ -509,8 +557,27 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
                 "--resume needs --checkpoint-dir".into(),
             ));
         }
-        _ => Start::fresh(),
+        (Some(dir), false) => {
+            if dir.join(META).exists() && !cfg.overwrite {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: holds a checkpoint of an earlier run; pass --resume to continue it or --overwrite to start afresh",
+                    dir.display()
+                )));
+            }
+            Start::fresh()
+        }
+        (None, false) => Start::fresh(),
     };
+    if let Some(path) = &cfg.metrics
+        && !cfg.resume
+        && !cfg.overwrite
+        && std::fs::metadata(path).is_ok_and(|md| md.len() > 0)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the metrics file exists; pass --overwrite to replace it (or --resume to append to it)",
+            path.display()
+        )));
+    }
     if let Some(x) = &cfg.export {
         // Refused before any training, not after it.
         export::check_target(&x.location, x.overwrite)?;
@@ -561,10 +628,25 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
                 tch::manual_seed(batch_seed(cfg.seed, t, p.batches));
                 let logits = net.forward(&r.x, &r.blocks, true);
                 let loss = logits.cross_entropy_for_logits(&r.labels);
+                let value = loss.double_value(&[]);
+                // A diverged run stops before the step that would spread
+                // NaN into every parameter; the last checkpoint stays.
+                if !value.is_finite() {
+                    return Err(Error::Diverged {
+                        epoch: t,
+                        batch: p.batches,
+                        loss: value,
+                        kept: cfg
+                            .checkpoint_dir
+                            .as_ref()
+                            .filter(|d| d.join(META).exists())
+                            .map(|d| d.display().to_string()),
+                    });
+                }
                 adam.zero_grad();
                 loss.backward();
                 adam.step();
-                p.loss_sum += loss.double_value(&[]);
+                p.loss_sum += value;
                 let (c, n) = accuracy(&logits, &r.labels);
                 p.correct += c;
                 p.seen += n;
@@ -954,6 +1036,7 @@ fn save_checkpoint(
         tensors: tensors.clone(),
         best_epoch: best.map(|b| b.epoch),
         feature_dtype: m.dataset.feature_dtype.clone(),
+        hyper: Some(Hyper::of(cfg)),
     };
     let meta_tmp = dir.join(format!("{META}.partial"));
     let file = std::fs::File::create(&meta_tmp).map_err(|e| Error::io(meta_tmp.display(), e))?;

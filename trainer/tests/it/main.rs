@@ -133,6 +133,7 @@ fn config(kind: ModelKind) -> TrainConfig {
         metrics: None,
         checkpoint_dir: None,
         resume: false,
+        overwrite: false,
         show_progress: false,
         max_batches: None,
         checkpoint_every: None,
