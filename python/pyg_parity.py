@@ -6,7 +6,9 @@ this runs the offgnn binaries as a user would (sampler, packer, trainer with
 names, loads model.safetensors into it with strict=True, runs PyG's layers on
 the same sampled blocks of the test batches that the trainer dumped, and
 compares logits (within 1e-4, absolute) and predicted classes (all equal).
-The MLP baseline is checked the same way on the generated graph.
+The MLP baseline is checked the same way on the generated graph. Then
+`trainer infer` runs each export over the whole graph out of core, and its
+logits are compared with PyG's full-graph forward pass (model(x, edge_index)).
 
 Usage: python pyg_parity.py --bin-dir target/debug --work DIR [--cora-dir D]
 Prints one line per case and, last, one line of JSON; exits non-zero on a
@@ -19,6 +21,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+import pyarrow.parquet as pq
 import torch
 import torch_geometric
 import torch_geometric.nn.models as pyg_models
@@ -129,6 +133,45 @@ def check(bin_dir, work, name, manifest, arch):
     return row
 
 
+def full_graph(bin_dir, work, name, dataset, arch, memory):
+    """`trainer infer` (out of core, with memory for a few destination
+    groups) against PyG's own full-graph forward pass with the exported
+    weights: every node's logits within the tolerance, classes equal."""
+    export_dir = os.path.join(work, name, f"export-{arch}")
+    out = os.path.join(work, name, f"infer-{arch}")
+    card, model = pyg_model(export_dir)
+    summary = run(bin_dir, "trainer", "infer", "--model", export_dir, "--dataset", dataset,
+                  "--out", out, "--outputs", "logits,embeddings", "--memory", memory,
+                  "--chunk-rows", 1024, "--overwrite",
+                  "--work-dir", os.path.join(work, name, f"infer-work-{arch}"))["summary"]
+    table = pq.read_table(out)
+    ids = table.column("node_id").to_numpy()
+    ours = torch.from_numpy(np.stack(table.column("logits").to_numpy(zero_copy_only=False)))
+    order = np.argsort(ids)
+    ours, ids = ours[order], ids[order]
+    x = torch.from_numpy(np.load(os.path.join(dataset, "data", "feat.npy")).astype(np.float32))
+    edges = torch.from_numpy(np.load(os.path.join(dataset, "edges", "edges.npy")).astype(np.int64))
+    # The graph the sampler samples: each (source, target) pair once.
+    edge_index = torch.unique(edges, dim=1)
+    with torch.no_grad():
+        theirs = model(x, edge_index) if card["pyg"]["class"] != "MLP" else model(x)
+    if not np.array_equal(ids, np.arange(x.size(0))):
+        sys.exit(f"{name} {arch}: trainer infer wrote {len(ids)} rows, not one per node")
+    diff = (theirs - ours).abs().max().item()
+    same = bool((theirs.argmax(-1) == ours.argmax(-1)).all())
+    classes = np.concatenate([c.to_numpy() for c in table.column("class").chunks])[order]
+    same_written = bool((torch.from_numpy(classes) == theirs.argmax(-1)).all())
+    if diff > TOLERANCE or not same or not same_written:
+        sys.exit(f"FAIL {name} {arch} full graph: largest logit difference {diff:.3e}, "
+                 f"classes equal: {same} (written column: {same_written})")
+    print(f"ok {name:>9} {arch:<4} full graph, trainer infer vs PyG: {x.size(0)} nodes, "
+          f"{edge_index.size(1)} edges, {summary['groups']} groups, "
+          f"largest logit difference {diff:.3e}")
+    return {"graph": name, "model": arch, "check": "full_graph_infer",
+            "nodes": x.size(0), "groups": summary["groups"],
+            "max_abs_logit_diff": diff}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bin-dir", required=True)
@@ -142,20 +185,22 @@ def main():
     gen = os.path.join(a.work, "generated", "dataset")
     run(a.bin_dir, "sampler", "generate", "--out", gen, "--nodes", 3000,
         "--feature-dim", 24, "--classes", 5, "--overwrite")
-    graphs.append(("generated", gen, ["sage", "gat", "mlp"]))
+    # --memory for `trainer infer`: room for a few destination groups.
+    graphs.append(("generated", gen, ["sage", "gat", "mlp"], "10M"))
     if a.cora_dir:
         cora = os.path.join(a.work, "cora", "dataset")
         run(a.bin_dir, "sampler", "import-parquet", "--preset", "cora",
             "--nodes", os.path.join(a.cora_dir, "cora_nodes.parquet.gzip"),
             "--edges", os.path.join(a.cora_dir, "cora_rels.parquet.gzip"),
             "--out", cora, "--overwrite")
-        graphs.append(("cora", cora, ["sage", "gat"]))
+        graphs.append(("cora", cora, ["sage", "gat"], "64M"))
 
     rows = []
-    for name, dataset, archs in graphs:
+    for name, dataset, archs, memory in graphs:
         manifest = pack(a.bin_dir, a.work, name, dataset)
         for arch in archs:
             rows.append(check(a.bin_dir, a.work, name, manifest, arch))
+            rows.append(full_graph(a.bin_dir, a.work, name, dataset, arch, memory))
     print(json.dumps({"torch": torch.__version__,
                       "torch_geometric": torch_geometric.__version__,
                       "tolerance": TOLERANCE,

@@ -8,6 +8,10 @@ use offgnn_e2e::{binary, cora_dir, run, workspace};
 /// baseline) trained by the binaries on a generated graph and on Cora,
 /// exported, loaded into PyG's model classes with strict=True, and run by
 /// PyG on the same sampled test blocks: logits within 1e-4, classes equal.
+/// Then `trainer infer` over each whole graph, out of core, against PyG's
+/// full-graph forward pass with the same weights.
+/// Then `trainer infer` over each whole graph, out of core, against PyG's
+/// full-graph forward pass with the same weights.
 #[test]
 fn exports_compute_the_same_logits_in_pytorch_geometric() {
     let python = workspace().join(".venv/bin/python");
@@ -40,17 +44,24 @@ fn exports_compute_the_same_logits_in_pytorch_geometric() {
     let cases = summary["cases"].as_array().unwrap();
     let names: Vec<String> = cases
         .iter()
-        .map(|c| format!("{} {}", c["graph"], c["model"]).replace('"', ""))
+        .map(|c| {
+            let check = c["check"].as_str().unwrap_or("blocks");
+            format!("{} {} {check}", c["graph"], c["model"]).replace('"', "")
+        })
         .collect();
-    for want in ["generated sage", "generated gat", "cora sage", "cora gat"] {
-        assert!(
-            names.iter().any(|n| n == want),
-            "{want} not checked: {names:?}"
-        );
+    for graph in ["generated", "cora"] {
+        for model in ["sage", "gat"] {
+            for check in ["blocks", "full_graph_infer"] {
+                let want = format!("{graph} {model} {check}");
+                assert!(names.contains(&want), "{want} not checked: {names:?}");
+            }
+        }
     }
     for c in cases {
         assert!(c["max_abs_logit_diff"].as_f64().unwrap() <= 1e-4, "{c}");
-        assert!(c["seed_nodes"].as_u64().unwrap() > 0, "{c}");
+        if c.get("check").is_none() {
+            assert!(c["seed_nodes"].as_u64().unwrap() > 0, "{c}");
+        }
     }
 }
 
@@ -168,4 +179,117 @@ fn export_refuses_bad_input_in_one_line() {
         ),
         "not a multiple of --heads",
     );
+}
+
+/// `trainer infer` through the binary: a Cora model's predictions for the
+/// test nodes as Parquet, committed by `_SUCCESS.json`; then bad input,
+/// each refused in one line: a committed result at --out, --memory below
+/// one group, a feature file of another width, a model of another dataset.
+#[test]
+fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = crate::cora_pack(dir.path());
+    let ds = dir.path().join("cora");
+    let export = dir.path().join("export");
+    let x = export.to_str().unwrap();
+    let r = run(
+        "trainer",
+        &[
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--model",
+            "gat",
+            "--epochs",
+            "1",
+            "--max-batches",
+            "2",
+            "--export",
+            x,
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let one_line = |r: &offgnn_e2e::Run, want: &str| {
+        assert!(!r.status.success(), "expected a failure mentioning {want}");
+        assert!(r.stderr.contains(want), "{want}: {}", r.stderr);
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    };
+    let out = dir.path().join("preds");
+    let infer = |dataset: &std::path::Path, memory: &str| {
+        run(
+            "trainer",
+            &[
+                "infer",
+                "--model",
+                x,
+                "--dataset",
+                dataset.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--nodes",
+                "test",
+                "--memory",
+                memory,
+                "--outputs",
+                "class,probabilities,embeddings",
+            ],
+        )
+    };
+    let r = infer(&ds, "64M");
+    assert!(r.status.success(), "{}", r.stderr);
+    let s = &r.json()["summary"];
+    // Cora's test split: 541 nodes.
+    assert_eq!(s["nodes_written"], 541);
+    assert_eq!(s["layers"].as_array().unwrap().len(), 3);
+    let commit: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("_SUCCESS.json")).unwrap()).unwrap();
+    assert_eq!(&commit, s);
+    for f in s["files"].as_array().unwrap() {
+        assert!(out.join(f.as_str().unwrap()).exists(), "{f}");
+    }
+
+    one_line(&infer(&ds, "64M"), "holds a committed inference result");
+    std::fs::remove_file(out.join("_SUCCESS.json")).unwrap();
+    one_line(&infer(&ds, "9M"), "least");
+    // The same dataset with a feature file of another width.
+    let narrow = dir.path().join("narrow");
+    std::fs::create_dir_all(narrow.join("data")).unwrap();
+    for sub in ["metadata.yaml", "edges", "set", "data/label.npy"] {
+        let status = std::process::Command::new("cp")
+            .args([
+                "-r",
+                ds.join(sub).to_str().unwrap(),
+                narrow.join(sub).to_str().unwrap(),
+            ])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let mut feat = offgnn_shared::npy::encode_header(offgnn_shared::npy::DType::F32, &[2708, 10]);
+    feat.extend(std::iter::repeat_n(0u8, 2708 * 10 * 4));
+    std::fs::write(narrow.join("data/feat.npy"), feat).unwrap();
+    one_line(
+        &infer(&narrow, "64M"),
+        "features are 10 wide, the model takes 1433",
+    );
+    // A model of another dataset: Cora with another split.
+    let other = dir.path().join("other");
+    let cora = offgnn_e2e::cora_dir();
+    let r = run(
+        "sampler",
+        &[
+            "import-parquet",
+            "--preset",
+            "cora",
+            "--nodes",
+            cora.join("cora_nodes.parquet.gzip").to_str().unwrap(),
+            "--edges",
+            cora.join("cora_rels.parquet.gzip").to_str().unwrap(),
+            "--out",
+            other.to_str().unwrap(),
+            "--split-seed",
+            "7",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    one_line(&infer(&other, "64M"), "trained on another dataset");
 }

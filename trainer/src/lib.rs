@@ -5,6 +5,7 @@
 pub mod device;
 pub mod error;
 pub mod export;
+pub mod inference;
 pub mod layout;
 pub mod memory;
 pub mod model;
@@ -32,6 +33,10 @@ Examples:
 
   # Export the model of an existing checkpoint:
   trainer export --checkpoint-dir ckpt --out s3://bucket/models/cora-sage
+
+  # Predictions and embeddings for every node, in 8 GiB of memory:
+  trainer infer --model models/cora-gat --dataset data/demo/cora --out preds \
+      --outputs class,probabilities,embeddings --memory 8G
 
   # Check an export and show what it holds:
   trainer show-model --model models/cora-gat
@@ -61,6 +66,10 @@ pub enum Command {
     /// Write the model of a checkpoint as model.safetensors + model.json
     /// (PyTorch Geometric's parameter names and constructor arguments).
     Export(ExportArgs),
+    /// Predictions and embeddings for every node: the exported model's
+    /// exact function over full neighborhoods, layer by layer, out of core,
+    /// written as Parquet.
+    Infer(InferArgs),
     /// Check an export (model.json, the weights' checksum, every parameter's
     /// name and shape) and print what it holds.
     ShowModel {
@@ -68,6 +77,51 @@ pub enum Command {
         #[arg(long)]
         model: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct InferArgs {
+    /// The export (model.json + model.safetensors): a directory or URL.
+    #[arg(long)]
+    pub model: String,
+    /// The GraphBolt OnDiskDataset directory the model was trained on.
+    #[arg(long)]
+    pub dataset: PathBuf,
+    /// Where the Parquet files and their _SUCCESS.json commit go: a
+    /// directory or an object-store URL.
+    #[arg(long)]
+    pub out: String,
+    /// Which nodes get a row: all, train, valid, test, or a .npy of node ids.
+    #[arg(long, default_value = "all")]
+    pub nodes: String,
+    /// Columns besides node_id and class: any of class, probabilities,
+    /// logits, embeddings (the last hidden layer's output), comma-separated.
+    #[arg(long, default_value = "class,probabilities")]
+    pub outputs: String,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Host memory for the run's working state, e.g. 8G (default: half of
+    /// this machine's memory). Destinations are processed in groups that fit.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// Where the layers' outputs and the bucketed edges go while the run
+    /// works (default: a directory beside --out for a local --out, else
+    /// ./offgnn-infer-work). A killed run resumes from it.
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// Replace a committed result at --out.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// The graph as the sampler built it: with --add-reverse-edges.
+    #[arg(long)]
+    pub add_reverse_edges: bool,
+    /// The graph as the sampler built it: with --drop-self-loops.
+    #[arg(long)]
+    pub drop_self_loops: bool,
+    /// Rows per source chunk (default: from --memory).
+    #[arg(long, hide = true)]
+    pub chunk_rows: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -224,6 +278,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Info) => device::print_info(),
         Some(Command::Export(a)) => export_command(a),
+        Some(Command::Infer(a)) => infer_command(a),
         Some(Command::ShowModel { model }) => {
             let (card, vs) = export::read(&model, tch::Device::Cpu)?;
             let weights_bytes = vs.variables().values().map(|t| t.numel() as u64 * 4).sum();
@@ -401,5 +456,68 @@ fn export_command(a: ExportArgs) -> anyhow::Result<()> {
         manifest.as_ref(),
     )?;
     report::export_summary("export", &written);
+    Ok(())
+}
+
+fn infer_command(a: InferArgs) -> anyhow::Result<()> {
+    use offgnn_shared::dataset::Split;
+    let device = device::parse_device(&a.device)?;
+    let nodes = match a.nodes.as_str() {
+        "all" => inference::NodeSet::All,
+        "train" => inference::NodeSet::Split(Split::Train),
+        "valid" => inference::NodeSet::Split(Split::Valid),
+        "test" => inference::NodeSet::Split(Split::Test),
+        path if path.ends_with(".npy") => inference::NodeSet::File(PathBuf::from(path)),
+        other => anyhow::bail!(
+            "--nodes {other}: expected all, train, valid, test or a .npy file of node ids"
+        ),
+    };
+    let mut outputs = inference::Outputs::default();
+    for column in a
+        .outputs
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+    {
+        match column {
+            "class" => {}
+            "probabilities" => outputs.probabilities = true,
+            "logits" => outputs.logits = true,
+            "embeddings" | "embedding" => outputs.embeddings = true,
+            other => anyhow::bail!(
+                "--outputs {other}: expected class, probabilities, logits or embeddings"
+            ),
+        }
+    }
+    let memory = match a.memory.as_deref() {
+        Some(m) => offgnn_shared::sizes::parse_bytes(m)?,
+        None => memory::machine_memory() / 2,
+    };
+    let work_dir = a.work_dir.unwrap_or_else(|| {
+        if a.out.contains("://") {
+            PathBuf::from("offgnn-infer-work")
+        } else {
+            PathBuf::from(format!("{}.work", a.out.trim_end_matches('/')))
+        }
+    });
+    let engine = offgnn_shared::io_engine::IoEngine::new(Default::default());
+    let cfg = inference::InferConfig {
+        model: a.model,
+        dataset: a.dataset,
+        out: a.out,
+        nodes,
+        outputs,
+        device,
+        memory,
+        work_dir,
+        overwrite: a.overwrite,
+        add_reverse_edges: a.add_reverse_edges,
+        keep_self_loops: !a.drop_self_loops,
+        chunk_rows: a.chunk_rows,
+        show_progress: true,
+        interrupt_after_groups: None,
+    };
+    let summary = inference::infer(&cfg, &engine)?;
+    report::infer_summary(&summary);
     Ok(())
 }

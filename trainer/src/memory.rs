@@ -180,3 +180,16 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
         total_bytes,
     }
 }
+
+/// This machine's memory (MemTotal of /proc/meminfo), or 8 GiB where that
+/// cannot be read.
+pub fn machine_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(8 << 30, |kb| kb * 1024)
+}

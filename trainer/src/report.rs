@@ -3,6 +3,7 @@
 use offgnn_shared::report::{human_bytes, print_summary};
 
 use crate::export::Written;
+use crate::inference::InferSummary;
 use crate::memory::MemoryEstimate;
 use crate::train::{EpochMetrics, TrainSummary};
 
@@ -101,5 +102,71 @@ pub fn export_summary(command: &str, w: &Written) {
         command,
         &rows,
         &serde_json::json!({ "command": command, "export": w }),
+    );
+}
+
+pub fn infer_summary(s: &InferSummary) {
+    let mut rows = vec![
+        (
+            "model",
+            format!("{} ({:?})", s.model, s.architecture).to_lowercase(),
+        ),
+        (
+            "dataset",
+            format!("{} ({} nodes, {} edges)", s.dataset, s.num_nodes, s.edges),
+        ),
+        (
+            "written",
+            format!(
+                "{} nodes, {} files, columns {}",
+                s.nodes_written,
+                s.files.len(),
+                s.columns.join(",")
+            ),
+        ),
+        (
+            "plan",
+            format!(
+                "{} groups, source chunks of {} rows, memory {} (limit {})",
+                s.groups,
+                s.chunk_rows,
+                human_bytes(s.memory_planned),
+                human_bytes(s.memory_limit)
+            ),
+        ),
+        (
+            "edge bucketing",
+            format!("{:.2} s", s.edge_bucketing_seconds),
+        ),
+    ];
+    let names: Vec<String> = s
+        .layers
+        .iter()
+        .map(|l| format!("layer {}", l.layer))
+        .collect();
+    for (l, name) in s.layers.iter().zip(&names) {
+        rows.push((
+            name.as_str(),
+            format!(
+                "{} -> {}: {} passes, read {}, wrote {}, {:.2} s{}",
+                l.in_width,
+                l.out_width,
+                l.passes,
+                human_bytes(l.bytes_read),
+                human_bytes(l.bytes_written),
+                l.seconds,
+                if l.groups_resumed > 0 {
+                    format!(" ({} groups from an earlier run)", l.groups_resumed)
+                } else {
+                    String::new()
+                }
+            ),
+        ));
+    }
+    rows.push(("total", format!("{:.2} s on {}", s.seconds, s.device)));
+    print_summary(
+        "inference",
+        &rows,
+        &serde_json::json!({ "command": "infer", "summary": s }),
     );
 }

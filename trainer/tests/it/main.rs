@@ -2,6 +2,8 @@
 //! identical inputs across feature modes, identical losses with and without
 //! the pipeline, and resume from a checkpoint.
 
+mod inference;
+
 use std::path::PathBuf;
 
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoOptions};

@@ -1,0 +1,1314 @@
+//! `trainer infer`: the exported model's exact function on every node of a
+//! graph larger than memory, layer by layer over full neighborhoods, with
+//! sequential I/O (in the spirit of DiskGNN §5.2's batched packing: read the
+//! big file once, front to back, and dispatch each row to where it is
+//! needed).
+//!
+//! Destinations are cut into contiguous groups whose state fits `--memory`
+//! (multiples of 1024 nodes, so every group's rows of a layer's output start
+//! on a 4 KiB boundary). For each layer and group, the layer's input H(l-1)
+//! (the feature file for l = 1, the previous layer's output in the work
+//! directory after that) streams through the I/O engine in source chunks,
+//! and each chunk's rows are added into the group's accumulators along the
+//! group's in-edges from that chunk. The edges are bucketed once per run by
+//! (group, source chunk), on disk, in bounded memory. GraphSAGE's mean is a
+//! sum and a count; GAT's softmax over in-edges is an online softmax (a
+//! running maximum and rescaled sums) seeded with each node's self-loop, so
+//! one pass over the sources suffices. The layer's dense part then runs on
+//! the device, and the group's rows of H(l) go out in one O_DIRECT write;
+//! the last layer's go to Parquet under `--out`, whose `_SUCCESS.json`
+//! commits the result. A killed run resumes at its last finished group.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int64Array, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use offgnn_shared::dataset::{Dataset, Split};
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine, ReadReq};
+use offgnn_shared::npy::DType;
+use offgnn_shared::report::human_bytes;
+use offgnn_shared::store::Store;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+use crate::export::{self, ModelCard};
+use crate::model::ModelKind;
+
+/// Groups and chunks are whole multiples of this many nodes: a row of d
+/// float32 values times 1024 is a multiple of 4 KiB, so every group's and
+/// chunk's rows start on a page of the layer files.
+pub const ALIGN_NODES: u64 = 1024;
+const PAGE: u64 = 4096;
+/// Bytes per request and requests per call of the sequential streams.
+const REQUEST: usize = 1 << 20;
+const PER_CALL: usize = 8;
+/// Groups whose edge files are open at once while the edges are bucketed.
+const OPEN_GROUPS: usize = 256;
+/// The committed result's summary, written last.
+pub const COMMIT: &str = "_SUCCESS.json";
+
+/// Which nodes get a row in the output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeSet {
+    All,
+    Split(Split),
+    /// A `.npy` of node ids.
+    File(PathBuf),
+}
+
+/// The optional output columns (node id and predicted class are always there).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Outputs {
+    pub probabilities: bool,
+    pub logits: bool,
+    pub embeddings: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct InferConfig {
+    pub model: String,
+    pub dataset: PathBuf,
+    pub out: String,
+    pub nodes: NodeSet,
+    pub outputs: Outputs,
+    pub device: Device,
+    /// Host memory the run may use for its working state.
+    pub memory: u64,
+    pub work_dir: PathBuf,
+    pub overwrite: bool,
+    /// The graph as the sampler built it: reverse edges added, self-loops kept.
+    pub add_reverse_edges: bool,
+    pub keep_self_loops: bool,
+    /// Rows per source chunk (default: from --memory).
+    pub chunk_rows: Option<u64>,
+    pub show_progress: bool,
+    /// Fail as if killed after this many groups of this process (tests of resume).
+    pub interrupt_after_groups: Option<u64>,
+}
+
+/// One layer's figures.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LayerFigures {
+    pub layer: usize,
+    pub in_width: i64,
+    pub out_width: i64,
+    /// Sequential passes over the layer's input (one per group).
+    pub passes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub seconds: f64,
+    /// Groups done by an earlier, interrupted run.
+    pub groups_resumed: u64,
+}
+
+/// What `trainer infer` reports, and what `_SUCCESS.json` holds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct InferSummary {
+    pub format_version: u32,
+    pub model: String,
+    pub architecture: ModelKind,
+    pub weights_sha256: String,
+    pub dataset: String,
+    pub dataset_fingerprint: String,
+    pub num_nodes: u64,
+    pub edges: u64,
+    pub nodes_written: u64,
+    pub columns: Vec<String>,
+    pub files: Vec<String>,
+    pub groups: u64,
+    pub chunk_rows: u64,
+    pub memory_limit: u64,
+    pub memory_planned: u64,
+    pub layers: Vec<LayerFigures>,
+    pub edge_bucketing_seconds: f64,
+    pub seconds: f64,
+    pub device: String,
+}
+
+/// The model as layers of plain tensors (on the device).
+enum Layer {
+    Sage {
+        lin_l_w: Tensor,
+        lin_l_b: Tensor,
+        lin_r_w: Tensor,
+    },
+    Gat {
+        lin_w: Tensor,
+        att_src: Tensor,
+        att_dst: Tensor,
+        res_w: Tensor,
+        bias: Tensor,
+        heads: i64,
+        per_head: i64,
+        concat: bool,
+    },
+}
+
+struct Model {
+    card: ModelCard,
+    /// Graph layers (empty for the MLP).
+    layers: Vec<Layer>,
+    /// The MLP's linear layers (weight, bias).
+    mlp: Vec<(Tensor, Tensor)>,
+    /// Layer widths: input, hidden..., classes.
+    widths: Vec<i64>,
+}
+
+impl Model {
+    fn load(location: &str, device: Device) -> Result<Model> {
+        let (card, vs) = export::read(location, device)?;
+        let vars = vs.variables();
+        let var = |name: String| -> Tensor {
+            vars.get(&name)
+                .expect("export::read checked every parameter")
+                .detach()
+        };
+        let l = card.num_layers;
+        let widths: Vec<i64> = std::iter::once(card.in_channels)
+            .chain(std::iter::repeat_n(card.hidden_channels, l - 1))
+            .chain(std::iter::once(card.out_channels))
+            .collect();
+        let mut layers = Vec::new();
+        let mut mlp = Vec::new();
+        for i in 0..l {
+            match card.architecture {
+                ModelKind::Sage => layers.push(Layer::Sage {
+                    lin_l_w: var(format!("convs.{i}.lin_l.weight")),
+                    lin_l_b: var(format!("convs.{i}.lin_l.bias")),
+                    lin_r_w: var(format!("convs.{i}.lin_r.weight")),
+                }),
+                ModelKind::Gat => {
+                    let heads = card.heads.unwrap_or(1);
+                    let att_src = var(format!("convs.{i}.att_src"));
+                    let per_head = att_src.size()[2];
+                    layers.push(Layer::Gat {
+                        lin_w: var(format!("convs.{i}.lin.weight")),
+                        att_dst: var(format!("convs.{i}.att_dst")),
+                        att_src,
+                        res_w: var(format!("convs.{i}.res.weight")),
+                        bias: var(format!("convs.{i}.bias")),
+                        heads,
+                        per_head,
+                        concat: i + 1 < l,
+                    })
+                }
+                ModelKind::Mlp => mlp.push((
+                    var(format!("lins.{i}.weight")),
+                    var(format!("lins.{i}.bias")),
+                )),
+            }
+        }
+        Ok(Model {
+            card,
+            layers,
+            mlp,
+            widths,
+        })
+    }
+
+    /// Floats a destination's accumulators take in layer `l`, and the
+    /// floats a source row of a chunk turns into before it is scattered.
+    fn accumulator_width(&self, l: usize) -> (i64, i64) {
+        match &self.layers[l] {
+            Layer::Sage { .. } => (self.widths[l], 0),
+            Layer::Gat {
+                heads, per_head, ..
+            } => {
+                // acc [H, C], running max and sum [H], er [H], z_dst [H, C].
+                (2 * heads * per_head + 3 * heads, heads * per_head + heads)
+            }
+        }
+    }
+}
+
+/// The activation between layers.
+fn act(kind: ModelKind, t: Tensor) -> Tensor {
+    match kind {
+        ModelKind::Gat => t.elu(),
+        ModelKind::Sage | ModelKind::Mlp => t.relu(),
+    }
+}
+
+/// A layer's input: a file of `rows` rows of `width` values from byte
+/// `data_offset` on.
+#[derive(Clone, Debug)]
+struct Input {
+    path: PathBuf,
+    data_offset: u64,
+    rows: u64,
+    width: usize,
+    dtype: DType,
+}
+
+impl Input {
+    fn row_bytes(&self) -> u64 {
+        (self.width * self.dtype.size()) as u64
+    }
+
+    fn to_f32(&self, raw: &[u8], out: &mut Vec<f32>) {
+        out.clear();
+        match self.dtype {
+            DType::F16 => out.extend(
+                raw.chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            ),
+            _ => out.extend(
+                raw.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
+        }
+    }
+
+    /// Rows `[a, b)` as float32, read in place.
+    fn read_rows(&self, a: u64, b: u64, out: &mut Vec<f32>) -> Result<u64> {
+        let mut raw = vec![0u8; ((b - a) * self.row_bytes()) as usize];
+        let f = File::open(&self.path).map_err(|e| Error::io(self.path.display(), e))?;
+        f.read_exact_at(&mut raw, self.data_offset + a * self.row_bytes())
+            .map_err(|e| Error::io(self.path.display(), e))?;
+        self.to_f32(&raw, out);
+        Ok(raw.len() as u64)
+    }
+
+    /// Streams every row front to back through the I/O engine and hands
+    /// `each` chunks of `chunk_rows` rows (the last may be shorter) as
+    /// float32, with the chunk's index. Returns the bytes read.
+    fn stream(
+        &self,
+        engine: &IoEngine,
+        chunk_rows: u64,
+        mut each: impl FnMut(usize, &[f32]) -> Result<()>,
+    ) -> Result<u64> {
+        let file = engine.open(&self.path)?;
+        let end = self.data_offset + self.rows * self.row_bytes();
+        let direct_end = if file.is_direct() {
+            end / PAGE * PAGE
+        } else {
+            end
+        };
+        let chunk_bytes = (chunk_rows * self.row_bytes()) as usize;
+        let mut pending: Vec<u8> = Vec::with_capacity(chunk_bytes);
+        let mut skip = self.data_offset as usize;
+        let mut chunk = 0usize;
+        let mut floats = Vec::new();
+        let mut failure: Option<Error> = None;
+        let mut feed = |mut bytes: &[u8], failure: &mut Option<Error>| {
+            if failure.is_some() {
+                return;
+            }
+            let s = skip.min(bytes.len());
+            bytes = &bytes[s..];
+            skip -= s;
+            while !bytes.is_empty() {
+                let take = (chunk_bytes - pending.len()).min(bytes.len());
+                pending.extend_from_slice(&bytes[..take]);
+                bytes = &bytes[take..];
+                if pending.len() == chunk_bytes {
+                    self.to_f32(&pending, &mut floats);
+                    if let Err(e) = each(chunk, &floats) {
+                        *failure = Some(e);
+                        return;
+                    }
+                    pending.clear();
+                    chunk += 1;
+                }
+            }
+        };
+        let mut read = engine.read_sequential(&file, direct_end, REQUEST, PER_CALL, |bytes| {
+            feed(bytes, &mut failure)
+        })?;
+        if read < end {
+            let mut tail = vec![0u8; (end - read) as usize];
+            let f = File::open(&self.path).map_err(|e| Error::io(self.path.display(), e))?;
+            f.read_exact_at(&mut tail, read)
+                .map_err(|e| Error::io(self.path.display(), e))?;
+            read += tail.len() as u64;
+            feed(&tail, &mut failure);
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if !pending.is_empty() {
+            self.to_f32(&pending, &mut floats);
+            each(chunk, &floats)?;
+        }
+        Ok(read)
+    }
+}
+
+/// The plan: groups of destinations and the source chunk size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Plan {
+    groups: Vec<(u64, u64)>,
+    chunk_rows: u64,
+    planned_bytes: u64,
+}
+
+impl Plan {
+    fn chunks(&self, n: u64) -> usize {
+        n.div_ceil(self.chunk_rows) as usize
+    }
+}
+
+/// Where an interrupted run stands; `key` says which run it belongs to.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Progress {
+    key: String,
+    edges_ready: bool,
+    /// Layers finished.
+    layer: usize,
+    /// Groups of layer `layer` finished.
+    groups_done: usize,
+    figures: Vec<LayerFigures>,
+    edge_bucketing_seconds: f64,
+    output_files: Vec<String>,
+    nodes_written: u64,
+}
+
+const PROGRESS: &str = "progress.json";
+
+fn save_progress(work: &Path, p: &Progress) -> Result<()> {
+    let tmp = work.join(format!("{PROGRESS}.partial"));
+    let bytes = serde_json::to_vec_pretty(p).expect("progress serializes");
+    std::fs::write(&tmp, bytes)
+        .and_then(|()| File::open(&tmp)?.sync_all())
+        .map_err(|e| Error::io(tmp.display(), e))?;
+    std::fs::rename(&tmp, work.join(PROGRESS)).map_err(|e| Error::io(work.display(), e))
+}
+
+/// The in-edges of each destination, as `(source, destination)` pairs, in
+/// the graph the sampler sampled from.
+fn for_each_edge(
+    ds: &Dataset,
+    cfg: &InferConfig,
+    mut f: impl FnMut(u32, u32) -> Result<()>,
+) -> Result<()> {
+    let mut failure = None;
+    let streamed = ds.edges.for_each_chunk(1 << 20, |src, dst| {
+        for (&s, &d) in src.iter().zip(dst) {
+            let (s, d) = (s as u32, d as u32);
+            if s == d && !cfg.keep_self_loops {
+                continue;
+            }
+            let reverse = cfg.add_reverse_edges && s != d;
+            if let Err(e) = f(s, d).and_then(|()| if reverse { f(d, s) } else { Ok(()) }) {
+                failure = Some(e);
+                // Stops the stream; the error that counts is kept above.
+                return Err(offgnn_shared::Error::io(
+                    ds.edges.path(),
+                    std::io::Error::other("stopped"),
+                ));
+            }
+        }
+        Ok(())
+    });
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(streamed?),
+    }
+}
+
+/// Cuts the destinations into groups whose working state fits the budget:
+/// each node costs `node_bytes` and each of its in-edges 16 bytes (the
+/// pairs, and their sorted copy while bucketing).
+/// Returns the groups and the largest group's cost.
+fn plan_groups(indegree: &[u32], node_bytes: u64, budget: u64) -> Result<(Vec<(u64, u64)>, u64)> {
+    let n = indegree.len() as u64;
+    let mut groups = Vec::new();
+    let (mut start, mut cost, mut largest) = (0u64, 0u64, 0u64);
+    let mut a = 0u64;
+    while a < n {
+        let b = (a + ALIGN_NODES).min(n);
+        let edges: u64 = indegree[a as usize..b as usize]
+            .iter()
+            .map(|&d| d as u64)
+            .sum();
+        let block = (b - a) * node_bytes + edges * 16;
+        if block > budget {
+            return Err(Error::InvalidArgument(format!(
+                "--memory leaves {} for destination groups, but nodes {a}..{b} alone need {} ({} per node, 16 bytes per in-edge); give --memory at least {} more",
+                human_bytes(budget),
+                human_bytes(block),
+                human_bytes(node_bytes),
+                human_bytes(block - budget)
+            )));
+        }
+        if cost + block > budget {
+            groups.push((start, a));
+            start = a;
+            cost = 0;
+        }
+        cost += block;
+        largest = largest.max(cost);
+        a = b;
+    }
+    if start < n || groups.is_empty() {
+        groups.push((start, n));
+    }
+    Ok((groups, largest))
+}
+
+fn edge_file(work: &Path, g: usize) -> PathBuf {
+    work.join(format!("edges-{g:06}.bin"))
+}
+
+/// Buckets the edges by (group, source chunk), once per run: a pass that
+/// appends each edge to its group's file (at most `OPEN_GROUPS` files open;
+/// more groups take more passes), then each group's file sorted by
+/// (destination, source), duplicates dropped (the sampler samples distinct
+/// neighbors), and stably regrouped by source chunk, with the chunk offsets
+/// after the pairs. Returns the distinct edges.
+fn bucket_edges(ds: &Dataset, cfg: &InferConfig, plan: &Plan) -> Result<u64> {
+    let n = ds.num_nodes;
+    let chunks = plan.chunks(n);
+    let group_of = |d: u32| -> usize { plan.groups.partition_point(|&(_, end)| end <= d as u64) };
+    let pb = offgnn_shared::progress::bar_if(
+        cfg.show_progress,
+        plan.groups.len() as u64,
+        "bucketing edges",
+        "groups",
+    );
+    let mut total = 0u64;
+    for first in (0..plan.groups.len()).step_by(OPEN_GROUPS) {
+        let last = (first + OPEN_GROUPS).min(plan.groups.len());
+        let mut writers = (first..last)
+            .map(|g| {
+                let path = edge_file(&cfg.work_dir, g);
+                File::create(&path)
+                    .map(|f| BufWriter::with_capacity(1 << 16, f))
+                    .map_err(|e| Error::io(path.display(), e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for_each_edge(ds, cfg, |s, d| {
+            let g = group_of(d);
+            if (first..last).contains(&g) {
+                let w = &mut writers[g - first];
+                w.write_all(&s.to_le_bytes())
+                    .and_then(|()| w.write_all(&d.to_le_bytes()))
+                    .map_err(|e| Error::io(edge_file(&cfg.work_dir, g).display(), e))?;
+            }
+            Ok(())
+        })?;
+        for (i, w) in writers.into_iter().enumerate() {
+            let path = edge_file(&cfg.work_dir, first + i);
+            w.into_inner()
+                .map_err(|e| Error::io(path.display(), e.into_error()))?;
+        }
+        for g in first..last {
+            let path = edge_file(&cfg.work_dir, g);
+            let mut pairs = read_pairs(&path)?;
+            pairs.par_sort_unstable_by_key(|&(s, d)| ((d as u64) << 32) | s as u64);
+            pairs.dedup();
+            // Stable regrouping by source chunk keeps each bucket sorted by
+            // destination.
+            let mut offsets = vec![0u64; chunks + 1];
+            for &(s, _) in &pairs {
+                offsets[(s as u64 / plan.chunk_rows) as usize + 1] += 1;
+            }
+            for c in 0..chunks {
+                offsets[c + 1] += offsets[c];
+            }
+            let mut at = offsets.clone();
+            let mut bucketed = vec![(0u32, 0u32); pairs.len()];
+            for &(s, d) in &pairs {
+                let c = (s as u64 / plan.chunk_rows) as usize;
+                bucketed[at[c] as usize] = (s, d);
+                at[c] += 1;
+            }
+            let mut bytes = Vec::with_capacity(pairs.len() * 8 + offsets.len() * 8);
+            for (s, d) in bucketed {
+                bytes.extend_from_slice(&s.to_le_bytes());
+                bytes.extend_from_slice(&d.to_le_bytes());
+            }
+            for o in &offsets {
+                bytes.extend_from_slice(&o.to_le_bytes());
+            }
+            std::fs::write(&path, bytes).map_err(|e| Error::io(path.display(), e))?;
+            total += pairs.len() as u64;
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    Ok(total)
+}
+
+fn read_pairs(path: &Path) -> Result<Vec<(u32, u32)>> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path.display(), e))?;
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|b| {
+            (
+                u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            )
+        })
+        .collect())
+}
+
+/// A group's bucketed edges: pairs, and where each chunk's bucket starts.
+struct GroupEdges {
+    src: Vec<u32>,
+    dst: Vec<u32>,
+    offsets: Vec<u64>,
+}
+
+fn load_group_edges(work: &Path, g: usize, chunks: usize) -> Result<GroupEdges> {
+    let path = edge_file(work, g);
+    let bytes = std::fs::read(&path).map_err(|e| Error::io(path.display(), e))?;
+    let index_bytes = (chunks + 1) * 8;
+    if bytes.len() < index_bytes || !(bytes.len() - index_bytes).is_multiple_of(8) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: truncated edge bucket file; remove the work directory and run again",
+            path.display()
+        )));
+    }
+    let (pairs, index) = bytes.split_at(bytes.len() - index_bytes);
+    let offsets = index
+        .chunks_exact(8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .collect();
+    let (mut src, mut dst) = (Vec::new(), Vec::new());
+    for b in pairs.chunks_exact(8) {
+        src.push(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        dst.push(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
+    }
+    Ok(GroupEdges { src, dst, offsets })
+}
+
+/// Splits the destinations `[a, b)` into `parts` ranges and, for a bucket
+/// sorted by destination, the edge range of each: the ranges are disjoint,
+/// so threads may fill their accumulators without locks.
+fn dst_parts(dst: &[u32], a: u64, b: u64, parts: usize) -> Vec<((u64, u64), (usize, usize))> {
+    let span = (b - a).div_ceil(parts as u64).max(1);
+    (0..parts as u64)
+        .map(|i| (a + i * span, (a + (i + 1) * span).min(b)))
+        .filter(|(lo, hi)| lo < hi)
+        .map(|(lo, hi)| {
+            let e0 = dst.partition_point(|&d| (d as u64) < lo);
+            let e1 = dst.partition_point(|&d| (d as u64) < hi);
+            ((lo, hi), (e0, e1))
+        })
+        .collect()
+}
+
+fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(Vec::<f32>::try_from(
+        &t.to_device(Device::Cpu)
+            .to_kind(Kind::Float)
+            .contiguous()
+            .view([-1]),
+    )?)
+}
+
+fn tensor(values: &[f32], rows: i64, device: Device) -> Tensor {
+    Tensor::from_slice(values)
+        .view([rows, -1])
+        .to_device(device)
+}
+
+/// Runs one graph layer for the destinations `[a, b)`: streams the input,
+/// scatters along the group's edges, applies the dense part. Returns the
+/// layer's output rows for the group (before the activation) and the
+/// group's own input rows.
+#[allow(clippy::too_many_arguments)]
+fn graph_layer_group(
+    layer: &Layer,
+    input: &Input,
+    engine: &IoEngine,
+    edges: &GroupEdges,
+    (a, b): (u64, u64),
+    chunk_rows: u64,
+    device: Device,
+    read: &mut u64,
+) -> Result<(Tensor, Vec<f32>)> {
+    let g = (b - a) as usize;
+    let d = input.width;
+    let mut h_dst = Vec::new();
+    *read += input.read_rows(a, b, &mut h_dst)?;
+    let parts = rayon::current_num_threads() * 4;
+    match layer {
+        Layer::Sage {
+            lin_l_w,
+            lin_l_b,
+            lin_r_w,
+        } => {
+            let mut acc = vec![0f32; g * d];
+            *read += input.stream(engine, chunk_rows, |c, rows| {
+                let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
+                if e0 == e1 {
+                    return Ok(());
+                }
+                let c0 = c as u64 * chunk_rows;
+                let (src, dst) = (&edges.src[e0..e1], &edges.dst[e0..e1]);
+                let split = dst_parts(dst, a, b, parts);
+                // Each part owns the accumulator rows of its destinations.
+                let mut slices = Vec::with_capacity(split.len());
+                let mut rest = acc.as_mut_slice();
+                let mut at = a;
+                for &((lo, hi), edge_range) in &split {
+                    let (_, tail) = rest.split_at_mut(((lo - at) as usize) * d);
+                    let (mine, tail) = tail.split_at_mut(((hi - lo) as usize) * d);
+                    slices.push((lo, mine, edge_range));
+                    rest = tail;
+                    at = hi;
+                }
+                slices.into_par_iter().for_each(|(lo, mine, (x0, x1))| {
+                    for k in x0..x1 {
+                        let row = &rows[(src[k] as u64 - c0) as usize * d..][..d];
+                        let out = &mut mine[(dst[k] as u64 - lo) as usize * d..][..d];
+                        for (o, v) in out.iter_mut().zip(row) {
+                            *o += v;
+                        }
+                    }
+                });
+                Ok(())
+            })?;
+            let mut count = vec![0f32; g];
+            for &t in &edges.dst {
+                count[(t as u64 - a) as usize] += 1.0;
+            }
+            let sum = tensor(&acc, g as i64, device);
+            let count = Tensor::from_slice(&count).to_device(device).clamp_min(1.0);
+            let mean = sum / count.unsqueeze(1);
+            let x_dst = tensor(&h_dst, g as i64, device);
+            let out = mean.matmul(&lin_l_w.tr()) + lin_l_b + x_dst.matmul(&lin_r_w.tr());
+            Ok((out, h_dst))
+        }
+        Layer::Gat {
+            lin_w,
+            att_src,
+            att_dst,
+            res_w,
+            bias,
+            heads,
+            per_head,
+            concat,
+        } => {
+            let (h, c_out) = (*heads as usize, *per_head as usize);
+            let w = h * c_out;
+            let x_dst = tensor(&h_dst, g as i64, device);
+            let z_dst_t = x_dst
+                .matmul(&lin_w.tr())
+                .view([g as i64, *heads, *per_head]);
+            let el_dst =
+                (&z_dst_t * att_src).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+            let er_t = (&z_dst_t * att_dst).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+            let er = to_vec(&er_t)?;
+            // Online softmax, seeded with each destination's self-loop:
+            // max = e_self, sum = 1, acc = z_dst.
+            let raw = &el_dst + &er_t;
+            let e_self = to_vec(&raw.maximum(&(&raw * 0.2)))?;
+            let mut m = e_self.clone();
+            let mut s = vec![1f32; g * h];
+            let mut acc = to_vec(&z_dst_t)?;
+            *read += input.stream(engine, chunk_rows, |c, rows| {
+                let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
+                if e0 == e1 {
+                    return Ok(());
+                }
+                let c0 = c as u64 * chunk_rows;
+                let n_rows = (rows.len() / d) as i64;
+                let x = tensor(rows, n_rows, device);
+                let z = x.matmul(&lin_w.tr()).view([n_rows, *heads, *per_head]);
+                let el = to_vec(&(&z * att_src).sum_dim_intlist(
+                    [-1i64].as_slice(),
+                    false,
+                    Kind::Float,
+                ))?;
+                let z = to_vec(&z)?;
+                let (src, dst) = (&edges.src[e0..e1], &edges.dst[e0..e1]);
+                let split = dst_parts(dst, a, b, parts);
+                let mut slices = Vec::with_capacity(split.len());
+                let (mut acc_rest, mut m_rest, mut s_rest) =
+                    (acc.as_mut_slice(), m.as_mut_slice(), s.as_mut_slice());
+                let mut at = a;
+                for &((lo, hi), edge_range) in &split {
+                    let skip = (lo - at) as usize;
+                    let len = (hi - lo) as usize;
+                    let (_, t) = acc_rest.split_at_mut(skip * w);
+                    let (acc_mine, t) = t.split_at_mut(len * w);
+                    acc_rest = t;
+                    let (_, t) = m_rest.split_at_mut(skip * h);
+                    let (m_mine, t) = t.split_at_mut(len * h);
+                    m_rest = t;
+                    let (_, t) = s_rest.split_at_mut(skip * h);
+                    let (s_mine, t) = t.split_at_mut(len * h);
+                    s_rest = t;
+                    slices.push((lo, acc_mine, m_mine, s_mine, edge_range));
+                    at = hi;
+                }
+                let er = &er;
+                slices
+                    .into_par_iter()
+                    .for_each(|(lo, acc_mine, m_mine, s_mine, (x0, x1))| {
+                        for k in x0..x1 {
+                            let (sv, t) = (src[k], dst[k]);
+                            // PyG replaces edges from a node to itself by the
+                            // one self-loop, already in the seed.
+                            if sv == t {
+                                continue;
+                            }
+                            let row = (sv as u64 - c0) as usize;
+                            let local = (t as u64 - lo) as usize;
+                            let global = (t as u64 - a) as usize;
+                            for hh in 0..h {
+                                let raw = el[row * h + hh] + er[global * h + hh];
+                                let e = if raw >= 0.0 { raw } else { 0.2 * raw };
+                                let mi = &mut m_mine[local * h + hh];
+                                let si = &mut s_mine[local * h + hh];
+                                let out = &mut acc_mine[local * w + hh * c_out..][..c_out];
+                                let zr = &z[row * w + hh * c_out..][..c_out];
+                                if e > *mi {
+                                    let scale = (*mi - e).exp();
+                                    *si = *si * scale + 1.0;
+                                    for (o, v) in out.iter_mut().zip(zr) {
+                                        *o = *o * scale + v;
+                                    }
+                                    *mi = e;
+                                } else {
+                                    let wt = (e - *mi).exp();
+                                    *si += wt;
+                                    for (o, v) in out.iter_mut().zip(zr) {
+                                        *o += wt * v;
+                                    }
+                                }
+                            }
+                        }
+                    });
+                Ok(())
+            })?;
+            let acc = tensor(&acc, g as i64, device).view([g as i64, *heads, *per_head]);
+            let s = tensor(&s, g as i64, device).unsqueeze(-1);
+            // PyG divides by the sum plus 1e-16.
+            let agg = acc / (s + 1e-16);
+            let agg = if *concat {
+                agg.flatten(1, 2)
+            } else {
+                agg.mean_dim([1i64].as_slice(), false, Kind::Float)
+            };
+            let out = agg + x_dst.matmul(&res_w.tr()) + bias;
+            Ok((out, h_dst))
+        }
+    }
+}
+
+/// The output's selected nodes, as a bit per node.
+fn selection(ds: &Dataset, nodes: &NodeSet) -> Result<Vec<u64>> {
+    let n = ds.num_nodes;
+    let mut bits = vec![0u64; n.div_ceil(64) as usize];
+    let mut set = |v: u64| bits[(v / 64) as usize] |= 1 << (v % 64);
+    match nodes {
+        NodeSet::All => (0..n).for_each(&mut set),
+        NodeSet::Split(s) => ds.split(*s).seeds.iter().for_each(|&v| set(v as u64)),
+        NodeSet::File(path) => {
+            let npy = offgnn_shared::npy::NpyFile::open(path)?;
+            if npy.shape().len() != 1 {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: --nodes needs a one-dimensional array of node ids, found shape {:?}",
+                    path.display(),
+                    npy.shape()
+                )));
+            }
+            let ids = npy.read_u64(0, npy.shape()[0] as usize)?;
+            if let Some((i, v)) = ids.iter().enumerate().find(|(_, v)| **v >= n) {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: element {i} is node {v}, but the dataset has {n} nodes",
+                    path.display()
+                )));
+            }
+            ids.into_iter().for_each(set);
+        }
+    }
+    Ok(bits)
+}
+
+fn selected(bits: &[u64], v: u64) -> bool {
+    bits[(v / 64) as usize] >> (v % 64) & 1 == 1
+}
+
+/// One Parquet file of the output: the group's selected nodes.
+fn output_batch(
+    ids: &[u64],
+    logits: &[f32],
+    classes: usize,
+    embeddings: Option<(&[f32], usize)>,
+    outputs: Outputs,
+) -> Result<Vec<u8>> {
+    let list = |values: Vec<f32>, width: usize| -> Result<ArrayRef> {
+        let item = Arc::new(Field::new("item", DataType::Float32, false));
+        Ok(Arc::new(
+            FixedSizeListArray::try_new(
+                item,
+                width as i32,
+                Arc::new(Float32Array::from(values)),
+                None,
+            )
+            .map_err(|e| Error::InvalidArgument(format!("building the output: {e}")))?,
+        ))
+    };
+    let list_type = |width: usize| {
+        DataType::FixedSizeList(
+            Arc::new(Field::new("item", DataType::Float32, false)),
+            width as i32,
+        )
+    };
+    let mut fields = vec![
+        Field::new("node_id", DataType::UInt64, false),
+        Field::new("class", DataType::Int64, false),
+    ];
+    let class: Vec<i64> = logits
+        .chunks_exact(classes)
+        .map(|row| {
+            let mut best = 0;
+            for (i, v) in row.iter().enumerate() {
+                // The first of equal maxima, as torch's argmax.
+                if *v > row[best] {
+                    best = i;
+                }
+            }
+            best as i64
+        })
+        .collect();
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(UInt64Array::from(ids.to_vec())),
+        Arc::new(Int64Array::from(class)),
+    ];
+    if outputs.probabilities {
+        let mut p = Vec::with_capacity(logits.len());
+        for row in logits.chunks_exact(classes) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
+            p.extend(row.iter().map(|v| (v - max).exp() / sum));
+        }
+        fields.push(Field::new("probabilities", list_type(classes), false));
+        columns.push(list(p, classes)?);
+    }
+    if outputs.logits {
+        fields.push(Field::new("logits", list_type(classes), false));
+        columns.push(list(logits.to_vec(), classes)?);
+    }
+    if let (true, Some((e, width))) = (outputs.embeddings, embeddings) {
+        fields.push(Field::new("embedding", list_type(width), false));
+        columns.push(list(e.to_vec(), width)?);
+    }
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), columns)
+        .map_err(|e| Error::InvalidArgument(format!("building the output: {e}")))?;
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::SNAPPY)
+        .build();
+    let mut bytes = Vec::new();
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, schema, Some(props))
+        .map_err(|e| Error::InvalidArgument(format!("writing Parquet: {e}")))?;
+    w.write(&batch)
+        .and_then(|()| w.close().map(|_| ()))
+        .map_err(|e| Error::InvalidArgument(format!("writing Parquet: {e}")))?;
+    Ok(bytes)
+}
+
+fn hidden_file(work: &Path, l: usize) -> PathBuf {
+    work.join(format!("h{l}.f32"))
+}
+
+/// Runs inference as configured.
+pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
+    let started = Instant::now();
+    let model = Model::load(&cfg.model, cfg.device)?;
+    let card = &model.card;
+    let ds = Dataset::open(&cfg.dataset)?;
+    let fingerprint = ds.fingerprint()?;
+    if fingerprint != card.dataset_fingerprint {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the model was trained on another dataset (fingerprint {}, this dataset's is {})",
+            cfg.dataset.display(),
+            short(&card.dataset_fingerprint),
+            short(&fingerprint)
+        )));
+    }
+    let d = ds.feature_dim() as i64;
+    if d != card.in_channels {
+        return Err(Error::InvalidArgument(format!(
+            "{}: features are {d} wide, the model takes {}",
+            ds.features.path().display(),
+            card.in_channels
+        )));
+    }
+    let out = Store::open(&cfg.out)?;
+    if out.exists(COMMIT)? && !cfg.overwrite {
+        return Err(Error::InvalidArgument(format!(
+            "{}: holds a committed inference result; pass --overwrite to replace it",
+            out.url()
+        )));
+    }
+    let bits = selection(&ds, &cfg.nodes)?;
+    let n = ds.num_nodes;
+    let num_layers = card.num_layers;
+    std::fs::create_dir_all(&cfg.work_dir).map_err(|e| Error::io(cfg.work_dir.display(), e))?;
+
+    // Memory: a count per node and the selection, the chunk's rows (raw and
+    // as float32, and GAT's projection), the stream's buffer, then groups.
+    let max_in = *model.widths[..num_layers].iter().max().expect("a layer") as u64;
+    let mut per_node = 0u64;
+    let mut per_chunk_row = 8 * max_in;
+    for l in 0..num_layers {
+        let (d_in, d_out) = (model.widths[l] as u64, model.widths[l + 1] as u64);
+        // The group's input rows and outputs (host and device copies).
+        let mut floats = 2 * d_in + 3 * d_out;
+        if model.mlp.is_empty() {
+            let (acc, per_src) = model.accumulator_width(l);
+            floats += 2 * acc as u64;
+            per_chunk_row = per_chunk_row.max(8 * max_in + 8 * per_src as u64);
+        } else {
+            floats += 2 * model.widths[1..].iter().max().copied().unwrap_or(0) as u64;
+        }
+        per_node = per_node.max(4 * floats);
+    }
+    let fixed = 4 * n + n.div_ceil(8) + (REQUEST * PER_CALL) as u64;
+    let chunk_rows = match cfg.chunk_rows {
+        Some(c) => c.div_ceil(ALIGN_NODES).max(1) * ALIGN_NODES,
+        None => {
+            let bytes = (cfg.memory / 8).min(256 << 20);
+            (bytes / per_chunk_row / ALIGN_NODES).max(1) * ALIGN_NODES
+        }
+    };
+    let chunk_bytes = chunk_rows * per_chunk_row;
+    let budget = cfg
+        .memory
+        .checked_sub(fixed + chunk_bytes)
+        .filter(|b| *b > 0)
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "--memory {} is below the {} this run needs before any group ({} per node for {} nodes, {} for a source chunk of {chunk_rows} rows, {} of read buffers); the least that works is about {}",
+                human_bytes(cfg.memory),
+                human_bytes(fixed + chunk_bytes),
+                "4 bytes",
+                n,
+                human_bytes(chunk_bytes),
+                human_bytes((REQUEST * PER_CALL) as u64),
+                human_bytes(fixed + chunk_bytes + ALIGN_NODES * per_node * 2)
+            ))
+        })?;
+    let mut indegree = vec![0u32; n as usize];
+    for_each_edge(&ds, cfg, |_, dst| {
+        indegree[dst as usize] += 1;
+        Ok(())
+    })?;
+    let (groups, largest) = if model.mlp.is_empty() {
+        plan_groups(&indegree, per_node, budget)?
+    } else {
+        plan_groups(&vec![0; n as usize], per_node, budget)?
+    };
+    drop(indegree);
+    let plan = Plan {
+        planned_bytes: fixed + chunk_bytes + largest,
+        groups,
+        chunk_rows,
+    };
+    let chunks = plan.chunks(n);
+    tracing::info!(
+        "inference: {} nodes in {} groups, source chunks of {} rows, memory at most {}",
+        n,
+        plan.groups.len(),
+        chunk_rows,
+        human_bytes(cfg.memory)
+    );
+
+    // Resume where a run of the same model, data and plan stopped.
+    let key = {
+        let mut h = sha2::Sha256::new();
+        h.update(&card.weights_sha256);
+        h.update(&fingerprint);
+        h.update(serde_json::to_vec(&plan).expect("plan serializes"));
+        h.update([cfg.add_reverse_edges as u8, cfg.keep_self_loops as u8]);
+        h.update(format!("{:?}{:?}", cfg.nodes, cfg.outputs));
+        offgnn_shared::store::hex(&h.finalize())
+    };
+    let mut progress = std::fs::read(cfg.work_dir.join(PROGRESS))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Progress>(&b).ok())
+        .filter(|p| p.key == key)
+        .unwrap_or_else(|| Progress {
+            key: key.clone(),
+            ..Default::default()
+        });
+    // What an earlier run did is reported as resumed.
+    for f in progress.figures.iter_mut() {
+        f.groups_resumed = f.passes;
+    }
+    if progress.layer > 0 || progress.groups_done > 0 {
+        tracing::info!(
+            "resuming in {}: layer {} of {}, group {} of {}",
+            cfg.work_dir.display(),
+            progress.layer + 1,
+            num_layers,
+            progress.groups_done,
+            plan.groups.len()
+        );
+    }
+    if cfg.overwrite {
+        // Uncommitted first: no reader pairs the old summary with new parts.
+        out.delete(COMMIT)?;
+    }
+
+    let mut edges_total = 0u64;
+    if model.mlp.is_empty() && !progress.edges_ready {
+        let t = Instant::now();
+        edges_total = bucket_edges(&ds, cfg, &plan)?;
+        progress.edges_ready = true;
+        progress.edge_bucketing_seconds = t.elapsed().as_secs_f64();
+        save_progress(&cfg.work_dir, &progress)?;
+    }
+    let features = Input {
+        path: ds.features.path().to_path_buf(),
+        data_offset: ds.features.header().data_offset,
+        rows: n,
+        width: d as usize,
+        dtype: ds.features.dtype(),
+    };
+    let classes = card.out_channels as usize;
+    let graph_layers = if model.mlp.is_empty() { num_layers } else { 1 };
+    let mut groups_here = 0u64;
+    while progress.layer < graph_layers {
+        let l = progress.layer;
+        let last = l + 1 == graph_layers;
+        let input = if l == 0 {
+            features.clone()
+        } else {
+            Input {
+                path: hidden_file(&cfg.work_dir, l - 1),
+                data_offset: 0,
+                rows: n,
+                width: model.widths[l] as usize,
+                dtype: DType::F32,
+            }
+        };
+        let out_width = if model.mlp.is_empty() {
+            model.widths[l + 1] as usize
+        } else {
+            classes
+        };
+        if progress.figures.len() == l {
+            progress.figures.push(LayerFigures {
+                layer: l + 1,
+                in_width: input.width as i64,
+                out_width: out_width as i64,
+                groups_resumed: progress.groups_done as u64,
+                ..Default::default()
+            });
+        }
+        let out_path = hidden_file(&cfg.work_dir, l);
+        let out_file = if last {
+            None
+        } else {
+            let padded = (n * out_width as u64 * 4).div_ceil(PAGE) * PAGE;
+            if progress.groups_done == 0 {
+                let f = File::create(&out_path).map_err(|e| Error::io(out_path.display(), e))?;
+                f.set_len(padded)
+                    .map_err(|e| Error::io(out_path.display(), e))?;
+            }
+            Some(engine.open_write(&out_path)?)
+        };
+        let pb = offgnn_shared::progress::bar_if(
+            cfg.show_progress,
+            plan.groups.len() as u64,
+            &format!("layer {} of {}", l + 1, graph_layers),
+            "groups",
+        );
+        pb.set_position(progress.groups_done as u64);
+        while progress.groups_done < plan.groups.len() {
+            let gi = progress.groups_done;
+            let (a, b) = plan.groups[gi];
+            let t = Instant::now();
+            let mut read = 0u64;
+            let (out_rows, embedding) = if model.mlp.is_empty() {
+                let edges = load_group_edges(&cfg.work_dir, gi, chunks)?;
+                read += (edges.src.len() * 8) as u64;
+                let (out, h_dst) = graph_layer_group(
+                    &model.layers[l],
+                    &input,
+                    engine,
+                    &edges,
+                    (a, b),
+                    chunk_rows,
+                    cfg.device,
+                    &mut read,
+                )?;
+                let out = if last {
+                    out
+                } else {
+                    act(card.architecture, out)
+                };
+                (
+                    to_vec(&out)?,
+                    (last && cfg.outputs.embeddings).then_some(h_dst),
+                )
+            } else {
+                let mut x = Vec::new();
+                read += input.read_rows(a, b, &mut x)?;
+                let mut h = tensor(&x, (b - a) as i64, cfg.device);
+                let mut before_last = None;
+                for (i, (w, bias)) in model.mlp.iter().enumerate() {
+                    if i + 1 == model.mlp.len() {
+                        before_last = Some(to_vec(&h)?);
+                    }
+                    h = h.matmul(&w.tr()) + bias;
+                    if i + 1 < model.mlp.len() {
+                        h = act(ModelKind::Mlp, h);
+                    }
+                }
+                (to_vec(&h)?, before_last.filter(|_| cfg.outputs.embeddings))
+            };
+            let mut written = 0u64;
+            if let Some(file) = &out_file {
+                let bytes = out_rows.len() * 4;
+                let len = (bytes as u64).div_ceil(PAGE) * PAGE;
+                let mut buf = AlignedBuf::new(len as usize);
+                let dst = buf.as_mut_slice();
+                for (chunk, v) in dst.chunks_exact_mut(4).zip(&out_rows) {
+                    chunk.copy_from_slice(&v.to_le_bytes());
+                }
+                dst[bytes..].fill(0);
+                written += engine.write(
+                    file,
+                    &[ReadReq {
+                        offset: a * out_width as u64 * 4,
+                        len: len as usize,
+                        buf_offset: 0,
+                    }],
+                    &buf,
+                )?;
+            } else {
+                let keep: Vec<usize> = (a..b)
+                    .filter(|&v| selected(&bits, v))
+                    .map(|v| (v - a) as usize)
+                    .collect();
+                if !keep.is_empty() {
+                    let ids: Vec<u64> = keep.iter().map(|&i| a + i as u64).collect();
+                    let logits: Vec<f32> = keep
+                        .iter()
+                        .flat_map(|&i| out_rows[i * classes..][..classes].iter().copied())
+                        .collect();
+                    let emb_width = model.widths[num_layers - 1] as usize;
+                    let emb: Option<Vec<f32>> = embedding.as_ref().map(|e| {
+                        keep.iter()
+                            .flat_map(|&i| e[i * emb_width..][..emb_width].iter().copied())
+                            .collect()
+                    });
+                    let bytes = output_batch(
+                        &ids,
+                        &logits,
+                        classes,
+                        emb.as_deref().map(|e| (e, emb_width)),
+                        cfg.outputs,
+                    )?;
+                    let name = format!("part-{gi:06}.parquet");
+                    written += bytes.len() as u64;
+                    out.put(&name, bytes)?;
+                    progress.output_files.push(name);
+                    progress.nodes_written += ids.len() as u64;
+                }
+            }
+            let f = &mut progress.figures[l];
+            f.passes += 1;
+            f.bytes_read += read;
+            f.bytes_written += written;
+            f.seconds += t.elapsed().as_secs_f64();
+            progress.groups_done += 1;
+            save_progress(&cfg.work_dir, &progress)?;
+            pb.inc(1);
+            groups_here += 1;
+            if cfg.interrupt_after_groups == Some(groups_here) {
+                return Err(Error::Interrupted(groups_here));
+            }
+        }
+        pb.finish_and_clear();
+        if let Some(file) = &out_file {
+            file_sync(file.path())?;
+        }
+        progress.layer += 1;
+        progress.groups_done = 0;
+        save_progress(&cfg.work_dir, &progress)?;
+    }
+
+    let mut columns = vec!["node_id".to_string(), "class".to_string()];
+    for (on, name) in [
+        (cfg.outputs.probabilities, "probabilities"),
+        (cfg.outputs.logits, "logits"),
+        (cfg.outputs.embeddings, "embedding"),
+    ] {
+        if on {
+            columns.push(name.into());
+        }
+    }
+    if edges_total == 0 && model.mlp.is_empty() {
+        edges_total = (0..plan.groups.len())
+            .map(|g| {
+                std::fs::metadata(edge_file(&cfg.work_dir, g))
+                    .map(|m| (m.len() - (chunks as u64 + 1) * 8) / 8)
+                    .unwrap_or(0)
+            })
+            .sum();
+    }
+    let summary = InferSummary {
+        format_version: 1,
+        model: offgnn_shared::store::redact(&cfg.model),
+        architecture: card.architecture,
+        weights_sha256: card.weights_sha256.clone(),
+        dataset: cfg.dataset.display().to_string(),
+        dataset_fingerprint: fingerprint,
+        num_nodes: n,
+        edges: edges_total,
+        nodes_written: progress.nodes_written,
+        columns,
+        files: progress.output_files.clone(),
+        groups: plan.groups.len() as u64,
+        chunk_rows,
+        memory_limit: cfg.memory,
+        memory_planned: plan.planned_bytes,
+        layers: progress.figures.clone(),
+        edge_bucketing_seconds: progress.edge_bucketing_seconds,
+        seconds: started.elapsed().as_secs_f64(),
+        device: format!("{:?}", cfg.device),
+    };
+    // Parts of an earlier result that this one does not name go before the commit.
+    let ours: std::collections::HashSet<&String> = summary.files.iter().collect();
+    for (name, _) in out.list("part-")? {
+        if !ours.contains(&name) {
+            out.delete(&name)?;
+        }
+    }
+    let json = serde_json::to_vec_pretty(&summary).expect("summary serializes");
+    if !out.put_if_absent(COMMIT, json)? {
+        return Err(Error::InvalidArgument(format!(
+            "{}: another run committed a result there while this one ran",
+            out.url()
+        )));
+    }
+    // The work directory's files are ours; the result is committed.
+    for l in 0..num_layers {
+        let _ = std::fs::remove_file(hidden_file(&cfg.work_dir, l));
+    }
+    for g in 0..plan.groups.len() {
+        let _ = std::fs::remove_file(edge_file(&cfg.work_dir, g));
+    }
+    let _ = std::fs::remove_file(cfg.work_dir.join(PROGRESS));
+    Ok(summary)
+}
+
+fn file_sync(path: &Path) -> Result<()> {
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(path.display(), e))
+}
+
+fn short(s: &str) -> &str {
+    &s[..s.len().min(12)]
+}

@@ -1,0 +1,319 @@
+//! Out-of-core inference against an in-memory full-graph forward pass of
+//! the same model: with memory so small that every layer takes several
+//! destination groups and several source chunks, the logits and embeddings
+//! equal the in-memory ones within 1e-5; a killed run resumes; bad input is
+//! refused.
+
+use std::path::Path;
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::{Float32Type, UInt64Type};
+use offgnn_shared::address_table::BatchTable;
+use offgnn_shared::dataset::Dataset;
+use offgnn_shared::io_engine::{IoEngine, IoOptions};
+use offgnn_shared::samples::Block;
+use offgnn_shared::synthetic::{GeneratorConfig, generate};
+use tch::{Device, Kind, Tensor, nn};
+use trainer::export;
+use trainer::inference::{InferConfig, InferSummary, NodeSet, Outputs, infer};
+use trainer::model::{self, ModelConfig, ModelKind};
+
+const NODES: u64 = 3000;
+
+fn dataset(root: &Path) -> std::path::PathBuf {
+    let ds = root.join("g");
+    generate(
+        &ds,
+        &GeneratorConfig {
+            num_nodes: NODES,
+            avg_degree: 6.0,
+            feature_dim: 24,
+            num_classes: 5,
+            seed: 11,
+            ..Default::default()
+        },
+        false,
+        false,
+    )
+    .unwrap();
+    ds
+}
+
+/// A randomly initialised model of `kind`, exported for the dataset.
+fn exported(
+    root: &Path,
+    ds: &Dataset,
+    kind: ModelKind,
+) -> (String, Box<dyn model::Gnn>, ModelConfig) {
+    tch::manual_seed(5);
+    let cfg = ModelConfig {
+        kind,
+        in_dim: ds.feature_dim() as i64,
+        hidden: 16,
+        classes: ds.num_classes as i64,
+        layers: 3,
+        heads: 4,
+        dropout: 0.5,
+    };
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = model::build(&vs.root(), &cfg);
+    let location = root.join(format!("model-{kind:?}"));
+    let from = export::Provenance {
+        feature_dtype: "float32".into(),
+        dataset_fingerprint: ds.fingerprint().unwrap(),
+        samples_run_sha256: "none".into(),
+        which: "best".into(),
+        epoch: 0,
+        valid_acc: 0.0,
+        test_acc: 0.0,
+    };
+    let location = location.to_str().unwrap().to_string();
+    export::write(&location, &cfg, &export::snapshot(&vs), &from, false).unwrap();
+    (location, net, cfg)
+}
+
+/// The in-memory reference: the model's own forward pass over the whole
+/// graph as one block per layer (every node a destination, every distinct
+/// edge an in-edge), all features in memory.
+fn full_graph_forward(ds: &Dataset, net: &dyn model::Gnn, cfg: &ModelConfig) -> Tensor {
+    let n = ds.num_nodes as usize;
+    let mut pairs: Vec<(u32, u32)> = Vec::new();
+    ds.edges
+        .for_each_chunk(1 << 16, |s, d| {
+            pairs.extend(s.iter().zip(d).map(|(&s, &d)| (s as u32, d as u32)));
+            Ok(())
+        })
+        .unwrap();
+    pairs.sort_by_key(|&(s, d)| (d, s));
+    pairs.dedup();
+    let block = Block {
+        num_src: n as u32,
+        num_dst: n as u32,
+        src: pairs.iter().map(|p| p.0).collect(),
+        dst: pairs.iter().map(|p| p.1).collect(),
+    };
+    let table = BatchTable {
+        blocks: vec![block; cfg.layers],
+        ..Default::default()
+    };
+    let (blocks, _) = trainer::pipeline::graph(&table, Device::Cpu);
+    let mut raw = vec![0u8; n * ds.features.row_bytes() as usize];
+    ds.features.read_data_at(0, &mut raw).unwrap();
+    let x = Tensor::from_data_size(&raw, &[n as i64, ds.feature_dim() as i64], Kind::Float);
+    tch::no_grad(|| net.forward(&x, &blocks, false))
+}
+
+struct Output {
+    ids: Vec<u64>,
+    logits: Vec<f32>,
+    probabilities: Vec<f32>,
+    embedding: Vec<f32>,
+}
+
+fn read_output(out: &Path, s: &InferSummary) -> Output {
+    let mut o = Output {
+        ids: vec![],
+        logits: vec![],
+        probabilities: vec![],
+        embedding: vec![],
+    };
+    for name in &s.files {
+        let file = std::fs::File::open(out.join(name)).unwrap();
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .build()
+            .unwrap();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let col = |name: &str| batch.column_by_name(name).unwrap().clone();
+            o.ids
+                .extend(col("node_id").as_primitive::<UInt64Type>().values());
+            let floats = |name: &str, into: &mut Vec<f32>| {
+                if let Some(c) = batch.column_by_name(name) {
+                    let list = c.as_fixed_size_list();
+                    into.extend(list.values().as_primitive::<Float32Type>().values());
+                    assert_eq!(list.null_count(), 0);
+                }
+            };
+            floats("logits", &mut o.logits);
+            floats("probabilities", &mut o.probabilities);
+            floats("embedding", &mut o.embedding);
+        }
+    }
+    o
+}
+
+fn config(model: &str, ds: &Path, out: &Path, work: &Path) -> InferConfig {
+    InferConfig {
+        model: model.to_string(),
+        dataset: ds.to_path_buf(),
+        out: out.to_str().unwrap().to_string(),
+        nodes: NodeSet::All,
+        outputs: Outputs {
+            probabilities: true,
+            logits: true,
+            embeddings: true,
+        },
+        device: Device::Cpu,
+        // Room for the per-node counts, the read buffers and one 1024-row
+        // source chunk, and about one group of 1024 destinations.
+        memory: 11 << 20,
+        work_dir: work.to_path_buf(),
+        overwrite: false,
+        add_reverse_edges: false,
+        keep_self_loops: true,
+        chunk_rows: Some(1024),
+        show_progress: false,
+        interrupt_after_groups: None,
+    }
+}
+
+/// The least memory (in steps of 64 KiB) a run of `model` accepts: at that
+/// size each destination group holds about one block of 1024 nodes.
+fn least_memory(model: &str, ds: &Path, root: &Path, engine: &IoEngine) -> u64 {
+    let mut memory = 8 << 20;
+    loop {
+        let mut cfg = config(model, ds, &root.join("probe-out"), &root.join("probe-work"));
+        cfg.memory = memory;
+        cfg.overwrite = true;
+        match infer(&cfg, engine) {
+            Ok(_) => return memory,
+            Err(e) => assert!(e.to_string().contains("--memory"), "{e}"),
+        }
+        memory += 64 << 10;
+        assert!(memory < 64 << 20, "no memory size worked");
+    }
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn out_of_core_inference_equals_the_in_memory_forward_pass() {
+    let _serial = super::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ds_path = dataset(dir.path());
+    let ds = Dataset::open(&ds_path).unwrap();
+    let engine = IoEngine::new(IoOptions::default());
+    for kind in [ModelKind::Sage, ModelKind::Gat, ModelKind::Mlp] {
+        let (location, net, cfg) = exported(dir.path(), &ds, kind);
+        let out = dir.path().join(format!("out-{kind:?}"));
+        let work = dir.path().join(format!("work-{kind:?}"));
+        let mut run = config(&location, &ds_path, &out, &work);
+        run.memory = least_memory(&location, &ds_path, dir.path(), &engine);
+        let s = infer(&run, &engine).unwrap();
+        assert!(out.join(trainer::inference::COMMIT).exists());
+        if kind != ModelKind::Mlp {
+            assert!(s.groups >= 2, "{kind:?}: {} groups", s.groups);
+            assert!(NODES.div_ceil(s.chunk_rows) >= 2, "{kind:?}: one chunk");
+            assert_eq!(s.layers.len(), 3);
+            for l in &s.layers {
+                assert_eq!(l.passes, s.groups, "a pass per group");
+            }
+        }
+        let o = read_output(&out, &s);
+        assert_eq!(o.ids, (0..NODES).collect::<Vec<_>>());
+        let want = full_graph_forward(&ds, net.as_ref(), &cfg);
+        let want: Vec<f32> = Vec::try_from(want.view([-1])).unwrap();
+        let diff = max_diff(&o.logits, &want);
+        println!(
+            "{kind:?}: {} groups, largest logit difference {diff:.2e}",
+            s.groups
+        );
+        assert!(diff <= 1e-5, "{kind:?}: logits differ by {diff}");
+        // Probabilities are the softmax of the logits; rows sum to one.
+        for row in o.probabilities.chunks_exact(cfg.classes as usize) {
+            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        }
+        assert_eq!(
+            o.embedding.len(),
+            NODES as usize * cfg.hidden as usize,
+            "{kind:?}: embeddings"
+        );
+        // The work directory is cleaned up after the commit.
+        assert!(!work.join("progress.json").exists());
+    }
+}
+
+#[test]
+fn a_killed_inference_resumes_and_bad_input_is_refused() {
+    let _serial = super::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ds_path = dataset(dir.path());
+    let ds = Dataset::open(&ds_path).unwrap();
+    let engine = IoEngine::new(IoOptions::default());
+    let (location, _, _) = exported(dir.path(), &ds, ModelKind::Gat);
+    let out = dir.path().join("out");
+    let work = dir.path().join("work");
+    let memory = least_memory(&location, &ds_path, dir.path(), &engine);
+    let mut whole = config(
+        &location,
+        &ds_path,
+        &dir.path().join("whole"),
+        &dir.path().join("w2"),
+    );
+    whole.memory = memory;
+    let whole = infer(&whole, &engine).unwrap();
+    assert!(whole.groups >= 3, "{} groups", whole.groups);
+
+    // Killed after 4 groups (inside layer 2), then resumed.
+    let mut cfg = config(&location, &ds_path, &out, &work);
+    cfg.memory = memory;
+    cfg.interrupt_after_groups = Some(4);
+    let err = infer(&cfg, &engine).expect_err("interrupted");
+    assert!(err.to_string().contains("interrupted"), "{err}");
+    assert!(!out.join(trainer::inference::COMMIT).exists());
+    cfg.interrupt_after_groups = None;
+    let resumed = infer(&cfg, &engine).unwrap();
+    assert!(
+        resumed.layers.iter().any(|l| l.groups_resumed > 0),
+        "{:?}",
+        resumed.layers
+    );
+    let (a, b) = (
+        read_output(&dir.path().join("whole"), &whole),
+        read_output(&out, &resumed),
+    );
+    assert_eq!(a.ids, b.ids);
+    assert_eq!(max_diff(&a.logits, &b.logits), 0.0);
+
+    // A committed result is not replaced without --overwrite.
+    let err = infer(&cfg, &engine).err().unwrap().to_string();
+    assert!(err.contains("holds a committed inference result"), "{err}");
+    // --memory below one group: the message says how much more.
+    let mut small = config(&location, &ds_path, &dir.path().join("o3"), &work);
+    small.memory = memory - (64 << 10);
+    let err = infer(&small, &engine).err().unwrap().to_string();
+    assert!(err.contains("give --memory at least"), "{err}");
+    // A model of another dataset.
+    let other = dir.path().join("other");
+    generate(
+        &other,
+        &GeneratorConfig {
+            num_nodes: NODES,
+            avg_degree: 6.0,
+            feature_dim: 24,
+            num_classes: 5,
+            seed: 12,
+            ..Default::default()
+        },
+        false,
+        false,
+    )
+    .unwrap();
+    let err = infer(
+        &config(&location, &other, &dir.path().join("o4"), &work),
+        &engine,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("another dataset"), "{err}");
+}
