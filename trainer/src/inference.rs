@@ -19,6 +19,7 @@
 //! the last layer's go to Parquet under `--out`, whose `_SUCCESS.json`
 //! commits the result. A killed run resumes at its last finished group.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
@@ -51,6 +52,8 @@ const PAGE: u64 = 4096;
 /// Bytes per request and requests per call of the sequential streams.
 const REQUEST: usize = 1 << 20;
 const PER_CALL: usize = 8;
+/// Chunks the reader thread may have ready ahead of the one in use.
+const STREAM_AHEAD: usize = 2;
 /// Groups whose edge files are open at once while the edges are bucketed.
 const OPEN_GROUPS: usize = 256;
 /// The committed result's summary, written last.
@@ -215,16 +218,30 @@ impl Model {
         })
     }
 
-    /// Floats a destination's accumulators take in layer `l`, and the
-    /// floats a source row of a chunk turns into before it is scattered.
-    fn accumulator_width(&self, l: usize) -> (i64, i64) {
+    /// Floats a destination takes in layer `l` (accumulators, the
+    /// projections of its own row, the output, host and device copies), and
+    /// the floats a source row of a chunk turns into before it is
+    /// scattered.
+    fn layer_floats(&self, l: usize) -> (u64, u64) {
+        let (d_in, d_out) = (self.widths[l] as u64, self.widths[l + 1] as u64);
         match &self.layers[l] {
-            Layer::Sage { .. } => (self.widths[l], 0),
+            Layer::Sage { .. } => {
+                // Sums at the narrower width (twice: host and device), the
+                // projection of its own row, a count, three output copies.
+                let acc = d_in.min(d_out);
+                let per_src = if d_out < d_in { 2 * d_out } else { 0 };
+                (2 * acc + d_out + 1 + 3 * d_out, per_src)
+            }
             Layer::Gat {
-                heads, per_head, ..
+                heads,
+                per_head,
+                concat,
+                ..
             } => {
-                // acc [H, C], running max and sum [H], er [H], z_dst [H, C].
-                (2 * heads * per_head + 3 * heads, heads * per_head + heads)
+                let (h, c) = (*heads as u64, *per_head as u64);
+                let total = if *concat { h * c } else { c };
+                // acc [H, C] twice, max, sum, er, e_self, el, z_dst, res, outputs.
+                (3 * h * c + 5 * h + total + 3 * total, 2 * (h * c + h))
             }
         }
     }
@@ -280,12 +297,45 @@ impl Input {
 
     /// Streams every row front to back through the I/O engine and hands
     /// `each` chunks of `chunk_rows` rows (the last may be shorter) as
-    /// float32, with the chunk's index. Returns the bytes read.
+    /// float32, with the chunk's index. A reader thread reads and converts
+    /// the next chunks while `each` works on this one (two chunks ahead at
+    /// most, their buffers recycled). Returns the bytes read.
     fn stream(
         &self,
         engine: &IoEngine,
         chunk_rows: u64,
         mut each: impl FnMut(usize, &[f32]) -> Result<()>,
+    ) -> Result<u64> {
+        let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<(usize, Vec<f32>)>(STREAM_AHEAD);
+        let (free_tx, free_rx) = std::sync::mpsc::channel::<Vec<f32>>();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let reader =
+                scope.spawn(|| self.read_chunks(engine, chunk_rows, full_tx, free_rx, &stop));
+            let mut outcome = Ok(());
+            for (c, rows) in full_rx.iter() {
+                if outcome.is_ok() {
+                    outcome = each(c, &rows);
+                    if outcome.is_err() {
+                        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                let _ = free_tx.send(rows);
+            }
+            drop(free_tx);
+            let read = reader.join().expect("the reader thread does not panic")?;
+            outcome.map(|()| read)
+        })
+    }
+
+    /// The reader side of [`Input::stream`]: sends whole chunks in order.
+    fn read_chunks(
+        &self,
+        engine: &IoEngine,
+        chunk_rows: u64,
+        full: std::sync::mpsc::SyncSender<(usize, Vec<f32>)>,
+        free: std::sync::mpsc::Receiver<Vec<f32>>,
+        stop: &std::sync::atomic::AtomicBool,
     ) -> Result<u64> {
         let file = engine.open(&self.path)?;
         let end = self.data_offset + self.rows * self.row_bytes();
@@ -298,10 +348,14 @@ impl Input {
         let mut pending: Vec<u8> = Vec::with_capacity(chunk_bytes);
         let mut skip = self.data_offset as usize;
         let mut chunk = 0usize;
-        let mut floats = Vec::new();
-        let mut failure: Option<Error> = None;
-        let mut feed = |mut bytes: &[u8], failure: &mut Option<Error>| {
-            if failure.is_some() {
+        let send = |pending: &[u8], chunk: usize| {
+            let mut floats = free.try_recv().unwrap_or_default();
+            self.to_f32(pending, &mut floats);
+            // A closed channel means the consumer stopped on an error.
+            let _ = full.send((chunk, floats));
+        };
+        let mut feed = |mut bytes: &[u8]| {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
                 return;
             }
             let s = skip.min(bytes.len());
@@ -312,33 +366,23 @@ impl Input {
                 pending.extend_from_slice(&bytes[..take]);
                 bytes = &bytes[take..];
                 if pending.len() == chunk_bytes {
-                    self.to_f32(&pending, &mut floats);
-                    if let Err(e) = each(chunk, &floats) {
-                        *failure = Some(e);
-                        return;
-                    }
+                    send(&pending, chunk);
                     pending.clear();
                     chunk += 1;
                 }
             }
         };
-        let mut read = engine.read_sequential(&file, direct_end, REQUEST, PER_CALL, |bytes| {
-            feed(bytes, &mut failure)
-        })?;
+        let mut read = engine.read_sequential(&file, direct_end, REQUEST, PER_CALL, &mut feed)?;
         if read < end {
             let mut tail = vec![0u8; (end - read) as usize];
             let f = File::open(&self.path).map_err(|e| Error::io(self.path.display(), e))?;
             f.read_exact_at(&mut tail, read)
                 .map_err(|e| Error::io(self.path.display(), e))?;
             read += tail.len() as u64;
-            feed(&tail, &mut failure);
-        }
-        if let Some(e) = failure {
-            return Err(e);
+            feed(&tail);
         }
         if !pending.is_empty() {
-            self.to_f32(&pending, &mut floats);
-            each(chunk, &floats)?;
+            send(&pending, chunk);
         }
         Ok(read)
     }
@@ -614,6 +658,43 @@ fn tensor(values: &[f32], rows: i64, device: Device) -> Tensor {
         .to_device(device)
 }
 
+/// The group's own input rows `[a, b)`, read in slices of `slice` rows:
+/// `f` turns each slice into tensors (projections of it) that are
+/// concatenated over the slices, so a group never holds its input rows
+/// whole, only what the layer needs of them. With `keep`, the rows
+/// themselves are also returned (the last layer's embeddings).
+#[allow(clippy::too_many_arguments)]
+fn own_rows(
+    input: &Input,
+    (a, b): (u64, u64),
+    slice: u64,
+    device: Device,
+    keep: bool,
+    read: &mut u64,
+    f: impl Fn(&Tensor) -> Vec<Tensor>,
+) -> Result<(Vec<Tensor>, Vec<f32>)> {
+    let mut parts: Vec<Vec<Tensor>> = Vec::new();
+    let mut kept = Vec::new();
+    let mut rows = Vec::new();
+    let mut at = a;
+    while at < b {
+        let end = (at + slice).min(b);
+        *read += input.read_rows(at, end, &mut rows)?;
+        let x = tensor(&rows, (end - at) as i64, device);
+        for (i, t) in f(&x).into_iter().enumerate() {
+            if parts.len() <= i {
+                parts.push(Vec::new());
+            }
+            parts[i].push(t);
+        }
+        if keep {
+            kept.extend_from_slice(&rows);
+        }
+        at = end;
+    }
+    Ok((parts.iter().map(|p| Tensor::cat(p, 0)).collect(), kept))
+}
+
 /// Runs one graph layer for the destinations `[a, b)`: streams the input,
 /// scatters along the group's edges, applies the dense part. Returns the
 /// layer's output rows for the group (before the activation) and the
@@ -627,12 +708,10 @@ fn graph_layer_group(
     (a, b): (u64, u64),
     chunk_rows: u64,
     device: Device,
+    keep_rows: bool,
     read: &mut u64,
 ) -> Result<(Tensor, Vec<f32>)> {
     let g = (b - a) as usize;
-    let d = input.width;
-    let mut h_dst = Vec::new();
-    *read += input.read_rows(a, b, &mut h_dst)?;
     let parts = rayon::current_num_threads() * 4;
     match layer {
         Layer::Sage {
@@ -640,8 +719,27 @@ fn graph_layer_group(
             lin_l_b,
             lin_r_w,
         } => {
+            let (own, h_dst) = own_rows(input, (a, b), chunk_rows, device, keep_rows, read, |x| {
+                vec![x.matmul(&lin_r_w.tr())]
+            })?;
+            // mean(h) W = mean(h W): where the layer narrows, sources are
+            // projected first and the sums are kept at the output's width.
+            let project = lin_l_w.size()[0] < input.width as i64;
+            let d = if project {
+                lin_l_w.size()[0] as usize
+            } else {
+                input.width
+            };
             let mut acc = vec![0f32; g * d];
             *read += input.stream(engine, chunk_rows, |c, rows| {
+                let projected;
+                let rows = if project {
+                    let n_rows = (rows.len() / input.width) as i64;
+                    projected = to_vec(&tensor(rows, n_rows, device).matmul(&lin_l_w.tr()))?;
+                    projected.as_slice()
+                } else {
+                    rows
+                };
                 let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
                 if e0 == e1 {
                     return Ok(());
@@ -678,8 +776,12 @@ fn graph_layer_group(
             let sum = tensor(&acc, g as i64, device);
             let count = Tensor::from_slice(&count).to_device(device).clamp_min(1.0);
             let mean = sum / count.unsqueeze(1);
-            let x_dst = tensor(&h_dst, g as i64, device);
-            let out = mean.matmul(&lin_l_w.tr()) + lin_l_b + x_dst.matmul(&lin_r_w.tr());
+            let neigh = if project {
+                mean
+            } else {
+                mean.matmul(&lin_l_w.tr())
+            };
+            let out = neigh + lin_l_b + &own[0];
             Ok((out, h_dst))
         }
         Layer::Gat {
@@ -694,21 +796,22 @@ fn graph_layer_group(
         } => {
             let (h, c_out) = (*heads as usize, *per_head as usize);
             let w = h * c_out;
-            let x_dst = tensor(&h_dst, g as i64, device);
-            let z_dst_t = x_dst
-                .matmul(&lin_w.tr())
-                .view([g as i64, *heads, *per_head]);
-            let el_dst =
-                (&z_dst_t * att_src).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
-            let er_t = (&z_dst_t * att_dst).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
-            let er = to_vec(&er_t)?;
+            let d = input.width;
+            let (own, h_dst) = own_rows(input, (a, b), chunk_rows, device, keep_rows, read, |x| {
+                let z = x.matmul(&lin_w.tr()).view([-1, *heads, *per_head]);
+                let el = (&z * att_src).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+                let er = (&z * att_dst).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+                vec![z, el, er, x.matmul(&res_w.tr())]
+            })?;
+            let (z_dst_t, el_dst, er_t, res) = (&own[0], &own[1], &own[2], &own[3]);
+            let er = to_vec(er_t)?;
             // Online softmax, seeded with each destination's self-loop:
             // max = e_self, sum = 1, acc = z_dst.
-            let raw = &el_dst + &er_t;
+            let raw = el_dst + er_t;
             let e_self = to_vec(&raw.maximum(&(&raw * 0.2)))?;
             let mut m = e_self.clone();
             let mut s = vec![1f32; g * h];
-            let mut acc = to_vec(&z_dst_t)?;
+            let mut acc = to_vec(z_dst_t)?;
             *read += input.stream(engine, chunk_rows, |c, rows| {
                 let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
                 if e0 == e1 {
@@ -794,7 +897,7 @@ fn graph_layer_group(
             } else {
                 agg.mean_dim([1i64].as_slice(), false, Kind::Float)
             };
-            let out = agg + x_dst.matmul(&res_w.tr()) + bias;
+            let out = agg + res + bias;
             Ok((out, h_dst))
         }
     }
@@ -957,19 +1060,31 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     // as float32, and GAT's projection), the stream's buffer, then groups.
     let max_in = *model.widths[..num_layers].iter().max().expect("a layer") as u64;
     let mut per_node = 0u64;
-    let mut per_chunk_row = 8 * max_in;
+    // A chunk's raw bytes and its float32 buffers in flight (the one in
+    // use, those ready ahead, the one filling), then what it is projected to.
+    let mut per_chunk_row = 4 * max_in + 4 * (STREAM_AHEAD as u64 + 2) * max_in;
     for l in 0..num_layers {
-        let (d_in, d_out) = (model.widths[l] as u64, model.widths[l + 1] as u64);
-        // The group's input rows and outputs (host and device copies).
-        let mut floats = 2 * d_in + 3 * d_out;
-        if model.mlp.is_empty() {
-            let (acc, per_src) = model.accumulator_width(l);
-            floats += 2 * acc as u64;
-            per_chunk_row = per_chunk_row.max(8 * max_in + 8 * per_src as u64);
+        let last = l + 1 == num_layers;
+        let d_in = model.widths[l] as u64;
+        // Embeddings keep the last layer's input rows of the group.
+        let kept = if last && cfg.outputs.embeddings {
+            d_in
         } else {
-            floats += 2 * model.widths[1..].iter().max().copied().unwrap_or(0) as u64;
-        }
+            0
+        };
+        let floats = if model.mlp.is_empty() {
+            let (node, per_src) = model.layer_floats(l);
+            per_chunk_row = per_chunk_row
+                .max(4 * max_in + 4 * (STREAM_AHEAD as u64 + 2) * max_in + 4 * per_src);
+            node + kept
+        } else {
+            // The MLP's rows, every hidden width and the output, twice.
+            2 * (d_in + model.widths[1..].iter().sum::<i64>() as u64)
+        };
         per_node = per_node.max(4 * floats);
+        if !model.mlp.is_empty() {
+            break;
+        }
     }
     let fixed = 4 * n + n.div_ceil(8) + (REQUEST * PER_CALL) as u64;
     let chunk_rows = match cfg.chunk_rows {
@@ -1139,6 +1254,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     (a, b),
                     chunk_rows,
                     cfg.device,
+                    last && cfg.outputs.embeddings,
                     &mut read,
                 )?;
                 let out = if last {
@@ -1311,4 +1427,133 @@ fn file_sync(path: &Path) -> Result<()> {
 
 fn short(s: &str) -> &str {
     &s[..s.len().min(12)]
+}
+
+/// What the naive baseline measured: the first layer's aggregation with one
+/// read per in-edge's source row, on a sample of destination blocks.
+#[derive(Clone, Debug, Serialize)]
+pub struct NaiveEstimate {
+    pub sample_destinations: u64,
+    pub sample_edges: u64,
+    pub reads: u64,
+    pub bytes_read: u64,
+    pub seconds: f64,
+    /// Distinct edges of the whole graph (estimated from the sample's
+    /// share of duplicates).
+    pub total_edges: u64,
+    /// `seconds` scaled by `total_edges / sample_edges`.
+    pub extrapolated_seconds: f64,
+}
+
+/// The naive baseline (`--method naive`): for `blocks` blocks of 1024
+/// destinations spread evenly over the graph, gathers every in-neighbor's
+/// feature row with one O_DIRECT read of the pages it spans (many in flight
+/// through the I/O engine, as a careful naive implementation would queue
+/// them) and sums them per destination, as the first layer's aggregation
+/// must. The time is extrapolated to the whole graph by edges.
+pub fn naive_first_layer(
+    cfg: &InferConfig,
+    engine: &IoEngine,
+    blocks: u64,
+) -> Result<NaiveEstimate> {
+    let ds = Dataset::open(&cfg.dataset)?;
+    let n = ds.num_nodes;
+    let all_blocks = n.div_ceil(ALIGN_NODES);
+    let blocks = blocks.clamp(1, all_blocks);
+    let stride = all_blocks / blocks;
+    let in_sample = |v: u32| -> bool {
+        let b = v as u64 / ALIGN_NODES;
+        b.is_multiple_of(stride) && b / stride < blocks
+    };
+    let (mut pairs, mut streamed, mut sampled_raw) = (Vec::new(), 0u64, 0u64);
+    for_each_edge(&ds, cfg, |s, d| {
+        streamed += 1;
+        if in_sample(d) {
+            sampled_raw += 1;
+            pairs.push((d, s));
+        }
+        Ok(())
+    })?;
+    pairs.sort_unstable();
+    pairs.dedup();
+    let sample_destinations = (0..n).filter(|&v| in_sample(v as u32)).count() as u64;
+    let file = engine.open(ds.features.path())?;
+    let rb = ds.features.row_bytes();
+    let data_offset = ds.features.header().data_offset;
+    let width = ds.feature_dim() as usize;
+    let input = Input {
+        path: ds.features.path().to_path_buf(),
+        data_offset,
+        rows: n,
+        width,
+        dtype: ds.features.dtype(),
+    };
+    let span = |u: u32| -> (u64, u64) {
+        let start = data_offset + u as u64 * rb;
+        let first = start / PAGE * PAGE;
+        let end = if file.is_direct() {
+            (start + rb).div_ceil(PAGE) * PAGE
+        } else {
+            start + rb
+        };
+        (first, end)
+    };
+    // Reads per call: enough to keep every ring busy.
+    const PER_READ: usize = 512;
+    let slot = ((rb.div_ceil(PAGE) + 1) * PAGE) as usize;
+    let mut buf = AlignedBuf::new(slot * PER_READ);
+    let mut acc: HashMap<u32, Vec<f32>> = HashMap::new();
+    let mut row = Vec::with_capacity(width);
+    let (mut reads, mut bytes) = (0u64, 0u64);
+    let started = Instant::now();
+    let direct_end = file.len() / PAGE * PAGE;
+    for batch in pairs.chunks(PER_READ) {
+        // Rows in the file's last partial page cannot be read with
+        // O_DIRECT: those few go through a buffered read.
+        let reqs: Vec<ReadReq> = batch
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, s))| !file.is_direct() || span(*s).1 <= direct_end)
+            .map(|(i, &(_, s))| {
+                let (first, end) = span(s);
+                ReadReq {
+                    offset: first,
+                    len: (end - first) as usize,
+                    buf_offset: i * slot,
+                }
+            })
+            .collect();
+        bytes += engine.read(&file, &reqs, &mut buf)?;
+        reads += reqs.len() as u64;
+        for (i, &(d, s)) in batch.iter().enumerate() {
+            if file.is_direct() && span(s).1 > direct_end {
+                bytes += input.read_rows(s as u64, s as u64 + 1, &mut row)?;
+                reads += 1;
+            } else {
+                let start = data_offset + s as u64 * rb;
+                let at = i * slot + (start - span(s).0) as usize;
+                input.to_f32(&buf.as_slice()[at..at + rb as usize], &mut row);
+            }
+            let sum = acc.entry(d).or_insert_with(|| vec![0.0; width]);
+            for (o, v) in sum.iter_mut().zip(&row) {
+                *o += v;
+            }
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let sample_edges = pairs.len() as u64;
+    let total_edges = if sampled_raw == 0 {
+        streamed
+    } else {
+        (streamed as f64 * sample_edges as f64 / sampled_raw as f64) as u64
+    };
+    Ok(NaiveEstimate {
+        sample_destinations,
+        sample_edges,
+        reads,
+        bytes_read: bytes,
+        seconds,
+        total_edges,
+        extrapolated_seconds: seconds * total_edges as f64 / sample_edges.max(1) as f64,
+    })
 }

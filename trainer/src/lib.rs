@@ -122,6 +122,13 @@ pub struct InferArgs {
     /// Rows per source chunk (default: from --memory).
     #[arg(long, hide = true)]
     pub chunk_rows: Option<u64>,
+    /// streamed (the method above) or naive: the baseline that reads each
+    /// in-neighbor's row with one read, timed on --naive-blocks blocks of
+    /// 1024 destinations and extrapolated; writes no output.
+    #[arg(long, default_value = "streamed")]
+    pub method: String,
+    #[arg(long, default_value_t = 16)]
+    pub naive_blocks: u64,
 }
 
 #[derive(Debug, Args)]
@@ -517,7 +524,39 @@ fn infer_command(a: InferArgs) -> anyhow::Result<()> {
         show_progress: true,
         interrupt_after_groups: None,
     };
-    let summary = inference::infer(&cfg, &engine)?;
-    report::infer_summary(&summary);
+    match a.method.as_str() {
+        "streamed" => {
+            let summary = inference::infer(&cfg, &engine)?;
+            report::infer_summary(&summary);
+        }
+        "naive" => {
+            let e = inference::naive_first_layer(&cfg, &engine, a.naive_blocks)?;
+            offgnn_shared::report::print_summary(
+                "naive first layer (one read per in-edge)",
+                &[
+                    (
+                        "sample",
+                        format!(
+                            "{} destinations, {} edges, {} reads, {}",
+                            e.sample_destinations,
+                            e.sample_edges,
+                            e.reads,
+                            human_bytes(e.bytes_read)
+                        ),
+                    ),
+                    ("time", format!("{:.2} s", e.seconds)),
+                    (
+                        "extrapolated",
+                        format!(
+                            "{:.1} s for {} edges",
+                            e.extrapolated_seconds, e.total_edges
+                        ),
+                    ),
+                ],
+                &serde_json::json!({ "command": "infer-naive", "summary": e }),
+            );
+        }
+        other => anyhow::bail!("--method {other}: expected streamed or naive"),
+    }
     Ok(())
 }

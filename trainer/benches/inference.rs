@@ -1,0 +1,246 @@
+//! Inference benchmark (`scripts/bench-infer`): `trainer infer` on a
+//! generated graph whose feature file is larger than this machine's memory,
+//! against the ideal of reading each layer's input once per pass and writing
+//! its output once at this disk's sequential bandwidth (probed before and
+//! after the run, the faster kept), its peak RSS against --memory, and the
+//! naive method (one read per in-edge's source row) timed on a sample of
+//! destination blocks and extrapolated. The model is a randomly initialised
+//! export: timing does not depend on the weights. Figures are printed, not
+//! asserted.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use offgnn_shared::dataset::Dataset;
+use offgnn_shared::disk_probe;
+use offgnn_shared::io_engine::{IoEngine, IoOptions};
+use offgnn_shared::synthetic::{GeneratorConfig, generate};
+use tch::{Device, nn};
+use trainer::export;
+use trainer::model::{self, ModelConfig, ModelKind};
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("trainer/ is in the workspace")
+        .to_path_buf()
+}
+
+/// Runs `trainer` with `args` under /usr/bin/time; returns its JSON summary
+/// and its peak resident memory in bytes.
+fn trainer(args: &[&str]) -> (serde_json::Value, u64) {
+    let bin = workspace().join("target/release/trainer");
+    let out = Command::new("/usr/bin/time")
+        .args(["-f", "offgnn_peak_kb=%M"])
+        .arg(&bin)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("trainer starts (scripts/bench-infer builds it)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "trainer {args:?} failed:\n{stderr}");
+    let peak_kb: u64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("offgnn_peak_kb="))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("/usr/bin/time reports the peak");
+    let json = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
+    (json, peak_kb * 1024)
+}
+
+fn gb(bytes: f64) -> String {
+    format!("{:.2} GB", bytes / 1e9)
+}
+
+fn main() {
+    let nodes = env_u64("OFFGNN_BENCH_INFER_NODES", 3_200_000);
+    let dim = env_u64("OFFGNN_BENCH_INFER_DIM", 2048);
+    let hidden = env_u64("OFFGNN_BENCH_INFER_HIDDEN", 128) as i64;
+    let memory = std::env::var("OFFGNN_BENCH_INFER_MEMORY").unwrap_or_else(|_| "12G".into());
+    let kind = match std::env::var("OFFGNN_BENCH_INFER_MODEL").as_deref() {
+        Ok("gat") => ModelKind::Gat,
+        _ => ModelKind::Sage,
+    };
+    let root = workspace().join("data/bench-infer");
+    let ds_path = root.join(format!("g{}k-d{dim}", nodes / 1000));
+    if !ds_path.join("metadata.yaml").exists() {
+        eprintln!("== bench: generating {}", ds_path.display());
+        generate(
+            &ds_path,
+            &GeneratorConfig {
+                num_nodes: nodes,
+                avg_degree: 10.0,
+                feature_dim: dim,
+                num_classes: 16,
+                train_fraction: 0.01,
+                valid_fraction: 0.01,
+                test_fraction: Some(0.01),
+                seed: 7,
+                ..Default::default()
+            },
+            true,
+            true,
+        )
+        .expect("generating the graph");
+    }
+    let ds = Dataset::open(&ds_path).unwrap();
+    let feat = ds.features.path().to_path_buf();
+    let feat_bytes = std::fs::metadata(&feat).unwrap().len();
+
+    // A random model of the dataset, exported as training would.
+    let cfg = ModelConfig {
+        kind,
+        in_dim: dim as i64,
+        hidden,
+        classes: ds.num_classes as i64,
+        layers: 3,
+        heads: 4,
+        dropout: 0.0,
+    };
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _net = model::build(&vs.root(), &cfg);
+    let model_dir = root.join(format!("model-{kind:?}").to_lowercase());
+    let from = export::Provenance {
+        feature_dtype: "float32".into(),
+        dataset_fingerprint: ds.fingerprint().unwrap(),
+        samples_run_sha256: "random".into(),
+        which: "best".into(),
+        epoch: 0,
+        valid_acc: 0.0,
+        test_acc: 0.0,
+    };
+    let model_loc = model_dir.to_str().unwrap().to_string();
+    export::write(&model_loc, &cfg, &export::snapshot(&vs), &from, true).unwrap();
+
+    let engine = IoEngine::new(IoOptions::default());
+    let probe = |tag: &str| {
+        let r = disk_probe::sequential_read(&engine, &feat, 4 << 30).unwrap();
+        let w =
+            disk_probe::sequential_write(&root.join(format!("probe-{tag}.bin")), 2 << 30).unwrap();
+        (r.bytes_per_second(), w.bytes_per_second())
+    };
+    let before = probe("before");
+    let out = root.join("out");
+    let work = root.join("work");
+    let ds_s = ds_path.to_str().unwrap();
+    let (json, peak) = trainer(&[
+        "infer",
+        "--model",
+        &model_loc,
+        "--dataset",
+        ds_s,
+        "--out",
+        out.to_str().unwrap(),
+        "--work-dir",
+        work.to_str().unwrap(),
+        "--memory",
+        &memory,
+        "--outputs",
+        "class,embeddings",
+        "--overwrite",
+    ]);
+    let after = probe("after");
+    let (read_bw, write_bw) = (before.0.max(after.0), before.1.max(after.1));
+    let s = &json["summary"];
+    let memory_limit = s["memory_limit"].as_u64().unwrap();
+
+    let (naive, _) = trainer(&[
+        "infer",
+        "--model",
+        &model_loc,
+        "--dataset",
+        ds_s,
+        "--out",
+        out.to_str().unwrap(),
+        "--method",
+        "naive",
+        "--naive-blocks",
+        "16",
+    ]);
+    let naive = &naive["summary"];
+
+    println!(
+        "inference benchmark: {nodes} nodes, {dim}-d float32 features ({}), {kind:?} hidden {hidden}, 3 layers, --memory {memory}",
+        gb(feat_bytes as f64)
+    );
+    println!(
+        "  disk: sequential read {:.0} MB/s, write {:.0} MB/s (probed before: {:.0} / {:.0}, after: {:.0} / {:.0})",
+        read_bw / 1e6,
+        write_bw / 1e6,
+        before.0 / 1e6,
+        before.1 / 1e6,
+        after.0 / 1e6,
+        after.1 / 1e6
+    );
+    println!(
+        "  plan: {} groups, chunks of {} rows, edges bucketed in {:.1} s",
+        s["groups"],
+        s["chunk_rows"],
+        s["edge_bucketing_seconds"].as_f64().unwrap()
+    );
+    let mut layers = Vec::new();
+    for (i, l) in s["layers"].as_array().unwrap().iter().enumerate() {
+        let passes = l["passes"].as_u64().unwrap() as f64;
+        let in_bytes = if i == 0 {
+            feat_bytes as f64
+        } else {
+            nodes as f64 * l["in_width"].as_f64().unwrap() * 4.0
+        };
+        let written = l["bytes_written"].as_f64().unwrap();
+        let ideal = passes * in_bytes / read_bw + written / write_bw;
+        let secs = l["seconds"].as_f64().unwrap();
+        println!(
+            "  layer {}: {} -> {}, {} passes, read {}, wrote {}: {:.1} s, ideal {:.1} s, {:.2}x",
+            i + 1,
+            l["in_width"],
+            l["out_width"],
+            passes,
+            gb(l["bytes_read"].as_f64().unwrap()),
+            gb(written),
+            secs,
+            ideal,
+            secs / ideal
+        );
+        layers.push(serde_json::json!({"layer": i + 1, "seconds": secs, "ideal_seconds": ideal, "ratio": secs / ideal}));
+    }
+    let layer1 = s["layers"][0]["seconds"].as_f64().unwrap();
+    let naive_secs = naive["extrapolated_seconds"].as_f64().unwrap();
+    println!(
+        "  peak RSS {} against --memory {} ({:.2}x)",
+        gb(peak as f64),
+        gb(memory_limit as f64),
+        peak as f64 / memory_limit as f64
+    );
+    println!(
+        "  naive first layer (one read per in-edge, {} edges sampled in {:.1} s): {:.0} s extrapolated, {:.1}x the streamed layer's {:.1} s",
+        naive["sample_edges"],
+        naive["seconds"].as_f64().unwrap(),
+        naive_secs,
+        naive_secs / layer1,
+        layer1
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "infer",
+            "nodes": nodes,
+            "feature_bytes": feat_bytes,
+            "read_bytes_per_second": read_bw,
+            "write_bytes_per_second": write_bw,
+            "layers": layers,
+            "peak_rss_bytes": peak,
+            "memory_limit": memory_limit,
+            "naive_extrapolated_seconds": naive_secs,
+            "naive_over_streamed_layer1": naive_secs / layer1,
+            "summary": s,
+        })
+    );
+}
