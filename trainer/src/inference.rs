@@ -96,6 +96,9 @@ pub struct InferConfig {
     pub show_progress: bool,
     /// Fail as if killed after this many groups of this process (tests of resume).
     pub interrupt_after_groups: Option<u64>,
+    /// Store the hidden layers' outputs in the work directory as float16
+    /// (half the disk and I/O; values rounded to nearest even).
+    pub hidden_f16: bool,
 }
 
 /// One layer's figures.
@@ -1051,6 +1054,12 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             out.url()
         )));
     }
+    if cfg.hidden_f16 && card.hidden_channels % 2 == 1 {
+        return Err(Error::InvalidArgument(format!(
+            "--hidden-dtype f16 needs an even hidden width (groups start on 4 KiB pages), this model's is {}",
+            card.hidden_channels
+        )));
+    }
     let bits = selection(&ds, &cfg.nodes)?;
     let n = ds.num_nodes;
     let num_layers = card.num_layers;
@@ -1143,7 +1152,10 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         h.update(&fingerprint);
         h.update(serde_json::to_vec(&plan).expect("plan serializes"));
         h.update([cfg.add_reverse_edges as u8, cfg.keep_self_loops as u8]);
-        h.update(format!("{:?}{:?}", cfg.nodes, cfg.outputs));
+        h.update(format!(
+            "{:?}{:?}{}",
+            cfg.nodes, cfg.outputs, cfg.hidden_f16
+        ));
         offgnn_shared::store::hex(&h.finalize())
     };
     let mut progress = std::fs::read(cfg.work_dir.join(PROGRESS))
@@ -1189,6 +1201,11 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         dtype: ds.features.dtype(),
     };
     let classes = card.out_channels as usize;
+    let (hidden_dtype, elem) = if cfg.hidden_f16 {
+        (DType::F16, 2u64)
+    } else {
+        (DType::F32, 4u64)
+    };
     let graph_layers = if model.mlp.is_empty() { num_layers } else { 1 };
     let mut groups_here = 0u64;
     while progress.layer < graph_layers {
@@ -1202,7 +1219,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 data_offset: 0,
                 rows: n,
                 width: model.widths[l] as usize,
-                dtype: DType::F32,
+                dtype: hidden_dtype,
             }
         };
         let out_width = if model.mlp.is_empty() {
@@ -1223,7 +1240,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         let out_file = if last {
             None
         } else {
-            let padded = (n * out_width as u64 * 4).div_ceil(PAGE) * PAGE;
+            let padded = (n * out_width as u64 * elem).div_ceil(PAGE) * PAGE;
             if progress.groups_done == 0 {
                 let f = File::create(&out_path).map_err(|e| Error::io(out_path.display(), e))?;
                 f.set_len(padded)
@@ -1284,18 +1301,24 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             };
             let mut written = 0u64;
             if let Some(file) = &out_file {
-                let bytes = out_rows.len() * 4;
+                let bytes = out_rows.len() * elem as usize;
                 let len = (bytes as u64).div_ceil(PAGE) * PAGE;
                 let mut buf = AlignedBuf::new(len as usize);
                 let dst = buf.as_mut_slice();
-                for (chunk, v) in dst.chunks_exact_mut(4).zip(&out_rows) {
-                    chunk.copy_from_slice(&v.to_le_bytes());
+                if cfg.hidden_f16 {
+                    for (chunk, v) in dst.chunks_exact_mut(2).zip(&out_rows) {
+                        chunk.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+                    }
+                } else {
+                    for (chunk, v) in dst.chunks_exact_mut(4).zip(&out_rows) {
+                        chunk.copy_from_slice(&v.to_le_bytes());
+                    }
                 }
                 dst[bytes..].fill(0);
                 written += engine.write(
                     file,
                     &[ReadReq {
-                        offset: a * out_width as u64 * 4,
+                        offset: a * out_width as u64 * elem,
                         len: len as usize,
                         buf_offset: 0,
                     }],

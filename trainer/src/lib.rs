@@ -129,6 +129,10 @@ pub struct InferArgs {
     pub method: String,
     #[arg(long, default_value_t = 16)]
     pub naive_blocks: u64,
+    /// How hidden layers' outputs are stored in --work-dir: f32, or f16
+    /// for half the disk and I/O (rounded to nearest even).
+    #[arg(long, default_value = "f32")]
+    pub hidden_dtype: String,
 }
 
 #[derive(Debug, Args)]
@@ -523,6 +527,11 @@ fn infer_command(a: InferArgs) -> anyhow::Result<()> {
         chunk_rows: a.chunk_rows,
         show_progress: true,
         interrupt_after_groups: None,
+        hidden_f16: match a.hidden_dtype.as_str() {
+            "f32" | "float32" => false,
+            "f16" | "float16" => true,
+            other => anyhow::bail!("--hidden-dtype {other}: expected f32 or f16"),
+        },
     };
     match a.method.as_str() {
         "streamed" => {

@@ -165,6 +165,7 @@ fn config(model: &str, ds: &Path, out: &Path, work: &Path) -> InferConfig {
         chunk_rows: Some(1024),
         show_progress: false,
         interrupt_after_groups: None,
+        hidden_f16: false,
     }
 }
 
@@ -238,6 +239,24 @@ fn out_of_core_inference_equals_the_in_memory_forward_pass() {
         );
         // The work directory is cleaned up after the commit.
         assert!(!work.join("progress.json").exists());
+        if kind == ModelKind::Gat {
+            // Hidden layers stored as float16: the same classes, logits
+            // within float16's rounding.
+            let mut half = run.clone();
+            half.hidden_f16 = true;
+            half.out = dir.path().join("out-f16").to_str().unwrap().to_string();
+            let s16 = infer(&half, &engine).unwrap();
+            let o16 = read_output(&dir.path().join("out-f16"), &s16);
+            let diff16 = max_diff(&o16.logits, &want);
+            println!("{kind:?} with float16 hidden layers: largest logit difference {diff16:.2e}");
+            assert!(diff16 > 0.0 && diff16 < 1e-2, "{diff16}");
+            let s32_written: u64 = s.layers[..2].iter().map(|l| l.bytes_written).sum();
+            let s16_written: u64 = s16.layers[..2].iter().map(|l| l.bytes_written).sum();
+            assert!(
+                s16_written * 2 <= s32_written + 8192,
+                "{s16_written} vs {s32_written}"
+            );
+        }
     }
 }
 
