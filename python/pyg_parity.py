@@ -185,15 +185,16 @@ def main():
     gen = os.path.join(a.work, "generated", "dataset")
     run(a.bin_dir, "sampler", "generate", "--out", gen, "--nodes", 3000,
         "--feature-dim", 24, "--classes", 5, "--overwrite")
-    # --memory for `trainer infer`: room for a few destination groups.
-    graphs.append(("generated", gen, ["sage", "gat", "mlp"], "10M"))
+    # --memory for `trainer infer`: libtorch's 576 MiB, then room for a few
+    # destination groups.
+    graphs.append(("generated", gen, ["sage", "gat", "mlp"], "590M"))
     if a.cora_dir:
         cora = os.path.join(a.work, "cora", "dataset")
         run(a.bin_dir, "sampler", "import-parquet", "--preset", "cora",
             "--nodes", os.path.join(a.cora_dir, "cora_nodes.parquet.gzip"),
             "--edges", os.path.join(a.cora_dir, "cora_rels.parquet.gzip"),
             "--out", cora, "--overwrite")
-        graphs.append(("cora", cora, ["sage", "gat"], "64M"))
+        graphs.append(("cora", cora, ["sage", "gat"], "1G"))
 
     rows = []
     for name, dataset, archs, memory in graphs:

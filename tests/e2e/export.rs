@@ -234,7 +234,7 @@ fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
             ],
         )
     };
-    let r = infer(&ds, "64M");
+    let r = infer(&ds, "1G");
     assert!(r.status.success(), "{}", r.stderr);
     let s = &r.json()["summary"];
     // Cora's test split: 541 nodes.
@@ -247,7 +247,7 @@ fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
         assert!(out.join(f.as_str().unwrap()).exists(), "{f}");
     }
 
-    one_line(&infer(&ds, "64M"), "holds a committed inference result");
+    one_line(&infer(&ds, "1G"), "holds a committed inference result");
     std::fs::remove_file(out.join("_SUCCESS.json")).unwrap();
     one_line(&infer(&ds, "9M"), "least");
     // The same dataset with a feature file of another width.
@@ -268,7 +268,7 @@ fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
     feat.extend(std::iter::repeat_n(0u8, 2708 * 10 * 4));
     std::fs::write(narrow.join("data/feat.npy"), feat).unwrap();
     one_line(
-        &infer(&narrow, "64M"),
+        &infer(&narrow, "1G"),
         "features are 10 wide, the model takes 1433",
     );
     // A model of another dataset: Cora with another split.
@@ -291,5 +291,5 @@ fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
         ],
     );
     assert!(r.status.success(), "{}", r.stderr);
-    one_line(&infer(&other, "64M"), "trained on another dataset");
+    one_line(&infer(&other, "1G"), "trained on another dataset");
 }

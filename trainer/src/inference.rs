@@ -251,11 +251,12 @@ impl Model {
 }
 
 /// The activation between layers.
-fn act(kind: ModelKind, t: Tensor) -> Tensor {
-    match kind {
-        ModelKind::Gat => t.elu(),
-        ModelKind::Sage | ModelKind::Mlp => t.relu(),
-    }
+fn act(kind: ModelKind, mut t: Tensor) -> Tensor {
+    let _ = match kind {
+        ModelKind::Gat => t.elu_(),
+        ModelKind::Sage | ModelKind::Mlp => t.relu_(),
+    };
+    t
 }
 
 /// A layer's input: a file of `rows` rows of `width` values from byte
@@ -676,7 +677,9 @@ fn own_rows(
     read: &mut u64,
     f: impl Fn(&Tensor) -> Vec<Tensor>,
 ) -> Result<(Vec<Tensor>, Vec<f32>)> {
-    let mut parts: Vec<Vec<Tensor>> = Vec::new();
+    // Each projection's rows are copied into one tensor of the group's
+    // height, allocated at the first slice: no concatenation doubles them.
+    let mut whole: Vec<Tensor> = Vec::new();
     let mut kept = Vec::new();
     let mut rows = Vec::new();
     let mut at = a;
@@ -685,17 +688,21 @@ fn own_rows(
         *read += input.read_rows(at, end, &mut rows)?;
         let x = tensor(&rows, (end - at) as i64, device);
         for (i, t) in f(&x).into_iter().enumerate() {
-            if parts.len() <= i {
-                parts.push(Vec::new());
+            if whole.len() <= i {
+                let mut shape = t.size();
+                shape[0] = (b - a) as i64;
+                whole.push(Tensor::empty(shape.as_slice(), (t.kind(), t.device())));
             }
-            parts[i].push(t);
+            whole[i]
+                .narrow(0, (at - a) as i64, (end - at) as i64)
+                .copy_(&t);
         }
         if keep {
             kept.extend_from_slice(&rows);
         }
         at = end;
     }
-    Ok((parts.iter().map(|p| Tensor::cat(p, 0)).collect(), kept))
+    Ok((whole, kept))
 }
 
 /// Runs one graph layer for the destinations `[a, b)`: streams the input,
@@ -776,15 +783,18 @@ fn graph_layer_group(
             for &t in &edges.dst {
                 count[(t as u64 - a) as usize] += 1.0;
             }
-            let sum = tensor(&acc, g as i64, device);
+            // In place where possible: a group's tensors are most of --memory.
+            let mut mean = tensor(&acc, g as i64, device);
+            drop(acc);
             let count = Tensor::from_slice(&count).to_device(device).clamp_min(1.0);
-            let mean = sum / count.unsqueeze(1);
-            let neigh = if project {
+            let _ = mean.g_div_(&count.unsqueeze(1));
+            let mut out = if project {
                 mean
             } else {
                 mean.matmul(&lin_l_w.tr())
             };
-            let out = neigh + lin_l_b + &own[0];
+            let _ = out.g_add_(lin_l_b);
+            let _ = out.g_add_(&own[0]);
             Ok((out, h_dst))
         }
         Layer::Gat {
@@ -891,16 +901,18 @@ fn graph_layer_group(
                     });
                 Ok(())
             })?;
-            let acc = tensor(&acc, g as i64, device).view([g as i64, *heads, *per_head]);
+            let mut agg = tensor(&acc, g as i64, device).view([g as i64, *heads, *per_head]);
+            drop(acc);
             let s = tensor(&s, g as i64, device).unsqueeze(-1);
             // PyG divides by the sum plus 1e-16.
-            let agg = acc / (s + 1e-16);
-            let agg = if *concat {
+            let _ = agg.g_div_(&(s + 1e-16));
+            let mut out = if *concat {
                 agg.flatten(1, 2)
             } else {
                 agg.mean_dim([1i64].as_slice(), false, Kind::Float)
             };
-            let out = agg + res + bias;
+            let _ = out.g_add_(res);
+            let _ = out.g_add_(bias);
             Ok((out, h_dst))
         }
     }
@@ -1095,11 +1107,14 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             break;
         }
     }
-    let fixed = 4 * n + n.div_ceil(8) + (REQUEST * PER_CALL) as u64;
+    // libtorch's runtime and the process's own, as the training statement
+    // counts them, then a count per node, the selection, the read buffers.
+    let fixed = crate::memory::RUNTIME_BYTES + 4 * n + n.div_ceil(8) + (REQUEST * PER_CALL) as u64;
     let chunk_rows = match cfg.chunk_rows {
         Some(c) => c.div_ceil(ALIGN_NODES).max(1) * ALIGN_NODES,
         None => {
-            let bytes = (cfg.memory / 8).min(256 << 20);
+            // An eighth of what is left after the fixed part.
+            let bytes = (cfg.memory.saturating_sub(fixed) / 8).min(256 << 20);
             (bytes / per_chunk_row / ALIGN_NODES).max(1) * ALIGN_NODES
         }
     };
@@ -1110,11 +1125,10 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         .filter(|b| *b > 0)
         .ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "--memory {} is below the {} this run needs before any group ({} per node for {} nodes, {} for a source chunk of {chunk_rows} rows, {} of read buffers); the least that works is about {}",
+                "--memory {} is below the {} this run needs before any group (libtorch's runtime {}, 4 bytes per node for {n} nodes, {} for a source chunk of {chunk_rows} rows, {} of read buffers); the least that works is about {}",
                 human_bytes(cfg.memory),
                 human_bytes(fixed + chunk_bytes),
-                "4 bytes",
-                n,
+                human_bytes(crate::memory::RUNTIME_BYTES),
                 human_bytes(chunk_bytes),
                 human_bytes((REQUEST * PER_CALL) as u64),
                 human_bytes(fixed + chunk_bytes + ALIGN_NODES * per_node * 2)

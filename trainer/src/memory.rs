@@ -23,6 +23,8 @@ const TORCH_RUNTIME_BYTES: u64 = 512 << 20;
 /// The rest of the process: staging, io_uring rings, address tables being
 /// decoded, progress and summaries.
 const PROCESS_BYTES: u64 = 64 << 20;
+/// What a trainer process holds before any data: the runtime and the rest.
+pub const RUNTIME_BYTES: u64 = TORCH_RUNTIME_BYTES + PROCESS_BYTES;
 /// Disk pages are read whole.
 const PAGE: u64 = 4096;
 /// A layer's tensors, and the gradients of the same sizes in the backward

@@ -172,7 +172,7 @@ fn config(model: &str, ds: &Path, out: &Path, work: &Path) -> InferConfig {
 /// The least memory (in steps of 64 KiB) a run of `model` accepts: at that
 /// size each destination group holds about one block of 1024 nodes.
 fn least_memory(model: &str, ds: &Path, root: &Path, engine: &IoEngine) -> u64 {
-    let mut memory = 8 << 20;
+    let mut memory = trainer::memory::RUNTIME_BYTES + (8 << 20);
     loop {
         let mut cfg = config(model, ds, &root.join("probe-out"), &root.join("probe-work"));
         cfg.memory = memory;
@@ -182,7 +182,10 @@ fn least_memory(model: &str, ds: &Path, root: &Path, engine: &IoEngine) -> u64 {
             Err(e) => assert!(e.to_string().contains("--memory"), "{e}"),
         }
         memory += 64 << 10;
-        assert!(memory < 64 << 20, "no memory size worked");
+        assert!(
+            memory < trainer::memory::RUNTIME_BYTES + (64 << 20),
+            "no memory size worked"
+        );
     }
 }
 
