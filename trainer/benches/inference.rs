@@ -198,7 +198,7 @@ fn main() {
         let ideal = passes * in_bytes / read_bw + written / write_bw;
         let secs = l["seconds"].as_f64().unwrap();
         println!(
-            "  layer {}: {} -> {}, {} passes, read {}, wrote {}: {:.1} s, ideal {:.1} s, {:.2}x",
+            "  layer {}: {} -> {}, {} passes, read {}, wrote {}: {:.1} s (waiting on the disk {:.1} s, projecting and scattering {:.1} s), ideal {:.1} s, {:.2}x",
             i + 1,
             l["in_width"],
             l["out_width"],
@@ -206,6 +206,8 @@ fn main() {
             gb(l["bytes_read"].as_f64().unwrap()),
             gb(written),
             secs,
+            l["io_wait_seconds"].as_f64().unwrap(),
+            l["scatter_seconds"].as_f64().unwrap(),
             ideal,
             secs / ideal
         );

@@ -56,6 +56,8 @@ const PER_CALL: usize = 8;
 const STREAM_AHEAD: usize = 2;
 /// Groups whose edge files are open at once while the edges are bucketed.
 const OPEN_GROUPS: usize = 256;
+/// Rows per output Parquet file.
+const PART_ROWS: usize = 1 << 18;
 /// The committed result's summary, written last.
 pub const COMMIT: &str = "_SUCCESS.json";
 
@@ -112,6 +114,10 @@ pub struct LayerFigures {
     pub bytes_read: u64,
     pub bytes_written: u64,
     pub seconds: f64,
+    /// Of `seconds`: waiting for the next source chunk from the disk.
+    pub io_wait_seconds: f64,
+    /// Of `seconds`: projecting and scattering source chunks.
+    pub scatter_seconds: f64,
     /// Groups done by an earlier, interrupted run.
     pub groups_resumed: u64,
 }
@@ -308,6 +314,7 @@ impl Input {
         &self,
         engine: &IoEngine,
         chunk_rows: u64,
+        times: &mut StreamTimes,
         mut each: impl FnMut(usize, &[f32]) -> Result<()>,
     ) -> Result<u64> {
         let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<(usize, Vec<f32>)>(STREAM_AHEAD);
@@ -317,14 +324,19 @@ impl Input {
             let reader =
                 scope.spawn(|| self.read_chunks(engine, chunk_rows, full_tx, free_rx, &stop));
             let mut outcome = Ok(());
+            let mut waited = Instant::now();
             for (c, rows) in full_rx.iter() {
+                times.io_wait += waited.elapsed().as_secs_f64();
+                let t = Instant::now();
                 if outcome.is_ok() {
                     outcome = each(c, &rows);
                     if outcome.is_err() {
                         stop.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
+                times.scatter += t.elapsed().as_secs_f64();
                 let _ = free_tx.send(rows);
+                waited = Instant::now();
             }
             drop(free_tx);
             let read = reader.join().expect("the reader thread does not panic")?;
@@ -390,6 +402,14 @@ impl Input {
         }
         Ok(read)
     }
+}
+
+/// Where a stream's time went: waiting for the disk, and in the work on
+/// each chunk (projection and scatter).
+#[derive(Clone, Copy, Debug, Default)]
+struct StreamTimes {
+    io_wait: f64,
+    scatter: f64,
 }
 
 /// The plan: groups of destinations and the source chunk size.
@@ -720,6 +740,7 @@ fn graph_layer_group(
     device: Device,
     keep_rows: bool,
     read: &mut u64,
+    times: &mut StreamTimes,
 ) -> Result<(Tensor, Vec<f32>)> {
     let g = (b - a) as usize;
     let parts = rayon::current_num_threads() * 4;
@@ -729,9 +750,11 @@ fn graph_layer_group(
             lin_l_b,
             lin_r_w,
         } => {
-            let (own, h_dst) = own_rows(input, (a, b), chunk_rows, device, keep_rows, read, |x| {
-                vec![x.matmul(&lin_r_w.tr())]
-            })?;
+            // The group's own rows pass by in the stream: lin_r is applied
+            // to them there, with no second read.
+            let d_out = lin_r_w.size()[0];
+            let own = Tensor::zeros([g as i64, d_out], (Kind::Float, device));
+            let mut h_dst = Vec::new();
             // mean(h) W = mean(h W): where the layer narrows, sources are
             // projected first and the sums are kept at the output's width.
             let project = lin_l_w.size()[0] < input.width as i64;
@@ -741,7 +764,24 @@ fn graph_layer_group(
                 input.width
             };
             let mut acc = vec![0f32; g * d];
-            *read += input.stream(engine, chunk_rows, |c, rows| {
+            *read += input.stream(engine, chunk_rows, times, |c, rows| {
+                let c0 = c as u64 * chunk_rows;
+                let c1 = c0 + (rows.len() / input.width) as u64;
+                let (lo, hi) = (a.max(c0), b.min(c1));
+                if lo < hi {
+                    let mine = &rows
+                        [((lo - c0) as usize) * input.width..((hi - c0) as usize) * input.width];
+                    let x = tensor(mine, (hi - lo) as i64, device);
+                    own.narrow(0, (lo - a) as i64, (hi - lo) as i64)
+                        .copy_(&x.matmul(&lin_r_w.tr()));
+                    if keep_rows {
+                        h_dst.extend_from_slice(mine);
+                    }
+                }
+                let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
+                if e0 == e1 {
+                    return Ok(());
+                }
                 let projected;
                 let rows = if project {
                     let n_rows = (rows.len() / input.width) as i64;
@@ -750,11 +790,6 @@ fn graph_layer_group(
                 } else {
                     rows
                 };
-                let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
-                if e0 == e1 {
-                    return Ok(());
-                }
-                let c0 = c as u64 * chunk_rows;
                 let (src, dst) = (&edges.src[e0..e1], &edges.dst[e0..e1]);
                 let split = dst_parts(dst, a, b, parts);
                 // Each part owns the accumulator rows of its destinations.
@@ -794,7 +829,7 @@ fn graph_layer_group(
                 mean.matmul(&lin_l_w.tr())
             };
             let _ = out.g_add_(lin_l_b);
-            let _ = out.g_add_(&own[0]);
+            let _ = out.g_add_(&own);
             Ok((out, h_dst))
         }
         Layer::Gat {
@@ -825,7 +860,7 @@ fn graph_layer_group(
             let mut m = e_self.clone();
             let mut s = vec![1f32; g * h];
             let mut acc = to_vec(z_dst_t)?;
-            *read += input.stream(engine, chunk_rows, |c, rows| {
+            *read += input.stream(engine, chunk_rows, times, |c, rows| {
                 let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
                 if e0 == e1 {
                     return Ok(());
@@ -1020,8 +1055,10 @@ fn output_batch(
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(schema.clone(), columns)
         .map_err(|e| Error::InvalidArgument(format!("building the output: {e}")))?;
+    // Uncompressed: float columns barely compress, and a codec would cost
+    // more time than the bytes it saves.
     let props = parquet::file::properties::WriterProperties::builder()
-        .set_compression(parquet::basic::Compression::SNAPPY)
+        .set_compression(parquet::basic::Compression::UNCOMPRESSED)
         .build();
     let mut bytes = Vec::new();
     let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, schema, Some(props))
@@ -1274,6 +1311,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             let (a, b) = plan.groups[gi];
             let t = Instant::now();
             let mut read = 0u64;
+            let mut times = StreamTimes::default();
             let (out_rows, embedding) = if model.mlp.is_empty() {
                 let edges = load_group_edges(&cfg.work_dir, gi, chunks)?;
                 read += (edges.src.len() * 8) as u64;
@@ -1287,6 +1325,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     cfg.device,
                     last && cfg.outputs.embeddings,
                     &mut read,
+                    &mut times,
                 )?;
                 let out = if last {
                     out
@@ -1343,30 +1382,44 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     .filter(|&v| selected(&bits, v))
                     .map(|v| (v - a) as usize)
                     .collect();
-                if !keep.is_empty() {
-                    let ids: Vec<u64> = keep.iter().map(|&i| a + i as u64).collect();
-                    let logits: Vec<f32> = keep
-                        .iter()
-                        .flat_map(|&i| out_rows[i * classes..][..classes].iter().copied())
-                        .collect();
-                    let emb_width = model.widths[num_layers - 1] as usize;
-                    let emb: Option<Vec<f32>> = embedding.as_ref().map(|e| {
-                        keep.iter()
-                            .flat_map(|&i| e[i * emb_width..][..emb_width].iter().copied())
-                            .collect()
-                    });
-                    let bytes = output_batch(
-                        &ids,
-                        &logits,
-                        classes,
-                        emb.as_deref().map(|e| (e, emb_width)),
-                        cfg.outputs,
-                    )?;
-                    let name = format!("part-{gi:06}.parquet");
+                // Parts of at most PART_ROWS rows, encoded in parallel.
+                let emb_width = model.widths[num_layers - 1] as usize;
+                let parts: Vec<Result<(String, Vec<u8>, u64)>> = keep
+                    .chunks(PART_ROWS)
+                    .enumerate()
+                    .collect::<Vec<_>>()
+                    .into_par_iter()
+                    .map(|(k, rows)| {
+                        let ids: Vec<u64> = rows.iter().map(|&i| a + i as u64).collect();
+                        let logits: Vec<f32> = rows
+                            .iter()
+                            .flat_map(|&i| out_rows[i * classes..][..classes].iter().copied())
+                            .collect();
+                        let emb: Option<Vec<f32>> = embedding.as_ref().map(|e| {
+                            rows.iter()
+                                .flat_map(|&i| e[i * emb_width..][..emb_width].iter().copied())
+                                .collect()
+                        });
+                        let bytes = output_batch(
+                            &ids,
+                            &logits,
+                            classes,
+                            emb.as_deref().map(|e| (e, emb_width)),
+                            cfg.outputs,
+                        )?;
+                        Ok((
+                            format!("part-{gi:06}-{k:04}.parquet"),
+                            bytes,
+                            ids.len() as u64,
+                        ))
+                    })
+                    .collect();
+                for part in parts {
+                    let (name, bytes, rows) = part?;
                     written += bytes.len() as u64;
                     out.put(&name, bytes)?;
                     progress.output_files.push(name);
-                    progress.nodes_written += ids.len() as u64;
+                    progress.nodes_written += rows;
                 }
             }
             let f = &mut progress.figures[l];
@@ -1374,6 +1427,8 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             f.bytes_read += read;
             f.bytes_written += written;
             f.seconds += t.elapsed().as_secs_f64();
+            f.io_wait_seconds += times.io_wait;
+            f.scatter_seconds += times.scatter;
             progress.groups_done += 1;
             save_progress(&cfg.work_dir, &progress)?;
             pb.inc(1);
