@@ -56,6 +56,8 @@ const PER_CALL: usize = 8;
 const STREAM_AHEAD: usize = 2;
 /// Groups whose edge files are open at once while the edges are bucketed.
 const OPEN_GROUPS: usize = 256;
+/// Bytes per write of a hidden layer's rows (a multiple of the page).
+const WRITE_PIECE: usize = 32 << 20;
 /// Rows per output Parquet file.
 const PART_ROWS: usize = 1 << 18;
 /// The committed result's summary, written last.
@@ -238,7 +240,7 @@ impl Model {
                 // Sums at the narrower width (twice: host and device), the
                 // projection of its own row, a count, three output copies.
                 let acc = d_in.min(d_out);
-                let per_src = if d_out < d_in { 2 * d_out } else { 0 };
+                let per_src = if d_out <= d_in { 2 * d_out } else { 0 };
                 (2 * acc + d_out + 1 + 3 * d_out, per_src)
             }
             Layer::Gat {
@@ -757,7 +759,7 @@ fn graph_layer_group(
             let mut h_dst = Vec::new();
             // mean(h) W = mean(h W): where the layer narrows, sources are
             // projected first and the sums are kept at the output's width.
-            let project = lin_l_w.size()[0] < input.width as i64;
+            let project = lin_l_w.size()[0] <= input.width as i64;
             let d = if project {
                 lin_l_w.size()[0] as usize
             } else {
@@ -1144,9 +1146,15 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             break;
         }
     }
+    // Hidden rows go out in pieces of at most WRITE_PIECE bytes.
+    let widest = *model.widths[1..].iter().max().expect("a layer") as u64;
+    let write_piece = (WRITE_PIECE as u64).min((n * widest * 4).div_ceil(PAGE) * PAGE) as usize;
     // libtorch's runtime and the process's own, as the training statement
     // counts them, then a count per node, the selection, the read buffers.
-    let fixed = crate::memory::RUNTIME_BYTES + 4 * n + n.div_ceil(8) + (REQUEST * PER_CALL) as u64;
+    let fixed = crate::memory::RUNTIME_BYTES
+        + 4 * n
+        + n.div_ceil(8)
+        + (REQUEST * PER_CALL + write_piece) as u64;
     let chunk_rows = match cfg.chunk_rows {
         Some(c) => c.div_ceil(ALIGN_NODES).max(1) * ALIGN_NODES,
         None => {
@@ -1162,12 +1170,12 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         .filter(|b| *b > 0)
         .ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "--memory {} is below the {} this run needs before any group (libtorch's runtime {}, 4 bytes per node for {n} nodes, {} for a source chunk of {chunk_rows} rows, {} of read buffers); the least that works is about {}",
+                "--memory {} is below the {} this run needs before any group (libtorch's runtime {}, 4 bytes per node for {n} nodes, {} for a source chunk of {chunk_rows} rows, {} of read and write buffers); the least that works is about {}",
                 human_bytes(cfg.memory),
                 human_bytes(fixed + chunk_bytes),
                 human_bytes(crate::memory::RUNTIME_BYTES),
                 human_bytes(chunk_bytes),
-                human_bytes((REQUEST * PER_CALL) as u64),
+                human_bytes((REQUEST * PER_CALL + write_piece) as u64),
                 human_bytes(fixed + chunk_bytes + ALIGN_NODES * per_node * 2)
             ))
         })?;
@@ -1259,6 +1267,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     };
     let graph_layers = if model.mlp.is_empty() { num_layers } else { 1 };
     let mut groups_here = 0u64;
+    let mut write_buf = AlignedBuf::new(write_piece);
     while progress.layer < graph_layers {
         let l = progress.layer;
         let last = l + 1 == graph_layers;
@@ -1313,8 +1322,14 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             let mut read = 0u64;
             let mut times = StreamTimes::default();
             let (out_rows, embedding) = if model.mlp.is_empty() {
+                let t_edges = Instant::now();
                 let edges = load_group_edges(&cfg.work_dir, gi, chunks)?;
+                tracing::debug!(
+                    "layer {l} group {gi}: edges loaded in {:.2} s",
+                    t_edges.elapsed().as_secs_f64()
+                );
                 read += (edges.src.len() * 8) as u64;
+                let t_group = Instant::now();
                 let (out, h_dst) = graph_layer_group(
                     &model.layers[l],
                     &input,
@@ -1327,15 +1342,23 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     &mut read,
                     &mut times,
                 )?;
+                tracing::debug!(
+                    "layer {l} group {gi}: computed in {:.2} s ({:.2} s streaming)",
+                    t_group.elapsed().as_secs_f64(),
+                    times.io_wait + times.scatter
+                );
+                let t_out = Instant::now();
                 let out = if last {
                     out
                 } else {
                     act(card.architecture, out)
                 };
-                (
-                    to_vec(&out)?,
-                    (last && cfg.outputs.embeddings).then_some(h_dst),
-                )
+                let rows = to_vec(&out)?;
+                tracing::debug!(
+                    "layer {l} group {gi}: activation and copy out in {:.2} s",
+                    t_out.elapsed().as_secs_f64()
+                );
+                (rows, (last && cfg.outputs.embeddings).then_some(h_dst))
             } else {
                 let mut x = Vec::new();
                 read += input.read_rows(a, b, &mut x)?;
@@ -1353,30 +1376,36 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 (to_vec(&h)?, before_last.filter(|_| cfg.outputs.embeddings))
             };
             let mut written = 0u64;
+            let t_write = Instant::now();
             if let Some(file) = &out_file {
-                let bytes = out_rows.len() * elem as usize;
-                let len = (bytes as u64).div_ceil(PAGE) * PAGE;
-                let mut buf = AlignedBuf::new(len as usize);
-                let dst = buf.as_mut_slice();
-                if cfg.hidden_f16 {
-                    for (chunk, v) in dst.chunks_exact_mut(2).zip(&out_rows) {
-                        chunk.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+                // In pieces through one reused buffer: a group's rows can be
+                // gigabytes, and fresh pages cost more than the copy.
+                let values_per_piece = write_piece / elem as usize;
+                let base = a * out_width as u64 * elem;
+                for (k, values) in out_rows.chunks(values_per_piece).enumerate() {
+                    let bytes = values.len() * elem as usize;
+                    let len = (bytes as u64).div_ceil(PAGE) * PAGE;
+                    let dst = &mut write_buf.as_mut_slice()[..len as usize];
+                    if cfg.hidden_f16 {
+                        for (chunk, v) in dst.chunks_exact_mut(2).zip(values) {
+                            chunk.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+                        }
+                    } else {
+                        for (chunk, v) in dst.chunks_exact_mut(4).zip(values) {
+                            chunk.copy_from_slice(&v.to_le_bytes());
+                        }
                     }
-                } else {
-                    for (chunk, v) in dst.chunks_exact_mut(4).zip(&out_rows) {
-                        chunk.copy_from_slice(&v.to_le_bytes());
-                    }
+                    dst[bytes..].fill(0);
+                    written += engine.write(
+                        file,
+                        &[ReadReq {
+                            offset: base + (k * write_piece) as u64,
+                            len: len as usize,
+                            buf_offset: 0,
+                        }],
+                        &write_buf,
+                    )?;
                 }
-                dst[bytes..].fill(0);
-                written += engine.write(
-                    file,
-                    &[ReadReq {
-                        offset: a * out_width as u64 * elem,
-                        len: len as usize,
-                        buf_offset: 0,
-                    }],
-                    &buf,
-                )?;
             } else {
                 let keep: Vec<usize> = (a..b)
                     .filter(|&v| selected(&bits, v))
@@ -1384,7 +1413,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     .collect();
                 // Parts of at most PART_ROWS rows, encoded in parallel.
                 let emb_width = model.widths[num_layers - 1] as usize;
-                let parts: Vec<Result<(String, Vec<u8>, u64)>> = keep
+                let parts: Vec<Result<(String, u64, u64)>> = keep
                     .chunks(PART_ROWS)
                     .enumerate()
                     .collect::<Vec<_>>()
@@ -1407,21 +1436,25 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                             emb.as_deref().map(|e| (e, emb_width)),
                             cfg.outputs,
                         )?;
-                        Ok((
-                            format!("part-{gi:06}-{k:04}.parquet"),
-                            bytes,
-                            ids.len() as u64,
-                        ))
+                        // Encoded and stored in parallel: the store's puts
+                        // wait on the disk, the encoding on the CPU.
+                        let name = format!("part-{gi:06}-{k:04}.parquet");
+                        let size = bytes.len() as u64;
+                        out.put(&name, bytes)?;
+                        Ok((name, size, ids.len() as u64))
                     })
                     .collect();
                 for part in parts {
-                    let (name, bytes, rows) = part?;
-                    written += bytes.len() as u64;
-                    out.put(&name, bytes)?;
+                    let (name, size, rows) = part?;
+                    written += size;
                     progress.output_files.push(name);
                     progress.nodes_written += rows;
                 }
             }
+            tracing::debug!(
+                "layer {l} group {gi}: written in {:.2} s",
+                t_write.elapsed().as_secs_f64()
+            );
             let f = &mut progress.figures[l];
             f.passes += 1;
             f.bytes_read += read;

@@ -436,15 +436,7 @@ fn resume(
             )));
         }
     }
-    let tensors = dir.join(&meta.tensors);
-    if meta.tensors.contains('/') || !tensors.exists() {
-        return Err(Error::Checkpoint(format!(
-            "{}: names tensor file {:?}, which is not in {}",
-            meta_path.display(),
-            meta.tensors,
-            dir.display()
-        )));
-    }
+    let tensors = tensor_file(dir, &meta)?;
     let named = load_tensors(&tensors, cfg.device)?;
     export::load_into(
         vs,
@@ -466,6 +458,20 @@ fn resume(
         resumed_from: Some((meta.epoch, position)),
         best,
     })
+}
+
+/// The tensor file a checkpoint's metadata names, which must be in `dir`.
+fn tensor_file(dir: &Path, meta: &CheckpointMeta) -> Result<PathBuf> {
+    let tensors = dir.join(&meta.tensors);
+    if meta.tensors.contains('/') || !tensors.exists() {
+        return Err(Error::Checkpoint(format!(
+            "{}: names tensor file {:?}, which is not in {}",
+            dir.join(META).display(),
+            meta.tensors,
+            dir.display()
+        )));
+    }
+    Ok(tensors)
 }
 
 /// A checkpoint's tensor file, by name.
@@ -932,15 +938,7 @@ pub fn export_checkpoint(
         )));
     }
     export::check_target(out, overwrite)?;
-    let tensors = dir.join(&meta.tensors);
-    if meta.tensors.contains('/') || !tensors.exists() {
-        return Err(Error::Checkpoint(format!(
-            "{}: names tensor file {:?}, which is not in {}",
-            meta_path.display(),
-            meta.tensors,
-            dir.display()
-        )));
-    }
+    let tensors = tensor_file(dir, &meta)?;
     let named = load_tensors(&tensors, Device::Cpu)?;
     let (which, epoch, prefix) = if last {
         if meta.in_epoch.is_some() {
