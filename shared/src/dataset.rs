@@ -655,6 +655,16 @@ impl EdgeList {
                             )
                         })
                     };
+                    // GraphBolt reads edge CSV without a header: a first line
+                    // of names is refused as such, not as a bad edge.
+                    if lineno == 0 && line.chars().any(|c| c.is_ascii_alphabetic()) {
+                        return Err(Error::dataset(
+                            path,
+                            format!(
+                                "line 1 '{line}' is a header; GraphBolt's edge CSV has none (one 'src,dst' pair of integer ids per line): remove it"
+                            ),
+                        ));
+                    }
                     let mut parts = line.split(',');
                     let (s, d) = (parse(parts.next())?, parse(parts.next())?);
                     if parts.next().is_some() {

@@ -39,6 +39,14 @@ pub fn resolve(
         } else {
             dir
         };
+        if let Some(local) = local_dir {
+            // A local layout is read in place; say so rather than ignore the flag.
+            tracing::warn!(
+                "--local-dir {} is not used: the layout in {} is local and is read in place",
+                local.display(),
+                dir.display()
+            );
+        }
         let path = dir.join(&name);
         let bytes = std::fs::read(&path).map_err(|e| Error::io(path.display(), e))?;
         return Ok((dir, Manifest::parse(&path.display().to_string(), &bytes)?));

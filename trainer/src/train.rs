@@ -606,6 +606,15 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
 
     let mut trained_here = 0u64;
     let first_epoch = history.len() as u32;
+    if cfg.epochs as usize > schedule.len() {
+        tracing::info!(
+            "{} epochs over {} sampled: epochs {}..{} reuse the sampled batches, in a new order each epoch",
+            cfg.epochs,
+            schedule.len(),
+            schedule.len(),
+            cfg.epochs - 1
+        );
+    }
     for t in first_epoch..cfg.epochs {
         let started = Instant::now();
         let (sampled, mut order) = epoch_order(schedule, t, cfg.seed);

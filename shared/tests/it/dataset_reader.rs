@@ -182,6 +182,9 @@ fn reads_csv_edges() {
     fs::write(root.join("edges/edges.csv"), "0,1\n1,x\n").unwrap();
     let err = open_err(&root);
     assert!(err.contains("edges.csv") && err.contains("line 2"), "{err}");
+    fs::write(root.join("edges/edges.csv"), "src,dst\n0,1\n").unwrap();
+    let err = open_err(&root);
+    assert!(err.contains("line 1 'src,dst' is a header"), "{err}");
     fs::write(root.join("edges/edges.csv"), "0,1\n1,9\n").unwrap();
     let err = open_err(&root);
     assert!(err.contains("edges.csv") && err.contains("id 9"), "{err}");
