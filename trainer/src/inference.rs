@@ -1071,6 +1071,20 @@ fn output_batch(
     Ok(bytes)
 }
 
+/// Graph layers the run computes: the model's layers, or one pass for the MLP.
+fn graph_layers_of(model: &Model) -> usize {
+    if model.mlp.is_empty() {
+        model.card.num_layers
+    } else {
+        1
+    }
+}
+
+/// Bytes per value of the hidden layers' files.
+fn hidden_elem(cfg: &InferConfig) -> u64 {
+    if cfg.hidden_f16 { 2 } else { 4 }
+}
+
 fn hidden_file(work: &Path, l: usize) -> PathBuf {
     work.join(format!("h{l}.f32"))
 }
@@ -1180,8 +1194,10 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             ))
         })?;
     let mut indegree = vec![0u32; n as usize];
+    let mut edge_upper_bound = 0u64;
     for_each_edge(&ds, cfg, |_, dst| {
         indegree[dst as usize] += 1;
+        edge_upper_bound += 1;
         Ok(())
     })?;
     let (groups, largest) = if model.mlp.is_empty() {
@@ -1244,6 +1260,29 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         out.delete(COMMIT)?;
     }
 
+    if !progress.edges_ready && progress.layer == 0 && progress.groups_done == 0 {
+        // What the work directory will hold at most: the hidden layers'
+        // outputs and the bucketed edges (counted with duplicates).
+        let hidden: u64 = (1..graph_layers_of(&model))
+            .map(|l| (n * model.widths[l] as u64 * hidden_elem(cfg)).div_ceil(PAGE) * PAGE)
+            .sum();
+        let edges_bytes = if model.mlp.is_empty() {
+            edge_upper_bound * 8 + plan.groups.len() as u64 * (chunks as u64 + 1) * 8
+        } else {
+            0
+        };
+        let free = offgnn_shared::io_engine::free_bytes(&cfg.work_dir)?;
+        if hidden + edges_bytes > free {
+            return Err(Error::InvalidArgument(format!(
+                "--work-dir {}: {} free, this run needs up to {} there (hidden layers {}, bucketed edges {}); free some space or point --work-dir elsewhere",
+                cfg.work_dir.display(),
+                human_bytes(free),
+                human_bytes(hidden + edges_bytes),
+                human_bytes(hidden),
+                human_bytes(edges_bytes)
+            )));
+        }
+    }
     let mut edges_total = 0u64;
     if model.mlp.is_empty() && !progress.edges_ready {
         let t = Instant::now();
