@@ -149,7 +149,7 @@ pub fn free_bytes(path: &Path) -> Result<u64> {
     }
     // SAFETY: statvfs returned 0, so it initialised the struct.
     let st = unsafe { st.assume_init() };
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+    Ok(st.f_bavail * st.f_frsize)
 }
 
 /// A heap buffer whose start is aligned to [`PAGE`], as O_DIRECT needs.
