@@ -89,6 +89,15 @@ fn build_store(
             configured!(object_store::gcp::GoogleCloudStorageBuilder::new())
         }
         Scheme::MicrosoftAzure => configured!(object_store::azure::MicrosoftAzureBuilder::new()),
+        Scheme::Http => {
+            // A plain http:// location is what the user asked for: the
+            // client refuses unencrypted HTTP unless told it may.
+            let mut options = options;
+            if url.scheme() == "http" {
+                options.push(("allow_http".into(), "true".into()));
+            }
+            return object_store::parse_url_opts(url, options);
+        }
         _ => return object_store::parse_url_opts(url, options),
     };
     Ok((store, path))

@@ -677,3 +677,48 @@ fn trainer_states_its_memory_and_holds_to_it() {
         "peak RSS {peak} bytes over the stated {stated}"
     );
 }
+
+/// A layout served over plain HTTP (an object host with byte ranges, here
+/// tests/support/http_range_server.py) stages and trains: `http://`
+/// locations are enabled, not refused with "feature for Http not enabled".
+#[test]
+fn a_layout_served_over_http_stages_and_trains() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = cora_pack(dir.path());
+    assert!(manifest.starts_with(dir.path()));
+    let mut server = std::process::Command::new("python3")
+        .arg(offgnn_e2e::workspace().join("tests/support/http_range_server.py"))
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 starts");
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .strip_prefix("port ")
+        .expect("the server says its port");
+    let url = format!("http://127.0.0.1:{port}/pack/manifest.json");
+    let stage = dir.path().join("stage");
+    let r = run(
+        "trainer",
+        &[
+            "--manifest",
+            &url,
+            "--local-dir",
+            stage.to_str().unwrap(),
+            "--epochs",
+            "1",
+            "--max-batches",
+            "2",
+        ],
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(r.status.success(), "{}", r.stderr);
+    assert!(stage.join("manifest.json").exists());
+    assert_eq!(r.json()["summary"]["epochs"].as_array().unwrap().len(), 1);
+}
