@@ -519,13 +519,15 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
                 feature_dtype: features.dtype().name().to_string(),
                 row_bytes,
                 feature_file_bytes,
-                feature_location: features.describe(),
+                // Absolute, so that `packer verify` and the trainer's
+                // baselines find it from any working directory.
+                feature_location: offgnn_shared::store::absolute_location(&features.describe()),
                 dataset_fingerprint: run.dataset.fingerprint.clone(),
                 feature_fingerprint: run.dataset.feature_fingerprint.clone(),
                 num_classes: run.dataset.num_classes,
             },
             samples: manifests::SamplesRef {
-                location: samples.url().to_string(),
+                location: offgnn_shared::store::absolute_location(samples.url()),
                 run_sha256: {
                     use sha2::Digest;
                     offgnn_shared::store::hex(&sha2::Sha256::digest(&run_bytes))

@@ -181,6 +181,17 @@ fn env_options() -> Vec<(String, String)> {
         .collect()
 }
 
+/// A location another process can open from any working directory: a
+/// relative local path made absolute (it must exist), anything else as is.
+pub fn absolute_location(location: &str) -> String {
+    if location.contains("://") {
+        return location.to_string();
+    }
+    std::fs::canonicalize(location)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| location.to_string())
+}
+
 /// The URL without user info or query, for messages and summaries: a
 /// credential in a URL never reaches a log.
 pub fn redact(url: &str) -> String {

@@ -722,3 +722,54 @@ fn a_layout_served_over_http_stages_and_trains() {
     assert!(stage.join("manifest.json").exists());
     assert_eq!(r.json()["summary"]["epochs"].as_array().unwrap().len(), 1);
 }
+
+/// A layout packed from relative paths verifies from another working
+/// directory: the manifest names its samples and features absolutely.
+#[test]
+fn a_layout_packed_from_relative_paths_verifies_from_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ds, samples) = cora_samples(dir.path());
+    let rel = |p: &std::path::Path| {
+        p.strip_prefix(dir.path())
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    let out = std::process::Command::new(offgnn_e2e::binary("packer"))
+        .current_dir(dir.path())
+        .env("RUST_LOG", "warn")
+        .args([
+            "--samples",
+            &rel(&samples),
+            "--features",
+            &rel(&ds.join("data/feat.npy")),
+            "--out",
+            "pack",
+            "--gpu-cache",
+            "1M",
+            "--cpu-cache",
+            "2M",
+            "--disk-budget",
+            "8x",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest = dir.path().join("pack/manifest.json");
+    let r = run(
+        "packer",
+        &["verify", "--manifest", manifest.to_str().unwrap()],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    assert!(
+        m["samples"]["location"].as_str().unwrap().starts_with('/'),
+        "{}",
+        m["samples"]["location"]
+    );
+}
