@@ -166,6 +166,7 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
     if committed && !cfg.overwrite {
         return Err(Error::Committed(out.url().to_string()));
     }
+    check_pack_prefix(&out, committed)?;
     let local_root = local_dir(&cfg.out);
     let staging = match &local_root {
         Some(dir) => dir.clone(),
@@ -605,6 +606,52 @@ const OLD_PREFIX: &str = ".pack-old-";
 
 /// Directories of replaced objects in `staging` that an earlier run did not
 /// get to remove.
+/// Whether `name` (relative to --out) is one of the objects a packer writes
+/// under `pack/`: the caches, segments and address tables.
+fn packer_object(name: &str) -> bool {
+    let Some(file) = name.strip_prefix("pack/") else {
+        return false;
+    };
+    let numbered = |prefix: &str| {
+        file.strip_prefix(prefix)
+            .and_then(|rest| rest.strip_suffix(".bin"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    file == "gpu_cache.bin" || file == "cpu_cache.bin" || numbered("segment-") || numbered("table-")
+}
+
+/// The packer replaces what is under `pack/`: refuse, before anything is
+/// removed, when that holds a file no packer writes (a user's file, not a
+/// layout's), naming it.
+fn check_pack_prefix(out: &Store, committed: bool) -> Result<()> {
+    let foreign: Vec<String> = out
+        .list("pack")?
+        .into_iter()
+        .map(|(name, _)| name)
+        .filter(|name| !packer_object(name))
+        .collect();
+    if let Some(first) = foreign.first() {
+        return Err(Error::InvalidArgument(format!(
+            "{}: holds {} that no packer wrote ({}{}); the packer replaces what is under pack/, so remove them or choose another --out",
+            out.url(),
+            if foreign.len() == 1 {
+                "a file".to_string()
+            } else {
+                format!("{} files", foreign.len())
+            },
+            first,
+            if foreign.len() > 1 { ", ..." } else { "" }
+        )));
+    }
+    if !committed && !out.list("pack")?.is_empty() {
+        tracing::info!(
+            "{}: pack/ holds a layout's objects but no manifest (an interrupted run); they are replaced",
+            out.url()
+        );
+    }
+    Ok(())
+}
+
 fn leftovers(staging: &Path) -> Result<Vec<PathBuf>> {
     let entries = match std::fs::read_dir(staging) {
         Ok(entries) => entries,

@@ -206,6 +206,29 @@ pub struct Outcome {
     pub memory: MemoryEstimate,
 }
 
+/// Whether `name` is one of the objects a sampler writes: a samples file
+/// (`samples/split=S/epoch=NNNN/part-NNNNN.parquet`) or a shard summary.
+fn sampler_object(name: &str) -> bool {
+    let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
+    let parts: Vec<&str> = name.split('/').collect();
+    match parts.as_slice() {
+        ["samples", split, epoch, part] => {
+            ["split=train", "split=valid", "split=test"].contains(split)
+                && epoch.strip_prefix("epoch=").is_some_and(|e| digits(e, 4))
+                && part
+                    .strip_prefix("part-")
+                    .and_then(|p| p.strip_suffix(".parquet"))
+                    .is_some_and(|p| digits(p, 5))
+        }
+        ["_shards", shard] => shard
+            .strip_prefix("shard-")
+            .and_then(|s| s.strip_suffix(".json"))
+            .and_then(|s| s.split_once("-of-"))
+            .is_some_and(|(a, b)| digits(a, 5) && digits(b, 5)),
+        _ => false,
+    }
+}
+
 fn shard_name(shard: u32, num_shards: u32) -> String {
     format!("_shards/shard-{shard:05}-of-{num_shards:05}.json")
 }
@@ -226,6 +249,20 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     let committed = store.exists(RUN_SUMMARY)?;
     if committed && !cfg.overwrite {
         return Err(Error::Committed(store.url().to_string()));
+    }
+    // A rerun replaces what is under samples/ and _shards/: only a sampler's
+    // own objects may be there.
+    for prefix in ["samples", "_shards"] {
+        if let Some((name, _)) = store
+            .list(prefix)?
+            .into_iter()
+            .find(|(name, _)| !sampler_object(name))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{}: holds {name}, which no sampler wrote; a run replaces what is under {prefix}/, so remove it or choose another --out",
+                store.url()
+            )));
+        }
     }
 
     let memory = crate::memory::estimate(ds, cfg);

@@ -726,6 +726,41 @@ pub mod layout {
     }
 }
 
+/// The first file under `dir` that a [`DatasetWriter`] does not write, if
+/// any: what `--overwrite` must not remove. `dir` may be a file itself.
+fn foreign_file(dir: &Path) -> Result<Option<PathBuf>> {
+    if !dir.is_dir() {
+        return Ok(Some(dir.to_path_buf()));
+    }
+    let mut ours: Vec<String> = vec![
+        METADATA_FILE.to_string(),
+        layout::EDGES.to_string(),
+        layout::FEATURES.to_string(),
+        layout::LABELS.to_string(),
+    ];
+    for split in Split::ALL {
+        ours.push(layout::seeds(split));
+        ours.push(layout::labels(split));
+    }
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
+            let path = entry.map_err(|e| Error::io(&d, e))?.path();
+            let rel = path
+                .strip_prefix(dir)
+                .expect("listed under dir")
+                .to_string_lossy()
+                .into_owned();
+            if path.is_dir() && ["edges", "data", "set"].contains(&rel.as_str()) {
+                stack.push(path);
+            } else if !ours.contains(&rel) {
+                return Ok(Some(path));
+            }
+        }
+    }
+    Ok(None)
+}
+
 impl DatasetWriter {
     /// Starts a dataset at `out`. An existing `out` is refused unless
     /// `overwrite`, in which case it is replaced only at commit.
@@ -735,6 +770,15 @@ impl DatasetWriter {
             return Err(Error::InvalidArgument(format!(
                 "{} already exists; pass --overwrite to replace it",
                 out.display()
+            )));
+        }
+        if out.exists()
+            && let Some(foreign) = foreign_file(&out)?
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{} is not a dataset this program wrote (it holds {}); --overwrite replaces only such a dataset: choose another --out",
+                out.display(),
+                foreign.display()
             )));
         }
         let name = out

@@ -773,3 +773,118 @@ fn a_layout_packed_from_relative_paths_verifies_from_elsewhere() {
         m["samples"]["location"]
     );
 }
+
+/// The packer removes only a layout's own objects under pack/: a user's
+/// file there (at any depth) makes it refuse in one line before anything
+/// is removed, with or without --overwrite.
+#[test]
+fn the_packer_refuses_to_remove_files_it_did_not_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ds, samples) = cora_samples(dir.path());
+    let out = dir.path().join("out");
+    let pack = |extra: &[&str]| {
+        let feat = ds.join("data/feat.npy");
+        let mut args = vec![
+            "--samples",
+            samples.to_str().unwrap(),
+            "--features",
+            feat.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--gpu-cache",
+            "1M",
+            "--cpu-cache",
+            "2M",
+            "--disk-budget",
+            "8x",
+        ];
+        args.extend_from_slice(extra);
+        run("packer", &args)
+    };
+    for user_file in ["pack/notes.txt", "pack/sub/data.csv"] {
+        let path = out.join(user_file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"mine").unwrap();
+        for extra in [&[][..], &["--overwrite"][..]] {
+            let r = pack(extra);
+            assert!(
+                !r.status.success(),
+                "{user_file}: packed over a user's file"
+            );
+            assert!(r.stderr.contains("that no packer wrote"), "{}", r.stderr);
+            assert!(r.stderr.contains(user_file), "{}", r.stderr);
+            assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+            assert_eq!(std::fs::read(&path).unwrap(), b"mine");
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+    // Without them the layout packs, and packs again with --overwrite.
+    let r = pack(&[]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let r = pack(&["--overwrite"]);
+    assert!(r.status.success(), "{}", r.stderr);
+}
+
+/// --overwrite replaces an earlier output of the same kind and nothing
+/// more: `sampler generate` refuses a directory that is not a dataset it
+/// wrote, and sampling refuses a samples/ prefix holding a user's file;
+/// both in one line, the files untouched.
+#[test]
+fn overwrite_replaces_only_what_offgnn_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let one_line = |r: &offgnn_e2e::Run, want: &str| {
+        assert!(!r.status.success(), "expected a failure mentioning {want}");
+        assert!(r.stderr.contains(want), "{want}: {}", r.stderr);
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    };
+    let mixed = dir.path().join("mixed");
+    std::fs::create_dir_all(mixed.join("other-dataset")).unwrap();
+    std::fs::write(mixed.join("other-dataset/metadata.yaml"), b"mine").unwrap();
+    let generate = |out: &std::path::Path| {
+        run(
+            "sampler",
+            &[
+                "generate",
+                "--out",
+                out.to_str().unwrap(),
+                "--nodes",
+                "300",
+                "--feature-dim",
+                "4",
+                "--overwrite",
+            ],
+        )
+    };
+    one_line(&generate(&mixed), "is not a dataset this program wrote");
+    assert_eq!(
+        std::fs::read(mixed.join("other-dataset/metadata.yaml")).unwrap(),
+        b"mine"
+    );
+    // A dataset it wrote is replaced.
+    let ds = dir.path().join("g");
+    assert!(generate(&ds).status.success());
+    assert!(generate(&ds).status.success());
+
+    let samples = dir.path().join("samples");
+    let sample = || {
+        run(
+            "sampler",
+            &[
+                "--dataset",
+                ds.to_str().unwrap(),
+                "--out",
+                samples.to_str().unwrap(),
+                "--fanout",
+                "3,3",
+                "--batch-size",
+                "64",
+                "--overwrite",
+            ],
+        )
+    };
+    assert!(sample().status.success());
+    let note = samples.join("samples/split=train/notes.txt");
+    std::fs::write(&note, b"mine").unwrap();
+    one_line(&sample(), "which no sampler wrote");
+    assert_eq!(std::fs::read(&note).unwrap(), b"mine");
+}
