@@ -150,6 +150,17 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
         .max()
         .unwrap_or(0);
     let feature_bytes = ds.features.row_bytes() * ds.num_nodes;
+    // NaN or Inf in one row spreads to every node that aggregates it, and a
+    // model trained on them diverges: every value is checked.
+    let bar = progress::bytes_bar(feature_bytes, "features");
+    let non_finite = ds.features.first_non_finite(|n| bar.inc(n))?;
+    bar.finish_and_clear();
+    if let Some((row, col, value)) = non_finite {
+        anyhow::bail!(
+            "{}: row {row}, column {col} is {value}: features must be finite (NaN or Inf spreads to every neighbor and breaks training)",
+            ds.features.path().display()
+        );
+    }
     print_summary(
         &format!("dataset {} ({})", ds.name, ds.root.display()),
         &[
@@ -176,6 +187,7 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
                     human_bytes(feature_bytes)
                 ),
             ),
+            ("feature values", "all finite".to_string()),
             ("classes", ds.num_classes.to_string()),
             (
                 "train / valid / test",
@@ -202,6 +214,7 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
             "feature_dim": ds.feature_dim(),
             "feature_dtype": ds.features.dtype(),
             "feature_bytes": feature_bytes,
+            "features_finite": true,
             "num_classes": ds.num_classes,
             "train": ds.train.seeds.len(),
             "valid": ds.valid.seeds.len(),

@@ -492,6 +492,64 @@ impl NpyFile {
             .map_err(|e| Error::io(&self.path, e))
     }
 
+    /// The first NaN or infinite value of a float32 or float16 matrix, as
+    /// (row, column, value), reading the file front to back in 64 MiB
+    /// pieces; `progress` gets the bytes of each piece. `None` for other
+    /// dtypes and for all-finite data.
+    pub fn first_non_finite(
+        &self,
+        mut progress: impl FnMut(u64),
+    ) -> Result<Option<(u64, u64, f64)>> {
+        let size = match self.header.dtype {
+            DType::F32 => 4,
+            DType::F16 => 2,
+            _ => return Ok(None),
+        };
+        let total = self.header.data_bytes().unwrap_or(0);
+        let cols = self.header.shape.get(1).copied().unwrap_or(1).max(1);
+        let piece = (64u64 << 20) / size * size;
+        let mut buf = vec![0u8; piece as usize];
+        let mut at = 0u64;
+        while at < total {
+            let n = piece.min(total - at) as usize;
+            self.read_data_at(at, &mut buf[..n])?;
+            // An all-ones exponent is NaN or infinity. Blocks are tested
+            // without an early exit (so the test vectorizes), and only a
+            // block that holds one is searched.
+            let (mask, bits): (u32, fn(&[u8]) -> u32) = if size == 4 {
+                (0x7f80_0000, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            } else {
+                (0x7c00, |b| u16::from_le_bytes([b[0], b[1]]) as u32)
+            };
+            let block = 256 * size as usize;
+            let found = buf[..n].chunks(block).enumerate().find_map(|(k, chunk)| {
+                let hit = chunk
+                    .chunks_exact(size as usize)
+                    .fold(false, |acc, b| acc | (bits(b) & mask == mask));
+                hit.then(|| {
+                    let i = chunk
+                        .chunks_exact(size as usize)
+                        .position(|b| bits(b) & mask == mask)
+                        .expect("the block holds one");
+                    k * 256 + i
+                })
+            });
+            if let Some(i) = found {
+                let index = at / size + i as u64;
+                let b = &buf[i * size as usize..];
+                let value = if size == 4 {
+                    f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64
+                } else {
+                    half::f16::from_le_bytes([b[0], b[1]]).to_f64()
+                };
+                return Ok(Some((index / cols, index % cols, value)));
+            }
+            progress(n as u64);
+            at += n as u64;
+        }
+        Ok(None)
+    }
+
     /// Reads elements `[start, start + count)` of an integer array as u64.
     /// Negative values are an error naming the element's index.
     pub fn read_u64(&self, start: u64, count: usize) -> Result<Vec<u64>> {

@@ -888,3 +888,34 @@ fn overwrite_replaces_only_what_offgnn_wrote() {
     one_line(&sample(), "which no sampler wrote");
     assert_eq!(std::fs::read(&note).unwrap(), b"mine");
 }
+
+/// `sampler inspect` reads every feature value: a NaN or an infinity is
+/// refused in one line naming the file, the row and the column.
+#[test]
+fn inspect_refuses_non_finite_features() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ds = offgnn_e2e::generate(dir.path(), &["--nodes", "500", "--feature-dim", "8"]);
+    let r = run("sampler", &["inspect", "--dataset", ds.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(r.json()["features_finite"], true);
+    let feat = ds.join("data/feat.npy");
+    let offset = offgnn_shared::npy::NpyFile::open(&feat)
+        .unwrap()
+        .header()
+        .data_offset;
+    for (value, shown) in [(f32::NAN, "NaN"), (f32::NEG_INFINITY, "-inf")] {
+        let f = std::fs::OpenOptions::new().write(true).open(&feat).unwrap();
+        // Row 42, column 5.
+        f.write_all_at(&value.to_le_bytes(), offset + (42 * 8 + 5) * 4)
+            .unwrap();
+        let r = run("sampler", &["inspect", "--dataset", ds.to_str().unwrap()]);
+        assert!(!r.status.success());
+        assert!(
+            r.stderr.contains(&format!("row 42, column 5 is {shown}")),
+            "{}",
+            r.stderr
+        );
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    }
+}
