@@ -517,7 +517,9 @@ impl NpyFile {
             // without an early exit (so the test vectorizes), and only a
             // block that holds one is searched.
             let (mask, bits): (u32, fn(&[u8]) -> u32) = if size == 4 {
-                (0x7f80_0000, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                (0x7f80_0000, |b| {
+                    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+                })
             } else {
                 (0x7c00, |b| u16::from_le_bytes([b[0], b[1]]) as u32)
             };
