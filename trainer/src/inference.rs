@@ -317,6 +317,7 @@ impl Input {
         engine: &IoEngine,
         chunk_rows: u64,
         times: &mut StreamTimes,
+        bar: &indicatif::ProgressBar,
         mut each: impl FnMut(usize, &[f32]) -> Result<()>,
     ) -> Result<u64> {
         let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<(usize, Vec<f32>)>(STREAM_AHEAD);
@@ -337,6 +338,7 @@ impl Input {
                     }
                 }
                 times.scatter += t.elapsed().as_secs_f64();
+                bar.inc((rows.len() / self.width) as u64 * self.row_bytes());
                 let _ = free_tx.send(rows);
                 waited = Instant::now();
             }
@@ -743,6 +745,7 @@ fn graph_layer_group(
     keep_rows: bool,
     read: &mut u64,
     times: &mut StreamTimes,
+    bar: &indicatif::ProgressBar,
 ) -> Result<(Tensor, Vec<f32>)> {
     let g = (b - a) as usize;
     let parts = rayon::current_num_threads() * 4;
@@ -766,7 +769,7 @@ fn graph_layer_group(
                 input.width
             };
             let mut acc = vec![0f32; g * d];
-            *read += input.stream(engine, chunk_rows, times, |c, rows| {
+            *read += input.stream(engine, chunk_rows, times, bar, |c, rows| {
                 let c0 = c as u64 * chunk_rows;
                 let c1 = c0 + (rows.len() / input.width) as u64;
                 let (lo, hi) = (a.max(c0), b.min(c1));
@@ -862,7 +865,7 @@ fn graph_layer_group(
             let mut m = e_self.clone();
             let mut s = vec![1f32; g * h];
             let mut acc = to_vec(z_dst_t)?;
-            *read += input.stream(engine, chunk_rows, times, |c, rows| {
+            *read += input.stream(engine, chunk_rows, times, bar, |c, rows| {
                 let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
                 if e0 == e1 {
                     return Ok(());
@@ -1347,19 +1350,23 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             }
             Some(engine.open_write(&out_path)?)
         };
-        let pb = offgnn_shared::progress::bar_if(
-            cfg.show_progress,
-            plan.groups.len() as u64,
-            &format!("layer {} of {}", l + 1, graph_layers),
-            "groups",
-        );
-        pb.set_position(progress.groups_done as u64);
         while progress.groups_done < plan.groups.len() {
             let gi = progress.groups_done;
             let (a, b) = plan.groups[gi];
             let t = Instant::now();
             let mut read = 0u64;
             let mut times = StreamTimes::default();
+            // A bar per pass: the bytes of the layer's input streamed so far.
+            let bar = offgnn_shared::progress::bytes_bar_if(
+                cfg.show_progress,
+                input.rows * input.row_bytes(),
+                &format!(
+                    "layer {}/{graph_layers}, pass {}/{}",
+                    l + 1,
+                    gi + 1,
+                    plan.groups.len()
+                ),
+            );
             let (out_rows, embedding) = if model.mlp.is_empty() {
                 let t_edges = Instant::now();
                 let edges = load_group_edges(&cfg.work_dir, gi, chunks)?;
@@ -1380,6 +1387,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     last && cfg.outputs.embeddings,
                     &mut read,
                     &mut times,
+                    &bar,
                 )?;
                 tracing::debug!(
                     "layer {l} group {gi}: computed in {:.2} s ({:.2} s streaming)",
@@ -1503,13 +1511,12 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             f.scatter_seconds += times.scatter;
             progress.groups_done += 1;
             save_progress(&cfg.work_dir, &progress)?;
-            pb.inc(1);
+            bar.finish_and_clear();
             groups_here += 1;
             if cfg.interrupt_after_groups == Some(groups_here) {
                 return Err(Error::Interrupted(groups_here));
             }
         }
-        pb.finish_and_clear();
         if let Some(file) = &out_file {
             file_sync(file.path())?;
         }
