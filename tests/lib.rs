@@ -54,6 +54,14 @@ impl Run {
     }
 }
 
+/// Asserts that `r` failed with exactly one line on stderr, and that the
+/// line says `want`: how every program refuses bad input.
+pub fn assert_one_line(r: &Run, want: &str) {
+    assert!(!r.status.success(), "expected a failure mentioning {want}");
+    assert!(r.stderr.contains(want), "{want}: {}", r.stderr);
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+}
+
 /// Runs a workspace binary with `args`.
 pub fn run(name: &str, args: &[&str]) -> Run {
     run_with_env(name, args, &[])

@@ -76,11 +76,7 @@ fn export_refuses_bad_input_in_one_line() {
     let ckpt = dir.path().join("ckpt");
     let export = dir.path().join("export");
     let (c, x) = (ckpt.to_str().unwrap(), export.to_str().unwrap());
-    let one_line = |r: &offgnn_e2e::Run, want: &str| {
-        assert!(!r.status.success(), "expected a failure mentioning {want}");
-        assert!(r.stderr.contains(want), "{want}: {}", r.stderr);
-        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
-    };
+    let one_line = offgnn_e2e::assert_one_line;
     let train = |extra: &[&str]| {
         let mut args = vec![
             "--manifest",
@@ -208,11 +204,7 @@ fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
         ],
     );
     assert!(r.status.success(), "{}", r.stderr);
-    let one_line = |r: &offgnn_e2e::Run, want: &str| {
-        assert!(!r.status.success(), "expected a failure mentioning {want}");
-        assert!(r.stderr.contains(want), "{want}: {}", r.stderr);
-        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
-    };
+    let one_line = offgnn_e2e::assert_one_line;
     let out = dir.path().join("preds");
     let infer = |dataset: &std::path::Path, memory: &str| {
         run(
@@ -273,23 +265,6 @@ fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
     );
     // A model of another dataset: Cora with another split.
     let other = dir.path().join("other");
-    let cora = offgnn_e2e::cora_dir();
-    let r = run(
-        "sampler",
-        &[
-            "import-parquet",
-            "--preset",
-            "cora",
-            "--nodes",
-            cora.join("cora_nodes.parquet.gzip").to_str().unwrap(),
-            "--edges",
-            cora.join("cora_rels.parquet.gzip").to_str().unwrap(),
-            "--out",
-            other.to_str().unwrap(),
-            "--split-seed",
-            "7",
-        ],
-    );
-    assert!(r.status.success(), "{}", r.stderr);
+    crate::import_cora(&other, &["--split-seed", "7"]);
     one_line(&infer(&other, "1G"), "trained on another dataset");
 }

@@ -269,25 +269,49 @@ fn unreachable_store_is_a_clear_error_without_credentials() {
     );
 }
 
+/// The packer flags of the Cora tests: 1M and 2M caches, an 8x disk budget.
+fn cora_pack_args<'a>(samples: &'a str, features: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec![
+        "--samples",
+        samples,
+        "--features",
+        features,
+        "--out",
+        out,
+        "--gpu-cache",
+        "1M",
+        "--cpu-cache",
+        "2M",
+        "--disk-budget",
+        "8x",
+    ]
+}
+
+/// Imports the Cora tables into `out` with `extra` flags.
+fn import_cora(out: &std::path::Path, extra: &[&str]) {
+    let cora = cora_dir();
+    let nodes = cora.join("cora_nodes.parquet.gzip");
+    let edges = cora.join("cora_rels.parquet.gzip");
+    let mut args = vec![
+        "import-parquet",
+        "--preset",
+        "cora",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--edges",
+        edges.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let r = run("sampler", &args);
+    assert!(r.status.success(), "{}", r.stderr);
+}
+
 /// Imports Cora and samples it into `dir`; returns (dataset, samples).
 fn cora_samples(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let cora = cora_dir();
     let ds = dir.join("cora");
-    let r = run(
-        "sampler",
-        &[
-            "import-parquet",
-            "--preset",
-            "cora",
-            "--nodes",
-            cora.join("cora_nodes.parquet.gzip").to_str().unwrap(),
-            "--edges",
-            cora.join("cora_rels.parquet.gzip").to_str().unwrap(),
-            "--out",
-            ds.to_str().unwrap(),
-        ],
-    );
-    assert!(r.status.success(), "{}", r.stderr);
+    import_cora(&ds, &[]);
     let samples = dir.join("samples");
     let r = run(
         "sampler",
@@ -312,20 +336,11 @@ fn cora_packs_verifies_and_inspects_through_the_binary() {
     let (ds, samples) = cora_samples(dir.path());
     let feat = ds.join("data/feat.npy");
     let out = dir.path().join("pack");
-    let args = [
-        "--samples",
+    let args = cora_pack_args(
         samples.to_str().unwrap(),
-        "--features",
         feat.to_str().unwrap(),
-        "--out",
         out.to_str().unwrap(),
-        "--gpu-cache",
-        "1M",
-        "--cpu-cache",
-        "2M",
-        "--disk-budget",
-        "8x",
-    ];
+    );
     let r = run("packer", &args);
     assert!(r.status.success(), "{}", r.stderr);
     let s = &r.json()["summary"];
@@ -498,22 +513,14 @@ fn sampler_states_its_memory_and_holds_to_it() {
 fn cora_pack(dir: &std::path::Path) -> std::path::PathBuf {
     let (ds, samples) = cora_samples(dir);
     let out = dir.join("pack");
+    let feat = ds.join("data/feat.npy");
     let r = run(
         "packer",
-        &[
-            "--samples",
+        &cora_pack_args(
             samples.to_str().unwrap(),
-            "--features",
-            ds.join("data/feat.npy").to_str().unwrap(),
-            "--out",
+            feat.to_str().unwrap(),
             out.to_str().unwrap(),
-            "--gpu-cache",
-            "1M",
-            "--cpu-cache",
-            "2M",
-            "--disk-budget",
-            "8x",
-        ],
+        ),
     );
     assert!(r.status.success(), "{}", r.stderr);
     out.join("manifest.json")
@@ -566,11 +573,7 @@ fn cora_trains_through_the_binary_and_refuses_bad_input() {
     }
 
     // Bad input: one line, a failing exit.
-    let one_line = |r: &offgnn_e2e::Run, want: &str| {
-        assert!(!r.status.success(), "expected a failure mentioning {want}");
-        assert!(r.stderr.contains(want), "{want}: {}", r.stderr);
-        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
-    };
+    let one_line = offgnn_e2e::assert_one_line;
     // cuda where libtorch sees no GPU (this suite runs on CPU machines).
     one_line(&train(&["--device", "cuda"]), "no CUDA device");
     // A checkpoint of another model.
@@ -739,20 +742,11 @@ fn a_layout_packed_from_relative_paths_verifies_from_elsewhere() {
     let out = std::process::Command::new(offgnn_e2e::binary("packer"))
         .current_dir(dir.path())
         .env("RUST_LOG", "warn")
-        .args([
-            "--samples",
+        .args(cora_pack_args(
             &rel(&samples),
-            "--features",
             &rel(&ds.join("data/feat.npy")),
-            "--out",
             "pack",
-            "--gpu-cache",
-            "1M",
-            "--cpu-cache",
-            "2M",
-            "--disk-budget",
-            "8x",
-        ])
+        ))
         .output()
         .unwrap();
     assert!(
@@ -784,20 +778,11 @@ fn the_packer_refuses_to_remove_files_it_did_not_write() {
     let out = dir.path().join("out");
     let pack = |extra: &[&str]| {
         let feat = ds.join("data/feat.npy");
-        let mut args = vec![
-            "--samples",
+        let mut args = cora_pack_args(
             samples.to_str().unwrap(),
-            "--features",
             feat.to_str().unwrap(),
-            "--out",
             out.to_str().unwrap(),
-            "--gpu-cache",
-            "1M",
-            "--cpu-cache",
-            "2M",
-            "--disk-budget",
-            "8x",
-        ];
+        );
         args.extend_from_slice(extra);
         run("packer", &args)
     };
@@ -832,11 +817,7 @@ fn the_packer_refuses_to_remove_files_it_did_not_write() {
 #[test]
 fn overwrite_replaces_only_what_offgnn_wrote() {
     let dir = tempfile::tempdir().unwrap();
-    let one_line = |r: &offgnn_e2e::Run, want: &str| {
-        assert!(!r.status.success(), "expected a failure mentioning {want}");
-        assert!(r.stderr.contains(want), "{want}: {}", r.stderr);
-        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
-    };
+    let one_line = offgnn_e2e::assert_one_line;
     let mixed = dir.path().join("mixed");
     std::fs::create_dir_all(mixed.join("other-dataset")).unwrap();
     std::fs::write(mixed.join("other-dataset/metadata.yaml"), b"mine").unwrap();

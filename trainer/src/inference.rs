@@ -307,6 +307,54 @@ impl Input {
         Ok(raw.len() as u64)
     }
 
+    /// Rows `[a, b)` as float32, read through the I/O engine: the
+    /// page-aligned span that holds them with O_DIRECT (many requests in
+    /// flight), a short last page buffered. A group's own rows can be the
+    /// whole file; the page cache would only slow that down.
+    fn read_rows_direct(
+        &self,
+        engine: &IoEngine,
+        (a, b): (u64, u64),
+        raw: &mut AlignedBuf,
+        out: &mut Vec<f32>,
+    ) -> Result<u64> {
+        let file = engine.open(&self.path)?;
+        let start = self.data_offset + a * self.row_bytes();
+        let end = self.data_offset + b * self.row_bytes();
+        let first = start / PAGE * PAGE;
+        let direct_end = if file.is_direct() {
+            (end.div_ceil(PAGE) * PAGE).min(file.len() / PAGE * PAGE)
+        } else {
+            end
+        };
+        let span = (end.max(direct_end) - first) as usize;
+        if raw.len() < span {
+            *raw = AlignedBuf::new(span);
+        }
+        let reqs: Vec<ReadReq> = (first..direct_end.max(first))
+            .step_by(REQUEST)
+            .map(|at| ReadReq {
+                offset: at,
+                len: (direct_end - at).min(REQUEST as u64) as usize,
+                buf_offset: (at - first) as usize,
+            })
+            .collect();
+        let mut read = engine.read(&file, &reqs, raw)?;
+        if direct_end < end {
+            let tail =
+                &mut raw.as_mut_slice()[(direct_end - first) as usize..(end - first) as usize];
+            let f = File::open(&self.path).map_err(|e| Error::io(self.path.display(), e))?;
+            f.read_exact_at(tail, direct_end)
+                .map_err(|e| Error::io(self.path.display(), e))?;
+            read += tail.len() as u64;
+        }
+        self.to_f32(
+            &raw.as_slice()[(start - first) as usize..(end - first) as usize],
+            out,
+        );
+        Ok(read)
+    }
+
     /// Streams every row front to back through the I/O engine and hands
     /// `each` chunks of `chunk_rows` rows (the last may be shorter) as
     /// float32, with the chunk's index. A reader thread reads and converts
@@ -694,6 +742,7 @@ fn tensor(values: &[f32], rows: i64, device: Device) -> Tensor {
 #[allow(clippy::too_many_arguments)]
 fn own_rows(
     input: &Input,
+    engine: &IoEngine,
     (a, b): (u64, u64),
     slice: u64,
     device: Device,
@@ -706,10 +755,11 @@ fn own_rows(
     let mut whole: Vec<Tensor> = Vec::new();
     let mut kept = Vec::new();
     let mut rows = Vec::new();
+    let mut raw = AlignedBuf::new(0);
     let mut at = a;
     while at < b {
         let end = (at + slice).min(b);
-        *read += input.read_rows(at, end, &mut rows)?;
+        *read += input.read_rows_direct(engine, (at, end), &mut raw, &mut rows)?;
         let x = tensor(&rows, (end - at) as i64, device);
         for (i, t) in f(&x).into_iter().enumerate() {
             if whole.len() <= i {
@@ -850,12 +900,21 @@ fn graph_layer_group(
             let (h, c_out) = (*heads as usize, *per_head as usize);
             let w = h * c_out;
             let d = input.width;
-            let (own, h_dst) = own_rows(input, (a, b), chunk_rows, device, keep_rows, read, |x| {
-                let z = x.matmul(&lin_w.tr()).view([-1, *heads, *per_head]);
-                let el = (&z * att_src).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
-                let er = (&z * att_dst).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
-                vec![z, el, er, x.matmul(&res_w.tr())]
-            })?;
+            let (own, h_dst) = own_rows(
+                input,
+                engine,
+                (a, b),
+                chunk_rows,
+                device,
+                keep_rows,
+                read,
+                |x| {
+                    let z = x.matmul(&lin_w.tr()).view([-1, *heads, *per_head]);
+                    let el = (&z * att_src).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+                    let er = (&z * att_dst).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+                    vec![z, el, er, x.matmul(&res_w.tr())]
+                },
+            )?;
             let (z_dst_t, el_dst, er_t, res) = (&own[0], &own[1], &own[2], &own[3]);
             let er = to_vec(er_t)?;
             // Online softmax, seeded with each destination's self-loop:
@@ -1139,7 +1198,8 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let mut per_node = 0u64;
     // A chunk's raw bytes and its float32 buffers in flight (the one in
     // use, those ready ahead, the one filling), then what it is projected to.
-    let mut per_chunk_row = 4 * max_in + 4 * (STREAM_AHEAD as u64 + 2) * max_in;
+    // (Twice the raw bytes: the stream's and the group's own rows' reads.)
+    let mut per_chunk_row = 8 * max_in + 4 * (STREAM_AHEAD as u64 + 2) * max_in;
     for l in 0..num_layers {
         let last = l + 1 == num_layers;
         let d_in = model.widths[l] as u64;
@@ -1152,7 +1212,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         let floats = if model.mlp.is_empty() {
             let (node, per_src) = model.layer_floats(l);
             per_chunk_row = per_chunk_row
-                .max(4 * max_in + 4 * (STREAM_AHEAD as u64 + 2) * max_in + 4 * per_src);
+                .max(8 * max_in + 4 * (STREAM_AHEAD as u64 + 2) * max_in + 4 * per_src);
             node + kept
         } else {
             // The MLP's rows, every hidden width and the output, twice.
