@@ -3,7 +3,7 @@
 For each graph (a generated one, and Cora) and each model (GraphSAGE, GAT),
 this runs the offgnn binaries as a user would (sampler, packer, trainer with
 --export and --dump-batches), then builds the PyG model that model.json
-names, loads model.safetensors into it with strict=True, runs PyG's layers on
+names, loads the weights that model.json names into it with strict=True, runs PyG's layers on
 the same sampled blocks of the test batches that the trainer dumped, and
 compares logits (within 1e-4, absolute) and predicted classes (all equal).
 The MLP baseline is checked the same way on the generated graph. Then
@@ -57,7 +57,8 @@ def pyg_model(export_dir):
         card = json.load(f)
     cls = getattr(pyg_models, card["pyg"]["class"])
     model = cls(**card["pyg"]["kwargs"])
-    model.load_state_dict(load_file(os.path.join(export_dir, "model.safetensors")),
+    # model.json names the weights object (each export run names its own).
+    model.load_state_dict(load_file(os.path.join(export_dir, card["weights"])),
                           strict=True)
     return card, model.eval()
 
@@ -144,7 +145,10 @@ def full_graph(bin_dir, work, name, dataset, arch, memory):
                   "--out", out, "--outputs", "logits,embeddings", "--memory", memory,
                   "--chunk-rows", 1024, "--overwrite",
                   "--work-dir", os.path.join(work, name, f"infer-work-{arch}"))["summary"]
-    table = pq.read_table(out)
+    # The committed result is the parts _SUCCESS.json lists.
+    with open(os.path.join(out, "_SUCCESS.json")) as f:
+        parts = [os.path.join(out, p) for p in json.load(f)["files"]]
+    table = pq.ParquetDataset(parts).read()
     ids = table.column("node_id").to_numpy()
     ours = torch.from_numpy(np.stack(table.column("logits").to_numpy(zero_copy_only=False)))
     order = np.argsort(ids)

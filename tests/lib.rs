@@ -326,3 +326,13 @@ pub fn run_env(name: &str, args: &[&str], env: &[(String, String)]) -> Run {
     let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     run_with_env(name, args, &pairs)
 }
+
+/// The name of the first segment object of the layout whose manifest is at
+/// `manifest` (each packer run names its objects under its own run id).
+pub fn first_segment(manifest: &Path) -> String {
+    let m: offgnn_manifests::Manifest = serde_json::from_slice(
+        &std::fs::read(manifest).unwrap_or_else(|e| panic!("{}: {e}", manifest.display())),
+    )
+    .expect("a manifest");
+    m.segments[0].object.clone()
+}

@@ -163,6 +163,10 @@ pub struct BatchShape {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     pub format_version: u32,
+    /// The packer run whose objects this manifest commits; they are named
+    /// under `pack/RUN/` (empty for layouts from before run ids).
+    #[serde(default)]
+    pub run_id: String,
     pub created_by: String,
     pub dataset: DatasetRef,
     pub samples: SamplesRef,
@@ -302,6 +306,7 @@ mod tests {
             crc32c: 7,
         };
         Manifest {
+            run_id: String::new(),
             format_version: FORMAT_VERSION,
             created_by: "test".into(),
             dataset: DatasetRef {

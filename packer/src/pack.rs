@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use offgnn_manifests::{self as manifests, BatchRef, MANIFEST, Manifest, Object};
 use offgnn_shared::address_table::{self, BatchTable, TableWriter};
+use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::dataset::Split;
 use offgnn_shared::io_engine::{IoEngine, IoOptions};
 use offgnn_shared::samples::{RunSummary, SampledBatch};
@@ -162,18 +163,27 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
     check_match(&run, &features)?;
 
     let out = Store::open(&cfg.out)?;
-    let committed = out.exists(MANIFEST)?;
-    if committed && !cfg.overwrite {
+    let previous = commit::read(&out, MANIFEST)?;
+    if previous.is_some() && !cfg.overwrite {
         return Err(Error::Committed(out.url().to_string()));
     }
-    check_pack_prefix(&out, committed)?;
+    check_pack_prefix(&out, previous.as_ref())?;
+    // This run's objects go under pack/RUN/; a committed layout's stay as
+    // they are until this run has committed.
+    let run_id = RunId::new();
+    let prefix = format!("pack/{run_id}");
+    tracing::info!("run {run_id}");
     let local_root = local_dir(&cfg.out);
     let staging = match &local_root {
         Some(dir) => dir.clone(),
-        None => std::env::temp_dir().join(format!("offgnn-pack-{}", std::process::id())),
+        None => std::env::temp_dir().join(format!("offgnn-pack-{run_id}")),
     };
-    let _staging_dir = StagingDir {
-        dir: local_root.is_none().then(|| staging.clone()),
+    let mut written = RunObjects {
+        out: &out,
+        prefix: prefix.clone(),
+        local_dir: local_root.as_ref().map(|d| d.join(&prefix)),
+        temp: local_root.is_none().then(|| staging.clone()),
+        committed: false,
     };
 
     let row_bytes = features.row_bytes();
@@ -385,35 +395,6 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
         summary.cpu_rows = cache.cpu_nodes().len() as u64;
         summary.plan_seconds = t.elapsed().as_secs_f64();
 
-        // The plan holds (budgets, memory, inputs all checked): only now may a
-        // committed layout go, its manifest first so that it never covers
-        // changing objects. A rerun starts clean: nothing of an interrupted run
-        // is reused.
-        if committed {
-            out.delete(MANIFEST)?;
-        }
-        // The old objects move aside in one rename and are removed on a
-        // thread of their own while the new ones are written (deleting
-        // gigabytes takes the filesystem a while); so are any left aside by
-        // a run that was killed.
-        let pack_dir = staging.join("pack");
-        let mut old = leftovers(&staging)?;
-        if pack_dir.exists() {
-            let aside = staging.join(format!("{OLD_PREFIX}{}", std::process::id()));
-            std::fs::rename(&pack_dir, &aside).map_err(|e| Error::io(pack_dir.display(), e))?;
-            old.push(aside);
-        }
-        let cleaner = s.spawn(move || {
-            for dir in old {
-                if let Err(e) = std::fs::remove_dir_all(&dir) {
-                    tracing::warn!(
-                        "removing the old layout's objects in {}: {e}",
-                        dir.display()
-                    );
-                }
-            }
-        });
-
         // ---- pack ----
         let t = Instant::now();
         // Batched packing writes whole pages through the engine with O_DIRECT;
@@ -427,12 +408,12 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
                 .then(|| create(name, align(rows.len() as u64 * row_bytes)))
                 .transpose()
         };
-        let gpu = tier("pack/gpu_cache.bin", cache.gpu_nodes())?;
-        let cpu = tier("pack/cpu_cache.bin", cache.cpu_nodes())?;
+        let gpu = tier(&format!("{prefix}/gpu_cache.bin"), cache.gpu_nodes())?;
+        let cpu = tier(&format!("{prefix}/cpu_cache.bin"), cache.cpu_nodes())?;
         let seg_files: Vec<OutFile> = segments
             .iter()
             .enumerate()
-            .map(|(i, s)| create(&format!("pack/segment-{i:05}.bin"), s.size))
+            .map(|(i, s)| create(&format!("{prefix}/segment-{i:05}.bin"), s.size))
             .collect::<Result<_>>()?;
         let writes = crate::batched_pack::WritePool::new(&write_engine);
         let ctx = PackCtx {
@@ -456,7 +437,8 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
             let tables = s.spawn(|| {
                 let t = Instant::now();
                 let tables = write_tables(
-                    &samples, &run, &staging, &segments, &batches, &cache, row_bytes, false,
+                    &samples, &run, &staging, &prefix, &segments, &batches, &cache, row_bytes,
+                    false,
                 );
                 (tables, t.elapsed().as_secs_f64())
             });
@@ -505,13 +487,11 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
         summary.predicted_read_amplification = tables.amplification();
         summary.access_shares = tables.shares();
         if local_root.is_none() {
-            // Objects of an older layout whose names this one does not reuse
-            // would linger unreferenced: the prefix starts empty.
-            out.delete_prefix("pack")?;
             upload(&out, &staging, &objects, cfg.show_progress)?;
         }
         let manifest = Manifest {
             format_version: manifests::FORMAT_VERSION,
+            run_id: run_id.to_string(),
             created_by: format!("offgnn packer {}", env!("CARGO_PKG_VERSION")),
             dataset: manifests::DatasetRef {
                 name: run.dataset.name.clone(),
@@ -569,8 +549,8 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
                 .iter()
                 .enumerate()
                 .map(|(i, s)| manifests::Segment {
-                    object: format!("pack/segment-{i:05}.bin"),
-                    table: format!("pack/table-{i:05}.bin"),
+                    object: format!("{prefix}/segment-{i:05}.bin"),
+                    table: format!("{prefix}/table-{i:05}.bin"),
                     split: s.split.name().into(),
                     batches: s.batches.len() as u32,
                     disk_cache_rows: s.dc_rows.len() as u64,
@@ -592,25 +572,36 @@ pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
             Error::InvalidArgument(format!("internal: the manifest is invalid: {e}"))
         })?;
         let body = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
-        out.put(MANIFEST, body)?;
+        match commit::commit(&out, MANIFEST, body, &run_id, previous.as_ref())? {
+            commit::Outcome::Committed => written.keep(),
+            commit::Outcome::Lost { winner } => {
+                drop(written);
+                let removed = manifest.objects.len();
+                return Err(commit::lost(&out.join(MANIFEST), &winner, removed).into());
+            }
+        }
+        if let Some(old) = &previous {
+            remove_replaced(&out, local_root.as_deref(), old);
+        }
         summary.commit_seconds = t.elapsed().as_secs_f64();
         summary.total_seconds = started.elapsed().as_secs_f64();
         summary.manifest = format!("{}/{MANIFEST}", out.url().trim_end_matches('/'));
-        cleaner.join().expect("removing a directory does not panic");
         Ok(summary)
     })
 }
 
-/// Where a layout's replaced objects wait for removal (then the process id).
-const OLD_PREFIX: &str = ".pack-old-";
-
-/// Directories of replaced objects in `staging` that an earlier run did not
-/// get to remove.
 /// Whether `name` (relative to --out) is one of the objects a packer writes
-/// under `pack/`: the caches, segments and address tables.
+/// under `pack/`: the caches, segments and address tables, under a run's id
+/// (`pack/RUN/segment-00000.bin`) or as layouts from before run ids named
+/// them (`pack/segment-00000.bin`).
 fn packer_object(name: &str) -> bool {
-    let Some(file) = name.strip_prefix("pack/") else {
+    let Some(rest) = name.strip_prefix("pack/") else {
         return false;
+    };
+    let file = match rest.split_once('/') {
+        Some((run, file)) if RunId::is_run_id(run) => file,
+        Some(_) => return false,
+        None => rest,
     };
     let numbered = |prefix: &str| {
         file.strip_prefix(prefix)
@@ -620,14 +611,14 @@ fn packer_object(name: &str) -> bool {
     file == "gpu_cache.bin" || file == "cpu_cache.bin" || numbered("segment-") || numbered("table-")
 }
 
-/// The packer replaces what is under `pack/`: refuse, before anything is
-/// removed, when that holds a file no packer writes (a user's file, not a
-/// layout's), naming it.
-fn check_pack_prefix(out: &Store, committed: bool) -> Result<()> {
-    let foreign: Vec<String> = out
-        .list("pack")?
-        .into_iter()
-        .map(|(name, _)| name)
+/// Refuses, naming it, an output location whose `pack/` holds a file no
+/// packer writes (a user's file, not a layout's): the packer removes what
+/// is there when it replaces a layout, and must never remove that.
+fn check_pack_prefix(out: &Store, previous: Option<&Previous>) -> Result<()> {
+    let listed = out.list("pack")?;
+    let foreign: Vec<&str> = listed
+        .iter()
+        .map(|(name, _)| name.as_str())
         .filter(|name| !packer_object(name))
         .collect();
     if let Some(first) = foreign.first() {
@@ -643,29 +634,92 @@ fn check_pack_prefix(out: &Store, committed: bool) -> Result<()> {
             if foreign.len() > 1 { ", ..." } else { "" }
         )));
     }
-    if !committed && !out.list("pack")?.is_empty() {
+    let named: std::collections::HashSet<String> = previous
+        .and_then(|p| serde_json::from_slice::<Manifest>(&p.body).ok())
+        .map(|m| m.objects.into_iter().map(|o| o.name).collect())
+        .unwrap_or_default();
+    let loose = listed.iter().filter(|(n, _)| !named.contains(n)).count();
+    if loose > 0 {
         tracing::info!(
-            "{}: pack/ holds a layout's objects but no manifest (an interrupted run); they are replaced",
+            "{}: pack/ holds {loose} objects that no manifest names: runs that were killed, or that are running now; they are left alone",
             out.url()
         );
     }
     Ok(())
 }
 
-fn leftovers(staging: &Path) -> Result<Vec<PathBuf>> {
-    let entries = match std::fs::read_dir(staging) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io(staging.display(), e)),
-    };
-    let mut out = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io(staging.display(), e))?;
-        if entry.file_name().to_string_lossy().starts_with(OLD_PREFIX) {
-            out.push(entry.path());
+/// This run's objects until it commits: removed when the run fails (or
+/// loses the commit); a remote store's local staging always goes.
+struct RunObjects<'a> {
+    out: &'a Store,
+    prefix: String,
+    /// `pack/RUN` in a local output directory.
+    local_dir: Option<PathBuf>,
+    /// The staging directory of a remote output.
+    temp: Option<PathBuf>,
+    committed: bool,
+}
+
+impl RunObjects<'_> {
+    /// The run committed: its objects stay.
+    fn keep(&mut self) {
+        self.committed = true;
+    }
+}
+
+impl Drop for RunObjects<'_> {
+    fn drop(&mut self) {
+        if let Some(dir) = self.temp.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        if self.committed {
+            return;
+        }
+        let removed = match &self.local_dir {
+            Some(dir) => match std::fs::remove_dir_all(dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
+                _ => Ok(()),
+            },
+            None => self
+                .out
+                .delete_prefix(&self.prefix)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        };
+        match removed {
+            Ok(()) => tracing::info!("removed this run's objects ({})", self.prefix),
+            Err(e) => tracing::warn!(
+                "could not remove this run's objects under {}: {e}",
+                self.out.join(&self.prefix)
+            ),
         }
     }
-    Ok(out)
+}
+
+/// After this run's commit replaced `old`, removes the objects the old
+/// manifest names (a local run's directory in one call).
+fn remove_replaced(out: &Store, local_root: Option<&Path>, old: &Previous) {
+    let removed = (|| -> Result<usize> {
+        if let (Some(root), Some(id)) = (local_root, &old.run_id) {
+            let dir = root.join("pack").join(id);
+            return match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(Error::io(dir.display(), e))
+                }
+                _ => Ok(1),
+            };
+        }
+        let manifest: Manifest = serde_json::from_slice(&old.body).map_err(|e| {
+            Error::InvalidArgument(format!("the replaced manifest is unreadable: {e}"))
+        })?;
+        for o in &manifest.objects {
+            out.delete(&o.name)?;
+        }
+        Ok(manifest.objects.len())
+    })();
+    if let Err(e) = removed {
+        tracing::warn!("could not remove all of the replaced layout's objects: {e}");
+    }
 }
 
 /// Bytes the plan takes: per node, its tier slot and a counter for the
@@ -873,6 +927,7 @@ fn write_tables(
     samples: &Store,
     run: &RunSummary,
     staging: &Path,
+    prefix: &str,
     segments: &[SegmentPlan],
     batches: &[BatchInfo],
     cache: &Tiers,
@@ -918,7 +973,7 @@ fn write_tables(
                 totals.disk_bytes += t.disk_bytes();
                 totals.needed_bytes += t.disk_rows() * row_bytes;
             }
-            let name = format!("pack/table-{si:05}.bin");
+            let name = format!("{prefix}/table-{si:05}.bin");
             if writers[si].is_none() {
                 let path = staging.join(&name);
                 let f = File::create(&path).map_err(|e| Error::io(path.display(), e))?;
@@ -1005,17 +1060,3 @@ fn upload(out: &Store, staging: &Path, objects: &[Object], show: bool) -> Result
 const UPLOAD_ATTEMPTS: u32 = 4;
 /// The pause before the first retry of an upload; each further one doubles.
 const UPLOAD_BACKOFF: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// The local folder a remote layout is built in before it goes up; removed
-/// when the job ends, whether it succeeded or not.
-struct StagingDir {
-    dir: Option<PathBuf>,
-}
-
-impl Drop for StagingDir {
-    fn drop(&mut self) {
-        if let Some(dir) = self.dir.take() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}

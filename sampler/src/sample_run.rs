@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
+use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::dataset::{Dataset, Split, file_fingerprint};
 use offgnn_shared::samples::{
     self, DatasetInfo, FORMAT, FORMAT_VERSION, RUN_SUMMARY, RunSummary, SampleFile, SampledBatch,
@@ -207,30 +208,99 @@ pub struct Outcome {
 }
 
 /// Whether `name` is one of the objects a sampler writes: a samples file
-/// (`samples/split=S/epoch=NNNN/part-NNNNN.parquet`) or a shard summary.
+/// (`samples/RUN/split=S/epoch=NNNN/part-NNNNN.parquet`) or a shard summary
+/// (`_shards/RUN/shard-NNNNN-of-NNNNN.json`), or either as runs from before
+/// run ids named them (without `RUN/`).
 fn sampler_object(name: &str) -> bool {
     let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
     let parts: Vec<&str> = name.split('/').collect();
-    match parts.as_slice() {
-        ["samples", split, epoch, part] => {
-            ["split=train", "split=valid", "split=test"].contains(split)
-                && epoch.strip_prefix("epoch=").is_some_and(|e| digits(e, 4))
-                && part
-                    .strip_prefix("part-")
-                    .and_then(|p| p.strip_suffix(".parquet"))
-                    .is_some_and(|p| digits(p, 5))
-        }
-        ["_shards", shard] => shard
+    let samples_file = |split: &str, epoch: &str, part: &str| {
+        ["split=train", "split=valid", "split=test"].contains(&split)
+            && epoch.strip_prefix("epoch=").is_some_and(|e| digits(e, 4))
+            && part
+                .strip_prefix("part-")
+                .and_then(|p| p.strip_suffix(".parquet"))
+                .is_some_and(|p| digits(p, 5))
+    };
+    let shard_file = |shard: &str| {
+        shard
             .strip_prefix("shard-")
             .and_then(|s| s.strip_suffix(".json"))
             .and_then(|s| s.split_once("-of-"))
-            .is_some_and(|(a, b)| digits(a, 5) && digits(b, 5)),
+            .is_some_and(|(a, b)| digits(a, 5) && digits(b, 5))
+    };
+    match parts.as_slice() {
+        ["samples", run, split, epoch, part] => {
+            RunId::is_run_id(run) && samples_file(split, epoch, part)
+        }
+        ["samples", split, epoch, part] => samples_file(split, epoch, part),
+        ["_shards", run, shard] => RunId::is_run_id(run) && shard_file(shard),
+        ["_shards", shard] => shard_file(shard),
         _ => false,
     }
 }
 
-fn shard_name(shard: u32, num_shards: u32) -> String {
-    format!("_shards/shard-{shard:05}-of-{num_shards:05}.json")
+fn shard_name(run_id: &RunId, shard: u32, num_shards: u32) -> String {
+    format!("_shards/{run_id}/shard-{shard:05}-of-{num_shards:05}.json")
+}
+
+/// This run's id. The shards of a sharded run are processes that never
+/// meet: they share an id derived from the dataset and the parameters.
+fn run_id(ds: &Dataset, cfg: &SampleConfig) -> Result<RunId> {
+    if cfg.num_shards == 1 {
+        return Ok(RunId::new());
+    }
+    let params = serde_json::to_vec(&cfg.params()).expect("parameters serialize");
+    Ok(RunId::derived(&[
+        ds.fingerprint()?.as_bytes(),
+        &params,
+        &cfg.num_shards.to_le_bytes(),
+    ]))
+}
+
+/// Removes every object of run `run_id`; returns how many went. Failures
+/// are logged, not returned: this runs on the way out of a failed run.
+fn remove_run(store: &Store, run_id: &RunId) -> usize {
+    let mut removed = 0;
+    for prefix in [format!("samples/{run_id}"), format!("_shards/{run_id}")] {
+        match store.delete_prefix(&prefix) {
+            Ok(n) => removed += n,
+            Err(e) => tracing::warn!("could not remove this run's objects: {e}"),
+        }
+    }
+    removed
+}
+
+/// After this run's commit replaced `old`, removes the replaced run's
+/// objects (none when it was this same sharded run).
+fn remove_replaced(store: &Store, old: &Previous, run_id: &RunId) {
+    let removed = match old.run_id.as_deref() {
+        Some(id) if id == run_id.as_str() => return,
+        Some(id) => [format!("samples/{id}"), format!("_shards/{id}")]
+            .iter()
+            .map(|p| store.delete_prefix(p))
+            .sum::<std::result::Result<usize, _>>(),
+        // A run from before run ids: its files as its summary names them,
+        // and its shard summaries.
+        None => {
+            let mut names: Vec<String> = serde_json::from_slice::<RunSummary>(&old.body)
+                .map(|r| r.files.into_iter().map(|f| f.object.name).collect())
+                .unwrap_or_default();
+            if let Ok(shards) = store.list("_shards") {
+                names.extend(
+                    shards
+                        .into_iter()
+                        .map(|(n, _)| n)
+                        .filter(|n| n.matches('/').count() == 1),
+                );
+            }
+            names.iter().map(|n| store.delete(n).map(|()| 1)).sum()
+        }
+    };
+    match removed {
+        Ok(n) => tracing::info!("removed the replaced run's {n} objects"),
+        Err(e) => tracing::warn!("could not remove all of the replaced run's objects: {e}"),
+    }
 }
 
 /// Runs sampling as configured, into the store that `cfg.out` names.
@@ -246,8 +316,8 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     cfg.validate()?;
     let started = Instant::now();
 
-    let committed = store.exists(RUN_SUMMARY)?;
-    if committed && !cfg.overwrite {
+    let previous = commit::read(store, RUN_SUMMARY)?;
+    if previous.is_some() && !cfg.overwrite {
         return Err(Error::Committed(store.url().to_string()));
     }
     // A rerun replaces what is under samples/ and _shards/: only a sampler's
@@ -312,19 +382,6 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     let csr = pool.install(|| Csr::from_edge_list(&ds.edges, csr_opts, |n| bar.inc(n)))?;
     bar.finish_and_clear();
 
-    // The input is whole (every edge id checked): only now may an old run
-    // go. The summary goes first, so no commit ever covers changing files.
-    if committed {
-        store.delete(RUN_SUMMARY)?;
-    }
-    if cfg.overwrite {
-        if cfg.num_shards == 1 {
-            store.delete_prefix("samples")?;
-            store.delete_prefix("_shards")?;
-        } else {
-            store.delete(&shard_name(cfg.shard, cfg.num_shards))?;
-        }
-    }
     let csr_seconds = csr_started.elapsed().as_secs_f64();
     tracing::info!(
         "topology: {} nodes, {} edges in CSR ({:.1} s)",
@@ -332,6 +389,11 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         csr.num_edges(),
         csr_seconds
     );
+
+    // This run's objects go under names of its own; a committed run's stay
+    // as they are until this one has committed.
+    let run_id = run_id(ds, cfg)?;
+    tracing::info!("run {run_id}");
 
     let dataset = DatasetInfo {
         name: ds.name.clone(),
@@ -352,9 +414,18 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     let sample_started = Instant::now();
     let mut files = Vec::with_capacity(units.len());
     for unit in &units {
-        files.push(write_unit_with_retry(
-            store, &csr, cfg, unit, &pool, &scratch, &bar,
-        )?);
+        let written = write_unit_with_retry(store, &csr, cfg, &run_id, unit, &pool, &scratch, &bar);
+        match written {
+            Ok(file) => files.push(file),
+            Err(e) => {
+                // A shard's files are rewritten by its rerun; an unsharded
+                // run's would never be read again.
+                if cfg.num_shards == 1 {
+                    remove_run(store, &run_id);
+                }
+                return Err(e);
+            }
+        }
     }
     bar.finish_and_clear();
     let sample_seconds = sample_started.elapsed().as_secs_f64();
@@ -365,6 +436,7 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     let shard = ShardSummary {
         format: FORMAT.into(),
         format_version: FORMAT_VERSION,
+        run_id: run_id.to_string(),
         shard: cfg.shard,
         num_shards: cfg.num_shards,
         dataset,
@@ -373,11 +445,18 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         seconds: started.elapsed().as_secs_f64(),
     };
     let run = if cfg.num_shards == 1 {
-        Some(commit(store, ds, cfg, vec![shard.clone()])?)
+        commit_run(
+            store,
+            ds,
+            cfg,
+            &run_id,
+            vec![shard.clone()],
+            previous.as_ref(),
+        )?
     } else {
         let body = serde_json::to_vec_pretty(&shard).expect("summaries serialize");
-        store.put(&shard_name(cfg.shard, cfg.num_shards), body)?;
-        try_commit_shards(store, ds, cfg)?
+        store.put(&shard_name(&run_id, cfg.shard, cfg.num_shards), body)?;
+        try_commit_shards(store, ds, cfg, &run_id, previous.as_ref())?
     };
     Ok(Outcome {
         shard,
@@ -396,10 +475,12 @@ const WRITE_ATTEMPTS: u32 = 4;
 /// [`write_unit`], again from the start after a store failure: a multipart
 /// upload cannot resend one failed part, and sampling is deterministic, so
 /// the file is made anew (the store's own requests were retried already).
+#[allow(clippy::too_many_arguments)]
 fn write_unit_with_retry(
     store: &Store,
     csr: &Csr,
     cfg: &SampleConfig,
+    run_id: &RunId,
     unit: &Unit,
     pool: &rayon::ThreadPool,
     scratch: &Mutex<Vec<Scratch>>,
@@ -409,7 +490,7 @@ fn write_unit_with_retry(
     let mut wait = std::time::Duration::from_millis(500);
     let mut attempt = 1;
     loop {
-        match write_unit(store, csr, cfg, unit, pool, scratch, bar) {
+        match write_unit(store, csr, cfg, run_id, unit, pool, scratch, bar) {
             Err(e @ (Error::Write { .. } | Error::Shared(_))) if attempt < WRITE_ATTEMPTS => {
                 tracing::warn!("{e}; writing the file again in {wait:?}");
                 bar.set_position(position);
@@ -424,16 +505,18 @@ fn write_unit_with_retry(
 
 /// Samples one unit's batches in parallel windows and streams them into one
 /// Parquet object; a writer thread encodes while the pool samples.
+#[allow(clippy::too_many_arguments)]
 fn write_unit(
     store: &Store,
     csr: &Csr,
     cfg: &SampleConfig,
+    run_id: &RunId,
     unit: &Unit,
     pool: &rayon::ThreadPool,
     scratch: &Mutex<Vec<Scratch>>,
     bar: &indicatif::ProgressBar,
 ) -> Result<SampleFile> {
-    let name = samples::file_name(unit.split, unit.epoch, unit.part);
+    let name = samples::file_name(run_id.as_str(), unit.split, unit.epoch, unit.part);
     let fail = |fault: String| Error::Write {
         file: format!("{}/{name}", store.url().trim_end_matches('/')),
         fault,
@@ -531,12 +614,17 @@ fn write_unit(
 }
 
 /// Writes the run summary from every shard's summary: the commit point.
-fn commit(
+/// Returns the summary when this process committed it, `None` when another
+/// shard of this run did; fails, having removed this run's objects, when
+/// another run committed first.
+fn commit_run(
     store: &Store,
     ds: &Dataset,
     cfg: &SampleConfig,
+    run_id: &RunId,
     shards: Vec<ShardSummary>,
-) -> Result<RunSummary> {
+    previous: Option<&Previous>,
+) -> Result<Option<RunSummary>> {
     let mut counts = std::collections::BTreeMap::new();
     for split in Split::ALL {
         let seeds = ds.split(split).seeds.len() as u64;
@@ -575,6 +663,7 @@ fn commit(
     let run = RunSummary {
         format: FORMAT.into(),
         format_version: FORMAT_VERSION,
+        run_id: run_id.to_string(),
         dataset: shards[0].dataset.clone(),
         params: shards[0].params.clone(),
         num_shards: cfg.num_shards,
@@ -589,11 +678,19 @@ fn commit(
             .collect(),
         seconds: shards.iter().map(|s| s.seconds).fold(0.0, f64::max),
     };
-    store.put(
-        RUN_SUMMARY,
-        serde_json::to_vec_pretty(&run).expect("summaries serialize"),
-    )?;
-    Ok(run)
+    let body = serde_json::to_vec_pretty(&run).expect("summaries serialize");
+    match commit::commit(store, RUN_SUMMARY, body, run_id, previous)? {
+        commit::Outcome::Committed => {
+            if let Some(old) = previous {
+                remove_replaced(store, old, run_id);
+            }
+            Ok(Some(run))
+        }
+        commit::Outcome::Lost { winner } => {
+            let removed = remove_run(store, run_id);
+            Err(commit::lost(&store.join(RUN_SUMMARY), &winner, removed).into())
+        }
+    }
 }
 
 /// In a sharded run, the shard that finds every shard's summary present
@@ -603,10 +700,12 @@ fn try_commit_shards(
     store: &Store,
     ds: &Dataset,
     cfg: &SampleConfig,
+    run_id: &RunId,
+    previous: Option<&Previous>,
 ) -> Result<Option<RunSummary>> {
     let mut shards = Vec::with_capacity(cfg.num_shards as usize);
     for i in 0..cfg.num_shards {
-        let name = shard_name(i, cfg.num_shards);
+        let name = shard_name(run_id, i, cfg.num_shards);
         if !store.exists(&name)? {
             tracing::info!(
                 "shard {i} of {} has not finished: not committing yet",
@@ -626,5 +725,9 @@ fn try_commit_shards(
         }
         shards.push(summary);
     }
-    commit(store, ds, cfg, shards).map(Some)
+    let run = commit_run(store, ds, cfg, run_id, shards, previous)?;
+    if run.is_none() {
+        tracing::info!("another shard of this run committed it");
+    }
+    Ok(run)
 }

@@ -3,6 +3,7 @@
 //! reporting. See `DESIGN.md` for how the three programs use them.
 
 pub mod address_table;
+pub mod commit;
 pub mod dataset;
 pub mod disk_probe;
 pub mod error;

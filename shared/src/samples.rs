@@ -1,17 +1,20 @@
 //! The sampler's output format, read by the packer and the trainer.
 //!
-//! A run lives under one URL:
+//! A run lives under one URL, its objects under its run id (`RUN`):
 //!
 //! ```text
-//! samples/split=train/epoch=0000/part-00000.parquet   (training batches, per epoch)
-//! samples/split=valid/epoch=0000/part-00000.parquet   (sampled once)
-//! samples/split=test/epoch=0000/part-00000.parquet
-//! _shards/shard-00000-of-00004.json                    (sharded runs: what each shard wrote)
-//! run.json                                             (the run summary: the commit point)
+//! samples/RUN/split=train/epoch=0000/part-00000.parquet  (training batches, per epoch)
+//! samples/RUN/split=valid/epoch=0000/part-00000.parquet  (sampled once)
+//! samples/RUN/split=test/epoch=0000/part-00000.parquet
+//! _shards/RUN/shard-00000-of-00004.json                   (sharded runs: what each shard wrote)
+//! run.json                                                (the run summary: the commit point)
 //! ```
 //!
-//! `run.json` is written last; a run without it is incomplete and is never
-//! read. It names every file with its size and SHA-256.
+//! `run.json` is created last, conditionally (only where none exists, or in
+//! place of the commit an `--overwrite` run read when it started); a run
+//! without it is incomplete and is never read. It names its run id and every
+//! file with its size and SHA-256. Two runs on one location: one commits,
+//! the other removes its objects and fails (see `offgnn_shared::commit`).
 //!
 //! Each Parquet row is one mini-batch (zstd; row groups of at most ~64 MiB):
 //!
@@ -338,10 +341,10 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
     Ok(out)
 }
 
-/// The relative name of a samples file.
-pub fn file_name(split: Split, epoch: u32, part: u32) -> String {
+/// The relative name of a samples file of run `run_id`.
+pub fn file_name(run_id: &str, split: Split, epoch: u32, part: u32) -> String {
     format!(
-        "samples/split={}/epoch={epoch:04}/part-{part:05}.parquet",
+        "samples/{run_id}/split={}/epoch={epoch:04}/part-{part:05}.parquet",
         split.name()
     )
 }
@@ -405,6 +408,9 @@ pub struct SamplingParams {
 pub struct ShardSummary {
     pub format: String,
     pub format_version: u32,
+    /// The run this shard belongs to (its objects are named under it).
+    #[serde(default)]
+    pub run_id: String,
     pub shard: u32,
     pub num_shards: u32,
     pub dataset: DatasetInfo,
@@ -418,6 +424,9 @@ pub struct ShardSummary {
 pub struct RunSummary {
     pub format: String,
     pub format_version: u32,
+    /// The run this commit names (empty for runs from before run ids).
+    #[serde(default)]
+    pub run_id: String,
     pub dataset: DatasetInfo,
     pub params: SamplingParams,
     pub num_shards: u32,

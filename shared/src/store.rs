@@ -14,7 +14,7 @@ use futures::TryStreamExt;
 use object_store::buffered::BufWriter;
 use object_store::memory::InMemory;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use sha2::{Digest, Sha256};
 use tokio::runtime::Runtime;
 use tokio_util::io::SyncIoBridge;
@@ -366,6 +366,58 @@ impl Store {
                     self.put(rel, bytes).map(|_| true)
                 }
             }
+            Err(e) => Err(self.err(rel, e)),
+        }
+    }
+
+    /// An object's bytes and the version a conditional replace names
+    /// ([`Store::put_if_version`]), or `None` when there is no object.
+    pub fn get_versioned(&self, rel: &str) -> Result<Option<(Bytes, UpdateVersion)>> {
+        let path = self.path(rel);
+        let got = with_retry(rel, || async {
+            let r = self.inner.get(&path).await?;
+            let version = UpdateVersion {
+                e_tag: r.meta.e_tag.clone(),
+                version: r.meta.version.clone(),
+            };
+            Ok((r.bytes().await?, version))
+        });
+        match got {
+            Ok(x) => Ok(Some(x)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(rel, e)),
+        }
+    }
+
+    /// Replaces an object only while it is still at `version`: `Some(true)`
+    /// when it was replaced, `Some(false)` when it had changed (or gone),
+    /// `None` when the store has no conditional replace.
+    pub fn put_if_version(
+        &self,
+        rel: &str,
+        bytes: impl Into<Bytes>,
+        version: UpdateVersion,
+    ) -> Result<Option<bool>> {
+        let path = self.path(rel);
+        let bytes = bytes.into();
+        let opts = PutOptions {
+            mode: PutMode::Update(version),
+            ..Default::default()
+        };
+        match with_retry(rel, || {
+            self.inner
+                .put_opts(&path, PutPayload::from(bytes.clone()), opts.clone())
+        }) {
+            Ok(_) => Ok(Some(true)),
+            Err(
+                object_store::Error::Precondition { .. }
+                | object_store::Error::NotFound { .. }
+                | object_store::Error::AlreadyExists { .. },
+            ) => Ok(Some(false)),
+            Err(
+                object_store::Error::NotImplemented { .. }
+                | object_store::Error::NotSupported { .. },
+            ) => Ok(None),
             Err(e) => Err(self.err(rel, e)),
         }
     }

@@ -181,7 +181,13 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
     .unwrap();
     std::fs::write(
         &escape_manifest,
-        text.replace("\"pack/segment-00000.bin\"", "\"../../segment.bin\""),
+        text.replace(
+            &format!(
+                "\"{}\"",
+                offgnn_e2e::first_segment(std::path::Path::new(&manifest))
+            ),
+            "\"../../segment.bin\"",
+        ),
     )
     .unwrap();
     let mut j: serde_json::Value = serde_json::from_str(&text).unwrap();

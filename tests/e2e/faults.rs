@@ -63,14 +63,19 @@ fn pack_args<'a>(samples: &'a str, feat: &'a str, out: &'a str) -> Vec<&'a str> 
 }
 
 /// (name, size, checksum) of every file of a committed sampling run.
+/// (name without the run's id, size, checksum) of every file a run names.
 fn run_files(dir: &Path) -> Vec<serde_json::Value> {
     let run: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap()).unwrap();
+    let prefix = format!("samples/{}/", run["run_id"].as_str().unwrap());
     run["files"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|f| serde_json::json!([f["name"], f["size"], f["sha256"]]))
+        .map(|f| {
+            let name = f["name"].as_str().unwrap().replacen(&prefix, "samples/", 1);
+            serde_json::json!([name, f["size"], f["sha256"]])
+        })
         .collect()
 }
 

@@ -1,6 +1,7 @@
 //! End-to-end: the three binaries as a user runs them.
 
 mod bad_input;
+mod concurrency;
 mod export;
 mod faults;
 mod s3;
@@ -174,9 +175,12 @@ fn cora_samples_through_the_binary_and_refuses_a_second_run() {
     assert_eq!(j["batches"], 2 * 7 + 3 + 3);
     assert_eq!(j["run"]["counts"]["train"]["batches"], 14);
     assert!(out.join("run.json").exists());
+    let run_id = j["run"]["run_id"].as_str().unwrap();
     assert!(
-        out.join("samples/split=train/epoch=0001/part-00000.parquet")
-            .exists()
+        out.join(format!(
+            "samples/{run_id}/split=train/epoch=0001/part-00000.parquet"
+        ))
+        .exists()
     );
 
     let again = run("sampler", &args);
@@ -631,7 +635,9 @@ fn cora_trains_through_the_binary_and_refuses_bad_input() {
         "newer than this build",
     );
     // A flipped bit in a segment, then a missing one.
-    let seg = dir.path().join("pack/pack/segment-00000.bin");
+    let seg = dir.path().join("pack").join(offgnn_e2e::first_segment(
+        &dir.path().join("pack/manifest.json"),
+    ));
     let mut bytes = std::fs::read(&seg).unwrap();
     bytes[4096] ^= 0x01;
     std::fs::write(&seg, &bytes).unwrap();
@@ -864,7 +870,7 @@ fn overwrite_replaces_only_what_offgnn_wrote() {
         )
     };
     assert!(sample().status.success());
-    let note = samples.join("samples/split=train/notes.txt");
+    let note = samples.join("samples/notes.txt");
     std::fs::write(&note, b"mine").unwrap();
     one_line(&sample(), "which no sampler wrote");
     assert_eq!(std::fs::read(&note).unwrap(), b"mine");

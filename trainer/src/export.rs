@@ -1,12 +1,14 @@
-//! The trained model as a portable artifact: `model.safetensors` (one float32
-//! tensor per parameter, named as PyTorch Geometric's model class names it)
-//! and `model.json` (the architecture under PyG's constructor argument names,
-//! where it came from, what it reached). `model.json` is written last and is
-//! the commit: a location without it holds no export, and it carries the
-//! SHA-256 of the weights it belongs to, which readers check.
+//! The trained model as a portable artifact: `model-RUN.safetensors` (one
+//! float32 tensor per parameter, named as PyTorch Geometric's model class
+//! names it; `RUN` is the writing run's id) and `model.json` (the
+//! architecture under PyG's constructor argument names, where it came from,
+//! what it reached). `model.json` is created last, conditionally, and is the
+//! commit: a location without it holds no export, and it names the weights
+//! object it belongs to and their SHA-256, which readers check.
 
 use std::collections::HashMap;
 
+use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::store::Store;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
@@ -18,7 +20,13 @@ use crate::model::{self, ModelConfig, ModelKind};
 /// The version of the export format this trainer writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 pub const CARD: &str = "model.json";
-pub const WEIGHTS: &str = "model.safetensors";
+
+/// The weights object of run `run_id`: each export names its own, so two
+/// runs exporting to one location never write one object; `model.json`
+/// names the one it commits.
+pub fn weights_name(run_id: &RunId) -> String {
+    format!("model-{run_id}.safetensors")
+}
 
 /// How to build the model in PyTorch Geometric: the class in
 /// `torch_geometric.nn.models` and its keyword arguments, so that
@@ -34,6 +42,9 @@ pub struct PygModel {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelCard {
     pub format_version: u32,
+    /// The run that wrote this export (its weights are named after it).
+    #[serde(default)]
+    pub run_id: String,
     /// sage | gat | mlp.
     pub architecture: ModelKind,
     pub num_layers: usize,
@@ -84,7 +95,13 @@ pub struct Provenance {
 }
 
 impl ModelCard {
-    fn new(cfg: &ModelConfig, from: &Provenance, parameters: i64, weights_sha256: String) -> Self {
+    fn new(
+        cfg: &ModelConfig,
+        from: &Provenance,
+        parameters: i64,
+        run_id: &RunId,
+        weights_sha256: String,
+    ) -> Self {
         let gat = cfg.kind == ModelKind::Gat;
         let act = model::activation(cfg.kind).to_string();
         let mut kwargs = serde_json::Map::new();
@@ -116,6 +133,7 @@ impl ModelCard {
         };
         ModelCard {
             format_version: FORMAT_VERSION,
+            run_id: run_id.to_string(),
             architecture: cfg.kind,
             num_layers: cfg.layers,
             in_channels: cfg.in_dim,
@@ -145,7 +163,7 @@ impl ModelCard {
             valid_acc: from.valid_acc,
             test_acc: from.test_acc,
             parameters,
-            weights: WEIGHTS.into(),
+            weights: weights_name(run_id),
             weights_sha256,
         }
     }
@@ -267,16 +285,18 @@ fn decode(bytes: &[u8], what: &str) -> Result<HashMap<String, Tensor>> {
     Ok(out)
 }
 
-/// Refuses a location that already holds an export, unless `overwrite`.
-pub fn check_target(location: &str, overwrite: bool) -> Result<Store> {
+/// Refuses a location that already holds an export, unless `overwrite`;
+/// returns the store and the export there (what `overwrite` replaces).
+pub fn check_target(location: &str, overwrite: bool) -> Result<(Store, Option<Previous>)> {
     let store = Store::open(location)?;
-    if !overwrite && store.exists(CARD)? {
+    let previous = commit::read(&store, CARD)?;
+    if !overwrite && previous.is_some() {
         return Err(Error::InvalidArgument(format!(
             "{}: holds an export already (model.json); pass --overwrite to replace it",
             store.url()
         )));
     }
-    Ok(store)
+    Ok((store, previous))
 }
 
 /// What [`write`] wrote.
@@ -288,9 +308,11 @@ pub struct Written {
 }
 
 /// Writes the export of `named` (the parameters of a model of `cfg`) to
-/// `location`: the weights, then `model.json` as the commit. With
-/// `overwrite`, an earlier export's `model.json` goes first, so no reader
-/// pairs the old card with the new weights.
+/// `location`: the weights under this run's name, then `model.json` as the
+/// commit, created conditionally. With `overwrite`, the earlier export's
+/// card is replaced only while it is still the one this run read, and its
+/// weights go only after this export is committed. A run that loses the
+/// commit to another removes its weights and fails, naming the winner.
 pub fn write(
     location: &str,
     cfg: &ModelConfig,
@@ -298,22 +320,35 @@ pub fn write(
     from: &Provenance,
     overwrite: bool,
 ) -> Result<Written> {
-    let store = check_target(location, overwrite)?;
+    let (store, previous) = check_target(location, overwrite)?;
     let bytes = encode(named)?;
     let sha = offgnn_shared::store::hex(&sha2::Sha256::digest(&bytes));
     let parameters = named.iter().map(|(_, t)| t.numel() as i64).sum();
-    let card = ModelCard::new(cfg, from, parameters, sha);
+    let run_id = RunId::new();
+    let card = ModelCard::new(cfg, from, parameters, &run_id, sha);
     let json = serde_json::to_vec_pretty(&card).expect("model card serializes");
-    if overwrite {
-        store.delete(CARD)?;
-    }
     let weights_bytes = bytes.len() as u64;
-    store.put(WEIGHTS, bytes)?;
-    if !store.put_if_absent(CARD, json)? {
-        return Err(Error::InvalidArgument(format!(
-            "{}: another run committed an export there while this one wrote; its model.json was kept",
-            store.url()
-        )));
+    if let Err(e) = store.put(&card.weights, bytes) {
+        let _ = store.delete(&card.weights);
+        return Err(e.into());
+    }
+    match commit::commit(&store, CARD, json, &run_id, previous.as_ref())? {
+        commit::Outcome::Committed => {}
+        commit::Outcome::Lost { winner } => {
+            let removed = usize::from(store.delete(&card.weights).is_ok());
+            return Err(commit::lost(&store.join(CARD), &winner, removed).into());
+        }
+    }
+    // The replaced export's weights, unless (written before run ids) they
+    // had the name this one has.
+    let old_weights = previous
+        .and_then(|p| serde_json::from_slice::<ModelCard>(&p.body).ok())
+        .map(|old| old.weights)
+        .filter(|w| *w != card.weights && !w.contains('/'));
+    if let Some(old) = old_weights
+        && let Err(e) = store.delete(&old)
+    {
+        tracing::warn!("could not remove the replaced export's weights: {e}");
     }
     Ok(Written {
         location: store.url().to_string(),
@@ -444,7 +479,10 @@ mod tests {
         write(loc, &c, &named, &provenance(), false).unwrap();
         let again = write(loc, &c, &named, &provenance(), false).unwrap_err();
         assert!(again.to_string().contains("--overwrite"), "{again}");
+        let first = std::fs::read_dir(dir.path()).unwrap().count();
         write(loc, &c, &named, &provenance(), true).unwrap();
+        // The replaced export's weights are gone: still one card, one weights.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), first);
 
         let card_path = dir.path().join(CARD);
         let mut card: serde_json::Value =
@@ -456,10 +494,11 @@ mod tests {
 
         card["format_version"] = 1.into();
         std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
-        let mut weights = std::fs::read(dir.path().join(WEIGHTS)).unwrap();
+        let weights_path = dir.path().join(card["weights"].as_str().unwrap());
+        let mut weights = std::fs::read(&weights_path).unwrap();
         let last = weights.len() - 1;
         weights[last] ^= 1;
-        std::fs::write(dir.path().join(WEIGHTS), weights).unwrap();
+        std::fs::write(&weights_path, weights).unwrap();
         let changed = read(loc, Device::Cpu).unwrap_err().to_string();
         assert!(changed.contains("SHA-256"), "{changed}");
     }

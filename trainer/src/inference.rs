@@ -30,6 +30,7 @@ use std::time::Instant;
 use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int64Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
+use offgnn_shared::commit::{self, RunId};
 use offgnn_shared::dataset::{Dataset, Split};
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, ReadReq};
 use offgnn_shared::npy::DType;
@@ -128,6 +129,8 @@ pub struct LayerFigures {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct InferSummary {
     pub format_version: u32,
+    /// The run whose parts (named `RUN/part-….parquet`) this commit lists.
+    pub run_id: String,
     pub model: String,
     pub architecture: ModelKind,
     pub weights_sha256: String,
@@ -482,6 +485,9 @@ impl Plan {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Progress {
     key: String,
+    /// The run whose parts these are: a resumed run keeps its id.
+    #[serde(default)]
+    run_id: String,
     edges_ready: bool,
     /// Layers finished.
     layer: usize,
@@ -1175,7 +1181,8 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         )));
     }
     let out = Store::open(&cfg.out)?;
-    if out.exists(COMMIT)? && !cfg.overwrite {
+    let previous = commit::read(&out, COMMIT)?;
+    if previous.is_some() && !cfg.overwrite {
         return Err(Error::InvalidArgument(format!(
             "{}: holds a committed inference result; pass --overwrite to replace it",
             out.url()
@@ -1304,6 +1311,14 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             key: key.clone(),
             ..Default::default()
         });
+    let run_id = match RunId::parse(&progress.run_id) {
+        Some(id) => id,
+        None => {
+            let id = RunId::new();
+            progress.run_id = id.to_string();
+            id
+        }
+    };
     // What an earlier run did is reported as resumed.
     for f in progress.figures.iter_mut() {
         f.groups_resumed = f.passes;
@@ -1317,10 +1332,6 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             progress.groups_done,
             plan.groups.len()
         );
-    }
-    if cfg.overwrite {
-        // Uncommitted first: no reader pairs the old summary with new parts.
-        out.delete(COMMIT)?;
     }
 
     if !progress.edges_ready && progress.layer == 0 && progress.groups_done == 0 {
@@ -1545,7 +1556,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                         )?;
                         // Encoded and stored in parallel: the store's puts
                         // wait on the disk, the encoding on the CPU.
-                        let name = format!("part-{gi:06}-{k:04}.parquet");
+                        let name = format!("{run_id}/part-{gi:06}-{k:04}.parquet");
                         let size = bytes.len() as u64;
                         out.put(&name, bytes)?;
                         Ok((name, size, ids.len() as u64))
@@ -1606,6 +1617,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     }
     let summary = InferSummary {
         format_version: 1,
+        run_id: run_id.to_string(),
         model: offgnn_shared::store::redact(&cfg.model),
         architecture: card.architecture,
         weights_sha256: card.weights_sha256.clone(),
@@ -1625,19 +1637,32 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         seconds: started.elapsed().as_secs_f64(),
         device: format!("{:?}", cfg.device),
     };
-    // Parts of an earlier result that this one does not name go before the commit.
-    let ours: std::collections::HashSet<&String> = summary.files.iter().collect();
-    for (name, _) in out.list("part-")? {
-        if !ours.contains(&name) {
-            out.delete(&name)?;
+    // The commit; a replaced result's parts go only once it is in place.
+    let json = serde_json::to_vec_pretty(&summary).expect("summary serializes");
+    match commit::commit(&out, COMMIT, json, &run_id, previous.as_ref())? {
+        commit::Outcome::Committed => {}
+        commit::Outcome::Lost { winner } => {
+            let removed = summary
+                .files
+                .iter()
+                .filter(|f| out.delete(f).is_ok())
+                .count();
+            let _ = std::fs::remove_file(cfg.work_dir.join(PROGRESS));
+            return Err(commit::lost(&out.join(COMMIT), &winner, removed).into());
         }
     }
-    let json = serde_json::to_vec_pretty(&summary).expect("summary serializes");
-    if !out.put_if_absent(COMMIT, json)? {
-        return Err(Error::InvalidArgument(format!(
-            "{}: another run committed a result there while this one ran",
-            out.url()
-        )));
+    if let Some(old) = &previous {
+        let ours: std::collections::HashSet<&String> = summary.files.iter().collect();
+        let old_files = serde_json::from_slice::<serde_json::Value>(&old.body)
+            .ok()
+            .and_then(|v| serde_json::from_value::<Vec<String>>(v["files"].clone()).ok())
+            .unwrap_or_default();
+        for name in old_files.iter().filter(|f| !ours.contains(f)) {
+            if let Err(e) = out.delete(name) {
+                tracing::warn!("could not remove the replaced result's parts: {e}");
+                break;
+            }
+        }
     }
     // The work directory's files are ours; the result is committed.
     for l in 0..num_layers {

@@ -63,7 +63,7 @@ pub struct Cli {
 pub enum Command {
     /// Print the libtorch version and the devices it can use.
     Info,
-    /// Write the model of a checkpoint as model.safetensors + model.json
+    /// Write the model of a checkpoint as its weights (safetensors) + model.json
     /// (PyTorch Geometric's parameter names and constructor arguments).
     Export(ExportArgs),
     /// Predictions and embeddings for every node: the exported model's
@@ -81,7 +81,7 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct InferArgs {
-    /// The export (model.json + model.safetensors): a directory or URL.
+    /// The export (model.json and the weights it names): a directory or URL.
     #[arg(long)]
     pub model: String,
     /// The GraphBolt OnDiskDataset directory the model was trained on.
@@ -241,7 +241,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub memory: Option<String>,
     /// Write the best validation epoch's model here at the end (a directory
-    /// or an object-store URL): model.safetensors and model.json, which load
+    /// or an object-store URL): the weights (safetensors) and model.json, which load
     /// into PyTorch Geometric's GraphSAGE, GAT or MLP.
     #[arg(long)]
     pub export: Option<String>,

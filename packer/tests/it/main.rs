@@ -219,7 +219,16 @@ fn individual_packing_writes_the_same_bytes() {
     pack(&b).unwrap();
     let (_, ma, _) = open_layout(&a.out).unwrap();
     let (_, mb, _) = open_layout(&b.out).unwrap();
-    assert_eq!(ma.objects, mb.objects, "same plan, same bytes");
+    // Each run names its objects under its own id.
+    let unnamed = |m: &offgnn_manifests::Manifest| -> Vec<(String, u64, u32)> {
+        let prefix = format!("pack/{}/", m.run_id);
+        m.objects
+            .iter()
+            .map(|o| (o.name.replacen(&prefix, "", 1), o.size, o.crc32c))
+            .collect()
+    };
+    assert_ne!(ma.run_id, mb.run_id);
+    assert_eq!(unnamed(&ma), unnamed(&mb), "same plan, same bytes");
     verify(&b.out, false).unwrap();
 }
 
@@ -277,13 +286,16 @@ fn refuses_a_committed_layout_and_recovers_from_an_interrupted_one() {
     verify(&cfg.out, false).unwrap();
     // An interrupted run: objects without a manifest, one of them garbage.
     let out = Path::new(&cfg.out);
+    let first_segment = || open_layout(&cfg.out).unwrap().1.segments[0].object.clone();
+    let old = first_segment();
     std::fs::remove_file(out.join(MANIFEST)).unwrap();
-    std::fs::write(out.join("pack/segment-00000.bin"), b"half-written").unwrap();
+    std::fs::write(out.join(&old), b"half-written").unwrap();
     assert!(open_layout(&cfg.out).is_err(), "no manifest, no layout");
     pack(&cfg).unwrap();
     verify(&cfg.out, false).unwrap();
+    assert_ne!(first_segment(), old, "a new run writes names of its own");
     // A corrupted object is caught by its checksum.
-    let seg = out.join("pack/segment-00000.bin");
+    let seg = out.join(first_segment());
     let mut bytes = std::fs::read(&seg).unwrap();
     bytes[10] ^= 1;
     std::fs::write(&seg, bytes).unwrap();
@@ -326,7 +338,8 @@ fn verify_names_the_batch_and_row_whose_bytes_differ() {
     let s = pack(&cfg).unwrap();
     assert!(s.gpu_rows > 0, "the test needs GPU-cache rows");
     // GPU slot 0 holds a row some batch needs: its first byte is now wrong.
-    corrupt_consistently(Path::new(&cfg.out), "pack/gpu_cache.bin");
+    let gpu = open_layout(&cfg.out).unwrap().1.gpu_cache.object.unwrap();
+    corrupt_consistently(Path::new(&cfg.out), &gpu);
     let err = verify(&cfg.out, false).unwrap_err().to_string();
     assert!(
         err.contains("differs from the feature file") && err.contains("batch"),

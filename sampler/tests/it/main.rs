@@ -47,14 +47,17 @@ fn config(dataset: &Path, out: &str) -> SampleConfig {
     }
 }
 
-/// (name, size, checksum) of every file of a committed run.
+/// (name without the run id, size, checksum) of every file of a committed
+/// run; the names are the run's own.
 fn files(store: &Store) -> Vec<(String, u64, String)> {
     let run = RunSummary::read(store).unwrap();
     run.files
         .iter()
         .map(|f| {
+            let prefix = format!("samples/{}/", run.run_id);
+            assert!(f.object.name.starts_with(&prefix), "{}", f.object.name);
             (
-                f.object.name.clone(),
+                f.object.name.replacen(&prefix, "samples/", 1),
                 f.object.size,
                 f.object.sha256.clone(),
             )

@@ -395,9 +395,7 @@ fn an_interrupted_run_resumes_where_it_stopped() {
     // The best epoch's parameters came through the checkpoints: both runs
     // export the same weights, for the best and the last epoch.
     for sub in ["", "last/"] {
-        let weights = |run: &str| {
-            std::fs::read(f.root.join(format!("export-{run}/{sub}model.safetensors"))).unwrap()
-        };
+        let weights = |run: &str| weights_of(&f.root.join(format!("export-{run}/{sub}")));
         assert!(
             weights("straight") == weights("resumed"),
             "{sub}model.safetensors differs"
@@ -409,10 +407,7 @@ fn an_interrupted_run_resumes_where_it_stopped() {
     let from_ckpt = f.root.join("export-ckpt");
     trainer::train::export_checkpoint(&mid, from_ckpt.to_str().unwrap(), false, false, None)
         .unwrap();
-    assert!(
-        std::fs::read(from_ckpt.join("model.safetensors")).unwrap()
-            == std::fs::read(f.root.join("export-straight/model.safetensors")).unwrap()
-    );
+    assert!(weights_of(&from_ckpt) == weights_of(&f.root.join("export-straight")));
 
     // A checkpoint of another model is refused.
     let err = train(
@@ -436,7 +431,9 @@ fn corrupt_objects_and_unknown_versions_are_refused() {
     let e = engine();
     let manifest = f.pack.join("manifest.json");
     // A bit flip in a segment object is caught before training.
-    let seg = f.pack.join("pack/segment-00000.bin");
+    let first: offgnn_manifests::Manifest =
+        serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let seg = f.pack.join(&first.segments[0].object);
     let mut bytes = std::fs::read(&seg).unwrap();
     bytes[100] ^= 0x10;
     std::fs::write(&seg, &bytes).unwrap();
@@ -455,4 +452,11 @@ fn corrupt_objects_and_unknown_versions_are_refused() {
     let err = staging::resolve(manifest.to_str().unwrap(), None, &e, false)
         .expect_err("a manifest of a future version is refused");
     assert!(err.to_string().contains("newer than this build"), "{err}");
+}
+
+/// The bytes of the weights that the export in `dir` commits.
+fn weights_of(dir: &std::path::Path) -> Vec<u8> {
+    let card: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("model.json")).unwrap()).unwrap();
+    std::fs::read(dir.join(card["weights"].as_str().unwrap())).unwrap()
 }
