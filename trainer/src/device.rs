@@ -74,6 +74,15 @@ pub fn print_info() -> anyhow::Result<()> {
                 "torch built for CUDA",
                 shown(&torch.cuda, "none (CPU build)"),
             ),
+            (
+                "libtorch_cuda",
+                if torch.cuda_backend {
+                    "loaded"
+                } else {
+                    "not loaded"
+                }
+                .to_string(),
+            ),
             ("NVIDIA driver", shown(&driver, "no driver")),
             ("cuda available", cuda.to_string()),
             ("cuda devices", cuda_devices.to_string()),
@@ -90,6 +99,7 @@ pub fn print_info() -> anyhow::Result<()> {
                 "path": torch.dir,
                 "found_by": found_by,
                 "cuda": torch.cuda,
+                "cuda_backend_loaded": torch.cuda_backend,
             },
             "nvidia_driver": driver,
             "cuda_available": cuda,
@@ -110,6 +120,9 @@ pub struct LoadedTorch {
     pub version: Option<String>,
     /// The CUDA version it was built for; None for a CPU build.
     pub cuda: Option<String>,
+    /// Whether libtorch_cuda.so is loaded: libtorch has a CUDA backend only
+    /// then (build.rs links it, the wheel's launcher preloads it).
+    pub cuda_backend: bool,
 }
 
 /// Where this process's libtorch came from, as the loader mapped it (not
@@ -131,7 +144,13 @@ pub fn loaded_torch() -> LoadedTorch {
             None,
         ),
     };
-    LoadedTorch { dir, version, cuda }
+    let cuda_backend = maps.contains("/libtorch_cuda.so");
+    LoadedTorch {
+        dir,
+        version,
+        cuda,
+        cuda_backend,
+    }
 }
 
 /// The path of libtorch_cpu.so in /proc/self/maps.
@@ -217,6 +236,11 @@ mod tests {
         );
         let version = torch.version.expect("the loaded torch names its version");
         assert!(version.starts_with("2.11."), "{version}");
+        // build.rs links libtorch_cuda.so wherever the torch has one.
+        assert_eq!(
+            torch.cuda_backend,
+            torch.dir.join("lib/libtorch_cuda.so").is_file()
+        );
     }
 
     #[test]
