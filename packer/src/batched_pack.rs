@@ -543,6 +543,10 @@ impl PackCtx<'_> {
                 Ok(())
             })();
             write_seconds += started.elapsed().as_secs_f64();
+            if dispatched.is_ok() {
+                // SIGINT or SIGTERM: the pass ends at this piece.
+                dispatched = offgnn_shared::signals::check().map_err(Error::from);
+            }
             if dispatched.is_err() {
                 break;
             }
@@ -700,6 +704,7 @@ impl PackCtx<'_> {
         for (seg, out) in self.segments.iter().zip(self.seg_files) {
             let mut written = std::collections::HashSet::new();
             for (k, &b) in seg.batches.iter().enumerate() {
+                offgnn_shared::signals::check()?;
                 let cold = &self.batches[b].cold;
                 read += rows.read_each(cold, |i, data| {
                     let v = cold[i];

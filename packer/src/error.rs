@@ -22,6 +22,9 @@ pub enum Error {
     Mismatch(String),
     #[error("verify: {0}")]
     Verify(String),
+    /// SIGINT or SIGTERM: what the run did about it.
+    #[error("{0}")]
+    Stopped(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -127,6 +127,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         None => {
+            // Packing stops at its next piece on SIGINT or SIGTERM and
+            // removes what it wrote.
+            offgnn_shared::signals::install();
             let a = cli.pack;
             let need = |v: &Option<String>, flag: &str| {
                 v.clone()

@@ -153,8 +153,20 @@ fn load_batches(store: &Store, run: &RunSummary, show: bool) -> Result<Vec<Batch
     Ok(per_file.into_iter().flatten().collect())
 }
 
-/// Runs a packing job.
+/// Runs a packing job. Stopped by SIGINT or SIGTERM, it removes what it
+/// wrote and says so.
 pub fn pack(cfg: &PackConfig) -> Result<PackSummary> {
+    let result = pack_run(cfg);
+    match offgnn_shared::signals::received() {
+        Some(signal) if result.is_err() => Err(Error::Stopped(format!(
+            "stopped by {signal}: removed the objects this run wrote; nothing was committed (a layout committed at {} before is untouched)",
+            offgnn_shared::store::redact(&cfg.out)
+        ))),
+        _ => result,
+    }
+}
+
+fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
     let started = Instant::now();
     let samples = Store::open(&cfg.samples)?;
     let run = RunSummary::read(&samples)?;
@@ -687,7 +699,7 @@ impl Drop for RunObjects<'_> {
                 .map_err(|e| e.to_string()),
         };
         match removed {
-            Ok(()) => tracing::info!("removed this run's objects ({})", self.prefix),
+            Ok(()) => tracing::debug!("removed this run's objects ({})", self.prefix),
             Err(e) => tracing::warn!(
                 "could not remove this run's objects under {}: {e}",
                 self.out.join(&self.prefix)
@@ -947,6 +959,7 @@ fn write_tables(
     let mut record = Vec::new();
     let pb = offgnn_shared::progress::bar_if(show, batches.len() as u64, "tables", "batches");
     for file in &run.files {
+        offgnn_shared::signals::check()?;
         for b in offgnn_shared::samples::read_file(samples, file)? {
             let Some(&(si, ri)) = place.get(&(b.split, b.epoch, b.index)) else {
                 continue;

@@ -223,7 +223,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Generate(args)) => dataset_tools::generate(&args),
         Some(Command::ImportParquet(args)) => dataset_tools::import_parquet(&args),
         Some(Command::Inspect(args)) => dataset_tools::inspect(&args),
-        None => sample(cli.sample),
+        None => {
+            // Sampling stops at its next file window on SIGINT or SIGTERM
+            // and removes what it wrote; the other commands keep the
+            // default (they end at once, leaving only temporary files).
+            offgnn_shared::signals::install();
+            sample(cli.sample)
+        }
     }
 }
 

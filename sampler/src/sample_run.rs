@@ -48,6 +48,9 @@ pub enum Error {
     Shared(#[from] offgnn_shared::Error),
     #[error("{file}: {fault}")]
     Write { file: String, fault: String },
+    /// SIGINT or SIGTERM: what the run did about it.
+    #[error("{0}")]
+    Stopped(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -390,6 +393,11 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         csr_seconds
     );
 
+    if let Some(signal) = offgnn_shared::signals::received() {
+        return Err(Error::Stopped(format!(
+            "stopped by {signal} before sampling; nothing was written"
+        )));
+    }
     // This run's objects go under names of its own; a committed run's stay
     // as they are until this one has committed.
     let run_id = run_id(ds, cfg)?;
@@ -420,8 +428,23 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
             Err(e) => {
                 // A shard's files are rewritten by its rerun; an unsharded
                 // run's would never be read again.
-                if cfg.num_shards == 1 {
-                    remove_run(store, &run_id);
+                let removed = (cfg.num_shards == 1).then(|| remove_run(store, &run_id));
+                if let Some(signal) = offgnn_shared::signals::received() {
+                    let untouched = if previous.is_some() {
+                        " (the run committed here before is untouched)"
+                    } else {
+                        ""
+                    };
+                    return Err(Error::Stopped(match removed {
+                        Some(n) => format!(
+                            "stopped by {signal}: removed the {n} objects this run wrote; nothing was committed{untouched}"
+                        ),
+                        None => format!(
+                            "stopped by {signal}: shard {}'s files stay under {} until a rerun of the shard rewrites them; nothing was committed{untouched}",
+                            cfg.shard,
+                            store.join(&format!("samples/{run_id}"))
+                        ),
+                    }));
                 }
                 return Err(e);
             }
@@ -491,7 +514,9 @@ fn write_unit_with_retry(
     let mut attempt = 1;
     loop {
         match write_unit(store, csr, cfg, run_id, unit, pool, scratch, bar) {
-            Err(e @ (Error::Write { .. } | Error::Shared(_))) if attempt < WRITE_ATTEMPTS => {
+            Err(e @ (Error::Write { .. } | Error::Shared(_)))
+                if attempt < WRITE_ATTEMPTS && offgnn_shared::signals::received().is_none() =>
+            {
                 tracing::warn!("{e}; writing the file again in {wait:?}");
                 bar.set_position(position);
                 std::thread::sleep(wait);
@@ -598,10 +623,14 @@ fn write_unit(
             if tx.send(sampled).is_err() {
                 break; // the encoder failed; its error is returned below
             }
+            if offgnn_shared::signals::received().is_some() {
+                break; // stopped: the file ends here, and is removed
+            }
         }
         drop(tx);
         encoder.join().expect("the encoder thread does not panic")
     })?;
+    offgnn_shared::signals::check()?;
     Ok(SampleFile {
         object,
         split: unit.split,

@@ -32,6 +32,9 @@ pub enum Error {
     /// A parameter out of its valid range.
     #[error("{0}")]
     InvalidArgument(String),
+    /// SIGINT or SIGTERM arrived: the run stops at its next safe point.
+    #[error("stopped by {0}")]
+    Interrupted(&'static str),
 }
 
 impl Error {

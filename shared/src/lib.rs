@@ -13,6 +13,7 @@ pub mod parquet_import;
 pub mod progress;
 pub mod report;
 pub mod samples;
+pub mod signals;
 pub mod sizes;
 pub mod store;
 pub mod store_faults;

@@ -5,6 +5,7 @@ mod concurrency;
 mod export;
 mod faults;
 mod s3;
+mod signals;
 
 use offgnn_e2e::{cora_dir, run, run_with_env};
 

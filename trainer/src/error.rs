@@ -20,6 +20,9 @@ pub enum Error {
         loss: f64,
         kept: Option<String>,
     },
+    /// SIGINT or SIGTERM stopped the run: what it kept.
+    #[error("{0}")]
+    Stopped(String),
     /// The test hook `interrupt_after` fired: a stand-in for a kill.
     #[error("interrupted after {0} training batches")]
     Interrupted(u64),

@@ -383,7 +383,10 @@ impl Input {
                 times.io_wait += waited.elapsed().as_secs_f64();
                 let t = Instant::now();
                 if outcome.is_ok() {
-                    outcome = each(c, &rows);
+                    // SIGINT or SIGTERM: the group ends here, unfinished.
+                    outcome = offgnn_shared::signals::check()
+                        .map_err(Error::from)
+                        .and_then(|()| each(c, &rows));
                     if outcome.is_err() {
                         stop.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
@@ -1157,8 +1160,20 @@ fn hidden_file(work: &Path, l: usize) -> PathBuf {
     work.join(format!("h{l}.f32"))
 }
 
-/// Runs inference as configured.
+/// Runs inference as configured. Stopped by SIGINT or SIGTERM, it keeps
+/// the groups it finished, for the same command to resume.
 pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
+    let result = infer_run(cfg, engine);
+    match offgnn_shared::signals::received() {
+        Some(signal) if result.is_err() => Err(Error::Stopped(format!(
+            "stopped by {signal}: the groups finished so far are kept in {} (and their parts under --out, uncommitted); run the same command again to resume",
+            cfg.work_dir.display()
+        ))),
+        _ => result,
+    }
+}
+
+fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let started = Instant::now();
     let model = Model::load(&cfg.model, cfg.device)?;
     let card = &model.card;
@@ -1587,6 +1602,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             if cfg.interrupt_after_groups == Some(groups_here) {
                 return Err(Error::Interrupted(groups_here));
             }
+            offgnn_shared::signals::check()?;
         }
         if let Some(file) = &out_file {
             file_sync(file.path())?;

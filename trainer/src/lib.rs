@@ -303,7 +303,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        None => train_command(cli.train),
+        None => {
+            // Training stops at its next batch on SIGINT or SIGTERM, with a
+            // checkpoint when --checkpoint-dir is set.
+            offgnn_shared::signals::install();
+            train_command(cli.train)
+        }
     }
 }
 
@@ -472,6 +477,9 @@ fn export_command(a: ExportArgs) -> anyhow::Result<()> {
 
 fn infer_command(a: InferArgs) -> anyhow::Result<()> {
     use offgnn_shared::dataset::Split;
+    // Stops after its current group on SIGINT or SIGTERM; the work
+    // directory keeps what is done, for a rerun to resume.
+    offgnn_shared::signals::install();
     let device = device::parse_device(&a.device)?;
     let nodes = match a.nodes.as_str() {
         "all" => inference::NodeSet::All,

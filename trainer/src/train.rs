@@ -695,6 +695,34 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
                 if cfg.interrupt_after == Some(trained_here) {
                     return Err(Error::Interrupted(trained_here));
                 }
+                // SIGINT or SIGTERM: stop at this batch boundary, keeping a
+                // checkpoint of it when there is a checkpoint directory. (At
+                // the epoch's last batch the epoch ends first and its own
+                // checkpoint is kept, below.)
+                if let Some(signal) = offgnn_shared::signals::received()
+                    && (p.batches as usize) < order.len()
+                {
+                    let kept = match &cfg.checkpoint_dir {
+                        Some(dir) => {
+                            p.train_seconds = seconds_before + started.elapsed().as_secs_f64();
+                            let state = State {
+                                vs: &vs,
+                                adam: &adam,
+                                best: best_so_far.as_ref(),
+                            };
+                            save_checkpoint(dir, &state, cfg, m, &history, Some(&p))?;
+                            format!(
+                                "checkpoint of that batch written to {}; run again with --resume to continue",
+                                dir.display()
+                            )
+                        }
+                        None => "no --checkpoint-dir, so nothing of this run was kept".into(),
+                    };
+                    return Err(Error::Stopped(format!(
+                        "stopped by {signal} at epoch {t}, batch {}: {kept}",
+                        p.batches
+                    )));
+                }
                 Ok(())
             },
         )?;
@@ -781,6 +809,18 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
                 best: best_so_far.as_ref(),
             };
             save_checkpoint(dir, &state, cfg, m, &history, None)?;
+        }
+        if let Some(signal) = offgnn_shared::signals::received() {
+            return Err(Error::Stopped(format!(
+                "stopped by {signal} after epoch {t}: {}",
+                match &cfg.checkpoint_dir {
+                    Some(dir) => format!(
+                        "checkpoint of that epoch written to {}; run again with --resume to continue",
+                        dir.display()
+                    ),
+                    None => "no --checkpoint-dir, so nothing of this run was kept".into(),
+                }
+            )));
         }
     }
 

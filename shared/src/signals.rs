@@ -1,0 +1,77 @@
+//! SIGINT and SIGTERM. The first asks the program to stop at its next safe
+//! point: long loops poll [`check`], the run unwinds through its usual
+//! failure path (which removes what an uncommitted run wrote, or keeps a
+//! checkpoint), and `main` prints one line saying what was kept and exits
+//! with 128 + the signal's number. A second signal exits at once.
+
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+use crate::error::{Error, Result};
+
+struct Received {
+    any: Arc<AtomicBool>,
+    which: Arc<AtomicUsize>,
+}
+
+static RECEIVED: OnceLock<Received> = OnceLock::new();
+
+/// Installs the handlers (once; later calls do nothing). Programs call it
+/// at start; library code only polls.
+pub fn install() {
+    RECEIVED.get_or_init(|| {
+        let any = Arc::new(AtomicBool::new(false));
+        let which = Arc::new(AtomicUsize::new(0));
+        for sig in [SIGINT, SIGTERM] {
+            // Registered first, so it sees the flag as the previous signal
+            // left it: the second signal exits, the first only sets it.
+            let registered =
+                signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&any))
+                    .and_then(|_| {
+                        signal_hook::flag::register_usize(sig, Arc::clone(&which), sig as usize)
+                    })
+                    .and_then(|_| signal_hook::flag::register(sig, Arc::clone(&any)));
+            if let Err(e) = registered {
+                tracing::warn!("cannot handle signal {sig}: {e}");
+            }
+        }
+        Received { any, which }
+    });
+}
+
+/// The signal received, if any: `SIGINT` or `SIGTERM`.
+pub fn received() -> Option<&'static str> {
+    let r = RECEIVED.get()?;
+    if !r.any.load(Ordering::SeqCst) {
+        return None;
+    }
+    Some(match r.which.load(Ordering::SeqCst) as i32 {
+        SIGTERM => "SIGTERM",
+        _ => "SIGINT",
+    })
+}
+
+/// `Err(Interrupted)` once a signal has arrived: the poll of long loops.
+pub fn check() -> Result<()> {
+    match received() {
+        Some(signal) => Err(Error::Interrupted(signal)),
+        None => Ok(()),
+    }
+}
+
+/// The exit status after a signal: 128 + its number (130 for SIGINT, 143
+/// for SIGTERM), as shells report a process a signal ended.
+pub fn exit_status() -> Option<u8> {
+    received().map(|s| if s == "SIGTERM" { 143 } else { 130 })
+}
+
+/// The exit code of a run that failed: the signal's status when one
+/// stopped it, else 1.
+pub fn failure_code() -> std::process::ExitCode {
+    exit_status()
+        .map(std::process::ExitCode::from)
+        .unwrap_or(std::process::ExitCode::FAILURE)
+}

@@ -1,0 +1,282 @@
+//! SIGINT and SIGTERM mid-run (issue 19, item 7): each program stops within
+//! a few seconds with one line saying what it kept, and exits with 128 + the
+//! signal's number. The sampler and packer remove what they wrote (a
+//! committed output stays whole); the trainer keeps a checkpoint that a
+//! resume continues from.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use offgnn_e2e::{binary, run};
+
+/// What a run stopped by a signal showed.
+struct Stopped {
+    code: Option<i32>,
+    stderr: String,
+    /// From the signal to the exit.
+    seconds: f64,
+}
+
+/// Starts `program`, sends it `signals` (`TERM`, `INT`) `after` it started,
+/// in turn, and waits for it to end. Fails the test when it ended before
+/// the signal (the workload is then too small to test anything).
+fn stop_mid_run(program: &str, args: &[&str], after: Duration, signals: &[&str]) -> Stopped {
+    let mut child = Command::new(binary(program))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+    std::thread::sleep(after);
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "{program} finished within {after:?}, before the signal: give it more work"
+    );
+    let sent = Instant::now();
+    for s in signals {
+        let status = Command::new("kill")
+            .args([format!("-{s}"), child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{s}");
+    }
+    let out = child.wait_with_output().unwrap();
+    Stopped {
+        code: out.status.code(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        seconds: sent.elapsed().as_secs_f64(),
+    }
+}
+
+/// One line, naming the signal and `kept`, within a few seconds, with the
+/// signal's exit status.
+fn stopped_well(s: &Stopped, signal: &str, code: i32, kept: &str) {
+    assert_eq!(s.code, Some(code), "{}", s.stderr);
+    assert_eq!(s.stderr.trim().lines().count(), 1, "{}", s.stderr);
+    assert!(
+        s.stderr.contains(&format!("stopped by {signal}")) && s.stderr.contains(kept),
+        "{}",
+        s.stderr
+    );
+    eprintln!("signals: stopped by {signal} in {:.2} s", s.seconds);
+    // A few seconds; the bound leaves room for a loaded CI machine.
+    assert!(s.seconds < 8.0, "took {:.1} s to stop", s.seconds);
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A graph whose sampling and packing take seconds, not milliseconds.
+fn big_graph(dir: &Path) -> std::path::PathBuf {
+    offgnn_e2e::generate(
+        dir,
+        &[
+            "--nodes",
+            "300000",
+            "--feature-dim",
+            "128",
+            "--classes",
+            "8",
+        ],
+    )
+}
+
+#[test]
+fn the_sampler_stops_and_removes_what_it_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = big_graph(dir.path());
+    let out = dir.path().join("samples");
+    let args = [
+        "--dataset",
+        s(&ds),
+        "--out",
+        s(&out),
+        "--fanout",
+        "10,10",
+        "--batch-size",
+        "256",
+        "--epochs",
+        "12",
+    ];
+    let st = stop_mid_run("sampler", &args, Duration::from_millis(1500), &["TERM"]);
+    stopped_well(&st, "SIGTERM", 143, "removed the");
+    assert!(!out.join("run.json").exists());
+    let left: Vec<_> = walk(&out.join("samples"));
+    assert!(left.is_empty(), "left behind: {left:?}");
+
+    // Two SIGINTs: the second ends it at once, cleanup or not.
+    let st = stop_mid_run(
+        "sampler",
+        &args,
+        Duration::from_millis(1500),
+        &["INT", "INT"],
+    );
+    assert_eq!(st.code, Some(130), "{}", st.stderr);
+    assert!(st.seconds < 2.0, "took {:.1} s", st.seconds);
+}
+
+#[test]
+fn the_packer_stops_removes_its_objects_and_keeps_a_committed_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = big_graph(dir.path());
+    let samples = dir.path().join("samples");
+    let r = run(
+        "sampler",
+        &[
+            "--dataset",
+            s(&ds),
+            "--out",
+            s(&samples),
+            "--fanout",
+            "10,10",
+            "--batch-size",
+            "256",
+            "--epochs",
+            "3",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let out = dir.path().join("pack");
+    let feat = ds.join("data/feat.npy");
+    let mut args = vec![
+        "--samples",
+        s(&samples),
+        "--features",
+        s(&feat),
+        "--out",
+        s(&out),
+        "--gpu-cache",
+        "1M",
+        "--cpu-cache",
+        "4M",
+        "--disk-budget",
+        "4x",
+    ];
+    let st = stop_mid_run("packer", &args, Duration::from_millis(2000), &["INT"]);
+    stopped_well(&st, "SIGINT", 130, "removed the objects this run wrote");
+    assert!(!out.join("manifest.json").exists());
+    assert!(walk(&out.join("pack")).is_empty());
+
+    // Over a committed layout, a stopped --overwrite leaves it whole.
+    let r = run("packer", &args);
+    assert!(r.status.success(), "{}", r.stderr);
+    let before = walk(&out.join("pack"));
+    args.push("--overwrite");
+    let st = stop_mid_run("packer", &args, Duration::from_millis(2000), &["TERM"]);
+    stopped_well(&st, "SIGTERM", 143, "is untouched");
+    assert_eq!(walk(&out.join("pack")), before);
+    let manifest = out.join("manifest.json");
+    let r = run("packer", &["verify", "--manifest", s(&manifest)]);
+    assert!(r.status.success(), "{}", r.stderr);
+}
+
+#[test]
+fn the_trainer_stops_with_a_checkpoint_that_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = offgnn_e2e::generate(
+        dir.path(),
+        &["--nodes", "3000", "--feature-dim", "16", "--classes", "4"],
+    );
+    let samples = dir.path().join("samples");
+    let pack = dir.path().join("pack");
+    let ok = |r: offgnn_e2e::Run| assert!(r.status.success(), "{}", r.stderr);
+    ok(run(
+        "sampler",
+        &[
+            "--dataset",
+            s(&ds),
+            "--out",
+            s(&samples),
+            "--fanout",
+            "3,3",
+            "--batch-size",
+            "64",
+        ],
+    ));
+    let feat = ds.join("data/feat.npy");
+    ok(run(
+        "packer",
+        &[
+            "--samples",
+            s(&samples),
+            "--features",
+            s(&feat),
+            "--out",
+            s(&pack),
+            "--gpu-cache",
+            "16K",
+            "--cpu-cache",
+            "32K",
+            "--disk-budget",
+            "8x",
+        ],
+    ));
+    let manifest = pack.join("manifest.json");
+    let ckpt = dir.path().join("ckpt");
+    let train = |epochs: &str, extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "--manifest",
+            s(&manifest),
+            "--hidden",
+            "16",
+            "--epochs",
+            epochs,
+            "--checkpoint-dir",
+            s(&ckpt),
+            "--checkpoint-every",
+            "3",
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(extra.iter().map(|x| x.to_string()));
+        a
+    };
+    let args = train("1000", &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let st = stop_mid_run("trainer", &args, Duration::from_millis(3000), &["TERM"]);
+    stopped_well(&st, "SIGTERM", 143, "run again with --resume");
+    // "… at epoch T, batch B: …" or "… after epoch T: …": the resume
+    // finishes epoch T (and, after a finished epoch, one more).
+    let epoch: u32 = st
+        .stderr
+        .split("epoch ")
+        .nth(1)
+        .and_then(|rest| rest.split([',', ':']).next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no epoch in {}", st.stderr));
+    let resume = train(&(epoch + 2).to_string(), &["--resume"]);
+    let resume: Vec<&str> = resume.iter().map(String::as_str).collect();
+    let r = run("trainer", &resume);
+    assert!(r.status.success(), "{}", r.stderr);
+    let j = &r.json()["summary"];
+    assert_eq!(
+        j["epochs"].as_array().unwrap().len() as u32,
+        epoch + 2,
+        "{j}"
+    );
+    assert!(!j["resumed_from"].is_null(), "{j}");
+}
+
+/// Every file under `dir`, relative and sorted (none when it is absent).
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
