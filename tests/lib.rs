@@ -336,3 +336,46 @@ pub fn first_segment(manifest: &Path) -> String {
     .expect("a manifest");
     m.segments[0].object.clone()
 }
+
+/// A tmpfs of a given size, mounted on a fresh temporary directory for a
+/// test of a full disk; unmounted when dropped. `None` where mounting is
+/// not permitted (the test then says it did not run); under
+/// `OFFGNN_REQUIRE_MOUNT=1` (as `scripts/test` sets) that fails the test.
+pub struct SmallFs {
+    pub dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    pub fn mount(bytes: u64) -> Option<SmallFs> {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if ok {
+            return Some(SmallFs { dir });
+        }
+        assert!(
+            std::env::var("OFFGNN_REQUIRE_MOUNT").as_deref() != Ok("1"),
+            "OFFGNN_REQUIRE_MOUNT=1 but mounting a tmpfs failed"
+        );
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "e2e: cannot mount a tmpfs here: this full-disk test did NOT run"
+        );
+        None
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}

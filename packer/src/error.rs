@@ -10,11 +10,11 @@ pub enum Error {
     Shared(#[from] offgnn_shared::Error),
     #[error(transparent)]
     Manifest(#[from] offgnn_manifests::Error),
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         path: String,
-        #[source]
-        source: std::io::Error,
+        // Shown in the message, not chained: `{:#}` would print it twice.
+        cause: std::io::Error,
     },
     #[error("{0} already holds a committed layout (manifest.json); pass --overwrite to replace it")]
     Committed(String),
@@ -33,7 +33,7 @@ impl Error {
     pub fn io(path: impl std::fmt::Display, source: std::io::Error) -> Self {
         Error::Io {
             path: path.to_string(),
-            source,
+            cause: source,
         }
     }
 }

@@ -13,6 +13,7 @@ use offgnn_shared::address_table::{self, BatchTable, TableWriter};
 use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::dataset::Split;
 use offgnn_shared::io_engine::{IoEngine, IoOptions};
+use offgnn_shared::report::human_bytes;
 use offgnn_shared::samples::{RunSummary, SampledBatch};
 use offgnn_shared::store::Store;
 use serde::Serialize;
@@ -406,6 +407,20 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         summary.gpu_rows = cache.gpu_nodes().len() as u64;
         summary.cpu_rows = cache.cpu_nodes().len() as u64;
         summary.plan_seconds = t.elapsed().as_secs_f64();
+
+        // The feature rows' bytes are known now: refuse a disk that cannot
+        // hold them before writing any (the address tables come on top).
+        let rows_bytes: u64 = cache_bytes + segments.iter().map(|s| s.size).sum::<u64>();
+        std::fs::create_dir_all(&staging).map_err(|e| Error::io(staging.display(), e))?;
+        let free = offgnn_shared::io_engine::free_bytes(&staging)?;
+        if rows_bytes > free {
+            return Err(Error::InvalidArgument(format!(
+                "{}: {} free, the layout's feature rows alone need {} (the address tables come on top); free some space, lower --disk-budget, or choose another --out",
+                staging.display(),
+                human_bytes(free),
+                human_bytes(rows_bytes)
+            )));
+        }
 
         // ---- pack ----
         let t = Instant::now();

@@ -48,9 +48,9 @@ pub enum Error {
     Shared(#[from] offgnn_shared::Error),
     #[error("{file}: {fault}")]
     Write { file: String, fault: String },
-    /// SIGINT or SIGTERM: what the run did about it.
+    /// The run ended early (a signal, a full disk): what it did about it.
     #[error("{0}")]
-    Stopped(String),
+    Ended(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -394,7 +394,7 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     );
 
     if let Some(signal) = offgnn_shared::signals::received() {
-        return Err(Error::Stopped(format!(
+        return Err(Error::Ended(format!(
             "stopped by {signal} before sampling; nothing was written"
         )));
     }
@@ -435,7 +435,7 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
                     } else {
                         ""
                     };
-                    return Err(Error::Stopped(match removed {
+                    return Err(Error::Ended(match removed {
                         Some(n) => format!(
                             "stopped by {signal}: removed the {n} objects this run wrote; nothing was committed{untouched}"
                         ),
@@ -445,6 +445,18 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
                             store.join(&format!("samples/{run_id}"))
                         ),
                     }));
+                }
+                if e.to_string().contains("os error 28") {
+                    // A full disk: say how full, and what went.
+                    let free = store
+                        .local_file("")
+                        .and_then(|d| offgnn_shared::io_engine::free_bytes(&d).ok())
+                        .map(|b| format!("; {} free there", human_bytes(b)))
+                        .unwrap_or_default();
+                    let removed = removed
+                        .map(|n| format!("; removed the {n} objects this run wrote"))
+                        .unwrap_or_default();
+                    return Err(Error::Ended(format!("{e}{free}{removed}")));
                 }
                 return Err(e);
             }
@@ -515,7 +527,9 @@ fn write_unit_with_retry(
     loop {
         match write_unit(store, csr, cfg, run_id, unit, pool, scratch, bar) {
             Err(e @ (Error::Write { .. } | Error::Shared(_)))
-                if attempt < WRITE_ATTEMPTS && offgnn_shared::signals::received().is_none() =>
+                if attempt < WRITE_ATTEMPTS
+                    && offgnn_shared::signals::received().is_none()
+                    && !e.to_string().contains("os error 28") =>
             {
                 tracing::warn!("{e}; writing the file again in {wait:?}");
                 bar.set_position(position);

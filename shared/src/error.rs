@@ -8,11 +8,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An I/O failure on a named file.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {cause}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        // Shown in the message, not chained: `{:#}` would print it twice.
+        cause: std::io::Error,
     },
     /// A `.npy` file whose header or size is not what we can read.
     #[error("{}: {fault}", path.display())]
@@ -41,7 +41,7 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            cause: source,
         }
     }
 

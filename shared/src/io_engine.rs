@@ -961,12 +961,17 @@ impl Piece {
     }
 
     fn os_error(&self, e: io::Error) -> Error {
+        let op = if self.batch.write {
+            "writing"
+        } else {
+            "reading"
+        };
         Error::io(
             &self.batch.path,
             io::Error::new(
                 e.kind(),
                 format!(
-                    "reading {} bytes at offset {}: {e}",
+                    "{op} {} bytes at offset {}: {e}",
                     self.remaining(),
                     self.next_offset()
                 ),

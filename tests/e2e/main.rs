@@ -4,6 +4,7 @@ mod bad_input;
 mod concurrency;
 mod export;
 mod faults;
+mod full_disk;
 mod s3;
 mod signals;
 

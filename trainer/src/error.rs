@@ -34,11 +34,11 @@ pub enum Error {
     Manifest(#[from] offgnn_manifests::Error),
     #[error(transparent)]
     Torch(#[from] tch::TchError),
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         path: String,
-        #[source]
-        source: std::io::Error,
+        // Shown in the message, not chained: `{:#}` would print it twice.
+        cause: std::io::Error,
     },
 }
 
@@ -48,7 +48,7 @@ impl Error {
     pub fn io(path: impl std::fmt::Display, source: std::io::Error) -> Self {
         Error::Io {
             path: path.to_string(),
-            source,
+            cause: source,
         }
     }
 }

@@ -1113,12 +1113,45 @@ fn save_checkpoint(
                 .map(|(k, v)| (format!("best.model.{k}"), v.shallow_clone())),
         );
     }
+    // libtorch aborts the process when its writer meets a full disk: the
+    // space is checked first (the tensors' bytes plus a little per tensor
+    // for the archive's records).
+    let need: u64 = named
+        .iter()
+        .map(|(_, t)| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64 + 1024)
+        .sum::<u64>()
+        + (64 << 10);
+    let free = offgnn_shared::io_engine::free_bytes(dir)?;
+    if need > free {
+        return Err(Error::Checkpoint(format!(
+            "{}: {} free, a checkpoint needs about {}; any previous checkpoint is kept; free some space or choose another --checkpoint-dir",
+            dir.display(),
+            offgnn_shared::report::human_bytes(free),
+            offgnn_shared::report::human_bytes(need)
+        )));
+    }
     let tmp = dir.join(format!("{tensors}.partial"));
-    Tensor::save_multi(&named, &tmp)?;
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| Error::io(tmp.display(), e))?;
-    std::fs::rename(&tmp, dir.join(&tensors)).map_err(|e| Error::io(dir.display(), e))?;
+    let written = Tensor::save_multi(&named, &tmp)
+        .map_err(|e| Error::Checkpoint(format!("writing {}: {e}", tmp.display())))
+        .and_then(|()| {
+            std::fs::File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| Error::io(tmp.display(), e))
+        })
+        .and_then(|()| {
+            std::fs::rename(&tmp, dir.join(&tensors)).map_err(|e| Error::io(dir.display(), e))
+        });
+    if let Err(e) = written {
+        // A full disk, most likely: the partial file goes, the previous
+        // checkpoint stays.
+        let _ = std::fs::remove_file(&tmp);
+        let free = offgnn_shared::io_engine::free_bytes(dir).unwrap_or(0);
+        return Err(Error::Checkpoint(format!(
+            "{e} ({} free in {}); the previous checkpoint is kept",
+            offgnn_shared::report::human_bytes(free),
+            dir.display()
+        )));
+    }
     let meta = CheckpointMeta {
         model: cfg.model.clone(),
         manifest_run_sha256: m.samples.run_sha256.clone(),
@@ -1132,11 +1165,22 @@ fn save_checkpoint(
         hyper: Some(Hyper::of(cfg)),
     };
     let meta_tmp = dir.join(format!("{META}.partial"));
-    let file = std::fs::File::create(&meta_tmp).map_err(|e| Error::io(meta_tmp.display(), e))?;
-    serde_json::to_writer_pretty(&file, &meta).expect("checkpoint metadata serializes");
-    file.sync_all()
-        .map_err(|e| Error::io(meta_tmp.display(), e))?;
-    std::fs::rename(&meta_tmp, dir.join(META)).map_err(|e| Error::io(dir.display(), e))?;
+    let body = serde_json::to_vec_pretty(&meta).expect("checkpoint metadata serializes");
+    let committed = std::fs::File::create(&meta_tmp)
+        .and_then(|mut f| {
+            f.write_all(&body)?;
+            f.sync_all()
+        })
+        .map_err(|e| Error::io(meta_tmp.display(), e))
+        .and_then(|()| {
+            std::fs::rename(&meta_tmp, dir.join(META)).map_err(|e| Error::io(dir.display(), e))
+        });
+    if let Err(e) = committed {
+        // The new tensor file stays unnamed (the next checkpoint removes
+        // it); the previous checkpoint.json still names its own.
+        let _ = std::fs::remove_file(&meta_tmp);
+        return Err(e);
+    }
     // Older tensor files are no longer named by the commit point.
     let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir.display(), e))?;
     for entry in entries.flatten() {

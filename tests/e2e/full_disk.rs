@@ -1,0 +1,164 @@
+//! A full disk (issue 19, item 6), on small tmpfs file systems the tests
+//! mount: the packer refuses a layout the disk cannot hold before writing
+//! any of it, with the figures; the sampler whose disk fills mid-run fails
+//! in one line and removes what it wrote; a checkpoint that does not fit
+//! fails in one line, naming the space, and leaves no partial file.
+
+use std::path::Path;
+
+use offgnn_e2e::{SmallFs, assert_one_line, run};
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Every file under `dir`, relative (none when it is absent).
+fn files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if e.path().is_dir() {
+                todo.push(e.path());
+            } else {
+                out.push(e.path().strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A graph, its samples (on the ordinary disk) and the packer's flags.
+fn sampled(dir: &Path, nodes: &str, dim: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let ds = offgnn_e2e::generate(
+        dir,
+        &["--nodes", nodes, "--feature-dim", dim, "--classes", "4"],
+    );
+    let samples = dir.join("samples");
+    let r = run(
+        "sampler",
+        &[
+            "--dataset",
+            s(&ds),
+            "--out",
+            s(&samples),
+            "--fanout",
+            "5,5",
+            "--batch-size",
+            "256",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    (ds, samples)
+}
+
+#[test]
+fn the_packer_refuses_a_layout_the_disk_cannot_hold() {
+    let Some(fs) = SmallFs::mount(4 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // 20000 x 128 float32: 10 MB of features, a layout of several times that.
+    let (ds, samples) = sampled(dir.path(), "20000", "128");
+    let out = fs.path().join("pack");
+    let r = run(
+        "packer",
+        &[
+            "--samples",
+            s(&samples),
+            "--features",
+            s(&ds.join("data/feat.npy")),
+            "--out",
+            s(&out),
+            "--gpu-cache",
+            "64K",
+            "--cpu-cache",
+            "64K",
+            "--disk-budget",
+            "4x",
+        ],
+    );
+    assert_one_line(&r, "free, the layout's feature rows alone need");
+    assert!(files(fs.path()).is_empty(), "{:?}", files(fs.path()));
+}
+
+#[test]
+fn a_sampler_whose_disk_fills_removes_what_it_wrote() {
+    let Some(fs) = SmallFs::mount(1 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ds = offgnn_e2e::generate(
+        dir.path(),
+        &["--nodes", "50000", "--feature-dim", "4", "--classes", "4"],
+    );
+    let out = fs.path().join("samples");
+    let r = run(
+        "sampler",
+        &[
+            "--dataset",
+            s(&ds),
+            "--out",
+            s(&out),
+            "--fanout",
+            "10,10",
+            "--batch-size",
+            "256",
+            "--epochs",
+            "4",
+        ],
+    );
+    assert_one_line(&r, "No space left on device");
+    assert!(files(&out).is_empty(), "left behind: {:?}", files(&out));
+}
+
+#[test]
+fn a_checkpoint_that_does_not_fit_keeps_nothing_partial() {
+    let Some(fs) = SmallFs::mount(64 << 10) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ds, samples) = sampled(dir.path(), "3000", "64");
+    let pack = dir.path().join("pack");
+    let r = run(
+        "packer",
+        &[
+            "--samples",
+            s(&samples),
+            "--features",
+            s(&ds.join("data/feat.npy")),
+            "--out",
+            s(&pack),
+            "--gpu-cache",
+            "64K",
+            "--cpu-cache",
+            "64K",
+            "--disk-budget",
+            "8x",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let ckpt = fs.path().join("ckpt");
+    // 64 x 256 + 256 x 4 parameters, Adam's two moments and the best
+    // epoch's copy: about 300 KB, over the 64 KiB there.
+    let r = run(
+        "trainer",
+        &[
+            "--manifest",
+            s(&pack.join("manifest.json")),
+            "--epochs",
+            "1",
+            "--hidden",
+            "256",
+            "--checkpoint-dir",
+            s(&ckpt),
+        ],
+    );
+    assert_one_line(&r, "free, a checkpoint needs about");
+    let left: Vec<String> = files(&ckpt).into_iter().filter(|f| f != ".lock").collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
