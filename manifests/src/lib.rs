@@ -81,6 +81,11 @@ pub struct DatasetRef {
     pub dataset_fingerprint: String,
     pub feature_fingerprint: String,
     pub num_classes: u32,
+    /// CRC32C of every row of the feature file, taken while packing read
+    /// them all (batched packing); `packer verify` reads the file again and
+    /// compares. The fingerprint only samples the file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feature_rows_crc32c: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -320,6 +325,7 @@ mod tests {
                 dataset_fingerprint: "a".into(),
                 feature_fingerprint: "b".into(),
                 num_classes: 2,
+                feature_rows_crc32c: None,
             },
             samples: SamplesRef {
                 location: "s".into(),

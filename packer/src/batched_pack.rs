@@ -413,6 +413,8 @@ pub struct PassFigures {
     pub read_seconds: f64,
     /// Seconds spent gathering rows and writing them out.
     pub write_seconds: f64,
+    /// CRC32C of every row, in order (batched packing reads them all).
+    pub rows_crc32c: Option<u32>,
 }
 
 /// The current partition's disk-cache runs, one per segment, end to end in
@@ -521,9 +523,11 @@ impl PackCtx<'_> {
         // The partition of the piece's first row; pieces ignore partitions,
         // so one may hold the end of one and the start of the next.
         let mut p = 0;
+        let mut crc = 0u32;
         for (k, buf) in filled.iter().enumerate() {
             let (first, end) = pieces[k];
             let started = Instant::now();
+            crc = crc32c::crc32c_append(crc, buf.rows());
             dispatched = (|| {
                 let mut at = first;
                 while at < end {
@@ -579,6 +583,7 @@ impl PackCtx<'_> {
             bytes_read,
             read_seconds,
             write_seconds: write_seconds + started.elapsed().as_secs_f64(),
+            rows_crc32c: Some(crc),
         };
         pb.finish_and_clear();
         Ok(figures)
@@ -735,6 +740,8 @@ impl PackCtx<'_> {
             bytes_read: read,
             read_seconds: started.elapsed().as_secs_f64(),
             write_seconds: 0.0,
+            // Rows the batches need, not every row: no checksum of the file.
+            rows_crc32c: None,
         })
     }
 }

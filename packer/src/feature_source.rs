@@ -360,6 +360,28 @@ impl<'a> PartitionReader<'a> {
 }
 
 impl FeatureSource {
+    /// CRC32C of every row, in order, read front to back in large pieces:
+    /// what the packer recorded while it packed them.
+    pub fn rows_crc32c(&self, engine: &IoEngine, show: bool) -> Result<u32> {
+        let reader = self.partition_reader(engine)?;
+        let rb = self.row_bytes();
+        let n = self.num_rows();
+        let step = ((64u64 << 20) / rb).max(1);
+        let pb = offgnn_shared::progress::bytes_bar_if(show, n * rb, "checksumming");
+        let mut buf = PartitionBuf::new();
+        let mut crc = 0u32;
+        let mut first = 0;
+        while first < n {
+            let end = (first + step).min(n);
+            reader.read(first, end, &mut buf)?;
+            crc = crc32c::crc32c_append(crc, buf.rows());
+            pb.inc((end - first) * rb);
+            first = end;
+        }
+        pb.finish_and_clear();
+        Ok(crc)
+    }
+
     /// A reader of whole partitions (see [`PartitionReader`]).
     pub fn partition_reader<'a>(&'a self, engine: &'a IoEngine) -> Result<PartitionReader<'a>> {
         let local = match self {

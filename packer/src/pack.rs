@@ -533,6 +533,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
                 dataset_fingerprint: run.dataset.fingerprint.clone(),
                 feature_fingerprint: run.dataset.feature_fingerprint.clone(),
                 num_classes: run.dataset.num_classes,
+                feature_rows_crc32c: pass.rows_crc32c,
             },
             samples: manifests::SamplesRef {
                 location: offgnn_shared::store::absolute_location(samples.url()),

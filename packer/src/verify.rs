@@ -382,6 +382,17 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
             features.describe()
         )));
     }
+    // The fingerprint samples the file; the checksum covers every row.
+    if let Some(want) = m.dataset.feature_rows_crc32c {
+        let engine = offgnn_shared::io_engine::IoEngine::new(Default::default());
+        let got = features.rows_crc32c(&engine, show)?;
+        if got != want {
+            return Err(Error::Mismatch(format!(
+                "{}: its rows' CRC32C is {got:08x}, the layout was packed from rows with {want:08x}: the file changed after packing",
+                features.describe()
+            )));
+        }
+    }
     let samples = Store::open(&m.samples.location)?;
     let run = RunSummary::read(&samples)?;
     let rb = m.dataset.row_bytes as usize;

@@ -99,6 +99,11 @@ pub struct SampleArgs {
     /// Drop self-loops.
     #[arg(long)]
     pub drop_self_loops: bool,
+    /// Keep repeated (source, destination) edges, as DGL does: a repeated
+    /// neighbor can then be sampled more than once. By default each pair
+    /// is kept once (the count dropped is logged and in the summary).
+    #[arg(long)]
+    pub keep_duplicate_edges: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -254,8 +259,7 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
         batches_per_file: args.batches_per_file,
         csr: offgnn_shared::topology::CsrOptions {
             add_reverse: args.add_reverse_edges,
-            // Always on for sampling (see `sample_run::run_in`).
-            dedup: true,
+            dedup: !args.keep_duplicate_edges,
             keep_self_loops: !args.drop_self_loops,
         },
         show_progress: true,

@@ -26,7 +26,13 @@ pub fn print(cfg: &SampleConfig, o: &Outcome) {
             "files",
             format!("{} ({})", o.shard.files.len(), human_bytes(bytes)),
         ),
-        ("topology", format!("{:.2} s", o.csr_seconds)),
+        (
+            "topology",
+            format!(
+                "{:.2} s, {} repeated edges dropped",
+                o.csr_seconds, o.duplicate_edges_dropped
+            ),
+        ),
         ("memory (stated peak)", human_bytes(o.memory.total_bytes)),
         (
             "sampling",
@@ -54,6 +60,7 @@ pub fn print(cfg: &SampleConfig, o: &Outcome) {
         "bytes": bytes,
         "threads": cfg.threads,
         "csr_seconds": o.csr_seconds,
+        "duplicate_edges_dropped": o.duplicate_edges_dropped,
         "sample_seconds": o.sample_seconds,
         "batches_per_second": per_sec,
         "memory": &o.memory,

@@ -138,7 +138,7 @@ impl SampleConfig {
             seed: self.seed,
             batches_per_file: self.batches_per_file,
             add_reverse_edges: self.csr.add_reverse,
-            dedup_edges: true,
+            dedup_edges: self.csr.dedup,
             keep_self_loops: self.csr.keep_self_loops,
         }
     }
@@ -207,6 +207,8 @@ pub struct Outcome {
     pub edges: u64,
     pub sample_seconds: f64,
     pub csr_seconds: f64,
+    /// Repeated edges the topology dropped (0 with --keep-duplicate-edges).
+    pub duplicate_edges_dropped: u64,
     pub memory: MemoryEstimate,
 }
 
@@ -376,12 +378,9 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         "topology",
         "edges",
     );
-    // Sampling is over distinct neighbors: repeated edges are kept once, so
-    // no neighbor can be taken twice for one node in one layer.
-    let csr_opts = CsrOptions {
-        dedup: true,
-        ..cfg.csr
-    };
+    // By default sampling is over distinct neighbors: repeated edges are
+    // kept once, so no neighbor can be taken twice for one node in one layer.
+    let csr_opts = cfg.csr;
     let csr = pool.install(|| Csr::from_edge_list(&ds.edges, csr_opts, |n| bar.inc(n)))?;
     bar.finish_and_clear();
 
@@ -392,6 +391,12 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         csr.num_edges(),
         csr_seconds
     );
+    if csr.duplicates_dropped() > 0 {
+        tracing::info!(
+            "dropped {} repeated edges (each (source, destination) pair is kept once; --keep-duplicate-edges keeps them)",
+            csr.duplicates_dropped()
+        );
+    }
 
     if let Some(signal) = offgnn_shared::signals::received() {
         return Err(Error::Ended(format!(
@@ -500,6 +505,7 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         edges,
         sample_seconds,
         csr_seconds,
+        duplicate_edges_dropped: csr.duplicates_dropped(),
         memory,
     })
 }

@@ -35,6 +35,8 @@ impl Default for CsrOptions {
 pub struct Csr {
     offsets: Vec<u64>,
     indices: Vec<u32>,
+    /// Repeated (source, destination) pairs dropped by `dedup`.
+    duplicates_dropped: u64,
 }
 
 /// Edge pairs per streamed chunk.
@@ -145,8 +147,14 @@ impl Csr {
         }
         drop(cursor);
 
-        let mut csr = Csr { offsets, indices };
+        let mut csr = Csr {
+            offsets,
+            indices,
+            duplicates_dropped: 0,
+        };
+        let before = csr.num_edges();
         csr.sort_rows(opts.dedup);
+        csr.duplicates_dropped = before - csr.num_edges();
         Ok(csr)
     }
 
@@ -219,6 +227,12 @@ impl Csr {
 
     pub fn num_edges(&self) -> u64 {
         self.indices.len() as u64
+    }
+
+    /// How many repeated (source, destination) pairs the build dropped
+    /// (with `CsrOptions::dedup`; 0 without).
+    pub fn duplicates_dropped(&self) -> u64 {
+        self.duplicates_dropped
     }
 
     /// The in-neighbors of `v` (sources of edges into `v`), sorted.

@@ -908,3 +908,154 @@ fn inspect_refuses_non_finite_features() {
         assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
     }
 }
+
+/// Repeated edges: dropped by default, counted in the summary; kept with
+/// --keep-duplicate-edges (as DGL keeps them), and then the packer and the
+/// trainer take batches whose blocks can repeat an edge.
+#[test]
+fn repeated_edges_are_counted_or_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    // 400 nodes with 20 edges each, drawn at random: some pairs repeat.
+    let ds = offgnn_e2e::generate(
+        dir.path(),
+        &[
+            "--nodes",
+            "400",
+            "--avg-degree",
+            "20",
+            "--feature-dim",
+            "8",
+            "--classes",
+            "3",
+        ],
+    );
+    let sample = |out: &str, extra: &[&str]| {
+        let out = dir.path().join(out);
+        let mut args = vec![
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--fanout",
+            "20,20",
+            "--batch-size",
+            "64",
+        ];
+        args.extend_from_slice(extra);
+        let r = run("sampler", &args);
+        assert!(r.status.success(), "{}", r.stderr);
+        (out, r.json())
+    };
+    let (_, dropped) = sample("dedup", &[]);
+    let n = dropped["duplicate_edges_dropped"].as_u64().unwrap();
+    assert!(n > 0, "no repeated edge in the generated graph: {dropped}");
+    assert_eq!(dropped["run"]["params"]["dedup_edges"], true);
+    let (kept_dir, kept) = sample("kept", &["--keep-duplicate-edges"]);
+    assert_eq!(kept["duplicate_edges_dropped"], 0);
+    assert_eq!(kept["run"]["params"]["dedup_edges"], false);
+    assert_eq!(
+        kept["run"]["dataset"]["graph_edges"].as_u64().unwrap(),
+        dropped["run"]["dataset"]["graph_edges"].as_u64().unwrap() + n
+    );
+    let pack = dir.path().join("pack");
+    let feat = ds.join("data/feat.npy");
+    let r = run(
+        "packer",
+        &cora_pack_args(
+            kept_dir.to_str().unwrap(),
+            feat.to_str().unwrap(),
+            pack.to_str().unwrap(),
+        ),
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let manifest = pack.join("manifest.json");
+    for model in ["sage", "gat"] {
+        let r = run(
+            "trainer",
+            &[
+                "--manifest",
+                manifest.to_str().unwrap(),
+                "--model",
+                model,
+                "--epochs",
+                "1",
+                "--hidden",
+                "8",
+            ],
+        );
+        assert!(r.status.success(), "{model}: {}", r.stderr);
+    }
+}
+
+/// A 4-byte change inside a same-shape feature file escapes the sampled
+/// fingerprint; the CRC32C of every row, which the packer records while it
+/// reads them all, catches it in `packer verify`.
+#[test]
+fn verify_catches_a_changed_feature_row_the_fingerprint_misses() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    // 20000 x 64 float32: 5 MB, so the fingerprint's 17 samples of 64 KiB
+    // leave gaps.
+    let ds = offgnn_e2e::generate(
+        dir.path(),
+        &["--nodes", "20000", "--feature-dim", "64", "--classes", "4"],
+    );
+    let samples = dir.path().join("samples");
+    let r = run(
+        "sampler",
+        &[
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            samples.to_str().unwrap(),
+            "--fanout",
+            "3,3",
+            "--batch-size",
+            "512",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let feat = ds.join("data/feat.npy");
+    let pack = dir.path().join("pack");
+    let r = run(
+        "packer",
+        &cora_pack_args(
+            samples.to_str().unwrap(),
+            feat.to_str().unwrap(),
+            pack.to_str().unwrap(),
+        ),
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let manifest = pack.join("manifest.json");
+    let verify = || {
+        run(
+            "packer",
+            &["verify", "--manifest", manifest.to_str().unwrap()],
+        )
+    };
+    let r = verify();
+    assert!(r.status.success(), "{}", r.stderr);
+
+    // Halfway between the fingerprint's first two samples.
+    let len = std::fs::metadata(&feat).unwrap().len();
+    let sample = 64u64 << 10;
+    let step = (len - sample) / 16;
+    assert!(step > 2 * sample, "the file is too small for a gap");
+    let at = (sample + step) / 2 / 4 * 4;
+    let before = offgnn_shared::dataset::file_fingerprint(&feat).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&feat)
+        .unwrap();
+    let mut word = [0u8; 4];
+    f.read_exact_at(&mut word, at).unwrap();
+    word[3] ^= 0x40;
+    f.write_all_at(&word, at).unwrap();
+    assert_eq!(
+        offgnn_shared::dataset::file_fingerprint(&feat).unwrap(),
+        before,
+        "the change must be one the fingerprint cannot see"
+    );
+    offgnn_e2e::assert_one_line(&verify(), "the file changed after packing");
+}

@@ -96,6 +96,8 @@ pub struct InferConfig {
     /// The graph as the sampler built it: reverse edges added, self-loops kept.
     pub add_reverse_edges: bool,
     pub keep_self_loops: bool,
+    /// Keep repeated edges (the sampler's --keep-duplicate-edges).
+    pub keep_duplicate_edges: bool,
     /// Rows per source chunk (default: from --memory).
     pub chunk_rows: Option<u64>,
     pub show_progress: bool,
@@ -635,7 +637,9 @@ fn bucket_edges(ds: &Dataset, cfg: &InferConfig, plan: &Plan) -> Result<u64> {
             let path = edge_file(&cfg.work_dir, g);
             let mut pairs = read_pairs(&path)?;
             pairs.par_sort_unstable_by_key(|&(s, d)| ((d as u64) << 32) | s as u64);
-            pairs.dedup();
+            if !cfg.keep_duplicate_edges {
+                pairs.dedup();
+            }
             // Stable regrouping by source chunk keeps each bucket sorted by
             // destination.
             let mut offsets = vec![0u64; chunks + 1];
@@ -1311,7 +1315,11 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         h.update(&card.weights_sha256);
         h.update(&fingerprint);
         h.update(serde_json::to_vec(&plan).expect("plan serializes"));
-        h.update([cfg.add_reverse_edges as u8, cfg.keep_self_loops as u8]);
+        h.update([
+            cfg.add_reverse_edges as u8,
+            cfg.keep_self_loops as u8,
+            cfg.keep_duplicate_edges as u8,
+        ]);
         h.update(format!(
             "{:?}{:?}{}",
             cfg.nodes, cfg.outputs, cfg.hidden_f16

@@ -119,6 +119,10 @@ pub struct InferArgs {
     /// The graph as the sampler built it: with --drop-self-loops.
     #[arg(long)]
     pub drop_self_loops: bool,
+    /// The graph as the sampler built it: with --keep-duplicate-edges
+    /// (a repeated edge counts once per repeat in the aggregation).
+    #[arg(long)]
+    pub keep_duplicate_edges: bool,
     /// Rows per source chunk (default: from --memory).
     #[arg(long, hide = true)]
     pub chunk_rows: Option<u64>,
@@ -532,6 +536,7 @@ fn infer_command(a: InferArgs) -> anyhow::Result<()> {
         overwrite: a.overwrite,
         add_reverse_edges: a.add_reverse_edges,
         keep_self_loops: !a.drop_self_loops,
+        keep_duplicate_edges: a.keep_duplicate_edges,
         chunk_rows: a.chunk_rows,
         show_progress: true,
         interrupt_after_groups: None,

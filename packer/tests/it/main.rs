@@ -55,7 +55,11 @@ fn fixture_with(cfg: GeneratorConfig) -> Fixture {
         num_shards: 1,
         overwrite: false,
         batches_per_file: 5,
-        csr: CsrOptions::default(),
+        // As the sampler command builds it: each repeated edge once.
+        csr: CsrOptions {
+            dedup: true,
+            ..CsrOptions::default()
+        },
         show_progress: false,
         memory_limit: None,
     })

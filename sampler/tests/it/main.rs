@@ -41,7 +41,11 @@ fn config(dataset: &Path, out: &str) -> SampleConfig {
         num_shards: 1,
         overwrite: false,
         batches_per_file: 3,
-        csr: CsrOptions::default(),
+        // As the sampler command builds it: each repeated edge once.
+        csr: CsrOptions {
+            dedup: true,
+            ..CsrOptions::default()
+        },
         show_progress: false,
         memory_limit: None,
     }

@@ -145,6 +145,7 @@ fn read_output(out: &Path, s: &InferSummary) -> Output {
 
 fn config(model: &str, ds: &Path, out: &Path, work: &Path) -> InferConfig {
     InferConfig {
+        keep_duplicate_edges: false,
         model: model.to_string(),
         dataset: ds.to_path_buf(),
         out: out.to_str().unwrap().to_string(),

@@ -70,7 +70,11 @@ fn fixture() -> Fixture {
         num_shards: 1,
         overwrite: false,
         batches_per_file: 4,
-        csr: CsrOptions::default(),
+        // As the sampler command builds it: each repeated edge once.
+        csr: CsrOptions {
+            dedup: true,
+            ..CsrOptions::default()
+        },
         show_progress: false,
         memory_limit: None,
     })
