@@ -524,10 +524,22 @@ impl PackCtx<'_> {
         // so one may hold the end of one and the start of the next.
         let mut p = 0;
         let mut crc = 0u32;
+        let dtype = self.features.dtype();
+        let cols = (rb / dtype.size() as u64).max(1);
         for (k, buf) in filled.iter().enumerate() {
             let (first, end) = pieces[k];
             let started = Instant::now();
             crc = crc32c::crc32c_append(crc, buf.rows());
+            // Every value passes here once: a NaN or an infinity would
+            // train a model of NaNs (the check costs ~30 ms per GB).
+            if let Some((i, value)) = offgnn_shared::npy::first_non_finite_in(buf.rows(), dtype) {
+                let (row, col) = (first + i as u64 / cols, i as u64 % cols);
+                dispatched = Err(Error::InvalidArgument(format!(
+                    "{}: row {row}, column {col} is {value}: the features hold NaN or infinity, which would train a model of NaNs; fix the file (`sampler inspect` names the first)",
+                    self.features.describe()
+                )));
+                break;
+            }
             dispatched = (|| {
                 let mut at = first;
                 while at < end {

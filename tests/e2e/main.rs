@@ -907,6 +907,38 @@ fn inspect_refuses_non_finite_features() {
         );
         assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
     }
+    // The packer's pass reads every value too: it refuses the same one and
+    // leaves nothing behind.
+    let samples = dir.path().join("samples");
+    let r = run(
+        "sampler",
+        &[
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            samples.to_str().unwrap(),
+            "--fanout",
+            "3,3",
+            "--batch-size",
+            "64",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let pack = dir.path().join("pack");
+    let r = run(
+        "packer",
+        &cora_pack_args(
+            samples.to_str().unwrap(),
+            feat.to_str().unwrap(),
+            pack.to_str().unwrap(),
+        ),
+    );
+    offgnn_e2e::assert_one_line(&r, "row 42, column 5 is -inf");
+    assert!(!pack.join("manifest.json").exists());
+    let left = std::fs::read_dir(pack.join("pack"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "the refused run left objects");
 }
 
 /// Repeated edges: dropped by default, counted in the summary; kept with
