@@ -106,6 +106,9 @@ pub struct PackSummary {
     pub staging_bytes: u64,
     pub piece_bytes: u64,
     pub plan_bytes: u64,
+    /// The memory this run stated (plan, read pieces, staging and the
+    /// baseline of buffers and runtime) against `--memory`.
+    pub memory: MemoryStatement,
     pub gpu_rows: u64,
     pub cpu_rows: u64,
     pub segments: usize,
@@ -215,7 +218,11 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
     // comes from the memory a bound on the plan leaves (the plan's exact
     // bytes are checked once it is made).
     let inputs: u64 = batches.iter().map(|b| b.inputs.len() as u64).sum();
-    let piece_bytes = piece_size(cfg.memory, plan_memory(num_nodes, inputs), row_bytes);
+    let piece_bytes = piece_size(
+        cfg.memory,
+        plan_memory(num_nodes, inputs) + tables_memory(&run, &batches),
+        row_bytes,
+    );
     let piece_rows = ((piece_bytes - 2 * PAGE) / row_bytes).max(1);
     // Reads and writes get rings of their own: a region's write never waits
     // behind a 64 MiB piece's reads in one queue.
@@ -243,7 +250,12 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         )?;
         // Memory: the plan, the pieces read ahead, and the staging of
         // disk-cache runs.
-        let plan_bytes = plan_memory(num_nodes, batches.iter().map(|b| b.cold.len() as u64).sum());
+        // The table writer (a thread beside the pass) holds one samples
+        // file decoded, a buffer per segment and an index of the batches:
+        // counted with the plan.
+        let tables_bytes = tables_memory(&run, &batches);
+        let plan_bytes = plan_memory(num_nodes, batches.iter().map(|b| b.cold.len() as u64).sum())
+            + tables_bytes;
         let least = BASELINE_BYTES + READ_AHEAD * piece_bytes;
         let available = cfg
             .memory
@@ -301,9 +313,12 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
                 row_bytes,
             )
         };
-        let too_small = |minimum: u64| crate::plan_error::PlanError::BudgetTooSmall {
+        let too_small = |train: u64| crate::plan_error::PlanError::LayoutTooSmall {
             budget,
-            minimum: minimum + eval_bytes + cache_bytes,
+            minimum: train + eval_bytes + cache_bytes,
+            train,
+            eval: eval_bytes,
+            caches: cache_bytes,
         };
         let (segment_size, searched, estimated, algorithm2) =
             match (cfg.disk_cache, cfg.segment_size) {
@@ -398,6 +413,25 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         }
         summary.partitions = num_partitions as u64;
         summary.staging_bytes = staging_bytes;
+        summary.memory = MemoryStatement {
+            total_bytes: plan_bytes + BASELINE_BYTES + READ_AHEAD * piece_bytes + staging_bytes,
+            plan_bytes,
+            tables_bytes,
+            read_ahead_bytes: READ_AHEAD * piece_bytes,
+            staging_bytes,
+            baseline_bytes: BASELINE_BYTES,
+            limit_bytes: cfg.memory,
+        };
+        tracing::info!(
+            "memory: at most {} (plan {} with the table writer's {}, read-ahead {}, disk-cache staging {}, buffers and runtime {}) under --memory {}",
+            human_bytes(summary.memory.total_bytes),
+            human_bytes(plan_bytes),
+            human_bytes(tables_bytes),
+            human_bytes(READ_AHEAD * piece_bytes),
+            human_bytes(staging_bytes),
+            human_bytes(BASELINE_BYTES),
+            human_bytes(cfg.memory)
+        );
         summary.segment_size = segment_size;
         summary.searched = searched;
         summary.estimated_bytes = estimated;
@@ -618,6 +652,19 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
     })
 }
 
+/// What a packing run states it will hold in memory.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MemoryStatement {
+    pub total_bytes: u64,
+    /// With the table writer's `tables_bytes`.
+    pub plan_bytes: u64,
+    pub tables_bytes: u64,
+    pub read_ahead_bytes: u64,
+    pub staging_bytes: u64,
+    pub baseline_bytes: u64,
+    pub limit_bytes: u64,
+}
+
 /// Whether `name` (relative to --out) is one of the objects a packer writes
 /// under `pack/`: the caches, segments and address tables, under a run's id
 /// (`pack/RUN/segment-00000.bin`) or as layouts from before run ids named
@@ -748,6 +795,26 @@ fn remove_replaced(out: &Store, local_root: Option<&Path>, old: &Previous) {
     if let Err(e) = removed {
         tracing::warn!("could not remove all of the replaced layout's objects: {e}");
     }
+}
+
+/// The write buffer of each segment's table object (all are open at once).
+const TABLE_BUFFER: usize = 16 << 10;
+
+/// Bytes the table writer holds: the largest samples file decoded (its
+/// edges, input nodes, seeds and labels), a buffer per segment (at most one
+/// per training batch, and one each for validation and test) and the index
+/// of every batch's place.
+fn tables_memory(run: &RunSummary, batches: &[BatchInfo]) -> u64 {
+    let train = batches.iter().filter(|b| b.split == Split::Train).count() as u64;
+    let largest_file = run
+        .files
+        .iter()
+        .map(|f| {
+            f.edges * 8 + f.input_nodes * 4 + f.batches as u64 * run.params.batch_size as u64 * 8
+        })
+        .max()
+        .unwrap_or(0);
+    largest_file + (train + 2) * TABLE_BUFFER as u64 + batches.len() as u64 * 64
 }
 
 /// Bytes the plan takes: per node, its tier slot and a counter for the
@@ -1007,7 +1074,7 @@ fn write_tables(
                 let path = staging.join(&name);
                 let f = File::create(&path).map_err(|e| Error::io(path.display(), e))?;
                 writers[si] = Some(TableWriter::new(CrcWriter {
-                    inner: BufWriter::with_capacity(1 << 20, f),
+                    inner: BufWriter::with_capacity(TABLE_BUFFER, f),
                     crc: 0,
                 }));
             }

@@ -14,4 +14,17 @@ pub enum PlanError {
         "disk budget {budget} bytes is below the {minimum} bytes that the distinct cold rows need (one copy each); raise --disk-budget to at least {minimum}"
     )]
     BudgetTooSmall { budget: u64, minimum: u64 },
+    /// The whole layout's least size is over the disk budget, with what it
+    /// counts: it can exceed the feature file, as the evaluation segments
+    /// and the caches hold copies of rows the training rows hold too.
+    #[error(
+        "disk budget {budget} bytes is below the {minimum} bytes the smallest layout takes: the training batches' distinct cold rows once each ({train}), the validation and test segments' own copies of their rows ({eval}), and the GPU and CPU caches ({caches}), each rounded up to 4 KiB pages; raise --disk-budget to at least {minimum}, or shrink --gpu-cache and --cpu-cache"
+    )]
+    LayoutTooSmall {
+        budget: u64,
+        minimum: u64,
+        train: u64,
+        eval: u64,
+        caches: u64,
+    },
 }

@@ -66,7 +66,9 @@ pub fn packed(cfg: &PackConfig, s: &PackSummary) {
         (
             "memory",
             format!(
-                "plan {}, read pieces 2 x {}, disk-cache staging {} ({} partition{})",
+                "at most {} of --memory {}: plan {}, read pieces 2 x {}, disk-cache staging {} ({} partition{})",
+                human_bytes(s.memory.total_bytes),
+                human_bytes(s.memory.limit_bytes),
                 human_bytes(s.plan_bytes),
                 human_bytes(s.piece_bytes),
                 human_bytes(s.staging_bytes),

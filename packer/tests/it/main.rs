@@ -265,8 +265,8 @@ fn refuses_a_budget_below_the_minimum_and_names_it() {
         ..config(&f, "tight")
     })
     .unwrap_err();
-    let Error::Plan(PlanError::BudgetTooSmall { minimum, .. }) = err else {
-        panic!("expected BudgetTooSmall, got {err}");
+    let Error::Plan(PlanError::LayoutTooSmall { minimum, .. }) = err else {
+        panic!("expected LayoutTooSmall, got {err}");
     };
     assert!(minimum > 10_000);
     assert!(!f.root.join("tight").join(MANIFEST).exists());
