@@ -203,6 +203,46 @@ fn settled(store: &Store, name: &str, run: &RunId) -> Result<Outcome> {
     }
 }
 
+/// A local directory held by one process: an exclusive `flock` on
+/// `DIR/.lock`, released when dropped (or when the process dies).
+pub struct HeldDir {
+    _lock: std::fs::File,
+}
+
+/// Takes the local directory `dir` for this process, creating it; where
+/// another process holds it, refuses in one line: `why`, and that
+/// process's id. For directories one run writes in place (a trainer's
+/// checkpoints, an inference run's work), which two runs would corrupt.
+pub fn hold_dir(dir: &std::path::Path, why: &str) -> Result<HeldDir> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let path = dir.join(".lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let holder = std::fs::read_to_string(&path).unwrap_or_default();
+        let holder = match holder.trim() {
+            "" => "a process".to_string(),
+            h => h.to_string(),
+        };
+        return Err(Error::InvalidArgument(format!(
+            "{}: {why} ({holder} holds it)",
+            dir.display()
+        )));
+    }
+    file.set_len(0)
+        .and_then(|()| write!(file, "process {}", std::process::id()))
+        .map_err(|e| Error::io(&path, e))?;
+    Ok(HeldDir { _lock: file })
+}
+
 /// How long a commit on an object store waits before it reads back who won.
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
 

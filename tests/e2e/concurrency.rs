@@ -30,24 +30,7 @@ struct Ran {
 
 /// Starts `program` twice at once with `args`, and waits for both.
 fn race(program: &str, args: &[String], env: &[(String, String)]) -> [Ran; 2] {
-    let start = || {
-        Command::new(binary(program))
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"))
-    };
-    let children = [start(), start()];
-    children.map(|c| {
-        let out = c.wait_with_output().expect("the child runs");
-        Ran {
-            ok: out.status.success(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
-    })
+    race_each(program, [args.to_vec(), args.to_vec()], env)
 }
 
 /// Checks one round: one run committed; the other lost the commit or was
@@ -405,11 +388,128 @@ fn a_checkpoint_directory_has_one_writer() {
     let loser = ran.iter().find(|r| !r.ok).unwrap();
     assert_eq!(loser.stderr.trim().lines().count(), 1, "{}", loser.stderr);
     assert!(
-        loser.stderr.contains("another trainer (process")
+        loser
+            .stderr
+            .contains("another trainer is writing checkpoints here")
             || loser
                 .stderr
                 .contains("holds a checkpoint of an earlier run"),
         "{}",
         loser.stderr
     );
+}
+
+/// Two `trainer infer` runs on one --out (each with its own --work-dir):
+/// one commits, its parts are all there, the loser's are gone. Two on one
+/// --work-dir: the second is refused before it writes there.
+#[test]
+fn two_inference_runs_on_one_out_one_commits() {
+    let _serial = serial();
+    let inputs = inputs();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    let r = offgnn_e2e::run(
+        "trainer",
+        &[
+            "export",
+            "--checkpoint-dir",
+            &inputs.checkpoint,
+            "--out",
+            model.to_str().unwrap(),
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let args = |out: &Path, work: &Path| -> Vec<String> {
+        [
+            "infer",
+            "--model",
+            model.to_str().unwrap(),
+            "--dataset",
+            &inputs.dataset,
+            "--out",
+            out.to_str().unwrap(),
+            "--work-dir",
+            work.to_str().unwrap(),
+            "--memory",
+            "2G",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let mut raced = 0;
+    for round in 0..10 {
+        let out = dir.path().join(format!("out-{round}"));
+        let ran = race_each(
+            "trainer",
+            [
+                args(&out, &dir.path().join(format!("work-{round}-a"))),
+                args(&out, &dir.path().join(format!("work-{round}-b"))),
+            ],
+            &[],
+        );
+        raced += one_winner(
+            "trainer infer",
+            round,
+            &ran,
+            "holds a committed inference result",
+        ) as usize;
+        let summary: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("_SUCCESS.json")).unwrap()).unwrap();
+        let mut listed: Vec<String> = summary["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap().to_string())
+            .collect();
+        listed.push("_SUCCESS.json".into());
+        listed.sort();
+        let store = Store::open(out.to_str().unwrap()).unwrap();
+        let all: Vec<String> = store
+            .list("")
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        assert_eq!(all, listed, "round {round}");
+    }
+    eprintln!("concurrency: of 10 inference rounds, the loser reached the commit in {raced}");
+
+    // One work directory: the second run is refused at once.
+    let out = dir.path().join("shared-work");
+    let work = dir.path().join("work-shared");
+    let ran = race_each("trainer", [args(&out, &work), args(&out, &work)], &[]);
+    assert_eq!(ran.iter().filter(|r| r.ok).count(), 1);
+    let loser = ran.iter().find(|r| !r.ok).unwrap();
+    assert_eq!(loser.stderr.trim().lines().count(), 1, "{}", loser.stderr);
+    assert!(
+        loser
+            .stderr
+            .contains("another trainer infer is working here")
+            || loser.stderr.contains("holds a committed inference result"),
+        "{}",
+        loser.stderr
+    );
+}
+
+/// Starts `program` twice at once, each with its own arguments, and waits
+/// for both.
+fn race_each(program: &str, args: [Vec<String>; 2], env: &[(String, String)]) -> [Ran; 2] {
+    let children = args.map(|a| {
+        Command::new(binary(program))
+            .args(&a)
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"))
+    });
+    children.map(|c| {
+        let out = c.wait_with_output().expect("the child runs");
+        Ran {
+            ok: out.status.success(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    })
 }

@@ -1216,7 +1216,12 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let bits = selection(&ds, &cfg.nodes)?;
     let n = ds.num_nodes;
     let num_layers = card.num_layers;
-    std::fs::create_dir_all(&cfg.work_dir).map_err(|e| Error::io(cfg.work_dir.display(), e))?;
+    // The work directory is this run's alone (created here): two runs in it
+    // would overwrite each other's layers and progress.
+    let _held = offgnn_shared::commit::hold_dir(
+        &cfg.work_dir,
+        "another trainer infer is working here; wait for it to end or pass another --work-dir",
+    )?;
 
     // Memory: a count per node and the selection, the chunk's rows (raw and
     // as float32, and GAT's projection), the stream's buffer, then groups.

@@ -555,7 +555,12 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
     let _held = cfg
         .checkpoint_dir
         .as_deref()
-        .map(hold_checkpoint_dir)
+        .map(|dir| {
+            offgnn_shared::commit::hold_dir(
+                dir,
+                "another trainer is writing checkpoints here; wait for it to end or choose another --checkpoint-dir",
+            )
+        })
         .transpose()?;
     tch::manual_seed(cfg.seed as i64);
     let vs = nn::VarStore::new(cfg.device);
@@ -1043,45 +1048,6 @@ pub fn export_checkpoint(
         &provenance,
         overwrite,
     )
-}
-
-/// A checkpoint directory held by this run: an exclusive `flock` on
-/// `DIR/.lock`, released when the run ends (or the process dies).
-struct HeldDir {
-    _lock: std::fs::File,
-}
-
-/// Takes `dir` for this run, or refuses in one line naming the run (its
-/// process id) that holds it: two trainers writing one checkpoint
-/// directory would replace each other's checkpoints.
-fn hold_checkpoint_dir(dir: &Path) -> Result<HeldDir> {
-    use std::os::fd::AsRawFd;
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
-    let path = dir.join(".lock");
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| Error::io(path.display(), e))?;
-    // SAFETY: flock on a file descriptor this function owns.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let holder = std::fs::read_to_string(&path).unwrap_or_default();
-        return Err(Error::InvalidArgument(format!(
-            "{}: another trainer ({}) is writing checkpoints here; wait for it to end or choose another --checkpoint-dir",
-            dir.display(),
-            if holder.trim().is_empty() {
-                "unknown".to_string()
-            } else {
-                holder.trim().to_string()
-            }
-        )));
-    }
-    file.set_len(0)
-        .and_then(|()| write!(file, "process {}", std::process::id()))
-        .map_err(|e| Error::io(path.display(), e))?;
-    Ok(HeldDir { _lock: file })
 }
 
 /// Writes a checkpoint: a new tensor file, then `checkpoint.json` naming it
