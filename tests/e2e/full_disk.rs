@@ -162,3 +162,53 @@ fn a_checkpoint_that_does_not_fit_keeps_nothing_partial() {
     let left: Vec<String> = files(&ckpt).into_iter().filter(|f| f != ".lock").collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// Staging a remote layout onto a disk that cannot hold it is refused
+/// before any download, with the figures; nothing is left there.
+#[test]
+fn staging_onto_a_disk_too_small_is_refused_up_front() {
+    let Some(s3) = offgnn_e2e::S3::from_env() else {
+        return;
+    };
+    let Some(fs) = SmallFs::mount(1 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ds, samples) = sampled(dir.path(), "20000", "64");
+    let env = s3.env();
+    let pack = s3.url(&format!("staging-{}/pack", std::process::id()));
+    let r = offgnn_e2e::run_env(
+        "packer",
+        &[
+            "--samples",
+            s(&samples),
+            "--features",
+            s(&ds.join("data/feat.npy")),
+            "--out",
+            &pack,
+            "--gpu-cache",
+            "64K",
+            "--cpu-cache",
+            "64K",
+            "--disk-budget",
+            "4x",
+        ],
+        &env,
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let local = fs.path().join("stage");
+    let r = offgnn_e2e::run_env(
+        "trainer",
+        &[
+            "--manifest",
+            &format!("{pack}/manifest.json"),
+            "--local-dir",
+            s(&local),
+            "--epochs",
+            "1",
+        ],
+        &env,
+    );
+    assert_one_line(&r, "staging the layout needs");
+    assert!(files(&local).is_empty(), "{:?}", files(&local));
+}

@@ -59,9 +59,33 @@ pub fn resolve(
     let bytes = store.get(&name)?;
     let manifest = Manifest::parse(&origin, &bytes)?;
     let total: u64 = manifest.objects.iter().map(|o| o.size).sum();
+    // What is not staged whole yet must fit: refused before any download.
+    let missing: Vec<bool> = manifest
+        .objects
+        .iter()
+        .map(|o| check_object(engine, local, o).is_err())
+        .collect();
+    let need: u64 = manifest
+        .objects
+        .iter()
+        .zip(&missing)
+        .filter(|(_, m)| **m)
+        .map(|(o, _)| o.size)
+        .sum();
+    std::fs::create_dir_all(local).map_err(|e| Error::io(local.display(), e))?;
+    let free = offgnn_shared::io_engine::free_bytes(local)?;
+    if need > free {
+        return Err(Error::InvalidArgument(format!(
+            "--local-dir {}: {} free, staging the layout needs {} more ({} in all); free some space or choose another --local-dir",
+            local.display(),
+            offgnn_shared::report::human_bytes(free),
+            offgnn_shared::report::human_bytes(need),
+            offgnn_shared::report::human_bytes(total)
+        )));
+    }
     let pb = offgnn_shared::progress::bytes_bar_if(show, total, "staging");
-    for o in &manifest.objects {
-        if check_object(engine, local, o).is_ok() {
+    for (o, missing) in manifest.objects.iter().zip(missing) {
+        if !missing {
             pb.inc(o.size);
             continue;
         }
@@ -70,19 +94,28 @@ pub fn resolve(
             std::fs::create_dir_all(parent).map_err(|e| Error::io(parent.display(), e))?;
         }
         let tmp = path.with_extension("partial");
-        let f = File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
-        f.set_len(o.size).map_err(|e| Error::io(tmp.display(), e))?;
-        let ranges: Vec<u64> = (0..o.size.div_ceil(RANGE)).map(|i| i * RANGE).collect();
-        ranges.par_iter().try_for_each(|&at| -> Result<()> {
-            let end = (at + RANGE).min(o.size);
-            let data = store.get_range(&o.name, at..end)?;
-            f.write_all_at(&data, at)
-                .map_err(|e| Error::io(tmp.display(), e))?;
-            pb.inc(data.len() as u64);
-            Ok(())
-        })?;
-        f.sync_all().map_err(|e| Error::io(tmp.display(), e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| Error::io(path.display(), e))?;
+        let copied = (|| -> Result<()> {
+            let f = File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
+            f.set_len(o.size).map_err(|e| Error::io(tmp.display(), e))?;
+            let ranges: Vec<u64> = (0..o.size.div_ceil(RANGE)).map(|i| i * RANGE).collect();
+            ranges.par_iter().try_for_each(|&at| -> Result<()> {
+                offgnn_shared::signals::check()?;
+                let end = (at + RANGE).min(o.size);
+                let data = store.get_range(&o.name, at..end)?;
+                f.write_all_at(&data, at)
+                    .map_err(|e| Error::io(tmp.display(), e))?;
+                pb.inc(data.len() as u64);
+                Ok(())
+            })?;
+            f.sync_all().map_err(|e| Error::io(tmp.display(), e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| Error::io(path.display(), e))
+        })();
+        if let Err(e) = copied {
+            // No partial object stays behind (a full disk, a store fault,
+            // a signal); whole objects are kept for the rerun.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
         check_object(engine, local, o)?;
     }
     pb.finish_and_clear();
