@@ -10,8 +10,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// The manifest format this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest manifest format this build reads and writes. Format 2 adds
+/// `dataset.store_dtype`: rows converted while packing (half precision).
+/// A layout that converts nothing is written as format 1, which builds
+/// from before conversion read as well; one that converts is format 2, so
+/// those builds refuse it instead of misreading its rows.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest manifest format this build reads.
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 /// The manifest's own name inside a layout.
 pub const MANIFEST: &str = "manifest.json";
 /// Disk pages, and the alignment of every region of every object.
@@ -26,7 +32,7 @@ pub enum Error {
     )]
     FutureVersion { origin: String, found: u32 },
     #[error(
-        "{origin}: manifest format version {found} is not supported (this build reads {FORMAT_VERSION})"
+        "{origin}: manifest format version {found} is not supported (this build reads {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})"
     )]
     UnsupportedVersion { origin: String, found: u32 },
     #[error("{origin}: invalid manifest: {reason}")]
@@ -45,7 +51,7 @@ pub fn check_version(origin: &str, bytes: &[u8]) -> Result<u32, Error> {
         reason: e.to_string(),
     })?;
     match probe.format_version {
-        FORMAT_VERSION => Ok(FORMAT_VERSION),
+        v @ OLDEST_FORMAT_VERSION..=FORMAT_VERSION => Ok(v),
         v if v > FORMAT_VERSION => Err(Error::FutureVersion {
             origin: origin.to_string(),
             found: v,
@@ -72,8 +78,9 @@ pub struct DatasetRef {
     pub name: String,
     pub num_nodes: u64,
     pub feature_dim: u64,
-    /// `float32` or `float16`.
+    /// The feature file's values: `float32` or `float16`.
     pub feature_dtype: String,
+    /// Bytes of a row of the feature file.
     pub row_bytes: u64,
     pub feature_file_bytes: u64,
     /// The feature file that was packed (path or URL), for `packer verify`.
@@ -86,6 +93,37 @@ pub struct DatasetRef {
     /// compares. The fingerprint only samples the file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feature_rows_crc32c: Option<u32>,
+    /// How the layout's rows (caches, disk caches, packed chunks) hold
+    /// each value when the packer converted them (format 2): `float16` or
+    /// `bfloat16` (rounded to nearest even), or `float32` widened from a
+    /// `float16` file. Absent: as the feature file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_dtype: Option<String>,
+}
+
+/// Bytes of one value of a type a manifest names.
+fn dtype_size(name: &str) -> Option<u64> {
+    match name {
+        "float32" => Some(4),
+        "float16" | "bfloat16" => Some(2),
+        _ => None,
+    }
+}
+
+impl DatasetRef {
+    /// How the layout's rows hold each value.
+    pub fn store_dtype(&self) -> &str {
+        self.store_dtype.as_deref().unwrap_or(&self.feature_dtype)
+    }
+
+    /// Bytes of a row in the layout: the stride of every cache, disk cache
+    /// and packed chunk.
+    pub fn store_row_bytes(&self) -> u64 {
+        match &self.store_dtype {
+            Some(d) => self.feature_dim * dtype_size(d).unwrap_or(0),
+            None => self.row_bytes,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -292,6 +330,32 @@ impl Manifest {
         if self.dataset.row_bytes == 0 || self.dataset.num_nodes == 0 {
             return Err("dataset shape is empty".into());
         }
+        let d = &self.dataset;
+        if !matches!(d.feature_dtype.as_str(), "float32" | "float16") {
+            return Err(format!(
+                "feature_dtype '{}' is not float32 or float16",
+                d.feature_dtype
+            ));
+        }
+        if d.feature_dim * dtype_size(&d.feature_dtype).unwrap_or(0) != d.row_bytes {
+            return Err(format!(
+                "row_bytes {} is not feature_dim {} {} values",
+                d.row_bytes, d.feature_dim, d.feature_dtype
+            ));
+        }
+        if let Some(store) = &d.store_dtype {
+            if dtype_size(store).is_none() {
+                return Err(format!(
+                    "store_dtype '{store}' is not float32, float16 or bfloat16"
+                ));
+            }
+            if self.format_version < 2 {
+                return Err(format!(
+                    "store_dtype '{store}' in a format {} manifest (converted rows are format 2)",
+                    self.format_version
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -326,6 +390,7 @@ mod tests {
                 feature_fingerprint: "b".into(),
                 num_classes: 2,
                 feature_rows_crc32c: None,
+                store_dtype: None,
             },
             samples: SamplesRef {
                 location: "s".into(),
@@ -414,6 +479,37 @@ mod tests {
         });
         let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
         assert!(err.to_string().contains("2 blocks"), "{err}");
+    }
+
+    #[test]
+    fn converted_rows_are_format_2_with_their_own_stride() {
+        let mut m = sample();
+        assert_eq!(
+            (m.dataset.store_dtype(), m.dataset.store_row_bytes()),
+            ("float32", 16)
+        );
+        m.dataset.store_dtype = Some("bfloat16".into());
+        let bytes = serde_json::to_vec(&m).unwrap();
+        let back = Manifest::parse("m.json", &bytes).unwrap();
+        assert_eq!(
+            (back.dataset.store_dtype(), back.dataset.store_row_bytes()),
+            ("bfloat16", 8)
+        );
+        // A format 1 reader would take the rows for float32: refused.
+        m.format_version = 1;
+        let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("format 2"), "{err}");
+        m.format_version = 2;
+        m.dataset.store_dtype = Some("int8".into());
+        let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("store_dtype 'int8'"), "{err}");
+        // Format 1 without conversion still reads.
+        let mut m = sample();
+        m.format_version = 1;
+        assert!(Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).is_ok());
+        m.format_version = 0;
+        let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+        assert!(matches!(err, Error::UnsupportedVersion { found: 0, .. }));
     }
 
     #[test]

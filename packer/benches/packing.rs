@@ -65,6 +65,7 @@ fn config(samples: &str, features: &str, out: &Path) -> anyhow::Result<PackConfi
         segment_size: None,
         packing: PackingMode::Batched,
         disk_cache: DiskCacheMode::Segmented,
+        store_dtype: None,
         overwrite: true,
         show_progress: true,
     })

@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use offgnn_manifests::Object;
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, PAGE, PendingWrite, ReadReq};
+use offgnn_shared::store_dtype::{self, StoreDType};
 use rayon::prelude::*;
 
 use crate::access_rank::Tiers;
@@ -483,13 +484,49 @@ pub struct PackCtx<'a> {
     pub gpu: Option<&'a OutFile>,
     pub cpu: Option<&'a OutFile>,
     pub seg_files: &'a [OutFile],
+    /// Bytes of a row in the layout (values of `to`).
     pub row_bytes: u64,
+    /// The feature file's values, and the layout's: rows are converted
+    /// as they are read when the two differ.
+    pub from: StoreDType,
+    pub to: StoreDType,
     /// First node of each partition, `num_nodes` last (`plan::partition_bounds`).
     pub bounds: &'a [u64],
     pub num_nodes: u64,
 }
 
 impl PackCtx<'_> {
+    /// Bytes of a row of the feature file.
+    fn source_row_bytes(&self) -> u64 {
+        self.row_bytes / self.to.size() as u64 * self.from.size() as u64
+    }
+
+    /// The error for a value that converting made infinite: value `index`
+    /// of the rows from node `first` on.
+    fn out_of_range(&self, first: u64, o: store_dtype::OutOfRange) -> Error {
+        let cols = (self.row_bytes / self.to.size() as u64).max(1);
+        let (row, col) = (first + o.index as u64 / cols, o.index as u64 % cols);
+        Error::InvalidArgument(format!(
+            "{}: row {row}, column {col} is {}, beyond {}'s range (largest {}); pack with --store-dtype bf16 or f32",
+            self.features.describe(),
+            o.value,
+            self.to,
+            self.to.max_finite()
+        ))
+    }
+
+    /// Row `data` of the feature file as the layout stores it: itself, or
+    /// converted into `row`.
+    fn stored<'r>(&self, data: &'r [u8], row: &'r mut Vec<u8>, node: u64) -> Result<&'r [u8]> {
+        if self.to == self.from {
+            return Ok(data);
+        }
+        row.resize(self.row_bytes as usize, 0);
+        store_dtype::convert(data, self.from, row, self.to)
+            .map_err(|o| self.out_of_range(node, o))?;
+        Ok(row)
+    }
+
     /// DiskGNN §5.2: the feature file is read once, front to back, and each
     /// piece's rows go to every region that needs them. The pieces come
     /// from `ahead` (a reader thread, O_DIRECT, many requests in flight)
@@ -497,7 +534,8 @@ impl PackCtx<'_> {
     /// write pool, so the disk streams while rows are copied.
     pub fn batched(&self, ahead: ReadAhead<'_>, show: bool) -> Result<PassFigures> {
         let rb = self.row_bytes;
-        let pb = offgnn_shared::progress::bytes_bar_if(show, self.num_nodes * rb, "packing");
+        let srb = self.source_row_bytes();
+        let pb = offgnn_shared::progress::bytes_bar_if(show, self.num_nodes * srb, "packing");
         let mut tiers = [RegionWriter::new(0), RegionWriter::new(0)];
         let mut writers: Vec<SegmentWriters> = self
             .segments
@@ -525,7 +563,9 @@ impl PackCtx<'_> {
         let mut p = 0;
         let mut crc = 0u32;
         let dtype = self.features.dtype();
-        let cols = (rb / dtype.size() as u64).max(1);
+        let cols = (srb / dtype.size() as u64).max(1);
+        // A piece's rows as the layout stores them, when they are converted.
+        let mut converted = Vec::new();
         for (k, buf) in filled.iter().enumerate() {
             let (first, end) = pieces[k];
             let started = Instant::now();
@@ -540,6 +580,18 @@ impl PackCtx<'_> {
                 )));
                 break;
             }
+            // Converted once here, on every core, whatever regions take the row.
+            let part = if self.to == self.from {
+                buf.rows()
+            } else {
+                converted.resize(buf.rows().len() / srb as usize * rb as usize, 0);
+                if let Err(o) = store_dtype::convert(buf.rows(), self.from, &mut converted, self.to)
+                {
+                    dispatched = Err(self.out_of_range(first, o));
+                    break;
+                }
+                &converted
+            };
             dispatched = (|| {
                 let mut at = first;
                 while at < end {
@@ -551,8 +603,7 @@ impl PackCtx<'_> {
                         self.flush_disk_caches(&mut staging, &mut writers)?;
                         staging.start(p, self.segments, rb);
                     }
-                    let rows =
-                        &buf.rows()[((at - first) * rb) as usize..((stop - first) * rb) as usize];
+                    let rows = &part[((at - first) * rb) as usize..((stop - first) * rb) as usize];
                     self.dispatch(p, at, stop, rows, &mut tiers, &mut writers, &mut staging)?;
                     at = stop;
                 }
@@ -709,12 +760,16 @@ impl PackCtx<'_> {
                 .sum::<u64>();
         let pb = offgnn_shared::progress::bar_if(show, total, "packing", "rows");
         let mut read = 0u64;
+        let mut row = Vec::new();
         for (tier, out) in [
             (self.cache.gpu_nodes(), self.gpu),
             (self.cache.cpu_nodes(), self.cpu),
         ] {
             if let Some(out) = out {
-                read += rows.read_each(tier, |slot, data| out.write_at(slot as u64 * rb, data))?;
+                read += rows.read_each(tier, |slot, data| {
+                    let data = self.stored(data, &mut row, u64::from(tier[slot]))?;
+                    out.write_at(slot as u64 * rb, data)
+                })?;
                 pb.inc(tier.len() as u64);
             }
         }
@@ -725,6 +780,7 @@ impl PackCtx<'_> {
                 let cold = &self.batches[b].cold;
                 read += rows.read_each(cold, |i, data| {
                     let v = cold[i];
+                    let data = self.stored(data, &mut row, u64::from(v))?;
                     match seg.dc_position(v) {
                         // A shared row is written once; every batch still reads it.
                         Some(pos) => {

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, IoOptions, PAGE, ReadReq};
 use offgnn_shared::npy::{self, DType, Header};
 use offgnn_shared::store::Store;
+use offgnn_shared::store_dtype::StoreDType;
 
 use crate::error::{Error, Result};
 
@@ -86,6 +87,18 @@ impl FeatureSource {
 
     pub fn dtype(&self) -> DType {
         self.header().dtype
+    }
+
+    /// The file's values as a layout can store them unconverted: float32
+    /// or float16 (the sampler's dataset check admits nothing else).
+    pub fn store_dtype(&self) -> Result<StoreDType> {
+        StoreDType::of_feature(self.dtype()).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{}: features of type {} cannot be packed (float32 or float16)",
+                self.describe(),
+                self.dtype()
+            ))
+        })
     }
 
     pub fn num_rows(&self) -> u64 {

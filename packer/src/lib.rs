@@ -31,6 +31,10 @@ Examples:
   packer --samples s3://bucket/cora/samples --features s3://bucket/cora/feat.npy \\
       --out s3://bucket/cora/pack --gpu-cache 4G --cpu-cache 32G --disk-budget 5x --memory 16G
 
+  # Half-precision rows: half the disk bytes and reads, the caches hold twice the rows:
+  packer --samples data/cora-samples --features data/cora/data/feat.npy --out data/cora-pack16 \\
+      --gpu-cache 1M --cpu-cache 2M --disk-budget 3x --store-dtype bf16
+
   # Check a layout byte for byte against the feature file, then print its plan:
   packer verify --manifest data/cora-pack/manifest.json
   packer inspect --manifest data/cora-pack/manifest.json";
@@ -76,6 +80,14 @@ pub enum DiskCache {
     Global,
 }
 
+/// How the layout stores feature values.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum StoreDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
 #[derive(Debug, Args)]
 pub struct PackArgs {
     /// The sampler's output (a local path or object-store URL).
@@ -93,7 +105,9 @@ pub struct PackArgs {
     /// CPU-cache budget in bytes.
     #[arg(long, allow_hyphen_values = true)]
     pub cpu_cache: Option<String>,
-    /// Disk budget: bytes, or a multiple of the feature file such as 3x.
+    /// Disk budget: bytes, or a multiple of the feature file such as 3x (of
+    /// the file as --store-dtype stores it: 3x of a float32 file stored as
+    /// f16 is 1.5 times the file's bytes).
     #[arg(long, allow_hyphen_values = true)]
     pub disk_budget: Option<String>,
     /// Memory the packer may use (plan plus feature partitions); default 2G.
@@ -106,6 +120,13 @@ pub struct PackArgs {
     pub packing: Packing,
     #[arg(long, value_enum, default_value_t = DiskCache::Segmented)]
     pub disk_cache: DiskCache,
+    /// How the layout stores feature values (default: as the feature file).
+    /// f16 and bf16 halve a float32 file's disk bytes and the trainer's reads
+    /// (rounded to nearest even while packing; the trainer widens them to
+    /// float32); a float32 value beyond float16's range (65504) is refused
+    /// with f16, where bf16 keeps float32's range with 8 bits of mantissa.
+    #[arg(long, value_enum)]
+    pub store_dtype: Option<StoreDtype>,
     #[arg(long)]
     pub overwrite: bool,
 }
@@ -155,6 +176,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     DiskCache::Segmented => pack::DiskCacheMode::Segmented,
                     DiskCache::Global => pack::DiskCacheMode::Global,
                 },
+                store_dtype: a.store_dtype.map(|d| match d {
+                    StoreDtype::F32 => offgnn_shared::store_dtype::StoreDType::F32,
+                    StoreDtype::F16 => offgnn_shared::store_dtype::StoreDType::F16,
+                    StoreDtype::Bf16 => offgnn_shared::store_dtype::StoreDType::BF16,
+                }),
                 overwrite: a.overwrite,
                 show_progress: true,
             };

@@ -16,6 +16,7 @@ use offgnn_shared::io_engine::{IoEngine, IoOptions};
 use offgnn_shared::report::human_bytes;
 use offgnn_shared::samples::{RunSummary, SampledBatch};
 use offgnn_shared::store::Store;
+use offgnn_shared::store_dtype::StoreDType;
 use serde::Serialize;
 
 use crate::access_rank::{Location, Tiers};
@@ -63,6 +64,8 @@ pub struct PackConfig {
     pub segment_size: Option<usize>,
     pub packing: PackingMode,
     pub disk_cache: DiskCacheMode,
+    /// How the layout stores values; `None`: as the feature file.
+    pub store_dtype: Option<StoreDType>,
     pub overwrite: bool,
     pub show_progress: bool,
 }
@@ -111,6 +114,9 @@ pub struct PackSummary {
     pub memory: MemoryStatement,
     pub gpu_rows: u64,
     pub cpu_rows: u64,
+    /// How the layout stores values, and the feature file's type.
+    pub store_dtype: String,
+    pub feature_dtype: String,
     pub segments: usize,
     pub access_shares: manifests::AccessShares,
 }
@@ -202,13 +208,28 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         committed: false,
     };
 
-    let row_bytes = features.row_bytes();
+    // Rows are read as the feature file holds them and laid out as
+    // `--store-dtype` says: every size in the plan is the layout's.
+    let source_row_bytes = features.row_bytes();
+    let from = features.store_dtype()?;
+    let to = cfg.store_dtype.unwrap_or(from);
+    let row_bytes = source_row_bytes / from.size() as u64 * to.size() as u64;
+    if to != from {
+        tracing::info!("rows are stored as {to}, converted from the feature file's {from}");
+    }
     let num_nodes = features.num_rows();
     let feature_file_bytes = features.file_bytes();
-    let budget = cfg.disk_budget.resolve(feature_file_bytes);
+    // A multiple is of the features as the layout stores them: with
+    // --store-dtype f16, `3x` gives the plan of a float32 layout at `3x`,
+    // in half the bytes (the same segments, with narrower rows).
+    let stored_file_bytes =
+        feature_file_bytes - num_nodes * source_row_bytes + num_nodes * row_bytes;
+    let budget = cfg.disk_budget.resolve(stored_file_bytes);
 
     let mut summary = PackSummary {
         disk_budget: budget,
+        store_dtype: to.name().to_string(),
+        feature_dtype: from.name().to_string(),
         ..Default::default()
     };
     let mut batches = load_batches(&samples, &run, cfg.show_progress)?;
@@ -221,9 +242,15 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
     let piece_bytes = piece_size(
         cfg.memory,
         plan_memory(num_nodes, inputs) + tables_memory(&run, &batches),
-        row_bytes,
+        source_row_bytes,
     );
-    let piece_rows = ((piece_bytes - 2 * PAGE) / row_bytes).max(1);
+    let piece_rows = ((piece_bytes - 2 * PAGE) / source_row_bytes).max(1);
+    // A converted piece waits in a buffer of its own while it is dispatched.
+    let convert_bytes = if to == from {
+        0
+    } else {
+        piece_rows * row_bytes
+    };
     // Reads and writes get rings of their own: a region's write never waits
     // behind a 64 MiB piece's reads in one queue.
     let engine = IoEngine::new(IoOptions::default());
@@ -256,11 +283,12 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         let tables_bytes = tables_memory(&run, &batches);
         let plan_bytes = plan_memory(num_nodes, batches.iter().map(|b| b.cold.len() as u64).sum())
             + tables_bytes;
-        let least = BASELINE_BYTES + READ_AHEAD * piece_bytes;
+        let read_ahead = READ_AHEAD * piece_bytes + convert_bytes;
+        let least = BASELINE_BYTES + read_ahead;
         let available = cfg
             .memory
             .checked_sub(plan_bytes + BASELINE_BYTES)
-            .filter(|&b| b >= READ_AHEAD * piece_bytes)
+            .filter(|&b| b >= read_ahead)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "--memory {} is too small: the plan needs {} bytes and packing at least {} more; give at least {}",
@@ -270,7 +298,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
                     plan_bytes + least
                 ))
             })?;
-        let staging_budget = available - READ_AHEAD * piece_bytes;
+        let staging_budget = available - read_ahead;
         summary.plan_bytes = plan_bytes;
         summary.piece_bytes = piece_bytes;
 
@@ -401,8 +429,8 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
             return Err(Error::InvalidArgument(format!(
                 "--memory {} is too small: one node's disk-cache rows need {staging_bytes} bytes of staging beside the {} of the plan and buffers; give at least {}",
                 cfg.memory,
-                plan_bytes + BASELINE_BYTES + READ_AHEAD * piece_bytes,
-                plan_bytes + BASELINE_BYTES + READ_AHEAD * piece_bytes + staging_bytes
+                plan_bytes + BASELINE_BYTES + read_ahead,
+                plan_bytes + BASELINE_BYTES + read_ahead + staging_bytes
             )));
         }
         let num_partitions = bounds.len() - 1;
@@ -414,10 +442,10 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         summary.partitions = num_partitions as u64;
         summary.staging_bytes = staging_bytes;
         summary.memory = MemoryStatement {
-            total_bytes: plan_bytes + BASELINE_BYTES + READ_AHEAD * piece_bytes + staging_bytes,
+            total_bytes: plan_bytes + BASELINE_BYTES + read_ahead + staging_bytes,
             plan_bytes,
             tables_bytes,
-            read_ahead_bytes: READ_AHEAD * piece_bytes,
+            read_ahead_bytes: read_ahead,
             staging_bytes,
             baseline_bytes: BASELINE_BYTES,
             limit_bytes: cfg.memory,
@@ -427,7 +455,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
             human_bytes(summary.memory.total_bytes),
             human_bytes(plan_bytes),
             human_bytes(tables_bytes),
-            human_bytes(READ_AHEAD * piece_bytes),
+            human_bytes(read_ahead),
             human_bytes(staging_bytes),
             human_bytes(BASELINE_BYTES),
             human_bytes(cfg.memory)
@@ -488,6 +516,8 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
             cpu: cpu.as_ref(),
             seg_files: &seg_files,
             row_bytes,
+            from,
+            to,
             bounds: &bounds,
             num_nodes,
         };
@@ -551,7 +581,12 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
             upload(&out, &staging, &objects, cfg.show_progress)?;
         }
         let manifest = Manifest {
-            format_version: manifests::FORMAT_VERSION,
+            // Converted rows need a reader that knows `store_dtype`.
+            format_version: if to == from {
+                manifests::OLDEST_FORMAT_VERSION
+            } else {
+                manifests::FORMAT_VERSION
+            },
             run_id: run_id.to_string(),
             created_by: format!("offgnn packer {}", env!("CARGO_PKG_VERSION")),
             dataset: manifests::DatasetRef {
@@ -559,7 +594,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
                 num_nodes,
                 feature_dim: run.dataset.feature_dim,
                 feature_dtype: features.dtype().name().to_string(),
-                row_bytes,
+                row_bytes: source_row_bytes,
                 feature_file_bytes,
                 // Absolute, so that `packer verify` and the trainer's
                 // baselines find it from any working directory.
@@ -568,6 +603,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
                 feature_fingerprint: run.dataset.feature_fingerprint.clone(),
                 num_classes: run.dataset.num_classes,
                 feature_rows_crc32c: pass.rows_crc32c,
+                store_dtype: (to != from).then(|| to.name().to_string()),
             },
             samples: manifests::SamplesRef {
                 location: offgnn_shared::store::absolute_location(samples.url()),

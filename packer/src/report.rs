@@ -19,6 +19,14 @@ pub fn packed(cfg: &PackConfig, s: &PackSummary) {
             format!("{:?}, disk cache {:?}", cfg.packing, cfg.disk_cache).to_lowercase(),
         ),
         (
+            "rows stored as",
+            if s.store_dtype == s.feature_dtype {
+                s.store_dtype.clone()
+            } else {
+                format!("{}, converted from {}", s.store_dtype, s.feature_dtype)
+            },
+        ),
+        (
             "tiers",
             format!("GPU {} rows, CPU {} rows", s.gpu_rows, s.cpu_rows),
         ),
@@ -146,6 +154,14 @@ pub fn inspect(origin: &str, m: &Manifest) {
             format!(
                 "{} (fan-outs {:?}, batch {}, {} epochs)",
                 m.samples.location, m.samples.fanouts, m.samples.batch_size, train_epochs
+            ),
+        ),
+        (
+            "rows stored as",
+            format!(
+                "{} ({} bytes a row)",
+                m.dataset.store_dtype(),
+                m.dataset.store_row_bytes()
             ),
         ),
         ("GPU cache", format!("{} rows", m.gpu_cache.rows)),

@@ -12,6 +12,7 @@ use offgnn_shared::dataset::Split;
 use offgnn_shared::io_engine::MappedFile;
 use offgnn_shared::samples::RunSummary;
 use offgnn_shared::store::Store;
+use offgnn_shared::store_dtype::{self, StoreDType};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -221,26 +222,41 @@ fn gather_slots(
     gather(&src, order, rb as usize, out, span)
 }
 
-/// Compares row `i` of `got` with the feature file's row of `nodes[i]`,
-/// for every `i`, in place: a mapped file's rows in parallel, a remote
-/// one's in spans of nearby rows. A mismatch names the first differing
-/// row (in node order).
+/// How a layout's rows relate to the feature file's: the stride of each,
+/// and the conversion between their types.
+#[derive(Clone, Copy)]
+struct Rows {
+    /// Bytes of a layout row (values of `to`).
+    stored: usize,
+    /// Bytes of a feature-file row (values of `from`).
+    source: usize,
+    from: StoreDType,
+    to: StoreDType,
+}
+
+/// Compares row `i` of `got` with the feature file's row of `nodes[i]`
+/// (converted exactly as packing converts it), for every `i`, in place: a
+/// mapped file's rows in parallel, a remote one's in spans of nearby rows.
+/// A mismatch names the first differing row (in node order).
 fn compare_with_features(
     features: &FeatureSource,
     maps: &Maps,
     nodes: &[u32],
     got: &[u8],
-    rb: usize,
+    rows: Rows,
     buf: &mut Vec<u8>,
 ) -> Result<()> {
     let order = by_row(nodes.iter().map(|&v| u64::from(v)), 0..nodes.len());
-    let differs = |i: usize, row: &[u8]| got[i * rb..(i + 1) * rb] != *row;
+    let (rb, srb) = (rows.stored, rows.source);
+    let differs = |i: usize, row: &[u8]| {
+        !store_dtype::equals_converted(row, rows.from, &got[i * rb..(i + 1) * rb], rows.to)
+    };
     let mismatch = |v: u64, i: usize| format!("row {i} (node {v}) differs from the feature file");
     match &maps.features {
         Some(map) => {
             let base = features.header().data_offset;
             let first_bad = order.par_iter().find_first(|&&(v, i)| {
-                mapped_row(map.bytes(), base, v, rb).is_none_or(|row| differs(i, row))
+                mapped_row(map.bytes(), base, v, srb).is_none_or(|row| differs(i, row))
             });
             if let Some(&(v, i)) = first_bad {
                 return Err(Error::Verify(mismatch(v, i)));
@@ -248,7 +264,7 @@ fn compare_with_features(
         }
         None => {
             let read = |first: u64, buf: &mut [u8]| features.read_rows(first, buf);
-            for_each_spanned_row(&order, rb, buf, &read, |v, i, row| {
+            for_each_spanned_row(&order, srb, buf, &read, |v, i, row| {
                 if differs(i, row) {
                     return Err(Error::Verify(mismatch(v, i)));
                 }
@@ -269,7 +285,7 @@ fn assemble(
     t: &BatchTable,
     scratch: &mut Scratch,
 ) -> Result<()> {
-    let rb = m.dataset.row_bytes;
+    let rb = m.dataset.store_row_bytes();
     let Scratch {
         span, pages, got, ..
     } = scratch;
@@ -395,7 +411,23 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
     }
     let samples = Store::open(&m.samples.location)?;
     let run = RunSummary::read(&samples)?;
-    let rb = m.dataset.row_bytes as usize;
+    let d = &m.dataset;
+    let unknown =
+        |name: &str| Error::Verify(format!("the layout names an unknown value type {name}"));
+    let rows = Rows {
+        stored: d.store_row_bytes() as usize,
+        source: d.row_bytes as usize,
+        from: StoreDType::from_name(&d.feature_dtype).ok_or_else(|| unknown(&d.feature_dtype))?,
+        to: StoreDType::from_name(d.store_dtype()).ok_or_else(|| unknown(d.store_dtype()))?,
+    };
+    if features.store_dtype()? != rows.from {
+        return Err(Error::Mismatch(format!(
+            "{} holds {}, the layout was packed from {}",
+            features.describe(),
+            features.dtype(),
+            rows.from
+        )));
+    }
 
     let mut tables: HashMap<(Split, u32, u32), (usize, BatchTable)> = HashMap::new();
     for (si, seg) in m.segments.iter().enumerate() {
@@ -442,7 +474,7 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
                 &maps,
                 &b.input_nodes,
                 &scratch.got,
-                rb,
+                rows,
                 &mut scratch.span,
             )
             .map_err(|e| match e {

@@ -522,6 +522,65 @@ fn sampler_states_its_memory_and_holds_to_it() {
 }
 
 /// Imports, samples and packs Cora into `dir`; returns the manifest path.
+/// `packer --store-dtype bf16`: the layout verifies, records both types in
+/// a format 2 manifest, takes fewer bytes than float32's, and trains.
+#[test]
+fn cora_packs_and_trains_on_bfloat16_rows_through_the_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ds, samples) = cora_samples(dir.path());
+    let feat = ds.join("data/feat.npy");
+    let (s, f) = (samples.to_str().unwrap(), feat.to_str().unwrap());
+    let mut bytes = Vec::new();
+    for dtype in ["f32", "bf16"] {
+        let out = dir.path().join(dtype);
+        let mut args = cora_pack_args(s, f, out.to_str().unwrap());
+        args.extend(["--store-dtype", dtype]);
+        let r = run("packer", &args);
+        assert!(r.status.success(), "{}", r.stderr);
+        bytes.push(r.json()["summary"]["feature_disk_bytes"].as_u64().unwrap());
+        let manifest = out.join("manifest.json");
+        let m = manifest.to_str().unwrap();
+        let r = run("packer", &["verify", "--manifest", m]);
+        assert!(r.status.success(), "{}", r.stderr);
+        let r = run("packer", &["inspect", "--manifest", m]);
+        assert!(r.status.success(), "{}", r.stderr);
+        let d = &r.json()["manifest"]["dataset"];
+        assert_eq!(d["feature_dtype"], "float32");
+        if dtype == "bf16" {
+            assert_eq!(r.json()["manifest"]["format_version"], 2);
+            assert_eq!(d["store_dtype"], "bfloat16");
+            let r = run(
+                "trainer",
+                &["--manifest", m, "--epochs", "3", "--hidden", "64"],
+            );
+            assert!(r.status.success(), "{}", r.stderr);
+            let t = &r.json()["summary"];
+            assert_eq!(t["rows_dtype"], "bfloat16");
+            let acc = t["test_acc_at_best_valid"].as_f64().unwrap();
+            assert!(acc > 0.6, "Cora test accuracy on bfloat16 rows {acc}");
+        } else {
+            assert_eq!(r.json()["manifest"]["format_version"], 1);
+            assert!(d.get("store_dtype").is_none());
+        }
+    }
+    // The same budgets hold twice the rows in the caches, so the segments
+    // shrink by more than half of what the caches leave.
+    assert!(
+        bytes[1] < bytes[0] * 6 / 10,
+        "bfloat16 {} bytes against float32 {}",
+        bytes[1],
+        bytes[0]
+    );
+    let mut args = cora_pack_args(s, f, "unused");
+    args.extend(["--store-dtype", "f8"]);
+    let r = run("packer", &args);
+    assert!(
+        !r.status.success() && r.stderr.contains("f8"),
+        "{}",
+        r.stderr
+    );
+}
+
 fn cora_pack(dir: &std::path::Path) -> std::path::PathBuf {
     let (ds, samples) = cora_samples(dir);
     let out = dir.join("pack");

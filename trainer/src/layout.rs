@@ -153,11 +153,11 @@ impl Layout {
         Ok(address_table::decode(&path.display().to_string(), &buf)?)
     }
 
-    /// Bytes of a cache object's rows (row-major, `rows x row_bytes`).
+    /// Bytes of a cache object's rows (row-major, `rows x store_row_bytes`).
     pub fn read_cache(&self, object: &str, rows: u64) -> Result<Vec<u8>> {
         let path = self.dir.join(object);
         let f = File::open(&path).map_err(|e| Error::io(path.display(), e))?;
-        let mut buf = vec![0u8; (rows * self.manifest.dataset.row_bytes) as usize];
+        let mut buf = vec![0u8; (rows * self.manifest.dataset.store_row_bytes()) as usize];
         f.read_exact_at(&mut buf, 0)
             .map_err(|e| Error::io(path.display(), e))?;
         Ok(buf)

@@ -66,14 +66,17 @@ fn batch_bounds(m: &Manifest) -> Vec<(u64, u64, u64)> {
 
 /// States the peak host memory of training `m` as `cfg` says.
 pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
-    let row = m.dataset.row_bytes;
+    // A layout row (the caches, the reads) and a feature-file row (the
+    // in-memory baseline): they differ where the packer converted rows.
+    let row = m.dataset.store_row_bytes();
+    let file_row = m.dataset.row_bytes;
     let on_cpu = cfg.device == Device::Cpu;
     let cache_bytes = match cfg.features {
         FeatureMode::Packed if on_cpu => (m.gpu_cache.rows + m.cpu_cache.rows) * row,
         // The rows read (then dropped), the tensor made of them, its pinned copy.
         FeatureMode::Packed => 3 * m.cpu_cache.rows * row + m.gpu_cache.rows * row,
-        FeatureMode::Memory if on_cpu => m.dataset.num_nodes * row,
-        FeatureMode::Memory => 2 * m.dataset.num_nodes * row,
+        FeatureMode::Memory if on_cpu => m.dataset.num_nodes * file_row,
+        FeatureMode::Memory => 2 * m.dataset.num_nodes * file_row,
         FeatureMode::Naive => 0,
     };
 

@@ -34,11 +34,11 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
         (
             "features / pipeline",
             format!(
-                "{:?} / {}",
-                s.features,
+                "{} ({} rows) / {}",
+                format!("{:?}", s.features).to_lowercase(),
+                s.rows_dtype,
                 if s.pipelined { "on" } else { "off" }
-            )
-            .to_lowercase(),
+            ),
         ),
         ("epochs", s.epochs.len().to_string()),
         (

@@ -146,6 +146,10 @@ pub struct TrainSummary {
     pub device: String,
     pub io_backend: String,
     pub features: FeatureMode,
+    /// How the rows read are stored (the layout's `store_dtype`, or the
+    /// feature file's type for the baselines); batches are widened to
+    /// float32 before the model.
+    pub rows_dtype: String,
     pub pipelined: bool,
     /// (epoch, batches of it done) where this run picked up a checkpoint.
     pub resumed_from: Option<(u32, u64)>,
@@ -236,9 +240,19 @@ const META: &str = "checkpoint.json";
 /// Sources shared by the stages: caches loaded once (the CPU cache pinned on CUDA).
 pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Sources> {
     let m = &layout.manifest;
-    let kind = match m.dataset.feature_dtype.as_str() {
+    // The layout's rows may be stored narrower than the feature file's (the
+    // packer's --store-dtype); the baselines read the feature file itself.
+    // Either way the assembly stage widens the batch to float32 on the device.
+    let (dtype, row_bytes) = match cfg.features {
+        FeatureMode::Packed => (m.dataset.store_dtype(), m.dataset.store_row_bytes()),
+        FeatureMode::Naive | FeatureMode::Memory => {
+            (m.dataset.feature_dtype.as_str(), m.dataset.row_bytes)
+        }
+    };
+    let kind = match dtype {
         "float32" => Kind::Float,
         "float16" => Kind::Half,
+        "bfloat16" => Kind::BFloat16,
         other => {
             return Err(Error::Layout(format!(
                 "feature dtype {other} is not supported"
@@ -260,7 +274,7 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
     };
     let mut load = LoadSources {
         mode: cfg.features,
-        row_bytes: m.dataset.row_bytes as usize,
+        row_bytes: row_bytes as usize,
         raw: None,
         raw_tail: None,
     };
@@ -269,7 +283,7 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
         device: cfg.device,
         kind,
         dim,
-        row_bytes: m.dataset.row_bytes as usize,
+        row_bytes: row_bytes as usize,
         gpu_cache: None,
         cpu_cache: None,
         memory: None,
@@ -909,6 +923,11 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
         device: format!("{:?}", cfg.device),
         io_backend: engine.backend().to_string(),
         features: cfg.features,
+        rows_dtype: match cfg.features {
+            FeatureMode::Packed => layout.manifest.dataset.store_dtype(),
+            FeatureMode::Naive | FeatureMode::Memory => &layout.manifest.dataset.feature_dtype,
+        }
+        .to_string(),
         pipelined: cfg.pipelined,
         resumed_from: start.resumed_from,
         exports,

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use offgnn_manifests::MANIFEST;
 use offgnn_shared::npy::DType;
+use offgnn_shared::store_dtype::StoreDType;
 use offgnn_shared::synthetic::{GeneratorConfig, generate};
 use offgnn_shared::topology::CsrOptions;
 use packer::error::Error;
@@ -38,10 +39,16 @@ fn fixture(dtype: DType, seed: u64) -> Fixture {
 }
 
 fn fixture_with(cfg: GeneratorConfig) -> Fixture {
+    fixture_edited(cfg, |_| {})
+}
+
+/// A fixture whose feature file `edit` changes before it is sampled.
+fn fixture_edited(cfg: GeneratorConfig, edit: impl FnOnce(&Path)) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
     let ds = root.join("g");
     generate(&ds, &cfg, false, false).unwrap();
+    edit(&ds.join("data/feat.npy"));
     let samples = root.join("samples");
     run(&SampleConfig {
         dataset: ds.clone(),
@@ -84,6 +91,7 @@ fn config(f: &Fixture, out: &str) -> PackConfig {
         segment_size: None,
         packing: PackingMode::Batched,
         disk_cache: DiskCacheMode::Segmented,
+        store_dtype: None,
         overwrite: false,
         show_progress: false,
     }
@@ -209,6 +217,149 @@ fn verify_passes_on_f16_features() {
     let f = fixture(DType::F16, 4);
     let s = pack_and_verify(&config(&f, "f16"));
     assert!(s.predicted_read_amplification >= 1.0);
+}
+
+/// The same plan stored as float32, float16 and bfloat16: verify checks the
+/// converted rows exactly, half-precision rows take half the bytes, and
+/// batched and individual packing convert alike.
+#[test]
+fn half_precision_layouts_verify_and_halve_the_rows() {
+    let f = fixture(DType::F32, 14);
+    // No caches and a fixed segment size: one plan whatever the row size.
+    let cfg = |name: &str, store_dtype: Option<StoreDType>| PackConfig {
+        gpu_cache: 0,
+        cpu_cache: 0,
+        segment_size: Some(3),
+        store_dtype,
+        ..config(&f, name)
+    };
+    let full = pack_and_verify(&cfg("f32", Some(StoreDType::F32)));
+    let (_, m32, _) = open_layout(&f.root.join("f32").to_string_lossy()).unwrap();
+    assert_eq!(
+        m32.format_version, 1,
+        "nothing converted: readable by older builds"
+    );
+    assert_eq!(m32.dataset.store_dtype, None);
+    for d in [StoreDType::F16, StoreDType::BF16] {
+        let name = d.name();
+        let s = pack_and_verify(&cfg(name, Some(d)));
+        let (_, m, _) = open_layout(&f.root.join(name).to_string_lossy()).unwrap();
+        assert_eq!(m.format_version, 2);
+        assert_eq!(m.dataset.store_dtype(), name);
+        assert_eq!(m.dataset.feature_dtype, "float32");
+        assert_eq!(m.dataset.store_row_bytes(), m32.dataset.row_bytes / 2);
+        assert_eq!(
+            (s.store_dtype.as_str(), s.feature_dtype.as_str()),
+            (name, "float32")
+        );
+        // Same rows in every region, each region rounded up to a page.
+        for (a, b) in m.segments.iter().zip(&m32.segments) {
+            assert_eq!(
+                (a.disk_cache_rows, a.packed_rows),
+                (b.disk_cache_rows, b.packed_rows)
+            );
+        }
+        let pages = 4096
+            * (m.segments.len() as u64 + m.schedule.values().flatten().flatten().count() as u64);
+        assert!(
+            s.feature_disk_bytes <= full.feature_disk_bytes / 2 + pages,
+            "{name}: {} bytes against {} for float32",
+            s.feature_disk_bytes,
+            full.feature_disk_bytes
+        );
+        // Individual packing converts row by row: the same bytes.
+        let one = format!("{name}-individual");
+        pack(&PackConfig {
+            packing: PackingMode::Individual,
+            ..cfg(&one, Some(d))
+        })
+        .unwrap();
+        let (_, mi, _) = open_layout(&f.root.join(&one).to_string_lossy()).unwrap();
+        let crcs = |m: &offgnn_manifests::Manifest| -> Vec<u32> {
+            m.objects.iter().map(|o| o.crc32c).collect()
+        };
+        assert_eq!(crcs(&mi), crcs(&m), "{name}: batched and individual");
+    }
+    // A corrupted half-precision row is caught by the exact comparison.
+    let s = pack(&PackConfig {
+        store_dtype: Some(StoreDType::BF16),
+        ..config(&f, "bf16-cached")
+    })
+    .unwrap();
+    assert!(s.gpu_rows > 0);
+    let out = f.root.join("bf16-cached");
+    let gpu = open_layout(&out.to_string_lossy())
+        .unwrap()
+        .1
+        .gpu_cache
+        .object
+        .unwrap();
+    corrupt_consistently(&out, &gpu);
+    let err = verify(&out.to_string_lossy(), false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("differs from the feature file"), "{err}");
+}
+
+#[test]
+fn float16_features_pass_through_or_widen() {
+    let f = fixture(DType::F16, 15);
+    let same = pack_and_verify(&PackConfig {
+        store_dtype: Some(StoreDType::F16),
+        ..config(&f, "f16")
+    });
+    let (_, m, _) = open_layout(&f.root.join("f16").to_string_lossy()).unwrap();
+    assert_eq!(
+        (m.format_version, m.dataset.store_dtype.as_deref()),
+        (1, None)
+    );
+    assert_eq!(same.store_dtype, "float16");
+    pack_and_verify(&PackConfig {
+        store_dtype: Some(StoreDType::F32),
+        ..config(&f, "widened")
+    });
+    let (_, m, _) = open_layout(&f.root.join("widened").to_string_lossy()).unwrap();
+    assert_eq!(m.dataset.store_row_bytes(), 2 * m.dataset.row_bytes);
+}
+
+#[test]
+fn a_value_beyond_float16_is_refused_by_name_and_bfloat16_packs_it() {
+    let f = fixture_edited(
+        GeneratorConfig {
+            num_nodes: 4000,
+            avg_degree: 6.0,
+            feature_dim: 24,
+            num_classes: 4,
+            train_fraction: 0.1,
+            valid_fraction: 0.05,
+            seed: 16,
+            ..Default::default()
+        },
+        |path| {
+            // Row 1234, column 5.
+            let npy = offgnn_shared::npy::NpyFile::open(path).unwrap();
+            let at = npy.header().data_offset + (1234 * 24 + 5) * 4;
+            drop(npy);
+            let mut bytes = std::fs::read(path).unwrap();
+            bytes[at as usize..at as usize + 4].copy_from_slice(&70000f32.to_le_bytes());
+            std::fs::write(path, bytes).unwrap();
+        },
+    );
+    let err = pack(&PackConfig {
+        store_dtype: Some(StoreDType::F16),
+        ..config(&f, "f16")
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("row 1234, column 5 is 70000") && err.contains("--store-dtype bf16"),
+        "{err}"
+    );
+    assert!(!f.root.join("f16").join(MANIFEST).exists());
+    pack_and_verify(&PackConfig {
+        store_dtype: Some(StoreDType::BF16),
+        ..config(&f, "bf16")
+    });
 }
 
 #[test]

@@ -7,6 +7,7 @@ mod inference;
 use std::path::PathBuf;
 
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoOptions};
+use offgnn_shared::store_dtype::StoreDType;
 use offgnn_shared::synthetic::{GeneratorConfig, generate};
 use offgnn_shared::topology::CsrOptions;
 use packer::pack::{DiskCacheMode, PackConfig, PackingMode, pack};
@@ -91,6 +92,7 @@ fn fixture() -> Fixture {
         segment_size: Some(3),
         packing: PackingMode::Batched,
         disk_cache: DiskCacheMode::Segmented,
+        store_dtype: None,
         overwrite: false,
         show_progress: false,
     })
@@ -270,6 +272,100 @@ fn feature_modes_agree(e: IoEngine) {
             .collect();
         let got: Vec<f32> = Vec::try_from(xs[0].flatten(0, 1)).unwrap();
         assert_eq!(got, want, "packed rows of {r:?} against the feature file");
+    }
+}
+
+/// Layouts stored in float16 and bfloat16: the assembled batch is the
+/// feature file's float32 rows rounded as torch rounds them (the oracle is
+/// torch's own `to(kind)`), widened back to float32; the baselines still
+/// read the file unrounded; and a model trains on them as on float32.
+#[test]
+fn half_precision_layouts_feed_the_rounded_features_and_train() {
+    let _serial = serial();
+    let f = fixture();
+    let e = engine();
+    let full = open(&f, &e);
+    let full_src = trainer::train::sources(&full, &e, &config(ModelKind::Sage)).unwrap();
+    for (store, kind) in [
+        (StoreDType::F16, tch::Kind::Half),
+        (StoreDType::BF16, tch::Kind::BFloat16),
+    ] {
+        let out = f.root.join(store.name());
+        pack(&PackConfig {
+            samples: f.root.join("s").to_str().unwrap().into(),
+            features: f.root.join("g/data/feat.npy").to_str().unwrap().into(),
+            out: out.to_str().unwrap().into(),
+            gpu_cache: 200 * 128,
+            cpu_cache: 300 * 128,
+            disk_budget: Budget::Multiple(20.0),
+            memory: 256 << 20,
+            segment_size: Some(3),
+            packing: PackingMode::Batched,
+            disk_cache: DiskCacheMode::Segmented,
+            store_dtype: Some(store),
+            overwrite: false,
+            show_progress: false,
+        })
+        .unwrap();
+        let (dir, m) =
+            staging::resolve(out.join("manifest.json").to_str().unwrap(), None, &e, false).unwrap();
+        let layout = Layout::open(&dir, m, &e, false).unwrap();
+        let make = |features: FeatureMode| {
+            trainer::train::sources(
+                &layout,
+                &e,
+                &TrainConfig {
+                    features,
+                    ..config(ModelKind::Sage)
+                },
+            )
+            .unwrap()
+        };
+        let (packed, naive) = (make(FeatureMode::Packed), make(FeatureMode::Naive));
+        let refs: Vec<_> = layout
+            .manifest
+            .schedule
+            .values()
+            .flatten()
+            .flatten()
+            .copied()
+            .collect();
+        for r in refs {
+            let x = |src: &pipeline::Sources| {
+                let loaded = pipeline::load(&layout, &e, &src.load, r, AlignedBuf::new(0)).unwrap();
+                pipeline::assemble(&src.assemble, &loaded).unwrap().0
+            };
+            let got = x(&packed);
+            assert_eq!(got.kind(), tch::Kind::Float, "widened for the model");
+            // The same batch from the float32 layout (same samples, same
+            // schedule): rows in the same input order.
+            let t = layout.record(r.segment, r.record).unwrap();
+            let full_ref = full
+                .manifest
+                .schedule
+                .values()
+                .flatten()
+                .flatten()
+                .copied()
+                .find(|q| full.record(q.segment, q.record).unwrap().input_nodes == t.input_nodes)
+                .expect("the same batch in the float32 layout");
+            let loaded =
+                pipeline::load(&full, &e, &full_src.load, full_ref, AlignedBuf::new(0)).unwrap();
+            let exact = pipeline::assemble(&full_src.assemble, &loaded).unwrap().0;
+            let want = exact.to_kind(kind).to_kind(tch::Kind::Float);
+            assert!(got.equal(&want), "{store}: {r:?} is not the rounded rows");
+            assert!(!got.equal(&exact), "{store}: nothing was rounded");
+            assert!(x(&naive).equal(&exact), "naive reads the file");
+        }
+        let s = train(&layout, &e, &config(ModelKind::Sage)).unwrap();
+        let last = s.epochs.last().unwrap();
+        assert!(
+            last.loss < s.epochs[0].loss && s.test_acc_at_best_valid > 0.6,
+            "{store}: loss {} -> {}, test {}",
+            s.epochs[0].loss,
+            last.loss,
+            s.test_acc_at_best_valid
+        );
     }
 }
 
