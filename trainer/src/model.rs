@@ -298,7 +298,9 @@ impl Gnn for Gat {
                     None,
                     None,
                     0,
-                    false,
+                    // unsafe: the lengths are the block's in-degrees, counted
+                    // from its sorted edges (checking them syncs a CUDA device).
+                    true,
                     f64::NEG_INFINITY,
                 )
                 .maximum(&e_self)

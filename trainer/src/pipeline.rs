@@ -362,30 +362,40 @@ pub fn assemble(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])>
     Ok((x.to_kind(Kind::Float), tiers))
 }
 
+/// In-degree of each of `num_dst` destinations and where each one's edges
+/// start (`num_dst + 1` entries), for edges sorted by destination (as a
+/// decoded table's are). Counted here on the host: on CUDA, `bincount`
+/// must learn its output's size from the device, a sync per block.
+fn degrees(dst: &[u32], num_dst: usize) -> (Vec<i64>, Vec<i64>) {
+    debug_assert!(dst.is_sorted(), "block edges sorted by destination");
+    let mut counts = vec![0i64; num_dst];
+    for &d in dst {
+        counts[d as usize] += 1;
+    }
+    let mut offsets = Vec::with_capacity(num_dst + 1);
+    offsets.push(0);
+    let mut at = 0;
+    for &c in &counts {
+        at += c;
+        offsets.push(at);
+    }
+    (counts, offsets)
+}
+
 /// Stage 3: the batch's blocks and labels as tensors on the device.
 pub fn graph(t: &BatchTable, device: Device) -> (Vec<BlockTensors>, Tensor) {
     let blocks = t
         .blocks
         .iter()
         .map(|b| {
-            let (src, dst) = (index(&b.src, device), index(&b.dst, device));
-            let counts = dst.bincount(None::<Tensor>, b.num_dst as i64);
-            // Edges are sorted by destination: each destination's edges
-            // start at the running sum of the in-degrees before it.
-            let offsets = Tensor::cat(
-                &[
-                    Tensor::zeros([1], (Kind::Int64, device)),
-                    counts.cumsum(0, Kind::Int64),
-                ],
-                0,
-            );
+            let (counts, offsets) = degrees(&b.dst, b.num_dst as usize);
             BlockTensors {
-                src,
-                dst,
+                src: index(&b.src, device),
+                dst: index(&b.dst, device),
                 num_src: b.num_src as i64,
                 num_dst: b.num_dst as i64,
-                counts,
-                offsets,
+                counts: Tensor::from_slice(&counts).to_device(device),
+                offsets: Tensor::from_slice(&offsets).to_device(device),
             }
         })
         .collect();
@@ -560,4 +570,25 @@ pub fn run_batches(
             model: model_busy,
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::degrees;
+    use tch::{Kind, Tensor};
+
+    #[test]
+    fn host_degrees_equal_torch_bincount_and_cumsum() {
+        let dst: Vec<u32> = vec![0, 0, 2, 2, 2, 3, 6, 6];
+        let (counts, offsets) = degrees(&dst, 8);
+        let t: Vec<i64> = dst.iter().map(|&d| d as i64).collect();
+        let want = Tensor::from_slice(&t).bincount(None::<Tensor>, 8);
+        assert_eq!(counts, Vec::<i64>::try_from(&want).unwrap());
+        let cum = Vec::<i64>::try_from(&want.cumsum(0, Kind::Int64)).unwrap();
+        assert_eq!(offsets[0], 0);
+        assert_eq!(&offsets[1..], cum.as_slice());
+        assert_eq!(offsets.len(), 9);
+        // No edges: every destination has degree 0.
+        assert_eq!(degrees(&[], 3), (vec![0; 3], vec![0; 4]));
+    }
 }

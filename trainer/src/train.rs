@@ -298,11 +298,32 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
                 asm.gpu_rows = gpu.map(Arc::new);
                 asm.cpu_rows = cpu.map(Arc::new);
             } else {
+                // Fallible: a GPU cache beyond the device's free memory, or a
+                // CPU cache the driver will not page-lock, is an error that
+                // names the tier, not a panic.
+                let failed = |tier: &str, rows: u64, e: tch::TchError| {
+                    Error::Layout(format!(
+                        "the {tier} cache ({rows} rows, {}) does not fit on {:?}: {e}; pack with a smaller --{} budget",
+                        offgnn_shared::report::human_bytes(rows * row_bytes),
+                        cfg.device,
+                        tier.to_lowercase()
+                    ))
+                };
+                let rows = m.gpu_cache.rows;
                 asm.gpu_cache = gpu
-                    .map(|b| tensor(&b, m.gpu_cache.rows).map(|t| t.to_device(cfg.device)))
+                    .map(|b| {
+                        tensor(&b, rows)?
+                            .f_to_device(cfg.device)
+                            .map_err(|e| failed("GPU", rows, e))
+                    })
                     .transpose()?;
+                let rows = m.cpu_cache.rows;
                 asm.cpu_cache = cpu
-                    .map(|b| tensor(&b, m.cpu_cache.rows).map(|t| t.pin_memory(cfg.device)))
+                    .map(|b| {
+                        tensor(&b, rows)?
+                            .f_pin_memory(cfg.device)
+                            .map_err(|e| failed("CPU", rows, e))
+                    })
                     .transpose()?;
             }
         }
