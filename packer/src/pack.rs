@@ -102,6 +102,8 @@ pub struct PackSummary {
     pub disk_budget: u64,
     pub blow_up: f64,
     pub predicted_read_amplification: f64,
+    /// Where it comes from, and the least this plan could read.
+    pub amplification: AmplificationParts,
     /// Partitions of the node range (more than one only when the disk
     /// caches outgrow the memory budget), the largest partition's staged
     /// disk-cache bytes, and the size of each of the two read buffers.
@@ -576,6 +578,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         summary.disk_bytes = disk_bytes;
         summary.blow_up = disk_bytes as f64 / feature_file_bytes as f64;
         summary.predicted_read_amplification = tables.amplification();
+        summary.amplification = tables.parts();
         summary.access_shares = tables.shares();
         if local_root.is_none() {
             upload(&out, &staging, &objects, cfg.show_progress)?;
@@ -957,14 +960,55 @@ struct TableTotals {
     packed: u64,
     disk_bytes: u64,
     needed_bytes: u64,
+    /// Of the training batches' reads: the disk-cache pages and the bytes
+    /// of the disk-cache rows on them; the packed chunks and their rows.
+    dc_read_bytes: u64,
+    dc_needed_bytes: u64,
+    chunk_read_bytes: u64,
+    chunk_needed_bytes: u64,
+    /// The fewest bytes the same reads could take: each batch's disk-cache
+    /// rows, and its packed rows, on whole 4 KiB pages of their own.
+    least_bytes: u64,
+}
+
+/// `read / needed`, 1 when nothing is needed.
+fn ratio(read: u64, needed: u64) -> f64 {
+    if needed == 0 {
+        1.0
+    } else {
+        read as f64 / needed as f64
+    }
+}
+
+/// Where a layout's read amplification comes from (training batches,
+/// averaged over the sampled epochs), beside a lower bound for its plan.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AmplificationParts {
+    /// Disk-cache pages read over the disk-cache rows' bytes: the rows a
+    /// page holds that the batch does not need, and rows straddling pages.
+    pub disk_cache: f64,
+    /// Packed chunks over their rows: the last page's padding only.
+    pub packed: f64,
+    /// Share of the bytes read that are disk-cache pages.
+    pub disk_cache_read_share: f64,
+    /// The least amplification of this plan (tiers and segments as they
+    /// are): every batch's disk-cache rows and its packed rows each on
+    /// their own whole pages, as no layout of shared rows can do for every
+    /// batch at once. The gap to it is what the row order costs.
+    pub lower_bound: f64,
 }
 
 impl TableTotals {
     fn amplification(&self) -> f64 {
-        if self.needed_bytes == 0 {
-            1.0
-        } else {
-            self.disk_bytes as f64 / self.needed_bytes as f64
+        ratio(self.disk_bytes, self.needed_bytes)
+    }
+
+    fn parts(&self) -> AmplificationParts {
+        AmplificationParts {
+            disk_cache: ratio(self.dc_read_bytes, self.dc_needed_bytes),
+            packed: ratio(self.chunk_read_bytes, self.chunk_needed_bytes),
+            disk_cache_read_share: self.dc_read_bytes as f64 / self.disk_bytes.max(1) as f64,
+            lower_bound: ratio(self.least_bytes, self.needed_bytes),
         }
     }
 
@@ -1113,6 +1157,14 @@ fn write_tables(
                 totals.packed += t.packed_pos.len() as u64;
                 totals.disk_bytes += t.disk_bytes();
                 totals.needed_bytes += t.disk_rows() * row_bytes;
+                let dc_needed = t.disk_pos.len() as u64 * row_bytes;
+                let chunk_needed = t.packed_pos.len() as u64 * row_bytes;
+                totals.dc_read_bytes += t.disk_bytes() - t.chunk_len;
+                totals.dc_needed_bytes += dc_needed;
+                totals.chunk_read_bytes += t.chunk_len;
+                totals.chunk_needed_bytes += chunk_needed;
+                totals.least_bytes += dc_needed.next_multiple_of(plan::PAGE)
+                    + chunk_needed.next_multiple_of(plan::PAGE);
             }
             let name = format!("{prefix}/table-{si:05}.bin");
             if writers[si].is_none() {

@@ -59,7 +59,14 @@ pub fn packed(cfg: &PackConfig, s: &PackSummary) {
         ),
         (
             "predicted read amp.",
-            format!("{:.3}", s.predicted_read_amplification),
+            format!(
+                "{:.3} (lower bound {:.3}; disk-cache pages {:.3}x their rows, {:.0}% of reads; packed chunks {:.3}x)",
+                s.predicted_read_amplification,
+                s.amplification.lower_bound,
+                s.amplification.disk_cache,
+                100.0 * s.amplification.disk_cache_read_share,
+                s.amplification.packed
+            ),
         ),
         (
             "access shares",

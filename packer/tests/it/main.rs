@@ -116,6 +116,10 @@ fn verify_passes_across_settings() {
     });
     assert_eq!(s.access_shares.disk_cache, 0.0);
     assert!(s.access_shares.packed > 0.99);
+    // Every row packed: the reads are the chunks, which is the least there is.
+    assert_eq!(s.amplification.disk_cache_read_share, 0.0);
+    assert_eq!(s.predicted_read_amplification, s.amplification.lower_bound);
+    assert_eq!(s.amplification.packed, s.predicted_read_amplification);
     // One global disk cache.
     let s = pack_and_verify(&PackConfig {
         disk_cache: DiskCacheMode::Global,
@@ -123,6 +127,17 @@ fn verify_passes_across_settings() {
     });
     assert!(s.access_shares.disk_cache > 0.0);
     assert_eq!(s.segment_size, 16);
+    // Shared rows cost pages the batch does not need: above the bound.
+    let a = &s.amplification;
+    assert!(
+        1.0 <= a.lower_bound && a.lower_bound < s.predicted_read_amplification,
+        "{a:?} against {}",
+        s.predicted_read_amplification
+    );
+    assert!(
+        a.disk_cache > a.packed && a.disk_cache_read_share > 0.0,
+        "{a:?}"
+    );
     // Searched segment size under a tight budget.
     let s = pack_and_verify(&PackConfig {
         disk_budget: Budget::Multiple(3.5),
