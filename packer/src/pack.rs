@@ -842,7 +842,7 @@ const TABLE_BUFFER: usize = 16 << 10;
 /// Bytes the table writer holds: the largest samples file decoded (its
 /// edges, input nodes, seeds and labels), a buffer per segment (at most one
 /// per training batch, and one each for validation and test) and the index
-/// of every batch's place; or, if more, what loading the batches held.
+/// of every batch's place.
 fn tables_memory(run: &RunSummary, batches: &[BatchInfo]) -> u64 {
     let train = batches.iter().filter(|b| b.split == Split::Train).count() as u64;
     let largest_file = run
@@ -853,16 +853,7 @@ fn tables_memory(run: &RunSummary, batches: &[BatchInfo]) -> u64 {
         })
         .max()
         .unwrap_or(0);
-    // Loading the batches, before the plan, held one file's bytes and its
-    // decoded input lists per thread: a transient the statement covers too.
-    let loading = run
-        .files
-        .iter()
-        .map(|f| f.object.size + f.input_nodes * 8)
-        .max()
-        .unwrap_or(0)
-        * rayon::current_num_threads() as u64;
-    (largest_file + (train + 2) * TABLE_BUFFER as u64 + batches.len() as u64 * 64).max(loading)
+    largest_file + (train + 2) * TABLE_BUFFER as u64 + batches.len() as u64 * 64
 }
 
 /// Bytes the plan takes: per node, its tier slot and a counter for the
