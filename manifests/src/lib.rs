@@ -180,7 +180,13 @@ pub struct Packing {
     pub estimated_bytes: Option<u64>,
     /// Feature-file partitions read (batched packing).
     pub partitions: u64,
+    /// Random permutations of the batches the row order drew.
     pub minhash_functions: usize,
+    /// How the disk caches' rows are ordered: `minhash-K` (DiskGNN
+    /// Algorithm 1, K functions) or `bottom-K` (the K least batches under
+    /// one permutation). Absent in layouts from before: `minhash-2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_order: Option<String>,
 }
 
 /// Shares of training-batch row accesses served by each tier.
@@ -418,6 +424,7 @@ mod tests {
                 estimated_bytes: None,
                 partitions: 1,
                 minhash_functions: 2,
+                row_order: None,
             },
             segments: vec![Segment {
                 object: "pack/segment-00000.bin".into(),

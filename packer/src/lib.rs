@@ -80,6 +80,15 @@ pub enum DiskCache {
     Global,
 }
 
+/// How a disk cache's rows are ordered.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum RowOrderArg {
+    /// Each row's 4 least batches under one random permutation (fewer pages read).
+    Bottom4,
+    /// DiskGNN's Algorithm 1: the least batch under each of 2 permutations.
+    Minhash,
+}
+
 /// How the layout stores feature values.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum StoreDtype {
@@ -127,6 +136,10 @@ pub struct PackArgs {
     /// with f16, where bf16 keeps float32's range with 8 bits of mantissa.
     #[arg(long, value_enum)]
     pub store_dtype: Option<StoreDtype>,
+    /// How each disk cache's rows are ordered so that a batch's rows share
+    /// pages: bottom4 (default) or DiskGNN's Algorithm 1 (the baseline).
+    #[arg(long, value_enum, default_value_t = RowOrderArg::Bottom4)]
+    pub row_order: RowOrderArg,
     #[arg(long)]
     pub overwrite: bool,
 }
@@ -181,6 +194,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     StoreDtype::F16 => offgnn_shared::store_dtype::StoreDType::F16,
                     StoreDtype::Bf16 => offgnn_shared::store_dtype::StoreDType::BF16,
                 }),
+                row_order: match a.row_order {
+                    RowOrderArg::Bottom4 => minhash::RowOrder::DEFAULT,
+                    RowOrderArg::Minhash => minhash::RowOrder::MinHash { functions: 2 },
+                },
                 overwrite: a.overwrite,
                 show_progress: true,
             };

@@ -23,6 +23,7 @@ use crate::access_rank::{Location, Tiers};
 use crate::batched_pack::{OutFile, PackCtx, ReadAhead};
 use crate::error::{Error, Result};
 use crate::feature_source::FeatureSource;
+use crate::minhash::RowOrder;
 use crate::plan::{self, BatchInfo, Scratch, SegmentPlan, align};
 use crate::sizes::Budget;
 
@@ -66,6 +67,8 @@ pub struct PackConfig {
     pub disk_cache: DiskCacheMode,
     /// How the layout stores values; `None`: as the feature file.
     pub store_dtype: Option<StoreDType>,
+    /// How each disk cache's rows are ordered.
+    pub row_order: RowOrder,
     pub overwrite: bool,
     pub show_progress: bool,
 }
@@ -318,6 +321,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         let geometry = plan::Geometry {
             row_bytes,
             seed: MINHASH_SEED,
+            row_order: cfg.row_order,
         };
         let seg_plan = |split: Split, ids: Vec<usize>, scratch: &mut Scratch| {
             plan::plan_segment(split, ids, &batches, &geometry, scratch)
@@ -644,7 +648,11 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
                 searched,
                 estimated_bytes: estimated,
                 partitions: num_partitions as u64,
-                minhash_functions: 2,
+                minhash_functions: match cfg.row_order {
+                    RowOrder::MinHash { functions } => functions,
+                    RowOrder::BottomK { .. } => 1,
+                },
+                row_order: Some(cfg.row_order.name()),
             },
             segments: segments
                 .iter()

@@ -18,7 +18,7 @@ use offgnn_shared::dataset::Split;
 use rayon::prelude::*;
 
 use crate::access_rank::{AccessCounts, Location, Tiers};
-use crate::minhash::minhash_order;
+use crate::minhash::{RowOrder, minhash_order};
 
 pub const PAGE: u64 = 4096;
 
@@ -129,6 +129,8 @@ pub struct Geometry {
     pub row_bytes: u64,
     /// Seed of the MinHash permutations.
     pub seed: u64,
+    /// How each disk cache's rows are ordered.
+    pub row_order: RowOrder,
 }
 
 /// Cuts the node range `[0, num_nodes)` into partitions whose disk-cache
@@ -181,7 +183,11 @@ pub fn plan_segment(
     geometry: &Geometry,
     scratch: &mut Scratch,
 ) -> SegmentPlan {
-    let Geometry { row_bytes, seed } = *geometry;
+    let Geometry {
+        row_bytes,
+        seed,
+        row_order,
+    } = *geometry;
     // With one batch nothing is shared: every cold row is packed, and
     // nothing needs counting.
     let one = batch_ids.len() == 1;
@@ -222,13 +228,13 @@ pub fn plan_segment(
     }
     scratch.touched.clear();
 
-    // DiskGNN §5.1, Algorithm 1 (two hash functions); partitioned later
+    // DiskGNN §5.1, Algorithm 1 or its bottom-k variant; partitioned later
     // only if the disk caches outgrow the packing memory.
     let lists: Vec<&[u32]> = batch_ids
         .iter()
         .map(|&b| batches[b].cold.as_slice())
         .collect();
-    let dc_rows = minhash_order(&shared, &lists, 2, seed);
+    let dc_rows = minhash_order(&shared, &lists, row_order, seed);
     let dc_bounds = vec![0, dc_rows.len()];
     let mut dc_index: Vec<(u32, u32)> = dc_rows
         .iter()
@@ -319,6 +325,7 @@ mod tests {
         let geometry = Geometry {
             row_bytes: 10,
             seed: 3,
+            row_order: RowOrder::DEFAULT,
         };
         let mut scratch = Scratch::new(20);
         let mut segments = vec![
@@ -367,6 +374,7 @@ mod tests {
         let geometry = Geometry {
             row_bytes: 10,
             seed: 3,
+            row_order: RowOrder::DEFAULT,
         };
         let mut scratch = Scratch::new(20);
         let alone = plan_segment(Split::Train, vec![0], &batches, &geometry, &mut scratch);

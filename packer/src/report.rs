@@ -176,8 +176,11 @@ pub fn inspect(origin: &str, m: &Manifest) {
         (
             "packing",
             format!(
-                "{}, disk cache {}, segment size {}",
-                m.packing.mode, m.packing.disk_cache, m.packing.segment_size
+                "{}, disk cache {} in {} order, segment size {}",
+                m.packing.mode,
+                m.packing.disk_cache,
+                m.packing.row_order.as_deref().unwrap_or("minhash-2"),
+                m.packing.segment_size
             ),
         ),
         (

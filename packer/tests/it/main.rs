@@ -92,6 +92,7 @@ fn config(f: &Fixture, out: &str) -> PackConfig {
         packing: PackingMode::Batched,
         disk_cache: DiskCacheMode::Segmented,
         store_dtype: None,
+        row_order: packer::minhash::RowOrder::DEFAULT,
         overwrite: false,
         show_progress: false,
     }

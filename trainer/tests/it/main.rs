@@ -93,6 +93,7 @@ fn fixture() -> Fixture {
         packing: PackingMode::Batched,
         disk_cache: DiskCacheMode::Segmented,
         store_dtype: None,
+        row_order: packer::minhash::RowOrder::DEFAULT,
         overwrite: false,
         show_progress: false,
     })
@@ -303,6 +304,7 @@ fn half_precision_layouts_feed_the_rounded_features_and_train() {
             packing: PackingMode::Batched,
             disk_cache: DiskCacheMode::Segmented,
             store_dtype: Some(store),
+            row_order: packer::minhash::RowOrder::DEFAULT,
             overwrite: false,
             show_progress: false,
         })
