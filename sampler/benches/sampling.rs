@@ -3,8 +3,11 @@
 //!
 //! Run through `scripts/bench-sampler`, which prepares the graph and DGL's
 //! throwaway virtualenv. Environment:
-//! - `OFFGNN_BENCH_DATASET`: the dataset directory (required);
+//! - `OFFGNN_BENCH_DATASETS`: `name=dir` pairs, comma-separated (or
+//!   `OFFGNN_BENCH_DATASET`: one directory);
 //! - `OFFGNN_BENCH_BATCHES`: batches per measurement (default 100);
+//! - `OFFGNN_BENCH_PAIRS`: alternating offgnn/DGL pairs per figure, whose
+//!   median is reported (default 3);
 //! - `OFFGNN_DGL_PYTHON`: a Python with dgl==2.1.0 (DGL is skipped without it).
 //!
 //! What is timed is sampling alone (blocks built, ids compacted), the same
@@ -92,115 +95,167 @@ fn dgl(python: &str, dataset: &str, seeds_file: &str, threads: usize) -> anyhow:
     })
 }
 
-fn main() -> anyhow::Result<()> {
-    let Ok(path) = std::env::var("OFFGNN_BENCH_DATASET") else {
-        eprintln!(
-            "OFFGNN_BENCH_DATASET is not set: nothing to measure (see scripts/bench-sampler)"
-        );
-        return Ok(());
-    };
-    let n_batches: usize = std::env::var("OFFGNN_BENCH_BATCHES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    let ds = Dataset::open(&path)?;
-    let started = Instant::now();
-    // The graph the sampler samples: repeated edges kept once (DGL's side
-    // deduplicates too, with dgl.to_simple).
-    let opts = CsrOptions {
-        dedup: true,
-        ..CsrOptions::default()
-    };
-    let csr = Csr::from_edge_list(&ds.edges, opts, |_| {})?;
-    eprintln!(
-        "graph: {} nodes, {} edges, CSR built in {:.1} s",
-        csr.num_nodes(),
-        csr.num_edges(),
-        started.elapsed().as_secs_f64()
-    );
-    // Seed batches drawn from every node (a benchmark of sampling, not of
-    // the training split's size), the same for both systems.
-    let mut seeds: Vec<u32> = (0..csr.num_nodes() as u32).collect();
-    seeds.shuffle(&mut rand_pcg::Pcg64Mcg::seed_from_u64(0));
-    let batches: Vec<Vec<u32>> = seeds
-        .chunks(BATCH)
-        .take(n_batches)
-        .map(<[u32]>::to_vec)
-        .collect();
-    let flat: Vec<u64> = batches.iter().flatten().map(|&s| s as u64).collect();
-    let seeds_file =
-        std::env::temp_dir().join(format!("offgnn-bench-seeds-{}.npy", std::process::id()));
-    offgnn_shared::npy::write_i64(&seeds_file, &flat)?;
-
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut rows = Vec::new();
-    // Warm the page cache and the allocator once before timing.
-    ours(&csr, &batches[..batches.len().min(4)], 1)?;
-    rows.push(("offgnn", ours(&csr, &batches, 1)?));
-    if cores > 1 {
-        rows.push(("offgnn", ours(&csr, &batches, cores)?));
+/// Seed batches of `BATCH` nodes drawn from every node (a benchmark of
+/// sampling, not of a training split's size), the same for both systems:
+/// shuffles of all nodes back to back, so that a small graph (Cora) still
+/// gives `n` batches.
+fn seed_batches(num_nodes: u32, n: usize) -> Vec<Vec<u32>> {
+    let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(0);
+    let mut seeds: Vec<u32> = Vec::with_capacity(n * BATCH);
+    while seeds.len() < n * BATCH && num_nodes > 0 {
+        let mut all: Vec<u32> = (0..num_nodes).collect();
+        all.shuffle(&mut rng);
+        seeds.extend(all);
     }
-    drop(csr);
-    if let Ok(python) = std::env::var("OFFGNN_DGL_PYTHON") {
-        rows.push((
-            "dgl",
-            dgl(&python, &path, seeds_file.to_str().unwrap_or_default(), 1)?,
-        ));
-        if cores > 1 {
-            rows.push((
-                "dgl",
-                dgl(
-                    &python,
-                    &path,
-                    seeds_file.to_str().unwrap_or_default(),
-                    cores,
-                )?,
-            ));
+    seeds.chunks(BATCH).take(n).map(<[u32]>::to_vec).collect()
+}
+
+/// The median of `v` (NaN when empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Per core, one measure: (batches/s, edges/s).
+fn per_core(m: &Measure) -> (f64, f64) {
+    let t = m.threads as f64;
+    (
+        m.batches as f64 / m.seconds / t,
+        m.edges as f64 / m.seconds / t,
+    )
+}
+
+fn main() -> anyhow::Result<()> {
+    // `name=dir` pairs, comma-separated; or one directory.
+    let sets: Vec<(String, String)> = match (
+        std::env::var("OFFGNN_BENCH_DATASETS"),
+        std::env::var("OFFGNN_BENCH_DATASET"),
+    ) {
+        (Ok(list), _) => list
+            .split(',')
+            .map(|e| {
+                e.split_once('=')
+                    .map(|(n, d)| (n.to_string(), d.to_string()))
+                    .with_context(|| format!("OFFGNN_BENCH_DATASETS entry {e}: want name=dir"))
+            })
+            .collect::<anyhow::Result<_>>()?,
+        (_, Ok(dir)) => vec![("graph".to_string(), dir)],
+        _ => {
+            eprintln!(
+                "OFFGNN_BENCH_DATASETS is not set: nothing to measure (see scripts/bench-sampler)"
+            );
+            return Ok(());
         }
-    } else {
+    };
+    let env_usize = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let n_batches = env_usize("OFFGNN_BENCH_BATCHES", 100);
+    // DGL's rate swings by half between runs here: each figure is the
+    // median of this many ours-then-DGL pairs.
+    let pairs = env_usize("OFFGNN_BENCH_PAIRS", 3).max(1);
+    let python = std::env::var("OFFGNN_DGL_PYTHON").ok();
+    if python.is_none() {
         eprintln!("OFFGNN_DGL_PYTHON is not set: DGL is not measured");
     }
-    let _ = std::fs::remove_file(&seeds_file);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut threads = vec![1];
+    if cores > 1 {
+        threads.push(cores);
+    }
 
-    println!("sampling throughput, fan-out 10,15,20, batch {BATCH}, {n_batches} batches, {path}");
     println!(
-        "  {:<8} {:>7} {:>12} {:>16} {:>18} {:>20}",
-        "system", "threads", "batches/s", "edges/s", "batches/s/core", "edges/s/core"
+        "sampling, fan-out 10,15,20, batch {BATCH}, {n_batches} batches a run, median of {pairs} alternating pairs"
+    );
+    println!(
+        "  {:<10} {:>10} {:>7} {:>16} {:>16} {:>18} {:>18} {:>22}",
+        "graph",
+        "edges/node",
+        "threads",
+        "offgnn batches/s",
+        "dgl batches/s",
+        "offgnn edges/s",
+        "dgl edges/s",
+        "offgnn/dgl (min-max)"
+    );
+    println!(
+        "  {:<10} {:>10} {:>7} {:>16} {:>16} {:>18} {:>18}",
+        "", "", "", "per core", "per core", "per core", "per core"
     );
     let mut json = Vec::new();
-    for (system, m) in &rows {
-        let bps = m.batches as f64 / m.seconds;
-        let eps = m.edges as f64 / m.seconds;
-        println!(
-            "  {system:<8} {:>7} {bps:>12.2} {eps:>16.0} {:>18.2} {:>20.0}",
-            m.threads,
-            bps / m.threads as f64,
-            eps / m.threads as f64
+    for (name, path) in &sets {
+        let ds = Dataset::open(path)?;
+        let started = Instant::now();
+        // The graph the sampler samples: repeated edges kept once (DGL's
+        // side deduplicates too, with dgl.to_simple).
+        let opts = CsrOptions {
+            dedup: true,
+            ..CsrOptions::default()
+        };
+        let csr = Csr::from_edge_list(&ds.edges, opts, |_| {})?;
+        let degree = csr.num_edges() as f64 / csr.num_nodes().max(1) as f64;
+        eprintln!(
+            "{name}: {} nodes, {} edges, CSR built in {:.1} s",
+            csr.num_nodes(),
+            csr.num_edges(),
+            started.elapsed().as_secs_f64()
         );
-        json.push(serde_json::json!({
-            "system": system, "threads": m.threads, "batches": m.batches, "edges": m.edges,
-            "seconds": m.seconds, "batches_per_s": bps, "edges_per_s": eps,
-            "batches_per_s_per_core": bps / m.threads as f64, "edges_per_s_per_core": eps / m.threads as f64,
-        }));
-    }
-    let per_core = |system: &str, threads: usize| {
-        rows.iter()
-            .find(|(s, m)| *s == system && m.threads == threads)
-            .map(|(_, m)| m.batches as f64 / m.seconds / threads as f64)
-    };
-    let mut ratios = serde_json::Map::new();
-    for threads in [1, cores] {
-        if let (Some(a), Some(b)) = (per_core("offgnn", threads), per_core("dgl", threads)) {
+        let batches = seed_batches(csr.num_nodes() as u32, n_batches);
+        let flat: Vec<u64> = batches.iter().flatten().map(|&s| s as u64).collect();
+        let seeds_file =
+            std::env::temp_dir().join(format!("offgnn-bench-seeds-{}.npy", std::process::id()));
+        offgnn_shared::npy::write_i64(&seeds_file, &flat)?;
+        // Warm the page cache and the allocator once before timing.
+        ours(&csr, &batches[..batches.len().min(4)], 1)?;
+        for &t in &threads {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for _ in 0..pairs {
+                a.push(per_core(&ours(&csr, &batches, t)?));
+                if let Some(py) = &python {
+                    b.push(per_core(&dgl(
+                        py,
+                        path,
+                        seeds_file.to_str().unwrap_or_default(),
+                        t,
+                    )?));
+                }
+            }
+            let ratios: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x.0 / y.0).collect();
+            let col = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| {
+                median(&v.iter().map(f).collect::<Vec<_>>())
+            };
+            let (ob, oe) = (col(&a, |x| x.0), col(&a, |x| x.1));
+            let (db, de) = (col(&b, |x| x.0), col(&b, |x| x.1));
+            let (lo, hi) = ratios
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &r| {
+                    (l.min(r), h.max(r))
+                });
             println!(
-                "  offgnn / dgl, batches/s per core at {threads} thread(s): {:.2}x",
-                a / b
+                "  {name:<10} {degree:>10.1} {t:>7} {ob:>16.1} {db:>16.1} {oe:>18.0} {de:>18.0} {:>10.2}x ({lo:.2}-{hi:.2})",
+                median(&ratios)
             );
-            ratios.insert(format!("threads_{threads}"), serde_json::json!(a / b));
+            json.push(serde_json::json!({
+                "graph": name, "dataset": path, "nodes": csr.num_nodes(), "edges": csr.num_edges(),
+                "threads": t, "pairs": pairs, "batches": n_batches,
+                "offgnn_batches_per_s_per_core": ob, "offgnn_edges_per_s_per_core": oe,
+                "dgl_batches_per_s_per_core": db, "dgl_edges_per_s_per_core": de,
+                "ratio_median": median(&ratios), "ratios": ratios,
+            }));
         }
+        let _ = std::fs::remove_file(&seeds_file);
     }
     println!(
         "{}",
-        serde_json::json!({ "bench": "sampling", "dataset": path, "rows": json, "ratio_offgnn_over_dgl_per_core": ratios })
+        serde_json::json!({ "bench": "sampling", "runs": json })
     );
     Ok(())
 }
