@@ -81,23 +81,7 @@ fn fixture() -> Fixture {
     })
     .unwrap();
     let pack_dir = root.join("p");
-    pack(&PackConfig {
-        samples: samples.to_str().unwrap().into(),
-        features: ds.join("data/feat.npy").to_str().unwrap().into(),
-        out: pack_dir.to_str().unwrap().into(),
-        gpu_cache: 200 * 128,
-        cpu_cache: 300 * 128,
-        disk_budget: Budget::Multiple(20.0),
-        memory: 256 << 20,
-        segment_size: Some(3),
-        packing: PackingMode::Batched,
-        disk_cache: DiskCacheMode::Segmented,
-        store_dtype: None,
-        row_order: packer::minhash::RowOrder::DEFAULT,
-        overwrite: false,
-        show_progress: false,
-    })
-    .unwrap();
+    pack_fixture(&root, &pack_dir, None);
     Fixture {
         _dir: dir,
         root,
@@ -105,13 +89,53 @@ fn fixture() -> Fixture {
     }
 }
 
+/// Packs the fixture's samples (`root/s`) into `out`, its rows stored as
+/// `store_dtype` says.
+fn pack_fixture(root: &std::path::Path, out: &std::path::Path, store_dtype: Option<StoreDType>) {
+    pack(&PackConfig {
+        samples: root.join("s").to_str().unwrap().into(),
+        features: root.join("g/data/feat.npy").to_str().unwrap().into(),
+        out: out.to_str().unwrap().into(),
+        gpu_cache: 200 * 128,
+        cpu_cache: 300 * 128,
+        disk_budget: Budget::Multiple(20.0),
+        memory: 256 << 20,
+        segment_size: Some(3),
+        packing: PackingMode::Batched,
+        disk_cache: DiskCacheMode::Segmented,
+        store_dtype,
+        row_order: packer::minhash::RowOrder::DEFAULT,
+        overwrite: false,
+        show_progress: false,
+    })
+    .unwrap();
+}
+
+/// The sources of `features` mode over `layout`.
+fn sources_for(layout: &Layout, e: &IoEngine, features: FeatureMode) -> pipeline::Sources {
+    trainer::train::sources(
+        layout,
+        e,
+        &TrainConfig {
+            features,
+            ..config(ModelKind::Sage)
+        },
+    )
+    .unwrap()
+}
+
 fn engine() -> IoEngine {
     IoEngine::new(IoOptions::default())
 }
 
 fn open(f: &Fixture, engine: &IoEngine) -> Layout {
+    open_at(&f.pack, engine)
+}
+
+/// The layout packed into `dir`.
+fn open_at(dir: &std::path::Path, engine: &IoEngine) -> Layout {
     let (dir, m) = staging::resolve(
-        f.pack.join("manifest.json").to_str().unwrap(),
+        dir.join("manifest.json").to_str().unwrap(),
         None,
         engine,
         false,
@@ -230,17 +254,7 @@ fn feature_modes_agree(e: IoEngine) {
     let layout = open(&f, &e);
     let m = &layout.manifest;
     let refs: Vec<_> = m.schedule.values().flatten().flatten().copied().collect();
-    let make = |features: FeatureMode| {
-        trainer::train::sources(
-            &layout,
-            &e,
-            &TrainConfig {
-                features,
-                ..config(ModelKind::Sage)
-            },
-        )
-        .unwrap()
-    };
+    let make = |features| sources_for(&layout, &e, features);
     let modes = [
         make(FeatureMode::Packed),
         make(FeatureMode::Naive),
@@ -286,43 +300,15 @@ fn half_precision_layouts_feed_the_rounded_features_and_train() {
     let f = fixture();
     let e = engine();
     let full = open(&f, &e);
-    let full_src = trainer::train::sources(&full, &e, &config(ModelKind::Sage)).unwrap();
+    let full_src = sources_for(&full, &e, FeatureMode::Packed);
     for (store, kind) in [
         (StoreDType::F16, tch::Kind::Half),
         (StoreDType::BF16, tch::Kind::BFloat16),
     ] {
         let out = f.root.join(store.name());
-        pack(&PackConfig {
-            samples: f.root.join("s").to_str().unwrap().into(),
-            features: f.root.join("g/data/feat.npy").to_str().unwrap().into(),
-            out: out.to_str().unwrap().into(),
-            gpu_cache: 200 * 128,
-            cpu_cache: 300 * 128,
-            disk_budget: Budget::Multiple(20.0),
-            memory: 256 << 20,
-            segment_size: Some(3),
-            packing: PackingMode::Batched,
-            disk_cache: DiskCacheMode::Segmented,
-            store_dtype: Some(store),
-            row_order: packer::minhash::RowOrder::DEFAULT,
-            overwrite: false,
-            show_progress: false,
-        })
-        .unwrap();
-        let (dir, m) =
-            staging::resolve(out.join("manifest.json").to_str().unwrap(), None, &e, false).unwrap();
-        let layout = Layout::open(&dir, m, &e, false).unwrap();
-        let make = |features: FeatureMode| {
-            trainer::train::sources(
-                &layout,
-                &e,
-                &TrainConfig {
-                    features,
-                    ..config(ModelKind::Sage)
-                },
-            )
-            .unwrap()
-        };
+        pack_fixture(&f.root, &out, Some(store));
+        let layout = open_at(&out, &e);
+        let make = |features| sources_for(&layout, &e, features);
         let (packed, naive) = (make(FeatureMode::Packed), make(FeatureMode::Naive));
         let refs: Vec<_> = layout
             .manifest
