@@ -26,6 +26,10 @@ pub enum Error {
     /// The test hook `interrupt_after` fired: a stand-in for a kill.
     #[error("interrupted after {0} training batches")]
     Interrupted(u64),
+    /// A collective or the process group failed: another rank stopped,
+    /// or the store cannot be reached.
+    #[error("{0}")]
+    Distributed(String),
     #[error(transparent)]
     Device(#[from] crate::device::DeviceError),
     #[error(transparent)]

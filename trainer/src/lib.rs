@@ -3,6 +3,7 @@
 //! parses flags and calls [`run`].
 
 pub mod device;
+pub mod distributed;
 pub mod error;
 pub mod export;
 pub mod inference;

@@ -1,0 +1,533 @@
+//! Data-parallel training on libtorch's own distributed engine, c10d: the
+//! launch as torchrun or srun describes it in the environment, and a safe
+//! wrapper over the process group that csrc/c10d_shim.cpp forms (a
+//! TCPStore at MASTER_ADDR:MASTER_PORT, ProcessGroupGloo on the CPU,
+//! ProcessGroupNCCL on CUDA). No collective or rendezvous of our own: the
+//! launcher and c10d do both.
+//!
+//! How ranks share an epoch ([`deal`]) and combine their steps lives here
+//! too, so that the trainer and its one-process check deal alike.
+
+use std::time::Duration;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+
+/// How this process was launched: its place in the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// torchrun or srun, for messages.
+    pub launcher: &'static str,
+    pub rank: u32,
+    pub world: u32,
+    /// This process's index among the job's processes on its machine: it
+    /// picks the CUDA device, and local rank 0 stages for its machine.
+    pub local_rank: u32,
+    pub master_addr: String,
+    pub master_port: u16,
+    /// Where the store lives: torchrun's agent hosts it (the workers join
+    /// as clients under `/worker/attempt_N`, as torch.distributed's env://
+    /// does), else rank 0 hosts it.
+    pub agent_store: Option<String>,
+}
+
+fn parse<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
+    value.trim().parse().map_err(|_| {
+        Error::InvalidArgument(format!(
+            "{name}={value:?} is not a valid number (set by the launcher; check the job script)"
+        ))
+    })
+}
+
+impl Launch {
+    /// Reads the launch from `env` (the process environment in the binary):
+    /// torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT,
+    /// or srun's SLURM_PROCID, SLURM_STEP_NUM_TASKS (SLURM_NTASKS) and
+    /// SLURM_LOCALID with MASTER_ADDR and MASTER_PORT from the job script.
+    /// `None` when neither launched it: the run is one process, as before.
+    /// A job step of one task under srun is one process too.
+    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>> {
+        let get = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        let (launcher, rank, world, local_rank) = if let Some(rank) = get("RANK") {
+            let world = get("WORLD_SIZE").ok_or_else(|| {
+                Error::InvalidArgument(
+                    "RANK is set but WORLD_SIZE is not: launch with torchrun, which sets both"
+                        .into(),
+                )
+            })?;
+            let local = get("LOCAL_RANK").unwrap_or_else(|| "0".into());
+            (
+                "torchrun",
+                parse::<u32>("RANK", &rank)?,
+                parse::<u32>("WORLD_SIZE", &world)?,
+                parse::<u32>("LOCAL_RANK", &local)?,
+            )
+        } else if let (Some(rank), Some(world)) = (
+            get("SLURM_PROCID"),
+            get("SLURM_STEP_NUM_TASKS").or_else(|| get("SLURM_NTASKS")),
+        ) {
+            let world = parse::<u32>("SLURM_STEP_NUM_TASKS", &world)?;
+            // sbatch's own script is a step of its own: only a step of
+            // several tasks (srun) trains data-parallel.
+            if world <= 1 || get("SLURM_STEP_ID").is_none() {
+                return Ok(None);
+            }
+            let local = get("SLURM_LOCALID").unwrap_or_else(|| "0".into());
+            (
+                "srun",
+                parse::<u32>("SLURM_PROCID", &rank)?,
+                world,
+                parse::<u32>("SLURM_LOCALID", &local)?,
+            )
+        } else {
+            return Ok(None);
+        };
+        if world == 0 || rank >= world {
+            return Err(Error::InvalidArgument(format!(
+                "{launcher} gave rank {rank} of a world of {world}: a rank must be below the world size"
+            )));
+        }
+        let master_addr = get("MASTER_ADDR").ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "launched by {launcher} (rank {rank} of {world}) but MASTER_ADDR is not set: set MASTER_ADDR and MASTER_PORT to rank 0's host and a free port (deploy/slurm/train.sbatch shows how)"
+            ))
+        })?;
+        let port = get("MASTER_PORT").ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "launched by {launcher} (rank {rank} of {world}) but MASTER_PORT is not set"
+            ))
+        })?;
+        let master_port = parse::<u16>("MASTER_PORT", &port)?;
+        let agent_store = (launcher == "torchrun"
+            && get("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Some("True"))
+        .then(|| {
+            format!(
+                "/worker/attempt_{}",
+                get("TORCHELASTIC_RESTART_COUNT").unwrap_or_else(|| "0".into())
+            )
+        });
+        Ok(Some(Launch {
+            launcher,
+            rank,
+            world,
+            local_rank,
+            master_addr,
+            master_port,
+            agent_store,
+        }))
+    }
+
+    /// The device this rank trains on: LOCAL_RANK's GPU when `device` is a
+    /// CUDA device, else `device`.
+    pub fn device(&self, device: Device) -> Device {
+        match device {
+            Device::Cuda(_) => Device::Cuda(self.local_rank as usize),
+            other => other,
+        }
+    }
+}
+
+#[allow(non_camel_case_types)]
+#[repr(C)]
+struct offgnn_c10d_group {
+    _private: [u8; 0],
+}
+
+#[cfg(offgnn_c10d)]
+unsafe extern "C" {
+    fn offgnn_c10d_has_nccl() -> libc::c_int;
+    fn offgnn_c10d_free_string(s: *mut libc::c_char);
+    fn offgnn_c10d_new(
+        host: *const libc::c_char,
+        port: u16,
+        is_server: libc::c_int,
+        prefix: *const libc::c_char,
+        rank: libc::c_int,
+        world: libc::c_int,
+        backend: libc::c_int,
+        timeout_ms: i64,
+        err: *mut *mut libc::c_char,
+    ) -> *mut offgnn_c10d_group;
+    fn offgnn_c10d_free(group: *mut offgnn_c10d_group);
+    fn offgnn_c10d_allreduce_sum(
+        group: *mut offgnn_c10d_group,
+        tensor: *mut libc::c_void,
+        err: *mut *mut libc::c_char,
+    ) -> libc::c_int;
+    fn offgnn_c10d_broadcast(
+        group: *mut offgnn_c10d_group,
+        tensor: *mut libc::c_void,
+        root: libc::c_int,
+        err: *mut *mut libc::c_char,
+    ) -> libc::c_int;
+    fn offgnn_c10d_barrier(
+        group: *mut offgnn_c10d_group,
+        err: *mut *mut libc::c_char,
+    ) -> libc::c_int;
+}
+
+/// Whether this build can form a process group at all, and with NCCL.
+pub fn support() -> (bool, bool) {
+    #[cfg(offgnn_c10d)]
+    {
+        // SAFETY: a constant.
+        (true, unsafe { offgnn_c10d_has_nccl() } != 0)
+    }
+    #[cfg(not(offgnn_c10d))]
+    {
+        (false, false)
+    }
+}
+
+/// A c10d process group of the job's ranks. Collectives block until every
+/// rank has called them (or the group's timeout passes, or a rank's
+/// connection closes: then they fail with libtorch's message).
+pub struct Group {
+    ptr: *mut offgnn_c10d_group,
+    pub rank: u32,
+    pub world: u32,
+    what: String,
+}
+
+// SAFETY: c10d's process groups are used from one thread at a time here
+// (the training loop); moving the handle between threads is what libtorch
+// does itself.
+unsafe impl Send for Group {}
+
+#[cfg(offgnn_c10d)]
+fn take_error(err: *mut libc::c_char) -> String {
+    if err.is_null() {
+        return "unknown error".into();
+    }
+    // SAFETY: the shim returns a NUL-terminated malloc'd string or null.
+    let message = unsafe { std::ffi::CStr::from_ptr(err) }
+        .to_string_lossy()
+        .trim()
+        .to_string();
+    // SAFETY: allocated by the shim with malloc.
+    unsafe { offgnn_c10d_free_string(err) };
+    message
+}
+
+impl Group {
+    /// Joins the job's store and forms the process group: Gloo for the CPU,
+    /// NCCL for CUDA. Waits up to `timeout` for the other ranks.
+    pub fn connect(launch: &Launch, device: Device, timeout: Duration) -> Result<Group> {
+        let backend = if device.is_cuda() { "NCCL" } else { "Gloo" };
+        let what = format!("rank {} of {}", launch.rank, launch.world);
+        #[cfg(offgnn_c10d)]
+        {
+            let host = std::ffi::CString::new(launch.master_addr.clone())
+                .map_err(|_| Error::InvalidArgument("MASTER_ADDR holds a NUL byte".into()))?;
+            let prefix = std::ffi::CString::new(match &launch.agent_store {
+                Some(attempt) => format!("{attempt}/offgnn/"),
+                None => "offgnn/".into(),
+            })
+            .expect("no NUL");
+            let mut err = std::ptr::null_mut();
+            // SAFETY: valid C strings for the call's duration; err is an
+            // out-pointer the shim sets on failure.
+            let ptr = unsafe {
+                offgnn_c10d_new(
+                    host.as_ptr(),
+                    launch.master_port,
+                    (launch.agent_store.is_none() && launch.rank == 0) as libc::c_int,
+                    prefix.as_ptr(),
+                    launch.rank as libc::c_int,
+                    launch.world as libc::c_int,
+                    device.is_cuda() as libc::c_int,
+                    timeout.as_millis().min(i64::MAX as u128) as i64,
+                    &mut err,
+                )
+            };
+            if ptr.is_null() {
+                return Err(Error::Distributed(format!(
+                    "{what}: cannot form the {backend} process group through the store at {}:{}: {}",
+                    launch.master_addr,
+                    launch.master_port,
+                    take_error(err)
+                )));
+            }
+            Ok(Group {
+                ptr,
+                rank: launch.rank,
+                world: launch.world,
+                what,
+            })
+        }
+        #[cfg(not(offgnn_c10d))]
+        {
+            let _ = timeout;
+            Err(Error::Distributed(format!(
+                "{what}: launched by {} but this trainer was built without c10d (Gloo's headers were missing at build time: run scripts/setup, then build again)",
+                launch.launcher
+            )))
+        }
+    }
+
+    #[cfg(offgnn_c10d)]
+    fn call(&self, op: &str, f: impl FnOnce(*mut *mut libc::c_char) -> libc::c_int) -> Result<()> {
+        let mut err = std::ptr::null_mut();
+        if f(&mut err) == 0 {
+            return Ok(());
+        }
+        Err(Error::Distributed(format!(
+            "{}: {op} failed, so another rank stopped or cannot be reached: {}",
+            self.what,
+            take_error(err)
+        )))
+    }
+
+    /// Sums `t` over the ranks, in place: every rank ends with the same
+    /// bits.
+    pub fn all_reduce_sum(&self, t: &Tensor) -> Result<()> {
+        #[cfg(offgnn_c10d)]
+        {
+            let tensor = t.as_ptr() as *mut libc::c_void;
+            // SAFETY: `tensor` is tch's at::Tensor handle, alive for the call.
+            self.call("all-reduce", |err| unsafe {
+                offgnn_c10d_allreduce_sum(self.ptr, tensor, err)
+            })
+        }
+        #[cfg(not(offgnn_c10d))]
+        {
+            let _ = t;
+            unreachable!("no group can be formed in this build")
+        }
+    }
+
+    /// Overwrites `t` with `root`'s, in place.
+    pub fn broadcast(&self, t: &Tensor, root: u32) -> Result<()> {
+        #[cfg(offgnn_c10d)]
+        {
+            let tensor = t.as_ptr() as *mut libc::c_void;
+            // SAFETY: as in all_reduce_sum.
+            self.call("broadcast", |err| unsafe {
+                offgnn_c10d_broadcast(self.ptr, tensor, root as libc::c_int, err)
+            })
+        }
+        #[cfg(not(offgnn_c10d))]
+        {
+            let _ = (t, root);
+            unreachable!("no group can be formed in this build")
+        }
+    }
+
+    /// Waits until every rank reaches it.
+    pub fn barrier(&self) -> Result<()> {
+        #[cfg(offgnn_c10d)]
+        {
+            // SAFETY: the group is alive.
+            self.call("barrier", |err| unsafe {
+                offgnn_c10d_barrier(self.ptr, err)
+            })
+        }
+        #[cfg(not(offgnn_c10d))]
+        unreachable!("no group can be formed in this build")
+    }
+
+    /// Sums `values` over the ranks (float64: exact for counts below 2^53).
+    pub fn sum_f64(&self, values: &[f64], device: Device) -> Result<Vec<f64>> {
+        let t = Tensor::from_slice(values).to_device(device);
+        self.all_reduce_sum(&t)?;
+        Ok(Vec::<f64>::try_from(t.to_device(Device::Cpu))?)
+    }
+
+    /// Gives every rank root's bytes (a length first, then the bytes).
+    pub fn broadcast_bytes(&self, bytes: &[u8], root: u32, device: Device) -> Result<Vec<u8>> {
+        let len = Tensor::from_slice(&[bytes.len() as i64]).to_device(device);
+        self.broadcast(&len, root)?;
+        let n = len.int64_value(&[0]) as usize;
+        let data = if self.rank == root {
+            Tensor::from_slice(bytes)
+        } else {
+            Tensor::zeros([n as i64], (Kind::Uint8, Device::Cpu))
+        }
+        .to_device(device);
+        self.broadcast(&data, root)?;
+        Ok(Vec::<u8>::try_from(data.to_device(Device::Cpu))?)
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        #[cfg(offgnn_c10d)]
+        // SAFETY: made by offgnn_c10d_new, freed once.
+        unsafe {
+            offgnn_c10d_free(self.ptr)
+        };
+    }
+}
+
+/// Rank `rank`'s share of an epoch's `n` batches (positions into the
+/// epoch's order), for a world of `world`: a contiguous run of the order,
+/// so that a rank reads few segments; runs differ in length by at most
+/// one, and a shorter run repeats its first batch so that every rank takes
+/// the same number of steps (as torch's DistributedSampler pads).
+pub fn deal(n: usize, world: usize, rank: usize) -> Vec<usize> {
+    let (q, r) = (n / world, n % world);
+    let start = rank * q + rank.min(r);
+    let len = q + usize::from(rank < r);
+    let steps = q + usize::from(r > 0);
+    let mut share: Vec<usize> = (start..start + len).collect();
+    let mut i = 0;
+    while share.len() < steps && len > 0 {
+        share.push(start + i % len);
+        i += 1;
+    }
+    share
+}
+
+/// Rank `rank`'s part of `n` evaluation batches: the contiguous run of
+/// [`deal`], without padding (each batch is counted once).
+pub fn eval_share(n: usize, world: usize, rank: usize) -> std::ops::Range<usize> {
+    let (q, r) = (n / world, n % world);
+    let start = rank * q + rank.min(r);
+    start..start + q + usize::from(rank < r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn no_launcher_is_one_process() {
+        assert_eq!(Launch::from_env(env(&[])).unwrap(), None);
+        // sbatch's own script (no step of several tasks) is one process.
+        let batch = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4")]);
+        assert_eq!(Launch::from_env(batch).unwrap(), None);
+    }
+
+    #[test]
+    fn torchrun_and_srun_are_read() {
+        let l = Launch::from_env(env(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((l.rank, l.world, l.local_rank), (3, 4, 1));
+        assert_eq!(l.agent_store.as_deref(), Some("/worker/attempt_2"));
+        assert_eq!(l.device(Device::Cuda(0)), Device::Cuda(1));
+        assert_eq!(l.device(Device::Cpu), Device::Cpu);
+        let l = Launch::from_env(env(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_STEP_NUM_TASKS", "2"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_LOCALID", "0"),
+            ("MASTER_ADDR", "node1"),
+            ("MASTER_PORT", "29500"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((l.launcher, l.rank, l.world), ("srun", 1, 2));
+        assert_eq!(l.agent_store, None);
+    }
+
+    #[test]
+    fn a_bad_launch_is_refused_by_name() {
+        let e = Launch::from_env(env(&[("RANK", "0"), ("WORLD_SIZE", "2")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("MASTER_ADDR"), "{e}");
+        let e = Launch::from_env(env(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("rank 2 of a world of 2"), "{e}");
+        let e = Launch::from_env(env(&[("RANK", "x"), ("WORLD_SIZE", "2")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("RANK=\"x\""), "{e}");
+    }
+
+    #[test]
+    fn dealing_covers_every_batch_once_in_equal_steps() {
+        for n in 0..40 {
+            for world in 1..6 {
+                let shares: Vec<Vec<usize>> = (0..world).map(|r| deal(n, world, r)).collect();
+                let steps = shares[0].len();
+                assert!(shares.iter().all(|s| s.len() == steps || n < world));
+                let mut seen: Vec<usize> =
+                    (0..world).flat_map(|r| eval_share(n, world, r)).collect();
+                seen.sort();
+                assert_eq!(seen, (0..n).collect::<Vec<_>>());
+                for (r, s) in shares.iter().enumerate() {
+                    let own = eval_share(n, world, r);
+                    assert!(s.iter().all(|i| own.contains(i)), "{n} {world} {r}");
+                }
+            }
+        }
+        assert_eq!(deal(5, 2, 0), vec![0, 1, 2]);
+        assert_eq!(deal(5, 2, 1), vec![3, 4, 3]);
+        assert_eq!(deal(4, 1, 0), vec![0, 1, 2, 3]);
+    }
+
+    /// Two ranks in one process, on two threads, over loopback: the
+    /// collectives are libtorch's Gloo, and they agree.
+    #[cfg(offgnn_c10d)]
+    #[test]
+    fn two_ranks_reduce_broadcast_and_meet() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let ranks: Vec<_> = (0..2u32)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let launch = Launch {
+                        launcher: "torchrun",
+                        rank,
+                        world: 2,
+                        local_rank: rank,
+                        master_addr: "127.0.0.1".into(),
+                        master_port: port,
+                        agent_store: None,
+                    };
+                    let g = Group::connect(&launch, Device::Cpu, Duration::from_secs(60)).unwrap();
+                    let t = Tensor::from_slice(&[1.0f32, 2.0]) * (rank as f64 + 1.0);
+                    g.all_reduce_sum(&t).unwrap();
+                    let b = Tensor::from_slice(&[rank as i64 * 10 + 7]);
+                    g.broadcast(&b, 1).unwrap();
+                    g.barrier().unwrap();
+                    let bytes = g
+                        .broadcast_bytes(if rank == 0 { b"hello" } else { b"" }, 0, Device::Cpu)
+                        .unwrap();
+                    let sums = g.sum_f64(&[rank as f64, 1.5], Device::Cpu).unwrap();
+                    (
+                        Vec::<f32>::try_from(t).unwrap(),
+                        b.int64_value(&[0]),
+                        bytes,
+                        sums,
+                    )
+                })
+            })
+            .collect();
+        for r in ranks {
+            let (t, b, bytes, sums) = r.join().unwrap();
+            assert_eq!(t, vec![3.0, 6.0]);
+            assert_eq!(b, 17);
+            assert_eq!(bytes, b"hello");
+            assert_eq!(sums, vec![1.0, 3.0]);
+        }
+    }
+}
