@@ -6,6 +6,7 @@
 //! mini-batch; `run.json` written last as the commit point). Sampling itself:
 //! [`neighbor_sampling`]; planning, threads, shards and commit: [`sample_run`].
 
+pub mod array_job;
 pub mod dataset_tools;
 pub mod memory;
 pub mod neighbor_sampling;
@@ -29,7 +30,10 @@ Examples:
   sampler inspect --dataset data/cora
 
   # Sample mini-batches for 2 epochs into an object store:
-  sampler --dataset data/cora --out s3://bucket/cora/samples --fanout 10,15,20 --batch-size 1024 --epochs 2";
+  sampler --dataset data/cora --out s3://bucket/cora/samples --fanout 10,15,20 --batch-size 1024 --epochs 2
+
+  # The same as 8 tasks of a Slurm job array (each finds its shard in SLURM_ARRAY_*):
+  sbatch --array=0-7 --wrap 'sampler --dataset data/cora --out s3://bucket/cora/samples --epochs 2'";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -78,11 +82,20 @@ pub struct SampleArgs {
     /// Sampling threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// This process's shard, 0-based; with --num-shards.
-    #[arg(long, default_value_t = 0)]
-    pub shard: u32,
-    #[arg(long, default_value_t = 1)]
-    pub num_shards: u32,
+    /// This process's shard, 0-based, of --num-shards. Default: the index
+    /// of the array-job task this runs as: JOB_COMPLETION_INDEX (Kubernetes
+    /// Indexed Job), AWS_BATCH_JOB_ARRAY_INDEX (AWS Batch array job),
+    /// SLURM_ARRAY_TASK_ID less SLURM_ARRAY_TASK_MIN (Slurm job array);
+    /// else 0. Give both flags to override an array job's own.
+    #[arg(long)]
+    pub shard: Option<u32>,
+    /// Shards the run is split into; the last shard to finish commits.
+    /// Default: OFFGNN_NUM_SHARDS, or the array's size
+    /// (AWS_BATCH_JOB_ARRAY_SIZE, SLURM_ARRAY_TASK_COUNT); else 1. A
+    /// Kubernetes Indexed Job does not tell its pods its completions: set
+    /// OFFGNN_NUM_SHARDS to them.
+    #[arg(long)]
+    pub num_shards: Option<u32>,
     /// Replace a committed run at --out.
     #[arg(long)]
     pub overwrite: bool,
@@ -243,6 +256,12 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
     let (Some(dataset), Some(out)) = (args.dataset, args.out) else {
         anyhow::bail!("--dataset and --out are required (see sampler --help)");
     };
+    let shards = array_job::resolve(args.shard, args.num_shards, &|name| {
+        std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+    })?;
+    if let Some(line) = shards.log_line() {
+        tracing::info!("{line}");
+    }
     let cfg = sample_run::SampleConfig {
         dataset,
         out,
@@ -253,8 +272,8 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
         threads: args
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-        shard: args.shard,
-        num_shards: args.num_shards,
+        shard: shards.shard,
+        num_shards: shards.num_shards,
         overwrite: args.overwrite,
         batches_per_file: args.batches_per_file,
         csr: offgnn_shared::topology::CsrOptions {
