@@ -7,6 +7,7 @@ mod faults;
 mod full_disk;
 mod s3;
 mod signals;
+mod slurm;
 
 use offgnn_e2e::{cora_dir, run, run_with_env};
 

@@ -1,0 +1,218 @@
+//! The sampler's shards as a real Slurm job array (issue 18): four tasks of
+//! `sbatch --array=0-3` run the sampler with no --shard or --num-shards, so
+//! Slurm's SLURM_ARRAY_TASK_* variables choose each task's shard, and the
+//! run the last of them commits is byte for byte the one-process run.
+//! `scripts/test` starts a one-node cluster on localhost (`scripts/slurm-local`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use offgnn_e2e::{binary, run};
+use offgnn_shared::samples::RunSummary;
+use offgnn_shared::store::Store;
+
+/// How long the array may take, queueing included, before the test gives
+/// up and cancels it (it takes about 15 s on 2 cores).
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// Whether a Slurm controller answers here; under `OFFGNN_REQUIRE_SLURM=1`
+/// (as `scripts/test` sets) one that does not fails the test.
+fn slurm_answers() -> bool {
+    let answers = Command::new("squeue")
+        .arg("--noheader")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !answers {
+        assert!(
+            std::env::var("OFFGNN_REQUIRE_SLURM").as_deref() != Ok("1"),
+            "OFFGNN_REQUIRE_SLURM=1 but no Slurm controller answers squeue: run scripts/slurm-local"
+        );
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "e2e: no Slurm here (sbatch or its controller missing): the Slurm array test did NOT run"
+        );
+    }
+    answers
+}
+
+/// Every file a committed samples run names, by its name within the run
+/// (without the run id), with its bytes.
+fn committed_files(out: &Path) -> (RunSummary, BTreeMap<String, Vec<u8>>) {
+    let store = Store::open(out.to_str().expect("a UTF-8 path")).unwrap();
+    let run = RunSummary::read(&store).unwrap();
+    let prefix = format!("samples/{}/", run.run_id);
+    let files = run
+        .files
+        .iter()
+        .map(|f| {
+            let name = f.object.name.strip_prefix(&prefix).unwrap_or_else(|| {
+                panic!("{} is not under {prefix}", f.object.name);
+            });
+            let bytes = std::fs::read(out.join(&f.object.name)).unwrap();
+            assert_eq!(bytes.len() as u64, f.object.size, "{}", f.object.name);
+            (name.to_string(), bytes)
+        })
+        .collect();
+    (run, files)
+}
+
+#[test]
+fn slurm_array_shards_commit_the_one_process_run() {
+    if !slurm_answers() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ds = offgnn_e2e::generate(
+        dir.path(),
+        &[
+            "--nodes",
+            "3000",
+            "--feature-dim",
+            "4",
+            "--classes",
+            "4",
+            "--train-fraction",
+            "0.3",
+            "--seed",
+            "18",
+        ],
+    );
+    // 2 epochs of 900 training seeds in batches of 64, 2 batches a file:
+    // 8 train files an epoch, and valid and test beside, dealt to 4 shards.
+    let sampling = |out: &Path| -> Vec<String> {
+        [
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--epochs",
+            "2",
+            "--batch-size",
+            "64",
+            "--batches-per-file",
+            "2",
+            "--fanout",
+            "3,4",
+            "--seed",
+            "7",
+            "--threads",
+            "1",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+
+    let single = dir.path().join("single");
+    let args = sampling(&single);
+    let r = run(
+        "sampler",
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    assert!(r.status.success(), "one-process run: {}", r.stderr);
+
+    // The job script runs the built binary alone: nothing of cargo's
+    // environment is needed. No --shard or --num-shards: Slurm's array
+    // variables give them.
+    let sharded = dir.path().join("sharded");
+    let script = dir.path().join("sample.sbatch");
+    let command: Vec<String> = std::iter::once(binary("sampler").display().to_string())
+        .chain(sampling(&sharded))
+        .map(|a| format!("'{a}'"))
+        .collect();
+    std::fs::write(&script, format!("#!/bin/sh\nexec {}\n", command.join(" "))).unwrap();
+    let job_name = format!("offgnn-e2e-{}", std::process::id());
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let mut sbatch = Command::new("sbatch")
+        .args(["--array=0-3", "--wait", "--cpus-per-task=1", "--time=5"])
+        .arg(format!("--job-name={job_name}"))
+        .arg(format!("--chdir={}", dir.path().display()))
+        .arg(format!("--output={}/task-%a.out", logs.display()))
+        .arg(format!("--error={}/task-%a.err", logs.display()))
+        .arg(&script)
+        // The tasks say which shard Slurm gave them.
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sbatch starts");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = sbatch.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = sbatch.kill();
+            let _ = Command::new("scancel")
+                .arg(format!("--name={job_name}"))
+                .status();
+            let queue = Command::new("squeue").output().unwrap();
+            let nodes = Command::new("sinfo").output().unwrap();
+            panic!(
+                "the array did not finish in {DEADLINE:?}; cancelled it. squeue:\n{}\nsinfo:\n{}",
+                String::from_utf8_lossy(&queue.stdout),
+                String::from_utf8_lossy(&nodes.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let task_log = |task: u32, ext: &str| {
+        std::fs::read_to_string(logs.join(format!("task-{task}.{ext}"))).unwrap_or_default()
+    };
+    let all_logs = || {
+        (0..4)
+            .map(|t| format!("task {t}:\n{}", task_log(t, "err")))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(
+        status.success(),
+        "sbatch --array=0-3 --wait: {status}\n{}",
+        all_logs()
+    );
+
+    // Each task took its shard from Slurm, and exactly one (the last to
+    // finish) committed.
+    let mut committed = 0;
+    for task in 0..4 {
+        let said = format!(
+            "Slurm array job: shard {task} of 4 (SLURM_ARRAY_TASK_ID={task}, SLURM_ARRAY_TASK_COUNT=4)"
+        );
+        assert!(
+            task_log(task, "err").contains(&said),
+            "{said}:\n{}",
+            all_logs()
+        );
+        let stdout = task_log(task, "out");
+        let summary: serde_json::Value =
+            serde_json::from_str(stdout.lines().last().unwrap_or_default())
+                .unwrap_or_else(|e| panic!("task {task}'s summary ({e}): {stdout}"));
+        assert_eq!(summary["shard"]["shard"], task);
+        assert_eq!(summary["shard"]["num_shards"], 4);
+        assert!(
+            !summary["shard"]["files"].as_array().unwrap().is_empty(),
+            "task {task} sampled no file"
+        );
+        committed += usize::from(summary["committed"] == true);
+    }
+    assert_eq!(committed, 1, "{}", all_logs());
+
+    let (one, one_files) = committed_files(&single);
+    let (four, four_files) = committed_files(&sharded);
+    assert_eq!((one.num_shards, four.num_shards), (1, 4));
+    assert_eq!(four.shards.len(), 4);
+    assert_eq!(four.counts, one.counts);
+    assert_eq!(four.params, one.params);
+    assert_eq!(
+        four_files.keys().collect::<Vec<_>>(),
+        one_files.keys().collect::<Vec<_>>()
+    );
+    for (name, bytes) in &one_files {
+        assert!(four_files[name] == *bytes, "{name} differs");
+    }
+}
