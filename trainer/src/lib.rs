@@ -268,6 +268,18 @@ pub struct TrainArgs {
     /// Train at most this many batches per epoch (for quick checks).
     #[arg(long, hide = true)]
     pub max_batches: Option<usize>,
+    /// Launched by torchrun or srun: how long a rank waits for the others
+    /// (to join, and at each collective) before it gives up, in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub dist_timeout: u64,
+    /// One process standing in for N data-parallel ranks: each step trains
+    /// every rank's batch and averages their gradients by hand (the check
+    /// of a torchrun run).
+    #[arg(long, hide = true)]
+    pub emulate_ranks: Option<u32>,
+    /// Write the parameters after every step under DIR/rank<R>/ (tests).
+    #[arg(long, hide = true)]
+    pub trace_params: Option<PathBuf>,
 }
 
 /// Keeps memory that libtorch frees for its next tensors. By default glibc
@@ -319,7 +331,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     use anyhow::Context;
+    let launch = distributed::Launch::from_env(|k| std::env::var(k).ok())?;
     let device = device::parse_device(&a.device)?;
+    let device = launch.as_ref().map_or(device, |l| l.device(device));
     // Flags are checked before anything is read or staged.
     let kind = match a.model {
         Model::Sage => model::ModelKind::Sage,
@@ -373,6 +387,33 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         .manifest
         .clone()
         .ok_or_else(|| anyhow::anyhow!("--manifest is required (see trainer --help)"))?;
+    if launch.is_some() && a.emulate_ranks.is_some() {
+        anyhow::bail!(
+            "--emulate-ranks stands in for a launch by torchrun or srun; it cannot run under one"
+        );
+    }
+    if a.emulate_ranks == Some(0) || a.dist_timeout == 0 {
+        anyhow::bail!("--emulate-ranks and --dist-timeout must be at least 1");
+    }
+    // Joined before staging: local rank 0 stages for its machine while the
+    // others wait at a barrier.
+    let group = launch
+        .as_ref()
+        .map(|l| {
+            tracing::info!(
+                "rank {} of {} (local rank {}), launched by {}: joining the store at {}:{}",
+                l.rank,
+                l.world,
+                l.local_rank,
+                l.launcher,
+                l.master_addr,
+                l.master_port
+            );
+            distributed::Group::connect(l, device, std::time::Duration::from_secs(a.dist_timeout))
+        })
+        .transpose()?;
+    let writer = group.as_ref().is_none_or(|g| g.rank == 0);
+    let stages_first = launch.as_ref().is_none_or(|l| l.local_rank == 0);
     tracing::info!("training on {device:?}");
     let engine = offgnn_shared::io_engine::IoEngine::new(offgnn_shared::io_engine::IoOptions {
         rings: a.io_rings,
@@ -380,8 +421,23 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         force_pread: a.pread,
         ..Default::default()
     });
-    let (dir, manifest) = staging::resolve(&location, a.local_dir.as_deref(), &engine, true)
-        .with_context(|| format!("reading {}", offgnn_shared::store::redact(&location)))?;
+    let stage = || {
+        staging::resolve(&location, a.local_dir.as_deref(), &engine, writer)
+            .with_context(|| format!("reading {}", offgnn_shared::store::redact(&location)))
+    };
+    let staged = if stages_first { Some(stage()) } else { None };
+    if let Some(g) = &group {
+        // Local rank 0 staged this machine's copy (or failed: then the
+        // barrier fails for the others when it exits).
+        if let Some(Err(e)) = &staged {
+            anyhow::bail!("{e:#}");
+        }
+        g.barrier()?;
+    }
+    let (dir, manifest) = match staged {
+        Some(s) => s?,
+        None => stage()?,
+    };
     let layout = layout::Layout::open(&dir, manifest, &engine, true)?;
     let m = &layout.manifest;
     let cfg = train::TrainConfig {
@@ -410,7 +466,7 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         checkpoint_dir: a.checkpoint_dir,
         resume: a.resume,
         overwrite: a.overwrite,
-        show_progress: true,
+        show_progress: writer,
         max_batches: a.max_batches,
         checkpoint_every: a.checkpoint_every,
         interrupt_after: None,
@@ -446,8 +502,21 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
             human_bytes(memory.activation_bytes),
         );
     }
-    let summary = train::train(&layout, &engine, &cfg)?;
-    report::summary(&summary, &memory);
+    let ranks = match (&group, a.emulate_ranks) {
+        (Some(g), _) => train::Ranks::Group(g),
+        (None, Some(n)) => train::Ranks::Emulated(n),
+        (None, None) => train::Ranks::One,
+    };
+    let summary = train::train_ranks(&layout, &engine, &cfg, ranks, a.trace_params.as_deref())?;
+    if writer {
+        report::summary(&summary, &memory);
+    } else {
+        tracing::info!(
+            "rank {} of {} done; rank 0 reports the run",
+            group.as_ref().map_or(0, |g| g.rank),
+            summary.world_size
+        );
+    }
     Ok(())
 }
 

@@ -394,6 +394,12 @@ impl Adam {
         });
     }
 
+    /// The parameters it updates, sorted by name (handles to the model's
+    /// own tensors).
+    pub fn params(&self) -> &[(String, Tensor)] {
+        &self.params
+    }
+
     /// The optimizer state as named tensors.
     pub fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = vec![("adam.step".to_string(), Tensor::from(self.step))];

@@ -59,6 +59,20 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
         ("memory (stated peak)", human_bytes(memory.total_bytes)),
     ];
     let mut rows = rows;
+    if s.world_size > 1 {
+        let steps: u64 = s.epochs.iter().map(|e| e.batches).sum::<u64>() / s.world_size as u64;
+        let seconds: f64 = s.epochs.iter().map(|e| e.allreduce_seconds).sum();
+        let bytes: u64 = s.epochs.iter().map(|e| e.allreduce_bytes).sum();
+        rows.push((
+            "data-parallel",
+            format!(
+                "{} ranks; rank 0's gradient all-reduce {:.2} ms a step, {} a step",
+                s.world_size,
+                1e3 * seconds / steps.max(1) as f64,
+                human_bytes(bytes / steps.max(1))
+            ),
+        ));
+    }
     for w in &s.exports {
         rows.push((
             "export",

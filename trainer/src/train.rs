@@ -26,6 +26,7 @@ use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor, nn};
 
+use crate::distributed::{self, Group};
 use crate::error::{Error, Result};
 use crate::export;
 use crate::layout::Layout;
@@ -115,6 +116,12 @@ pub struct EpochMetrics {
     pub train_acc: f64,
     pub valid_acc: f64,
     pub test_acc: f64,
+    /// Data-parallel runs: seconds this rank spent in the gradient
+    /// all-reduce, and the bytes of gradients it reduced (each step's).
+    #[serde(default)]
+    pub allreduce_seconds: f64,
+    #[serde(default)]
+    pub allreduce_bytes: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -157,6 +164,56 @@ pub struct TrainSummary {
     pub exports: Vec<export::Written>,
     /// The batch dump written, if asked.
     pub dump: Option<PathBuf>,
+    /// Ranks that trained data-parallel (1: one process).
+    pub world_size: u32,
+}
+
+/// How this process takes part in training.
+#[derive(Clone, Copy)]
+pub enum Ranks<'a> {
+    /// One process, alone.
+    One,
+    /// One rank of a c10d process group: it trains its share of every
+    /// epoch, and gradients are averaged over the group before each step.
+    Group(&'a Group),
+    /// One process standing in for this many ranks: each step trains every
+    /// rank's batch of that step and averages their gradients by hand. The
+    /// check that a data-parallel run computes what it should.
+    Emulated(u32),
+}
+
+impl Ranks<'_> {
+    pub fn world(&self) -> u32 {
+        match self {
+            Ranks::One => 1,
+            Ranks::Group(g) => g.world,
+            Ranks::Emulated(n) => *n,
+        }
+    }
+
+    /// The ranks whose batches this process trains.
+    fn local(&self) -> Vec<u32> {
+        match self {
+            Ranks::One => vec![0],
+            Ranks::Group(g) => vec![g.rank],
+            Ranks::Emulated(n) => (0..*n).collect(),
+        }
+    }
+
+    /// Whether this process writes metrics, checkpoints and exports.
+    pub fn writer(&self) -> bool {
+        match self {
+            Ranks::Group(g) => g.rank == 0,
+            _ => true,
+        }
+    }
+
+    fn group(&self) -> Option<&Group> {
+        match self {
+            Ranks::Group(g) => Some(g),
+            _ => None,
+        }
+    }
 }
 
 /// What a checkpoint records besides tensors. `checkpoint.json` is the
@@ -182,6 +239,9 @@ struct CheckpointMeta {
     /// What else fixes the run's results: a resume must keep them.
     #[serde(default)]
     hyper: Option<Hyper>,
+    /// The data-parallel ranks that trained it (absent: one process).
+    #[serde(default)]
+    world_size: Option<u32>,
 }
 
 /// The settings besides the model's shape that a resumed run must share
@@ -415,6 +475,7 @@ fn resume(
     adam: &mut Adam,
     cfg: &TrainConfig,
     m: &offgnn_manifests::Manifest,
+    world: u32,
 ) -> Result<Start> {
     let meta_path = dir.join(META);
     if !meta_path.exists() {
@@ -445,6 +506,13 @@ fn resume(
     {
         return Err(Error::Checkpoint(format!(
             "{}: the checkpoint was trained on another layout (other samples or dataset)",
+            dir.display()
+        )));
+    }
+    let saved_world = meta.world_size.unwrap_or(1);
+    if saved_world != world {
+        return Err(Error::Checkpoint(format!(
+            "{}: the checkpoint was taken by a run of {saved_world} rank(s), and this run has {world}: ranks are dealt their shares of each epoch by the world size, so resume with {saved_world} (torchrun --nproc-per-node, or srun --ntasks), or start a new run with --overwrite",
             dir.display()
         )));
     }
@@ -559,52 +627,116 @@ fn best_of(
     }))
 }
 
-/// Trains as configured on an opened layout.
+/// Trains as configured on an opened layout, as one process.
 pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<TrainSummary> {
-    let m = &layout.manifest;
-    let schedule = m
-        .schedule
-        .get("train")
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| Error::Layout("the layout has no training batches".into()))?;
-    let eval_sets: Vec<(&str, Vec<BatchRef>)> = ["valid", "test"]
+    train_ranks(layout, engine, cfg, Ranks::One, None)
+}
+
+/// The positions into epoch `t`'s order (of `n` batches) that `rank` trains,
+/// one per step. One process trains the whole order (shuffled past the
+/// sampled epochs by [`epoch_order`]); ranks of a larger world are dealt
+/// contiguous shares of the sampled order ([`distributed::deal`]), each
+/// shuffled on its own past the sampled epochs.
+fn rank_positions(
+    n: usize,
+    world: u32,
+    rank: u32,
+    t: u32,
+    sampled: usize,
+    seed: u64,
+) -> Vec<usize> {
+    if world == 1 {
+        return (0..n).collect();
+    }
+    let mut share = distributed::deal(n, world as usize, rank as usize);
+    if t as usize >= sampled {
+        let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(
+            seed ^ (0x0E90_C000 + t as u64) ^ ((rank as u64 + 1) << 40),
+        );
+        share.shuffle(&mut rng);
+    }
+    share
+}
+
+/// The flattened gradients of `params` (zeros where a parameter has none),
+/// with `flags` after them.
+fn flat_grads(params: &[(String, Tensor)], flags: &[f32]) -> Tensor {
+    let mut parts: Vec<Tensor> = params
         .iter()
-        .map(|s| {
-            (
-                *s,
-                m.schedule
-                    .get(*s)
-                    .and_then(|e| e.first())
-                    .cloned()
-                    .unwrap_or_default(),
-            )
+        .map(|(_, p)| {
+            let g = p.grad();
+            if g.defined() {
+                g.flatten(0, -1)
+            } else {
+                p.zeros_like().flatten(0, -1)
+            }
         })
         .collect();
-    if cfg.checkpoint_every == Some(0) {
-        return Err(Error::InvalidArgument(
-            "--checkpoint-every must be at least 1".into(),
-        ));
-    }
-    // One run at a time writes a checkpoint directory: held until this
-    // run ends, so a second trainer on it is refused before it writes.
-    let _held = cfg
-        .checkpoint_dir
-        .as_deref()
-        .map(|dir| {
-            offgnn_shared::commit::hold_dir(
-                dir,
-                "another trainer is writing checkpoints here; wait for it to end or choose another --checkpoint-dir",
-            )
-        })
-        .transpose()?;
-    tch::manual_seed(cfg.seed as i64);
-    let vs = nn::VarStore::new(cfg.device);
-    let net = model::build(&vs.root(), &cfg.model);
-    let mut adam = Adam::new(&vs, cfg.lr);
-    let src = sources(layout, engine, cfg)?;
+    parts.push(Tensor::from_slice(flags).to_device(params[0].1.device()));
+    Tensor::cat(&parts, 0)
+}
 
+/// Writes the parameters after step `step` to `dir/rank{rank}/` (the
+/// data-parallel test compares ranks bit for bit, and against a run that
+/// averages the ranks' gradients by hand).
+fn trace_params(dir: &Path, rank: u32, epoch: u32, step: u64, adam: &Adam) -> Result<()> {
+    let dir = dir.join(format!("rank{rank}"));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(dir.display(), e))?;
+    let path = dir.join(format!("e{epoch:03}-s{step:06}.safetensors"));
+    let named: Vec<(String, Tensor)> = adam
+        .params()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_device(Device::Cpu)))
+        .collect();
+    Tensor::write_safetensors(&named, &path)
+        .map_err(|e| Error::Checkpoint(format!("writing {}: {e}", path.display())))
+}
+
+/// Running sums that ranks add up: an epoch's figures, or a checkpoint's.
+fn summed(p: &EpochProgress, ranks: Ranks, device: Device) -> Result<EpochProgress> {
+    let Some(g) = ranks.group() else {
+        return Ok(p.clone());
+    };
+    let v = g.sum_f64(
+        &[
+            p.loss_sum,
+            p.correct as f64,
+            p.seen as f64,
+            p.disk_bytes as f64,
+            p.disk_rows_bytes as f64,
+            p.tiers[0] as f64,
+            p.tiers[1] as f64,
+            p.tiers[2] as f64,
+        ],
+        if device.is_cuda() {
+            device
+        } else {
+            Device::Cpu
+        },
+    )?;
+    Ok(EpochProgress {
+        loss_sum: v[0],
+        correct: v[1] as i64,
+        seen: v[2] as i64,
+        disk_bytes: v[3] as u64,
+        disk_rows_bytes: v[4] as u64,
+        tiers: [v[5] as u64, v[6] as u64, v[7] as u64],
+        ..p.clone()
+    })
+}
+
+/// Where training starts, as rank 0 decides it: refusals before any work
+/// (a checkpoint or metrics file not to be replaced, an export target), the
+/// checkpoint resumed. The other ranks only learn the outcome.
+fn start_of(
+    cfg: &TrainConfig,
+    vs: &nn::VarStore,
+    adam: &mut Adam,
+    m: &offgnn_manifests::Manifest,
+    world: u32,
+) -> Result<Start> {
     let start = match (&cfg.checkpoint_dir, cfg.resume) {
-        (Some(dir), true) => resume(dir, &vs, &mut adam, cfg, m)?,
+        (Some(dir), true) => resume(dir, vs, adam, cfg, m, world)?,
         (None, true) => {
             return Err(Error::InvalidArgument(
                 "--resume needs --checkpoint-dir".into(),
@@ -635,10 +767,142 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
         // Refused before any training, not after it.
         export::check_target(&x.location, x.overwrite)?;
     }
+    Ok(start)
+}
+
+/// Gives every rank rank 0's start: whether it could start at all, then
+/// where (epoch, batch), then its parameters and optimizer state, as
+/// DistributedDataParallel broadcasts a model at its start.
+fn share_start(
+    g: &Group,
+    decided: Result<Start>,
+    adam: &mut Adam,
+    device: Device,
+) -> Result<Start> {
+    let wire = if device.is_cuda() {
+        device
+    } else {
+        Device::Cpu
+    };
+    let header = match &decided {
+        Ok(s) => vec![
+            1,
+            s.history.len() as i64,
+            s.in_epoch.as_ref().map_or(-1, |p| p.batches as i64),
+        ],
+        Err(_) => vec![0, 0, -1],
+    };
+    let h = Tensor::from_slice(&header).to_device(wire);
+    g.broadcast(&h, 0)?;
+    let header = Vec::<i64>::try_from(h.to_device(Device::Cpu))?;
+    if header[0] == 0 {
+        return match decided {
+            Err(e) => Err(e),
+            Ok(_) => Err(Error::Distributed(format!(
+                "rank {} of {}: rank 0 could not start the run; its message says why",
+                g.rank, g.world
+            ))),
+        };
+    }
+    tch::no_grad(|| -> Result<()> {
+        for (_, p) in adam.params() {
+            g.broadcast(p, 0)?;
+        }
+        for (name, t) in adam.state() {
+            if name == "adam.step" {
+                continue;
+            }
+            g.broadcast(&t, 0)?;
+        }
+        Ok(())
+    })?;
+    let step = Tensor::from_slice(&[adam.step]).to_device(wire);
+    g.broadcast(&step, 0)?;
+    adam.step = step.int64_value(&[0]);
+    match decided {
+        Ok(s) if g.rank == 0 => Ok(s),
+        _ => Ok(Start {
+            history: vec![EpochMetrics::default(); header[1] as usize],
+            in_epoch: (header[2] >= 0).then(|| EpochProgress {
+                batches: header[2] as u64,
+                ..Default::default()
+            }),
+            resumed_from: (header[1] > 0 || header[2] > 0)
+                .then_some((header[1] as u32, header[2].max(0) as u64)),
+            best: None,
+        }),
+    }
+}
+
+/// Trains as configured on an opened layout, as `ranks` says: one process,
+/// one rank of a data-parallel group, or one process standing in for
+/// several ranks. `trace` writes every step's parameters there.
+pub fn train_ranks(
+    layout: &Layout,
+    engine: &IoEngine,
+    cfg: &TrainConfig,
+    ranks: Ranks,
+    trace: Option<&Path>,
+) -> Result<TrainSummary> {
+    let m = &layout.manifest;
+    let schedule = m
+        .schedule
+        .get("train")
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| Error::Layout("the layout has no training batches".into()))?;
+    let eval_sets: Vec<(&str, Vec<BatchRef>)> = ["valid", "test"]
+        .iter()
+        .map(|s| {
+            (
+                *s,
+                m.schedule
+                    .get(*s)
+                    .and_then(|e| e.first())
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+        })
+        .collect();
+    if cfg.checkpoint_every == Some(0) {
+        return Err(Error::InvalidArgument(
+            "--checkpoint-every must be at least 1".into(),
+        ));
+    }
+    let world = ranks.world();
+    let writer = ranks.writer();
+    let local = ranks.local();
+    // One run at a time writes a checkpoint directory: held until this
+    // run ends, so a second trainer on it is refused before it writes.
+    let _held = cfg
+        .checkpoint_dir
+        .as_deref()
+        .filter(|_| writer)
+        .map(|dir| {
+            offgnn_shared::commit::hold_dir(
+                dir,
+                "another trainer is writing checkpoints here; wait for it to end or choose another --checkpoint-dir",
+            )
+        })
+        .transpose()?;
+    tch::manual_seed(cfg.seed as i64);
+    let vs = nn::VarStore::new(cfg.device);
+    let net = model::build(&vs.root(), &cfg.model);
+    let mut adam = Adam::new(&vs, cfg.lr);
+    let src = sources(layout, engine, cfg)?;
+
+    let decided = if writer {
+        start_of(cfg, &vs, &mut adam, m, world)
+    } else {
+        Ok(Start::fresh())
+    };
+    let start = match ranks.group() {
+        Some(g) => share_start(g, decided, &mut adam, cfg.device)?,
+        None => decided?,
+    };
     let mut history = start.history;
     let mut best_so_far = start.best;
     let mut in_epoch = start.in_epoch;
-    let mut metrics_file = match &cfg.metrics {
+    let mut metrics_file = match cfg.metrics.as_ref().filter(|_| writer) {
         Some(p) => Some(
             std::fs::OpenOptions::new()
                 .create(true)
@@ -653,7 +917,7 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
 
     let mut trained_here = 0u64;
     let first_epoch = history.len() as u32;
-    if cfg.epochs as usize > schedule.len() {
+    if cfg.epochs as usize > schedule.len() && writer {
         tracing::info!(
             "{} epochs over {} sampled: epochs {}..{} reuse the sampled batches, in a new order each epoch",
             cfg.epochs,
@@ -662,17 +926,39 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
             cfg.epochs - 1
         );
     }
+    let wire = if cfg.device.is_cuda() {
+        cfg.device
+    } else {
+        Device::Cpu
+    };
     for t in first_epoch..cfg.epochs {
         let started = Instant::now();
-        let (sampled, mut order) = epoch_order(schedule, t, cfg.seed);
+        let (sampled, mut order) = if world == 1 {
+            epoch_order(schedule, t, cfg.seed)
+        } else {
+            let sampled = t % schedule.len() as u32;
+            (sampled, schedule[sampled as usize].clone())
+        };
         if let Some(k) = cfg.max_batches {
             order.truncate(k);
         }
+        // Each local rank's positions into `order`, one per step.
+        let shares: Vec<Vec<usize>> = local
+            .iter()
+            .map(|&r| rank_positions(order.len(), world, r, t, schedule.len(), cfg.seed))
+            .collect();
+        let steps = shares.first().map_or(0, Vec::len);
         let mut p = in_epoch.take().unwrap_or_default();
-        let skip = (p.batches as usize).min(order.len());
-        let pb = if cfg.show_progress {
-            let pb =
-                offgnn_shared::progress::bar(order.len() as u64, &format!("epoch {t}"), "batches");
+        let skip = (p.batches as usize).min(steps);
+        // The batches in the order this process trains them: step by step,
+        // each local rank's batch of the step.
+        let mine: Vec<(BatchRef, usize)> = (skip..steps)
+            .flat_map(|s| shares.iter().map(move |share| share[s]))
+            .map(|pos| (order[pos], pos))
+            .collect();
+        let refs: Vec<BatchRef> = mine.iter().map(|(b, _)| *b).collect();
+        let pb = if cfg.show_progress && writer {
+            let pb = offgnn_shared::progress::bar(steps as u64, &format!("epoch {t}"), "steps");
             pb.set_position(skip as u64);
             pb
         } else {
@@ -680,24 +966,95 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
         };
         let times_before = p.stage_busy.clone();
         let seconds_before = p.train_seconds;
+        let mut k = 0usize;
+        let mut nonfinite: Option<f64> = None;
+        let (mut reduce_seconds, mut reduce_bytes) = (0f64, 0u64);
         let times = pipeline::run_batches(
             layout,
             engine,
             &src,
-            &order[skip..],
+            &refs,
             cfg.pipeline_options(),
             |r: Ready| {
-                tch::manual_seed(batch_seed(cfg.seed, t, p.batches));
+                let j = k % local.len();
+                let position = mine[k].1;
+                k += 1;
+                if j == 0 {
+                    adam.zero_grad();
+                }
+                // Dropout draws follow the batch's place in the epoch's
+                // order, whichever rank trains it.
+                tch::manual_seed(batch_seed(cfg.seed, t, position as u64));
                 let logits = net.forward(&r.x, &r.blocks, true);
                 let loss = logits.cross_entropy_for_logits(&r.labels);
                 let value = loss.double_value(&[]);
+                if value.is_finite() {
+                    loss.backward();
+                    p.loss_sum += value;
+                } else {
+                    nonfinite.get_or_insert(value);
+                }
+                let (c, n) = accuracy(&logits, &r.labels);
+                p.correct += c;
+                p.seen += n;
+                p.disk_bytes += r.disk_bytes;
+                p.disk_rows_bytes += r.disk_rows * src.load.row_bytes as u64;
+                for (a, b) in p.tiers.iter_mut().zip(r.tiers) {
+                    *a += b;
+                }
+                if j + 1 < local.len() {
+                    return Ok(());
+                }
+                // The step: every rank's gradient of it, averaged.
+                let signal = offgnn_shared::signals::received();
+                let mut diverged = nonfinite.is_some();
+                let mut stop = signal.is_some();
+                match ranks {
+                    Ranks::One => {}
+                    Ranks::Emulated(n) => tch::no_grad(|| {
+                        for (_, w) in adam.params() {
+                            let mut g = w.grad();
+                            if g.defined() {
+                                let _ = g.divide_scalar_(n as f64);
+                            }
+                        }
+                    }),
+                    Ranks::Group(g) => {
+                        let reduce_started = Instant::now();
+                        let params = adam.params();
+                        let flat = flat_grads(
+                            params,
+                            &[f32::from(u8::from(diverged)), f32::from(u8::from(stop))],
+                        );
+                        g.all_reduce_sum(&flat)?;
+                        let n = flat.size()[0];
+                        let flags =
+                            Vec::<f32>::try_from(flat.narrow(0, n - 2, 2).to_device(Device::Cpu))?;
+                        diverged = flags[0] > 0.0;
+                        stop = flags[1] > 0.0;
+                        tch::no_grad(|| {
+                            let flat = flat.divide_scalar(world as f64);
+                            let mut offset = 0;
+                            for (_, w) in params {
+                                let len = w.numel() as i64;
+                                let mut g = w.grad();
+                                if g.defined() {
+                                    g.copy_(&flat.narrow(0, offset, len).view_as(&g));
+                                }
+                                offset += len;
+                            }
+                        });
+                        reduce_seconds += reduce_started.elapsed().as_secs_f64();
+                        reduce_bytes += (n as u64) * 4;
+                    }
+                }
                 // A diverged run stops before the step that would spread
                 // NaN into every parameter; the last checkpoint stays.
-                if !value.is_finite() {
+                if diverged {
                     return Err(Error::Diverged {
                         epoch: t,
                         batch: p.batches,
-                        loss: value,
+                        loss: nonfinite.unwrap_or(f64::NAN),
                         kept: cfg
                             .checkpoint_dir
                             .as_ref()
@@ -705,61 +1062,63 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
                             .map(|d| d.display().to_string()),
                     });
                 }
-                adam.zero_grad();
-                loss.backward();
                 adam.step();
-                p.loss_sum += value;
-                let (c, n) = accuracy(&logits, &r.labels);
-                p.correct += c;
-                p.seen += n;
                 p.batches += 1;
-                p.disk_bytes += r.disk_bytes;
-                p.disk_rows_bytes += r.disk_rows * src.load.row_bytes as u64;
-                for (a, b) in p.tiers.iter_mut().zip(r.tiers) {
-                    *a += b;
-                }
                 pb.inc(1);
                 trained_here += 1;
+                if let Some(dir) = trace {
+                    for &rank in &local[..1] {
+                        trace_params(dir, rank, t, p.batches, &adam)?;
+                    }
+                }
                 if let (Some(dir), Some(every)) = (&cfg.checkpoint_dir, cfg.checkpoint_every)
                     && p.batches % every == 0
-                    && (p.batches as usize) < order.len()
+                    && (p.batches as usize) < steps
                 {
                     p.train_seconds = seconds_before + started.elapsed().as_secs_f64();
-                    let state = State {
-                        vs: &vs,
-                        adam: &adam,
-                        best: best_so_far.as_ref(),
-                    };
-                    save_checkpoint(dir, &state, cfg, m, &history, Some(&p))?;
+                    let all = summed(&p, ranks, wire)?;
+                    if writer {
+                        let state = State {
+                            vs: &vs,
+                            adam: &adam,
+                            best: best_so_far.as_ref(),
+                        };
+                        save_checkpoint(dir, &state, cfg, m, &history, Some(&all), world)?;
+                    }
                 }
                 if cfg.interrupt_after == Some(trained_here) {
                     return Err(Error::Interrupted(trained_here));
                 }
-                // SIGINT or SIGTERM: stop at this batch boundary, keeping a
-                // checkpoint of it when there is a checkpoint directory. (At
-                // the epoch's last batch the epoch ends first and its own
-                // checkpoint is kept, below.)
-                if let Some(signal) = offgnn_shared::signals::received()
-                    && (p.batches as usize) < order.len()
-                {
+                // SIGINT or SIGTERM (on any rank): stop at this step's
+                // boundary, keeping a checkpoint of it when there is a
+                // checkpoint directory. (At the epoch's last step the epoch
+                // ends first and its own checkpoint is kept, below.)
+                if stop && (p.batches as usize) < steps {
                     let kept = match &cfg.checkpoint_dir {
                         Some(dir) => {
                             p.train_seconds = seconds_before + started.elapsed().as_secs_f64();
-                            let state = State {
-                                vs: &vs,
-                                adam: &adam,
-                                best: best_so_far.as_ref(),
-                            };
-                            save_checkpoint(dir, &state, cfg, m, &history, Some(&p))?;
+                            let all = summed(&p, ranks, wire)?;
+                            if writer {
+                                let state = State {
+                                    vs: &vs,
+                                    adam: &adam,
+                                    best: best_so_far.as_ref(),
+                                };
+                                save_checkpoint(dir, &state, cfg, m, &history, Some(&all), world)?;
+                            }
                             format!(
-                                "checkpoint of that batch written to {}; run again with --resume to continue",
+                                "checkpoint of that step written to {}; run again with --resume to continue",
                                 dir.display()
                             )
                         }
                         None => "no --checkpoint-dir, so nothing of this run was kept".into(),
                     };
                     return Err(Error::Stopped(format!(
-                        "stopped by {signal} at epoch {t}, batch {}: {kept}",
+                        "stopped by {} at epoch {t}, batch {}: {kept}",
+                        signal.map_or_else(
+                            || "a signal to another rank".to_string(),
+                            |s| s.to_string()
+                        ),
                         p.batches
                     )));
                 }
@@ -767,10 +1126,11 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
             },
         )?;
         pb.finish_and_clear();
+        let all = summed(&p, ranks, wire)?;
         let mut e = EpochMetrics {
             epoch: t,
             sampled_epoch: sampled,
-            batches: p.batches,
+            batches: p.batches * world as u64,
             ..Default::default()
         };
         e.train_seconds = seconds_before + started.elapsed().as_secs_f64();
@@ -780,31 +1140,40 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
             graph: times_before.graph + times.graph,
             model: times_before.model + times.model,
         };
-        e.loss = p.loss_sum / p.batches.max(1) as f64;
-        e.train_acc = p.correct as f64 / p.seen.max(1) as f64;
-        e.disk_bytes = p.disk_bytes;
-        e.disk_rows_bytes = p.disk_rows_bytes;
-        e.read_amplification = if p.disk_rows_bytes == 0 {
+        e.loss = all.loss_sum / e.batches.max(1) as f64;
+        e.train_acc = all.correct as f64 / all.seen.max(1) as f64;
+        e.disk_bytes = all.disk_bytes;
+        e.disk_rows_bytes = all.disk_rows_bytes;
+        e.read_amplification = if all.disk_rows_bytes == 0 {
             1.0
         } else {
-            p.disk_bytes as f64 / p.disk_rows_bytes as f64
+            all.disk_bytes as f64 / all.disk_rows_bytes as f64
         };
-        let total: u64 = p.tiers.iter().sum::<u64>().max(1);
+        let total: u64 = all.tiers.iter().sum::<u64>().max(1);
         (e.hit_gpu, e.hit_cpu, e.hit_disk) = (
-            p.tiers[0] as f64 / total as f64,
-            p.tiers[1] as f64 / total as f64,
-            p.tiers[2] as f64 / total as f64,
+            all.tiers[0] as f64 / total as f64,
+            all.tiers[1] as f64 / total as f64,
+            all.tiers[2] as f64 / total as f64,
         );
+        e.allreduce_seconds = reduce_seconds;
+        e.allreduce_bytes = reduce_bytes;
 
         let eval_started = Instant::now();
         for (name, refs) in &eval_sets {
             let (mut c, mut n) = (0i64, 0i64);
+            // Each rank evaluates its part; one process all of them.
+            let part = match ranks.group() {
+                Some(g) => {
+                    &refs[distributed::eval_share(refs.len(), world as usize, g.rank as usize)]
+                }
+                None => &refs[..],
+            };
             tch::no_grad(|| {
                 pipeline::run_batches(
                     layout,
                     engine,
                     &src,
-                    refs,
+                    part,
                     cfg.pipeline_options(),
                     |r: Ready| {
                         let (cc, nn) = accuracy(&net.forward(&r.x, &r.blocks, false), &r.labels);
@@ -814,6 +1183,10 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
                     },
                 )
             })?;
+            if let Some(g) = ranks.group() {
+                let v = g.sum_f64(&[c as f64, n as f64], wire)?;
+                (c, n) = (v[0] as i64, v[1] as i64);
+            }
             let acc = c as f64 / n.max(1) as f64;
             if *name == "valid" {
                 e.valid_acc = acc
@@ -827,7 +1200,7 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
             let line = serde_json::to_string(&e).expect("metrics serialize");
             writeln!(f, "{line}").map_err(|err| Error::io("metrics", err))?;
         }
-        if cfg.show_progress {
+        if cfg.show_progress && writer {
             crate::report::epoch_row(&e);
         }
         // Ties keep the earlier epoch, as the summary's pick does.
@@ -842,17 +1215,24 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
             });
         }
         history.push(e);
-        if let Some(dir) = &cfg.checkpoint_dir {
+        if let Some(dir) = cfg.checkpoint_dir.as_ref().filter(|_| writer) {
             let state = State {
                 vs: &vs,
                 adam: &adam,
                 best: best_so_far.as_ref(),
             };
-            save_checkpoint(dir, &state, cfg, m, &history, None)?;
+            save_checkpoint(dir, &state, cfg, m, &history, None, world)?;
         }
-        if let Some(signal) = offgnn_shared::signals::received() {
+        // A signal to any rank stops every rank after this epoch.
+        let signal = offgnn_shared::signals::received();
+        let stop = match ranks.group() {
+            Some(g) => g.sum_f64(&[f64::from(u8::from(signal.is_some()))], wire)?[0] > 0.0,
+            None => signal.is_some(),
+        };
+        if stop {
             return Err(Error::Stopped(format!(
-                "stopped by {signal} after epoch {t}: {}",
+                "stopped by {} after epoch {t}: {}",
+                signal.map_or_else(|| "a signal to another rank".to_string(), |s| s.to_string()),
                 match &cfg.checkpoint_dir {
                     Some(dir) => format!(
                         "checkpoint of that epoch written to {}; run again with --resume to continue",
@@ -878,7 +1258,7 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
     let rest: Vec<f64> = history.iter().skip(1).map(|e| e.wall_seconds).collect();
     let mut exports = Vec::new();
     let mut dump = None;
-    if cfg.export.is_some() || cfg.dump.is_some() {
+    if writer && (cfg.export.is_some() || cfg.dump.is_some()) {
         let best = best_so_far.filter(|b| b.epoch == best_epoch).ok_or_else(|| {
             Error::Checkpoint(format!(
                 "the parameters of the best epoch ({best_epoch}) are not in the checkpoint this run resumed from (an older trainer wrote it); export the last epoch with `trainer export --last`"
@@ -953,6 +1333,7 @@ pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Tr
         resumed_from: start.resumed_from,
         exports,
         dump,
+        world_size: world,
     })
 }
 
@@ -1100,6 +1481,7 @@ fn save_checkpoint(
     m: &offgnn_manifests::Manifest,
     history: &[EpochMetrics],
     in_epoch: Option<&EpochProgress>,
+    world: u32,
 ) -> Result<()> {
     let State { vs, adam, best } = *state;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
@@ -1169,6 +1551,7 @@ fn save_checkpoint(
         best_epoch: best.map(|b| b.epoch),
         feature_dtype: m.dataset.feature_dtype.clone(),
         hyper: Some(Hyper::of(cfg)),
+        world_size: (world > 1).then_some(world),
     };
     let meta_tmp = dir.join(format!("{META}.partial"));
     let body = serde_json::to_vec_pretty(&meta).expect("checkpoint metadata serializes");
