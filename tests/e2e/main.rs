@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod concurrency;
+mod distributed;
 mod export;
 mod faults;
 mod full_disk;

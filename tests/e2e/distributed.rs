@@ -1,0 +1,274 @@
+//! Data-parallel training on c10d's Gloo over loopback, launched by the
+//! `torchrun` of the project's .venv (issue 18): ranks agree bit for bit
+//! after every step, and with one process that averages the ranks'
+//! gradients by hand on the same batches; a killed rank stops the others
+//! with a clear error, and the run resumes under torchrun.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use offgnn_e2e::{Run, binary, run, workspace};
+
+fn torchrun() -> PathBuf {
+    let t = workspace().join(".venv/bin/torchrun");
+    assert!(
+        t.exists(),
+        "{} is missing: scripts/setup installs torch into .venv",
+        t.display()
+    );
+    t
+}
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// `torchrun --nproc-per-node=N --no-python trainer ARGS`.
+fn launch(ranks: u32, args: &[&str]) -> Run {
+    let out = Command::new(torchrun())
+        .arg(format!("--nproc-per-node={ranks}"))
+        .args(["--master-addr", "127.0.0.1", "--master-port"])
+        .arg(free_port().to_string())
+        .arg("--no-python")
+        .arg(binary("trainer"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("torchrun starts");
+    Run {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The traced parameters of one step, by name.
+fn params(path: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let data = view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            (name, data)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn traced(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn two_gloo_ranks_agree_bit_for_bit_and_with_hand_averaged_gradients() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = super::cora_pack(dir.path());
+    let trace = dir.path().join("ranks");
+    let hand = dir.path().join("hand");
+    let common = [
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--epochs",
+        "2",
+        "--hidden",
+        "32",
+        "--seed",
+        "5",
+    ];
+    let mut args = common.to_vec();
+    args.extend(["--trace-params", trace.to_str().unwrap()]);
+    let r = launch(2, &args);
+    assert!(r.status.success(), "{}", r.stderr);
+    let s = r.json()["summary"].clone();
+    assert_eq!(s["world_size"], 2);
+    // Rank 0 alone printed the summary.
+    assert_eq!(r.stdout.matches("\"command\":\"train\"").count(), 1);
+
+    let mut args = common.to_vec();
+    args.extend([
+        "--emulate-ranks",
+        "2",
+        "--trace-params",
+        hand.to_str().unwrap(),
+    ]);
+    let h = run("trainer", &args);
+    assert!(h.status.success(), "{}", h.stderr);
+
+    let steps = traced(&trace.join("rank0"));
+    assert!(steps.len() >= 8, "{steps:?}");
+    assert_eq!(steps, traced(&trace.join("rank1")));
+    assert_eq!(steps, traced(&hand.join("rank0")));
+    let mut worst = 0f32;
+    for step in &steps {
+        let a = std::fs::read(trace.join("rank0").join(step)).unwrap();
+        let b = std::fs::read(trace.join("rank1").join(step)).unwrap();
+        assert!(a == b, "ranks differ after {step}");
+        for ((name, x), (_, y)) in params(&trace.join("rank0").join(step))
+            .iter()
+            .zip(params(&hand.join("rank0").join(step)))
+        {
+            let d = x
+                .iter()
+                .zip(&y)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0f32, f32::max);
+            assert!(d <= 1e-6, "{name} after {step}: off by {d}");
+            worst = worst.max(d);
+        }
+    }
+    eprintln!(
+        "{} steps: ranks bit-identical, at most {worst:e} from the hand-averaged run",
+        steps.len()
+    );
+    let (d, e) = (&s["epochs"], &h.json()["summary"]["epochs"]);
+    assert!(d[1]["loss"].as_f64() < d[0]["loss"].as_f64(), "{d}");
+    for k in 0..2 {
+        for key in ["loss", "valid_acc", "test_acc"] {
+            let (x, y) = (d[k][key].as_f64().unwrap(), e[k][key].as_f64().unwrap());
+            assert!((x - y).abs() < 1e-4, "epoch {k} {key}: {x} vs {y}");
+        }
+    }
+}
+
+#[test]
+fn ranks_learn_as_one_process_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = super::cora_pack(dir.path());
+    let common = [
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--epochs",
+        "12",
+        "--seed",
+        "1",
+    ];
+    let two = launch(2, &common);
+    assert!(two.status.success(), "{}", two.stderr);
+    let one = run("trainer", &common);
+    assert!(one.status.success(), "{}", one.stderr);
+    let acc = |r: &Run| {
+        r.json()["summary"]["test_acc_at_best_valid"]
+            .as_f64()
+            .unwrap()
+    };
+    let (a2, a1) = (acc(&two), acc(&one));
+    eprintln!("Cora test accuracy at best validation: 2 ranks {a2:.4}, one process {a1:.4}");
+    assert!(a2 > 0.75, "{a2}");
+    assert!(
+        (a2 - a1).abs() < 0.04,
+        "2 ranks {a2} against one process {a1}"
+    );
+}
+
+#[test]
+fn a_killed_rank_stops_the_other_and_the_run_resumes_under_torchrun() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = super::cora_pack(dir.path());
+    let ckpt = dir.path().join("ckpt");
+    let port = free_port().to_string();
+    let args = [
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--epochs",
+        "1000",
+        "--hidden",
+        "32",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--dist-timeout",
+        "60",
+    ];
+    // The two ranks as torchrun starts them, without torchrun, so that
+    // what the survivor does is the trainer's own.
+    let mut ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            Command::new(binary("trainer"))
+                .args(args)
+                .envs([
+                    ("RANK", rank.to_string()),
+                    ("LOCAL_RANK", rank.to_string()),
+                    ("WORLD_SIZE", "2".into()),
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", port.clone()),
+                    ("RUST_LOG", "warn".into()),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let started = Instant::now();
+    while !ckpt.join("checkpoint.json").exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no checkpoint within 2 minutes"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ranks[1].kill().unwrap();
+    ranks[1].wait().unwrap();
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(status) = ranks[0].try_wait().unwrap() {
+            break status;
+        }
+        if killed.elapsed() > Duration::from_secs(60) {
+            let _ = ranks[0].kill();
+            panic!("rank 0 did not stop within 60 s of rank 1's death");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    use std::io::Read;
+    ranks[0]
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    eprintln!(
+        "rank 0 stopped {:.2} s after rank 1 was killed: {}",
+        killed.elapsed().as_secs_f64(),
+        stderr.trim()
+    );
+    assert!(!status.success());
+    assert!(
+        stderr.contains("rank 0 of 2") && stderr.contains("another rank stopped"),
+        "{stderr}"
+    );
+
+    // One process cannot continue a run of two.
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("checkpoint.json")).unwrap()).unwrap();
+    let done = meta["epoch"].as_u64().unwrap();
+    let epochs = (done + 2).to_string();
+    let mut resume = args.to_vec();
+    resume[3] = &epochs;
+    resume.push("--resume");
+    let r = run("trainer", &resume);
+    assert!(!r.status.success());
+    assert!(r.stderr.contains("2 rank(s)"), "{}", r.stderr);
+
+    // torchrun with two ranks continues it.
+    let r = launch(2, &resume);
+    assert!(r.status.success(), "{}", r.stderr);
+    let s = &r.json()["summary"];
+    assert_eq!(s["resumed_from"][0].as_u64(), Some(done), "{s}");
+    assert_eq!(s["epochs"].as_array().unwrap().len() as u64, done + 2);
+}
