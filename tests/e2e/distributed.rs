@@ -272,3 +272,89 @@ fn a_killed_rank_stops_the_other_and_the_run_resumes_under_torchrun() {
     assert_eq!(s["resumed_from"][0].as_u64(), Some(done), "{s}");
     assert_eq!(s["epochs"].as_array().unwrap().len() as u64, done + 2);
 }
+
+/// A layout served over HTTP, trained by two ranks that stand for two
+/// machines (one rank each, their own --local-dir): each machine stages
+/// only the segments its rank reads, and between them they stage all.
+#[test]
+fn each_machine_stages_only_the_segments_its_ranks_read() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = super::cora_pack(dir.path());
+    let mut server = Command::new("python3")
+        .arg(workspace().join("tests/support/http_range_server.py"))
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 starts");
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .strip_prefix("port ")
+        .expect("a port")
+        .to_string();
+    let url = format!("http://127.0.0.1:{port}/pack/manifest.json");
+    let master = free_port().to_string();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let stage = dir.path().join(format!("machine{rank}"));
+            let child = Command::new(binary("trainer"))
+                .args(["--manifest", &url, "--epochs", "2", "--local-dir"])
+                .arg(&stage)
+                .envs([
+                    ("RANK", rank.to_string()),
+                    ("WORLD_SIZE", "2".into()),
+                    ("LOCAL_RANK", "0".into()),
+                    ("LOCAL_WORLD_SIZE", "1".into()),
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", master.clone()),
+                    ("RUST_LOG", "warn".into()),
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (stage, child)
+        })
+        .collect();
+    let outs: Vec<_> = ranks
+        .into_iter()
+        .map(|(stage, child)| (stage, child.wait_with_output().unwrap()))
+        .collect();
+    let _ = server.kill();
+    let _ = server.wait();
+    for (_, o) in &outs {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(manifest).unwrap()).unwrap();
+    let segments = m["segments"].as_array().unwrap();
+    let mut staged_by_any = vec![false; segments.len()];
+    for (stage, _) in &outs {
+        let here: Vec<usize> = (0..segments.len())
+            .filter(|&i| stage.join(segments[i]["object"].as_str().unwrap()).exists())
+            .collect();
+        assert!(
+            here.len() < segments.len(),
+            "{} staged every segment",
+            stage.display()
+        );
+        for i in here {
+            staged_by_any[i] = true;
+        }
+    }
+    assert!(staged_by_any.iter().all(|&s| s), "{staged_by_any:?}");
+    let r = Run {
+        status: outs[0].1.status,
+        stdout: String::from_utf8_lossy(&outs[0].1.stdout).into_owned(),
+        stderr: String::new(),
+    };
+    let share = &r.json()["summary"]["machine_share"];
+    eprintln!("machine 0 reads {share}");
+    assert!(
+        share["bytes"].as_u64() < share["of_bytes"].as_u64(),
+        "{share}"
+    );
+}

@@ -24,6 +24,9 @@ pub struct Launch {
     /// This process's index among the job's processes on its machine: it
     /// picks the CUDA device, and local rank 0 stages for its machine.
     pub local_rank: u32,
+    /// The job's processes on this machine (ranks `rank - local_rank` on,
+    /// as torchrun and srun's block distribution number them).
+    pub local_world: u32,
     pub master_addr: String,
     pub master_port: u16,
     /// Where the store lives: torchrun's agent hosts it (the workers join
@@ -49,7 +52,7 @@ impl Launch {
     /// A job step of one task under srun is one process too.
     pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>> {
         let get = |name: &str| env(name).filter(|v| !v.trim().is_empty());
-        let (launcher, rank, world, local_rank) = if let Some(rank) = get("RANK") {
+        let (launcher, rank, world, local_rank, local_world) = if let Some(rank) = get("RANK") {
             let world = get("WORLD_SIZE").ok_or_else(|| {
                 Error::InvalidArgument(
                     "RANK is set but WORLD_SIZE is not: launch with torchrun, which sets both"
@@ -57,11 +60,17 @@ impl Launch {
                 )
             })?;
             let local = get("LOCAL_RANK").unwrap_or_else(|| "0".into());
+            let world = parse::<u32>("WORLD_SIZE", &world)?;
+            let local_world = match get("LOCAL_WORLD_SIZE") {
+                Some(v) => parse::<u32>("LOCAL_WORLD_SIZE", &v)?,
+                None => world,
+            };
             (
                 "torchrun",
                 parse::<u32>("RANK", &rank)?,
-                parse::<u32>("WORLD_SIZE", &world)?,
+                world,
                 parse::<u32>("LOCAL_RANK", &local)?,
+                local_world,
             )
         } else if let (Some(rank), Some(world)) = (
             get("SLURM_PROCID"),
@@ -74,16 +83,28 @@ impl Launch {
                 return Ok(None);
             }
             let local = get("SLURM_LOCALID").unwrap_or_else(|| "0".into());
+            let node = get("SLURM_NODEID").unwrap_or_else(|| "0".into());
+            let local_world = match get("SLURM_STEP_TASKS_PER_NODE") {
+                Some(v) => tasks_on_node(&v, parse::<u32>("SLURM_NODEID", &node)?).ok_or_else(
+                    || {
+                        Error::InvalidArgument(format!(
+                            "SLURM_STEP_TASKS_PER_NODE={v:?} does not say how many tasks node {node} runs"
+                        ))
+                    },
+                )?,
+                None => world,
+            };
             (
                 "srun",
                 parse::<u32>("SLURM_PROCID", &rank)?,
                 world,
                 parse::<u32>("SLURM_LOCALID", &local)?,
+                local_world,
             )
         } else {
             return Ok(None);
         };
-        if world == 0 || rank >= world {
+        if world == 0 || rank >= world || local_rank >= local_world || local_rank > rank {
             return Err(Error::InvalidArgument(format!(
                 "{launcher} gave rank {rank} of a world of {world}: a rank must be below the world size"
             )));
@@ -112,10 +133,17 @@ impl Launch {
             rank,
             world,
             local_rank,
+            local_world: local_world.min(world - (rank - local_rank)),
             master_addr,
             master_port,
             agent_store,
         }))
+    }
+
+    /// The ranks that run on this machine.
+    pub fn machine_ranks(&self) -> std::ops::Range<u32> {
+        let first = self.rank - self.local_rank;
+        first..first + self.local_world
     }
 
     /// The device this rank trains on: LOCAL_RANK's GPU when `device` is a
@@ -126,6 +154,26 @@ impl Launch {
             other => other,
         }
     }
+}
+
+/// The tasks node `node` runs, from Slurm's compressed list of tasks per
+/// node: "2(x3),1" is nodes 0-2 with 2 tasks each, then node 3 with 1.
+fn tasks_on_node(list: &str, node: u32) -> Option<u32> {
+    let mut first = 0u32;
+    for part in list.split(',') {
+        let (tasks, repeat) = match part.split_once("(x") {
+            Some((t, r)) => (
+                t.trim().parse().ok()?,
+                r.trim_end_matches(')').parse().ok()?,
+            ),
+            None => (part.trim().parse().ok()?, 1u32),
+        };
+        if node < first + repeat {
+            return Some(tasks);
+        }
+        first += repeat;
+    }
+    None
 }
 
 #[allow(non_camel_case_types)]
@@ -418,10 +466,12 @@ mod tests {
             ("MASTER_PORT", "29500"),
             ("TORCHELASTIC_USE_AGENT_STORE", "True"),
             ("TORCHELASTIC_RESTART_COUNT", "2"),
+            ("LOCAL_WORLD_SIZE", "2"),
         ]))
         .unwrap()
         .unwrap();
         assert_eq!((l.rank, l.world, l.local_rank), (3, 4, 1));
+        assert_eq!(l.machine_ranks(), 2..4);
         assert_eq!(l.agent_store.as_deref(), Some("/worker/attempt_2"));
         assert_eq!(l.device(Device::Cuda(0)), Device::Cuda(1));
         assert_eq!(l.device(Device::Cpu), Device::Cpu);
@@ -430,12 +480,18 @@ mod tests {
             ("SLURM_STEP_NUM_TASKS", "2"),
             ("SLURM_STEP_ID", "0"),
             ("SLURM_LOCALID", "0"),
+            ("SLURM_NODEID", "1"),
+            ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
             ("MASTER_ADDR", "node1"),
             ("MASTER_PORT", "29500"),
         ]))
         .unwrap()
         .unwrap();
         assert_eq!((l.launcher, l.rank, l.world), ("srun", 1, 2));
+        assert_eq!(l.machine_ranks(), 1..2);
+        assert_eq!(tasks_on_node("2(x3),1", 2), Some(2));
+        assert_eq!(tasks_on_node("2(x3),1", 3), Some(1));
+        assert_eq!(tasks_on_node("4", 1), None);
         assert_eq!(l.agent_store, None);
     }
 
@@ -499,6 +555,7 @@ mod tests {
                         rank,
                         world: 2,
                         local_rank: rank,
+                        local_world: 2,
                         master_addr: "127.0.0.1".into(),
                         master_port: port,
                         agent_store: None,

@@ -3,6 +3,7 @@
 //! objects opened for the I/O engine, and each table object's index.
 //! Remote layouts are first staged here by [`crate::staging`].
 
+use std::collections::{BTreeSet, HashSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -17,8 +18,11 @@ use crate::error::{Error, Result};
 pub struct Layout {
     pub dir: PathBuf,
     pub manifest: Manifest,
-    pub segments: Vec<IoFile>,
-    tables: Vec<TableFile>,
+    /// Each segment's object and table, opened; `None` for a segment this
+    /// process does not read (a data-parallel rank's machine stages only
+    /// its ranks' segments).
+    segments: Vec<Option<IoFile>>,
+    tables: Vec<Option<TableFile>>,
 }
 
 /// One segment's table object, opened, with the (offset, length) of each
@@ -88,12 +92,44 @@ pub fn check_object(engine: &IoEngine, dir: &Path, o: &Object) -> Result<()> {
     Ok(())
 }
 
+/// The names of the objects of the segments not in `only`: what a machine
+/// whose ranks read only `only` neither stages nor checks.
+pub fn unread_objects(m: &Manifest, only: Option<&BTreeSet<u32>>) -> HashSet<String> {
+    let Some(only) = only else {
+        return HashSet::new();
+    };
+    m.segments
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !only.contains(&(*i as u32)))
+        .flat_map(|(_, s)| [s.object.clone(), s.table.clone()])
+        .collect()
+}
+
 impl Layout {
     /// Opens a local layout, checking every object first.
     pub fn open(dir: &Path, manifest: Manifest, engine: &IoEngine, show: bool) -> Result<Layout> {
-        let total: u64 = manifest.objects.iter().map(|o| o.size).sum();
+        Layout::open_part(dir, manifest, engine, show, None)
+    }
+
+    /// Opens the part of a local layout that segments `only` need (all of
+    /// it for `None`): every object but the other segments' is checked.
+    pub fn open_part(
+        dir: &Path,
+        manifest: Manifest,
+        engine: &IoEngine,
+        show: bool,
+        only: Option<&BTreeSet<u32>>,
+    ) -> Result<Layout> {
+        let skip = unread_objects(&manifest, only);
+        let objects: Vec<&Object> = manifest
+            .objects
+            .iter()
+            .filter(|o| !skip.contains(&o.name))
+            .collect();
+        let total: u64 = objects.iter().map(|o| o.size).sum();
         let pb = offgnn_shared::progress::bytes_bar_if(show, total, "checking");
-        manifest.objects.par_iter().try_for_each(|o| {
+        objects.par_iter().try_for_each(|o| {
             check_object(engine, dir, o)?;
             pb.inc(o.size);
             Ok::<_, Error>(())
@@ -101,8 +137,13 @@ impl Layout {
         pb.finish_and_clear();
         let mut segments = Vec::with_capacity(manifest.segments.len());
         let mut tables = Vec::with_capacity(manifest.segments.len());
-        for s in &manifest.segments {
-            segments.push(engine.open(&dir.join(&s.object))?);
+        for (i, s) in manifest.segments.iter().enumerate() {
+            if only.is_some_and(|only| !only.contains(&(i as u32))) {
+                segments.push(None);
+                tables.push(None);
+                continue;
+            }
+            segments.push(Some(engine.open(&dir.join(&s.object))?));
             let path = dir.join(&s.table);
             let f = File::open(&path).map_err(|e| Error::io(path.display(), e))?;
             let size = f
@@ -125,11 +166,11 @@ impl Layout {
                     s.batches
                 )));
             }
-            tables.push(TableFile {
+            tables.push(Some(TableFile {
                 file: f,
                 path,
                 records: entries,
-            });
+            }));
         }
         Ok(Layout {
             dir: dir.to_path_buf(),
@@ -139,13 +180,32 @@ impl Layout {
         })
     }
 
+    fn not_here(&self, segment: u32) -> Error {
+        Error::Layout(format!(
+            "{}: segment {segment} is not staged here: this machine's ranks do not read it",
+            self.dir.display()
+        ))
+    }
+
+    /// A segment's object, opened for the I/O engine.
+    pub fn segment(&self, segment: u32) -> Result<&IoFile> {
+        self.segments
+            .get(segment as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| self.not_here(segment))
+    }
+
     /// Reads one batch's address table and topology.
     pub fn record(&self, segment: u32, record: u32) -> Result<BatchTable> {
         let TableFile {
             file: f,
             path,
             records,
-        } = &self.tables[segment as usize];
+        } = self
+            .tables
+            .get(segment as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| self.not_here(segment))?;
         let (off, len) = records[record as usize];
         let mut buf = vec![0u8; len as usize];
         f.read_exact_at(&mut buf, off)

@@ -421,8 +421,15 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         force_pread: a.pread,
         ..Default::default()
     });
+    // A rank's machine stages, checks and opens only the segments its
+    // ranks read.
+    let only = |m: &offgnn_manifests::Manifest| {
+        launch
+            .as_ref()
+            .map(|l| train::segments_read(m, l.machine_ranks(), l.world, a.max_batches))
+    };
     let stage = || {
-        staging::resolve(&location, a.local_dir.as_deref(), &engine, writer)
+        staging::resolve_part(&location, a.local_dir.as_deref(), &engine, writer, only)
             .with_context(|| format!("reading {}", offgnn_shared::store::redact(&location)))
     };
     let staged = if stages_first { Some(stage()) } else { None };
@@ -438,7 +445,9 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         Some(s) => s?,
         None => stage()?,
     };
-    let layout = layout::Layout::open(&dir, manifest, &engine, true)?;
+    let only = only(&manifest);
+    let share = only.as_ref().map(|o| train::MachineShare::of(&manifest, o));
+    let layout = layout::Layout::open_part(&dir, manifest, &engine, writer, only.as_ref())?;
     let m = &layout.manifest;
     let cfg = train::TrainConfig {
         model: model::ModelConfig {
@@ -507,7 +516,8 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         (None, Some(n)) => train::Ranks::Emulated(n),
         (None, None) => train::Ranks::One,
     };
-    let summary = train::train_ranks(&layout, &engine, &cfg, ranks, a.trace_params.as_deref())?;
+    let mut summary = train::train_ranks(&layout, &engine, &cfg, ranks, a.trace_params.as_deref())?;
+    summary.machine_share = share;
     if writer {
         report::summary(&summary, &memory);
     } else {

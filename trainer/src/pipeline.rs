@@ -168,7 +168,7 @@ pub fn load(
                 at += table.chunk_len as usize;
             }
             buf.resize(at);
-            let disk_bytes = engine.read(&layout.segments[r.segment as usize], &reqs, &mut buf)?;
+            let disk_bytes = engine.read(layout.segment(r.segment)?, &reqs, &mut buf)?;
             let mut disk = Vec::with_capacity(table.disk_pos.len() + table.packed_pos.len());
             for (&p, &off) in table.disk_pos.iter().zip(&table.disk_offset) {
                 disk.push((p, off as usize));

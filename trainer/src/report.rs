@@ -73,6 +73,18 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
             ),
         ));
     }
+    if let Some(m) = &s.machine_share {
+        rows.push((
+            "this machine reads",
+            format!(
+                "{} of {} segments, {} of the layout's {}",
+                m.segments,
+                m.of_segments,
+                human_bytes(m.bytes),
+                human_bytes(m.of_bytes)
+            ),
+        ));
+    }
     for w in &s.exports {
         rows.push((
             "export",

@@ -2,17 +2,18 @@
 //! parallel ranged GETs, its CRC32C checked, and skipped on a rerun when the
 //! local copy is already whole. The manifest is copied last.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use offgnn_manifests::{MANIFEST, Manifest};
+use offgnn_manifests::{MANIFEST, Manifest, Object};
 use offgnn_shared::io_engine::IoEngine;
 use offgnn_shared::store::Store;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::layout::check_object;
+use crate::layout::{check_object, unread_objects};
 
 const RANGE: u64 = 8 << 20;
 
@@ -23,6 +24,19 @@ pub fn resolve(
     local_dir: Option<&Path>,
     engine: &IoEngine,
     show: bool,
+) -> Result<(PathBuf, Manifest)> {
+    resolve_part(location, local_dir, engine, show, |_| None)
+}
+
+/// [`resolve`], staging only what the segments `only(manifest)` names need
+/// (every segment for `None`): the objects of other segments are left in
+/// the store.
+pub fn resolve_part(
+    location: &str,
+    local_dir: Option<&Path>,
+    engine: &IoEngine,
+    show: bool,
+    only: impl Fn(&Manifest) -> Option<BTreeSet<u32>>,
 ) -> Result<(PathBuf, Manifest)> {
     let (dir, name) = match location.rsplit_once('/') {
         Some((dir, name)) if name.ends_with(".json") => (dir.to_string(), name.to_string()),
@@ -58,15 +72,28 @@ pub fn resolve(
     let origin = format!("{}/{name}", store.url());
     let bytes = store.get(&name)?;
     let manifest = Manifest::parse(&origin, &bytes)?;
-    let total: u64 = manifest.objects.iter().map(|o| o.size).sum();
-    // What is not staged whole yet must fit: refused before any download.
-    let missing: Vec<bool> = manifest
+    let skip = unread_objects(&manifest, only(&manifest).as_ref());
+    let objects: Vec<&Object> = manifest
         .objects
+        .iter()
+        .filter(|o| !skip.contains(&o.name))
+        .collect();
+    let total: u64 = objects.iter().map(|o| o.size).sum();
+    if !skip.is_empty() {
+        tracing::info!(
+            "staging {} of the layout's {} objects: {} of {}; the rest belong to segments this machine's ranks do not read",
+            objects.len(),
+            manifest.objects.len(),
+            offgnn_shared::report::human_bytes(total),
+            offgnn_shared::report::human_bytes(manifest.objects.iter().map(|o| o.size).sum())
+        );
+    }
+    // What is not staged whole yet must fit: refused before any download.
+    let missing: Vec<bool> = objects
         .iter()
         .map(|o| check_object(engine, local, o).is_err())
         .collect();
-    let need: u64 = manifest
-        .objects
+    let need: u64 = objects
         .iter()
         .zip(&missing)
         .filter(|(_, m)| **m)
@@ -84,7 +111,7 @@ pub fn resolve(
         )));
     }
     let pb = offgnn_shared::progress::bytes_bar_if(show, total, "staging");
-    for (o, missing) in manifest.objects.iter().zip(missing) {
+    for (o, missing) in objects.iter().zip(missing) {
         if !missing {
             pb.inc(o.size);
             continue;

@@ -166,6 +166,36 @@ pub struct TrainSummary {
     pub dump: Option<PathBuf>,
     /// Ranks that trained data-parallel (1: one process).
     pub world_size: u32,
+    /// Data-parallel runs: the part of the layout this machine's ranks
+    /// read (and staged, from a remote layout).
+    pub machine_share: Option<MachineShare>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MachineShare {
+    pub segments: u32,
+    pub of_segments: u32,
+    pub bytes: u64,
+    pub of_bytes: u64,
+}
+
+impl MachineShare {
+    pub fn of(m: &offgnn_manifests::Manifest, only: &std::collections::BTreeSet<u32>) -> Self {
+        let skip = crate::layout::unread_objects(m, Some(only));
+        let bytes = |all: bool| {
+            m.objects
+                .iter()
+                .filter(|o| all || !skip.contains(&o.name))
+                .map(|o| o.size)
+                .sum()
+        };
+        MachineShare {
+            segments: only.len() as u32,
+            of_segments: m.segments.len() as u32,
+            bytes: bytes(false),
+            of_bytes: bytes(true),
+        }
+    }
 }
 
 /// How this process takes part in training.
@@ -656,6 +686,33 @@ fn rank_positions(
         share.shuffle(&mut rng);
     }
     share
+}
+
+/// The segments that `ranks` of a world of `world` read in a run: their
+/// shares of every sampled epoch's training batches (later epochs reuse
+/// them) and of the evaluation batches. A machine stages only these.
+pub fn segments_read(
+    m: &offgnn_manifests::Manifest,
+    ranks: std::ops::Range<u32>,
+    world: u32,
+    max_batches: Option<usize>,
+) -> std::collections::BTreeSet<u32> {
+    let mut read = std::collections::BTreeSet::new();
+    for rank in ranks {
+        for epoch in m.schedule.get("train").into_iter().flatten() {
+            let n = max_batches.map_or(epoch.len(), |k| k.min(epoch.len()));
+            for pos in rank_positions(n, world, rank, 0, usize::MAX, 0) {
+                read.insert(epoch[pos].segment);
+            }
+        }
+        for split in ["valid", "test"] {
+            if let Some(refs) = m.schedule.get(split).and_then(|e| e.first()) {
+                let part = distributed::eval_share(refs.len(), world as usize, rank as usize);
+                read.extend(refs[part].iter().map(|b| b.segment));
+            }
+        }
+    }
+    read
 }
 
 /// The flattened gradients of `params` (zeros where a parameter has none),
@@ -1334,6 +1391,7 @@ pub fn train_ranks(
         exports,
         dump,
         world_size: world,
+        machine_share: None,
     })
 }
 
