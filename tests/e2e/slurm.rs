@@ -176,8 +176,9 @@ fn slurm_array_shards_commit_the_one_process_run() {
         all_logs()
     );
 
-    // Each task took its shard from Slurm, and exactly one (the last to
-    // finish) committed.
+    // Each task took its shard from Slurm. The last to finish committed
+    // (two that finish together both find every shard and both commit the
+    // same run); the others found a shard missing and left it to them.
     let mut committed = 0;
     for task in 0..4 {
         let said = format!(
@@ -198,9 +199,17 @@ fn slurm_array_shards_commit_the_one_process_run() {
             !summary["shard"]["files"].as_array().unwrap().is_empty(),
             "task {task} sampled no file"
         );
-        committed += usize::from(summary["committed"] == true);
+        if summary["committed"] == true {
+            committed += 1;
+        } else {
+            assert!(
+                task_log(task, "err").contains("has not finished: not committing yet"),
+                "task {task} neither committed nor waited:\n{}",
+                all_logs()
+            );
+        }
     }
-    assert_eq!(committed, 1, "{}", all_logs());
+    assert!(committed >= 1, "no task committed:\n{}", all_logs());
 
     let (one, one_files) = committed_files(&single);
     let (four, four_files) = committed_files(&sharded);
