@@ -4,7 +4,8 @@
 //!
 //! Output layout and Parquet schema: [`offgnn_shared::samples`] (one row per
 //! mini-batch; `run.json` written last as the commit point). Sampling itself:
-//! [`neighbor_sampling`]; planning, threads, shards and commit: [`sample_run`].
+//! [`neighbor_sampling`]; planning, threads, shards and commit: [`sample_run`];
+//! which shard an array job's task samples: [`array_job`].
 
 pub mod array_job;
 pub mod dataset_tools;
