@@ -409,22 +409,17 @@ impl Drop for Group {
 }
 
 /// Rank `rank`'s share of an epoch's `n` batches (positions into the
-/// epoch's order), for a world of `world`: a contiguous run of the order,
-/// so that a rank reads few segments; runs differ in length by at most
-/// one, and a shorter run repeats its first batch so that every rank takes
-/// the same number of steps (as torch's DistributedSampler pads).
+/// epoch's order), for a world of `world`: as torch's DistributedSampler
+/// deals, the order is padded to a multiple of the world by repeating its
+/// first batches, so that every rank takes the same number of steps (also
+/// when there are fewer batches than ranks); unlike it, each rank takes a
+/// contiguous run of the padded order, so that a rank reads few segments.
 pub fn deal(n: usize, world: usize, rank: usize) -> Vec<usize> {
-    let (q, r) = (n / world, n % world);
-    let start = rank * q + rank.min(r);
-    let len = q + usize::from(rank < r);
-    let steps = q + usize::from(r > 0);
-    let mut share: Vec<usize> = (start..start + len).collect();
-    let mut i = 0;
-    while share.len() < steps && len > 0 {
-        share.push(start + i % len);
-        i += 1;
+    if n == 0 {
+        return Vec::new();
     }
-    share
+    let steps = n.div_ceil(world);
+    (rank * steps..(rank + 1) * steps).map(|i| i % n).collect()
 }
 
 /// Rank `rank`'s part of `n` evaluation batches: the contiguous run of
@@ -517,24 +512,28 @@ mod tests {
     }
 
     #[test]
-    fn dealing_covers_every_batch_once_in_equal_steps() {
+    fn dealing_covers_every_batch_in_equal_steps() {
         for n in 0..40 {
             for world in 1..6 {
                 let shares: Vec<Vec<usize>> = (0..world).map(|r| deal(n, world, r)).collect();
-                let steps = shares[0].len();
-                assert!(shares.iter().all(|s| s.len() == steps || n < world));
+                let steps = n.div_ceil(world);
+                assert!(shares.iter().all(|s| s.len() == steps), "{n} {world}");
+                // The padded order, rank after rank: every batch, then the
+                // first ones again.
+                let all: Vec<usize> = shares.concat();
+                assert_eq!(
+                    all,
+                    (0..steps * world).map(|i| i % n.max(1)).collect::<Vec<_>>()
+                );
                 let mut seen: Vec<usize> =
                     (0..world).flat_map(|r| eval_share(n, world, r)).collect();
                 seen.sort();
                 assert_eq!(seen, (0..n).collect::<Vec<_>>());
-                for (r, s) in shares.iter().enumerate() {
-                    let own = eval_share(n, world, r);
-                    assert!(s.iter().all(|i| own.contains(i)), "{n} {world} {r}");
-                }
             }
         }
         assert_eq!(deal(5, 2, 0), vec![0, 1, 2]);
-        assert_eq!(deal(5, 2, 1), vec![3, 4, 3]);
+        assert_eq!(deal(5, 2, 1), vec![3, 4, 0]);
+        assert_eq!(deal(1, 2, 1), vec![0]);
         assert_eq!(deal(4, 1, 0), vec![0, 1, 2, 3]);
     }
 

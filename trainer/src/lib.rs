@@ -521,8 +521,17 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     if writer {
         report::summary(&summary, &memory);
     } else {
+        let machine = summary.machine_share.as_ref().map_or(String::new(), |m| {
+            format!(
+                " (its machine reads {} of {} segments, {} of {})",
+                m.segments,
+                m.of_segments,
+                human_bytes(m.bytes),
+                human_bytes(m.of_bytes)
+            )
+        });
         tracing::info!(
-            "rank {} of {} done; rank 0 reports the run",
+            "rank {} of {} done{machine}; rank 0 reports the run",
             group.as_ref().map_or(0, |g| g.rank),
             summary.world_size
         );
