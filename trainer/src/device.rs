@@ -91,6 +91,14 @@ pub fn print_info() -> anyhow::Result<()> {
                 tch::Cuda::cudnn_is_available().to_string(),
             ),
             ("threads", tch::get_num_threads().to_string()),
+            (
+                "data-parallel (c10d)",
+                match crate::distributed::support() {
+                    (false, _) => "not built (no Gloo headers at build time)".to_string(),
+                    (true, false) => "Gloo".to_string(),
+                    (true, true) => "Gloo, NCCL".to_string(),
+                },
+            ),
         ],
         &serde_json::json!({
             "command": "info",
@@ -105,6 +113,7 @@ pub fn print_info() -> anyhow::Result<()> {
             "cuda_available": cuda,
             "cuda_devices": cuda_devices,
             "cudnn_available": tch::Cuda::cudnn_is_available(),
+            "c10d": { "gloo": crate::distributed::support().0, "nccl": crate::distributed::support().1 },
             "checks": checks,
         }),
     );
