@@ -440,10 +440,13 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
             )));
         }
         let num_partitions = bounds.len() - 1;
-        if num_partitions > 1 {
-            for seg in &mut segments {
-                seg.partition(&bounds);
-            }
+        {
+            use rayon::prelude::*;
+            // Partition-major, then each partition's pages filled: one
+            // segment a task.
+            segments
+                .par_iter_mut()
+                .for_each(|seg| seg.partition(&bounds, &batches, row_bytes));
         }
         summary.partitions = num_partitions as u64;
         summary.staging_bytes = staging_bytes;

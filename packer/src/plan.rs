@@ -18,7 +18,7 @@ use offgnn_shared::dataset::Split;
 use rayon::prelude::*;
 
 use crate::access_rank::{AccessCounts, Location, Tiers};
-use crate::minhash::{RowOrder, minhash_order};
+use crate::minhash::{RowOrder, fill_pages, minhash_order};
 
 pub const PAGE: u64 = 4096;
 
@@ -79,13 +79,26 @@ impl SegmentPlan {
 
     /// Orders the disk cache partition-major: stable-sorted by the partition
     /// of each row (`bounds[p]..bounds[p + 1]` are partition p's nodes), so
-    /// MinHash order holds within each partition.
-    pub fn partition(&mut self, bounds: &[u64]) {
+    /// MinHash order holds within each partition; then fills each
+    /// partition's pages ([`fill_pages`]). With one partition, the fill
+    /// alone. `batches` are the plan's batches, `row_bytes` its rows'.
+    pub fn partition(&mut self, bounds: &[u64], batches: &[BatchInfo], row_bytes: u64) {
         let part = |v: u32| bounds.partition_point(|&b| b <= v as u64) - 1;
         self.dc_rows.sort_by_key(|&v| part(v));
         self.dc_bounds = (0..bounds.len())
             .map(|p| self.dc_rows.partition_point(|&v| part(v) < p))
             .collect();
+        let lists: Vec<&[u32]> = self
+            .batches
+            .iter()
+            .map(|&b| batches[b].cold.as_slice())
+            .collect();
+        let per_page = (PAGE / row_bytes.max(1)).max(1) as usize;
+        for w in self.dc_bounds.windows(2) {
+            let run = &mut self.dc_rows[w[0]..w[1]];
+            let filled = fill_pages(run.to_vec(), &lists, row_bytes, w[0] % per_page);
+            run.copy_from_slice(&filled);
+        }
         for (pos, &v) in self.dc_rows.iter().enumerate() {
             let i = self
                 .dc_index
@@ -234,6 +247,7 @@ pub fn plan_segment(
         .iter()
         .map(|&b| batches[b].cold.as_slice())
         .collect();
+    // Its pages are filled once the partitions are known ([`SegmentPlan::partition`]).
     let dc_rows = minhash_order(&shared, &lists, row_order, seed);
     let dc_bounds = vec![0, dc_rows.len()];
     let mut dc_index: Vec<(u32, u32)> = dc_rows
@@ -344,7 +358,7 @@ mod tests {
         assert_eq!(bounds.last(), Some(&20));
         let before: Vec<Vec<u32>> = segments.iter().map(|s| s.dc_rows.clone()).collect();
         for s in &mut segments {
-            s.partition(&bounds);
+            s.partition(&bounds, &batches, 10);
         }
         for (s, old) in segments.iter().zip(&before) {
             let mut a = s.dc_rows.clone();
@@ -356,7 +370,8 @@ mod tests {
                 for &v in &s.dc_rows[s.dc_bounds[p]..s.dc_bounds[p + 1]] {
                     assert!((bounds[p]..bounds[p + 1]).contains(&(v as u64)));
                 }
-                // Within a partition, the MinHash order of the whole.
+                // Within a partition, the MinHash order of the whole (rows
+                // of 10 bytes straddle pages: no page is filled).
                 let run = &s.dc_rows[s.dc_bounds[p]..s.dc_bounds[p + 1]];
                 let kept: Vec<u32> = old.iter().copied().filter(|v| run.contains(v)).collect();
                 assert_eq!(run, kept.as_slice());
