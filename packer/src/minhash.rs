@@ -284,7 +284,7 @@ pub fn fill_pages(order: Vec<u32>, batches: &[&[u32]], row_bytes: u64, phase: us
     let mut pages_filled = 0u64;
     while out.len() < n {
         pages_filled += 1;
-        if pages_filled % 1024 == 0 && offgnn_shared::signals::received().is_some() {
+        if pages_filled.is_multiple_of(1024) && offgnn_shared::signals::received().is_some() {
             return order;
         }
         while placed[first] {
