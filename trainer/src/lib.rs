@@ -511,6 +511,25 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
             human_bytes(memory.activation_bytes),
         );
     }
+    if let tch::Device::Cuda(index) = device {
+        tracing::info!(
+            "GPU memory: at most {} on cuda:{index} (the GPU cache, the model and its optimizer state, inputs in flight, activations, and 1 GiB for the CUDA context)",
+            human_bytes(memory.gpu_bytes)
+        );
+        match memory::cuda_free_memory(index) {
+            Some((free, total)) if memory.gpu_bytes > free => anyhow::bail!(
+                "cuda:{index} has {} free of {}, and this run needs up to {} there (GPU cache {}); pack with a smaller --gpu-cache, or free the device",
+                human_bytes(free),
+                human_bytes(total),
+                human_bytes(memory.gpu_bytes),
+                human_bytes(m.gpu_cache.rows * m.dataset.store_row_bytes())
+            ),
+            Some(_) => {}
+            None => tracing::warn!(
+                "cuda:{index}: the CUDA runtime's free memory could not be read; the GPU statement is not checked"
+            ),
+        }
+    }
     let ranks = match (&group, a.emulate_ranks) {
         (Some(g), _) => train::Ranks::Group(g),
         (None, Some(n)) => train::Ranks::Emulated(n),

@@ -31,6 +31,10 @@ const TORCH_RUNTIME_BYTES: u64 = 640 << 20;
 const PROCESS_BYTES: u64 = 64 << 20;
 /// What a trainer process holds before any data: the runtime and the rest.
 pub const RUNTIME_BYTES: u64 = TORCH_RUNTIME_BYTES + PROCESS_BYTES;
+/// A CUDA device's own share before any tensor: the CUDA context and
+/// libtorch's kernels loaded on it (hundreds of MiB with the cu13 wheel);
+/// stated with room until a GPU session measures it.
+const CUDA_CONTEXT_BYTES: u64 = 1 << 30;
 /// Disk pages are read whole.
 const PAGE: u64 = 4096;
 /// A layer's tensors, and the gradients of the same sizes in the backward
@@ -54,6 +58,10 @@ pub struct MemoryEstimate {
     pub activation_bytes: u64,
     pub runtime_bytes: u64,
     pub total_bytes: u64,
+    /// On a CUDA device: what the run keeps on it (the GPU cache tier, the
+    /// model with its gradients and Adam's moments, the assembled inputs
+    /// in flight, the activations, the CUDA context). 0 on the CPU.
+    pub gpu_bytes: u64,
 }
 
 /// Per block, input layer first, `(sources, destinations, edges)` of the
@@ -132,7 +140,7 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
     let params: u64 = widths.windows(2).map(|w| 2 * w[0] * w[1] + 4 * w[1]).sum();
     let model_bytes = params * 4 * 4;
 
-    let activation_bytes = if on_cpu {
+    let activations = {
         let elements: u64 = blocks
             .iter()
             .zip(widths.windows(2))
@@ -168,8 +176,24 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
             .fold(0u64, u64::saturating_add);
         // Each kept for the backward pass has a gradient of its size.
         elements.saturating_mul(4 * ACTIVATION_FACTOR)
-    } else {
+    };
+    let activation_bytes = if on_cpu { activations } else { 0 };
+    let gpu_bytes = if on_cpu {
         0
+    } else {
+        let gpu_cache = match cfg.features {
+            FeatureMode::Packed => m.gpu_cache.rows * row,
+            FeatureMode::Memory | FeatureMode::Naive => 0,
+        };
+        [
+            gpu_cache,
+            model_bytes,
+            (depth + 2) * assembled,
+            activations,
+            CUDA_CONTEXT_BYTES,
+        ]
+        .into_iter()
+        .fold(0u64, u64::saturating_add)
     };
 
     let runtime_bytes = TORCH_RUNTIME_BYTES + PROCESS_BYTES;
@@ -189,7 +213,48 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
         activation_bytes,
         runtime_bytes,
         total_bytes,
+        gpu_bytes,
     }
+}
+
+/// Free and total bytes of CUDA device `index`, from the CUDA runtime that
+/// libtorch loaded (`cudaMemGetInfo`, found at run time so that the trainer
+/// links no CUDA library of its own); `None` where there is none.
+pub fn cuda_free_memory(index: usize) -> Option<(u64, u64)> {
+    type SetDevice = unsafe extern "C" fn(libc::c_int) -> libc::c_int;
+    type GetDevice = unsafe extern "C" fn(*mut libc::c_int) -> libc::c_int;
+    type MemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> libc::c_int;
+    for name in [c"libcudart.so.13", c"libcudart.so.12", c"libcudart.so"] {
+        // SAFETY: RTLD_NOLOAD only finds a library already loaded; the
+        // symbols have the CUDA runtime's documented signatures.
+        unsafe {
+            let lib = libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            if lib.is_null() {
+                continue;
+            }
+            let sym = |s: &std::ffi::CStr| libc::dlsym(lib, s.as_ptr());
+            let (set, get, info) = (
+                sym(c"cudaSetDevice"),
+                sym(c"cudaGetDevice"),
+                sym(c"cudaMemGetInfo"),
+            );
+            if set.is_null() || get.is_null() || info.is_null() {
+                continue;
+            }
+            let set: SetDevice = std::mem::transmute(set);
+            let get: GetDevice = std::mem::transmute(get);
+            let info: MemGetInfo = std::mem::transmute(info);
+            let mut before = 0;
+            if get(&mut before) != 0 || set(index as libc::c_int) != 0 {
+                return None;
+            }
+            let (mut free, mut total) = (0usize, 0usize);
+            let ok = info(&mut free, &mut total) == 0;
+            set(before);
+            return ok.then_some((free as u64, total as u64));
+        }
+    }
+    None
 }
 
 /// This machine's memory (MemTotal of /proc/meminfo), or 8 GiB where that

@@ -59,6 +59,9 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
         ("memory (stated peak)", human_bytes(memory.total_bytes)),
     ];
     let mut rows = rows;
+    if memory.gpu_bytes > 0 {
+        rows.push(("GPU memory (stated peak)", human_bytes(memory.gpu_bytes)));
+    }
     if s.world_size > 1 {
         let steps: u64 = s.epochs.iter().map(|e| e.batches).sum::<u64>() / s.world_size as u64;
         let seconds: f64 = s.epochs.iter().map(|e| e.allreduce_seconds).sum();

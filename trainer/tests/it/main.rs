@@ -548,3 +548,42 @@ fn weights_of(dir: &std::path::Path) -> Vec<u8> {
         serde_json::from_slice(&std::fs::read(dir.join("model.json")).unwrap()).unwrap();
     std::fs::read(dir.join(card["weights"].as_str().unwrap())).unwrap()
 }
+
+/// On CUDA the statement moves the GPU cache, the model's training state,
+/// the inputs in flight and the activations to the device's share (with
+/// the context), and pins the CPU tier on the host; on the CPU the device's
+/// share is nothing.
+#[test]
+fn the_memory_statement_states_what_cuda_holds() {
+    let f = fixture();
+    let e = engine();
+    let layout = open(&f, &e);
+    let m = &layout.manifest;
+    let cpu = trainer::memory::estimate(m, &config(ModelKind::Sage));
+    let cuda = trainer::memory::estimate(
+        m,
+        &TrainConfig {
+            device: tch::Device::Cuda(0),
+            ..config(ModelKind::Sage)
+        },
+    );
+    let row = m.dataset.store_row_bytes();
+    assert_eq!(cpu.gpu_bytes, 0);
+    assert!(cpu.activation_bytes > 0);
+    assert_eq!(cuda.activation_bytes, 0);
+    assert!(
+        cuda.gpu_bytes
+            >= m.gpu_cache.rows * row + cpu.model_bytes + cpu.activation_bytes + (1 << 30),
+        "{cuda:?}"
+    );
+    // The CPU tier: the rows read, the tensor, its pinned copy.
+    assert_eq!(
+        cuda.cache_bytes,
+        3 * m.cpu_cache.rows * row + m.gpu_cache.rows * row
+    );
+    assert_eq!(cpu.cache_bytes, (m.gpu_cache.rows + m.cpu_cache.rows) * row);
+    // No CUDA runtime here: nothing to read.
+    if !tch::Cuda::is_available() {
+        assert_eq!(trainer::memory::cuda_free_memory(0), None);
+    }
+}
