@@ -140,6 +140,29 @@ pub fn run_peak(name: &str, args: &[&str]) -> (Run, u64) {
     (run, peak_kb * 1024)
 }
 
+/// tests/support/http_range_server.py serving `dir` on a free loopback
+/// port (an object host with byte ranges): the running server and its
+/// port. Kill it when done.
+pub fn http_server(dir: &Path) -> (std::process::Child, u16) {
+    use std::io::BufRead;
+    let mut server = Command::new("python3")
+        .arg(workspace().join("tests/support/http_range_server.py"))
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 starts");
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .expect("the server says its port");
+    let port = line
+        .trim()
+        .strip_prefix("port ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("the server says its port, not {line:?}"));
+    (server, port)
+}
+
 /// The Cora tables fetched by scripts/setup.
 pub fn cora_dir() -> PathBuf {
     let dir = std::env::var_os("OFFGNN_CORA_DIR")

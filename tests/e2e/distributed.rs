@@ -278,24 +278,9 @@ fn a_killed_rank_stops_the_other_and_the_run_resumes_under_torchrun() {
 /// only the segments its rank reads, and between them they stage all.
 #[test]
 fn each_machine_stages_only_the_segments_its_ranks_read() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let manifest = super::cora_pack(dir.path());
-    let mut server = Command::new("python3")
-        .arg(workspace().join("tests/support/http_range_server.py"))
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 starts");
-    let mut line = String::new();
-    std::io::BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .trim()
-        .strip_prefix("port ")
-        .expect("a port")
-        .to_string();
+    let (mut server, port) = offgnn_e2e::http_server(dir.path());
     let url = format!("http://127.0.0.1:{port}/pack/manifest.json");
     let master = free_port().to_string();
     let ranks: Vec<_> = (0..2)

@@ -761,24 +761,10 @@ fn trainer_states_its_memory_and_holds_to_it() {
 /// locations are enabled, not refused with "feature for Http not enabled".
 #[test]
 fn a_layout_served_over_http_stages_and_trains() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let manifest = cora_pack(dir.path());
     assert!(manifest.starts_with(dir.path()));
-    let mut server = std::process::Command::new("python3")
-        .arg(offgnn_e2e::workspace().join("tests/support/http_range_server.py"))
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 starts");
-    let mut line = String::new();
-    std::io::BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .trim()
-        .strip_prefix("port ")
-        .expect("the server says its port");
+    let (mut server, port) = offgnn_e2e::http_server(dir.path());
     let url = format!("http://127.0.0.1:{port}/pack/manifest.json");
     let stage = dir.path().join("stage");
     let r = run(

@@ -106,6 +106,16 @@ pub fn unread_objects(m: &Manifest, only: Option<&BTreeSet<u32>>) -> HashSet<Str
         .collect()
 }
 
+/// The objects a machine whose ranks read segments `only` (all for `None`)
+/// stages and checks: all but the other segments'.
+pub fn objects_read<'a>(m: &'a Manifest, only: Option<&BTreeSet<u32>>) -> Vec<&'a Object> {
+    let skip = unread_objects(m, only);
+    m.objects
+        .iter()
+        .filter(|o| !skip.contains(&o.name))
+        .collect()
+}
+
 impl Layout {
     /// Opens a local layout, checking every object first.
     pub fn open(dir: &Path, manifest: Manifest, engine: &IoEngine, show: bool) -> Result<Layout> {
@@ -121,12 +131,7 @@ impl Layout {
         show: bool,
         only: Option<&BTreeSet<u32>>,
     ) -> Result<Layout> {
-        let skip = unread_objects(&manifest, only);
-        let objects: Vec<&Object> = manifest
-            .objects
-            .iter()
-            .filter(|o| !skip.contains(&o.name))
-            .collect();
+        let objects = objects_read(&manifest, only);
         let total: u64 = objects.iter().map(|o| o.size).sum();
         let pb = offgnn_shared::progress::bytes_bar_if(show, total, "checking");
         objects.par_iter().try_for_each(|o| {

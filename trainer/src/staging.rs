@@ -7,13 +7,13 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use offgnn_manifests::{MANIFEST, Manifest, Object};
+use offgnn_manifests::{MANIFEST, Manifest};
 use offgnn_shared::io_engine::IoEngine;
 use offgnn_shared::store::Store;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::layout::{check_object, unread_objects};
+use crate::layout::{check_object, objects_read};
 
 const RANGE: u64 = 8 << 20;
 
@@ -72,14 +72,9 @@ pub fn resolve_part(
     let origin = format!("{}/{name}", store.url());
     let bytes = store.get(&name)?;
     let manifest = Manifest::parse(&origin, &bytes)?;
-    let skip = unread_objects(&manifest, only(&manifest).as_ref());
-    let objects: Vec<&Object> = manifest
-        .objects
-        .iter()
-        .filter(|o| !skip.contains(&o.name))
-        .collect();
+    let objects = objects_read(&manifest, only(&manifest).as_ref());
     let total: u64 = objects.iter().map(|o| o.size).sum();
-    if !skip.is_empty() {
+    if objects.len() < manifest.objects.len() {
         tracing::info!(
             "staging {} of the layout's {} objects: {} of {}; the rest belong to segments this machine's ranks do not read",
             objects.len(),

@@ -1128,12 +1128,11 @@ pub fn train_ranks(
                         trace_params(dir, rank, t, p.batches, &adam)?;
                     }
                 }
-                if let (Some(dir), Some(every)) = (&cfg.checkpoint_dir, cfg.checkpoint_every)
-                    && p.batches % every == 0
-                    && (p.batches as usize) < steps
-                {
+                // A checkpoint of this step: every rank adds its sums in,
+                // rank 0 writes it.
+                let keep = |p: &mut EpochProgress, dir: &Path| -> Result<()> {
                     p.train_seconds = seconds_before + started.elapsed().as_secs_f64();
-                    let all = summed(&p, ranks, wire)?;
+                    let all = summed(p, ranks, wire)?;
                     if writer {
                         let state = State {
                             vs: &vs,
@@ -1142,6 +1141,13 @@ pub fn train_ranks(
                         };
                         save_checkpoint(dir, &state, cfg, m, &history, Some(&all), world)?;
                     }
+                    Ok(())
+                };
+                if let (Some(dir), Some(every)) = (&cfg.checkpoint_dir, cfg.checkpoint_every)
+                    && p.batches % every == 0
+                    && (p.batches as usize) < steps
+                {
+                    keep(&mut p, dir)?;
                 }
                 if cfg.interrupt_after == Some(trained_here) {
                     return Err(Error::Interrupted(trained_here));
@@ -1153,16 +1159,7 @@ pub fn train_ranks(
                 if stop && (p.batches as usize) < steps {
                     let kept = match &cfg.checkpoint_dir {
                         Some(dir) => {
-                            p.train_seconds = seconds_before + started.elapsed().as_secs_f64();
-                            let all = summed(&p, ranks, wire)?;
-                            if writer {
-                                let state = State {
-                                    vs: &vs,
-                                    adam: &adam,
-                                    best: best_so_far.as_ref(),
-                                };
-                                save_checkpoint(dir, &state, cfg, m, &history, Some(&all), world)?;
-                            }
+                            keep(&mut p, dir)?;
                             format!(
                                 "checkpoint of that step written to {}; run again with --resume to continue",
                                 dir.display()
