@@ -140,6 +140,12 @@ pub fn run_peak(name: &str, args: &[&str]) -> (Run, u64) {
     (run, peak_kb * 1024)
 }
 
+/// A loopback port nothing listens on now.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    l.local_addr().expect("its address").port()
+}
+
 /// tests/support/http_range_server.py serving `dir` on a free loopback
 /// port (an object host with byte ranges): the running server and its
 /// port. Kill it when done.

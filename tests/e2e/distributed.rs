@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use offgnn_e2e::{Run, binary, run, workspace};
+use offgnn_e2e::{Run, binary, free_port, run, workspace};
 
 fn torchrun() -> PathBuf {
     let t = workspace().join(".venv/bin/torchrun");
@@ -18,12 +18,6 @@ fn torchrun() -> PathBuf {
         t.display()
     );
     t
-}
-
-/// A port nothing listens on now.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
 }
 
 /// `torchrun --nproc-per-node=N --no-python trainer ARGS`.

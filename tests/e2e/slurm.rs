@@ -61,6 +61,47 @@ fn committed_files(out: &Path) -> (RunSummary, BTreeMap<String, Vec<u8>>) {
     (run, files)
 }
 
+/// `sbatch --wait` of `script` with `args`, under `job_name`; cancelled
+/// (and the test failed) past [`DEADLINE`]. The job's environment has
+/// `RUST_LOG=rust_log`.
+fn sbatch_wait(
+    args: &[String],
+    script: &Path,
+    job_name: &str,
+    rust_log: &str,
+) -> (std::process::ExitStatus, std::process::Child) {
+    let mut sbatch = Command::new("sbatch")
+        .args(["--wait", "--time=5"])
+        .args(args)
+        .arg(format!("--job-name={job_name}"))
+        .arg(script)
+        .env("RUST_LOG", rust_log)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sbatch starts");
+    let started = Instant::now();
+    loop {
+        if let Some(status) = sbatch.try_wait().unwrap() {
+            return (status, sbatch);
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = sbatch.kill();
+            let _ = Command::new("scancel")
+                .arg(format!("--name={job_name}"))
+                .status();
+            let queue = Command::new("squeue").output().unwrap();
+            let nodes = Command::new("sinfo").output().unwrap();
+            panic!(
+                "the job did not finish in {DEADLINE:?}; cancelled it. squeue:\n{}\nsinfo:\n{}",
+                String::from_utf8_lossy(&queue.stdout),
+                String::from_utf8_lossy(&nodes.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn slurm_array_shards_commit_the_one_process_run() {
     if !slurm_answers() {
@@ -128,39 +169,19 @@ fn slurm_array_shards_commit_the_one_process_run() {
     let job_name = format!("offgnn-e2e-{}", std::process::id());
     let logs = dir.path().join("logs");
     std::fs::create_dir(&logs).unwrap();
-    let mut sbatch = Command::new("sbatch")
-        .args(["--array=0-3", "--wait", "--cpus-per-task=1", "--time=5"])
-        .arg(format!("--job-name={job_name}"))
-        .arg(format!("--chdir={}", dir.path().display()))
-        .arg(format!("--output={}/task-%a.out", logs.display()))
-        .arg(format!("--error={}/task-%a.err", logs.display()))
-        .arg(&script)
+    let (status, _) = sbatch_wait(
+        &[
+            "--array=0-3".into(),
+            "--cpus-per-task=1".into(),
+            format!("--chdir={}", dir.path().display()),
+            format!("--output={}/task-%a.out", logs.display()),
+            format!("--error={}/task-%a.err", logs.display()),
+        ],
+        &script,
+        &job_name,
         // The tasks say which shard Slurm gave them.
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("sbatch starts");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = sbatch.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > DEADLINE {
-            let _ = sbatch.kill();
-            let _ = Command::new("scancel")
-                .arg(format!("--name={job_name}"))
-                .status();
-            let queue = Command::new("squeue").output().unwrap();
-            let nodes = Command::new("sinfo").output().unwrap();
-            panic!(
-                "the array did not finish in {DEADLINE:?}; cancelled it. squeue:\n{}\nsinfo:\n{}",
-                String::from_utf8_lossy(&queue.stdout),
-                String::from_utf8_lossy(&nodes.stdout)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+        "info",
+    );
     let task_log = |task: u32, ext: &str| {
         std::fs::read_to_string(logs.join(format!("task-{task}.{ext}"))).unwrap_or_default()
     };
@@ -224,4 +245,53 @@ fn slurm_array_shards_commit_the_one_process_run() {
     for (name, bytes) in &one_files {
         assert!(four_files[name] == *bytes, "{name} differs");
     }
+}
+
+/// The trainer as `srun` starts it (deploy/slurm/train.sbatch's way): two
+/// tasks of one job step on the local node train Cora data-parallel over
+/// Gloo, meeting at the MASTER_ADDR:MASTER_PORT the job script sets.
+#[test]
+fn srun_starts_two_data_parallel_ranks() {
+    if !slurm_answers() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = super::cora_pack(dir.path());
+    let script = dir.path().join("train.sbatch");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexport MASTER_ADDR=127.0.0.1 MASTER_PORT={}\nexec srun --kill-on-bad-exit=1 '{}' --manifest '{}' --epochs 2 --hidden 32\n",
+            offgnn_e2e::free_port(),
+            binary("trainer").display(),
+            manifest.display()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("train.out");
+    let err = dir.path().join("train.err");
+    let (status, _) = sbatch_wait(
+        &[
+            "--ntasks=2".into(),
+            "--cpus-per-task=1".into(),
+            format!("--chdir={}", dir.path().display()),
+            format!("--output={}", out.display()),
+            format!("--error={}", err.display()),
+        ],
+        &script,
+        &format!("offgnn-e2e-srun-{}", std::process::id()),
+        "warn",
+    );
+    let stderr = std::fs::read_to_string(&err).unwrap_or_default();
+    assert!(status.success(), "sbatch: {status}\n{stderr}");
+    let r = offgnn_e2e::Run {
+        status,
+        stdout: std::fs::read_to_string(&out).unwrap(),
+        stderr,
+    };
+    // Rank 0 alone prints the summary.
+    assert_eq!(r.stdout.matches("\"command\":\"train\"").count(), 1);
+    let s = &r.json()["summary"];
+    assert_eq!(s["world_size"], 2, "{s}");
+    assert_eq!(s["epochs"].as_array().unwrap().len(), 2);
 }
