@@ -39,6 +39,23 @@ fn launch(ranks: u32, args: &[&str]) -> Run {
     }
 }
 
+/// The trainer as torchrun starts rank `rank` of 2 (without torchrun, so
+/// that what the ranks do is the trainer's own): `local_rank` of
+/// `local_world` on its machine, meeting at 127.0.0.1:`port`.
+fn rank_of_two(rank: u32, local_rank: u32, local_world: u32, port: &str) -> Command {
+    let mut c = Command::new(binary("trainer"));
+    c.envs([
+        ("RANK", rank.to_string()),
+        ("WORLD_SIZE", "2".into()),
+        ("LOCAL_RANK", local_rank.to_string()),
+        ("LOCAL_WORLD_SIZE", local_world.to_string()),
+        ("MASTER_ADDR", "127.0.0.1".into()),
+        ("MASTER_PORT", port.to_string()),
+        ("RUST_LOG", "warn".into()),
+    ]);
+    c
+}
+
 /// The traced parameters of one step, by name.
 fn params(path: &Path) -> Vec<(String, Vec<f32>)> {
     let bytes = std::fs::read(path).unwrap();
@@ -191,16 +208,8 @@ fn a_killed_rank_stops_the_other_and_the_run_resumes_under_torchrun() {
     // what the survivor does is the trainer's own.
     let mut ranks: Vec<_> = (0..2)
         .map(|rank| {
-            Command::new(binary("trainer"))
+            rank_of_two(rank, rank, 2, &port)
                 .args(args)
-                .envs([
-                    ("RANK", rank.to_string()),
-                    ("LOCAL_RANK", rank.to_string()),
-                    ("WORLD_SIZE", "2".into()),
-                    ("MASTER_ADDR", "127.0.0.1".into()),
-                    ("MASTER_PORT", port.clone()),
-                    ("RUST_LOG", "warn".into()),
-                ])
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -280,18 +289,9 @@ fn each_machine_stages_only_the_segments_its_ranks_read() {
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
             let stage = dir.path().join(format!("machine{rank}"));
-            let child = Command::new(binary("trainer"))
+            let child = rank_of_two(rank, 0, 1, &master)
                 .args(["--manifest", &url, "--epochs", "2", "--local-dir"])
                 .arg(&stage)
-                .envs([
-                    ("RANK", rank.to_string()),
-                    ("WORLD_SIZE", "2".into()),
-                    ("LOCAL_RANK", "0".into()),
-                    ("LOCAL_WORLD_SIZE", "1".into()),
-                    ("MASTER_ADDR", "127.0.0.1".into()),
-                    ("MASTER_PORT", master.clone()),
-                    ("RUST_LOG", "warn".into()),
-                ])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()

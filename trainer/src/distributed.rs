@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use crate::error::{Error, Result};
 
@@ -381,21 +381,6 @@ impl Group {
         self.all_reduce_sum(&t)?;
         Ok(Vec::<f64>::try_from(t.to_device(Device::Cpu))?)
     }
-
-    /// Gives every rank root's bytes (a length first, then the bytes).
-    pub fn broadcast_bytes(&self, bytes: &[u8], root: u32, device: Device) -> Result<Vec<u8>> {
-        let len = Tensor::from_slice(&[bytes.len() as i64]).to_device(device);
-        self.broadcast(&len, root)?;
-        let n = len.int64_value(&[0]) as usize;
-        let data = if self.rank == root {
-            Tensor::from_slice(bytes)
-        } else {
-            Tensor::zeros([n as i64], (Kind::Uint8, Device::Cpu))
-        }
-        .to_device(device);
-        self.broadcast(&data, root)?;
-        Ok(Vec::<u8>::try_from(data.to_device(Device::Cpu))?)
-    }
 }
 
 impl Drop for Group {
@@ -565,24 +550,15 @@ mod tests {
                     let b = Tensor::from_slice(&[rank as i64 * 10 + 7]);
                     g.broadcast(&b, 1).unwrap();
                     g.barrier().unwrap();
-                    let bytes = g
-                        .broadcast_bytes(if rank == 0 { b"hello" } else { b"" }, 0, Device::Cpu)
-                        .unwrap();
                     let sums = g.sum_f64(&[rank as f64, 1.5], Device::Cpu).unwrap();
-                    (
-                        Vec::<f32>::try_from(t).unwrap(),
-                        b.int64_value(&[0]),
-                        bytes,
-                        sums,
-                    )
+                    (Vec::<f32>::try_from(t).unwrap(), b.int64_value(&[0]), sums)
                 })
             })
             .collect();
         for r in ranks {
-            let (t, b, bytes, sums) = r.join().unwrap();
+            let (t, b, sums) = r.join().unwrap();
             assert_eq!(t, vec![3.0, 6.0]);
             assert_eq!(b, 17);
-            assert_eq!(bytes, b"hello");
             assert_eq!(sums, vec![1.0, 3.0]);
         }
     }

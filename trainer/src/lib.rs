@@ -432,17 +432,14 @@ fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         staging::resolve_part(&location, a.local_dir.as_deref(), &engine, writer, only)
             .with_context(|| format!("reading {}", offgnn_shared::store::redact(&location)))
     };
-    let staged = if stages_first { Some(stage()) } else { None };
+    // Local rank 0 stages this machine's copy while the others wait (if it
+    // fails, it exits, and the barrier fails for the others).
+    let staged = if stages_first { Some(stage()?) } else { None };
     if let Some(g) = &group {
-        // Local rank 0 staged this machine's copy (or failed: then the
-        // barrier fails for the others when it exits).
-        if let Some(Err(e)) = &staged {
-            anyhow::bail!("{e:#}");
-        }
         g.barrier()?;
     }
     let (dir, manifest) = match staged {
-        Some(s) => s?,
+        Some(s) => s,
         None => stage()?,
     };
     let only = only(&manifest);

@@ -181,19 +181,14 @@ pub struct MachineShare {
 
 impl MachineShare {
     pub fn of(m: &offgnn_manifests::Manifest, only: &std::collections::BTreeSet<u32>) -> Self {
-        let skip = crate::layout::unread_objects(m, Some(only));
-        let bytes = |all: bool| {
-            m.objects
-                .iter()
-                .filter(|o| all || !skip.contains(&o.name))
-                .map(|o| o.size)
-                .sum()
-        };
         MachineShare {
             segments: only.len() as u32,
             of_segments: m.segments.len() as u32,
-            bytes: bytes(false),
-            of_bytes: bytes(true),
+            bytes: crate::layout::objects_read(m, Some(only))
+                .iter()
+                .map(|o| o.size)
+                .sum(),
+            of_bytes: m.objects.iter().map(|o| o.size).sum(),
         }
     }
 }
@@ -701,7 +696,8 @@ pub fn segments_read(
     for rank in ranks {
         for epoch in m.schedule.get("train").into_iter().flatten() {
             let n = max_batches.map_or(epoch.len(), |k| k.min(epoch.len()));
-            for pos in rank_positions(n, world, rank, 0, usize::MAX, 0) {
+            // A share's set of batches, whatever order it trains them in.
+            for pos in distributed::deal(n, world as usize, rank as usize) {
                 read.insert(epoch[pos].segment);
             }
         }
@@ -750,6 +746,8 @@ fn trace_params(dir: &Path, rank: u32, epoch: u32, step: u64, adam: &Adam) -> Re
 }
 
 /// Running sums that ranks add up: an epoch's figures, or a checkpoint's.
+/// The collectives' tensors live on the training `device` (NCCL reduces
+/// device tensors only).
 fn summed(p: &EpochProgress, ranks: Ranks, device: Device) -> Result<EpochProgress> {
     let Some(g) = ranks.group() else {
         return Ok(p.clone());
@@ -765,11 +763,7 @@ fn summed(p: &EpochProgress, ranks: Ranks, device: Device) -> Result<EpochProgre
             p.tiers[1] as f64,
             p.tiers[2] as f64,
         ],
-        if device.is_cuda() {
-            device
-        } else {
-            Device::Cpu
-        },
+        device,
     )?;
     Ok(EpochProgress {
         loss_sum: v[0],
@@ -836,11 +830,6 @@ fn share_start(
     adam: &mut Adam,
     device: Device,
 ) -> Result<Start> {
-    let wire = if device.is_cuda() {
-        device
-    } else {
-        Device::Cpu
-    };
     let header = match &decided {
         Ok(s) => vec![
             1,
@@ -849,7 +838,7 @@ fn share_start(
         ],
         Err(_) => vec![0, 0, -1],
     };
-    let h = Tensor::from_slice(&header).to_device(wire);
+    let h = Tensor::from_slice(&header).to_device(device);
     g.broadcast(&h, 0)?;
     let header = Vec::<i64>::try_from(h.to_device(Device::Cpu))?;
     if header[0] == 0 {
@@ -873,7 +862,7 @@ fn share_start(
         }
         Ok(())
     })?;
-    let step = Tensor::from_slice(&[adam.step]).to_device(wire);
+    let step = Tensor::from_slice(&[adam.step]).to_device(device);
     g.broadcast(&step, 0)?;
     adam.step = step.int64_value(&[0]);
     match decided {
@@ -983,11 +972,6 @@ pub fn train_ranks(
             cfg.epochs - 1
         );
     }
-    let wire = if cfg.device.is_cuda() {
-        cfg.device
-    } else {
-        Device::Cpu
-    };
     for t in first_epoch..cfg.epochs {
         let started = Instant::now();
         let (sampled, mut order) = if world == 1 {
@@ -1124,15 +1108,13 @@ pub fn train_ranks(
                 pb.inc(1);
                 trained_here += 1;
                 if let Some(dir) = trace {
-                    for &rank in &local[..1] {
-                        trace_params(dir, rank, t, p.batches, &adam)?;
-                    }
+                    trace_params(dir, local[0], t, p.batches, &adam)?;
                 }
                 // A checkpoint of this step: every rank adds its sums in,
                 // rank 0 writes it.
                 let keep = |p: &mut EpochProgress, dir: &Path| -> Result<()> {
                     p.train_seconds = seconds_before + started.elapsed().as_secs_f64();
-                    let all = summed(p, ranks, wire)?;
+                    let all = summed(p, ranks, cfg.device)?;
                     if writer {
                         let state = State {
                             vs: &vs,
@@ -1180,7 +1162,7 @@ pub fn train_ranks(
             },
         )?;
         pb.finish_and_clear();
-        let all = summed(&p, ranks, wire)?;
+        let all = summed(&p, ranks, cfg.device)?;
         let mut e = EpochMetrics {
             epoch: t,
             sampled_epoch: sampled,
@@ -1238,7 +1220,7 @@ pub fn train_ranks(
                 )
             })?;
             if let Some(g) = ranks.group() {
-                let v = g.sum_f64(&[c as f64, n as f64], wire)?;
+                let v = g.sum_f64(&[c as f64, n as f64], cfg.device)?;
                 (c, n) = (v[0] as i64, v[1] as i64);
             }
             let acc = c as f64 / n.max(1) as f64;
@@ -1280,7 +1262,7 @@ pub fn train_ranks(
         // A signal to any rank stops every rank after this epoch.
         let signal = offgnn_shared::signals::received();
         let stop = match ranks.group() {
-            Some(g) => g.sum_f64(&[f64::from(u8::from(signal.is_some()))], wire)?[0] > 0.0,
+            Some(g) => g.sum_f64(&[f64::from(u8::from(signal.is_some()))], cfg.device)?[0] > 0.0,
             None => signal.is_some(),
         };
         if stop {
