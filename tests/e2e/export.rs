@@ -10,8 +10,6 @@ use offgnn_e2e::{binary, cora_dir, run, workspace};
 /// PyG on the same sampled test blocks: logits within 1e-4, classes equal.
 /// Then `trainer infer` over each whole graph, out of core, against PyG's
 /// full-graph forward pass with the same weights.
-/// Then `trainer infer` over each whole graph, out of core, against PyG's
-/// full-graph forward pass with the same weights.
 #[test]
 fn exports_compute_the_same_logits_in_pytorch_geometric() {
     let python = workspace().join(".venv/bin/python");
@@ -122,6 +120,42 @@ fn export_refuses_bad_input_in_one_line() {
     assert_eq!(r.json()["export"]["card"]["which"], "last");
     let r = run("trainer", &["show-model", "--model", x]);
     assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(r.json()["export"]["card"]["epoch"], 1);
+
+    // --export-last: the best epoch's export and the last one's under
+    // last/, both checked before training, so an occupied last/ costs no
+    // run and leaves no best export behind.
+    let both = dir.path().join("both");
+    let b = both.to_str().unwrap();
+    let occupied = both.join("last");
+    let r = run(
+        "trainer",
+        &[
+            "export",
+            "--checkpoint-dir",
+            c,
+            "--out",
+            occupied.to_str().unwrap(),
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    one_line(
+        &train(&["--export", b, "--export-last"]),
+        "holds an export already",
+    );
+    assert!(!both.join("model.json").exists());
+    std::fs::remove_dir_all(&both).unwrap();
+    let r = train(&["--export", b, "--export-last"]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let exports = r.json()["summary"]["exports"].clone();
+    assert_eq!(exports[0]["card"]["which"], "best", "{exports}");
+    assert_eq!(exports[1]["card"]["which"], "last", "{exports}");
+    let r = run(
+        "trainer",
+        &["show-model", "--model", occupied.to_str().unwrap()],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(r.json()["export"]["card"]["which"], "last");
     assert_eq!(r.json()["export"]["card"]["epoch"], 1);
 
     // A checkpoint of another manifest (another dataset fingerprint).

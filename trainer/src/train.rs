@@ -815,8 +815,14 @@ fn start_of(
         )));
     }
     if let Some(x) = &cfg.export {
-        // Refused before any training, not after it.
+        // Refused before any training, not after it: the last epoch's
+        // export too, or an occupied `last/` would fail the run after the
+        // best export had committed.
         export::check_target(&x.location, x.overwrite)?;
+        if x.last {
+            let last = offgnn_shared::store::Store::open(&x.location)?.join("last");
+            export::check_target(&last, x.overwrite)?;
+        }
     }
     Ok(start)
 }
