@@ -8,16 +8,17 @@ pub enum Error {
     Layout(String),
     #[error("{0}")]
     Checkpoint(String),
-    /// The loss turned NaN or infinite: the run stops rather than go on
-    /// training, and reporting accuracies of, a broken model.
+    /// The loss or a gradient turned NaN or infinite: the run stops rather
+    /// than go on training, and reporting accuracies of, a broken model.
     #[error(
-        "the loss became {loss} at epoch {epoch}, batch {batch}: training diverged and stopped ({}); lower --lr, or check the features for NaN or Inf",
+        "{what} at epoch {epoch}, batch {batch}: training diverged and stopped ({}); lower --lr, or check the features for NaN or Inf",
         match kept { Some(dir) => format!("the last checkpoint in {dir} is kept"), None => "no checkpoint was taken".to_string() }
     )]
     Diverged {
         epoch: u32,
         batch: u64,
-        loss: f64,
+        /// What turned non-finite, as a clause ("the loss became NaN").
+        what: String,
         kept: Option<String>,
     },
     /// SIGINT or SIGTERM stopped the run: what it kept.

@@ -729,6 +729,22 @@ fn flat_grads(params: &[(String, Tensor)], flags: &[f32]) -> Tensor {
     Tensor::cat(&parts, 0)
 }
 
+/// Whether every gradient is finite, read back once for all parameters.
+fn grads_finite(params: &[(String, Tensor)]) -> Result<bool> {
+    let bad = tch::no_grad(|| {
+        params
+            .iter()
+            .map(|(_, p)| p.grad())
+            .filter(Tensor::defined)
+            .map(|g| g.isfinite().logical_not().any())
+            .reduce(|a, b| a.logical_or(&b))
+    });
+    Ok(match bad {
+        Some(b) => !bool::try_from(b.to_device(Device::Cpu))?,
+        None => true,
+    })
+}
+
 /// Writes the parameters after step `step` to `dir/rank{rank}/` (the
 /// data-parallel test compares ranks bit for bit, and against a run that
 /// averages the ranks' gradients by hand).
@@ -1095,13 +1111,22 @@ pub fn train_ranks(
                         reduce_bytes += (n as u64) * 4;
                     }
                 }
+                // A finite loss can still give an infinite or NaN gradient
+                // (an overflow in the backward pass); after the all-reduce
+                // every rank holds the same gradients, so all agree.
+                let bad_grads = !diverged && !grads_finite(adam.params())?;
+                diverged |= bad_grads;
                 // A diverged run stops before the step that would spread
                 // NaN into every parameter; the last checkpoint stays.
                 if diverged {
                     return Err(Error::Diverged {
                         epoch: t,
                         batch: p.batches,
-                        loss: nonfinite.unwrap_or(f64::NAN),
+                        what: match nonfinite {
+                            Some(loss) => format!("the loss became {loss}"),
+                            None if bad_grads => "a gradient became NaN or infinite".into(),
+                            None => "the loss became NaN or infinite on another rank".into(),
+                        },
                         kept: cfg
                             .checkpoint_dir
                             .as_ref()
@@ -1622,4 +1647,29 @@ fn save_checkpoint(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_infinite_or_nan_gradient_is_seen() {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let w = vs.root().zeros("w", &[3]);
+        let b = vs.root().zeros("b", &[2]);
+        let params = vec![("w".to_string(), w.shallow_clone()), ("b".to_string(), b)];
+        assert!(grads_finite(&params).unwrap(), "no gradient yet");
+        (&w * 2.0).sum(Kind::Float).backward();
+        assert!(grads_finite(&params).unwrap());
+        for bad in [f64::INFINITY, f64::NAN] {
+            tch::no_grad(|| {
+                let _ = w.grad().get(1).fill_(bad);
+            });
+            assert!(!grads_finite(&params).unwrap(), "{bad}");
+            tch::no_grad(|| {
+                let _ = w.grad().get(1).fill_(2.0);
+            });
+        }
+    }
 }
