@@ -14,7 +14,10 @@
 //! (group, source chunk), on disk, in bounded memory. GraphSAGE's mean is a
 //! sum and a count; GAT's softmax over in-edges is an online softmax (a
 //! running maximum and rescaled sums) seeded with each node's self-loop, so
-//! one pass over the sources suffices. The layer's dense part then runs on
+//! one pass over the sources suffices; a group's own rows come by in that
+//! pass too (for GAT the stream starts at the group's first chunk, since a
+//! score needs its destination's row), so with one group every layer reads
+//! its input exactly once. The layer's dense part then runs on
 //! the device, and the group's rows of H(l) go out in one O_DIRECT write;
 //! the last layer's go to Parquet under `--out`, whose `_SUCCESS.json`
 //! commits the result. A killed run resumes at its last finished group.
@@ -116,7 +119,12 @@ pub struct LayerFigures {
     pub out_width: i64,
     /// Sequential passes over the layer's input (one per group).
     pub passes: u64,
+    /// Bytes of the layer's input read (the feature file or the previous
+    /// layer's output), over every pass.
     pub bytes_read: u64,
+    /// Bytes of the bucketed edge files read (each group's, once per layer).
+    #[serde(default)]
+    pub edge_bytes_read: u64,
     pub bytes_written: u64,
     pub seconds: f64,
     /// Of `seconds`: waiting for the next source chunk from the disk.
@@ -256,8 +264,11 @@ impl Model {
             } => {
                 let (h, c) = (*heads as u64, *per_head as u64);
                 let total = if *concat { h * c } else { c };
-                // acc [H, C] twice, max, sum, er, e_self, el, z_dst, res, outputs.
-                (3 * h * c + 5 * h + total + 3 * total, 2 * (h * c + h))
+                // acc [H, C] twice (host, device), max, sum (host, device),
+                // er, the projections (z, el) of the group's span, res,
+                // outputs. A chunk's rows are projected (tensor and copy),
+                // and the span keeps up to a chunk of rows before the group.
+                (3 * h * c + 5 * h + total + 3 * total, 3 * (h * c + h))
             }
         }
     }
@@ -312,63 +323,19 @@ impl Input {
         Ok(raw.len() as u64)
     }
 
-    /// Rows `[a, b)` as float32, read through the I/O engine: the
-    /// page-aligned span that holds them with O_DIRECT (many requests in
-    /// flight), a short last page buffered. A group's own rows can be the
-    /// whole file; the page cache would only slow that down.
-    fn read_rows_direct(
-        &self,
-        engine: &IoEngine,
-        (a, b): (u64, u64),
-        raw: &mut AlignedBuf,
-        out: &mut Vec<f32>,
-    ) -> Result<u64> {
-        let file = engine.open(&self.path)?;
-        let start = self.data_offset + a * self.row_bytes();
-        let end = self.data_offset + b * self.row_bytes();
-        let first = start / PAGE * PAGE;
-        let direct_end = if file.is_direct() {
-            (end.div_ceil(PAGE) * PAGE).min(file.len() / PAGE * PAGE)
-        } else {
-            end
-        };
-        let span = (end.max(direct_end) - first) as usize;
-        if raw.len() < span {
-            *raw = AlignedBuf::new(span);
-        }
-        let reqs: Vec<ReadReq> = (first..direct_end.max(first))
-            .step_by(REQUEST)
-            .map(|at| ReadReq {
-                offset: at,
-                len: (direct_end - at).min(REQUEST as u64) as usize,
-                buf_offset: (at - first) as usize,
-            })
-            .collect();
-        let mut read = engine.read(&file, &reqs, raw)?;
-        if direct_end < end {
-            let tail =
-                &mut raw.as_mut_slice()[(direct_end - first) as usize..(end - first) as usize];
-            let f = File::open(&self.path).map_err(|e| Error::io(self.path.display(), e))?;
-            f.read_exact_at(tail, direct_end)
-                .map_err(|e| Error::io(self.path.display(), e))?;
-            read += tail.len() as u64;
-        }
-        self.to_f32(
-            &raw.as_slice()[(start - first) as usize..(end - first) as usize],
-            out,
-        );
-        Ok(read)
-    }
-
-    /// Streams every row front to back through the I/O engine and hands
-    /// `each` chunks of `chunk_rows` rows (the last may be shorter) as
-    /// float32, with the chunk's index. A reader thread reads and converts
+    /// Streams every row once through the I/O engine and hands `each`
+    /// chunks of `chunk_rows` rows (the last may be shorter) as float32,
+    /// with the chunk's index: chunks `first..` in order, then `0..first`
+    /// (a rotation, so that a group's own rows can come first; still one
+    /// sequential pass, in two runs). A reader thread reads and converts
     /// the next chunks while `each` works on this one (two chunks ahead at
-    /// most, their buffers recycled). Returns the bytes read.
+    /// most, their buffers recycled). Returns the bytes read: the rows,
+    /// from the page their data starts on.
     fn stream(
         &self,
         engine: &IoEngine,
         chunk_rows: u64,
+        first: usize,
         times: &mut StreamTimes,
         bar: &indicatif::ProgressBar,
         mut each: impl FnMut(usize, &[f32]) -> Result<()>,
@@ -377,8 +344,8 @@ impl Input {
         let (free_tx, free_rx) = std::sync::mpsc::channel::<Vec<f32>>();
         let stop = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|scope| {
-            let reader =
-                scope.spawn(|| self.read_chunks(engine, chunk_rows, full_tx, free_rx, &stop));
+            let reader = scope
+                .spawn(|| self.read_chunks(engine, chunk_rows, first, full_tx, free_rx, &stop));
             let mut outcome = Ok(());
             let mut waited = Instant::now();
             for (c, rows) in full_rx.iter() {
@@ -404,64 +371,156 @@ impl Input {
         })
     }
 
-    /// The reader side of [`Input::stream`]: sends whole chunks in order.
+    /// The reader side of [`Input::stream`]: sends whole chunks in the
+    /// stream's order. The rows from chunk `first` on are read first, from
+    /// the page that chunk starts on; the bytes of that page before the
+    /// chunk belong to chunk `first - 1` and are kept until the second run
+    /// (from the page the data starts on up to that page) reaches them, so
+    /// no byte is read twice.
     fn read_chunks(
         &self,
         engine: &IoEngine,
         chunk_rows: u64,
+        first: usize,
         full: std::sync::mpsc::SyncSender<(usize, Vec<f32>)>,
         free: std::sync::mpsc::Receiver<Vec<f32>>,
         stop: &std::sync::atomic::AtomicBool,
     ) -> Result<u64> {
         let file = engine.open(&self.path)?;
-        let end = self.data_offset + self.rows * self.row_bytes();
-        let direct_end = if file.is_direct() {
-            end / PAGE * PAGE
-        } else {
-            end
-        };
+        let data = self.data_offset;
+        let end = data + self.rows * self.row_bytes();
+        let split = (data + first as u64 * chunk_rows * self.row_bytes()).min(end);
+        let (data_page, split_page) = (data / PAGE * PAGE, split / PAGE * PAGE);
         let chunk_bytes = (chunk_rows * self.row_bytes()) as usize;
-        let mut pending: Vec<u8> = Vec::with_capacity(chunk_bytes);
-        let mut skip = self.data_offset as usize;
-        let mut chunk = 0usize;
-        let send = |pending: &[u8], chunk: usize| {
-            let mut floats = free.try_recv().unwrap_or_default();
-            self.to_f32(pending, &mut floats);
-            // A closed channel means the consumer stopped on an error.
-            let _ = full.send((chunk, floats));
+        let mut buf = AlignedBuf::new(REQUEST * PER_CALL);
+        let from = split_page.max(data_page);
+        // The first run's bytes before chunk `first`.
+        let lead = (split - from) as usize;
+        let mut chunker = Chunker {
+            input: self,
+            chunk_bytes,
+            pending: Vec::with_capacity(chunk_bytes),
+            chunk: first,
+            skip: lead,
+            full: &full,
+            free: &free,
+            stop,
         };
-        let mut feed = |mut bytes: &[u8]| {
-            if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                return;
-            }
-            let s = skip.min(bytes.len());
-            bytes = &bytes[s..];
-            skip -= s;
-            while !bytes.is_empty() {
-                let take = (chunk_bytes - pending.len()).min(bytes.len());
-                pending.extend_from_slice(&bytes[..take]);
-                bytes = &bytes[take..];
-                if pending.len() == chunk_bytes {
-                    send(&pending, chunk);
-                    pending.clear();
-                    chunk += 1;
-                }
-            }
-        };
-        let mut read = engine.read_sequential(&file, direct_end, REQUEST, PER_CALL, &mut feed)?;
-        if read < end {
-            let mut tail = vec![0u8; (end - read) as usize];
-            let f = File::open(&self.path).map_err(|e| Error::io(self.path.display(), e))?;
-            f.read_exact_at(&mut tail, read)
-                .map_err(|e| Error::io(self.path.display(), e))?;
-            read += tail.len() as u64;
-            feed(&tail);
-        }
-        if !pending.is_empty() {
-            send(&pending, chunk);
+        let mut carried = Vec::with_capacity(lead);
+        let mut read = read_range(engine, &file, &self.path, (from, end), &mut buf, |bytes| {
+            let take = (lead - carried.len()).min(bytes.len());
+            carried.extend_from_slice(&bytes[..take]);
+            chunker.feed(bytes);
+        })?;
+        chunker.flush();
+        if first > 0 {
+            chunker.chunk = 0;
+            chunker.skip = (data - data_page) as usize;
+            read += read_range(
+                engine,
+                &file,
+                &self.path,
+                (data_page, from),
+                &mut buf,
+                |bytes| chunker.feed(bytes),
+            )?;
+            chunker.feed(&carried);
+            chunker.flush();
         }
         Ok(read)
     }
+}
+
+/// Cuts a run of bytes into chunks of rows, converts each to float32 and
+/// sends it on with its index.
+struct Chunker<'a> {
+    input: &'a Input,
+    chunk_bytes: usize,
+    pending: Vec<u8>,
+    chunk: usize,
+    /// Bytes still to drop at the front of the run (before its first row).
+    skip: usize,
+    full: &'a std::sync::mpsc::SyncSender<(usize, Vec<f32>)>,
+    free: &'a std::sync::mpsc::Receiver<Vec<f32>>,
+    stop: &'a std::sync::atomic::AtomicBool,
+}
+
+impl Chunker<'_> {
+    fn feed(&mut self, mut bytes: &[u8]) {
+        if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let s = self.skip.min(bytes.len());
+        bytes = &bytes[s..];
+        self.skip -= s;
+        while !bytes.is_empty() {
+            let take = (self.chunk_bytes - self.pending.len()).min(bytes.len());
+            self.pending.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.pending.len() == self.chunk_bytes {
+                self.flush();
+            }
+        }
+    }
+
+    /// Sends the rows gathered so far as one chunk (the last of a run may
+    /// be short).
+    fn flush(&mut self) {
+        if self.pending.is_empty() || self.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            self.pending.clear();
+            return;
+        }
+        let mut floats = self.free.try_recv().unwrap_or_default();
+        self.input.to_f32(&self.pending, &mut floats);
+        // A closed channel means the consumer stopped on an error.
+        let _ = self.full.send((self.chunk, floats));
+        self.pending.clear();
+        self.chunk += 1;
+    }
+}
+
+/// Reads `path`'s bytes `[from, to)` front to back (`from` on a page) in
+/// requests of `REQUEST` bytes, `PER_CALL` of them queued together, and
+/// hands each call's bytes to `each`; on an O_DIRECT file a partial last
+/// page is read buffered. Returns the bytes read.
+fn read_range(
+    engine: &IoEngine,
+    file: &offgnn_shared::io_engine::IoFile,
+    path: &Path,
+    (from, to): (u64, u64),
+    buf: &mut AlignedBuf,
+    mut each: impl FnMut(&[u8]),
+) -> Result<u64> {
+    let direct_to = if file.is_direct() {
+        (to / PAGE * PAGE).max(from)
+    } else {
+        to
+    };
+    let mut at = from;
+    while at < direct_to {
+        let reqs: Vec<ReadReq> = (0..PER_CALL)
+            .map(|i| at + (i * REQUEST) as u64)
+            .take_while(|&offset| offset < direct_to)
+            .enumerate()
+            .map(|(i, offset)| ReadReq {
+                offset,
+                len: (direct_to - offset).min(REQUEST as u64) as usize,
+                buf_offset: i * REQUEST,
+            })
+            .collect();
+        let n = engine.read(file, &reqs, buf)?;
+        each(&buf.as_slice()[..n as usize]);
+        at += n;
+    }
+    if at < to {
+        let mut tail = vec![0u8; (to - at) as usize];
+        let f = File::open(path).map_err(|e| Error::io(path.display(), e))?;
+        f.read_exact_at(&mut tail, at)
+            .map_err(|e| Error::io(path.display(), e))?;
+        each(&tail);
+        at = to;
+    }
+    Ok(at - from)
 }
 
 /// Where a stream's time went: waiting for the disk, and in the work on
@@ -693,7 +752,8 @@ struct GroupEdges {
     offsets: Vec<u64>,
 }
 
-fn load_group_edges(work: &Path, g: usize, chunks: usize) -> Result<GroupEdges> {
+/// Reads group `g`'s bucketed edges; returns them and the file's size.
+fn load_group_edges(work: &Path, g: usize, chunks: usize) -> Result<(GroupEdges, u64)> {
     let path = edge_file(work, g);
     let bytes = std::fs::read(&path).map_err(|e| Error::io(path.display(), e))?;
     let index_bytes = (chunks + 1) * 8;
@@ -713,7 +773,7 @@ fn load_group_edges(work: &Path, g: usize, chunks: usize) -> Result<GroupEdges> 
         src.push(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         dst.push(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
     }
-    Ok(GroupEdges { src, dst, offsets })
+    Ok((GroupEdges { src, dst, offsets }, bytes.len() as u64))
 }
 
 /// Splits the destinations `[a, b)` into `parts` ranges and, for a bucket
@@ -747,49 +807,137 @@ fn tensor(values: &[f32], rows: i64, device: Device) -> Tensor {
         .to_device(device)
 }
 
-/// The group's own input rows `[a, b)`, read in slices of `slice` rows:
-/// `f` turns each slice into tensors (projections of it) that are
-/// concatenated over the slices, so a group never holds its input rows
-/// whole, only what the layer needs of them. With `keep`, the rows
-/// themselves are also returned (the last layer's embeddings).
-#[allow(clippy::too_many_arguments)]
-fn own_rows(
-    input: &Input,
-    engine: &IoEngine,
-    (a, b): (u64, u64),
-    slice: u64,
-    device: Device,
-    keep: bool,
-    read: &mut u64,
-    f: impl Fn(&Tensor) -> Vec<Tensor>,
-) -> Result<(Vec<Tensor>, Vec<f32>)> {
-    // Each projection's rows are copied into one tensor of the group's
-    // height, allocated at the first slice: no concatenation doubles them.
-    let mut whole: Vec<Tensor> = Vec::new();
-    let mut kept = Vec::new();
-    let mut rows = Vec::new();
-    let mut raw = AlignedBuf::new(0);
-    let mut at = a;
-    while at < b {
-        let end = (at + slice).min(b);
-        *read += input.read_rows_direct(engine, (at, end), &mut raw, &mut rows)?;
-        let x = tensor(&rows, (end - at) as i64, device);
-        for (i, t) in f(&x).into_iter().enumerate() {
-            if whole.len() <= i {
-                let mut shape = t.size();
-                shape[0] = (b - a) as i64;
-                whole.push(Tensor::empty(shape.as_slice(), (t.kind(), t.device())));
-            }
-            whole[i]
-                .narrow(0, (at - a) as i64, (end - at) as i64)
-                .copy_(&t);
+/// A group's GAT softmax over in-edges, computed online (a running maximum
+/// and sums rescaled when it grows; Milakov and Gimelshein, "Online
+/// normalizer calculation for softmax", 2018): per destination and head
+/// the maximum score `m`, the sum `s` of exp(score - m) and `acc`, the sum
+/// of the sources' projected rows weighted alike. The order of the terms
+/// does not matter, so sources may come in any chunk order.
+struct OnlineSoftmax {
+    /// The group's first destination.
+    a: u64,
+    heads: usize,
+    per_head: usize,
+    m: Vec<f32>,
+    s: Vec<f32>,
+    acc: Vec<f32>,
+    /// The destination side of each score, att_dst·W h_dst, per head;
+    /// known once the destination's own row has come by.
+    er: Vec<f32>,
+}
+
+impl OnlineSoftmax {
+    fn new(a: u64, g: usize, heads: usize, per_head: usize) -> Self {
+        OnlineSoftmax {
+            a,
+            heads,
+            per_head,
+            m: vec![0.0; g * heads],
+            s: vec![0.0; g * heads],
+            acc: vec![0.0; g * heads * per_head],
+            er: vec![0.0; g * heads],
         }
-        if keep {
-            kept.extend_from_slice(&rows);
-        }
-        at = end;
     }
-    Ok((whole, kept))
+
+    /// Starts destinations `[lo, hi)` with their self-loop (PyG's
+    /// add_self_loops), their rows' projections `z` and source scores `el`
+    /// taken from a chunk that starts at node `base`: max = e_self, sum =
+    /// 1, acc = z_dst. Their `er` must be set.
+    fn seed(&mut self, (lo, hi): (u64, u64), base: u64, z: &[f32], el: &[f32]) {
+        let (h, w) = (self.heads, self.heads * self.per_head);
+        for v in lo..hi {
+            let (row, at) = ((v - base) as usize, (v - self.a) as usize);
+            for hh in 0..h {
+                let raw = el[row * h + hh] + self.er[at * h + hh];
+                self.m[at * h + hh] = if raw >= 0.0 { raw } else { 0.2 * raw };
+                self.s[at * h + hh] = 1.0;
+            }
+            self.acc[at * w..][..w].copy_from_slice(&z[row * w..][..w]);
+        }
+    }
+
+    /// Adds the edges `src[k] -> dst[k]`, sorted by destination, all in
+    /// `[lo, hi)` and seeded; the sources' projections `z` and scores `el`
+    /// are rows of a block that starts at node `base`. Threads take
+    /// disjoint ranges of destinations, so no locks.
+    #[allow(clippy::too_many_arguments)]
+    fn add(
+        &mut self,
+        (lo, hi): (u64, u64),
+        src: &[u32],
+        dst: &[u32],
+        base: u64,
+        z: &[f32],
+        el: &[f32],
+        parts: usize,
+    ) {
+        if src.is_empty() {
+            return;
+        }
+        let (h, c_out) = (self.heads, self.per_head);
+        let w = h * c_out;
+        let split = dst_parts(dst, lo, hi, parts);
+        let mut slices = Vec::with_capacity(split.len());
+        let (mut acc_rest, mut m_rest, mut s_rest) = (
+            self.acc.as_mut_slice(),
+            self.m.as_mut_slice(),
+            self.s.as_mut_slice(),
+        );
+        let mut at = self.a;
+        for &((plo, phi), edge_range) in &split {
+            let skip = (plo - at) as usize;
+            let len = (phi - plo) as usize;
+            let (_, t) = acc_rest.split_at_mut(skip * w);
+            let (acc_mine, t) = t.split_at_mut(len * w);
+            acc_rest = t;
+            let (_, t) = m_rest.split_at_mut(skip * h);
+            let (m_mine, t) = t.split_at_mut(len * h);
+            m_rest = t;
+            let (_, t) = s_rest.split_at_mut(skip * h);
+            let (s_mine, t) = t.split_at_mut(len * h);
+            s_rest = t;
+            slices.push((plo, acc_mine, m_mine, s_mine, edge_range));
+            at = phi;
+        }
+        let (er, a) = (&self.er, self.a);
+        slices
+            .into_par_iter()
+            .for_each(|(plo, acc_mine, m_mine, s_mine, (x0, x1))| {
+                for k in x0..x1 {
+                    let (sv, t) = (src[k], dst[k]);
+                    // PyG replaces edges from a node to itself by the one
+                    // self-loop, already in the seed.
+                    if sv == t {
+                        continue;
+                    }
+                    let row = (sv as u64 - base) as usize;
+                    let local = (t as u64 - plo) as usize;
+                    let global = (t as u64 - a) as usize;
+                    for hh in 0..h {
+                        let raw = el[row * h + hh] + er[global * h + hh];
+                        let e = if raw >= 0.0 { raw } else { 0.2 * raw };
+                        let mi = &mut m_mine[local * h + hh];
+                        let si = &mut s_mine[local * h + hh];
+                        let out = &mut acc_mine[local * w + hh * c_out..][..c_out];
+                        let zr = &z[row * w + hh * c_out..][..c_out];
+                        if e > *mi {
+                            let scale = (*mi - e).exp();
+                            *si = *si * scale + 1.0;
+                            for (o, v) in out.iter_mut().zip(zr) {
+                                *o = *o * scale + v;
+                            }
+                            *mi = e;
+                        } else {
+                            let wt = (e - *mi).exp();
+                            *si += wt;
+                            for (o, v) in out.iter_mut().zip(zr) {
+                                *o += wt * v;
+                            }
+                        }
+                    }
+                }
+            });
+    }
 }
 
 /// Runs one graph layer for the destinations `[a, b)`: streams the input,
@@ -832,7 +980,7 @@ fn graph_layer_group(
                 input.width
             };
             let mut acc = vec![0f32; g * d];
-            *read += input.stream(engine, chunk_rows, times, bar, |c, rows| {
+            *read += input.stream(engine, chunk_rows, 0, times, bar, |c, rows| {
                 let c0 = c as u64 * chunk_rows;
                 let c1 = c0 + (rows.len() / input.width) as u64;
                 let (lo, hi) = (a.max(c0), b.min(c1));
@@ -913,106 +1061,92 @@ fn graph_layer_group(
             let (h, c_out) = (*heads as usize, *per_head as usize);
             let w = h * c_out;
             let d = input.width;
-            let (own, h_dst) = own_rows(
-                input,
-                engine,
-                (a, b),
-                chunk_rows,
-                device,
-                keep_rows,
-                read,
-                |x| {
-                    let z = x.matmul(&lin_w.tr()).view([-1, *heads, *per_head]);
-                    let el = (&z * att_src).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
-                    let er = (&z * att_dst).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
-                    vec![z, el, er, x.matmul(&res_w.tr())]
-                },
-            )?;
-            let (z_dst_t, el_dst, er_t, res) = (&own[0], &own[1], &own[2], &own[3]);
-            let er = to_vec(er_t)?;
-            // Online softmax, seeded with each destination's self-loop:
-            // max = e_self, sum = 1, acc = z_dst.
-            let raw = el_dst + er_t;
-            let e_self = to_vec(&raw.maximum(&(&raw * 0.2)))?;
-            let mut m = e_self.clone();
-            let mut s = vec![1f32; g * h];
-            let mut acc = to_vec(z_dst_t)?;
-            *read += input.stream(engine, chunk_rows, times, bar, |c, rows| {
+            let sum_last = |t: &Tensor| t.sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+            // A destination's scores need its own row (att_dst·W h_dst), so
+            // the stream starts at the group's first chunk: the chunks
+            // `first..=last` that hold the group's rows (its span) come
+            // first, in order, then the rest. An edge whose destination
+            // has not come by yet waits: its source is in the span, whose
+            // projections are kept until the span's last chunk. So the
+            // group's own rows are read once, in the stream.
+            let first = (a / chunk_rows) as usize;
+            let last = ((b - 1) / chunk_rows) as usize;
+            let kept = ((last - first) as u64 * chunk_rows) as usize;
+            let (mut z_span, mut el_span) = (
+                Vec::<f32>::with_capacity(kept * w),
+                Vec::<f32>::with_capacity(kept * h),
+            );
+            let mut sm = OnlineSoftmax::new(a, g, h, c_out);
+            let res_width = res_w.size()[0];
+            let res = Tensor::zeros([g as i64, res_width], (Kind::Float, device));
+            let mut h_dst = Vec::new();
+            *read += input.stream(engine, chunk_rows, first, times, bar, |c, rows| {
                 let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
-                if e0 == e1 {
+                let in_span = (first..=last).contains(&c);
+                if !in_span && e0 == e1 {
                     return Ok(());
                 }
                 let c0 = c as u64 * chunk_rows;
-                let n_rows = (rows.len() / d) as i64;
-                let x = tensor(rows, n_rows, device);
-                let z = x.matmul(&lin_w.tr()).view([n_rows, *heads, *per_head]);
-                let el = to_vec(&(&z * att_src).sum_dim_intlist(
-                    [-1i64].as_slice(),
-                    false,
-                    Kind::Float,
-                ))?;
-                let z = to_vec(&z)?;
-                let (src, dst) = (&edges.src[e0..e1], &edges.dst[e0..e1]);
-                let split = dst_parts(dst, a, b, parts);
-                let mut slices = Vec::with_capacity(split.len());
-                let (mut acc_rest, mut m_rest, mut s_rest) =
-                    (acc.as_mut_slice(), m.as_mut_slice(), s.as_mut_slice());
-                let mut at = a;
-                for &((lo, hi), edge_range) in &split {
-                    let skip = (lo - at) as usize;
-                    let len = (hi - lo) as usize;
-                    let (_, t) = acc_rest.split_at_mut(skip * w);
-                    let (acc_mine, t) = t.split_at_mut(len * w);
-                    acc_rest = t;
-                    let (_, t) = m_rest.split_at_mut(skip * h);
-                    let (m_mine, t) = t.split_at_mut(len * h);
-                    m_rest = t;
-                    let (_, t) = s_rest.split_at_mut(skip * h);
-                    let (s_mine, t) = t.split_at_mut(len * h);
-                    s_rest = t;
-                    slices.push((lo, acc_mine, m_mine, s_mine, edge_range));
-                    at = hi;
+                let n_rows = rows.len() / d;
+                let c1 = c0 + n_rows as u64;
+                let x = tensor(rows, n_rows as i64, device);
+                let z_t = x
+                    .matmul(&lin_w.tr())
+                    .view([n_rows as i64, *heads, *per_head]);
+                let el = to_vec(&sum_last(&(&z_t * att_src)))?;
+                let z = to_vec(&z_t)?;
+                // Destinations below `seen` have had their rows by now.
+                let seen = if in_span { b.min(c1) } else { b };
+                if in_span {
+                    let (lo, hi) = (a.max(c0), b.min(c1));
+                    let (at, len) = ((lo - c0) as i64, (hi - lo) as i64);
+                    let er = to_vec(&sum_last(&(z_t.narrow(0, at, len) * att_dst)))?;
+                    sm.er[(lo - a) as usize * h..(hi - a) as usize * h].copy_from_slice(&er);
+                    res.narrow(0, (lo - a) as i64, len)
+                        .copy_(&x.narrow(0, at, len).matmul(&res_w.tr()));
+                    if keep_rows {
+                        h_dst.extend_from_slice(&rows[at as usize * d..(at + len) as usize * d]);
+                    }
+                    sm.seed((lo, hi), c0, &z, &el);
+                    // Edges from the span's earlier chunks waited for these
+                    // destinations.
+                    for c2 in first..c {
+                        let (f0, f1) = (edges.offsets[c2] as usize, edges.offsets[c2 + 1] as usize);
+                        let bucket = &edges.dst[f0..f1];
+                        let k0 = f0 + bucket.partition_point(|&t| (t as u64) < lo);
+                        let k1 = f0 + bucket.partition_point(|&t| (t as u64) < hi);
+                        let row0 = ((c2 - first) as u64 * chunk_rows) as usize;
+                        sm.add(
+                            (lo, hi),
+                            &edges.src[k0..k1],
+                            &edges.dst[k0..k1],
+                            c2 as u64 * chunk_rows,
+                            &z_span[row0 * w..],
+                            &el_span[row0 * h..],
+                            parts,
+                        );
+                    }
                 }
-                let er = &er;
-                slices
-                    .into_par_iter()
-                    .for_each(|(lo, acc_mine, m_mine, s_mine, (x0, x1))| {
-                        for k in x0..x1 {
-                            let (sv, t) = (src[k], dst[k]);
-                            // PyG replaces edges from a node to itself by the
-                            // one self-loop, already in the seed.
-                            if sv == t {
-                                continue;
-                            }
-                            let row = (sv as u64 - c0) as usize;
-                            let local = (t as u64 - lo) as usize;
-                            let global = (t as u64 - a) as usize;
-                            for hh in 0..h {
-                                let raw = el[row * h + hh] + er[global * h + hh];
-                                let e = if raw >= 0.0 { raw } else { 0.2 * raw };
-                                let mi = &mut m_mine[local * h + hh];
-                                let si = &mut s_mine[local * h + hh];
-                                let out = &mut acc_mine[local * w + hh * c_out..][..c_out];
-                                let zr = &z[row * w + hh * c_out..][..c_out];
-                                if e > *mi {
-                                    let scale = (*mi - e).exp();
-                                    *si = *si * scale + 1.0;
-                                    for (o, v) in out.iter_mut().zip(zr) {
-                                        *o = *o * scale + v;
-                                    }
-                                    *mi = e;
-                                } else {
-                                    let wt = (e - *mi).exp();
-                                    *si += wt;
-                                    for (o, v) in out.iter_mut().zip(zr) {
-                                        *o += wt * v;
-                                    }
-                                }
-                            }
-                        }
-                    });
+                // This chunk's edges into destinations that have come by;
+                // the bucket is sorted by destination, so they lead it.
+                let k1 = e0 + edges.dst[e0..e1].partition_point(|&t| (t as u64) < seen);
+                sm.add(
+                    (a, seen),
+                    &edges.src[e0..k1],
+                    &edges.dst[e0..k1],
+                    c0,
+                    &z,
+                    &el,
+                    parts,
+                );
+                if in_span && c < last {
+                    z_span.extend_from_slice(&z);
+                    el_span.extend_from_slice(&el);
+                }
                 Ok(())
             })?;
+            drop((z_span, el_span));
+            let OnlineSoftmax { s, acc, .. } = sm;
             let mut agg = tensor(&acc, g as i64, device).view([g as i64, *heads, *per_head]);
             drop(acc);
             let s = tensor(&s, g as i64, device).unsqueeze(-1);
@@ -1023,7 +1157,7 @@ fn graph_layer_group(
             } else {
                 agg.mean_dim([1i64].as_slice(), false, Kind::Float)
             };
-            let _ = out.g_add_(res);
+            let _ = out.g_add_(&res);
             let _ = out.g_add_(bias);
             Ok((out, h_dst))
         }
@@ -1229,7 +1363,8 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let mut per_node = 0u64;
     // A chunk's raw bytes and its float32 buffers in flight (the one in
     // use, those ready ahead, the one filling), then what it is projected to.
-    // (Twice the raw bytes: the stream's and the group's own rows' reads.)
+    // (Twice the raw bytes: the chunk's bytes as read, and its copy as a
+    // tensor.)
     let mut per_chunk_row = 8 * max_in + 4 * (STREAM_AHEAD as u64 + 2) * max_in;
     for l in 0..num_layers {
         let last = l + 1 == num_layers;
@@ -1453,7 +1588,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             let gi = progress.groups_done;
             let (a, b) = plan.groups[gi];
             let t = Instant::now();
-            let mut read = 0u64;
+            let (mut read, mut edge_read) = (0u64, 0u64);
             let mut times = StreamTimes::default();
             // A bar per pass: the bytes of the layer's input streamed so far.
             let bar = offgnn_shared::progress::bytes_bar_if(
@@ -1468,12 +1603,12 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             );
             let (out_rows, embedding) = if model.mlp.is_empty() {
                 let t_edges = Instant::now();
-                let edges = load_group_edges(&cfg.work_dir, gi, chunks)?;
+                let (edges, size) = load_group_edges(&cfg.work_dir, gi, chunks)?;
                 tracing::debug!(
                     "layer {l} group {gi}: edges loaded in {:.2} s",
                     t_edges.elapsed().as_secs_f64()
                 );
-                read += (edges.src.len() * 8) as u64;
+                edge_read += size;
                 let t_group = Instant::now();
                 let (out, h_dst) = graph_layer_group(
                     &model.layers[l],
@@ -1604,6 +1739,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             let f = &mut progress.figures[l];
             f.passes += 1;
             f.bytes_read += read;
+            f.edge_bytes_read += edge_read;
             f.bytes_written += written;
             f.seconds += t.elapsed().as_secs_f64();
             f.io_wait_seconds += times.io_wait;

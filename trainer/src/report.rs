@@ -177,11 +177,12 @@ pub fn infer_summary(s: &InferSummary) {
         rows.push((
             name.as_str(),
             format!(
-                "{} -> {}: {} passes, read {}, wrote {}, {:.2} s (waiting on the disk {:.2} s, projecting and scattering {:.2} s){}",
+                "{} -> {}: {} passes, read {} (and {} of edges), wrote {}, {:.2} s (waiting on the disk {:.2} s, projecting and scattering {:.2} s){}",
                 l.in_width,
                 l.out_width,
                 l.passes,
                 human_bytes(l.bytes_read),
+                human_bytes(l.edge_bytes_read),
                 human_bytes(l.bytes_written),
                 l.seconds,
                 l.io_wait_seconds,

@@ -218,8 +218,11 @@ fn out_of_core_inference_equals_the_in_memory_forward_pass() {
             assert!(s.groups >= 2, "{kind:?}: {} groups", s.groups);
             assert!(NODES.div_ceil(s.chunk_rows) >= 2, "{kind:?}: one chunk");
             assert_eq!(s.layers.len(), 3);
-            for l in &s.layers {
+            for (i, l) in s.layers.iter().enumerate() {
                 assert_eq!(l.passes, s.groups, "a pass per group");
+                // Each pass reads the layer's input once, nothing more.
+                let once = input_bytes(&ds, i, cfg.hidden as u64, 4);
+                assert_eq!(l.bytes_read, l.passes * once, "{kind:?}: layer {}", i + 1);
             }
         }
         let o = read_output(&out, &s);
@@ -260,6 +263,71 @@ fn out_of_core_inference_equals_the_in_memory_forward_pass() {
                 s16_written * 2 <= s32_written + 8192,
                 "{s16_written} vs {s32_written}"
             );
+        }
+    }
+}
+
+/// The bytes of a layer's input as stored: the feature rows from the page
+/// their data starts on, or a hidden layer's rows at its stored width.
+fn input_bytes(ds: &Dataset, l: usize, hidden: u64, elem: u64) -> u64 {
+    if l == 0 {
+        let start = ds.features.header().data_offset;
+        start % 4096 + ds.num_nodes * ds.features.row_bytes()
+    } else {
+        ds.num_nodes * hidden * elem
+    }
+}
+
+#[test]
+fn with_one_group_each_layer_reads_its_input_once() {
+    let _serial = super::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ds_path = dataset(dir.path());
+    let ds = Dataset::open(&ds_path).unwrap();
+    let engine = IoEngine::new(IoOptions::default());
+    for kind in [ModelKind::Sage, ModelKind::Gat] {
+        let (location, net, cfg) = exported(dir.path(), &ds, kind);
+        // GAT also with float16 hidden layers: half the bytes, read once.
+        let halves: &[bool] = if kind == ModelKind::Gat {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &f16 in halves {
+            let tag = format!("{kind:?}-{f16}");
+            let mut run = config(
+                &location,
+                &ds_path,
+                &dir.path().join(format!("out-{tag}")),
+                &dir.path().join(format!("work-{tag}")),
+            );
+            // Room for every destination in one group; chunks stay 1024 rows.
+            run.memory = trainer::memory::RUNTIME_BYTES + (256 << 20);
+            run.hidden_f16 = f16;
+            let s = infer(&run, &engine).unwrap();
+            assert_eq!(s.groups, 1, "{tag}");
+            assert!(NODES.div_ceil(s.chunk_rows) >= 3, "{tag}: chunks");
+            let elem = if f16 { 2 } else { 4 };
+            for (l, f) in s.layers.iter().enumerate() {
+                let want = input_bytes(&ds, l, cfg.hidden as u64, elem);
+                println!(
+                    "{tag}: layer {} read {} bytes of input ({want} as stored), {} of edges",
+                    l + 1,
+                    f.bytes_read,
+                    f.edge_bytes_read
+                );
+                assert_eq!(f.passes, 1, "{tag}: layer {}", l + 1);
+                assert_eq!(f.bytes_read, want, "{tag}: layer {} input", l + 1);
+                assert!(f.edge_bytes_read > 0, "{tag}: edges counted apart");
+            }
+            let o = read_output(&dir.path().join(format!("out-{tag}")), &s);
+            let want = full_graph_forward(&ds, net.as_ref(), &cfg);
+            let want: Vec<f32> = Vec::try_from(want.view([-1])).unwrap();
+            let diff = max_diff(&o.logits, &want);
+            println!("{tag}: largest logit difference {diff:.2e}");
+            let tolerance = if f16 { 1e-2 } else { 1e-5 };
+            assert!(diff <= tolerance, "{tag}: logits differ by {diff}");
         }
     }
 }
