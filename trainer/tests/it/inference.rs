@@ -11,6 +11,7 @@ use arrow::datatypes::{Float32Type, UInt64Type};
 use offgnn_shared::address_table::BatchTable;
 use offgnn_shared::dataset::Dataset;
 use offgnn_shared::io_engine::{IoEngine, IoOptions};
+use offgnn_shared::parquet_import::{self, ImportConfig};
 use offgnn_shared::samples::Block;
 use offgnn_shared::synthetic::{GeneratorConfig, generate};
 use tch::{Device, Kind, Tensor, nn};
@@ -171,23 +172,36 @@ fn config(model: &str, ds: &Path, out: &Path, work: &Path) -> InferConfig {
 }
 
 /// The least memory (in steps of 64 KiB) a run of `model` accepts: at that
-/// size each destination group holds about one block of 1024 nodes.
+/// size each destination group holds about one block of 1024 nodes. A
+/// binary search: a run is refused below that size and works above it.
 fn least_memory(model: &str, ds: &Path, root: &Path, engine: &IoEngine) -> u64 {
-    let mut memory = trainer::memory::RUNTIME_BYTES + (8 << 20);
-    loop {
+    const STEP: u64 = 64 << 10;
+    let works = |memory: u64| {
         let mut cfg = config(model, ds, &root.join("probe-out"), &root.join("probe-work"));
         cfg.memory = memory;
         cfg.overwrite = true;
         match infer(&cfg, engine) {
-            Ok(_) => return memory,
-            Err(e) => assert!(e.to_string().contains("--memory"), "{e}"),
+            Ok(_) => true,
+            Err(e) => {
+                assert!(e.to_string().contains("--memory"), "{e}");
+                false
+            }
         }
-        memory += 64 << 10;
-        assert!(
-            memory < trainer::memory::RUNTIME_BYTES + (64 << 20),
-            "no memory size worked"
-        );
+    };
+    // In steps above the runtime: `lo` is refused, `hi` works.
+    let base = trainer::memory::RUNTIME_BYTES;
+    let (mut lo, mut hi) = (0u64, (256 << 20) / STEP);
+    assert!(!works(base), "a run with no room for data worked");
+    assert!(works(base + hi * STEP), "no memory size worked");
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if works(base + mid * STEP) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
     }
+    base + hi * STEP
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -275,6 +289,65 @@ fn input_bytes(ds: &Dataset, l: usize, hidden: u64, elem: u64) -> u64 {
         start % 4096 + ds.num_nodes * ds.features.row_bytes()
     } else {
         ds.num_nodes * hidden * elem
+    }
+}
+
+/// Cora's tables (`scripts/setup` fetches them), imported as the sampler's
+/// `import-parquet --preset cora` does.
+fn cora(root: &Path) -> std::path::PathBuf {
+    let tables = std::env::var_os("OFFGNN_CORA_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/cora"));
+    let nodes = tables.join("cora_nodes.parquet.gzip");
+    assert!(
+        nodes.exists(),
+        "the Cora tables are missing from {}: run scripts/setup",
+        tables.display()
+    );
+    let ds = root.join("cora");
+    let cfg = ImportConfig::cora(nodes, tables.join("cora_rels.parquet.gzip"));
+    parquet_import::import(&ds, &cfg, false).unwrap();
+    ds
+}
+
+#[test]
+fn out_of_core_inference_equals_the_in_memory_forward_pass_on_cora() {
+    let _serial = super::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ds_path = cora(dir.path());
+    let ds = Dataset::open(&ds_path).unwrap();
+    let n = ds.num_nodes;
+    let engine = IoEngine::new(IoOptions::default());
+    for kind in [ModelKind::Sage, ModelKind::Gat] {
+        let (location, net, cfg) = exported(dir.path(), &ds, kind);
+        let out = dir.path().join(format!("out-{kind:?}"));
+        let mut run = config(
+            &location,
+            &ds_path,
+            &out,
+            &dir.path().join(format!("work-{kind:?}")),
+        );
+        run.memory = least_memory(&location, &ds_path, dir.path(), &engine);
+        let s = infer(&run, &engine).unwrap();
+        assert!(s.groups >= 2, "{kind:?}: {} groups", s.groups);
+        assert!(n.div_ceil(s.chunk_rows) >= 2, "{kind:?}: one chunk");
+        for (i, l) in s.layers.iter().enumerate() {
+            assert_eq!(l.passes, s.groups, "a pass per group");
+            let once = input_bytes(&ds, i, cfg.hidden as u64, 4);
+            assert_eq!(l.bytes_read, l.passes * once, "{kind:?}: layer {}", i + 1);
+        }
+        let o = read_output(&out, &s);
+        assert_eq!(o.ids, (0..n).collect::<Vec<_>>());
+        let want = full_graph_forward(&ds, net.as_ref(), &cfg);
+        let want: Vec<f32> = Vec::try_from(want.view([-1])).unwrap();
+        let diff = max_diff(&o.logits, &want);
+        println!(
+            "Cora {kind:?}: {} groups, {} chunks, largest logit difference {diff:.2e}",
+            s.groups,
+            n.div_ceil(s.chunk_rows)
+        );
+        assert!(diff <= 1e-5, "{kind:?}: logits differ by {diff}");
     }
 }
 
