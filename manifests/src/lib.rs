@@ -10,14 +10,15 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// The newest manifest format this build reads and writes. Format 2 adds
-/// `dataset.store_dtype`: rows converted while packing (half precision).
-/// A layout that converts nothing is written as format 1, which builds
-/// from before conversion read as well; one that converts is format 2, so
-/// those builds refuse it instead of misreading its rows.
-pub const FORMAT_VERSION: u32 = 2;
+/// The manifest format this build reads and writes. Format 2 added
+/// `dataset.store_dtype` (rows converted while packing); format 3 names
+/// address tables of format OGATBL02 (compressed topology, bit-packed
+/// addresses), which builds before it cannot read. Formats 1 and 2 name
+/// tables of raw arrays, which this build no longer reads: such a layout
+/// is refused with a line that says to pack it again.
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest manifest format this build reads.
-pub const OLDEST_FORMAT_VERSION: u32 = 1;
+pub const OLDEST_FORMAT_VERSION: u32 = 3;
 /// The manifest's own name inside a layout.
 pub const MANIFEST: &str = "manifest.json";
 /// Disk pages, and the alignment of every region of every object.
@@ -32,7 +33,7 @@ pub enum Error {
     )]
     FutureVersion { origin: String, found: u32 },
     #[error(
-        "{origin}: manifest format version {found} is not supported (this build reads {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})"
+        "{origin}: manifest format version {found} is from an older offgnn, whose address tables this build does not read (it reads format {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION}); pack the layout again with this packer"
     )]
     UnsupportedVersion { origin: String, found: u32 },
     #[error("{origin}: invalid manifest: {reason}")]
@@ -227,10 +228,11 @@ pub struct Manifest {
     /// in the order the trainer consumes them.
     pub schedule: BTreeMap<String, Vec<Vec<BatchRef>>>,
     pub objects: Vec<Object>,
-    /// Bytes of every object on disk (features, address tables, topology).
+    /// Bytes of every object on disk (features, address tables, topology):
+    /// what the disk budget bounds (format 3; before, only the features).
     pub disk_bytes: u64,
-    /// Bytes of the feature objects (caches and segments): what the disk
-    /// budget bounds.
+    /// Bytes of the feature objects (caches and segments); the rest of
+    /// `disk_bytes` is the address tables.
     pub feature_disk_bytes: u64,
     /// `disk_bytes / feature_file_bytes`.
     pub blow_up: f64,
@@ -502,18 +504,17 @@ mod tests {
             (back.dataset.store_dtype(), back.dataset.store_row_bytes()),
             ("bfloat16", 8)
         );
-        // A format 1 reader would take the rows for float32: refused.
-        m.format_version = 1;
-        let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
-        assert!(err.to_string().contains("format 2"), "{err}");
-        m.format_version = 2;
         m.dataset.store_dtype = Some("int8".into());
         let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
         assert!(err.to_string().contains("store_dtype 'int8'"), "{err}");
-        // Format 1 without conversion still reads.
+        // Formats 1 and 2 name tables of raw arrays: refused, saying to re-pack.
         let mut m = sample();
-        m.format_version = 1;
-        assert!(Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).is_ok());
+        for old in [1, 2] {
+            m.format_version = old;
+            let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+            assert!(matches!(err, Error::UnsupportedVersion { .. }), "{err}");
+            assert!(err.to_string().contains("pack the layout again"), "{err}");
+        }
         m.format_version = 0;
         let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
         assert!(matches!(err, Error::UnsupportedVersion { found: 0, .. }));

@@ -114,9 +114,13 @@ pub struct PackArgs {
     /// CPU-cache budget in bytes.
     #[arg(long, allow_hyphen_values = true)]
     pub cpu_cache: Option<String>,
-    /// Disk budget: bytes, or a multiple of the feature file such as 3x (of
-    /// the file as --store-dtype stores it: 3x of a float32 file stored as
-    /// f16 is 1.5 times the file's bytes).
+    /// Disk budget for everything the layout writes: the GPU and CPU caches,
+    /// the disk caches and packed chunks of every segment, and the address
+    /// tables (each batch's compressed topology and row addresses). Bytes,
+    /// or a multiple of the feature file such as 3x (of the file as
+    /// --store-dtype stores it: 3x of a float32 file stored as f16 is 1.5
+    /// times the file's bytes). A budget below the smallest layout is
+    /// refused with the minimum and what it counts.
     #[arg(long, allow_hyphen_values = true)]
     pub disk_budget: Option<String>,
     /// Memory the packer may use (plan plus feature partitions); default 2G.

@@ -100,8 +100,11 @@ pub struct PackSummary {
     /// Exact bytes of the training segments at the chosen size.
     pub train_segment_bytes: u64,
     pub disk_bytes: u64,
-    /// Caches and segments: what the disk budget bounds.
+    /// Caches and segments (feature rows), and the address tables (each
+    /// batch's compressed topology and addresses): the disk budget bounds
+    /// their sum, `disk_bytes`.
     pub feature_disk_bytes: u64,
+    pub table_bytes: u64,
     pub disk_budget: u64,
     pub blow_up: f64,
     pub predicted_read_amplification: f64,
@@ -127,10 +130,17 @@ pub struct PackSummary {
 }
 
 /// Reads every batch of the run, in the order the trainer consumes them:
-/// training epochs in turn, then validation, then test. Files are fetched,
-/// checked and decoded in parallel (one per thread at a time); the order
-/// is kept.
-fn load_batches(store: &Store, run: &RunSummary, show: bool) -> Result<Vec<BatchInfo>> {
+/// training epochs in turn, then validation, then test, and measures each
+/// batch's address-table record (its topology compressed as the table
+/// writer will, and its addresses), which no plan changes: the disk budget
+/// holds the tables before it holds feature rows. One file is decoded at a
+/// time (as the table writer holds one), its batches compressed in parallel.
+fn load_batches(
+    store: &Store,
+    run: &RunSummary,
+    num_nodes: u64,
+    show: bool,
+) -> Result<Vec<BatchInfo>> {
     use rayon::prelude::*;
     let total: u64 = run.files.iter().map(|f| f.batches as u64).sum();
     let pb = offgnn_shared::progress::bar_if(show, total, "loading", "batches");
@@ -145,27 +155,49 @@ fn load_batches(store: &Store, run: &RunSummary, show: bool) -> Result<Vec<Batch
             );
         }
     }
-    let per_file: Vec<Vec<BatchInfo>> = files
-        .par_iter()
-        .map(|&(split, epoch, file)| -> Result<Vec<BatchInfo>> {
-            // The plan needs the input nodes only; the topology is read
-            // (and checked whole) by the table writer during packing.
-            let batches = offgnn_shared::samples::read_inputs(store, file)?;
-            pb.inc(batches.len() as u64);
-            Ok(batches
-                .into_iter()
-                .map(|b| BatchInfo {
-                    split,
-                    epoch,
-                    index: b.index,
-                    cold: Vec::new(),
-                    inputs: b.input_nodes,
-                })
-                .collect())
-        })
-        .collect::<Result<_>>()?;
+    let mut out = Vec::with_capacity(total as usize);
+    for (split, epoch, file) in files {
+        offgnn_shared::signals::check()?;
+        let batches = offgnn_shared::samples::read_file(store, file)?;
+        let infos: Vec<BatchInfo> = batches
+            .into_par_iter()
+            .map_init(
+                || (Vec::new(), Vec::new()),
+                |(scratch, frame), b| -> Result<BatchInfo> {
+                    let t = BatchTable {
+                        split: Some(split),
+                        epoch,
+                        index: b.index,
+                        num_inputs: b.input_nodes.len() as u32,
+                        labels: b.labels,
+                        input_nodes: b.input_nodes,
+                        blocks: b.blocks,
+                        ..Default::default()
+                    };
+                    address_table::topology_frame(&t, scratch, frame)
+                        .map_err(|e| Error::io(file.object.name.as_str(), e))?;
+                    let table_bytes = address_table::record_bytes(
+                        frame.len() as u64,
+                        t.input_nodes.len() as u64,
+                        num_nodes,
+                    ) + address_table::object_overhead(1)
+                        - address_table::FOOTER;
+                    Ok(BatchInfo {
+                        split,
+                        epoch,
+                        index: t.index,
+                        cold: Vec::new(),
+                        inputs: t.input_nodes,
+                        table_bytes,
+                    })
+                },
+            )
+            .collect::<Result<_>>()?;
+        pb.inc(infos.len() as u64);
+        out.extend(infos);
+    }
     pb.finish_and_clear();
-    Ok(per_file.into_iter().flatten().collect())
+    Ok(out)
 }
 
 /// Runs a packing job. Stopped by SIGINT or SIGTERM, it removes what it
@@ -237,7 +269,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         feature_dtype: from.name().to_string(),
         ..Default::default()
     };
-    let mut batches = load_batches(&samples, &run, cfg.show_progress)?;
+    let mut batches = load_batches(&samples, &run, num_nodes, cfg.show_progress)?;
     summary.load_seconds = started.elapsed().as_secs_f64();
 
     // The feature file's pass starts now, beside the plan: its piece size
@@ -336,9 +368,16 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         let eval_bytes: u64 = eval_segments.iter().map(|s| s.size).sum();
         let cache_bytes = align(cache.gpu_nodes().len() as u64 * row_bytes)
             + align(cache.cpu_nodes().len() as u64 * row_bytes);
-        let train_budget = budget.saturating_sub(eval_bytes + cache_bytes);
-        // The exact bytes the training segments take at a segment size: one
-        // pass over the cold lists, cheap beside the packing itself.
+        // The budget holds everything the layout writes. The address tables'
+        // records are measured already (no plan changes them); each table
+        // object adds its footer, one per segment: the evaluation segments'
+        // here, the training segments' with their feature bytes below.
+        let records_bytes: u64 = batches.iter().map(|b| b.table_bytes).sum();
+        let tables_fixed = records_bytes + address_table::FOOTER * eval_segments.len() as u64;
+        let train_budget = budget.saturating_sub(eval_bytes + cache_bytes + tables_fixed);
+        // The exact bytes the training segments take at a segment size (their
+        // feature rows and their tables' footers): one pass over the cold
+        // lists, cheap beside the packing itself.
         let exact = |s: usize| {
             crate::segment_search::exact_layout_bytes(
                 train.iter().map(|&i| batches[i].cold.as_slice()),
@@ -346,13 +385,15 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
                 num_nodes,
                 row_bytes,
             )
+            .map(|b| b + address_table::FOOTER * train.len().div_ceil(s) as u64)
         };
         let too_small = |train: u64| crate::plan_error::PlanError::LayoutTooSmall {
             budget,
-            minimum: train + eval_bytes + cache_bytes,
+            minimum: train + eval_bytes + cache_bytes + tables_fixed,
             train,
             eval: eval_bytes,
             caches: cache_bytes,
+            tables: tables_fixed,
         };
         let (segment_size, searched, estimated, algorithm2) =
             match (cfg.disk_cache, cfg.segment_size) {
@@ -373,8 +414,14 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
                         train_budget,
                     )
                     .map_err(|e| match e {
-                        crate::plan_error::PlanError::BudgetTooSmall { minimum, .. } => {
-                            too_small(minimum)
+                        // Algorithm 2's minimum counts rows, not the pages
+                        // each chunk rounds up to: state the least layout,
+                        // one segment of every batch, which fits.
+                        crate::plan_error::PlanError::BudgetTooSmall { .. } => {
+                            match exact(train.len().max(1)) {
+                                Ok(least) => too_small(least),
+                                Err(e) => e,
+                            }
                         }
                         other => other,
                     })?;
@@ -415,7 +462,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         if train_bytes > train_budget {
             return Err(match (cfg.disk_cache, cfg.segment_size) {
                 (DiskCacheMode::Segmented, Some(s)) => Error::InvalidArgument(format!(
-                    "--segment-size {s} lays out {} bytes of training segments, beyond the {} left of --disk-budget after caches and evaluation segments; raise the budget or drop --segment-size to search one",
+                    "--segment-size {s} lays out {} bytes of training segments, beyond the {} left of --disk-budget after caches, evaluation segments and address tables; raise the budget or drop --segment-size to search one",
                     train_bytes, train_budget
                 )),
                 _ => too_small(train_bytes).into(),
@@ -479,14 +526,16 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         summary.cpu_rows = cache.cpu_nodes().len() as u64;
         summary.plan_seconds = t.elapsed().as_secs_f64();
 
-        // The feature rows' bytes are known now: refuse a disk that cannot
-        // hold them before writing any (the address tables come on top).
-        let rows_bytes: u64 = cache_bytes + segments.iter().map(|s| s.size).sum::<u64>();
+        // The layout's bytes are known now: refuse a disk that cannot hold
+        // them before writing any.
+        let tables_bytes_planned = records_bytes + address_table::FOOTER * segments.len() as u64;
+        let rows_bytes: u64 =
+            cache_bytes + segments.iter().map(|s| s.size).sum::<u64>() + tables_bytes_planned;
         std::fs::create_dir_all(&staging).map_err(|e| Error::io(staging.display(), e))?;
         let free = offgnn_shared::io_engine::free_bytes(&staging)?;
         if rows_bytes > free {
             return Err(Error::InvalidArgument(format!(
-                "{}: {} free, the layout's feature rows alone need {} (the address tables come on top); free some space, lower --disk-budget, or choose another --out",
+                "{}: {} free, the layout (feature rows and address tables) needs {}; free some space, lower --disk-budget, or choose another --out",
                 staging.display(),
                 human_bytes(free),
                 human_bytes(rows_bytes)
@@ -538,7 +587,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
                 let t = Instant::now();
                 let tables = write_tables(
                     &samples, &run, &staging, &prefix, &segments, &batches, &cache, row_bytes,
-                    false,
+                    num_nodes, false,
                 );
                 (tables, t.elapsed().as_secs_f64())
             });
@@ -576,11 +625,25 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
             objects.push(f.finish()?);
         }
         objects.extend(tables.objects.iter().cloned());
+        summary.table_bytes = tables.objects.iter().map(|o| o.size).sum();
         summary.pack_seconds = t.elapsed().as_secs_f64();
+        // The plan counted the tables before a byte was written; a mismatch
+        // is a bug, and the budget must hold whatever it says.
+        if summary.table_bytes != tables_bytes_planned {
+            return Err(Error::InvalidArgument(format!(
+                "internal: the address tables take {} bytes, the plan counted {tables_bytes_planned}",
+                summary.table_bytes
+            )));
+        }
 
         // ---- commit ----
         let t = Instant::now();
         let disk_bytes: u64 = objects.iter().map(|o| o.size).sum();
+        if disk_bytes > budget {
+            return Err(Error::InvalidArgument(format!(
+                "internal: the layout takes {disk_bytes} bytes, beyond the disk budget of {budget}"
+            )));
+        }
         summary.bytes_written = disk_bytes;
         summary.disk_bytes = disk_bytes;
         summary.blow_up = disk_bytes as f64 / feature_file_bytes as f64;
@@ -591,12 +654,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
             upload(&out, &staging, &objects, cfg.show_progress)?;
         }
         let manifest = Manifest {
-            // Converted rows need a reader that knows `store_dtype`.
-            format_version: if to == from {
-                manifests::OLDEST_FORMAT_VERSION
-            } else {
-                manifests::FORMAT_VERSION
-            },
+            format_version: manifests::FORMAT_VERSION,
             run_id: run_id.to_string(),
             created_by: format!("offgnn packer {}", env!("CARGO_PKG_VERSION")),
             dataset: manifests::DatasetRef {
@@ -1118,6 +1176,7 @@ fn write_tables(
     batches: &[BatchInfo],
     cache: &Tiers,
     row_bytes: u64,
+    num_nodes: u64,
     show: bool,
 ) -> Result<TableTotals> {
     let mut place: HashMap<(Split, u32, u32), (usize, usize)> = HashMap::new();
@@ -1130,7 +1189,7 @@ fn write_tables(
     type Table = TableWriter<CrcWriter<BufWriter<File>>>;
     let mut writers: Vec<Option<Table>> = (0..segments.len()).map(|_| None).collect();
     let mut totals = TableTotals::default();
-    let mut record = Vec::new();
+    let (mut record, mut scratch) = (Vec::new(), Vec::new());
     let pb = offgnn_shared::progress::bar_if(show, batches.len() as u64, "tables", "batches");
     for file in &run.files {
         offgnn_shared::signals::check()?;
@@ -1184,7 +1243,7 @@ fn write_tables(
                     t.index
                 )));
             }
-            address_table::encode_into(&t, &mut record);
+            address_table::encode_into(&t, row_bytes, num_nodes, &mut scratch, &mut record)?;
             w.push(&record).map_err(|e| Error::io(&name, e))?;
             pb.inc(1);
             if w.len() == seg.batches.len() {

@@ -37,6 +37,10 @@ pub struct BatchInfo {
     pub cold: Vec<u32>,
     /// All input nodes, for counting; emptied once the tiers are fixed.
     pub inputs: Vec<u32>,
+    /// Bytes of the batch's address-table record: its compressed topology,
+    /// measured while loading, and its addresses, which the input count
+    /// fixes (`address_table::record_bytes`).
+    pub table_bytes: u64,
 }
 
 /// One segment: a run of consecutive batches of one split sharing a disk cache.
@@ -323,6 +327,7 @@ mod tests {
             index: 0,
             cold: cold.to_vec(),
             inputs: Vec::new(),
+            table_bytes: 0,
         }
     }
 

@@ -16,9 +16,10 @@ pub enum PlanError {
     BudgetTooSmall { budget: u64, minimum: u64 },
     /// The whole layout's least size is over the disk budget, with what it
     /// counts: it can exceed the feature file, as the evaluation segments
-    /// and the caches hold copies of rows the training rows hold too.
+    /// and the caches hold copies of rows the training rows hold too, and
+    /// the address tables hold every batch's topology and addresses.
     #[error(
-        "disk budget {budget} bytes is below the {minimum} bytes the smallest layout takes: the training batches' distinct cold rows once each ({train}), the validation and test segments' own copies of their rows ({eval}), and the GPU and CPU caches ({caches}), each rounded up to 4 KiB pages; raise --disk-budget to at least {minimum}, or shrink --gpu-cache and --cpu-cache"
+        "disk budget {budget} bytes is below the {minimum} bytes the smallest layout takes: the training batches' distinct cold rows once each ({train}), the validation and test segments' own copies of their rows ({eval}), the GPU and CPU caches ({caches}), each rounded up to 4 KiB pages, and the address tables with every batch's compressed topology ({tables}); raise --disk-budget to at least {minimum}, or shrink --gpu-cache and --cpu-cache"
     )]
     LayoutTooSmall {
         budget: u64,
@@ -26,5 +27,6 @@ pub enum PlanError {
         train: u64,
         eval: u64,
         caches: u64,
+        tables: u64,
     },
 }

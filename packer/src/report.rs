@@ -50,10 +50,12 @@ pub fn packed(cfg: &PackConfig, s: &PackSummary) {
         (
             "disk",
             format!(
-                "features {} of a {} budget; {} with tables, blow-up {:.2}x",
-                human_bytes(s.feature_disk_bytes),
-                human_bytes(s.disk_budget),
+                "{} of a {} budget: features {}, address tables {} ({:.0}%); blow-up {:.2}x",
                 human_bytes(s.disk_bytes),
+                human_bytes(s.disk_budget),
+                human_bytes(s.feature_disk_bytes),
+                human_bytes(s.table_bytes),
+                100.0 * s.table_bytes as f64 / s.disk_bytes.max(1) as f64,
                 s.blow_up
             ),
         ),
@@ -186,9 +188,11 @@ pub fn inspect(origin: &str, m: &Manifest) {
         (
             "disk",
             format!(
-                "{} in {} objects, blow-up {:.2}x",
+                "{} in {} objects (features {}, address tables {}), blow-up {:.2}x",
                 human_bytes(m.disk_bytes),
                 m.objects.len(),
+                human_bytes(m.feature_disk_bytes),
+                human_bytes(m.disk_bytes.saturating_sub(m.feature_disk_bytes)),
                 m.blow_up
             ),
         ),

@@ -2,25 +2,43 @@
 //! from — GPU-cache slot, CPU-cache slot, a byte in the batch's disk-cache
 //! pages, or a row of its packed chunk — precomputed by the packer so the
 //! trainer does no lookups, plus the batch's topology so the trainer reads
-//! one place. Arrays are struct-of-arrays so that each becomes one index
-//! tensor.
+//! one place. [`BatchTable`] holds the arrays struct-of-arrays so that each
+//! becomes one index tensor.
 //!
 //! A table object holds the records of one segment's batches, streamed in
 //! order, then an index and a fixed-size footer (so it can be written in one
 //! pass and read by two ranged reads per record):
 //!
 //! ```text
-//! records... | count x (offset: u64, len: u64) | index_offset: u64 | count: u64 | "OGATBL01"
+//! records... | count x (offset: u64, len: u64) | index_offset: u64 | count: u64 | "OGATBL02"
 //! ```
 //!
-//! Every number is little-endian; every array is a u64 length then its
-//! elements. Offsets are from the start of the object.
+//! A record is compact, since the tables count against the packer's disk
+//! budget (raw u32/u64 arrays made them 26 times the feature file):
+//!
+//! ```text
+//! topology_len: u32 | topology: zstd frame | chunk_offset: u64 | chunk_len: u64
+//!   | row_bytes: u32 | index_bits: u8 | one address per input row, bit-packed
+//! ```
+//!
+//! The topology (split, epoch, index, labels, input nodes, blocks) is LEB128
+//! varints, sorted arrays delta-coded, local source ids coded against the
+//! next new id (the sampler numbers them in order of first appearance),
+//! then zstd: it does not depend on the layout's plan, so the packer measures
+//! it before planning. An address is a 2-bit tier tag and an index of
+//! `index_bits` bits (below the graph's node count): GPU or CPU slot,
+//! disk-cache position or packed row. Its size is fixed by the input count,
+//! so a table's bytes are known before the plan is; the disk-cache pages and
+//! offsets follow from the positions and the row size on decoding. Fixed
+//! numbers are little-endian; offsets are from the start of the object.
 
 use crate::dataset::Split;
 use crate::error::{Error, Result};
 use crate::samples::Block;
 
-const MAGIC: &[u8; 8] = b"OGATBL01";
+const MAGIC: &[u8; 8] = b"OGATBL02";
+/// Disk pages (4 KiB), as the layout counts them.
+const PAGE: u64 = 4096;
 
 /// Where one batch's rows come from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -71,81 +89,237 @@ impl BatchTable {
     }
 }
 
-struct Writer<'a>(&'a mut Vec<u8>);
+/// Bit width of an address's tier tag.
+const TAG_BITS: u32 = 2;
+const TAG_GPU: u64 = 0;
+const TAG_CPU: u64 = 1;
+const TAG_DISK: u64 = 2;
+const TAG_PACKED: u64 = 3;
+/// Bytes of a record besides its topology frame and its addresses: the
+/// frame's length (u32), chunk offset and length (u64 each), row bytes
+/// (u32) and the index width (u8).
+pub const RECORD_FIXED_BYTES: u64 = 4 + 8 + 8 + 4 + 1;
+/// The zstd level of the topology: level 1 compresses the sampled blocks
+/// (delta-coded local ids) about as well as level 3 at twice the speed.
+const ZSTD_LEVEL: i32 = 1;
 
-impl Writer<'_> {
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
+/// Bits of an address's index (slot, disk-cache position or packed row)
+/// in a layout of `num_nodes` nodes: every index is below `num_nodes`.
+pub fn index_bits(num_nodes: u64) -> u32 {
+    (u64::BITS - num_nodes.saturating_sub(1).leading_zeros()).max(1)
+}
+
+/// Bytes of a batch's addresses: `num_inputs` entries of a tag and an
+/// index of [`index_bits`], packed. Known before the layout is planned.
+pub fn address_bytes(num_inputs: u64, num_nodes: u64) -> u64 {
+    (num_inputs * u64::from(index_bits(num_nodes) + TAG_BITS)).div_ceil(8)
+}
+
+/// Bytes of a whole record whose compressed topology takes `topology`
+/// bytes ([`topology_frame`]): exact, whatever the plan.
+pub fn record_bytes(topology: u64, num_inputs: u64, num_nodes: u64) -> u64 {
+    RECORD_FIXED_BYTES + topology + address_bytes(num_inputs, num_nodes)
+}
+
+/// Bytes of a table object's index and footer beside its `records`.
+pub fn object_overhead(records: u64) -> u64 {
+    records * 16 + FOOTER
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
     }
-    fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u32s(&mut self, v: &[u32]) {
-        self.u64(v.len() as u64);
-        for &x in v {
-            self.u32(x);
-        }
-    }
-    fn u64s(&mut self, v: &[u64]) {
-        self.u64(v.len() as u64);
-        for &x in v {
-            self.u64(x);
-        }
+    out.push(v as u8);
+}
+
+/// How an array's values are written (as LEB128 varints).
+#[derive(Clone, Copy)]
+enum Coding {
+    /// As they are.
+    Plain,
+    /// Each as its difference from the one before (sorted arrays: small).
+    Delta,
+    /// A block's source ids, which the sampler numbers in order of first
+    /// appearance after the destinations (`0..num_dst`): an id above every
+    /// one before is written as twice its distance from the next new id
+    /// (mostly 0), any other as twice itself plus one. On sampled blocks
+    /// this takes a quarter less than zigzagged differences, compressed.
+    NewIds { num_dst: u32 },
+}
+
+fn put_u32s(out: &mut Vec<u8>, v: &[u32], coding: Coding) {
+    put_varint(out, v.len() as u64);
+    let mut prev = 0u32;
+    let mut next = match coding {
+        Coding::NewIds { num_dst } => num_dst,
+        _ => 0,
+    };
+    for &x in v {
+        put_varint(
+            out,
+            match coding {
+                Coding::Plain => u64::from(x),
+                Coding::Delta => u64::from(x.wrapping_sub(prev)),
+                Coding::NewIds { .. } if x >= next => {
+                    let d = u64::from(x - next) * 2;
+                    next = x.saturating_add(1);
+                    d
+                }
+                Coding::NewIds { .. } => u64::from(x) * 2 + 1,
+            },
+        );
+        prev = x;
     }
 }
 
-/// Encodes one record.
-pub fn encode(t: &BatchTable) -> Vec<u8> {
-    let mut out = Vec::new();
-    encode_into(t, &mut out);
-    out
+/// The body of a topology frame: split, epoch, index, input count, then
+/// labels, input nodes and blocks (input layer first); varints.
+fn topology_body(t: &BatchTable, out: &mut Vec<u8>) {
+    out.clear();
+    put_varint(
+        out,
+        match t.split {
+            None => 0,
+            Some(Split::Train) => 1,
+            Some(Split::Valid) => 2,
+            Some(Split::Test) => 3,
+        },
+    );
+    put_varint(out, u64::from(t.epoch));
+    put_varint(out, u64::from(t.index));
+    put_varint(out, u64::from(t.num_inputs));
+    put_u32s(out, &t.labels, Coding::Plain);
+    put_u32s(out, &t.input_nodes, Coding::Plain);
+    put_varint(out, t.blocks.len() as u64);
+    for b in &t.blocks {
+        put_varint(out, u64::from(b.num_src));
+        put_varint(out, u64::from(b.num_dst));
+        put_u32s(out, &b.src, Coding::NewIds { num_dst: b.num_dst });
+        put_u32s(out, &b.dst, Coding::Delta);
+    }
+}
+
+/// Compresses a batch's topology (its labels, input nodes and blocks,
+/// which do not depend on the layout's plan) into `out`: the frame
+/// [`encode_into`] writes. The packer measures it before planning, so
+/// that the disk budget can hold the tables.
+pub fn topology_frame(
+    t: &BatchTable,
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    topology_body(t, scratch);
+    out.clear();
+    out.reserve(zstd::compress_bound(scratch.len()));
+    zstd::bulk::Compressor::new(ZSTD_LEVEL)?.compress_to_buffer(scratch.as_slice(), out)?;
+    Ok(())
+}
+
+/// Why a batch table cannot be encoded (a plan inconsistent with itself).
+fn unencodable(what: String) -> Error {
+    Error::InvalidArgument(format!("internal: address table cannot be encoded: {what}"))
 }
 
 /// Encodes one record into `out`, replacing what it held. A writer of many
-/// records reuses one buffer: its pages are touched once, not per record.
-pub fn encode_into(t: &BatchTable, out: &mut Vec<u8>) {
-    out.clear();
-    // The exact size: 132 bytes of fixed fields and list lengths, then the
-    // lists (a block adds two counts and two list lengths).
-    out.reserve(
-        132 + 4 * (t.labels.len() + t.input_nodes.len())
-            + 8 * (t.gpu_pos.len() + t.cpu_pos.len() + t.packed_pos.len())
-            + 16 * t.page_runs.len()
-            + 12 * t.disk_pos.len()
-            + t.blocks.iter().map(|b| 24 + 8 * b.src.len()).sum::<usize>(),
-    );
-    let mut w = Writer(out);
-    w.u32(match t.split {
-        None => 0,
-        Some(Split::Train) => 1,
-        Some(Split::Valid) => 2,
-        Some(Split::Test) => 3,
-    });
-    w.u32(t.epoch);
-    w.u32(t.index);
-    w.u32(t.num_inputs);
-    w.u32s(&t.labels);
-    w.u32s(&t.input_nodes);
-    w.u32s(&t.gpu_pos);
-    w.u32s(&t.gpu_slot);
-    w.u32s(&t.cpu_pos);
-    w.u32s(&t.cpu_slot);
-    let (first, count): (Vec<u64>, Vec<u64>) = t.page_runs.iter().copied().unzip();
-    w.u64s(&first);
-    w.u64s(&count);
-    w.u32s(&t.disk_pos);
-    w.u64s(&t.disk_offset);
-    w.u64(t.chunk_offset);
-    w.u64(t.chunk_len);
-    w.u32s(&t.packed_pos);
-    w.u32s(&t.packed_row);
-    w.u32(t.blocks.len() as u32);
-    for b in &t.blocks {
-        w.u32(b.num_src);
-        w.u32(b.num_dst);
-        w.u32s(&b.src);
-        w.u32s(&b.dst);
+/// records reuses its buffers. `row_bytes` is the layout's row stride,
+/// `num_nodes` the graph's nodes (every slot, disk-cache position and
+/// packed row is below it). The record takes exactly [`record_bytes`].
+pub fn encode_into(
+    t: &BatchTable,
+    row_bytes: u64,
+    num_nodes: u64,
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    let bits = index_bits(num_nodes);
+    let n = t.num_inputs as usize;
+    let limit = 1u64 << bits;
+    // Each input row's address, tag in the low bits.
+    let mut entries = vec![u64::MAX; n];
+    let mut place = |pos: u32, tag: u64, index: u64| -> Result<()> {
+        let slot = entries
+            .get_mut(pos as usize)
+            .ok_or_else(|| unencodable(format!("position {pos} of {n} inputs")))?;
+        if index >= limit {
+            return Err(unencodable(format!(
+                "index {index} beyond {num_nodes} nodes"
+            )));
+        }
+        *slot = tag | index << TAG_BITS;
+        Ok(())
+    };
+    for (&p, &s) in t.gpu_pos.iter().zip(&t.gpu_slot) {
+        place(p, TAG_GPU, u64::from(s))?;
     }
+    for (&p, &s) in t.cpu_pos.iter().zip(&t.cpu_slot) {
+        place(p, TAG_CPU, u64::from(s))?;
+    }
+    for (&p, &r) in t.packed_pos.iter().zip(&t.packed_row) {
+        place(p, TAG_PACKED, u64::from(r))?;
+    }
+    // A disk row is stored as its disk-cache position: its pages and its
+    // offset in them follow from the positions (as the packer made them).
+    let pages: Vec<u64> = t
+        .page_runs
+        .iter()
+        .flat_map(|&(first, count)| first..first + count)
+        .collect();
+    for (&p, &off) in t.disk_pos.iter().zip(&t.disk_offset) {
+        let page = pages
+            .get((off / PAGE) as usize)
+            .ok_or_else(|| unencodable(format!("offset {off} beyond the pages read")))?;
+        let byte = page * PAGE + off % PAGE;
+        if row_bytes == 0 || !byte.is_multiple_of(row_bytes) {
+            return Err(unencodable(format!("offset {off} is not a row's start")));
+        }
+        place(p, TAG_DISK, byte / row_bytes)?;
+    }
+    if entries.contains(&u64::MAX) {
+        return Err(unencodable("an input row has no address".into()));
+    }
+    topology_frame(t, &mut Vec::new(), scratch)
+        .map_err(|e| unencodable(format!("compressing the topology: {e}")))?;
+    out.clear();
+    out.reserve(record_bytes(scratch.len() as u64, n as u64, num_nodes) as usize);
+    out.extend_from_slice(&(scratch.len() as u32).to_le_bytes());
+    out.extend_from_slice(scratch);
+    out.extend_from_slice(&t.chunk_offset.to_le_bytes());
+    out.extend_from_slice(&t.chunk_len.to_le_bytes());
+    out.extend_from_slice(
+        &u32::try_from(row_bytes)
+            .map_err(|_| unencodable(format!("rows of {row_bytes} bytes")))?
+            .to_le_bytes(),
+    );
+    out.push(bits as u8);
+    // LSB-first bit packing of (bits + 2)-bit entries.
+    let width = bits + TAG_BITS;
+    let (mut acc, mut held) = (0u128, 0u32);
+    for e in entries {
+        acc |= u128::from(e) << held;
+        held += width;
+        while held >= 8 {
+            out.push(acc as u8);
+            acc >>= 8;
+            held -= 8;
+        }
+    }
+    if held > 0 {
+        out.push(acc as u8);
+    }
+    debug_assert_eq!(
+        out.len() as u64,
+        record_bytes(scratch.len() as u64, n as u64, num_nodes)
+    );
+    Ok(())
+}
+
+/// Encodes one record (see [`encode_into`]).
+pub fn encode(t: &BatchTable, row_bytes: u64, num_nodes: u64) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    encode_into(t, row_bytes, num_nodes, &mut Vec::new(), &mut out)?;
+    Ok(out)
 }
 
 struct Reader<'a> {
@@ -178,81 +352,133 @@ impl Reader<'_> {
             self.take(8)?.try_into().expect("8 bytes"),
         ))
     }
-    fn len(&mut self, elem: usize) -> Result<usize> {
-        let n = self.u64()?;
-        if n.saturating_mul(elem as u64) > (self.bytes.len() - self.at) as u64 {
+    fn varint(&mut self) -> Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.take(1)?[0];
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(self.fail("varint too long"))
+    }
+    fn u32v(&mut self) -> Result<u32> {
+        u32::try_from(self.varint()?).map_err(|_| self.fail("number beyond 32 bits"))
+    }
+    fn u32s(&mut self, coding: Coding) -> Result<Vec<u32>> {
+        let n = self.varint()?;
+        // Every value takes at least a byte.
+        if n > (self.bytes.len() - self.at) as u64 {
             return Err(self.fail("array longer than the record"));
         }
-        Ok(n as usize)
-    }
-    fn u32s(&mut self) -> Result<Vec<u32>> {
-        let n = self.len(4)?;
-        Ok(self
-            .take(n * 4)?
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect())
-    }
-    fn u64s(&mut self) -> Result<Vec<u64>> {
-        let n = self.len(8)?;
-        Ok(self
-            .take(n * 8)?
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect())
+        let mut out = Vec::with_capacity(n as usize);
+        let mut prev = 0u32;
+        let mut next = match coding {
+            Coding::NewIds { num_dst } => u64::from(num_dst),
+            _ => 0,
+        };
+        for _ in 0..n {
+            let v = self.varint()?;
+            let x = match coding {
+                Coding::Plain => u32::try_from(v).ok(),
+                Coding::Delta => u32::try_from(v).ok().and_then(|d| prev.checked_add(d)),
+                Coding::NewIds { .. } if v % 2 == 0 => {
+                    let x = next.checked_add(v / 2);
+                    next = x.map_or(u64::MAX, |x| x.saturating_add(1));
+                    x.and_then(|x| u32::try_from(x).ok())
+                }
+                Coding::NewIds { .. } => u32::try_from(v / 2).ok(),
+            };
+            prev = x.ok_or_else(|| self.fail("value beyond 32 bits"))?;
+            out.push(prev);
+        }
+        Ok(out)
     }
 }
 
+/// Magic of the tables before this format (raw arrays): refused, as the
+/// layout must be packed again.
+const OLD_MAGIC: &[u8; 8] = b"OGATBL01";
+
+fn decompress(origin: &str, frame: &[u8]) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let fail = |what: String| Error::Store {
+        url: origin.to_string(),
+        fault: format!("corrupt address table: topology {what}"),
+    };
+    let declared = zstd::zstd_safe::get_frame_content_size(frame)
+        .ok()
+        .flatten()
+        .ok_or_else(|| fail("frame has no size".into()))?;
+    let mut body = Vec::with_capacity(declared.min(1 << 20) as usize);
+    zstd::stream::read::Decoder::with_buffer(frame)
+        .and_then(|d| d.take(declared.saturating_add(1)).read_to_end(&mut body))
+        .map_err(|e| fail(format!("does not decompress: {e}")))?;
+    if body.len() as u64 != declared {
+        return Err(fail(format!(
+            "decompresses to {} bytes, its frame says {declared}",
+            body.len()
+        )));
+    }
+    Ok(body)
+}
+
 /// Decodes one record and checks that every position and row it names is
-/// in range, so a corrupt table cannot index out of bounds later.
+/// in range, so a corrupt table cannot index out of bounds later. The
+/// trainer calls it in its graph-loading stage.
 pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
     let mut r = Reader {
         bytes,
         at: 0,
         origin,
     };
-    let split = match r.u32()? {
+    let frame_len = r.u32()? as usize;
+    let frame_at = r.at;
+    r.take(frame_len)?;
+    let frame = &bytes[frame_at..frame_at + frame_len];
+    let chunk_offset = r.u64()?;
+    let chunk_len = r.u64()?;
+    let row_bytes = u64::from(r.u32()?);
+    let bits = u32::from(r.take(1)?[0]);
+    if !(1..=32).contains(&bits) || row_bytes == 0 {
+        return Err(r.fail("bad address width or row size"));
+    }
+    let addresses = &bytes[r.at..];
+    let body = decompress(origin, frame)?;
+    let mut t = Reader {
+        bytes: &body,
+        at: 0,
+        origin,
+    };
+    let split = match t.varint()? {
         0 => None,
         1 => Some(Split::Train),
         2 => Some(Split::Valid),
         3 => Some(Split::Test),
-        _ => return Err(r.fail("unknown split")),
+        _ => return Err(t.fail("unknown split")),
     };
-    let epoch = r.u32()?;
-    let index = r.u32()?;
-    let num_inputs = r.u32()?;
-    let labels = r.u32s()?;
-    let input_nodes = r.u32s()?;
-    let gpu_pos = r.u32s()?;
-    let gpu_slot = r.u32s()?;
-    let cpu_pos = r.u32s()?;
-    let cpu_slot = r.u32s()?;
-    let first = r.u64s()?;
-    let count = r.u64s()?;
-    let disk_pos = r.u32s()?;
-    let disk_offset = r.u64s()?;
-    let chunk_offset = r.u64()?;
-    let chunk_len = r.u64()?;
-    let packed_pos = r.u32s()?;
-    let packed_row = r.u32s()?;
-    let layers = r.u32()?;
+    let epoch = t.u32v()?;
+    let index = t.u32v()?;
+    let num_inputs = t.u32v()?;
+    let labels = t.u32s(Coding::Plain)?;
+    let input_nodes = t.u32s(Coding::Plain)?;
+    let layers = t.varint()?;
     let mut blocks = Vec::with_capacity(layers.min(64) as usize);
     for _ in 0..layers {
-        let num_src = r.u32()?;
-        let num_dst = r.u32()?;
-        let src = r.u32s()?;
-        let dst = r.u32s()?;
+        let num_src = t.u32v()?;
+        let num_dst = t.u32v()?;
+        let src = t.u32s(Coding::NewIds { num_dst })?;
+        // Delta-coded, so sorted by destination, as the trainer's segment
+        // reductions need.
+        let dst = t.u32s(Coding::Delta)?;
         if src.len() != dst.len()
             || num_dst > num_src
             || num_src > num_inputs
             || src.iter().any(|&s| s >= num_src)
             || dst.iter().any(|&d| d >= num_dst)
         {
-            return Err(r.fail("block out of range"));
-        }
-        // The trainer's segment reductions rely on edges grouped by destination.
-        if !dst.is_sorted() {
-            return Err(r.fail("block edges not sorted by destination"));
+            return Err(t.fail("block out of range"));
         }
         blocks.push(Block {
             num_src,
@@ -261,45 +487,110 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
             dst,
         });
     }
-    let pages: u64 = count.iter().sum();
-    let positions_ok = gpu_pos.len() == gpu_slot.len()
-        && cpu_pos.len() == cpu_slot.len()
-        && disk_pos.len() == disk_offset.len()
-        && packed_pos.len() == packed_row.len()
-        && first.len() == count.len()
-        && labels.len() <= num_inputs as usize
-        && input_nodes.len() == num_inputs as usize
-        && [&gpu_pos, &cpu_pos, &disk_pos, &packed_pos]
-            .iter()
-            .all(|p| p.iter().all(|&x| x < num_inputs))
-        && disk_offset.iter().all(|&o| o < pages * 4096)
-        && gpu_pos.len() + cpu_pos.len() + disk_pos.len() + packed_pos.len() == num_inputs as usize;
-    if !positions_ok {
-        return Err(r.fail("positions out of range or not covering every input"));
+    if t.at != body.len() {
+        return Err(t.fail("trailing bytes in the topology"));
     }
-    if r.at != bytes.len() {
-        return Err(r.fail("trailing bytes"));
+    if labels.len() > num_inputs as usize || input_nodes.len() != num_inputs as usize {
+        return Err(r.fail("labels or input nodes do not match the input count"));
     }
-    Ok(BatchTable {
+    let width = bits + TAG_BITS;
+    let need = (u64::from(num_inputs) * u64::from(width)).div_ceil(8);
+    if addresses.len() as u64 != need {
+        return Err(r.fail(&format!(
+            "{} bytes of addresses, {num_inputs} inputs need {need}",
+            addresses.len()
+        )));
+    }
+    let mut out = BatchTable {
         split,
         epoch,
         index,
         num_inputs,
         labels,
         input_nodes,
-        gpu_pos,
-        gpu_slot,
-        cpu_pos,
-        cpu_slot,
-        page_runs: first.into_iter().zip(count).collect(),
-        disk_pos,
-        disk_offset,
         chunk_offset,
         chunk_len,
-        packed_pos,
-        packed_row,
         blocks,
-    })
+        ..Default::default()
+    };
+    let mask = (1u64 << width) - 1;
+    let mut dc: Vec<(u64, u32)> = Vec::new(); // (disk-cache position, input row)
+    let (mut acc, mut held, mut next) = (0u128, 0u32, 0usize);
+    for i in 0..num_inputs {
+        while held < width {
+            acc |= u128::from(addresses[next]) << held;
+            next += 1;
+            held += 8;
+        }
+        let e = acc as u64 & mask;
+        acc >>= width;
+        held -= width;
+        let index = e >> TAG_BITS;
+        match e & ((1 << TAG_BITS) - 1) {
+            TAG_GPU => {
+                out.gpu_pos.push(i);
+                out.gpu_slot.push(index as u32);
+            }
+            TAG_CPU => {
+                out.cpu_pos.push(i);
+                out.cpu_slot.push(index as u32);
+            }
+            TAG_DISK => dc.push((index, i)),
+            _ => {
+                out.packed_pos.push(i);
+                out.packed_row.push(index as u32);
+            }
+        }
+    }
+    if u64::try_from(out.packed_pos.len())
+        .ok()
+        .and_then(|n| n.checked_mul(row_bytes))
+        .is_none_or(|b| b > chunk_len)
+        || out
+            .packed_row
+            .iter()
+            .any(|&r| u64::from(r) * row_bytes >= chunk_len)
+    {
+        return Err(r.fail("packed rows beyond the chunk"));
+    }
+    // The pages of the disk-cache rows and each row's offset in them, as
+    // the packer computes them (rows may straddle pages).
+    dc.sort_unstable();
+    if dc.windows(2).any(|w| w[0].0 == w[1].0) {
+        return Err(r.fail("two inputs at one disk-cache position"));
+    }
+    let mut pages: Vec<u64> = Vec::new();
+    for &(pos, _) in &dc {
+        let start = pos * row_bytes;
+        let last = start + row_bytes - 1;
+        for page in start / PAGE..=last / PAGE {
+            if pages.last().is_none_or(|&p| p < page) {
+                pages.push(page);
+            }
+        }
+    }
+    for &(first, count) in &page_runs_of(&pages) {
+        out.page_runs.push((first, count));
+    }
+    for (pos, i) in dc {
+        let byte = pos * row_bytes;
+        let page_index = pages.partition_point(|&p| p < byte / PAGE) as u64;
+        out.disk_pos.push(i);
+        out.disk_offset.push(page_index * PAGE + byte % PAGE);
+    }
+    Ok(out)
+}
+
+/// Maximal runs of consecutive pages, ascending.
+fn page_runs_of(pages: &[u64]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &p in pages {
+        match runs.last_mut() {
+            Some((first, count)) if *first + *count == p => *count += 1,
+            _ => runs.push((p, 1)),
+        }
+    }
+    runs
 }
 
 /// Bytes of the footer at the end of a table object.
@@ -359,6 +650,12 @@ pub fn decode_footer(origin: &str, footer: &[u8], object_len: u64) -> Result<(u6
         url: origin.to_string(),
         fault: format!("corrupt address table object: {what}"),
     };
+    if footer.len() == FOOTER as usize && &footer[16..] == OLD_MAGIC {
+        return Err(Error::Store {
+            url: origin.to_string(),
+            fault: "address table of an older offgnn (format OGATBL01), which this build does not read; pack the layout again with this packer".to_string(),
+        });
+    }
     if footer.len() != FOOTER as usize || &footer[16..] != MAGIC {
         return Err(fail("bad footer"));
     }
@@ -429,16 +726,33 @@ mod tests {
         }
     }
 
+    /// Rows of one page: the fixture's disk rows are disk-cache positions
+    /// 3 and 4, on pages 3 and 4. Slots are below 16 nodes.
+    const ROW: u64 = 4096;
+    const NODES: u64 = 16;
+
     #[test]
     fn round_trips() {
         let t = table();
-        let rec = encode(&t);
+        let rec = encode(&t, ROW, NODES).unwrap();
+        let topology = u32::from_le_bytes(rec[..4].try_into().unwrap()) as u64;
+        assert_eq!(rec.len() as u64, record_bytes(topology, 5, NODES));
+        // 5 inputs of 2 + 4 bits.
+        assert_eq!(address_bytes(5, NODES), 4);
+        let mut frame = Vec::new();
+        topology_frame(&t, &mut Vec::new(), &mut frame).unwrap();
+        assert_eq!(
+            frame.len() as u64,
+            topology,
+            "measured before planning as written"
+        );
         assert_eq!(decode("t", &rec).unwrap(), t);
         let mut w = TableWriter::new(Vec::new());
         w.push(&rec).unwrap();
         w.push(&rec).unwrap();
         let (obj, size) = w.finish().unwrap();
         assert_eq!(size, obj.len() as u64);
+        assert_eq!(size, 2 * rec.len() as u64 + object_overhead(2));
         let (index_offset, count) =
             decode_footer("t", &obj[obj.len() - FOOTER as usize..], size).unwrap();
         assert_eq!(count, 2);
@@ -457,26 +771,96 @@ mod tests {
     }
 
     #[test]
+    fn rows_that_share_and_straddle_pages_round_trip() {
+        // 48-byte rows over a million nodes: disk-cache positions 0, 1, 85
+        // (bytes 4080..4128, across pages 0 and 1) and 1000 (page 11).
+        let positions = [1000u64, 0, 85, 1];
+        let row = 48;
+        let mut pages: Vec<u64> = positions
+            .iter()
+            .flat_map(|&p| p * row / 4096..=(p * row + row - 1) / 4096)
+            .collect();
+        pages.sort_unstable();
+        pages.dedup();
+        let mut order: Vec<(u64, u32)> =
+            positions.iter().zip(0u32..).map(|(&p, i)| (p, i)).collect();
+        order.sort_unstable();
+        let page_index = |p: u64| pages.iter().position(|&x| x == p).unwrap() as u64;
+        let t = BatchTable {
+            split: Some(Split::Test),
+            num_inputs: 6,
+            labels: vec![1, 2],
+            input_nodes: vec![999_999, 5, 77, 123_456, 0, 3],
+            page_runs: vec![(0, 2), (11, 1)],
+            disk_pos: order.iter().map(|o| o.1).collect(),
+            disk_offset: order
+                .iter()
+                .map(|&(p, _)| page_index(p * row / 4096) * 4096 + p * row % 4096)
+                .collect(),
+            gpu_pos: vec![4],
+            gpu_slot: vec![999_999],
+            packed_pos: vec![5],
+            packed_row: vec![0],
+            chunk_offset: 65536,
+            chunk_len: 4096,
+            // Source ids new (above all before), old, and skipping ahead.
+            blocks: vec![
+                Block {
+                    num_src: 6,
+                    num_dst: 2,
+                    src: vec![2, 3, 0, 5, 3, 4, 1],
+                    dst: vec![0, 0, 0, 1, 1, 1, 1],
+                },
+                Block {
+                    num_src: 2,
+                    num_dst: 2,
+                    src: vec![1, 0],
+                    dst: vec![0, 1],
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(pages, [0, 1, 11]);
+        let rec = encode(&t, row, 1_000_000).unwrap();
+        assert_eq!(decode("t", &rec).unwrap(), t);
+    }
+
+    #[test]
     fn a_reused_buffer_encodes_as_a_fresh_one() {
         let short = table();
         let mut long = table();
         long.input_nodes.extend(0..1000);
         long.num_inputs = long.input_nodes.len() as u32;
-        let mut buf = Vec::new();
-        encode_into(&long, &mut buf);
-        assert_eq!(buf, encode(&long));
+        long.gpu_pos.extend(5..long.num_inputs);
+        long.gpu_slot.extend((5..long.num_inputs).map(|i| i % 16));
+        let (mut scratch, mut buf) = (Vec::new(), Vec::new());
+        encode_into(&long, ROW, NODES, &mut scratch, &mut buf).unwrap();
+        assert_eq!(buf, encode(&long, ROW, NODES).unwrap());
         // The longer record's bytes must not linger past the shorter one.
-        encode_into(&short, &mut buf);
-        assert_eq!(buf, encode(&short));
+        encode_into(&short, ROW, NODES, &mut scratch, &mut buf).unwrap();
+        assert_eq!(buf, encode(&short, ROW, NODES).unwrap());
         assert_eq!(decode("t", &buf).unwrap(), short);
     }
 
     #[test]
-    fn refuses_corruption() {
+    fn refuses_what_it_cannot_encode() {
         let mut t = table();
         t.disk_pos[0] = 5; // past num_inputs
-        assert!(decode("t", &encode(&t)).is_err());
-        let rec = encode(&table());
+        assert!(encode(&t, ROW, NODES).is_err());
+        let mut t = table();
+        t.gpu_slot[0] = 16; // beyond the nodes
+        assert!(encode(&t, ROW, NODES).is_err());
+        let mut t = table();
+        t.packed_pos.clear(); // an input without an address
+        t.packed_row.clear();
+        assert!(encode(&t, ROW, NODES).is_err());
+        // An offset that is not a row's start.
+        assert!(encode(&table(), 3000, NODES).is_err());
+    }
+
+    #[test]
+    fn refuses_corruption() {
+        let rec = encode(&table(), ROW, NODES).unwrap();
         assert!(decode("t", &rec[..rec.len() - 1]).is_err());
         let mut long = rec.clone();
         long.push(0);
@@ -484,8 +868,31 @@ mod tests {
             decode("t", &long)
                 .unwrap_err()
                 .to_string()
-                .contains("trailing")
+                .contains("addresses")
         );
+        // A flipped byte in the compressed topology, and a frame length past
+        // the record.
+        let mut bad = rec.clone();
+        bad[10] ^= 0x55;
+        assert!(decode("t", &bad).is_err());
+        let mut bad = rec.clone();
+        bad[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(
+            decode("t", &bad)
+                .unwrap_err()
+                .to_string()
+                .contains("truncated")
+        );
+        // A topology whose block names a source past its inputs.
+        let mut t = table();
+        t.blocks[0].src[0] = 7;
+        let bad = encode(&t, ROW, NODES).unwrap();
+        assert!(decode("t", &bad).unwrap_err().to_string().contains("block"));
+        // A packed row past the chunk (the last address, tag 3, index 1).
+        let mut t = table();
+        t.packed_row[0] = 1;
+        let bad = encode(&t, ROW, NODES).unwrap();
+        assert!(decode("t", &bad).unwrap_err().to_string().contains("chunk"));
         let mut w = TableWriter::new(Vec::new());
         w.push(&rec).unwrap();
         let (obj, size) = w.finish().unwrap();
@@ -495,5 +902,36 @@ mod tests {
         let mut bad = [0u8; 16];
         bad[8] = 5; // a 5-byte record ending past the index at byte 4
         assert!(decode_index("t", &bad, 4).is_err());
+    }
+
+    #[test]
+    fn any_damage_fails_cleanly() {
+        let rec = encode(&table(), ROW, NODES).unwrap();
+        for cut in 0..rec.len() {
+            assert!(decode("t", &rec[..cut]).is_err());
+        }
+        for at in 0..rec.len() {
+            for flip in [0x01u8, 0x80, 0xff] {
+                let mut bad = rec.clone();
+                bad[at] ^= flip;
+                // Decodes to something in range, or fails; never panics.
+                if let Ok(t) = decode("t", &bad) {
+                    assert_eq!(t.input_nodes.len(), t.num_inputs as usize);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_a_table_of_the_old_format_naming_it() {
+        let mut footer = vec![0u8; FOOTER as usize];
+        footer[16..].copy_from_slice(OLD_MAGIC);
+        let err = decode_footer("pack/table-00000.bin", &footer, FOOTER).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("pack/table-00000.bin") && msg.contains("pack the layout again"),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'));
     }
 }

@@ -176,7 +176,7 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
     let text = std::fs::read_to_string(&manifest).unwrap();
     std::fs::write(
         &future,
-        text.replacen("\"format_version\": 1", "\"format_version\": 99", 1),
+        text.replacen("\"format_version\": 3", "\"format_version\": 99", 1),
     )
     .unwrap();
     std::fs::write(

@@ -82,7 +82,10 @@ fn the_packer_refuses_a_layout_the_disk_cannot_hold() {
             "4x",
         ],
     );
-    assert_one_line(&r, "free, the layout's feature rows alone need");
+    assert_one_line(
+        &r,
+        "free, the layout (feature rows and address tables) needs",
+    );
     assert!(files(fs.path()).is_empty(), "{:?}", files(fs.path()));
 }
 

@@ -352,7 +352,13 @@ fn cora_packs_verifies_and_inspects_through_the_binary() {
     let r = run("packer", &args);
     assert!(r.status.success(), "{}", r.stderr);
     let s = &r.json()["summary"];
-    assert!(s["feature_disk_bytes"].as_u64().unwrap() <= s["disk_budget"].as_u64().unwrap());
+    // The budget holds everything the layout writes, address tables included.
+    assert!(s["disk_bytes"].as_u64().unwrap() <= s["disk_budget"].as_u64().unwrap());
+    assert!(s["table_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(
+        s["feature_disk_bytes"].as_u64().unwrap() + s["table_bytes"].as_u64().unwrap(),
+        s["disk_bytes"].as_u64().unwrap()
+    );
     assert!(s["predicted_read_amplification"].as_f64().unwrap() >= 1.0);
     assert!(s["gpu_rows"].as_u64().unwrap() > 0);
 
@@ -371,7 +377,7 @@ fn cora_packs_verifies_and_inspects_through_the_binary() {
         &["inspect", "--manifest", manifest.to_str().unwrap()],
     );
     assert!(r.status.success(), "{}", r.stderr);
-    assert_eq!(r.json()["manifest"]["format_version"], 1);
+    assert_eq!(r.json()["manifest"]["format_version"], 3);
 
     // Committed layouts are refused; bad sizes and budgets are one line.
     let again = run("packer", &args);
@@ -549,7 +555,7 @@ fn cora_packs_and_trains_on_bfloat16_rows_through_the_binary() {
         let d = &r.json()["manifest"]["dataset"];
         assert_eq!(d["feature_dtype"], "float32");
         if dtype == "bf16" {
-            assert_eq!(r.json()["manifest"]["format_version"], 2);
+            assert_eq!(r.json()["manifest"]["format_version"], 3);
             assert_eq!(d["store_dtype"], "bfloat16");
             let r = run(
                 "trainer",
@@ -561,7 +567,7 @@ fn cora_packs_and_trains_on_bfloat16_rows_through_the_binary() {
             let acc = t["test_acc_at_best_valid"].as_f64().unwrap();
             assert!(acc > 0.6, "Cora test accuracy on bfloat16 rows {acc}");
         } else {
-            assert_eq!(r.json()["manifest"]["format_version"], 1);
+            assert_eq!(r.json()["manifest"]["format_version"], 3);
             assert!(d.get("store_dtype").is_none());
         }
     }
@@ -696,7 +702,7 @@ fn cora_trains_through_the_binary_and_refuses_bad_input() {
     let future = dir.path().join("pack/future.json");
     std::fs::write(
         &future,
-        text.replacen("\"format_version\": 1", "\"format_version\": 7", 1),
+        text.replacen("\"format_version\": 3", "\"format_version\": 7", 1),
     )
     .unwrap();
     one_line(

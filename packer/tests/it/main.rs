@@ -251,16 +251,13 @@ fn half_precision_layouts_verify_and_halve_the_rows() {
     };
     let full = pack_and_verify(&cfg("f32", Some(StoreDType::F32)));
     let (_, m32, _) = open_layout(&f.root.join("f32").to_string_lossy()).unwrap();
-    assert_eq!(
-        m32.format_version, 1,
-        "nothing converted: readable by older builds"
-    );
+    assert_eq!(m32.format_version, 3);
     assert_eq!(m32.dataset.store_dtype, None);
     for d in [StoreDType::F16, StoreDType::BF16] {
         let name = d.name();
         let s = pack_and_verify(&cfg(name, Some(d)));
         let (_, m, _) = open_layout(&f.root.join(name).to_string_lossy()).unwrap();
-        assert_eq!(m.format_version, 2);
+        assert_eq!(m.format_version, 3);
         assert_eq!(m.dataset.store_dtype(), name);
         assert_eq!(m.dataset.feature_dtype, "float32");
         assert_eq!(m.dataset.store_row_bytes(), m32.dataset.row_bytes / 2);
@@ -327,7 +324,7 @@ fn float16_features_pass_through_or_widen() {
     let (_, m, _) = open_layout(&f.root.join("f16").to_string_lossy()).unwrap();
     assert_eq!(
         (m.format_version, m.dataset.store_dtype.as_deref()),
-        (1, None)
+        (3, None)
     );
     assert_eq!(same.store_dtype, "float16");
     pack_and_verify(&PackConfig {
@@ -437,6 +434,99 @@ fn refuses_a_budget_below_the_minimum_and_names_it() {
     };
     assert!(minimum > 10_000);
     assert!(!f.root.join("tight").join(MANIFEST).exists());
+}
+
+/// Bytes of every file the layout wrote under `dir/pack`, listed on disk
+/// (the manifest, the commit point, is not part of the layout's budget).
+fn layout_bytes_on_disk(dir: &Path) -> (u64, u64) {
+    let (mut all, mut tables) = (0, 0);
+    let mut stack = vec![dir.join("pack")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let meta = e.metadata().unwrap();
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else {
+                all += meta.len();
+                if e.file_name().to_string_lossy().starts_with("table-") {
+                    tables += meta.len();
+                }
+            }
+        }
+    }
+    (all, tables)
+}
+
+#[test]
+fn the_disk_budget_holds_every_object_the_layout_writes() {
+    // Small evaluation splits; the least layout of this graph is about 4.3x its feature file.
+    let f = fixture_with(GeneratorConfig {
+        num_nodes: 4000,
+        avg_degree: 6.0,
+        feature_dim: 24,
+        num_classes: 4,
+        train_fraction: 0.1,
+        valid_fraction: 0.02,
+        test_fraction: Some(0.02),
+        seed: 12,
+        ..Default::default()
+    });
+    let feature_file = std::fs::metadata(&f.features).unwrap().len();
+    let s = pack_and_verify(&PackConfig {
+        disk_budget: Budget::Multiple(5.0),
+        ..config(&f, "four")
+    });
+    let (on_disk, tables) = layout_bytes_on_disk(&f.root.join("four"));
+    assert!(tables > 0);
+    assert_eq!(
+        (s.disk_bytes, s.table_bytes),
+        (on_disk, tables),
+        "the summary counts what is on disk"
+    );
+    assert_eq!(s.feature_disk_bytes + s.table_bytes, s.disk_bytes);
+    assert!(
+        s.disk_bytes <= s.disk_budget,
+        "{} > {}",
+        s.disk_bytes,
+        s.disk_budget
+    );
+    assert!(s.disk_budget <= 5 * feature_file);
+    let (_, m, _) = open_layout(&f.root.join("four").to_string_lossy()).unwrap();
+    assert_eq!(m.disk_bytes, on_disk);
+    assert_eq!(m.disk_bytes - m.feature_disk_bytes, tables);
+
+    // The minimum a refusal states counts the tables, and is enough.
+    let err = pack(&PackConfig {
+        disk_budget: Budget::Bytes(s.table_bytes),
+        ..config(&f, "tables-only")
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("address tables"), "{err}");
+    let Error::Plan(PlanError::LayoutTooSmall {
+        minimum, tables, ..
+    }) = err
+    else {
+        panic!("expected LayoutTooSmall, got {err}");
+    };
+    // The records and the evaluation tables' footers; the training tables'
+    // footers (24 bytes a segment) count with the training segments.
+    let train_segments = s.segments as u64 - 2;
+    assert_eq!(tables, s.table_bytes - 24 * train_segments);
+    let least = pack_and_verify(&PackConfig {
+        disk_budget: Budget::Bytes(minimum),
+        ..config(&f, "least")
+    });
+    assert!(least.disk_bytes <= minimum);
+    let (on_disk, _) = layout_bytes_on_disk(&f.root.join("least"));
+    assert_eq!(on_disk, least.disk_bytes);
+    assert!(
+        pack(&PackConfig {
+            disk_budget: Budget::Bytes(minimum - 1),
+            ..config(&f, "below")
+        })
+        .is_err()
+    );
 }
 
 #[test]

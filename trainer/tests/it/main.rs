@@ -532,7 +532,7 @@ fn corrupt_objects_and_unknown_versions_are_refused() {
     std::fs::write(&seg, &bytes).unwrap();
     // A manifest from the future.
     let text = std::fs::read_to_string(&manifest).unwrap().replacen(
-        "\"format_version\": 1",
+        "\"format_version\": 3",
         "\"format_version\": 9",
         1,
     );
