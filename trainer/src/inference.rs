@@ -407,11 +407,19 @@ impl Input {
             stop,
         };
         let mut carried = Vec::with_capacity(lead);
-        let mut read = read_range(engine, &file, &self.path, (from, end), &mut buf, |bytes| {
-            let take = (lead - carried.len()).min(bytes.len());
-            carried.extend_from_slice(&bytes[..take]);
-            chunker.feed(bytes);
-        })?;
+        let mut read = read_range(
+            engine,
+            &file,
+            &self.path,
+            (from, end),
+            &mut buf,
+            stop,
+            |bytes| {
+                let take = (lead - carried.len()).min(bytes.len());
+                carried.extend_from_slice(&bytes[..take]);
+                chunker.feed(bytes);
+            },
+        )?;
         chunker.flush();
         if first > 0 {
             chunker.chunk = 0;
@@ -422,6 +430,7 @@ impl Input {
                 &self.path,
                 (data_page, from),
                 &mut buf,
+                stop,
                 |bytes| chunker.feed(bytes),
             )?;
             chunker.feed(&carried);
@@ -482,22 +491,25 @@ impl Chunker<'_> {
 /// Reads `path`'s bytes `[from, to)` front to back (`from` on a page) in
 /// requests of `REQUEST` bytes, `PER_CALL` of them queued together, and
 /// hands each call's bytes to `each`; on an O_DIRECT file a partial last
-/// page is read buffered. Returns the bytes read.
+/// page is read buffered. Ends early once `stop` is set (the consumer
+/// failed or was signalled). Returns the bytes read.
 fn read_range(
     engine: &IoEngine,
     file: &offgnn_shared::io_engine::IoFile,
     path: &Path,
     (from, to): (u64, u64),
     buf: &mut AlignedBuf,
+    stop: &std::sync::atomic::AtomicBool,
     mut each: impl FnMut(&[u8]),
 ) -> Result<u64> {
+    let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
     let direct_to = if file.is_direct() {
         (to / PAGE * PAGE).max(from)
     } else {
         to
     };
     let mut at = from;
-    while at < direct_to {
+    while at < direct_to && !stopped() {
         let reqs: Vec<ReadReq> = (0..PER_CALL)
             .map(|i| at + (i * REQUEST) as u64)
             .take_while(|&offset| offset < direct_to)
@@ -512,7 +524,7 @@ fn read_range(
         each(&buf.as_slice()[..n as usize]);
         at += n;
     }
-    if at < to {
+    if at < to && !stopped() {
         let mut tail = vec![0u8; (to - at) as usize];
         let f = File::open(path).map_err(|e| Error::io(path.display(), e))?;
         f.read_exact_at(&mut tail, at)
