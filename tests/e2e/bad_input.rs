@@ -162,6 +162,21 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
             "../../etc/passwd",
         );
     });
+    // A CSV edge file that starts with a header line (GraphBolt's has none).
+    let csv_header = edited_dataset(&f, "csvhead", |d| {
+        std::fs::write(d.join("edges/edges.csv"), "src,dst\n0,1\n1,2\n").unwrap();
+        rewrite(
+            &d.join("metadata.yaml"),
+            "edges/edges.npy",
+            "edges/edges.csv",
+        );
+        rewrite(&d.join("metadata.yaml"), "format: numpy", "format: csv");
+    });
+    // An --out that holds something other than a dataset offgnn wrote.
+    let foreign = f.root.join("foreign");
+    std::fs::create_dir_all(foreign.join("notes")).unwrap();
+    std::fs::write(foreign.join("notes/mine.txt"), b"mine").unwrap();
+    let cora = offgnn_e2e::cora_dir();
     let wrong_dtype = edited_dataset(&f, "dtype", |d| {
         write_npy_i64(&d.join("data/feat.npy"), &[2000, 8], &vec![0; 16000]);
     });
@@ -303,6 +318,29 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
             Some(f.root.join("s9/run.json")),
         ),
         (
+            "sampler",
+            sampler(&csv_header, &new_out("s10"), &[]),
+            "is a header",
+            Some(f.root.join("s10/run.json")),
+        ),
+        (
+            "sampler",
+            vec![
+                "import-parquet".into(),
+                "--preset".into(),
+                "cora".into(),
+                "--nodes".into(),
+                s(&cora.join("cora_nodes.parquet.gzip")),
+                "--edges".into(),
+                s(&cora.join("cora_rels.parquet.gzip")),
+                "--out".into(),
+                s(&foreign),
+                "--overwrite".into(),
+            ],
+            "is not a dataset this program wrote",
+            Some(foreign.join("metadata.yaml")),
+        ),
+        (
             "packer",
             packer(&s(&bad_samples), &feat, &new_out("p1"), &[]),
             "checksum",
@@ -425,5 +463,48 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
         failures.len(),
         cases.len(),
         failures.join("\n")
+    );
+    assert_eq!(
+        std::fs::read(foreign.join("notes/mine.txt")).unwrap(),
+        b"mine",
+        "a refused --overwrite removed a user's file"
+    );
+}
+
+/// What changes results without failing is said once, on stderr: epochs
+/// past the sampled ones reuse them, and a --local-dir a local layout does
+/// not need is not used.
+#[test]
+fn what_changes_results_is_said() {
+    let f = fixture();
+    let manifest = f.pack.join("manifest.json");
+    let staged = f.root.join("staged");
+    let r = offgnn_e2e::run_with_env(
+        "trainer",
+        &[
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--epochs",
+            "3",
+            "--max-batches",
+            "2",
+            "--local-dir",
+            staged.to_str().unwrap(),
+        ],
+        &[("RUST_LOG", "info")],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let said = |what: &str| r.stderr.lines().filter(|l| l.contains(what)).count();
+    assert_eq!(
+        said("epochs 1..2 reuse the sampled batches"),
+        1,
+        "{}",
+        r.stderr
+    );
+    assert_eq!(said("--local-dir"), 1, "{}", r.stderr);
+    assert!(
+        said("is read in place") == 1 && !staged.exists(),
+        "{}",
+        r.stderr
     );
 }
