@@ -239,17 +239,59 @@ pub struct InspectArgs {
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Some(Command::Generate(args)) => dataset_tools::generate(&args),
-        Some(Command::ImportParquet(args)) => dataset_tools::import_parquet(&args),
+        Some(Command::Generate(args)) => {
+            stop_writing_on_signal("generating", &args.out);
+            dataset_tools::generate(&args)
+        }
+        Some(Command::ImportParquet(args)) => {
+            stop_writing_on_signal("importing into", &args.out);
+            dataset_tools::import_parquet(&args)
+        }
         Some(Command::Inspect(args)) => dataset_tools::inspect(&args),
         None => {
             // Sampling stops at its next file window on SIGINT or SIGTERM
-            // and removes what it wrote; the other commands keep the
-            // default (they end at once, leaving only temporary files).
+            // and removes what it wrote; `inspect` writes nothing and keeps
+            // the default (it ends at once).
             offgnn_shared::signals::install();
             sample(cli.sample)
         }
     }
+}
+
+/// `generate` and `import-parquet` stop on SIGINT or SIGTERM: their
+/// writing has no safe point to poll, so a thread of their own removes the
+/// partial dataset (`.NAME.partial-PID` beside `out`), keeps it from being
+/// committed, says so in one line and ends the process with the signal's
+/// status. A dataset already at `out` is untouched.
+fn stop_writing_on_signal(doing: &'static str, out: &std::path::Path) {
+    let out = out.to_path_buf();
+    offgnn_shared::signals::on_first(move |signal| {
+        let found = offgnn_shared::dataset::abandon_partial();
+        let list = |dirs: &[std::path::PathBuf]| {
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let what = if !found.committed.is_empty() {
+            format!("{} was committed before it", list(&found.committed))
+        } else if found.removed.is_empty() {
+            "nothing was written".to_string()
+        } else {
+            let kept = if out.exists() {
+                "; the dataset there is untouched"
+            } else {
+                ""
+            };
+            format!("removed the partial dataset {}{kept}", list(&found.removed))
+        };
+        eprintln!(
+            "error: {doing} {}: stopped by {signal}: {what}",
+            out.display()
+        );
+        let code = offgnn_shared::signals::exit_status().unwrap_or(1);
+        std::process::exit(i32::from(code));
+    });
 }
 
 fn sample(args: SampleArgs) -> anyhow::Result<()> {

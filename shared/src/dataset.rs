@@ -706,6 +706,107 @@ pub struct DatasetWriter {
     committed: bool,
 }
 
+/// The partial directories of the datasets this process is writing, shared
+/// with [`abandon_partial`]: a program stopped by a signal removes them from
+/// a thread of its own, and a commit holds this lock while it puts a
+/// dataset in place, so the two never cross.
+static WRITING: std::sync::Mutex<Writing> = std::sync::Mutex::new(Writing {
+    partial: Vec::new(),
+    committed: Vec::new(),
+    abandoned: false,
+});
+
+struct Writing {
+    partial: Vec<PathBuf>,
+    committed: Vec<PathBuf>,
+    /// Set by [`abandon_partial`]: no dataset is committed after it.
+    abandoned: bool,
+}
+
+fn writing() -> std::sync::MutexGuard<'static, Writing> {
+    // A panic while holding it leaves plain data behind: still usable.
+    WRITING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What [`abandon_partial`] found.
+#[derive(Debug, Default)]
+pub struct Abandoned {
+    /// The partial directories it removed.
+    pub removed: Vec<PathBuf>,
+    /// Datasets this process committed before it was stopped.
+    pub committed: Vec<PathBuf>,
+}
+
+/// Removes the partial directory of every dataset this process is writing
+/// and keeps any from being committed afterwards: for `sampler generate`
+/// and `import-parquet` stopped by a signal. Those it could not remove are
+/// logged.
+pub fn abandon_partial() -> Abandoned {
+    let mut w = writing();
+    w.abandoned = true;
+    let mut removed = Vec::new();
+    for dir in w.partial.drain(..) {
+        // The writing thread may create a file while the tree is being
+        // removed (`Directory not empty`): try again a few times.
+        let mut result = fs::remove_dir_all(&dir);
+        for _ in 0..20 {
+            if result.is_ok() || !dir.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            result = fs::remove_dir_all(&dir);
+        }
+        match result {
+            Err(e) if dir.exists() => {
+                tracing::warn!("could not remove {}: {e}", dir.display());
+            }
+            _ => removed.push(dir),
+        }
+    }
+    Abandoned {
+        removed,
+        committed: w.committed.clone(),
+    }
+}
+
+/// Removes the partial directories `.NAME.partial-PID` beside `out` whose
+/// process is gone (killed before it could remove its own): a later run
+/// cleans up after a crashed one.
+fn remove_stale_partials(out: &Path, name: &str) {
+    let Some(parent) = out.parent() else {
+        return;
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    let prefix = format!(".{name}.partial-");
+    for entry in entries.flatten() {
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file_name
+            .strip_prefix(&prefix)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = Path::new(&format!("/proc/{pid}")).exists();
+        if !alive && pid != std::process::id() {
+            let path = entry.path();
+            match fs::remove_dir_all(&path) {
+                Ok(()) => tracing::info!(
+                    "removed {}, left by a run that ended before its commit",
+                    path.display()
+                ),
+                Err(e) => tracing::warn!("could not remove {}: {e}", path.display()),
+            }
+        }
+    }
+}
+
 /// What the writer puts in metadata.yaml.
 pub struct DatasetSpec {
     pub name: String,
@@ -788,10 +889,20 @@ impl DatasetWriter {
             })?
             .to_string_lossy()
             .into_owned();
+        remove_stale_partials(&out, &name);
         let tmp = out.with_file_name(format!(".{name}.partial-{}", std::process::id()));
+        let mut w = writing();
+        if w.abandoned {
+            return Err(Error::InvalidArgument(format!(
+                "{}: this process is stopping; nothing was written",
+                out.display()
+            )));
+        }
         if tmp.exists() {
             fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
         }
+        w.partial.push(tmp.clone());
+        drop(w);
         for sub in ["edges", "data", "set"] {
             let dir = tmp.join(sub);
             fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
@@ -876,10 +987,21 @@ impl DatasetWriter {
         let meta_path = self.tmp.join(METADATA_FILE);
         fs::write(&meta_path, text).map_err(|e| Error::io(&meta_path, e))?;
         Dataset::open(&self.tmp)?;
+        // Under the lock, so that a signal's cleanup comes wholly before
+        // (and this commit then refuses) or wholly after.
+        let mut w = writing();
+        if w.abandoned {
+            return Err(Error::InvalidArgument(format!(
+                "{}: this process is stopping; the dataset was not committed",
+                self.out.display()
+            )));
+        }
         if self.out.exists() {
             fs::remove_dir_all(&self.out).map_err(|e| Error::io(&self.out, e))?;
         }
         fs::rename(&self.tmp, &self.out).map_err(|e| Error::io(&self.out, e))?;
+        w.partial.retain(|p| *p != self.tmp);
+        w.committed.push(self.out.clone());
         self.committed = true;
         Ok(self.out.clone())
     }
@@ -888,7 +1010,9 @@ impl DatasetWriter {
 impl Drop for DatasetWriter {
     fn drop(&mut self) {
         if !self.committed {
+            let mut w = writing();
             let _ = fs::remove_dir_all(&self.tmp);
+            w.partial.retain(|p| *p != self.tmp);
         }
     }
 }

@@ -42,6 +42,32 @@ pub fn install() {
     });
 }
 
+/// Installs the handlers and runs `stop` on a thread of its own when the
+/// first SIGINT or SIGTERM arrives, with the signal's name: for a command
+/// whose work has no safe point that polls [`check`] (`sampler generate`,
+/// `import-parquet`), which cleans up and ends the process from there. A
+/// second signal still exits at once.
+pub fn on_first(stop: impl FnOnce(&'static str) + Send + 'static) {
+    install();
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot watch for signals: {e}");
+            return;
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("signal-stop".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                stop(if sig == SIGTERM { "SIGTERM" } else { "SIGINT" });
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot watch for signals: {e}");
+    }
+}
+
 /// The signal received, if any: `SIGINT` or `SIGTERM`.
 pub fn received() -> Option<&'static str> {
     let r = RECEIVED.get()?;

@@ -22,6 +22,12 @@ struct Stopped {
 /// in turn, and waits for it to end. Fails the test when it ended before
 /// the signal (the workload is then too small to test anything).
 fn stop_mid_run(program: &str, args: &[&str], after: Duration, signals: &[&str]) -> Stopped {
+    let started = Instant::now();
+    stop_when(program, args, &|| started.elapsed() >= after, signals)
+}
+
+/// As [`stop_mid_run`], the signals sent once `ready` says so.
+fn stop_when(program: &str, args: &[&str], ready: &dyn Fn() -> bool, signals: &[&str]) -> Stopped {
     let mut child = Command::new(binary(program))
         .args(args)
         .env("RUST_LOG", "warn")
@@ -29,10 +35,20 @@ fn stop_mid_run(program: &str, args: &[&str], after: Duration, signals: &[&str])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
-    std::thread::sleep(after);
+    let started = Instant::now();
+    while !ready() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{program} finished within {:?}, before the signal: give it more work",
+            started.elapsed()
+        );
+        assert!(started.elapsed() < Duration::from_secs(120), "never ready");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert!(
         child.try_wait().unwrap().is_none(),
-        "{program} finished within {after:?}, before the signal: give it more work"
+        "{program} finished within {:?}, before the signal: give it more work",
+        started.elapsed()
     );
     let sent = Instant::now();
     for s in signals {
@@ -107,6 +123,13 @@ fn the_sampler_stops_and_removes_what_it_wrote() {
     let left: Vec<_> = walk(&out.join("samples"));
     assert!(left.is_empty(), "left behind: {left:?}");
 
+    // One SIGINT: the same cleanup.
+    let st = stop_mid_run("sampler", &args, Duration::from_millis(1500), &["INT"]);
+    stopped_well(&st, "SIGINT", 130, "removed the");
+    assert!(!out.join("run.json").exists());
+    let left: Vec<_> = walk(&out.join("samples"));
+    assert!(left.is_empty(), "left behind: {left:?}");
+
     // Two SIGINTs: the second ends it at once, cleanup or not.
     let st = stop_mid_run(
         "sampler",
@@ -173,15 +196,14 @@ fn the_packer_stops_removes_its_objects_and_keeps_a_committed_layout() {
     assert!(r.status.success(), "{}", r.stderr);
 }
 
-#[test]
-fn the_trainer_stops_with_a_checkpoint_that_resumes() {
-    let dir = tempfile::tempdir().unwrap();
+/// A small layout: 3000 nodes, 16-d features; returns its manifest.
+fn small_layout(dir: &Path) -> std::path::PathBuf {
     let ds = offgnn_e2e::generate(
-        dir.path(),
+        dir,
         &["--nodes", "3000", "--feature-dim", "16", "--classes", "4"],
     );
-    let samples = dir.path().join("samples");
-    let pack = dir.path().join("pack");
+    let samples = dir.join("samples");
+    let pack = dir.join("pack");
     let ok = |r: offgnn_e2e::Run| assert!(r.status.success(), "{}", r.stderr);
     ok(run(
         "sampler",
@@ -214,18 +236,23 @@ fn the_trainer_stops_with_a_checkpoint_that_resumes() {
             "8x",
         ],
     ));
-    let manifest = pack.join("manifest.json");
-    let ckpt = dir.path().join("ckpt");
+    pack.join("manifest.json")
+}
+
+/// Trains on `manifest` with checkpoints in `ckpt` until `signal` (`TERM`
+/// or `INT`) stops it; checks the one line and that a resume finishes
+/// the interrupted epoch and one more.
+fn trainer_stops_and_resumes(manifest: &Path, ckpt: &Path, signal: &str) {
     let train = |epochs: &str, extra: &[&str]| -> Vec<String> {
         let mut a: Vec<String> = [
             "--manifest",
-            s(&manifest),
+            s(manifest),
             "--hidden",
             "16",
             "--epochs",
             epochs,
             "--checkpoint-dir",
-            s(&ckpt),
+            s(ckpt),
             "--checkpoint-every",
             "3",
         ]
@@ -236,8 +263,13 @@ fn the_trainer_stops_with_a_checkpoint_that_resumes() {
     };
     let args = train("1000", &[]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let st = stop_mid_run("trainer", &args, Duration::from_millis(3000), &["TERM"]);
-    stopped_well(&st, "SIGTERM", 143, "run again with --resume");
+    let st = stop_mid_run("trainer", &args, Duration::from_millis(3000), &[signal]);
+    let (name, code) = if signal == "TERM" {
+        ("SIGTERM", 143)
+    } else {
+        ("SIGINT", 130)
+    };
+    stopped_well(&st, name, code, "run again with --resume");
     // "… at epoch T, batch B: …" or "… after epoch T: …": the resume
     // finishes epoch T (and, after a finished epoch, one more).
     let epoch: u32 = st
@@ -258,6 +290,238 @@ fn the_trainer_stops_with_a_checkpoint_that_resumes() {
         "{j}"
     );
     assert!(!j["resumed_from"].is_null(), "{j}");
+}
+
+#[test]
+fn the_trainer_stops_with_a_checkpoint_that_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = small_layout(dir.path());
+    trainer_stops_and_resumes(&manifest, &dir.path().join("ckpt"), "TERM");
+}
+
+/// SIGINT (Ctrl-C) as SIGTERM: a checkpoint at the next batch boundary
+/// that resumes. A second SIGINT ends the run at once.
+#[test]
+fn the_trainer_stops_on_sigint_and_a_second_exits_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = small_layout(dir.path());
+    trainer_stops_and_resumes(&manifest, &dir.path().join("ckpt"), "INT");
+    let st = stop_mid_run(
+        "trainer",
+        &[
+            "--manifest",
+            s(&manifest),
+            "--hidden",
+            "16",
+            "--epochs",
+            "1000",
+        ],
+        Duration::from_millis(3000),
+        &["INT", "INT"],
+    );
+    assert_eq!(st.code, Some(130), "{}", st.stderr);
+    assert!(st.seconds < 2.0, "took {:.1} s", st.seconds);
+}
+
+/// `trainer infer` stops after its current group on SIGTERM, keeps the
+/// groups it finished in its work directory, and the same command run
+/// again resumes from them and commits the whole result.
+#[test]
+fn inference_stops_and_a_rerun_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    // 200K nodes of degree 40 in 5 groups a layer (--memory 830M).
+    let ds = offgnn_e2e::generate(
+        dir.path(),
+        &[
+            "--nodes",
+            "200000",
+            "--avg-degree",
+            "40",
+            "--feature-dim",
+            "32",
+            "--classes",
+            "8",
+            "--train-fraction",
+            "0.003",
+            "--valid-fraction",
+            "0.001",
+            "--test-fraction",
+            "0.001",
+        ],
+    );
+    let samples = dir.path().join("samples");
+    let pack = dir.path().join("pack");
+    let export = dir.path().join("export");
+    let ok = |r: offgnn_e2e::Run| assert!(r.status.success(), "{}", r.stderr);
+    ok(run(
+        "sampler",
+        &[
+            "--dataset",
+            s(&ds),
+            "--out",
+            s(&samples),
+            "--fanout",
+            "3,3",
+            "--batch-size",
+            "128",
+        ],
+    ));
+    let feat = ds.join("data/feat.npy");
+    ok(run(
+        "packer",
+        &[
+            "--samples",
+            s(&samples),
+            "--features",
+            s(&feat),
+            "--out",
+            s(&pack),
+            "--gpu-cache",
+            "0",
+            "--cpu-cache",
+            "0",
+            "--disk-budget",
+            "8x",
+        ],
+    ));
+    ok(run(
+        "trainer",
+        &[
+            "--manifest",
+            s(&pack.join("manifest.json")),
+            "--epochs",
+            "1",
+            "--hidden",
+            "64",
+            "--max-batches",
+            "2",
+            "--export",
+            s(&export),
+        ],
+    ));
+    let (preds, work) = (dir.path().join("preds"), dir.path().join("work"));
+    let args = [
+        "infer",
+        "--model",
+        s(&export),
+        "--dataset",
+        s(&ds),
+        "--out",
+        s(&preds),
+        "--work-dir",
+        s(&work),
+        "--nodes",
+        "all",
+        "--memory",
+        "830M",
+    ];
+    // Once the work directory records a finished group.
+    let a_group_done = || {
+        std::fs::read(work.join("progress.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|p| {
+                p["groups_done"].as_u64().unwrap_or(0) > 0 || p["layer"].as_u64().unwrap_or(0) > 0
+            })
+    };
+    let st = stop_when("trainer", &args, &a_group_done, &["TERM"]);
+    stopped_well(&st, "SIGTERM", 143, "run the same command again to resume");
+    assert!(!preds.join("_SUCCESS.json").exists());
+    let r = run("trainer", &args);
+    assert!(r.status.success(), "{}", r.stderr);
+    let j = &r.json()["summary"];
+    assert_eq!(j["nodes_written"], 200000, "{j}");
+    let resumed: u64 = j["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["groups_resumed"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(resumed > 0, "the rerun resumed no group: {j}");
+    assert!(preds.join("_SUCCESS.json").exists());
+}
+
+/// `sampler generate` and `import-parquet` stop on SIGINT and SIGTERM
+/// with one line, and remove their partial dataset (`.NAME.partial-PID`);
+/// a dataset already at --out is untouched. A partial dataset a killed
+/// run left is removed by the next run.
+#[test]
+fn dataset_writing_stops_and_removes_its_partial_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let partials = || -> Vec<String> {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".partial-"))
+            .collect()
+    };
+    // 1M nodes, 32-d: about 2 s of writing.
+    let big = dir.path().join("big");
+    let generate = [
+        "generate",
+        "--out",
+        s(&big),
+        "--nodes",
+        "1000000",
+        "--feature-dim",
+        "32",
+    ];
+    for (signal, name, code) in [("INT", "SIGINT", 130), ("TERM", "SIGTERM", 143)] {
+        let st = stop_mid_run("sampler", &generate, Duration::from_millis(700), &[signal]);
+        stopped_well(&st, name, code, "removed the partial dataset");
+        assert!(!big.exists());
+        assert_eq!(partials(), Vec::<String>::new());
+    }
+
+    // Import: the node table is a FIFO nobody writes, so the run waits
+    // on it with its partial dataset started; over a dataset of its own
+    // with --overwrite.
+    let small = offgnn_e2e::generate(dir.path(), &["--nodes", "300", "--feature-dim", "4"]);
+    let meta = std::fs::read(small.join("metadata.yaml")).unwrap();
+    let fifo = dir.path().join("nodes.parquet");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let import = [
+        "import-parquet",
+        "--nodes",
+        s(&fifo),
+        "--edges",
+        s(&fifo),
+        "--out",
+        s(&small),
+        "--overwrite",
+    ];
+    let st = stop_mid_run("sampler", &import, Duration::from_millis(500), &["TERM"]);
+    stopped_well(&st, "SIGTERM", 143, "the dataset there is untouched");
+    assert_eq!(std::fs::read(small.join("metadata.yaml")).unwrap(), meta);
+    assert_eq!(partials(), Vec::<String>::new());
+
+    // SIGKILL leaves a partial directory; the next run removes it.
+    let mut child = Command::new(binary("sampler"))
+        .args(generate)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    child.kill().unwrap();
+    let _ = child.wait();
+    assert_eq!(partials().len(), 1, "the kill left no partial dataset");
+    let r = run(
+        "sampler",
+        &[
+            "generate",
+            "--out",
+            s(&big),
+            "--nodes",
+            "300",
+            "--feature-dim",
+            "4",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(partials(), Vec::<String>::new());
 }
 
 /// Every file under `dir`, relative and sorted (none when it is absent).
