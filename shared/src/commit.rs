@@ -6,6 +6,9 @@
 //! other finds the commit taken, removes what it wrote and says which run won.
 //!
 //! A commit object is JSON with a `run_id` key naming the run it commits.
+//!
+//! Crashes at the phase boundaries of a commit are injected for the
+//! end-to-end tests by [`fault_point`] (`OFFGNN_FAULT_AT`).
 
 use crate::error::{Error, Result};
 use crate::store::Store;
@@ -129,7 +132,25 @@ pub enum Outcome {
 /// stores, a create is `PutMode::Create` and a replace `PutMode::Update` on
 /// the version read (S3, GCS, Azure). A store without conditional replace
 /// falls back to a removal then a create.
+///
+/// Fault points: [`OBJECTS_WRITTEN`] on entry, [`COMMITTED`] once this
+/// run's commit is in place.
 pub fn commit(
+    store: &Store,
+    name: &str,
+    body: Vec<u8>,
+    run: &RunId,
+    replacing: Option<&Previous>,
+) -> Result<Outcome> {
+    fault_point(OBJECTS_WRITTEN);
+    let outcome = commit_now(store, name, body, run, replacing)?;
+    if outcome == Outcome::Committed {
+        fault_point(COMMITTED);
+    }
+    Ok(outcome)
+}
+
+fn commit_now(
     store: &Store,
     name: &str,
     body: Vec<u8>,
@@ -200,6 +221,39 @@ fn settled(store: &Store, name: &str, run: &RunId) -> Result<Outcome> {
         None => Ok(Outcome::Lost {
             winner: "a run that committed and was replaced at once".into(),
         }),
+    }
+}
+
+/// Phase boundary: every object of a run is written, its commit is not
+/// (a crash here leaves the previous output, or nothing).
+pub const OBJECTS_WRITTEN: &str = "objects-written";
+/// Phase boundary: the run's commit is in place, the objects of the output
+/// it replaced are not yet removed (a crash here leaves the new output).
+pub const COMMITTED: &str = "committed";
+/// Phase boundary: the replaced output's objects are removed; the caller
+/// that removes them marks it.
+pub const REPLACED_REMOVED: &str = "replaced-removed";
+
+/// The environment variable that names the phase boundary at which
+/// [`fault_point`] ends the process.
+pub const FAULT_AT: &str = "OFFGNN_FAULT_AT";
+
+/// Ends the process as a crash would (abort: no destructor, no cleanup, no
+/// commit) when `OFFGNN_FAULT_AT` names `phase`; else does nothing. For the
+/// end-to-end tests, which check that a crash at every phase boundary of a
+/// commit leaves the previous output or the new one, whole, and that a
+/// rerun succeeds. The variable is read once.
+pub fn fault_point(phase: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| std::env::var(FAULT_AT).ok());
+    if at.as_deref() == Some(phase) {
+        eprintln!("{FAULT_AT}={phase}: aborting here (an injected crash)");
+        // SAFETY: prctl with integer arguments only. Not dumpable: the
+        // injected crash leaves no core file behind.
+        unsafe {
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        }
+        std::process::abort();
     }
 }
 

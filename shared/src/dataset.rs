@@ -987,6 +987,7 @@ impl DatasetWriter {
         let meta_path = self.tmp.join(METADATA_FILE);
         fs::write(&meta_path, text).map_err(|e| Error::io(&meta_path, e))?;
         Dataset::open(&self.tmp)?;
+        crate::commit::fault_point(crate::commit::OBJECTS_WRITTEN);
         // Under the lock, so that a signal's cleanup comes wholly before
         // (and this commit then refuses) or wholly after.
         let mut w = writing();
@@ -1003,6 +1004,7 @@ impl DatasetWriter {
         w.partial.retain(|p| *p != self.tmp);
         w.committed.push(self.out.clone());
         self.committed = true;
+        crate::commit::fault_point(crate::commit::COMMITTED);
         Ok(self.out.clone())
     }
 }

@@ -347,3 +347,293 @@ fn a_trainer_killed_mid_epoch_resumes_exactly() {
         "resumed at batch {position}"
     );
 }
+
+/// A run crashed (`OFFGNN_FAULT_AT`, which aborts) at each phase boundary
+/// of its commit (issue 19): `objects-written` leaves the previous output
+/// whole (or nothing, where there was none); `committed` leaves the new
+/// one whole; `replaced-removed` too, where the program marks it. Never a
+/// mix; and a rerun with --overwrite succeeds over what the crash left.
+struct Phases<'a> {
+    program: &'a str,
+    /// The command line, without --overwrite.
+    args: Vec<String>,
+    /// What identifies the committed output (its commit object), if any.
+    commit: &'a dyn Fn() -> Option<Vec<u8>>,
+    /// Whether the program marks `replaced-removed` (the caller that
+    /// removes the replaced objects calls the fault point).
+    marks_removal: bool,
+    /// Asserts that the committed output is whole.
+    whole: &'a dyn Fn(),
+}
+
+const PHASES: [&str; 3] = ["objects-written", "committed", "replaced-removed"];
+
+/// Runs `p` under `OFFGNN_FAULT_AT=phase`, with --overwrite if `overwrite`.
+fn crash_at(p: &Phases, phase: &str, overwrite: bool) -> offgnn_e2e::Run {
+    let mut args: Vec<&str> = p.args.iter().map(String::as_str).collect();
+    if overwrite {
+        args.push("--overwrite");
+    }
+    run_env(
+        p.program,
+        &args,
+        &[("OFFGNN_FAULT_AT".to_string(), phase.to_string())],
+    )
+}
+
+fn aborted(r: &offgnn_e2e::Run) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    r.status.signal() == Some(6)
+}
+
+fn crash_at_every_phase(p: &Phases) {
+    let read = p.commit;
+    let label = match p.args.first() {
+        Some(sub) if !sub.starts_with('-') => format!("{} {sub}", p.program),
+        _ => p.program.to_string(),
+    };
+    let started = Instant::now();
+    // Nothing there: a crash before the commit leaves nothing.
+    let r = crash_at(p, "objects-written", false);
+    assert!(aborted(&r), "{}: no crash: {}", label, r.stderr);
+    assert!(read().is_none(), "{}: committed, yet crashed", label);
+    // What the crash left does not stop a run.
+    let args: Vec<&str> = p.args.iter().map(String::as_str).collect();
+    let r = run(p.program, &args);
+    assert!(r.status.success(), "{} after a crash: {}", label, r.stderr);
+    (p.whole)();
+    let mut before = read().unwrap();
+    for phase in PHASES {
+        let r = crash_at(p, phase, true);
+        let fires = phase != "replaced-removed" || p.marks_removal;
+        if fires {
+            assert!(aborted(&r), "{} {phase}: no crash: {}", label, r.stderr);
+        } else {
+            assert!(r.status.success(), "{} {phase}: {}", label, r.stderr);
+        }
+        let now = read().unwrap_or_else(|| panic!("{} {phase}: no commit left", label));
+        // Compared as text: a failure shows JSON, not bytes.
+        let (now_text, before_text) = (
+            String::from_utf8_lossy(&now),
+            String::from_utf8_lossy(&before),
+        );
+        if phase == "objects-written" {
+            assert_eq!(
+                now_text, before_text,
+                "{} {phase}: the previous commit changed",
+                label
+            );
+        } else if fires {
+            assert_ne!(
+                now_text, before_text,
+                "{} {phase}: the new run did not commit",
+                label
+            );
+        }
+        // Where the phase is not marked the run went through; `infer`
+        // then finishes the run whose commit the crash at `committed`
+        // left (its work directory still names it) and commits it again.
+        (p.whole)();
+        before = now;
+    }
+    let mut args = args;
+    args.push("--overwrite");
+    let r = run(p.program, &args);
+    assert!(
+        r.status.success(),
+        "{} after the crashes: {}",
+        label,
+        r.stderr
+    );
+    (p.whole)();
+    eprintln!(
+        "faults: {} crashed at every phase in {:.1} s",
+        label,
+        started.elapsed().as_secs_f64()
+    );
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
+#[test]
+fn a_crash_at_each_commit_phase_leaves_datasets_samples_and_layouts_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = generate(dir.path(), "3000");
+    // A dataset is committed by renaming its directory into place: its
+    // inode tells which one is there.
+    let written = dir.path().join("written");
+    let dataset_whole = || {
+        let r = run(
+            "sampler",
+            &["inspect", "--dataset", written.to_str().unwrap()],
+        );
+        assert!(r.status.success(), "dataset not whole: {}", r.stderr);
+    };
+    crash_at_every_phase(&Phases {
+        program: "sampler",
+        args: strings(&[
+            "generate",
+            "--out",
+            written.to_str().unwrap(),
+            "--nodes",
+            "2000",
+            "--feature-dim",
+            "8",
+        ]),
+        commit: &|| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(written.join("metadata.yaml"))
+                .ok()
+                .and_then(|_| std::fs::metadata(&written).ok())
+                .map(|m| m.ino().to_le_bytes().to_vec())
+        },
+        marks_removal: false,
+        whole: &dataset_whole,
+    });
+    // What the crashes left beside it (.written.partial-PID) went with
+    // the next run.
+    let partials = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".partial-"))
+        .count();
+    assert_eq!(partials, 0);
+
+    let samples = dir.path().join("samples");
+    let s = samples.to_str().unwrap();
+    // The sampler's own check: every file the run names, its size and
+    // checksum, and the batches it holds.
+    let samples_whole = || {
+        let store = offgnn_shared::store::Store::open(s).unwrap();
+        let run = offgnn_shared::samples::RunSummary::read(&store).unwrap();
+        assert!(!run.files.is_empty());
+        for f in &run.files {
+            offgnn_shared::samples::read_file(&store, f)
+                .unwrap_or_else(|e| panic!("samples not whole: {e}"));
+        }
+    };
+    crash_at_every_phase(&Phases {
+        program: "sampler",
+        args: strings(&sample_args(&ds, s)),
+        commit: &|| std::fs::read(samples.join("run.json")).ok(),
+        marks_removal: false,
+        whole: &samples_whole,
+    });
+
+    let feat = ds.join("data/feat.npy");
+    let pack = dir.path().join("pack");
+    let manifest = pack.join("manifest.json");
+    let layout_whole = || {
+        let r = run(
+            "packer",
+            &["verify", "--manifest", manifest.to_str().unwrap()],
+        );
+        assert!(r.status.success(), "layout not whole: {}", r.stderr);
+    };
+    crash_at_every_phase(&Phases {
+        program: "packer",
+        args: strings(&pack_args(
+            s,
+            feat.to_str().unwrap(),
+            pack.to_str().unwrap(),
+        )),
+        commit: &|| std::fs::read(&manifest).ok(),
+        marks_removal: false,
+        whole: &layout_whole,
+    });
+}
+
+#[test]
+fn a_crash_at_each_commit_phase_leaves_exports_and_predictions_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = generate(dir.path(), "3000");
+    let samples = dir.path().join("samples");
+    let s = samples.to_str().unwrap();
+    let r = run("sampler", &sample_args(&ds, s));
+    assert!(r.status.success(), "{}", r.stderr);
+    let feat = ds.join("data/feat.npy");
+    let pack = dir.path().join("pack");
+    let r = run(
+        "packer",
+        &pack_args(s, feat.to_str().unwrap(), pack.to_str().unwrap()),
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let ckpt = dir.path().join("ckpt");
+    let r = run(
+        "trainer",
+        &[
+            "--manifest",
+            pack.join("manifest.json").to_str().unwrap(),
+            "--epochs",
+            "1",
+            "--hidden",
+            "16",
+            "--max-batches",
+            "2",
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+
+    let export = dir.path().join("export");
+    let x = export.to_str().unwrap();
+    // show-model reads the card and checks the weights against its checksum.
+    let export_whole = || {
+        let r = run("trainer", &["show-model", "--model", x]);
+        assert!(r.status.success(), "export not whole: {}", r.stderr);
+    };
+    crash_at_every_phase(&Phases {
+        program: "trainer",
+        args: strings(&[
+            "export",
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+            "--out",
+            x,
+        ]),
+        commit: &|| std::fs::read(export.join("model.json")).ok(),
+        marks_removal: true,
+        whole: &export_whole,
+    });
+
+    let preds = dir.path().join("preds");
+    let work = dir.path().join("work");
+    // Every part the commit names is there.
+    let preds_whole = || {
+        let commit: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(preds.join("_SUCCESS.json")).unwrap()).unwrap();
+        let files = commit["files"].as_array().unwrap();
+        assert!(!files.is_empty(), "{commit}");
+        for f in files {
+            let path = preds.join(f.as_str().unwrap());
+            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            assert!(
+                len > 0,
+                "predictions not whole: {} is missing",
+                path.display()
+            );
+        }
+    };
+    crash_at_every_phase(&Phases {
+        program: "trainer",
+        args: strings(&[
+            "infer",
+            "--model",
+            x,
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            preds.to_str().unwrap(),
+            "--work-dir",
+            work.to_str().unwrap(),
+            "--nodes",
+            "test",
+        ]),
+        commit: &|| std::fs::read(preds.join("_SUCCESS.json")).ok(),
+        marks_removal: false,
+        whole: &preds_whole,
+    });
+}

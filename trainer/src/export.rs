@@ -341,14 +341,17 @@ pub fn write(
     }
     // The replaced export's weights, unless (written before run ids) they
     // had the name this one has.
-    let old_weights = previous
-        .and_then(|p| serde_json::from_slice::<ModelCard>(&p.body).ok())
-        .map(|old| old.weights)
-        .filter(|w| *w != card.weights && !w.contains('/'));
-    if let Some(old) = old_weights
-        && let Err(e) = store.delete(&old)
-    {
-        tracing::warn!("could not remove the replaced export's weights: {e}");
+    if let Some(previous) = previous {
+        let old_weights = serde_json::from_slice::<ModelCard>(&previous.body)
+            .ok()
+            .map(|old| old.weights)
+            .filter(|w| *w != card.weights && !w.contains('/'));
+        if let Some(old) = old_weights
+            && let Err(e) = store.delete(&old)
+        {
+            tracing::warn!("could not remove the replaced export's weights: {e}");
+        }
+        commit::fault_point(commit::REPLACED_REMOVED);
     }
     Ok(Written {
         location: store.url().to_string(),
