@@ -752,6 +752,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         }
         if let Some(old) = &previous {
             remove_replaced(&out, local_root.as_deref(), old);
+            commit::fault_point(commit::REPLACED_REMOVED);
         }
         summary.commit_seconds = t.elapsed().as_secs_f64();
         summary.total_seconds = started.elapsed().as_secs_f64();

@@ -732,6 +732,7 @@ fn commit_run(
         commit::Outcome::Committed => {
             if let Some(old) = previous {
                 remove_replaced(store, old, run_id);
+                commit::fault_point(commit::REPLACED_REMOVED);
             }
             Ok(Some(run))
         }

@@ -430,9 +430,7 @@ fn crash_at_every_phase(p: &Phases) {
                 label
             );
         }
-        // Where the phase is not marked the run went through; `infer`
-        // then finishes the run whose commit the crash at `committed`
-        // left (its work directory still names it) and commits it again.
+        // Where the phase is not marked the run went through.
         (p.whole)();
         before = now;
     }
@@ -518,7 +516,7 @@ fn a_crash_at_each_commit_phase_leaves_datasets_samples_and_layouts_whole() {
         program: "sampler",
         args: strings(&sample_args(&ds, s)),
         commit: &|| std::fs::read(samples.join("run.json")).ok(),
-        marks_removal: false,
+        marks_removal: true,
         whole: &samples_whole,
     });
 
@@ -540,7 +538,7 @@ fn a_crash_at_each_commit_phase_leaves_datasets_samples_and_layouts_whole() {
             pack.to_str().unwrap(),
         )),
         commit: &|| std::fs::read(&manifest).ok(),
-        marks_removal: false,
+        marks_removal: true,
         whole: &layout_whole,
     });
 }
@@ -633,7 +631,7 @@ fn a_crash_at_each_commit_phase_leaves_exports_and_predictions_whole() {
             "test",
         ]),
         commit: &|| std::fs::read(preds.join("_SUCCESS.json")).ok(),
-        marks_removal: false,
+        marks_removal: true,
         whole: &preds_whole,
     });
 }

@@ -1482,6 +1482,13 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         .ok()
         .and_then(|b| serde_json::from_slice::<Progress>(&b).ok())
         .filter(|p| p.key == key)
+        // A run killed after its commit (before it cleared its work
+        // directory) is done: the next run is a new one, not that one again.
+        .filter(|p| {
+            previous
+                .as_ref()
+                .is_none_or(|c| c.run_id.as_deref() != Some(p.run_id.as_str()))
+        })
         .unwrap_or_else(|| Progress {
             key: key.clone(),
             ..Default::default()
@@ -1840,6 +1847,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 break;
             }
         }
+        commit::fault_point(commit::REPLACED_REMOVED);
     }
     // The work directory's files are ours; the result is committed.
     for l in 0..num_layers {
