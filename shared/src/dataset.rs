@@ -997,14 +997,37 @@ impl DatasetWriter {
                 self.out.display()
             )));
         }
-        if self.out.exists() {
-            fs::remove_dir_all(&self.out).map_err(|e| Error::io(&self.out, e))?;
+        // The new dataset goes in first, in one step: over an old one the
+        // two directories are swapped (renameat2's RENAME_EXCHANGE), so a
+        // reader sees the old dataset or the new one, never neither; the
+        // old one, now at the partial name, goes after.
+        let replaced = self.out.exists();
+        if replaced {
+            rustix::fs::renameat_with(
+                rustix::fs::CWD,
+                &self.tmp,
+                rustix::fs::CWD,
+                &self.out,
+                rustix::fs::RenameFlags::EXCHANGE,
+            )
+            .map_err(|e| Error::io(&self.out, std::io::Error::from(e)))?;
+        } else {
+            fs::rename(&self.tmp, &self.out).map_err(|e| Error::io(&self.out, e))?;
         }
-        fs::rename(&self.tmp, &self.out).map_err(|e| Error::io(&self.out, e))?;
-        w.partial.retain(|p| *p != self.tmp);
         w.committed.push(self.out.clone());
         self.committed = true;
         crate::commit::fault_point(crate::commit::COMMITTED);
+        if replaced {
+            // A crash here leaves the old dataset at the partial name,
+            // which the next run removes as a dead process's partial.
+            if let Err(e) = fs::remove_dir_all(&self.tmp) {
+                tracing::warn!(
+                    "could not remove the replaced dataset, now at {}: {e}",
+                    self.tmp.display()
+                );
+            }
+        }
+        w.partial.retain(|p| *p != self.tmp);
         Ok(self.out.clone())
     }
 }
