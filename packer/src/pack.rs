@@ -14,7 +14,7 @@ use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::dataset::Split;
 use offgnn_shared::io_engine::{IoEngine, IoOptions};
 use offgnn_shared::report::human_bytes;
-use offgnn_shared::samples::{RunSummary, SampledBatch};
+use offgnn_shared::samples::{RunSummary, SampleFile, SampledBatch};
 use offgnn_shared::store::Store;
 use offgnn_shared::store_dtype::StoreDType;
 use serde::Serialize;
@@ -133,15 +133,19 @@ pub struct PackSummary {
 /// training epochs in turn, then validation, then test, and measures each
 /// batch's address-table record (its topology compressed as the table
 /// writer will, and its addresses), which no plan changes: the disk budget
-/// holds the tables before it holds feature rows. One file is decoded at a
-/// time (as the table writer holds one), its batches compressed in parallel.
+/// holds the tables before it holds feature rows. `loaders` threads each
+/// fetch and decode one file at a time (what [`loading_memory`] counts),
+/// its batches compressed in parallel on rayon's threads; the order is kept.
 fn load_batches(
     store: &Store,
     run: &RunSummary,
     num_nodes: u64,
+    loaders: usize,
     show: bool,
 ) -> Result<Vec<BatchInfo>> {
     use rayon::prelude::*;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let total: u64 = run.files.iter().map(|f| f.batches as u64).sum();
     let pb = offgnn_shared::progress::bar_if(show, total, "loading", "batches");
     let mut files = Vec::new();
@@ -155,8 +159,7 @@ fn load_batches(
             );
         }
     }
-    let mut out = Vec::with_capacity(total as usize);
-    for (split, epoch, file) in files {
+    let load = |(split, epoch, file): (Split, u32, &SampleFile)| -> Result<Vec<BatchInfo>> {
         offgnn_shared::signals::check()?;
         let batches = offgnn_shared::samples::read_file(store, file)?;
         let infos: Vec<BatchInfo> = batches
@@ -194,9 +197,44 @@ fn load_batches(
             )
             .collect::<Result<_>>()?;
         pb.inc(infos.len() as u64);
-        out.extend(infos);
-    }
+        Ok(infos)
+    };
+    // Each loader takes the next file; a failure stops the others at their
+    // next file.
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<Result<Vec<BatchInfo>>>>> =
+        files.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..loaders.clamp(1, files.len().max(1)) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&file) = files.get(i) else { break };
+                    let loaded = load(file);
+                    let failed = loaded.is_err();
+                    *slots[i].lock().expect("a loader does not panic") = Some(loaded);
+                    if failed {
+                        next.store(files.len(), Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
     pb.finish_and_clear();
+    let mut out = Vec::with_capacity(total as usize);
+    let mut skipped = false;
+    for slot in slots {
+        match slot.into_inner().expect("a loader does not panic") {
+            Some(loaded) => out.extend(loaded?),
+            // Skipped after another file failed, whose error comes below.
+            None => skipped = true,
+        }
+    }
+    if skipped {
+        return Err(Error::InvalidArgument(
+            "internal: a samples file was skipped, yet none failed".into(),
+        ));
+    }
     Ok(out)
 }
 
@@ -269,7 +307,16 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         feature_dtype: from.name().to_string(),
         ..Default::default()
     };
-    let mut batches = load_batches(&samples, &run, num_nodes, cfg.show_progress)?;
+    // Loading comes before anything else the statement counts: it states
+    // its own peak, within --memory whenever one file at a time fits.
+    let loaders = loaders(cfg.memory, &run);
+    let loading_bytes = BASELINE_BYTES + loading_memory(&run, loaders);
+    tracing::info!(
+        "loading {} samples files, {loaders} at a time: at most {}",
+        run.files.len(),
+        human_bytes(loading_bytes)
+    );
+    let mut batches = load_batches(&samples, &run, num_nodes, loaders, cfg.show_progress)?;
     summary.load_seconds = started.elapsed().as_secs_f64();
 
     // The feature file's pass starts now, beside the plan: its piece size
@@ -498,7 +545,10 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         summary.partitions = num_partitions as u64;
         summary.staging_bytes = staging_bytes;
         summary.memory = MemoryStatement {
-            total_bytes: plan_bytes + BASELINE_BYTES + read_ahead + staging_bytes,
+            total_bytes: (plan_bytes + BASELINE_BYTES + read_ahead + staging_bytes)
+                .max(loading_bytes),
+            loading_bytes,
+            loaders,
             plan_bytes,
             tables_bytes,
             read_ahead_bytes: read_ahead,
@@ -507,8 +557,9 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
             limit_bytes: cfg.memory,
         };
         tracing::info!(
-            "memory: at most {} (plan {} with the table writer's {}, read-ahead {}, disk-cache staging {}, buffers and runtime {}) under --memory {}",
+            "memory: at most {} (loading {}; then plan {} with the table writer's {}, read-ahead {}, disk-cache staging {}, buffers and runtime {}) under --memory {}",
             human_bytes(summary.memory.total_bytes),
+            human_bytes(loading_bytes),
             human_bytes(plan_bytes),
             human_bytes(tables_bytes),
             human_bytes(read_ahead),
@@ -764,7 +815,13 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
 /// What a packing run states it will hold in memory.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct MemoryStatement {
+    /// The larger of loading's peak and the packing's sum (plan, read
+    /// pieces, staging and baseline), which come one after the other.
     pub total_bytes: u64,
+    /// Loading: the baseline, every batch's input nodes and `loaders`
+    /// samples files decoded at once.
+    pub loading_bytes: u64,
+    pub loaders: usize,
     /// With the table writer's `tables_bytes`.
     pub plan_bytes: u64,
     pub tables_bytes: u64,
@@ -909,21 +966,67 @@ fn remove_replaced(out: &Store, local_root: Option<&Path>, old: &Previous) {
 /// The write buffer of each segment's table object (all are open at once).
 const TABLE_BUFFER: usize = 16 << 10;
 
-/// Bytes the table writer holds: the largest samples file decoded (its
-/// edges, input nodes, seeds and labels), a buffer per segment (at most one
-/// per training batch, and one each for validation and test) and the index
-/// of every batch's place.
+/// Bytes one samples file's batches take decoded: their edges (source and
+/// destination ids), input nodes, and seeds with their labels.
+fn decoded_file_memory(run: &RunSummary, f: &SampleFile) -> u64 {
+    f.edges * 8 + f.input_nodes * 4 + f.batches as u64 * run.params.batch_size as u64 * 8
+}
+
+/// Bytes one samples file takes while a loader decodes it: its fetched
+/// bytes, held until its last row is decoded, and its batches.
+fn largest_file_memory(run: &RunSummary) -> u64 {
+    run.files
+        .iter()
+        .map(|f| f.object.size + decoded_file_memory(run, f))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Bytes the table writer holds: the largest samples file decoded, a
+/// buffer per segment (at most one per training batch, and one each for
+/// validation and test) and the index of every batch's place.
 fn tables_memory(run: &RunSummary, batches: &[BatchInfo]) -> u64 {
     let train = batches.iter().filter(|b| b.split == Split::Train).count() as u64;
     let largest_file = run
         .files
         .iter()
-        .map(|f| {
-            f.edges * 8 + f.input_nodes * 4 + f.batches as u64 * run.params.batch_size as u64 * 8
-        })
+        .map(|f| decoded_file_memory(run, f))
         .max()
         .unwrap_or(0);
     largest_file + (train + 2) * TABLE_BUFFER as u64 + batches.len() as u64 * 64
+}
+
+/// Bytes loading holds besides the baseline: every batch's input nodes
+/// (kept for the plan), `loaders` samples files decoded at once, and on
+/// each thread one batch's topology as varints (at most 5 bytes a value)
+/// and compressed (zstd's bound of that), for a batch of its file's
+/// average size, counted twice over.
+fn loading_memory(run: &RunSummary, loaders: usize) -> u64 {
+    let batches: u64 = run.files.iter().map(|f| f.batches as u64).sum();
+    let inputs: u64 = run.files.iter().map(|f| f.input_nodes).sum();
+    let batch_values = run
+        .files
+        .iter()
+        .map(|f| {
+            (2 * f.edges + f.input_nodes).div_ceil(u64::from(f.batches.max(1)))
+                + run.params.batch_size as u64
+        })
+        .max()
+        .unwrap_or(0);
+    inputs * 4
+        + batches * std::mem::size_of::<BatchInfo>() as u64
+        + loaders as u64 * largest_file_memory(run)
+        + rayon::current_num_threads() as u64 * batch_values * 2 * 10
+}
+
+/// How many samples files are loaded at once: one per thread of the
+/// packer (rayon's), as many as `memory` holds beside the rest of the
+/// loading, and at least one.
+fn loaders(memory: u64, run: &RunSummary) -> usize {
+    let most = rayon::current_num_threads().min(run.files.len()).max(1);
+    let one = BASELINE_BYTES + loading_memory(run, 1);
+    let more = memory.saturating_sub(one) / largest_file_memory(run).max(1);
+    most.min(1 + usize::try_from(more).unwrap_or(usize::MAX))
 }
 
 /// Bytes the plan takes: per node, its tier slot and a counter for the

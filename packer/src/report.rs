@@ -83,9 +83,12 @@ pub fn packed(cfg: &PackConfig, s: &PackSummary) {
         (
             "memory",
             format!(
-                "at most {} of --memory {}: plan {}, read pieces 2 x {}, disk-cache staging {} ({} partition{})",
+                "at most {} of --memory {}: loading {} ({} samples file{} at a time), then plan {}, read pieces 2 x {}, disk-cache staging {} ({} partition{})",
                 human_bytes(s.memory.total_bytes),
                 human_bytes(s.memory.limit_bytes),
+                human_bytes(s.memory.loading_bytes),
+                s.memory.loaders,
+                if s.memory.loaders == 1 { "" } else { "s" },
                 human_bytes(s.plan_bytes),
                 human_bytes(s.piece_bytes),
                 human_bytes(s.staging_bytes),
