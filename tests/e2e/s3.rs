@@ -124,10 +124,94 @@ fn sample_pack_and_train_through_s3() {
         outputs[3].json()["summary"]["epochs"][0]["loss"]
     );
     outputs.push(again);
+
+    // Inference with the dataset and the result in the store: the dataset
+    // is staged into the work directory (once), and the result equals the
+    // one from the local dataset.
+    let export = dir.path().join("export");
+    let r = run_env(
+        "trainer",
+        &[
+            "--manifest",
+            &manifest,
+            "--local-dir",
+            stage.to_str().unwrap(),
+            "--epochs",
+            "1",
+            "--export",
+            export.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert!(r.status.success(), "trainer --export: {}", r.stderr);
+    let remote_ds = s3.store(&format!("{prefix}/dataset"));
+    for entry in walk(&ds) {
+        let rel = entry.strip_prefix(&ds).unwrap().to_str().unwrap();
+        remote_ds.put(rel, std::fs::read(&entry).unwrap()).unwrap();
+    }
+    let work = dir.path().join("infer-work");
+    let infer = |dataset: &str, out: &str| {
+        run_env(
+            "trainer",
+            &[
+                "infer",
+                "--model",
+                export.to_str().unwrap(),
+                "--dataset",
+                dataset,
+                "--out",
+                out,
+                "--work-dir",
+                work.to_str().unwrap(),
+                "--outputs",
+                "logits",
+                "--overwrite",
+            ],
+            &env,
+        )
+    };
+    let remote_out = s3.url(&format!("{prefix}/preds"));
+    let remote = infer(&s3.url(&format!("{prefix}/dataset")), &remote_out);
+    assert!(remote.status.success(), "infer: {}", remote.stderr);
+    assert!(work.join("dataset/data/feat.npy").exists());
+    let local = infer(
+        ds.to_str().unwrap(),
+        dir.path().join("preds").to_str().unwrap(),
+    );
+    assert!(local.status.success(), "infer: {}", local.stderr);
+    let figures = |r: &offgnn_e2e::Run| {
+        let s = &r.json()["summary"];
+        (s["nodes_written"].clone(), s["dataset_fingerprint"].clone())
+    };
+    assert_eq!(figures(&remote), figures(&local));
+    assert!(
+        s3.store(&format!("{prefix}/preds"))
+            .exists("_SUCCESS.json")
+            .unwrap()
+    );
+    // Staged whole once: the next run downloads nothing again.
+    let again = infer(&s3.url(&format!("{prefix}/dataset")), &remote_out);
+    assert!(again.status.success(), "infer again: {}", again.stderr);
+    outputs.extend([remote, again]);
+
     for r in &outputs {
         assert!(
             !r.stdout.contains(&s3.secret_key) && !r.stderr.contains(&s3.secret_key),
             "the secret key leaked"
         );
     }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
 }

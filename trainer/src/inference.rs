@@ -87,7 +87,7 @@ pub struct Outputs {
 #[derive(Clone, Debug)]
 pub struct InferConfig {
     pub model: String,
-    pub dataset: PathBuf,
+    pub dataset: String,
     pub out: String,
     pub nodes: NodeSet,
     pub outputs: Outputs,
@@ -1323,16 +1323,27 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     }
 }
 
+/// The dataset's local directory: `--dataset` itself, or for a URL its
+/// copy staged into the work directory (kept there, so a rerun downloads
+/// nothing again).
+fn local_dataset(cfg: &InferConfig) -> Result<PathBuf> {
+    crate::staging::resolve_dataset(
+        &cfg.dataset,
+        &cfg.work_dir.join("dataset"),
+        cfg.show_progress,
+    )
+}
+
 fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let started = Instant::now();
     let model = Model::load(&cfg.model, cfg.device)?;
     let card = &model.card;
-    let ds = Dataset::open(&cfg.dataset)?;
+    let ds = Dataset::open(&local_dataset(cfg)?)?;
     let fingerprint = ds.fingerprint()?;
     if fingerprint != card.dataset_fingerprint {
         return Err(Error::InvalidArgument(format!(
             "{}: the model was trained on another dataset (fingerprint {}, this dataset's is {})",
-            cfg.dataset.display(),
+            cfg.dataset,
             short(&card.dataset_fingerprint),
             short(&fingerprint)
         )));
@@ -1805,7 +1816,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         model: offgnn_shared::store::redact(&cfg.model),
         architecture: card.architecture,
         weights_sha256: card.weights_sha256.clone(),
-        dataset: cfg.dataset.display().to_string(),
+        dataset: cfg.dataset.clone(),
         dataset_fingerprint: fingerprint,
         num_nodes: n,
         edges: edges_total,
@@ -1897,7 +1908,7 @@ pub fn naive_first_layer(
     engine: &IoEngine,
     blocks: u64,
 ) -> Result<NaiveEstimate> {
-    let ds = Dataset::open(&cfg.dataset)?;
+    let ds = Dataset::open(&local_dataset(cfg)?)?;
     let n = ds.num_nodes;
     let all_blocks = n.div_ceil(ALIGN_NODES);
     let blocks = blocks.clamp(1, all_blocks);

@@ -85,9 +85,11 @@ pub struct InferArgs {
     /// The export (model.json and the weights it names): a directory or URL.
     #[arg(long)]
     pub model: String,
-    /// The GraphBolt OnDiskDataset directory the model was trained on.
+    /// The GraphBolt OnDiskDataset the model was trained on: a directory,
+    /// or an object-store URL, staged then into --work-dir/dataset (and
+    /// kept there for the next run).
     #[arg(long)]
-    pub dataset: PathBuf,
+    pub dataset: String,
     /// Where the Parquet files and their _SUCCESS.json commit go: a
     /// directory or an object-store URL.
     #[arg(long)]

@@ -1,6 +1,7 @@
 //! Staging a remote layout onto local disk: every object copied with
 //! parallel ranged GETs, its CRC32C checked, and skipped on a rerun when the
-//! local copy is already whole. The manifest is copied last.
+//! local copy is already whole. The manifest is copied last. A remote
+//! dataset (for `trainer infer`) is staged the same way, object by object.
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -111,37 +112,99 @@ pub fn resolve_part(
             pb.inc(o.size);
             continue;
         }
-        let path = local.join(&o.name);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| Error::io(parent.display(), e))?;
-        }
-        let tmp = path.with_extension("partial");
-        let copied = (|| -> Result<()> {
-            let f = File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
-            f.set_len(o.size).map_err(|e| Error::io(tmp.display(), e))?;
-            let ranges: Vec<u64> = (0..o.size.div_ceil(RANGE)).map(|i| i * RANGE).collect();
-            ranges.par_iter().try_for_each(|&at| -> Result<()> {
-                offgnn_shared::signals::check()?;
-                let end = (at + RANGE).min(o.size);
-                let data = store.get_range(&o.name, at..end)?;
-                f.write_all_at(&data, at)
-                    .map_err(|e| Error::io(tmp.display(), e))?;
-                pb.inc(data.len() as u64);
-                Ok(())
-            })?;
-            f.sync_all().map_err(|e| Error::io(tmp.display(), e))?;
-            std::fs::rename(&tmp, &path).map_err(|e| Error::io(path.display(), e))
-        })();
-        if let Err(e) = copied {
-            // No partial object stays behind (a full disk, a store fault,
-            // a signal); whole objects are kept for the rerun.
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
+        download(&store, &o.name, o.size, &local.join(&o.name), &pb)?;
         check_object(engine, local, o)?;
     }
     pb.finish_and_clear();
     std::fs::write(local.join(MANIFEST), &bytes)
         .map_err(|e| Error::io(local.join(MANIFEST).display(), e))?;
     Ok((local.to_path_buf(), manifest))
+}
+
+/// Copies object `name` (`size` bytes) to `path` with parallel ranged GETs,
+/// through a partial file of this process that is renamed when whole: no
+/// partial object stays behind (a full disk, a store fault, a signal), and
+/// two processes staging one file do not write into each other's.
+fn download(
+    store: &Store,
+    name: &str,
+    size: u64,
+    path: &Path,
+    pb: &indicatif::ProgressBar,
+) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent.display(), e))?;
+    }
+    let tmp = path.with_extension(format!("partial-{}", std::process::id()));
+    let copied = (|| -> Result<()> {
+        let f = File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
+        f.set_len(size).map_err(|e| Error::io(tmp.display(), e))?;
+        let ranges: Vec<u64> = (0..size.div_ceil(RANGE)).map(|i| i * RANGE).collect();
+        ranges.par_iter().try_for_each(|&at| -> Result<()> {
+            offgnn_shared::signals::check()?;
+            let end = (at + RANGE).min(size);
+            let data = store.get_range(name, at..end)?;
+            f.write_all_at(&data, at)
+                .map_err(|e| Error::io(tmp.display(), e))?;
+            pb.inc(data.len() as u64);
+            Ok(())
+        })?;
+        f.sync_all().map_err(|e| Error::io(tmp.display(), e))?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::io(path.display(), e))
+    })();
+    if copied.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    copied
+}
+
+/// Resolves a dataset location (`trainer infer --dataset`) to a local
+/// directory: a local one is used in place; a remote one (every object
+/// under the URL) is staged into `local`, each object skipped when a whole
+/// copy (renamed from its partial file, so of the right size) is there.
+/// The free space is checked before any download.
+pub fn resolve_dataset(location: &str, local: &Path, show: bool) -> Result<PathBuf> {
+    let remote = location.contains("://") && !location.starts_with("file://");
+    if !remote {
+        return Ok(PathBuf::from(location.trim_start_matches("file://")));
+    }
+    let store = Store::open(location)?;
+    let objects = store.list("")?;
+    if objects.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "--dataset {}: no objects there",
+            store.url()
+        )));
+    }
+    let whole = |name: &str, size: u64| {
+        std::fs::metadata(local.join(name)).is_ok_and(|m| m.is_file() && m.len() == size)
+    };
+    let total: u64 = objects.iter().map(|o| o.1).sum();
+    let need: u64 = objects
+        .iter()
+        .filter(|(n, s)| !whole(n, *s))
+        .map(|o| o.1)
+        .sum();
+    std::fs::create_dir_all(local).map_err(|e| Error::io(local.display(), e))?;
+    let free = offgnn_shared::io_engine::free_bytes(local)?;
+    if need > free {
+        return Err(Error::InvalidArgument(format!(
+            "{}: {} free, staging the dataset {} needs {} more ({} in all); free some space or choose another --work-dir",
+            local.display(),
+            offgnn_shared::report::human_bytes(free),
+            store.url(),
+            offgnn_shared::report::human_bytes(need),
+            offgnn_shared::report::human_bytes(total)
+        )));
+    }
+    let pb = offgnn_shared::progress::bytes_bar_if(show, total, "staging the dataset");
+    for (name, size) in &objects {
+        if whole(name, *size) {
+            pb.inc(*size);
+            continue;
+        }
+        download(&store, name, *size, &local.join(name), &pb)?;
+    }
+    pb.finish_and_clear();
+    Ok(local.to_path_buf())
 }

@@ -148,7 +148,7 @@ fn config(model: &str, ds: &Path, out: &Path, work: &Path) -> InferConfig {
     InferConfig {
         keep_duplicate_edges: false,
         model: model.to_string(),
-        dataset: ds.to_path_buf(),
+        dataset: ds.display().to_string(),
         out: out.to_str().unwrap().to_string(),
         nodes: NodeSet::All,
         outputs: Outputs {
