@@ -966,34 +966,37 @@ fn remove_replaced(out: &Store, local_root: Option<&Path>, old: &Previous) {
 /// The write buffer of each segment's table object (all are open at once).
 const TABLE_BUFFER: usize = 16 << 10;
 
-/// Bytes one samples file's batches take decoded: their edges (source and
-/// destination ids), input nodes, and seeds with their labels.
+/// Bytes one samples file takes while it is decoded: its fetched bytes,
+/// held until its last row is decoded; its batches decoded (their edges'
+/// source and destination ids, input nodes, and seeds with their labels);
+/// and the Parquet decoder's buffers for the row in hand (per value: the
+/// value, its definition and repetition levels, and Arrow's copy), for a
+/// batch of twice the file's average size.
 fn decoded_file_memory(run: &RunSummary, f: &SampleFile) -> u64 {
-    f.edges * 8 + f.input_nodes * 4 + f.batches as u64 * run.params.batch_size as u64 * 8
+    let batch = run.params.batch_size as u64;
+    let per_batch = (2 * f.edges + f.input_nodes).div_ceil(u64::from(f.batches.max(1))) + 2 * batch;
+    f.object.size
+        + f.edges * 8
+        + f.input_nodes * 4
+        + f.batches as u64 * batch * 8
+        + 2 * per_batch * 16
 }
 
-/// Bytes one samples file takes while a loader decodes it: its fetched
-/// bytes, held until its last row is decoded, and its batches.
+/// Bytes the largest samples file takes while it is decoded.
 fn largest_file_memory(run: &RunSummary) -> u64 {
     run.files
         .iter()
-        .map(|f| f.object.size + decoded_file_memory(run, f))
+        .map(|f| decoded_file_memory(run, f))
         .max()
         .unwrap_or(0)
 }
 
-/// Bytes the table writer holds: the largest samples file decoded, a
-/// buffer per segment (at most one per training batch, and one each for
-/// validation and test) and the index of every batch's place.
+/// Bytes the table writer holds: the largest samples file as it is
+/// decoded, a buffer per segment (at most one per training batch, and one
+/// each for validation and test) and the index of every batch's place.
 fn tables_memory(run: &RunSummary, batches: &[BatchInfo]) -> u64 {
     let train = batches.iter().filter(|b| b.split == Split::Train).count() as u64;
-    let largest_file = run
-        .files
-        .iter()
-        .map(|f| decoded_file_memory(run, f))
-        .max()
-        .unwrap_or(0);
-    largest_file + (train + 2) * TABLE_BUFFER as u64 + batches.len() as u64 * 64
+    largest_file_memory(run) + (train + 2) * TABLE_BUFFER as u64 + batches.len() as u64 * 64
 }
 
 /// Bytes loading holds besides the baseline: every batch's input nodes

@@ -617,7 +617,9 @@ fn decode_columns<T>(
                 }
                 None => b,
             };
-            b.with_batch_size(16).build()
+            // One mini-batch a record batch: the decoder's buffers (values,
+            // and two levels a value) then hold one batch's lists, not 16.
+            b.with_batch_size(1).build()
         })
     })
     .map_err(|_| guarded("footer".into()))?
