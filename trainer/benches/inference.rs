@@ -57,6 +57,23 @@ fn trainer(args: &[&str]) -> (serde_json::Value, u64) {
     (json, peak_kb * 1024)
 }
 
+/// Seconds this machine's libtorch takes to multiply `rows` rows of width
+/// `width` by a `width x out` matrix, in chunks of 8192 rows as the
+/// method does: timed here on random data until a second has passed.
+fn matmul_seconds(rows: u64, width: i64, out: i64) -> f64 {
+    let chunk = rows.min(8192) as i64;
+    let x = tch::Tensor::randn([chunk, width], (tch::Kind::Float, Device::Cpu));
+    let w = tch::Tensor::randn([out, width], (tch::Kind::Float, Device::Cpu));
+    let _ = x.matmul(&w.tr());
+    let started = std::time::Instant::now();
+    let mut done = 0u64;
+    while started.elapsed().as_secs_f64() < 1.0 {
+        let _ = x.matmul(&w.tr());
+        done += chunk as u64;
+    }
+    started.elapsed().as_secs_f64() / done as f64 * rows as f64
+}
+
 fn gb(bytes: f64) -> String {
     format!("{:.2} GB", bytes / 1e9)
 }
@@ -215,9 +232,21 @@ fn main() {
         let read = l["bytes_read"].as_f64().unwrap() + edge_bytes;
         let written = l["bytes_written"].as_f64().unwrap();
         let ideal = must_read / read_bw + written / write_bw;
+        // The dense part every node's row goes through, whatever the I/O:
+        // GraphSAGE's lin_l and lin_r; GAT's lin (every head) and res.
+        let (w_in, w_out) = (
+            l["in_width"].as_i64().unwrap(),
+            l["out_width"].as_i64().unwrap(),
+        );
+        let last = i + 1 == s["layers"].as_array().unwrap().len();
+        let dense_out = match kind {
+            ModelKind::Gat if last => w_out * cfg.heads + w_out,
+            _ => 2 * w_out,
+        };
+        let floor = matmul_seconds(nodes, w_in, dense_out);
         let secs = l["seconds"].as_f64().unwrap();
         println!(
-            "  layer {}: {} -> {}, {} passes, read {} of input and {} of edges ({:.3}x what it must), wrote {}: {:.1} s (waiting on the disk {:.1} s, projecting and scattering {:.1} s), ideal {:.1} s, {:.2}x",
+            "  layer {}: {} -> {}, {} passes, read {} of input and {} of edges ({:.3}x what it must), wrote {}: {:.1} s (waiting on the disk {:.1} s, projecting and scattering {:.1} s), ideal {:.1} s, {:.2}x; the matmuls alone take {:.1} s here, {:.2}x the larger of the two",
             i + 1,
             l["in_width"],
             l["out_width"],
@@ -230,9 +259,11 @@ fn main() {
             l["io_wait_seconds"].as_f64().unwrap(),
             l["scatter_seconds"].as_f64().unwrap(),
             ideal,
-            secs / ideal
+            secs / ideal,
+            floor,
+            secs / ideal.max(floor)
         );
-        layers.push(serde_json::json!({"layer": i + 1, "seconds": secs, "ideal_seconds": ideal, "ratio": secs / ideal, "must_read_bytes": must_read, "read_bytes": read}));
+        layers.push(serde_json::json!({"layer": i + 1, "seconds": secs, "ideal_seconds": ideal, "ratio": secs / ideal, "must_read_bytes": must_read, "read_bytes": read, "matmul_floor_seconds": floor, "ratio_to_larger": secs / ideal.max(floor)}));
     }
     let layer1 = s["layers"][0]["seconds"].as_f64().unwrap();
     let naive_secs = naive["extrapolated_seconds"].as_f64().unwrap();
