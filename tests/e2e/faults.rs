@@ -480,12 +480,17 @@ fn a_crash_at_each_commit_phase_leaves_datasets_samples_and_layouts_whole() {
             "--feature-dim",
             "8",
         ]),
+        // The dataset in place, told apart by its directory's inode and
+        // its creation time to the nanosecond: an inode freed by one run's
+        // removal of the replaced dataset can come back for a later run's.
         commit: &|| {
             use std::os::unix::fs::MetadataExt;
             std::fs::metadata(written.join("metadata.yaml"))
                 .ok()
-                .and_then(|_| std::fs::metadata(&written).ok())
-                .map(|m| m.ino().to_le_bytes().to_vec())
+                .and_then(|m| Some((m, std::fs::metadata(&written).ok()?)))
+                .map(|(file, dir)| {
+                    format!("{} {} {}", dir.ino(), file.mtime(), file.mtime_nsec()).into_bytes()
+                })
         },
         marks_removal: false,
         whole: &dataset_whole,
