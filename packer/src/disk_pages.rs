@@ -37,22 +37,9 @@ pub fn pages_of_rows(positions: &[u64], row_bytes: u64) -> Vec<u64> {
     pages
 }
 
-/// Merges sorted, deduplicated page numbers into maximal runs of
-/// consecutive pages: `(first page, page count)`, ascending.
-pub fn page_runs(pages: &[u64]) -> Vec<(u64, u64)> {
-    debug_assert!(
-        pages.windows(2).all(|w| w[0] < w[1]),
-        "pages must be sorted and unique"
-    );
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for &p in pages {
-        match runs.last_mut() {
-            Some((first, count)) if *first + *count == p => *count += 1,
-            _ => runs.push((p, 1)),
-        }
-    }
-    runs
-}
+/// The table format's own merge of pages into runs, which the trainer
+/// rebuilds on decode: one definition for both sides.
+pub use offgnn_shared::address_table::page_runs;
 
 #[cfg(test)]
 mod tests {

@@ -569,7 +569,7 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
             }
         }
     }
-    for &(first, count) in &page_runs_of(&pages) {
+    for &(first, count) in &page_runs(&pages) {
         out.page_runs.push((first, count));
     }
     for (pos, i) in dc {
@@ -581,8 +581,13 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
     Ok(out)
 }
 
-/// Maximal runs of consecutive pages, ascending.
-fn page_runs_of(pages: &[u64]) -> Vec<(u64, u64)> {
+/// Merges sorted, deduplicated page numbers into maximal runs of
+/// consecutive pages: `(first page, page count)`, ascending.
+pub fn page_runs(pages: &[u64]) -> Vec<(u64, u64)> {
+    debug_assert!(
+        pages.windows(2).all(|w| w[0] < w[1]),
+        "pages must be sorted and unique"
+    );
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for &p in pages {
         match runs.last_mut() {

@@ -212,6 +212,68 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// One model over `ds` out of core at the least --memory that works (for a
+/// graph model: several groups and several source chunks a layer), checked
+/// against the in-memory forward pass: every node once, each pass reading
+/// the layer's input once, logits within 1e-5.
+struct Checked {
+    run: InferConfig,
+    s: InferSummary,
+    o: Output,
+    want: Vec<f32>,
+    cfg: ModelConfig,
+}
+
+fn check_at_least_memory(
+    root: &Path,
+    ds_path: &Path,
+    ds: &Dataset,
+    kind: ModelKind,
+    engine: &IoEngine,
+) -> Checked {
+    let n = ds.num_nodes;
+    let (location, net, cfg) = exported(root, ds, kind);
+    let out = root.join(format!("out-{kind:?}"));
+    let mut run = config(
+        &location,
+        ds_path,
+        &out,
+        &root.join(format!("work-{kind:?}")),
+    );
+    run.memory = least_memory(&location, ds_path, root, engine);
+    let s = infer(&run, engine).unwrap();
+    assert!(out.join(trainer::inference::COMMIT).exists());
+    if kind != ModelKind::Mlp {
+        assert!(s.groups >= 2, "{kind:?}: {} groups", s.groups);
+        assert!(n.div_ceil(s.chunk_rows) >= 2, "{kind:?}: one chunk");
+        assert_eq!(s.layers.len(), 3);
+        for (i, l) in s.layers.iter().enumerate() {
+            assert_eq!(l.passes, s.groups, "a pass per group");
+            // Each pass reads the layer's input once, nothing more.
+            let once = input_bytes(ds, i, cfg.hidden as u64, 4);
+            assert_eq!(l.bytes_read, l.passes * once, "{kind:?}: layer {}", i + 1);
+        }
+    }
+    let o = read_output(&out, &s);
+    assert_eq!(o.ids, (0..n).collect::<Vec<_>>());
+    let want = full_graph_forward(ds, net.as_ref(), &cfg);
+    let want: Vec<f32> = Vec::try_from(want.view([-1])).unwrap();
+    let diff = max_diff(&o.logits, &want);
+    println!(
+        "{kind:?}: {} groups, {} chunks, largest logit difference {diff:.2e}",
+        s.groups,
+        n.div_ceil(s.chunk_rows)
+    );
+    assert!(diff <= 1e-5, "{kind:?}: logits differ by {diff}");
+    Checked {
+        run,
+        s,
+        o,
+        want,
+        cfg,
+    }
+}
+
 #[test]
 fn out_of_core_inference_equals_the_in_memory_forward_pass() {
     let _serial = super::serial();
@@ -221,34 +283,14 @@ fn out_of_core_inference_equals_the_in_memory_forward_pass() {
     let ds = Dataset::open(&ds_path).unwrap();
     let engine = IoEngine::new(IoOptions::default());
     for kind in [ModelKind::Sage, ModelKind::Gat, ModelKind::Mlp] {
-        let (location, net, cfg) = exported(dir.path(), &ds, kind);
-        let out = dir.path().join(format!("out-{kind:?}"));
-        let work = dir.path().join(format!("work-{kind:?}"));
-        let mut run = config(&location, &ds_path, &out, &work);
-        run.memory = least_memory(&location, &ds_path, dir.path(), &engine);
-        let s = infer(&run, &engine).unwrap();
-        assert!(out.join(trainer::inference::COMMIT).exists());
-        if kind != ModelKind::Mlp {
-            assert!(s.groups >= 2, "{kind:?}: {} groups", s.groups);
-            assert!(NODES.div_ceil(s.chunk_rows) >= 2, "{kind:?}: one chunk");
-            assert_eq!(s.layers.len(), 3);
-            for (i, l) in s.layers.iter().enumerate() {
-                assert_eq!(l.passes, s.groups, "a pass per group");
-                // Each pass reads the layer's input once, nothing more.
-                let once = input_bytes(&ds, i, cfg.hidden as u64, 4);
-                assert_eq!(l.bytes_read, l.passes * once, "{kind:?}: layer {}", i + 1);
-            }
-        }
-        let o = read_output(&out, &s);
-        assert_eq!(o.ids, (0..NODES).collect::<Vec<_>>());
-        let want = full_graph_forward(&ds, net.as_ref(), &cfg);
-        let want: Vec<f32> = Vec::try_from(want.view([-1])).unwrap();
-        let diff = max_diff(&o.logits, &want);
-        println!(
-            "{kind:?}: {} groups, largest logit difference {diff:.2e}",
-            s.groups
-        );
-        assert!(diff <= 1e-5, "{kind:?}: logits differ by {diff}");
+        let Checked {
+            run,
+            s,
+            o,
+            want,
+            cfg,
+        } = check_at_least_memory(dir.path(), &ds_path, &ds, kind, &engine);
+        let work = &run.work_dir;
         // Probabilities are the softmax of the logits; rows sum to one.
         for row in o.probabilities.chunks_exact(cfg.classes as usize) {
             assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
@@ -317,37 +359,9 @@ fn out_of_core_inference_equals_the_in_memory_forward_pass_on_cora() {
     let dir = tempfile::tempdir().unwrap();
     let ds_path = cora(dir.path());
     let ds = Dataset::open(&ds_path).unwrap();
-    let n = ds.num_nodes;
     let engine = IoEngine::new(IoOptions::default());
     for kind in [ModelKind::Sage, ModelKind::Gat] {
-        let (location, net, cfg) = exported(dir.path(), &ds, kind);
-        let out = dir.path().join(format!("out-{kind:?}"));
-        let mut run = config(
-            &location,
-            &ds_path,
-            &out,
-            &dir.path().join(format!("work-{kind:?}")),
-        );
-        run.memory = least_memory(&location, &ds_path, dir.path(), &engine);
-        let s = infer(&run, &engine).unwrap();
-        assert!(s.groups >= 2, "{kind:?}: {} groups", s.groups);
-        assert!(n.div_ceil(s.chunk_rows) >= 2, "{kind:?}: one chunk");
-        for (i, l) in s.layers.iter().enumerate() {
-            assert_eq!(l.passes, s.groups, "a pass per group");
-            let once = input_bytes(&ds, i, cfg.hidden as u64, 4);
-            assert_eq!(l.bytes_read, l.passes * once, "{kind:?}: layer {}", i + 1);
-        }
-        let o = read_output(&out, &s);
-        assert_eq!(o.ids, (0..n).collect::<Vec<_>>());
-        let want = full_graph_forward(&ds, net.as_ref(), &cfg);
-        let want: Vec<f32> = Vec::try_from(want.view([-1])).unwrap();
-        let diff = max_diff(&o.logits, &want);
-        println!(
-            "Cora {kind:?}: {} groups, {} chunks, largest logit difference {diff:.2e}",
-            s.groups,
-            n.div_ceil(s.chunk_rows)
-        );
-        assert!(diff <= 1e-5, "{kind:?}: logits differ by {diff}");
+        check_at_least_memory(dir.path(), &ds_path, &ds, kind, &engine);
     }
 }
 
