@@ -813,6 +813,18 @@ fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
     )?)
 }
 
+/// `t`'s values into `buf`, reusing its memory: a group's rows are
+/// gigabytes, and fresh pages cost more than the copy (the kernel clears
+/// each one on first touch).
+fn copy_into(t: &Tensor, buf: &mut Vec<f32>) -> Result<()> {
+    let t = t.to_device(Device::Cpu).to_kind(Kind::Float).contiguous();
+    let n = t.numel();
+    buf.clear();
+    buf.resize(n, 0.0);
+    t.f_copy_data(buf, n)?;
+    Ok(())
+}
+
 fn tensor(values: &[f32], rows: i64, device: Device) -> Tensor {
     Tensor::from_slice(values)
         .view([rows, -1])
@@ -953,9 +965,11 @@ impl OnlineSoftmax {
 }
 
 /// Runs one graph layer for the destinations `[a, b)`: streams the input,
-/// scatters along the group's edges, applies the dense part. Returns the
-/// layer's output rows for the group (before the activation) and the
-/// group's own input rows.
+/// scatters along the group's edges, applies the dense part and, with
+/// `activate`, the activation. Returns the layer's output rows for the
+/// group, in `rows_out` (whose memory is reused: the caller hands back the
+/// last group's), and the group's own input rows. `own_buf` is scratch kept
+/// across groups for the same reason.
 #[allow(clippy::too_many_arguments)]
 fn graph_layer_group(
     layer: &Layer,
@@ -966,10 +980,12 @@ fn graph_layer_group(
     chunk_rows: u64,
     device: Device,
     keep_rows: bool,
+    activate: bool,
+    (mut rows_out, own_buf): (Vec<f32>, &mut Vec<f32>),
     read: &mut u64,
     times: &mut StreamTimes,
     bar: &indicatif::ProgressBar,
-) -> Result<(Tensor, Vec<f32>)> {
+) -> Result<(Vec<f32>, Vec<f32>)> {
     let g = (b - a) as usize;
     let parts = rayon::current_num_threads() * 4;
     match layer {
@@ -981,7 +997,8 @@ fn graph_layer_group(
             // The group's own rows pass by in the stream: lin_r is applied
             // to them there, with no second read.
             let d_out = lin_r_w.size()[0];
-            let own = Tensor::zeros([g as i64, d_out], (Kind::Float, device));
+            own_buf.clear();
+            own_buf.resize(g * d_out as usize, 0.0);
             let mut h_dst = Vec::new();
             // mean(h) W = mean(h W): where the layer narrows, sources are
             // projected first and the sums are kept at the output's width.
@@ -991,7 +1008,9 @@ fn graph_layer_group(
             } else {
                 input.width
             };
-            let mut acc = vec![0f32; g * d];
+            let mut acc = std::mem::take(&mut rows_out);
+            acc.clear();
+            acc.resize(g * d, 0.0);
             *read += input.stream(engine, chunk_rows, 0, times, bar, |c, rows| {
                 let c0 = c as u64 * chunk_rows;
                 let c1 = c0 + (rows.len() / input.width) as u64;
@@ -1000,8 +1019,10 @@ fn graph_layer_group(
                     let mine = &rows
                         [((lo - c0) as usize) * input.width..((hi - c0) as usize) * input.width];
                     let x = tensor(mine, (hi - lo) as i64, device);
-                    own.narrow(0, (lo - a) as i64, (hi - lo) as i64)
-                        .copy_(&x.matmul(&lin_r_w.tr()));
+                    let own = x.matmul(&lin_r_w.tr()).to_device(Device::Cpu).contiguous();
+                    let at = (lo - a) as usize * d_out as usize;
+                    let n = own.numel();
+                    own.f_copy_data(&mut own_buf[at..at + n], n)?;
                     if keep_rows {
                         h_dst.extend_from_slice(mine);
                     }
@@ -1046,19 +1067,32 @@ fn graph_layer_group(
             for &t in &edges.dst {
                 count[(t as u64 - a) as usize] += 1.0;
             }
-            // In place where possible: a group's tensors are most of --memory.
-            let mut mean = tensor(&acc, g as i64, device);
-            drop(acc);
-            let count = Tensor::from_slice(&count).to_device(device).clamp_min(1.0);
-            let _ = mean.g_div_(&count.unsqueeze(1));
-            let mut out = if project {
-                mean
-            } else {
-                mean.matmul(&lin_l_w.tr())
-            };
-            let _ = out.g_add_(lin_l_b);
-            let _ = out.g_add_(&own);
-            Ok((out, h_dst))
+            let bias = to_vec(lin_l_b)?;
+            let d_out = d_out as usize;
+            if !project {
+                // The layer widens: the mean of the inputs, then lin_l.
+                let mut mean = tensor(&acc, g as i64, device);
+                let c = Tensor::from_slice(&count).to_device(device).clamp_min(1.0);
+                let _ = mean.g_div_(&c.unsqueeze(1));
+                copy_into(&mean.matmul(&lin_l_w.tr()), &mut acc)?;
+                count.fill(1.0);
+            }
+            // mean + lin_l's bias + lin_r(self), row by row in place, in the
+            // order the tensor ops took (the same floats), then ReLU: no
+            // fresh gigabytes for the group's tensors.
+            acc.par_chunks_mut(d_out)
+                .zip(own_buf.par_chunks(d_out))
+                .zip(count.par_iter())
+                .for_each(|((row, own), &c)| {
+                    let c = c.max(1.0);
+                    for ((v, b), o) in row.iter_mut().zip(&bias).zip(own) {
+                        *v = *v / c + b + o;
+                        if activate && *v < 0.0 {
+                            *v = 0.0;
+                        }
+                    }
+                });
+            Ok((acc, h_dst))
         }
         Layer::Gat {
             lin_w,
@@ -1171,7 +1205,13 @@ fn graph_layer_group(
             };
             let _ = out.g_add_(&res);
             let _ = out.g_add_(bias);
-            Ok((out, h_dst))
+            let out = if activate {
+                act(ModelKind::Gat, out)
+            } else {
+                out
+            };
+            copy_into(&out, &mut rows_out)?;
+            Ok((rows_out, h_dst))
         }
     }
 }
@@ -1574,6 +1614,9 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let graph_layers = if model.mlp.is_empty() { num_layers } else { 1 };
     let mut groups_here = 0u64;
     let mut write_buf = AlignedBuf::new(write_piece);
+    // A group's output rows and its lin_r scratch, kept from group to group
+    // and layer to layer: reused memory is already paged in.
+    let (mut spare_rows, mut spare_own) = (Vec::new(), Vec::new());
     while progress.layer < graph_layers {
         let l = progress.layer;
         let last = l + 1 == graph_layers;
@@ -1640,7 +1683,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 );
                 edge_read += size;
                 let t_group = Instant::now();
-                let (out, h_dst) = graph_layer_group(
+                let (rows, h_dst) = graph_layer_group(
                     &model.layers[l],
                     &input,
                     engine,
@@ -1649,6 +1692,8 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     chunk_rows,
                     cfg.device,
                     last && cfg.outputs.embeddings,
+                    !last,
+                    (std::mem::take(&mut spare_rows), &mut spare_own),
                     &mut read,
                     &mut times,
                     &bar,
@@ -1657,17 +1702,6 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     "layer {l} group {gi}: computed in {:.2} s ({:.2} s streaming)",
                     t_group.elapsed().as_secs_f64(),
                     times.io_wait + times.scatter
-                );
-                let t_out = Instant::now();
-                let out = if last {
-                    out
-                } else {
-                    act(card.architecture, out)
-                };
-                let rows = to_vec(&out)?;
-                tracing::debug!(
-                    "layer {l} group {gi}: activation and copy out in {:.2} s",
-                    t_out.elapsed().as_secs_f64()
                 );
                 (rows, (last && cfg.outputs.embeddings).then_some(h_dst))
             } else {
@@ -1766,6 +1800,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 "layer {l} group {gi}: written in {:.2} s",
                 t_write.elapsed().as_secs_f64()
             );
+            spare_rows = out_rows;
             let f = &mut progress.figures[l];
             f.passes += 1;
             f.bytes_read += read;
