@@ -525,7 +525,26 @@ impl IoEngine {
         mut each: impl FnMut(&[u8]),
     ) -> Result<u64> {
         let mut buf = AlignedBuf::new(request * per_call);
-        let mut at = 0u64;
+        self.read_span(file, (0, end), request, per_call, &mut buf, |bytes| {
+            each(bytes);
+            true
+        })
+    }
+
+    /// [`IoEngine::read_sequential`] over `[from, end)` (`from` on a page
+    /// for O_DIRECT) through the caller's `buf` (at least `request *
+    /// per_call` bytes), stopping after any call whose bytes `each` answers
+    /// with `false`. Returns the bytes read.
+    pub fn read_span(
+        &self,
+        file: &IoFile,
+        (from, end): (u64, u64),
+        request: usize,
+        per_call: usize,
+        buf: &mut AlignedBuf,
+        mut each: impl FnMut(&[u8]) -> bool,
+    ) -> Result<u64> {
+        let mut at = from;
         while at < end {
             let reqs: Vec<ReadReq> = (0..per_call)
                 .map(|i| at + (i * request) as u64)
@@ -537,11 +556,13 @@ impl IoEngine {
                     buf_offset: i * request,
                 })
                 .collect();
-            let n = self.read(file, &reqs, &mut buf)?;
-            each(&buf.as_slice()[..n as usize]);
+            let n = self.read(file, &reqs, buf)?;
             at += n;
+            if !each(&buf.as_slice()[..n as usize]) {
+                break;
+            }
         }
-        Ok(at)
+        Ok(at - from)
     }
 
     /// Writes every request from `buf` (request i's bytes come from

@@ -91,33 +91,33 @@ fn sample_pack_and_train_through_s3() {
     assert_eq!(r.json()["ok"], true);
     outputs.push(r);
     let stage = dir.path().join("stage");
-    let train = || {
-        run_env(
-            "trainer",
-            &[
-                "--manifest",
-                &manifest,
-                "--local-dir",
-                stage.to_str().unwrap(),
-                "--epochs",
-                "6",
-                "--hidden",
-                "64",
-                "--lr",
-                "0.01",
-            ],
-            &env,
-        )
+    let train = |extra: &[&str]| {
+        let mut args = vec![
+            "--manifest",
+            &manifest,
+            "--local-dir",
+            stage.to_str().unwrap(),
+            "--epochs",
+            "6",
+            "--hidden",
+            "64",
+            "--lr",
+            "0.01",
+        ];
+        args.extend_from_slice(extra);
+        run_env("trainer", &args, &env)
     };
-    let r = train();
+    let r = train(&[]);
     assert!(r.status.success(), "trainer: {}", r.stderr);
     let acc = r.json()["summary"]["test_acc_at_best_valid"]
         .as_f64()
         .unwrap();
     assert!(acc > 0.4, "four classes, test accuracy {acc}");
     outputs.push(r);
-    // A second run finds the staged layout whole and trains the same.
-    let again = train();
+    // A second run finds the staged layout whole and trains the same; it
+    // exports the model, for inference below.
+    let export = dir.path().join("export");
+    let again = train(&["--export", export.to_str().unwrap()]);
     assert!(again.status.success(), "trainer again: {}", again.stderr);
     assert_eq!(
         again.json()["summary"]["epochs"][0]["loss"],
@@ -128,22 +128,6 @@ fn sample_pack_and_train_through_s3() {
     // Inference with the dataset and the result in the store: the dataset
     // is staged into the work directory (once), and the result equals the
     // one from the local dataset.
-    let export = dir.path().join("export");
-    let r = run_env(
-        "trainer",
-        &[
-            "--manifest",
-            &manifest,
-            "--local-dir",
-            stage.to_str().unwrap(),
-            "--epochs",
-            "1",
-            "--export",
-            export.to_str().unwrap(),
-        ],
-        &env,
-    );
-    assert!(r.status.success(), "trainer --export: {}", r.stderr);
     let remote_ds = s3.store(&format!("{prefix}/dataset"));
     for entry in walk(&ds) {
         let rel = entry.strip_prefix(&ds).unwrap().to_str().unwrap();

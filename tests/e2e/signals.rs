@@ -68,6 +68,14 @@ fn stop_when(program: &str, args: &[&str], ready: &dyn Fn() -> bool, signals: &[
 
 /// One line, naming the signal and `kept`, within a few seconds, with the
 /// signal's exit status.
+/// Two SIGINTs `after` into a run: the second ends it at once, cleanup or
+/// not.
+fn a_second_sigint_exits_at_once(program: &str, args: &[&str], after: Duration) {
+    let st = stop_mid_run(program, args, after, &["INT", "INT"]);
+    assert_eq!(st.code, Some(130), "{}", st.stderr);
+    assert!(st.seconds < 2.0, "took {:.1} s", st.seconds);
+}
+
 fn stopped_well(s: &Stopped, signal: &str, code: i32, kept: &str) {
     assert_eq!(s.code, Some(code), "{}", s.stderr);
     assert_eq!(s.stderr.trim().lines().count(), 1, "{}", s.stderr);
@@ -130,15 +138,7 @@ fn the_sampler_stops_and_removes_what_it_wrote() {
     let left: Vec<_> = walk(&out.join("samples"));
     assert!(left.is_empty(), "left behind: {left:?}");
 
-    // Two SIGINTs: the second ends it at once, cleanup or not.
-    let st = stop_mid_run(
-        "sampler",
-        &args,
-        Duration::from_millis(1500),
-        &["INT", "INT"],
-    );
-    assert_eq!(st.code, Some(130), "{}", st.stderr);
-    assert!(st.seconds < 2.0, "took {:.1} s", st.seconds);
+    a_second_sigint_exits_at_once("sampler", &args, Duration::from_millis(1500));
 }
 
 #[test]
@@ -306,7 +306,7 @@ fn the_trainer_stops_on_sigint_and_a_second_exits_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let manifest = small_layout(dir.path());
     trainer_stops_and_resumes(&manifest, &dir.path().join("ckpt"), "INT");
-    let st = stop_mid_run(
+    a_second_sigint_exits_at_once(
         "trainer",
         &[
             "--manifest",
@@ -317,10 +317,7 @@ fn the_trainer_stops_on_sigint_and_a_second_exits_at_once() {
             "1000",
         ],
         Duration::from_millis(3000),
-        &["INT", "INT"],
     );
-    assert_eq!(st.code, Some(130), "{}", st.stderr);
-    assert!(st.seconds < 2.0, "took {:.1} s", st.seconds);
 }
 
 /// `trainer infer` stops after its current group on SIGTERM, keeps the

@@ -509,20 +509,11 @@ fn read_range(
         to
     };
     let mut at = from;
-    while at < direct_to && !stopped() {
-        let reqs: Vec<ReadReq> = (0..PER_CALL)
-            .map(|i| at + (i * REQUEST) as u64)
-            .take_while(|&offset| offset < direct_to)
-            .enumerate()
-            .map(|(i, offset)| ReadReq {
-                offset,
-                len: (direct_to - offset).min(REQUEST as u64) as usize,
-                buf_offset: i * REQUEST,
-            })
-            .collect();
-        let n = engine.read(file, &reqs, buf)?;
-        each(&buf.as_slice()[..n as usize]);
-        at += n;
+    if !stopped() {
+        at += engine.read_span(file, (from, direct_to), REQUEST, PER_CALL, buf, |bytes| {
+            each(bytes);
+            !stopped()
+        })?;
     }
     if at < to && !stopped() {
         let mut tail = vec![0u8; (to - at) as usize];
