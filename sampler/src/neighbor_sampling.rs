@@ -9,6 +9,7 @@
 //! sampled which batch.
 
 use offgnn_shared::dataset::Split;
+use offgnn_shared::prefetch;
 use offgnn_shared::samples::Block;
 use offgnn_shared::topology::Csr;
 use rand::{Rng, SeedableRng};
@@ -58,25 +59,6 @@ pub fn batch_rng(seed: u64, split: Split, epoch: u32, index: u32) -> Pcg64Mcg {
 /// 32 ahead 32-36M and 28-31M.
 const AHEAD: usize = 32;
 
-/// Asks the processor to start loading the cache line holding `slice[i]`
-/// (nothing where `i` is past its end; a hint only, on x86-64).
-#[inline(always)]
-fn prefetch<T>(slice: &[T], i: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if i < slice.len() {
-        // SAFETY: a prefetch does not fault and reads nothing; the address
-        // is in bounds all the same.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch(
-                slice.as_ptr().add(i) as *const i8,
-                std::arch::x86_64::_MM_HINT_T0,
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (slice, i);
-}
-
 /// Samples the blocks of one batch. `fanouts` are per layer, input layer
 /// first (as DGL's `NeighborSampler`): the seeds' layer uses the last.
 ///
@@ -110,7 +92,7 @@ pub fn sample_blocks(
         bounds.clear();
         bounds.extend(nodes[..num_dst].iter().enumerate().map(|(i, &v)| {
             if let Some(&ahead) = nodes[..num_dst].get(i + AHEAD) {
-                prefetch(offsets, ahead as usize);
+                prefetch::line(offsets, ahead as usize);
             }
             (offsets[v as usize], offsets[v as usize + 1])
         }));
@@ -118,7 +100,7 @@ pub fn sample_blocks(
         let mut dst = Vec::with_capacity(num_dst * fanout);
         for (d, &(start, end)) in bounds.iter().enumerate() {
             if let Some(&(ahead, _)) = bounds.get(d + AHEAD) {
-                prefetch(indices, ahead as usize);
+                prefetch::line(indices, ahead as usize);
             }
             let neighbors = &indices[start as usize..end as usize];
             if neighbors.len() <= fanout {
@@ -133,7 +115,7 @@ pub fn sample_blocks(
         let mut src = picked;
         for i in 0..src.len() {
             if let Some(&ahead) = src.get(i + AHEAD) {
-                prefetch(&scratch.local, ahead as usize);
+                prefetch::line(&scratch.local, ahead as usize);
             }
             let u = &mut src[i];
             let slot = &mut scratch.local[*u as usize];

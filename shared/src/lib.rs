@@ -10,6 +10,7 @@ pub mod error;
 pub mod io_engine;
 pub mod npy;
 pub mod parquet_import;
+pub mod prefetch;
 pub mod progress;
 pub mod report;
 pub mod samples;

@@ -37,8 +37,11 @@ use offgnn_shared::commit::{self, RunId};
 use offgnn_shared::dataset::{Dataset, Split};
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, ReadReq};
 use offgnn_shared::npy::DType;
+use offgnn_shared::prefetch;
 use offgnn_shared::report::human_bytes;
 use offgnn_shared::store::Store;
+use parquet::file::properties::EnabledStatistics;
+use parquet::schema::types::ColumnPath;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
@@ -58,6 +61,9 @@ const REQUEST: usize = 1 << 20;
 const PER_CALL: usize = 8;
 /// Chunks the reader thread may have ready ahead of the one in use.
 const STREAM_AHEAD: usize = 2;
+/// How many edges ahead a scatter asks for its destination rows' cache
+/// lines (see [`prefetch`]).
+const SCATTER_AHEAD: usize = 8;
 /// Groups whose edge files are open at once while the edges are bucketed.
 const OPEN_GROUPS: usize = 256;
 /// Bytes per write of a hidden layer's rows (a multiple of the page).
@@ -327,10 +333,11 @@ impl Input {
     /// chunks of `chunk_rows` rows (the last may be shorter) as float32,
     /// with the chunk's index: chunks `first..` in order, then `0..first`
     /// (a rotation, so that a group's own rows can come first; still one
-    /// sequential pass, in two runs). A reader thread reads and converts
-    /// the next chunks while `each` works on this one (two chunks ahead at
-    /// most, their buffers recycled). Returns the bytes read: the rows,
-    /// from the page their data starts on.
+    /// sequential pass, in two runs). A reader thread reads the next chunks
+    /// and converts their bytes straight into the chunks' tensors while
+    /// `each` works on this one (two chunks ahead at most, their tensors
+    /// recycled). Returns the bytes read: the rows, from the page their
+    /// data starts on.
     fn stream(
         &self,
         engine: &IoEngine,
@@ -338,31 +345,31 @@ impl Input {
         first: usize,
         times: &mut StreamTimes,
         bar: &indicatif::ProgressBar,
-        mut each: impl FnMut(usize, &[f32]) -> Result<()>,
+        mut each: impl FnMut(usize, &Chunk) -> Result<()>,
     ) -> Result<u64> {
-        let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<(usize, Vec<f32>)>(STREAM_AHEAD);
-        let (free_tx, free_rx) = std::sync::mpsc::channel::<Vec<f32>>();
+        let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<(usize, Chunk)>(STREAM_AHEAD);
+        let (free_tx, free_rx) = std::sync::mpsc::channel::<Chunk>();
         let stop = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|scope| {
             let reader = scope
                 .spawn(|| self.read_chunks(engine, chunk_rows, first, full_tx, free_rx, &stop));
             let mut outcome = Ok(());
             let mut waited = Instant::now();
-            for (c, rows) in full_rx.iter() {
+            for (c, chunk) in full_rx.iter() {
                 times.io_wait += waited.elapsed().as_secs_f64();
                 let t = Instant::now();
                 if outcome.is_ok() {
                     // SIGINT or SIGTERM: the group ends here, unfinished.
                     outcome = offgnn_shared::signals::check()
                         .map_err(Error::from)
-                        .and_then(|()| each(c, &rows));
+                        .and_then(|()| each(c, &chunk));
                     if outcome.is_err() {
                         stop.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
                 times.scatter += t.elapsed().as_secs_f64();
-                bar.inc((rows.len() / self.width) as u64 * self.row_bytes());
-                let _ = free_tx.send(rows);
+                bar.inc(chunk.rows as u64 * self.row_bytes());
+                let _ = free_tx.send(chunk);
                 waited = Instant::now();
             }
             drop(free_tx);
@@ -382,8 +389,8 @@ impl Input {
         engine: &IoEngine,
         chunk_rows: u64,
         first: usize,
-        full: std::sync::mpsc::SyncSender<(usize, Vec<f32>)>,
-        free: std::sync::mpsc::Receiver<Vec<f32>>,
+        full: std::sync::mpsc::SyncSender<(usize, Chunk)>,
+        free: std::sync::mpsc::Receiver<Chunk>,
         stop: &std::sync::atomic::AtomicBool,
     ) -> Result<u64> {
         let file = engine.open(&self.path)?;
@@ -391,20 +398,22 @@ impl Input {
         let end = data + self.rows * self.row_bytes();
         let split = (data + first as u64 * chunk_rows * self.row_bytes()).min(end);
         let (data_page, split_page) = (data / PAGE * PAGE, split / PAGE * PAGE);
-        let chunk_bytes = (chunk_rows * self.row_bytes()) as usize;
         let mut buf = AlignedBuf::new(REQUEST * PER_CALL);
         let from = split_page.max(data_page);
         // The first run's bytes before chunk `first`.
         let lead = (split - from) as usize;
         let mut chunker = Chunker {
             input: self,
-            chunk_bytes,
-            pending: Vec::with_capacity(chunk_bytes),
+            chunk_rows: chunk_rows as usize,
+            filling: None,
+            filled: 0,
+            odd: Vec::new(),
             chunk: first,
             skip: lead,
             full: &full,
             free: &free,
             stop,
+            failed: None,
         };
         let mut carried = Vec::with_capacity(lead);
         let mut read = read_range(
@@ -436,37 +445,186 @@ impl Input {
             chunker.feed(&carried);
             chunker.flush();
         }
-        Ok(read)
+        match chunker.failed {
+            Some(e) => Err(e),
+            None => Ok(read),
+        }
     }
 }
 
-/// Cuts a run of bytes into chunks of rows, converts each to float32 and
-/// sends it on with its index.
+/// A chunk of a layer's input rows as float32, in a CPU tensor that the
+/// reader converts the bytes into as they arrive: the matmuls take it as
+/// it is (a first layer's pass is tens of GB, each copy seconds of CPU).
+struct Chunk {
+    /// `[capacity, width]` float32; the first `rows` rows are the chunk's.
+    t: Tensor,
+    rows: usize,
+    width: usize,
+}
+
+impl Chunk {
+    fn new(capacity: usize, width: usize) -> Result<Chunk> {
+        Ok(Chunk {
+            t: Tensor::f_empty([capacity as i64, width as i64], (Kind::Float, Device::Cpu))?,
+            rows: 0,
+            width,
+        })
+    }
+
+    /// The chunk's rows, a view of its tensor (no copy).
+    fn tensor(&self) -> Tensor {
+        self.t.narrow(0, 0, self.rows as i64)
+    }
+
+    /// The chunk's rows' values.
+    fn values(&self) -> &[f32] {
+        // Only `bytes_mut`, which takes `&mut self`, writes the tensor; the
+        // views `tensor` hands out are only read.
+        cpu_values(&self.t, self.rows * self.width)
+    }
+
+    /// The whole capacity's bytes, for the reader to write.
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.t.numel() * 4;
+        // SAFETY: as in `values`; `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.t.data_ptr().cast::<u8>(), len) }
+    }
+}
+
+/// The first `len` values of a contiguous CPU float32 tensor, borrowed
+/// with it. Callers hold the tensor alone and write it only through
+/// `&mut` (or not while the slice lives).
+fn cpu_values(t: &Tensor, len: usize) -> &[f32] {
+    assert!(
+        t.device() == Device::Cpu
+            && t.kind() == Kind::Float
+            && t.is_contiguous()
+            && t.numel() >= len,
+        "a contiguous CPU float32 tensor of at least {len} values"
+    );
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: checked just above: `len` float32 values lie contiguously
+    // from the tensor's data pointer, in memory the tensor keeps alive
+    // while `t` is borrowed.
+    unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<f32>(), len) }
+}
+
+/// A reused CPU float32 buffer for a chunk's matmul product: a fresh one
+/// per chunk costs page faults and clearing, more than the matmul itself
+/// on a narrow layer.
+#[derive(Default)]
+struct Scratch {
+    t: Option<Tensor>,
+}
+
+impl Scratch {
+    /// `x · w` into the buffer; its values, row after row of `w`'s width.
+    fn product(&mut self, x: &Tensor, w: &Tensor) -> Result<&[f32]> {
+        let (rows, width) = (x.size()[0], w.size()[1]);
+        let n = rows * width;
+        if self.t.as_ref().is_none_or(|t| t.numel() < n as usize) {
+            self.t = Some(Tensor::f_empty([n], (Kind::Float, Device::Cpu))?);
+        }
+        let t = self.t.as_ref().expect("allocated above");
+        let mut out = t.narrow(0, 0, n).view([rows, width]);
+        if x.device() == Device::Cpu {
+            let _ = x.f_matmul_out(&out, w)?;
+        } else {
+            out.f_copy_(&x.f_matmul(w)?)?;
+        }
+        Ok(cpu_values(t, n as usize))
+    }
+}
+
+/// Cuts a run of bytes into chunks of rows, converting them into each
+/// chunk's tensor as they come, and sends each chunk on with its index.
 struct Chunker<'a> {
     input: &'a Input,
-    chunk_bytes: usize,
-    pending: Vec<u8>,
+    chunk_rows: usize,
+    /// The chunk being filled, and the input bytes written into it so far.
+    filling: Option<Chunk>,
+    filled: usize,
+    /// An element's bytes split between two runs of bytes.
+    odd: Vec<u8>,
     chunk: usize,
     /// Bytes still to drop at the front of the run (before its first row).
     skip: usize,
-    full: &'a std::sync::mpsc::SyncSender<(usize, Vec<f32>)>,
-    free: &'a std::sync::mpsc::Receiver<Vec<f32>>,
+    full: &'a std::sync::mpsc::SyncSender<(usize, Chunk)>,
+    free: &'a std::sync::mpsc::Receiver<Chunk>,
     stop: &'a std::sync::atomic::AtomicBool,
+    /// A chunk's tensor that could not be allocated: the stream stops.
+    failed: Option<Error>,
 }
 
 impl Chunker<'_> {
     fn feed(&mut self, mut bytes: &[u8]) {
-        if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
+        let elem = self.input.dtype.size();
         let s = self.skip.min(bytes.len());
         bytes = &bytes[s..];
         self.skip -= s;
-        while !bytes.is_empty() {
-            let take = (self.chunk_bytes - self.pending.len()).min(bytes.len());
-            self.pending.extend_from_slice(&bytes[..take]);
+        if !self.odd.is_empty() {
+            let take = (elem - self.odd.len()).min(bytes.len());
+            self.odd.extend_from_slice(&bytes[..take]);
             bytes = &bytes[take..];
-            if self.pending.len() == self.chunk_bytes {
+            if self.odd.len() == elem {
+                let odd = std::mem::take(&mut self.odd);
+                self.put(&odd);
+            }
+        }
+        let whole = bytes.len() / elem * elem;
+        self.put(&bytes[..whole]);
+        self.odd.extend_from_slice(&bytes[whole..]);
+    }
+
+    /// Converts whole elements into the chunks.
+    fn put(&mut self, mut bytes: &[u8]) {
+        let chunk_bytes = self.chunk_rows * self.input.row_bytes() as usize;
+        let elem = self.input.dtype.size();
+        while !bytes.is_empty() {
+            if self.stop.load(std::sync::atomic::Ordering::Relaxed) || self.failed.is_some() {
+                return;
+            }
+            if self.filling.is_none() {
+                let chunk = match self.free.try_recv() {
+                    Ok(c) => Ok(c),
+                    Err(_) => Chunk::new(self.chunk_rows, self.input.width),
+                };
+                match chunk {
+                    Ok(c) => self.filling = Some(c),
+                    Err(e) => {
+                        self.failed = Some(e);
+                        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    }
+                }
+            }
+            let take = (chunk_bytes - self.filled).min(bytes.len());
+            let chunk = self.filling.as_mut().expect("a chunk is filling");
+            let out = &mut chunk.bytes_mut()[self.filled / elem * 4..][..take / elem * 4];
+            match self.input.dtype {
+                DType::F16 => {
+                    for (o, b) in out.chunks_exact_mut(4).zip(bytes[..take].chunks_exact(2)) {
+                        o.copy_from_slice(
+                            &half::f16::from_le_bytes([b[0], b[1]])
+                                .to_f32()
+                                .to_ne_bytes(),
+                        );
+                    }
+                }
+                _ if cfg!(target_endian = "little") => out.copy_from_slice(&bytes[..take]),
+                _ => {
+                    for (o, b) in out.chunks_exact_mut(4).zip(bytes[..take].chunks_exact(4)) {
+                        o.copy_from_slice(
+                            &f32::from_le_bytes([b[0], b[1], b[2], b[3]]).to_ne_bytes(),
+                        );
+                    }
+                }
+            }
+            self.filled += take;
+            bytes = &bytes[take..];
+            if self.filled == chunk_bytes {
                 self.flush();
             }
         }
@@ -475,15 +633,17 @@ impl Chunker<'_> {
     /// Sends the rows gathered so far as one chunk (the last of a run may
     /// be short).
     fn flush(&mut self) {
-        if self.pending.is_empty() || self.stop.load(std::sync::atomic::Ordering::Relaxed) {
-            self.pending.clear();
+        let filled = std::mem::take(&mut self.filled);
+        let Some(mut chunk) = self.filling.take() else {
+            return;
+        };
+        if filled == 0 || self.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            self.filling = Some(chunk);
             return;
         }
-        let mut floats = self.free.try_recv().unwrap_or_default();
-        self.input.to_f32(&self.pending, &mut floats);
+        chunk.rows = filled / self.input.row_bytes() as usize;
         // A closed channel means the consumer stopped on an error.
-        let _ = self.full.send((self.chunk, floats));
-        self.pending.clear();
+        let _ = self.full.send((self.chunk, chunk));
         self.chunk += 1;
     }
 }
@@ -1002,34 +1162,64 @@ fn graph_layer_group(
             let mut acc = std::mem::take(&mut rows_out);
             acc.clear();
             acc.resize(g * d, 0.0);
-            *read += input.stream(engine, chunk_rows, 0, times, bar, |c, rows| {
+            // Projecting, a chunk that holds group rows goes through lin_l
+            // and lin_r in one matmul (its rows are packed once), into
+            // one reused buffer (fresh pages cost more than the matmul on
+            // narrow layers); the rest through lin_l alone.
+            let (w_l, w_lr) = (
+                lin_l_w.tr(),
+                Tensor::cat(&[lin_l_w, lin_r_w], 0).tr().contiguous(),
+            );
+            let mut y = Scratch::default();
+            *read += input.stream(engine, chunk_rows, 0, times, bar, |c, chunk| {
+                let rows = chunk.values();
                 let c0 = c as u64 * chunk_rows;
-                let c1 = c0 + (rows.len() / input.width) as u64;
+                let c1 = c0 + chunk.rows as u64;
                 let (lo, hi) = (a.max(c0), b.min(c1));
-                if lo < hi {
-                    let mine = &rows
-                        [((lo - c0) as usize) * input.width..((hi - c0) as usize) * input.width];
-                    let x = tensor(mine, (hi - lo) as i64, device);
-                    let own = x.matmul(&lin_r_w.tr()).to_device(Device::Cpu).contiguous();
-                    let at = (lo - a) as usize * d_out as usize;
-                    let n = own.numel();
-                    own.f_copy_data(&mut own_buf[at..at + n], n)?;
-                    if keep_rows {
-                        h_dst.extend_from_slice(mine);
-                    }
-                }
                 let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
+                if lo >= hi && e0 == e1 {
+                    return Ok(());
+                }
+                // The chunk's tensor as it is on the CPU (a view, no copy).
+                let x = chunk.tensor().to_device(device);
+                let d_out = d_out as usize;
+                if lo < hi && keep_rows {
+                    h_dst.extend_from_slice(
+                        &rows[((lo - c0) as usize) * input.width
+                            ..((hi - c0) as usize) * input.width],
+                    );
+                }
+                // The rows the scatter adds up, `stride` apart.
+                let (rows, stride) = if project {
+                    let own = lo < hi;
+                    let ys = y.product(&x, if own { &w_lr } else { &w_l })?;
+                    if own {
+                        let stride = 2 * d_out;
+                        let at = (lo - a) as usize * d_out;
+                        own_buf[at..at + (hi - lo) as usize * d_out]
+                            .par_chunks_mut(d_out)
+                            .zip(ys[(lo - c0) as usize * stride..].par_chunks(stride))
+                            .for_each(|(o, y)| o.copy_from_slice(&y[d_out..]));
+                        (ys, stride)
+                    } else {
+                        (ys, d_out)
+                    }
+                } else {
+                    if lo < hi {
+                        let own = x
+                            .narrow(0, (lo - c0) as i64, (hi - lo) as i64)
+                            .matmul(&lin_r_w.tr())
+                            .to_device(Device::Cpu)
+                            .contiguous();
+                        let at = (lo - a) as usize * d_out;
+                        let n = own.numel();
+                        own.f_copy_data(&mut own_buf[at..at + n], n)?;
+                    }
+                    (rows, input.width)
+                };
                 if e0 == e1 {
                     return Ok(());
                 }
-                let projected;
-                let rows = if project {
-                    let n_rows = (rows.len() / input.width) as i64;
-                    projected = to_vec(&tensor(rows, n_rows, device).matmul(&lin_l_w.tr()))?;
-                    projected.as_slice()
-                } else {
-                    rows
-                };
                 let (src, dst) = (&edges.src[e0..e1], &edges.dst[e0..e1]);
                 let split = dst_parts(dst, a, b, parts);
                 // Each part owns the accumulator rows of its destinations.
@@ -1045,7 +1235,15 @@ fn graph_layer_group(
                 }
                 slices.into_par_iter().for_each(|(lo, mine, (x0, x1))| {
                     for k in x0..x1 {
-                        let row = &rows[(src[k] as u64 - c0) as usize * d..][..d];
+                        // The rows are random in a large accumulator and a
+                        // chunk of several MB: their misses overlap when
+                        // asked for ahead.
+                        let ahead = k + SCATTER_AHEAD;
+                        if ahead < x1 {
+                            prefetch::lines(mine, (dst[ahead] as u64 - lo) as usize * d, d);
+                            prefetch::lines(rows, (src[ahead] as u64 - c0) as usize * stride, d);
+                        }
+                        let row = &rows[(src[k] as u64 - c0) as usize * stride..][..d];
                         let out = &mut mine[(dst[k] as u64 - lo) as usize * d..][..d];
                         for (o, v) in out.iter_mut().zip(row) {
                             *o += v;
@@ -1117,16 +1315,17 @@ fn graph_layer_group(
             let res_width = res_w.size()[0];
             let res = Tensor::zeros([g as i64, res_width], (Kind::Float, device));
             let mut h_dst = Vec::new();
-            *read += input.stream(engine, chunk_rows, first, times, bar, |c, rows| {
+            *read += input.stream(engine, chunk_rows, first, times, bar, |c, chunk| {
                 let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
                 let in_span = (first..=last).contains(&c);
                 if !in_span && e0 == e1 {
                     return Ok(());
                 }
+                let rows = chunk.values();
                 let c0 = c as u64 * chunk_rows;
-                let n_rows = rows.len() / d;
+                let n_rows = chunk.rows;
                 let c1 = c0 + n_rows as u64;
-                let x = tensor(rows, n_rows as i64, device);
+                let x = chunk.tensor().to_device(device);
                 let z_t = x
                     .matmul(&lin_w.tr())
                     .view([n_rows as i64, *heads, *per_head]);
@@ -1243,12 +1442,13 @@ fn selected(bits: &[u64], v: u64) -> bool {
 
 /// One Parquet file of the output: the group's selected nodes.
 fn output_batch(
-    ids: &[u64],
-    logits: &[f32],
+    ids: Vec<u64>,
+    logits: Vec<f32>,
     classes: usize,
-    embeddings: Option<(&[f32], usize)>,
+    embeddings: Option<(Vec<f32>, usize)>,
     outputs: Outputs,
 ) -> Result<Vec<u8>> {
+    let rows = ids.len();
     let list = |values: Vec<f32>, width: usize| -> Result<ArrayRef> {
         let item = Arc::new(Field::new("item", DataType::Float32, false));
         Ok(Arc::new(
@@ -1285,7 +1485,7 @@ fn output_batch(
         })
         .collect();
     let mut columns: Vec<ArrayRef> = vec![
-        Arc::new(UInt64Array::from(ids.to_vec())),
+        Arc::new(UInt64Array::from(ids)),
         Arc::new(Int64Array::from(class)),
     ];
     if outputs.probabilities {
@@ -1298,23 +1498,38 @@ fn output_batch(
         fields.push(Field::new("probabilities", list_type(classes), false));
         columns.push(list(p, classes)?);
     }
+    let mut row_bytes = 16 + 4 * classes * (outputs.probabilities as usize);
     if outputs.logits {
         fields.push(Field::new("logits", list_type(classes), false));
-        columns.push(list(logits.to_vec(), classes)?);
+        columns.push(list(logits, classes)?);
+        row_bytes += 4 * classes;
     }
     if let (true, Some((e, width))) = (outputs.embeddings, embeddings) {
         fields.push(Field::new("embedding", list_type(width), false));
-        columns.push(list(e.to_vec(), width)?);
+        columns.push(list(e, width)?);
+        row_bytes += 4 * width;
     }
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(schema.clone(), columns)
         .map_err(|e| Error::InvalidArgument(format!("building the output: {e}")))?;
-    // Uncompressed: float columns barely compress, and a codec would cost
-    // more time than the bytes it saves.
-    let props = parquet::file::properties::WriterProperties::builder()
+    // Uncompressed and plain: float columns barely compress, and a codec or
+    // a dictionary would cost more time than the bytes it saves (the
+    // classes, few and repeated, keep their dictionary). Statistics on the
+    // node ids and classes only, which readers filter on.
+    let mut props = parquet::file::properties::WriterProperties::builder()
         .set_compression(parquet::basic::Compression::UNCOMPRESSED)
-        .build();
-    let mut bytes = Vec::new();
+        .set_dictionary_enabled(false)
+        .set_column_dictionary_enabled(ColumnPath::from("class"), true);
+    for name in ["probabilities", "logits", "embedding"] {
+        props = props.set_column_statistics_enabled(
+            ColumnPath::from(vec![name.to_string(), "list".into(), "item".into()]),
+            EnabledStatistics::None,
+        );
+    }
+    let props = props.build();
+    // Room for the whole file up front: growing a buffer of hundreds of
+    // MB copies it each time it doubles.
+    let mut bytes = Vec::with_capacity(rows * row_bytes + (1 << 20));
     let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, schema, Some(props))
         .map_err(|e| Error::InvalidArgument(format!("writing Parquet: {e}")))?;
     w.write(&batch)
@@ -1415,11 +1630,10 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     // as float32, and GAT's projection), the stream's buffer, then groups.
     let max_in = *model.widths[..num_layers].iter().max().expect("a layer") as u64;
     let mut per_node = 0u64;
-    // A chunk's raw bytes and its float32 buffers in flight (the one in
-    // use, those ready ahead, the one filling), then what it is projected to.
-    // (Twice the raw bytes: the chunk's bytes as read, and its copy as a
-    // tensor.)
-    let mut per_chunk_row = 8 * max_in + 4 * (STREAM_AHEAD as u64 + 2) * max_in;
+    // A chunk's float32 tensors in flight (the one in use, those ready
+    // ahead, the one filling; the reader converts into them, and the
+    // matmuls read them as they are), then what it is projected to.
+    let mut per_chunk_row = 4 * (STREAM_AHEAD as u64 + 2) * max_in;
     for l in 0..num_layers {
         let last = l + 1 == num_layers;
         let d_in = model.widths[l] as u64;
@@ -1431,8 +1645,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         };
         let floats = if model.mlp.is_empty() {
             let (node, per_src) = model.layer_floats(l);
-            per_chunk_row = per_chunk_row
-                .max(8 * max_in + 4 * (STREAM_AHEAD as u64 + 2) * max_in + 4 * per_src);
+            per_chunk_row = per_chunk_row.max(4 * (STREAM_AHEAD as u64 + 2) * max_in + 4 * per_src);
             node + kept
         } else {
             // The MLP's rows, every hidden width and the output, twice.
@@ -1765,11 +1978,12 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                                 .flat_map(|&i| e[i * emb_width..][..emb_width].iter().copied())
                                 .collect()
                         });
+                        let n_ids = ids.len() as u64;
                         let bytes = output_batch(
-                            &ids,
-                            &logits,
+                            ids,
+                            logits,
                             classes,
-                            emb.as_deref().map(|e| (e, emb_width)),
+                            emb.map(|e| (e, emb_width)),
                             cfg.outputs,
                         )?;
                         // Encoded and stored in parallel: the store's puts
@@ -1777,7 +1991,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                         let name = format!("{run_id}/part-{gi:06}-{k:04}.parquet");
                         let size = bytes.len() as u64;
                         out.put(&name, bytes)?;
-                        Ok((name, size, ids.len() as u64))
+                        Ok((name, size, n_ids))
                     })
                     .collect();
                 for part in parts {
