@@ -157,10 +157,27 @@ def full_graph(bin_dir, work, name, dataset, arch, memory):
     edges = torch.from_numpy(np.load(os.path.join(dataset, "edges", "edges.npy")).astype(np.int64))
     # The graph the sampler samples: each (source, target) pair once.
     edge_index = torch.unique(edges, dim=1)
+    # The embedding column is the last layer's input: what PyG hands its
+    # last conv (or the MLP's last linear), caught by a pre-hook.
+    mlp = card["pyg"]["class"] == "MLP"
+    last = model.lins[-1] if mlp else model.convs[-1]
+    caught = {}
+
+    def catch(_module, args):
+        caught["x"] = args[0]  # returns None: the arguments go on unchanged
+
+    hook = last.register_forward_pre_hook(catch)
     with torch.no_grad():
-        theirs = model(x, edge_index) if card["pyg"]["class"] != "MLP" else model(x)
+        theirs = model(x) if mlp else model(x, edge_index)
+    hook.remove()
     if not np.array_equal(ids, np.arange(x.size(0))):
         sys.exit(f"{name} {arch}: trainer infer wrote {len(ids)} rows, not one per node")
+    emb = torch.from_numpy(
+        np.stack(table.column("embedding").to_numpy(zero_copy_only=False)))[order]
+    emb_diff = (caught["x"] - emb).abs().max().item()
+    if caught["x"].shape != emb.shape or emb_diff > TOLERANCE:
+        sys.exit(f"FAIL {name} {arch} full graph: embeddings {tuple(emb.shape)} against "
+                 f"PyG's {tuple(caught['x'].shape)}, largest difference {emb_diff:.3e}")
     diff = (theirs - ours).abs().max().item()
     same = bool((theirs.argmax(-1) == ours.argmax(-1)).all())
     classes = np.concatenate([c.to_numpy() for c in table.column("class").chunks])[order]
@@ -170,10 +187,10 @@ def full_graph(bin_dir, work, name, dataset, arch, memory):
                  f"classes equal: {same} (written column: {same_written})")
     print(f"ok {name:>9} {arch:<4} full graph, trainer infer vs PyG: {x.size(0)} nodes, "
           f"{edge_index.size(1)} edges, {summary['groups']} groups, "
-          f"largest logit difference {diff:.3e}")
+          f"largest logit difference {diff:.3e}, embedding difference {emb_diff:.3e}")
     return {"graph": name, "model": arch, "check": "full_graph_infer",
             "nodes": x.size(0), "groups": summary["groups"],
-            "max_abs_logit_diff": diff}
+            "max_abs_logit_diff": diff, "max_abs_embedding_diff": emb_diff}
 
 
 def main():
