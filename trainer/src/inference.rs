@@ -70,6 +70,8 @@ const OPEN_GROUPS: usize = 256;
 const WRITE_PIECE: usize = 32 << 20;
 /// Rows per output Parquet file.
 const PART_ROWS: usize = 1 << 18;
+/// Rows per record batch while a part is encoded.
+const OUTPUT_BATCH_ROWS: usize = 8192;
 /// The committed result's summary, written last.
 pub const COMMIT: &str = "_SUCCESS.json";
 
@@ -1115,12 +1117,48 @@ impl OnlineSoftmax {
     }
 }
 
+/// Buffers a run hands from group to group and layer to layer: a group's
+/// rows are GBs, and fresh pages cost more than the work on them (the
+/// kernel clears each on first touch, at a few GB/s on this VM). A request
+/// gets the smallest buffer that holds it, else the largest one, grown.
+#[derive(Default)]
+struct Spares(Vec<Vec<f32>>);
+
+impl Spares {
+    /// An empty buffer with room for `capacity` values.
+    fn take_empty(&mut self, capacity: usize) -> Vec<f32> {
+        let fits = (0..self.0.len())
+            .filter(|&i| self.0[i].capacity() >= capacity)
+            .min_by_key(|&i| self.0[i].capacity());
+        let largest = (0..self.0.len()).max_by_key(|&i| self.0[i].capacity());
+        let mut buf = fits
+            .or(largest)
+            .map(|i| self.0.swap_remove(i))
+            .unwrap_or_default();
+        buf.clear();
+        buf.reserve(capacity);
+        buf
+    }
+
+    /// A buffer of `len` zeros.
+    fn take(&mut self, len: usize) -> Vec<f32> {
+        let mut buf = self.take_empty(len);
+        buf.resize(len, 0.0);
+        buf
+    }
+
+    fn give(&mut self, buf: Vec<f32>) {
+        if buf.capacity() > 0 {
+            self.0.push(buf);
+        }
+    }
+}
+
 /// Runs one graph layer for the destinations `[a, b)`: streams the input,
 /// scatters along the group's edges, applies the dense part and, with
 /// `activate`, the activation. Returns the layer's output rows for the
-/// group, in `rows_out` (whose memory is reused: the caller hands back the
-/// last group's), and the group's own input rows. `own_buf` is scratch kept
-/// across groups for the same reason.
+/// group, and (with `keep_rows`) the group's own input rows, both in
+/// buffers from `spares`, which the caller gives back once written.
 #[allow(clippy::too_many_arguments)]
 fn graph_layer_group(
     layer: &Layer,
@@ -1132,7 +1170,7 @@ fn graph_layer_group(
     device: Device,
     keep_rows: bool,
     activate: bool,
-    (mut rows_out, own_buf): (Vec<f32>, &mut Vec<f32>),
+    spares: &mut Spares,
     read: &mut u64,
     times: &mut StreamTimes,
     bar: &indicatif::ProgressBar,
@@ -1148,9 +1186,15 @@ fn graph_layer_group(
             // The group's own rows pass by in the stream: lin_r is applied
             // to them there, with no second read.
             let d_out = lin_r_w.size()[0];
-            own_buf.clear();
-            own_buf.resize(g * d_out as usize, 0.0);
-            let mut h_dst = Vec::new();
+            // The group's own input rows, kept for the embeddings, in a
+            // buffer already sized (grown by doubling, GBs of rows would be
+            // copied and paged in again at each step). The largest need
+            // first: it gets the largest buffer.
+            let mut h_dst = if keep_rows {
+                spares.take_empty(g * input.width)
+            } else {
+                Vec::new()
+            };
             // mean(h) W = mean(h W): where the layer narrows, sources are
             // projected first and the sums are kept at the output's width.
             let project = lin_l_w.size()[0] <= input.width as i64;
@@ -1159,7 +1203,8 @@ fn graph_layer_group(
             } else {
                 input.width
             };
-            let mut acc = std::mem::take(&mut rows_out);
+            let mut acc = spares.take(g * d);
+            let mut own_buf = spares.take(g * d_out as usize);
             acc.clear();
             acc.resize(g * d, 0.0);
             // Projecting, a chunk that holds group rows goes through lin_l
@@ -1281,6 +1326,7 @@ fn graph_layer_group(
                         }
                     }
                 });
+            spares.give(own_buf);
             Ok((acc, h_dst))
         }
         Layer::Gat {
@@ -1314,7 +1360,14 @@ fn graph_layer_group(
             let mut sm = OnlineSoftmax::new(a, g, h, c_out);
             let res_width = res_w.size()[0];
             let res = Tensor::zeros([g as i64, res_width], (Kind::Float, device));
-            let mut h_dst = Vec::new();
+            // The group's own input rows, kept for the embeddings, in a
+            // buffer already sized (grown by doubling, GBs of rows would be
+            // copied and paged in again at each step).
+            let mut h_dst = if keep_rows {
+                spares.take_empty(g * input.width)
+            } else {
+                Vec::new()
+            };
             *read += input.stream(engine, chunk_rows, first, times, bar, |c, chunk| {
                 let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
                 let in_span = (first..=last).contains(&c);
@@ -1400,6 +1453,7 @@ fn graph_layer_group(
             } else {
                 out
             };
+            let mut rows_out = spares.take(0);
             copy_into(&out, &mut rows_out)?;
             Ok((rows_out, h_dst))
         }
@@ -1440,20 +1494,23 @@ fn selected(bits: &[u64], v: u64) -> bool {
     bits[(v / 64) as usize] >> (v % 64) & 1 == 1
 }
 
-/// One Parquet file of the output: the group's selected nodes.
-fn output_batch(
-    ids: Vec<u64>,
-    logits: Vec<f32>,
+/// A part of the output as one Parquet file: the group rows `rows` (indices
+/// into the group, whose first node is `a`), their `logits` (`classes` a
+/// row) and `embeddings` (a row of `width` each), with the columns
+/// `outputs` asks for.
+fn output_part(
+    rows: &[usize],
+    a: u64,
+    logits: &[f32],
     classes: usize,
-    embeddings: Option<(Vec<f32>, usize)>,
+    embeddings: Option<(&[f32], usize)>,
     outputs: Outputs,
 ) -> Result<Vec<u8>> {
-    let rows = ids.len();
+    let item = || Arc::new(Field::new("item", DataType::Float32, false));
     let list = |values: Vec<f32>, width: usize| -> Result<ArrayRef> {
-        let item = Arc::new(Field::new("item", DataType::Float32, false));
         Ok(Arc::new(
             FixedSizeListArray::try_new(
-                item,
+                item(),
                 width as i32,
                 Arc::new(Float32Array::from(values)),
                 None,
@@ -1461,61 +1518,38 @@ fn output_batch(
             .map_err(|e| Error::InvalidArgument(format!("building the output: {e}")))?,
         ))
     };
-    let list_type = |width: usize| {
-        DataType::FixedSizeList(
-            Arc::new(Field::new("item", DataType::Float32, false)),
-            width as i32,
-        )
+    let gather = |values: &[f32], width: usize, rows: &[usize]| -> Vec<f32> {
+        let mut out = Vec::with_capacity(rows.len() * width);
+        for &i in rows {
+            out.extend_from_slice(&values[i * width..][..width]);
+        }
+        out
     };
     let mut fields = vec![
         Field::new("node_id", DataType::UInt64, false),
         Field::new("class", DataType::Int64, false),
     ];
-    let class: Vec<i64> = logits
-        .chunks_exact(classes)
-        .map(|row| {
-            let mut best = 0;
-            for (i, v) in row.iter().enumerate() {
-                // The first of equal maxima, as torch's argmax.
-                if *v > row[best] {
-                    best = i;
-                }
-            }
-            best as i64
-        })
-        .collect();
-    let mut columns: Vec<ArrayRef> = vec![
-        Arc::new(UInt64Array::from(ids)),
-        Arc::new(Int64Array::from(class)),
-    ];
+    let list_type = |width: usize| DataType::FixedSizeList(item(), width as i32);
+    let mut row_bytes = 16;
     if outputs.probabilities {
-        let mut p = Vec::with_capacity(logits.len());
-        for row in logits.chunks_exact(classes) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
-            p.extend(row.iter().map(|v| (v - max).exp() / sum));
-        }
         fields.push(Field::new("probabilities", list_type(classes), false));
-        columns.push(list(p, classes)?);
-    }
-    let mut row_bytes = 16 + 4 * classes * (outputs.probabilities as usize);
-    if outputs.logits {
-        fields.push(Field::new("logits", list_type(classes), false));
-        columns.push(list(logits, classes)?);
         row_bytes += 4 * classes;
     }
-    if let (true, Some((e, width))) = (outputs.embeddings, embeddings) {
+    if outputs.logits {
+        fields.push(Field::new("logits", list_type(classes), false));
+        row_bytes += 4 * classes;
+    }
+    let embeddings = embeddings.filter(|_| outputs.embeddings);
+    if let Some((_, width)) = embeddings {
         fields.push(Field::new("embedding", list_type(width), false));
-        columns.push(list(e, width)?);
         row_bytes += 4 * width;
     }
     let schema = Arc::new(Schema::new(fields));
-    let batch = RecordBatch::try_new(schema.clone(), columns)
-        .map_err(|e| Error::InvalidArgument(format!("building the output: {e}")))?;
     // Uncompressed and plain: float columns barely compress, and a codec or
     // a dictionary would cost more time than the bytes it saves (the
     // classes, few and repeated, keep their dictionary). Statistics on the
-    // node ids and classes only, which readers filter on.
+    // node ids and classes only, which readers filter on. One row group
+    // (PART_ROWS is below the default row-group size).
     let mut props = parquet::file::properties::WriterProperties::builder()
         .set_compression(parquet::basic::Compression::UNCOMPRESSED)
         .set_dictionary_enabled(false)
@@ -1526,14 +1560,58 @@ fn output_batch(
             EnabledStatistics::None,
         );
     }
-    let props = props.build();
     // Room for the whole file up front: growing a buffer of hundreds of
     // MB copies it each time it doubles.
-    let mut bytes = Vec::with_capacity(rows * row_bytes + (1 << 20));
-    let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, schema, Some(props))
-        .map_err(|e| Error::InvalidArgument(format!("writing Parquet: {e}")))?;
-    w.write(&batch)
-        .and_then(|()| w.close().map(|_| ()))
+    let mut bytes = Vec::with_capacity(rows.len() * row_bytes + (1 << 20));
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(&mut bytes, schema.clone(), Some(props.build()))
+            .map_err(|e| Error::InvalidArgument(format!("writing Parquet: {e}")))?;
+    // In record batches of a few MB: the writer's buffers (its levels are
+    // two bytes a value) and the gathered columns stay small enough for the
+    // allocator to reuse, where buffers of hundreds of MB would be fresh
+    // pages each time, which this VM clears at a few GB/s.
+    for batch_rows in rows.chunks(OUTPUT_BATCH_ROWS) {
+        let logits = gather(logits, classes, batch_rows);
+        let class: Vec<i64> = logits
+            .chunks_exact(classes)
+            .map(|row| {
+                let mut best = 0;
+                for (i, v) in row.iter().enumerate() {
+                    // The first of equal maxima, as torch's argmax.
+                    if *v > row[best] {
+                        best = i;
+                    }
+                }
+                best as i64
+            })
+            .collect();
+        let mut columns: Vec<ArrayRef> = vec![
+            Arc::new(UInt64Array::from_iter_values(
+                batch_rows.iter().map(|&i| a + i as u64),
+            )),
+            Arc::new(Int64Array::from(class)),
+        ];
+        if outputs.probabilities {
+            let mut p = Vec::with_capacity(logits.len());
+            for row in logits.chunks_exact(classes) {
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
+                p.extend(row.iter().map(|v| (v - max).exp() / sum));
+            }
+            columns.push(list(p, classes)?);
+        }
+        if outputs.logits {
+            columns.push(list(logits, classes)?);
+        }
+        if let Some((e, width)) = embeddings {
+            columns.push(list(gather(e, width, batch_rows), width)?);
+        }
+        let batch = RecordBatch::try_new(schema.clone(), columns)
+            .map_err(|e| Error::InvalidArgument(format!("building the output: {e}")))?;
+        w.write(&batch)
+            .map_err(|e| Error::InvalidArgument(format!("writing Parquet: {e}")))?;
+    }
+    w.close()
         .map_err(|e| Error::InvalidArgument(format!("writing Parquet: {e}")))?;
     Ok(bytes)
 }
@@ -1818,9 +1896,9 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let graph_layers = if model.mlp.is_empty() { num_layers } else { 1 };
     let mut groups_here = 0u64;
     let mut write_buf = AlignedBuf::new(write_piece);
-    // A group's output rows and its lin_r scratch, kept from group to group
-    // and layer to layer: reused memory is already paged in.
-    let (mut spare_rows, mut spare_own) = (Vec::new(), Vec::new());
+    // A group's buffers, kept from group to group and layer to layer:
+    // reused memory is already paged in.
+    let mut spares = Spares::default();
     while progress.layer < graph_layers {
         let l = progress.layer;
         let last = l + 1 == graph_layers;
@@ -1897,7 +1975,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     cfg.device,
                     last && cfg.outputs.embeddings,
                     !last,
-                    (std::mem::take(&mut spare_rows), &mut spare_own),
+                    &mut spares,
                     &mut read,
                     &mut times,
                     &bar,
@@ -1968,22 +2046,12 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     .collect::<Vec<_>>()
                     .into_par_iter()
                     .map(|(k, rows)| {
-                        let ids: Vec<u64> = rows.iter().map(|&i| a + i as u64).collect();
-                        let logits: Vec<f32> = rows
-                            .iter()
-                            .flat_map(|&i| out_rows[i * classes..][..classes].iter().copied())
-                            .collect();
-                        let emb: Option<Vec<f32>> = embedding.as_ref().map(|e| {
-                            rows.iter()
-                                .flat_map(|&i| e[i * emb_width..][..emb_width].iter().copied())
-                                .collect()
-                        });
-                        let n_ids = ids.len() as u64;
-                        let bytes = output_batch(
-                            ids,
-                            logits,
+                        let bytes = output_part(
+                            rows,
+                            a,
+                            &out_rows,
                             classes,
-                            emb.map(|e| (e, emb_width)),
+                            embedding.as_deref().map(|e| (e, emb_width)),
                             cfg.outputs,
                         )?;
                         // Encoded and stored in parallel: the store's puts
@@ -1991,7 +2059,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                         let name = format!("{run_id}/part-{gi:06}-{k:04}.parquet");
                         let size = bytes.len() as u64;
                         out.put(&name, bytes)?;
-                        Ok((name, size, n_ids))
+                        Ok((name, size, rows.len() as u64))
                     })
                     .collect();
                 for part in parts {
@@ -2005,7 +2073,10 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 "layer {l} group {gi}: written in {:.2} s",
                 t_write.elapsed().as_secs_f64()
             );
-            spare_rows = out_rows;
+            spares.give(out_rows);
+            if let Some(e) = embedding {
+                spares.give(e);
+            }
             let f = &mut progress.figures[l];
             f.passes += 1;
             f.bytes_read += read;
