@@ -140,6 +140,7 @@ fn main() {
     let from = export::Provenance {
         feature_dtype: "float32".into(),
         dataset_fingerprint: ds.fingerprint().unwrap(),
+        feature_fingerprint: offgnn_shared::dataset::file_fingerprint(ds.features.path()).unwrap(),
         samples_run_sha256: "random".into(),
         which: "best".into(),
         epoch: 0,

@@ -70,6 +70,12 @@ pub struct ModelCard {
     /// itself takes float32 rows.
     pub feature_dtype: String,
     pub dataset_fingerprint: String,
+    /// The feature file's fingerprint (its size and 17 sampled blocks,
+    /// `offgnn_shared::dataset::file_fingerprint`): the dataset's covers
+    /// topology and task only, so that features can be packed again over
+    /// the same samples. Empty in exports of older trainers.
+    #[serde(default)]
+    pub feature_fingerprint: String,
     pub samples_run_sha256: String,
     pub offgnn_version: String,
     /// Which epoch's parameters these are: `best` (best validation) or `last`.
@@ -87,6 +93,7 @@ pub struct ModelCard {
 pub struct Provenance {
     pub feature_dtype: String,
     pub dataset_fingerprint: String,
+    pub feature_fingerprint: String,
     pub samples_run_sha256: String,
     pub which: String,
     pub epoch: u32,
@@ -156,6 +163,7 @@ impl ModelCard {
             },
             feature_dtype: from.feature_dtype.clone(),
             dataset_fingerprint: from.dataset_fingerprint.clone(),
+            feature_fingerprint: from.feature_fingerprint.clone(),
             samples_run_sha256: from.samples_run_sha256.clone(),
             offgnn_version: env!("CARGO_PKG_VERSION").into(),
             which: from.which.clone(),
@@ -427,6 +435,7 @@ mod tests {
         Provenance {
             feature_dtype: "float32".into(),
             dataset_fingerprint: "fp".into(),
+            feature_fingerprint: "ffp".into(),
             samples_run_sha256: "run".into(),
             which: "best".into(),
             epoch: 3,

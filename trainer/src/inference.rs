@@ -1680,6 +1680,24 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             card.in_channels
         )));
     }
+    // The dataset's fingerprint leaves the features out (they may be packed
+    // again over the same samples); the export records theirs apart.
+    if card.feature_fingerprint.is_empty() {
+        tracing::warn!(
+            "{}: the export does not record its feature file's fingerprint (an older trainer wrote it), so the features cannot be checked against those it was trained on",
+            cfg.model
+        );
+    } else {
+        let features = offgnn_shared::dataset::file_fingerprint(ds.features.path())?;
+        if features != card.feature_fingerprint {
+            return Err(Error::InvalidArgument(format!(
+                "{}: not the features the model was trained on (fingerprint {}, this file's is {}); the topology and labels match",
+                ds.features.path().display(),
+                short(&card.feature_fingerprint),
+                short(&features)
+            )));
+        }
+    }
     let out = Store::open(&cfg.out)?;
     let previous = commit::read(&out, COMMIT)?;
     if previous.is_some() && !cfg.overwrite {

@@ -248,6 +248,10 @@ struct CheckpointMeta {
     model: ModelConfig,
     manifest_run_sha256: String,
     dataset_fingerprint: String,
+    /// The feature file's fingerprint, for exports. Empty in checkpoints
+    /// of older trainers.
+    #[serde(default)]
+    feature_fingerprint: String,
     /// Epochs completed.
     epoch: u32,
     /// Progress inside epoch `epoch`, when taken mid-epoch.
@@ -1335,6 +1339,7 @@ pub fn train_ranks(
         let provenance = |which: &str, e: &EpochMetrics| export::Provenance {
             feature_dtype: m.dataset.feature_dtype.clone(),
             dataset_fingerprint: m.dataset.dataset_fingerprint.clone(),
+            feature_fingerprint: m.dataset.feature_fingerprint.clone(),
             samples_run_sha256: m.samples.run_sha256.clone(),
             which: which.into(),
             epoch: e.epoch,
@@ -1524,6 +1529,7 @@ pub fn export_checkpoint(
     let provenance = export::Provenance {
         feature_dtype: meta.feature_dtype.clone(),
         dataset_fingerprint: meta.dataset_fingerprint.clone(),
+        feature_fingerprint: meta.feature_fingerprint.clone(),
         samples_run_sha256: meta.manifest_run_sha256.clone(),
         which: which.into(),
         epoch,
@@ -1612,6 +1618,7 @@ fn save_checkpoint(
         model: cfg.model.clone(),
         manifest_run_sha256: m.samples.run_sha256.clone(),
         dataset_fingerprint: m.dataset.dataset_fingerprint.clone(),
+        feature_fingerprint: m.dataset.feature_fingerprint.clone(),
         epoch,
         in_epoch: in_epoch.cloned(),
         history: history.to_vec(),

@@ -62,6 +62,7 @@ fn exported(
     let from = export::Provenance {
         feature_dtype: "float32".into(),
         dataset_fingerprint: ds.fingerprint().unwrap(),
+        feature_fingerprint: offgnn_shared::dataset::file_fingerprint(ds.features.path()).unwrap(),
         samples_run_sha256: "none".into(),
         which: "best".into(),
         epoch: 0,
@@ -494,4 +495,37 @@ fn a_killed_inference_resumes_and_bad_input_is_refused() {
     .unwrap()
     .to_string();
     assert!(err.contains("another dataset"), "{err}");
+    // The same dataset with one feature value changed: the topology and
+    // labels match, the features do not.
+    let changed = dir.path().join("changed");
+    let status = std::process::Command::new("cp")
+        .args(["-r", ds_path.to_str().unwrap(), changed.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let feat = Dataset::open(&changed)
+        .unwrap()
+        .features
+        .path()
+        .to_path_buf();
+    let mut bytes = std::fs::read(&feat).unwrap();
+    let at = bytes.len() / 2 / 4 * 4;
+    let v = f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) + 1.0;
+    bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    std::fs::write(&feat, bytes).unwrap();
+    assert_eq!(
+        Dataset::open(&changed).unwrap().fingerprint().unwrap(),
+        ds.fingerprint().unwrap()
+    );
+    let err = infer(
+        &config(&location, &changed, &dir.path().join("o5"), &work),
+        &engine,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.contains("not the features the model was trained on"),
+        "{err}"
+    );
 }
