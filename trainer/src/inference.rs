@@ -272,11 +272,14 @@ impl Model {
             } => {
                 let (h, c) = (*heads as u64, *per_head as u64);
                 let total = if *concat { h * c } else { c };
-                // acc [H, C] twice (host, device), max, sum (host, device),
-                // er, the projections (z, el) of the group's span, res,
-                // outputs. A chunk's rows are projected (tensor and copy),
-                // and the span keeps up to a chunk of rows before the group.
-                (3 * h * c + 5 * h + total + 3 * total, 3 * (h * c + h))
+                // acc [H, C], max, sum, er, res and the output rows, all
+                // host buffers the group finishes in place, and a third
+                // output width for the buffer pool's slack (a buffer an
+                // earlier layer sized); the projections (z, el) of the
+                // span's rows, kept for the edges that wait on a later
+                // destination. A chunk's rows are projected (tensor and
+                // copy).
+                (2 * h * c + 4 * h + 3 * total, 3 * (h * c + h))
             }
         }
     }
@@ -1004,15 +1007,23 @@ struct OnlineSoftmax {
 }
 
 impl OnlineSoftmax {
-    fn new(a: u64, g: usize, heads: usize, per_head: usize) -> Self {
+    /// The state of a group of `g` destinations from `a`, in buffers from
+    /// `spares` ([`OnlineSoftmax::give`] hands them back).
+    fn new(a: u64, g: usize, heads: usize, per_head: usize, spares: &mut Spares) -> Self {
         OnlineSoftmax {
             a,
             heads,
             per_head,
-            m: vec![0.0; g * heads],
-            s: vec![0.0; g * heads],
-            acc: vec![0.0; g * heads * per_head],
-            er: vec![0.0; g * heads],
+            acc: spares.take(g * heads * per_head),
+            m: spares.take(g * heads),
+            s: spares.take(g * heads),
+            er: spares.take(g * heads),
+        }
+    }
+
+    fn give(self, spares: &mut Spares) {
+        for buf in [self.acc, self.m, self.s, self.er] {
+            spares.give(buf);
         }
     }
 
@@ -1081,6 +1092,22 @@ impl OnlineSoftmax {
             .into_par_iter()
             .for_each(|(plo, acc_mine, m_mine, s_mine, (x0, x1))| {
                 for k in x0..x1 {
+                    // Rows all over the group's state and the chunk's
+                    // projections: their misses overlap when asked for
+                    // ahead (see the GraphSAGE scatter).
+                    let ahead = k + SCATTER_AHEAD;
+                    if ahead < x1 {
+                        let (r, l) = (
+                            (src[ahead] as u64 - base) as usize,
+                            (dst[ahead] as u64 - plo) as usize,
+                        );
+                        prefetch::lines(acc_mine, l * w, w);
+                        prefetch::lines(z, r * w, w);
+                        prefetch::line(m_mine, l * h);
+                        prefetch::line(s_mine, l * h);
+                        prefetch::line(el, r * h);
+                        prefetch::line(er, (dst[ahead] as u64 - a) as usize * h);
+                    }
                     let (sv, t) = (src[k], dst[k]);
                     // PyG replaces edges from a node to itself by the one
                     // self-loop, already in the seed.
@@ -1353,21 +1380,20 @@ fn graph_layer_group(
             let first = (a / chunk_rows) as usize;
             let last = ((b - 1) / chunk_rows) as usize;
             let kept = ((last - first) as u64 * chunk_rows) as usize;
-            let (mut z_span, mut el_span) = (
-                Vec::<f32>::with_capacity(kept * w),
-                Vec::<f32>::with_capacity(kept * h),
-            );
-            let mut sm = OnlineSoftmax::new(a, g, h, c_out);
-            let res_width = res_w.size()[0];
-            let res = Tensor::zeros([g as i64, res_width], (Kind::Float, device));
+            let (mut z_span, mut el_span) =
+                (spares.take_empty(kept * w), spares.take_empty(kept * h));
             // The group's own input rows, kept for the embeddings, in a
             // buffer already sized (grown by doubling, GBs of rows would be
-            // copied and paged in again at each step).
+            // copied and paged in again at each step). The largest need
+            // first: it gets the largest buffer.
             let mut h_dst = if keep_rows {
                 spares.take_empty(g * input.width)
             } else {
                 Vec::new()
             };
+            let mut sm = OnlineSoftmax::new(a, g, h, c_out, spares);
+            let res_width = res_w.size()[0] as usize;
+            let mut res = spares.take(g * res_width);
             *read += input.stream(engine, chunk_rows, first, times, bar, |c, chunk| {
                 let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
                 let in_span = (first..=last).contains(&c);
@@ -1391,8 +1417,13 @@ fn graph_layer_group(
                     let (at, len) = ((lo - c0) as i64, (hi - lo) as i64);
                     let er = to_vec(&sum_last(&(z_t.narrow(0, at, len) * att_dst)))?;
                     sm.er[(lo - a) as usize * h..(hi - a) as usize * h].copy_from_slice(&er);
-                    res.narrow(0, (lo - a) as i64, len)
-                        .copy_(&x.narrow(0, at, len).matmul(&res_w.tr()));
+                    let r = x
+                        .narrow(0, at, len)
+                        .matmul(&res_w.tr())
+                        .to_device(Device::Cpu)
+                        .contiguous();
+                    let n = r.numel();
+                    r.f_copy_data(&mut res[(lo - a) as usize * res_width..][..n], n)?;
                     if keep_rows {
                         h_dst.extend_from_slice(&rows[at as usize * d..(at + len) as usize * d]);
                     }
@@ -1434,27 +1465,53 @@ fn graph_layer_group(
                 }
                 Ok(())
             })?;
-            drop((z_span, el_span));
-            let OnlineSoftmax { s, acc, .. } = sm;
-            let mut agg = tensor(&acc, g as i64, device).view([g as i64, *heads, *per_head]);
-            drop(acc);
-            let s = tensor(&s, g as i64, device).unsqueeze(-1);
-            // PyG divides by the sum plus 1e-16.
-            let _ = agg.g_div_(&(s + 1e-16));
-            let mut out = if *concat {
-                agg.flatten(1, 2)
-            } else {
-                agg.mean_dim([1i64].as_slice(), false, Kind::Float)
-            };
-            let _ = out.g_add_(&res);
-            let _ = out.g_add_(bias);
-            let out = if activate {
-                act(ModelKind::Gat, out)
-            } else {
-                out
-            };
-            let mut rows_out = spares.take(0);
-            copy_into(&out, &mut rows_out)?;
+            spares.give(z_span);
+            spares.give(el_span);
+            // The softmax's weighted sums over its sums (PyG adds 1e-16),
+            // heads concatenated or averaged, + res(self) + bias, then ELU:
+            // row by row into a reused buffer, no fresh GBs of tensors.
+            let bias = to_vec(bias)?;
+            let out_w = if *concat { w } else { c_out };
+            let mut rows_out = spares.take(g * out_w);
+            let (acc, sums) = (&sm.acc, &sm.s);
+            rows_out
+                .par_chunks_mut(out_w)
+                .zip(acc.par_chunks(w))
+                .zip(sums.par_chunks(h))
+                .zip(res.par_chunks(res_width))
+                .for_each(|(((out, acc), sums), res)| {
+                    if *concat {
+                        for (hh, s) in sums.iter().enumerate() {
+                            let d = s + 1e-16;
+                            for (o, v) in out[hh * c_out..][..c_out]
+                                .iter_mut()
+                                .zip(&acc[hh * c_out..][..c_out])
+                            {
+                                *o = v / d;
+                            }
+                        }
+                    } else {
+                        // The mean over heads, summed in head order.
+                        out.fill(0.0);
+                        for (hh, s) in sums.iter().enumerate() {
+                            let d = s + 1e-16;
+                            for (o, v) in out.iter_mut().zip(&acc[hh * c_out..][..c_out]) {
+                                *o += v / d;
+                            }
+                        }
+                        for o in out.iter_mut() {
+                            *o /= h as f32;
+                        }
+                    }
+                    for ((o, r), b) in out.iter_mut().zip(res).zip(&bias) {
+                        *o = *o + r + b;
+                        if activate && *o <= 0.0 {
+                            *o = o.exp_m1();
+                        }
+                    }
+                });
+            sm.give(spares);
+            spares.give(res);
             Ok((rows_out, h_dst))
         }
     }
