@@ -507,9 +507,23 @@ impl Store {
     pub fn delete(&self, rel: &str) -> Result<()> {
         let path = self.path(rel);
         match with_retry(rel, || self.inner.delete(&path)) {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(self.err(rel, e)),
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(self.err(rel, e)),
         }
+        // On a local store, the directories the delete left empty go too
+        // (a replaced run's `RUN/`), up to the store's own directory: object
+        // stores have no directories, and empty ones only pile up.
+        if let Some(file) = self.local_file(rel) {
+            let depth = rel.trim_matches('/').matches('/').count();
+            let mut dir = file.parent();
+            for _ in 0..depth {
+                match dir {
+                    Some(d) if std::fs::remove_dir(d).is_ok() => dir = d.parent(),
+                    _ => break,
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Deletes every object under `rel_prefix`; returns how many.
@@ -675,6 +689,21 @@ mod tests {
         conformance(&Store::open(dir.path().join("x").to_str().unwrap()).unwrap());
         let url = format!("file://{}", dir.path().join("y").display());
         conformance(&Store::open(&url).unwrap());
+        // Deleting a directory's last object removes the directories it
+        // empties, not the store's own.
+        for root in ["x", "y"] {
+            assert!(!dir.path().join(root).join("a").exists(), "{root}/a stays");
+            assert!(dir.path().join(root).exists());
+        }
+        let store = Store::open(dir.path().join("z").to_str().unwrap()).unwrap();
+        store.put("r/s/one.bin", b"1".to_vec()).unwrap();
+        store.put("r/two.bin", b"2".to_vec()).unwrap();
+        store.delete("r/s/one.bin").unwrap();
+        assert!(!dir.path().join("z/r/s").exists());
+        assert!(dir.path().join("z/r/two.bin").exists());
+        store.delete("r/two.bin").unwrap();
+        assert!(!dir.path().join("z/r").exists());
+        assert!(dir.path().join("z").exists());
     }
 
     fn faulty(plan: &str) -> (Store, Arc<crate::store_faults::FaultCounts>) {
