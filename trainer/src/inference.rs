@@ -161,10 +161,6 @@ pub struct InferSummary {
     pub files: Vec<String>,
     pub groups: u64,
     pub chunk_rows: u64,
-    /// How GraphSAGE's narrowing layers sum neighbours' rows: `scatter`
-    /// (into the group's accumulators as each source chunk streams by) or
-    /// `pull` (each destination gathers them once the stream has passed).
-    pub aggregation: String,
     pub memory_limit: u64,
     pub memory_planned: u64,
     pub layers: Vec<LayerFigures>,
@@ -709,11 +705,6 @@ struct Plan {
     groups: Vec<(u64, u64)>,
     chunk_rows: u64,
     planned_bytes: u64,
-    /// GraphSAGE layers that narrow aggregate by pulling (see
-    /// [`graph_layer_group`]): one group, and memory for every node's
-    /// projected row and the group's in-edges by destination.
-    #[serde(default)]
-    pull: bool,
 }
 
 impl Plan {
@@ -1206,7 +1197,6 @@ fn graph_layer_group(
     device: Device,
     keep_rows: bool,
     activate: bool,
-    pull: bool,
     spares: &mut Spares,
     read: &mut u64,
     times: &mut StreamTimes,
@@ -1240,20 +1230,10 @@ fn graph_layer_group(
             } else {
                 input.width
             };
-            // Pulling, every node's projected row is kept, in node order
-            // (the stream's chunks come in order), and each destination
-            // then sums its in-neighbours' rows after the stream: random
-            // reads only, where the scatter reads and writes a random
-            // accumulator row per edge (half the memory traffic). The sums
-            // come in the same order either way.
-            let pull = pull && project;
-            let mut projected_all = if pull {
-                spares.take_empty(input.rows as usize * d)
-            } else {
-                Vec::new()
-            };
             let mut acc = spares.take(g * d);
             let mut own_buf = spares.take(g * d_out as usize);
+            acc.clear();
+            acc.resize(g * d, 0.0);
             // Projecting, a chunk that holds group rows goes through lin_l
             // and lin_r in one matmul (its rows are packed once), into
             // one reused buffer (fresh pages cost more than the matmul on
@@ -1269,7 +1249,7 @@ fn graph_layer_group(
                 let c1 = c0 + chunk.rows as u64;
                 let (lo, hi) = (a.max(c0), b.min(c1));
                 let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
-                if lo >= hi && e0 == e1 && !pull {
+                if lo >= hi && e0 == e1 {
                     return Ok(());
                 }
                 // The chunk's tensor as it is on the CPU (a view, no copy).
@@ -1309,13 +1289,6 @@ fn graph_layer_group(
                     }
                     (rows, input.width)
                 };
-                if pull {
-                    debug_assert_eq!(projected_all.len(), c0 as usize * d);
-                    for row in rows.chunks(stride).take(chunk.rows) {
-                        projected_all.extend_from_slice(&row[..d]);
-                    }
-                    return Ok(());
-                }
                 if e0 == e1 {
                     return Ok(());
                 }
@@ -1351,42 +1324,6 @@ fn graph_layer_group(
                 });
                 Ok(())
             })?;
-            if pull {
-                let t = Instant::now();
-                // The group's in-edges by destination, in their stored
-                // order (chunk by chunk), as the scatter would add them.
-                let mut start = vec![0usize; g + 1];
-                for &t in &edges.dst {
-                    start[(t as u64 - a) as usize + 1] += 1;
-                }
-                for i in 0..g {
-                    start[i + 1] += start[i];
-                }
-                let mut fill = start[..g].to_vec();
-                let mut sources = vec![0u32; edges.src.len()];
-                for (&s, &t) in edges.src.iter().zip(&edges.dst) {
-                    let f = &mut fill[(t as u64 - a) as usize];
-                    sources[*f] = s;
-                    *f += 1;
-                }
-                drop(fill);
-                let p = &projected_all;
-                acc.par_chunks_mut(d)
-                    .enumerate()
-                    .with_min_len(1024)
-                    .for_each(|(i, out)| {
-                        for k in start[i]..start[i + 1] {
-                            if let Some(&s) = sources.get(k + SCATTER_AHEAD) {
-                                prefetch::lines(p, s as usize * d, d);
-                            }
-                            for (o, v) in out.iter_mut().zip(&p[sources[k] as usize * d..][..d]) {
-                                *o += v;
-                            }
-                        }
-                    });
-                spares.give(projected_all);
-                times.scatter += t.elapsed().as_secs_f64();
-            }
             let mut count = vec![0f32; g];
             for &t in &edges.dst {
                 count[(t as u64 - a) as usize] += 1.0;
@@ -1918,31 +1855,17 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         plan_groups(&vec![0; n as usize], per_node, budget)?
     };
     drop(indegree);
-    // One group of GraphSAGE pulls where memory allows (every node's row at
-    // its narrowest layer's width, the in-edges by destination).
-    let pull_bytes = (0..num_layers)
-        .map(|l| 4 * n * model.widths[l].min(model.widths[l + 1]) as u64)
-        .max()
-        .unwrap_or(0)
-        + 4 * edge_upper_bound
-        + 16 * (n + 1);
-    let pull = card.architecture == ModelKind::Sage
-        && model.mlp.is_empty()
-        && groups.len() == 1
-        && fixed + chunk_bytes + largest + pull_bytes <= cfg.memory;
     let plan = Plan {
-        planned_bytes: fixed + chunk_bytes + largest + if pull { pull_bytes } else { 0 },
+        planned_bytes: fixed + chunk_bytes + largest,
         groups,
         chunk_rows,
-        pull,
     };
     let chunks = plan.chunks(n);
     tracing::info!(
-        "inference: {} nodes in {} groups, source chunks of {} rows, {} neighbours' rows, memory at most {}",
+        "inference: {} nodes in {} groups, source chunks of {} rows, memory at most {}",
         n,
         plan.groups.len(),
         chunk_rows,
-        if plan.pull { "pulling" } else { "scattering" },
         human_bytes(cfg.memory)
     );
 
@@ -2127,7 +2050,6 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     cfg.device,
                     last && cfg.outputs.embeddings,
                     !last,
-                    plan.pull,
                     &mut spares,
                     &mut read,
                     &mut times,
@@ -2289,7 +2211,6 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         files: progress.output_files.clone(),
         groups: plan.groups.len() as u64,
         chunk_rows,
-        aggregation: if plan.pull { "pull" } else { "scatter" }.into(),
         memory_limit: cfg.memory,
         memory_planned: plan.planned_bytes,
         layers: progress.figures.clone(),

@@ -156,10 +156,9 @@ pub fn infer_summary(s: &InferSummary) {
         (
             "plan",
             format!(
-                "{} groups, source chunks of {} rows, {} aggregation, memory {} (limit {})",
+                "{} groups, source chunks of {} rows, memory {} (limit {})",
                 s.groups,
                 s.chunk_rows,
-                s.aggregation,
                 human_bytes(s.memory_planned),
                 human_bytes(s.memory_limit)
             ),

@@ -292,22 +292,6 @@ fn out_of_core_inference_equals_the_in_memory_forward_pass() {
             cfg,
         } = check_at_least_memory(dir.path(), &ds_path, &ds, kind, &engine);
         let work = &run.work_dir;
-        if kind == ModelKind::Sage {
-            // Several groups scatter; one group pulls, adding each
-            // destination's rows in the same order (the projections of
-            // chunks outside a group come from another matmul shape, so
-            // not bit for bit).
-            assert_eq!(s.aggregation, "scatter");
-            let mut one = run.clone();
-            one.memory = trainer::memory::RUNTIME_BYTES + (256 << 20);
-            one.out = dir.path().join("out-pull").to_str().unwrap().to_string();
-            one.work_dir = dir.path().join("work-pull");
-            let s1 = infer(&one, &engine).unwrap();
-            assert_eq!((s1.groups, s1.aggregation.as_str()), (1, "pull"));
-            let o1 = read_output(&dir.path().join("out-pull"), &s1);
-            let diff = max_diff(&o1.logits, &o.logits);
-            assert!(diff <= 1e-5, "pull and scatter differ by {diff}");
-        }
         // Probabilities are the softmax of the logits; rows sum to one.
         for row in o.probabilities.chunks_exact(cfg.classes as usize) {
             assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
@@ -411,13 +395,6 @@ fn with_one_group_each_layer_reads_its_input_once() {
             run.hidden_f16 = f16;
             let s = infer(&run, &engine).unwrap();
             assert_eq!(s.groups, 1, "{tag}");
-            // GraphSAGE's narrowing layers pull with one group.
-            let aggregation = if kind == ModelKind::Sage {
-                "pull"
-            } else {
-                "scatter"
-            };
-            assert_eq!(s.aggregation, aggregation, "{tag}");
             assert!(NODES.div_ceil(s.chunk_rows) >= 3, "{tag}: chunks");
             let elem = if f16 { 2 } else { 4 };
             for (l, f) in s.layers.iter().enumerate() {
