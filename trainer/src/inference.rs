@@ -1232,8 +1232,6 @@ fn graph_layer_group(
             };
             let mut acc = spares.take(g * d);
             let mut own_buf = spares.take(g * d_out as usize);
-            acc.clear();
-            acc.resize(g * d, 0.0);
             // Projecting, a chunk that holds group rows goes through lin_l
             // and lin_r in one matmul (its rows are packed once), into
             // one reused buffer (fresh pages cost more than the matmul on
