@@ -161,6 +161,9 @@ pub struct InferSummary {
     pub files: Vec<String>,
     pub groups: u64,
     pub chunk_rows: u64,
+    /// `OMP_WAIT_POLICY` as the run had it (the binary sets `PASSIVE`
+    /// unless the caller chose one; empty for libgomp's default).
+    pub omp_wait_policy: String,
     pub memory_limit: u64,
     pub memory_planned: u64,
     pub layers: Vec<LayerFigures>,
@@ -2209,6 +2212,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         files: progress.output_files.clone(),
         groups: plan.groups.len() as u64,
         chunk_rows,
+        omp_wait_policy: std::env::var(crate::OMP_WAIT_POLICY).unwrap_or_default(),
         memory_limit: cfg.memory,
         memory_planned: plan.planned_bytes,
         layers: progress.figures.clone(),

@@ -303,6 +303,43 @@ pub fn retain_freed_memory() {
     }
 }
 
+/// The OpenMP wait policy `trainer infer` runs libtorch with.
+pub const OMP_WAIT_POLICY: &str = "OMP_WAIT_POLICY";
+
+/// Re-executes `trainer infer` with `OMP_WAIT_POLICY=PASSIVE` unless the
+/// caller chose a policy. Inference runs libtorch's matmuls (OpenMP) in
+/// turn with its own threads' work (the reader, the scatter), and by
+/// default libgomp's idle threads spin, on the cores that work needs:
+/// 13-19% of CPU samples in the narrow layers of the 3.2M-node benchmark
+/// graph. libgomp reads the policy once, as it loads, before `main`; hence
+/// the exec. There, alternated in five pairs: layer 2 took 3.8-5.6 s
+/// passive against 4.7-6.6 s by default, faster in every pair; layer 1
+/// (27.6-32.6 s) and the whole run (42.5-49.7 s) moved within the VM's
+/// noise either way. Returns (and the run goes on as it is) where the exec
+/// fails.
+pub fn passive_openmp_for_infer() {
+    use std::os::unix::process::CommandExt;
+    let mut args = std::env::args_os();
+    let arg0 = args.next();
+    let rest: Vec<_> = args.collect();
+    if rest.first().map(|a| a.as_os_str()) != Some(std::ffi::OsStr::new("infer"))
+        || std::env::var_os(OMP_WAIT_POLICY).is_some()
+    {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let mut command = std::process::Command::new(exe);
+    if let Some(arg0) = arg0 {
+        command.arg0(arg0);
+    }
+    let err = command.args(rest).env(OMP_WAIT_POLICY, "PASSIVE").exec();
+    eprintln!(
+        "warning: could not re-execute with {OMP_WAIT_POLICY}=PASSIVE ({err}); going on without"
+    );
+}
+
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
