@@ -202,6 +202,13 @@ fn small_layout(dir: &Path) -> std::path::PathBuf {
         dir,
         &["--nodes", "3000", "--feature-dim", "16", "--classes", "4"],
     );
+    layout(dir, &ds, "64", ("16K", "32K"))
+}
+
+/// Samples `ds` (fan-out 3,3, batches of `batch_size`) and packs it under
+/// `dir` with the GPU and CPU caches `caches` and an 8x disk budget;
+/// returns the manifest.
+fn layout(dir: &Path, ds: &Path, batch_size: &str, caches: (&str, &str)) -> std::path::PathBuf {
     let samples = dir.join("samples");
     let pack = dir.join("pack");
     let ok = |r: offgnn_e2e::Run| assert!(r.status.success(), "{}", r.stderr);
@@ -209,13 +216,13 @@ fn small_layout(dir: &Path) -> std::path::PathBuf {
         "sampler",
         &[
             "--dataset",
-            s(&ds),
+            s(ds),
             "--out",
             s(&samples),
             "--fanout",
             "3,3",
             "--batch-size",
-            "64",
+            batch_size,
         ],
     ));
     let feat = ds.join("data/feat.npy");
@@ -229,9 +236,9 @@ fn small_layout(dir: &Path) -> std::path::PathBuf {
             "--out",
             s(&pack),
             "--gpu-cache",
-            "16K",
+            caches.0,
             "--cpu-cache",
-            "32K",
+            caches.1,
             "--disk-budget",
             "8x",
         ],
@@ -346,46 +353,14 @@ fn inference_stops_and_a_rerun_resumes() {
             "0.001",
         ],
     );
-    let samples = dir.path().join("samples");
-    let pack = dir.path().join("pack");
+    let manifest = layout(dir.path(), &ds, "128", ("0", "0"));
     let export = dir.path().join("export");
     let ok = |r: offgnn_e2e::Run| assert!(r.status.success(), "{}", r.stderr);
-    ok(run(
-        "sampler",
-        &[
-            "--dataset",
-            s(&ds),
-            "--out",
-            s(&samples),
-            "--fanout",
-            "3,3",
-            "--batch-size",
-            "128",
-        ],
-    ));
-    let feat = ds.join("data/feat.npy");
-    ok(run(
-        "packer",
-        &[
-            "--samples",
-            s(&samples),
-            "--features",
-            s(&feat),
-            "--out",
-            s(&pack),
-            "--gpu-cache",
-            "0",
-            "--cpu-cache",
-            "0",
-            "--disk-budget",
-            "8x",
-        ],
-    ));
     ok(run(
         "trainer",
         &[
             "--manifest",
-            s(&pack.join("manifest.json")),
+            s(&manifest),
             "--epochs",
             "1",
             "--hidden",
