@@ -4,7 +4,9 @@
 //! forced link the linker drops `libtorch_cuda.so` (nothing references it
 //! directly) and libtorch never registers its CUDA backend.
 //!
-//! Then the c10d shim (csrc/c10d_shim.cpp), compiled against the wheel's
+//! Then the trainer's two C++ shims. csrc/torch_shim.cpp (streams, events,
+//! pinned memory) needs only the wheel's headers and is always built. The
+//! c10d shim (csrc/c10d_shim.cpp) is compiled against the wheel's
 //! headers as torch-sys compiles its own. The wheel ships c10d's headers
 //! but not Gloo's, which `ProcessGroupGloo.hpp` includes, nor CUDA's
 //! compiler headers, which `ProcessGroupNCCL.hpp` includes: scripts/setup
@@ -22,6 +24,8 @@ fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=OFFGNN_C10D_HEADERS");
     println!("cargo:rerun-if-changed=csrc/c10d_shim.cpp");
+    println!("cargo:rerun-if-changed=csrc/torch_shim.cpp");
+    println!("cargo:rerun-if-changed=csrc/shim_common.h");
     let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
         return;
     };
@@ -34,7 +38,28 @@ fn main() {
     if cuda {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }
+    build_torch_shim(&lib);
     build_shim(&lib, cuda);
+}
+
+/// The wheel's include directories, from its `torch/lib`.
+fn torch_includes(lib: &Path) -> [PathBuf; 2] {
+    let torch = lib.parent().expect("torch/lib has a parent");
+    [
+        torch.join("include"),
+        torch.join("include/torch/csrc/api/include"),
+    ]
+}
+
+fn build_torch_shim(lib: &Path) {
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/torch_shim.cpp")
+        .includes(torch_includes(lib))
+        .flag("-std=c++17")
+        .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
+        .warnings(false)
+        .compile("offgnn_torch_shim");
 }
 
 fn build_shim(lib: &Path, cuda: bool) {
@@ -60,8 +85,7 @@ fn build_shim(lib: &Path, cuda: bool) {
     build
         .cpp(true)
         .file("csrc/c10d_shim.cpp")
-        .include(torch.join("include"))
-        .include(torch.join("include/torch/csrc/api/include"))
+        .includes(torch_includes(lib))
         .include(&gloo)
         .flag("-std=c++17")
         .flag("-D_GLIBCXX_USE_CXX11_ABI=1")

@@ -2,8 +2,10 @@
 // (ProcessGroupGloo on the CPU, ProcessGroupNCCL on CUDA), and the three
 // collectives data-parallel training needs. Everything here is libtorch's;
 // this file only gives it a C interface that Rust can call. Every function
-// catches C++ exceptions and returns their message in *err (malloc'd, freed
-// with offgnn_c10d_free_string); the Rust side is trainer/src/distributed.rs.
+// catches C++ exceptions and returns their message in *err (see
+// shim_common.h); the Rust side is trainer/src/distributed.rs.
+
+#include "shim_common.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -15,7 +17,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,32 +26,9 @@ struct offgnn_c10d_group {
   c10::intrusive_ptr<c10d::Backend> backend;
 };
 
+using offgnn::guarded;
+
 namespace {
-
-char* copy_string(const std::string& s) {
-  char* out = static_cast<char*>(std::malloc(s.size() + 1));
-  if (out != nullptr) {
-    std::memcpy(out, s.c_str(), s.size() + 1);
-  }
-  return out;
-}
-
-// Runs f, turning an exception into a message in *err; returns whether f
-// completed.
-template <typename F>
-bool guarded(char** err, F&& f) {
-  try {
-    f();
-    return true;
-  } catch (const c10::Error& e) {
-    *err = copy_string(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    *err = copy_string(e.what());
-  } catch (...) {
-    *err = copy_string("unknown C++ exception");
-  }
-  return false;
-}
 
 // GLOO_SOCKET_IFNAME, as torch.distributed reads it: a comma-separated list
 // of interfaces, one device each; else the device for this host's name.
@@ -83,8 +61,6 @@ int offgnn_c10d_has_nccl() {
   return 0;
 #endif
 }
-
-void offgnn_c10d_free_string(char* s) { std::free(s); }
 
 // Connects to the job's store and forms the process group. `is_server`: this
 // process hosts the TCPStore (rank 0 when no launcher hosts it); `prefix`:

@@ -185,7 +185,6 @@ struct offgnn_c10d_group {
 #[cfg(offgnn_c10d)]
 unsafe extern "C" {
     fn offgnn_c10d_has_nccl() -> libc::c_int;
-    fn offgnn_c10d_free_string(s: *mut libc::c_char);
     fn offgnn_c10d_new(
         host: *const libc::c_char,
         port: u16,
@@ -243,21 +242,6 @@ pub struct Group {
 // does itself.
 unsafe impl Send for Group {}
 
-#[cfg(offgnn_c10d)]
-fn take_error(err: *mut libc::c_char) -> String {
-    if err.is_null() {
-        return "unknown error".into();
-    }
-    // SAFETY: the shim returns a NUL-terminated malloc'd string or null.
-    let message = unsafe { std::ffi::CStr::from_ptr(err) }
-        .to_string_lossy()
-        .trim()
-        .to_string();
-    // SAFETY: allocated by the shim with malloc.
-    unsafe { offgnn_c10d_free_string(err) };
-    message
-}
-
 impl Group {
     /// Joins the job's store and forms the process group: Gloo for the CPU,
     /// NCCL for CUDA. Waits up to `timeout` for the other ranks.
@@ -294,7 +278,7 @@ impl Group {
                     "{what}: cannot form the {backend} process group through the store at {}:{}: {}",
                     launch.master_addr,
                     launch.master_port,
-                    take_error(err)
+                    crate::cuda::take_error(err)
                 )));
             }
             Ok(Group {
@@ -323,7 +307,7 @@ impl Group {
         Err(Error::Distributed(format!(
             "{}: {op} failed, so another rank stopped or cannot be reached: {}",
             self.what,
-            take_error(err)
+            crate::cuda::take_error(err)
         )))
     }
 

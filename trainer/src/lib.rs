@@ -2,6 +2,7 @@
 //! layout through a pipelined loop, with libtorch via `tch`. `main.rs` only
 //! parses flags and calls [`run`].
 
+pub mod cuda;
 pub mod device;
 pub mod distributed;
 pub mod error;
