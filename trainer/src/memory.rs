@@ -43,13 +43,12 @@ const ACTIVATION_FACTOR: u64 = 2;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct MemoryEstimate {
-    /// Feature rows held for the whole run: the two cache tiers (both in
-    /// host memory on the CPU device; the CPU tier pinned on CUDA, with the
-    /// rows it was read from while it loads), or every row (`--features
-    /// memory`).
+    /// Feature rows held for the whole run: the two cache tiers' host rows
+    /// (on CUDA the GPU tier's only until it is uploaded at start), or
+    /// every row (`--features memory`).
     pub cache_bytes: u64,
-    /// Read buffers and assembled inputs of the batches in the pipeline's
-    /// queues.
+    /// Read buffers and assembled inputs (on CUDA their page-locked
+    /// staging buffers) of the batches in the pipeline's queues.
     pub batches_in_flight_bytes: u64,
     /// Parameters, gradients and Adam's two moments.
     pub model_bytes: u64,
@@ -85,12 +84,11 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
     let row = m.dataset.store_row_bytes();
     let file_row = m.dataset.row_bytes;
     let on_cpu = cfg.device == Device::Cpu;
+    // Host rows, once; on CUDA the GPU tier's only until it is uploaded at
+    // start. The CPU tier is never page-locked as a whole.
     let cache_bytes = match cfg.features {
-        FeatureMode::Packed if on_cpu => (m.gpu_cache.rows + m.cpu_cache.rows) * row,
-        // The rows read (then dropped), the tensor made of them, its pinned copy.
-        FeatureMode::Packed => 3 * m.cpu_cache.rows * row + m.gpu_cache.rows * row,
-        FeatureMode::Memory if on_cpu => m.dataset.num_nodes * file_row,
-        FeatureMode::Memory => 2 * m.dataset.num_nodes * file_row,
+        FeatureMode::Packed => (m.gpu_cache.rows + m.cpu_cache.rows) * row,
+        FeatureMode::Memory => m.dataset.num_nodes * file_row,
         FeatureMode::Naive => 0,
     };
 
@@ -110,15 +108,24 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
         + (inputs * row).next_multiple_of(PAGE)
         + 2 * PAGE;
     let assembled = inputs * m.dataset.feature_dim * 4;
+    // What the host holds of an assembled batch: on the CPU the float32
+    // matrix; on CUDA its page-locked staging buffer (the rows as stored and
+    // three int64 indices a row at most), which libtorch's caching host
+    // allocator rounds up to a power of two.
+    let staged = if on_cpu {
+        assembled
+    } else {
+        (inputs * (row + 24)).next_power_of_two()
+    };
     // Each loader holds one batch it reads, `queue_depth` loaded ones and
     // `queue_depth + 2` spare buffers; the assembler one, the model step
     // `queue_depth` assembled inputs and the one it trains on.
     let loaders = cfg.loaders.max(1) as u64;
     let depth = cfg.queue_depth.max(1) as u64;
     let batches_in_flight_bytes = if cfg.pipelined {
-        loaders * (2 * depth + 3) * read + (depth + 2) * assembled
+        loaders * (2 * depth + 3) * read + (depth + 2) * staged
     } else {
-        read + assembled
+        read + staged
     };
 
     let mc = &cfg.model;

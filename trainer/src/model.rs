@@ -478,7 +478,7 @@ mod tests {
             ..Default::default()
         };
         let x = Tensor::randn([5, 4], (Kind::Float, Device::Cpu));
-        let run = |t: &BatchTable| net.forward(&x, &graph(t, Device::Cpu).0, false);
+        let run = |t: &BatchTable| net.forward(&x, &graph(t, Device::Cpu).unwrap().0, false);
         // Destination 1 has no in-edges; destination 2 has one from itself.
         let plain = run(&block(vec![1, 4, 4, 3], vec![0, 0, 2, 2]));
         let with_self = run(&block(vec![1, 4, 4, 2, 3], vec![0, 0, 2, 2, 2]));
@@ -512,7 +512,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let (blocks, _) = graph(&t, Device::Cpu);
+        let (blocks, _) = graph(&t, Device::Cpu).unwrap();
         let b = &blocks[0];
         let h = Tensor::arange(5 * 4, (Kind::Float, Device::Cpu))
             .reshape([5, 4])

@@ -20,6 +20,7 @@ use offgnn_shared::address_table::BatchTable;
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, ReadReq};
 use tch::{Device, Kind, Tensor};
 
+use crate::cuda::{Event, Stream};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::model::BlockTensors;
@@ -47,10 +48,12 @@ pub struct LoadSources {
     pub raw_tail: Option<std::fs::File>,
 }
 
-/// What feature assembly needs. On CUDA: the GPU cache on the device and
-/// the CPU cache as a pinned host tensor, gathered by torch. On the CPU:
-/// the caches as plain host rows, gathered by this crate's own copies (no
-/// torch threads racing the model step's for the same cores).
+/// What feature assembly needs: the GPU cache on the device (CUDA), and
+/// host rows for the rest (the CPU cache; every node in memory mode),
+/// gathered by this crate's own copies: on the CPU straight into the batch
+/// matrix (no torch threads racing the model step's for the same cores), on
+/// CUDA into a small page-locked staging buffer that one non-blocking copy
+/// takes to the device (DiskGNN §4, feature assembling).
 pub struct AssembleSources {
     pub mode: FeatureMode,
     pub device: Device,
@@ -58,29 +61,25 @@ pub struct AssembleSources {
     pub kind: Kind,
     pub dim: i64,
     pub row_bytes: usize,
+    /// The GPU cache tier on the device (CUDA).
     pub gpu_cache: Option<Tensor>,
-    pub cpu_cache: Option<Tensor>,
-    pub memory: Option<Tensor>,
-    /// Host rows of the GPU cache, the CPU cache and (memory mode) every
-    /// node, on the CPU device.
+    /// Host rows of the GPU cache (on the CPU device), the CPU cache and
+    /// (memory mode) every node.
     pub gpu_rows: Option<Arc<Vec<u8>>>,
     pub cpu_rows: Option<Arc<Vec<u8>>>,
     pub all_rows: Option<Arc<Vec<u8>>>,
 }
 
 impl AssembleSources {
-    /// Another handle on the same tensors and rows (no copy).
+    /// Another handle on the same tensor and rows (no copy).
     pub fn share(&self) -> AssembleSources {
-        let clone = |t: &Option<Tensor>| t.as_ref().map(Tensor::shallow_clone);
         AssembleSources {
             mode: self.mode,
             device: self.device,
             kind: self.kind,
             dim: self.dim,
             row_bytes: self.row_bytes,
-            gpu_cache: clone(&self.gpu_cache),
-            cpu_cache: clone(&self.cpu_cache),
-            memory: clone(&self.memory),
+            gpu_cache: self.gpu_cache.as_ref().map(Tensor::shallow_clone),
             gpu_rows: self.gpu_rows.clone(),
             cpu_rows: self.cpu_rows.clone(),
             all_rows: self.all_rows.clone(),
@@ -124,6 +123,100 @@ pub struct StageTimes {
     pub assemble: f64,
     pub graph: f64,
     pub model: f64,
+    /// On CUDA: the device's time in each stage's work, from CUDA events.
+    /// The host's times above are then what queueing the work took (and,
+    /// for the model step, waiting on the device).
+    pub device: Option<DeviceTimes>,
+}
+
+/// Seconds of device time per stage, from CUDA events recorded around each
+/// batch's work on the stage's stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceTimes {
+    pub assemble: f64,
+    pub graph: f64,
+    pub model: f64,
+}
+
+impl std::ops::Add for DeviceTimes {
+    type Output = DeviceTimes;
+    fn add(self, o: DeviceTimes) -> DeviceTimes {
+        DeviceTimes {
+            assemble: self.assemble + o.assemble,
+            graph: self.graph + o.graph,
+            model: self.model + o.model,
+        }
+    }
+}
+
+/// A batch's work in one stage on the device: events before and after it.
+type Span = Option<(Event, Event)>;
+
+/// Runs `f`; on CUDA, records timing events around the work it queued on
+/// the calling thread's current stream.
+fn timed<T>(device: Device, f: impl FnOnce() -> Result<T>) -> Result<(T, Span)> {
+    if !device.is_cuda() {
+        return Ok((f()?, None));
+    }
+    let start = Event::record(device, true)?;
+    let out = f()?;
+    Ok((out, Some((start, Event::record(device, true)?))))
+}
+
+/// The device time of each stage's spans; waits for the last of them.
+#[derive(Default)]
+struct DeviceSpans {
+    assemble: Vec<(Event, Event)>,
+    graph: Vec<(Event, Event)>,
+    model: Vec<(Event, Event)>,
+}
+
+impl DeviceSpans {
+    /// Before the model step uses a batch: its stream waits (on the
+    /// device) for the batch's assembly and graph work, which the pipeline
+    /// queued on those stages' own streams, and the caching allocator
+    /// learns that the batch's tensors are used on it too. The block
+    /// tensors and labels are views of one upload, so one record covers
+    /// them.
+    fn receive(&mut self, r: &Ready, assembled: Span, graphed: Span) -> Result<()> {
+        for (span, to) in [(assembled, &mut self.assemble), (graphed, &mut self.graph)] {
+            if let Some(span) = span {
+                span.1.wait_on_device()?;
+                to.push(span);
+            }
+        }
+        if r.x.device().is_cuda() {
+            crate::cuda::record_stream(&r.x)?;
+            crate::cuda::record_stream(&r.labels)?;
+        }
+        Ok(())
+    }
+
+    fn times(self) -> Result<Option<DeviceTimes>> {
+        if self.model.is_empty() {
+            return Ok(None);
+        }
+        let total = |spans: Vec<(Event, Event)>| -> Result<f64> {
+            spans.iter().map(|(a, b)| a.seconds_to(b)).sum()
+        };
+        Ok(Some(DeviceTimes {
+            assemble: total(self.assemble)?,
+            graph: total(self.graph)?,
+            model: total(self.model)?,
+        }))
+    }
+}
+
+/// Makes a stream from libtorch's pool current on this thread (CUDA): the
+/// stage's copies and gathers then overlap the model step, which runs on
+/// the default stream.
+fn side_stream(device: Device) -> Result<Option<Stream>> {
+    if !device.is_cuda() {
+        return Ok(None);
+    }
+    let stream = Stream::from_pool(device)?;
+    stream.make_current()?;
+    Ok(Some(stream))
 }
 
 /// Stage 1: the batch's table, then its disk reads — page runs of the
@@ -243,11 +336,6 @@ pub fn load(
     }
 }
 
-fn index(v: &[u32], device: Device) -> Tensor {
-    let v: Vec<i64> = v.iter().map(|&x| x as i64).collect();
-    Tensor::from_slice(&v).to_device(device)
-}
-
 /// A dense `[n, d]` CPU tensor whose rows `fill` writes, every one of them
 /// (the tensor's memory is not zeroed first), straight into the tensor:
 /// a batch's input matrix is hundreds of MB, not worth a second copy.
@@ -283,83 +371,195 @@ fn gather(out: &mut [u8], pos: &[u32], from: &[u8], slots: &[u32], rb: usize) {
 /// cache, the CPU cache and the loaded rows (DiskGNN §4, feature assembling).
 pub fn assemble(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])> {
     let t = &l.table;
+    let tiers = [t.gpu_pos.len() as u64, t.cpu_pos.len() as u64, l.disk_rows];
+    if src.device != Device::Cpu {
+        return Ok((assemble_staged(src, l)?, tiers));
+    }
     let n = t.num_inputs as usize;
     let rb = src.row_bytes;
-    let missing = |what: &str| Error::InvalidArgument(format!("{what} mode without its rows"));
-    let loaded = |out: &mut [u8]| {
+    let x = host_matrix(src, n, |out| {
+        match src.mode {
+            FeatureMode::Memory => {
+                let all = src.all_rows.as_ref().ok_or_else(|| missing("memory"))?;
+                let positions: Vec<u32> = (0..n as u32).collect();
+                gather(out, &positions, all, &t.input_nodes, rb);
+            }
+            FeatureMode::Packed => {
+                for (rows, pos, slots) in [
+                    (&src.gpu_rows, &t.gpu_pos, &t.gpu_slot),
+                    (&src.cpu_rows, &t.cpu_pos, &t.cpu_slot),
+                ] {
+                    if !pos.is_empty() {
+                        let rows = rows.as_ref().ok_or_else(|| missing("cache"))?;
+                        gather(out, pos, rows, slots, rb);
+                    }
+                }
+            }
+            FeatureMode::Naive => {}
+        }
         let data = l.buf.as_slice();
         for &(p, off) in &l.disk {
             let d = p as usize * rb;
             out[d..d + rb].copy_from_slice(&data[off..off + rb]);
         }
-    };
-    let x = match (src.mode, src.device) {
-        (FeatureMode::Naive, _) => host_matrix(src, n, |out| {
-            loaded(out);
-            Ok(())
-        })?
-        .to_device(src.device),
-        (FeatureMode::Memory, Device::Cpu) => {
-            let all = src.all_rows.as_ref().ok_or_else(|| missing("memory"))?;
-            host_matrix(src, n, |out| {
-                let positions: Vec<u32> = (0..n as u32).collect();
-                gather(out, &positions, all, &t.input_nodes, rb);
-                Ok(())
-            })?
-        }
-        (FeatureMode::Memory, device) => {
-            let feats = src.memory.as_ref().ok_or_else(|| missing("memory"))?;
-            feats
-                .index_select(0, &index(&t.input_nodes, Device::Cpu))
-                .to_device(device)
-        }
-        (FeatureMode::Packed, Device::Cpu) => host_matrix(src, n, |out| {
-            for (rows, pos, slots) in [
-                (&src.gpu_rows, &t.gpu_pos, &t.gpu_slot),
-                (&src.cpu_rows, &t.cpu_pos, &t.cpu_slot),
-            ] {
-                if !pos.is_empty() {
-                    let rows = rows.as_ref().ok_or_else(|| missing("cache"))?;
-                    gather(out, pos, rows, slots, rb);
-                }
-            }
-            loaded(out);
-            Ok(())
-        })?,
-        (FeatureMode::Packed, device) => {
-            // Every row is written below: no need to zero the matrix first.
-            let mut out = Tensor::empty([n as i64, src.dim], (src.kind, device));
-            if !t.gpu_pos.is_empty() {
-                let gpu = src.gpu_cache.as_ref().ok_or_else(|| missing("cache"))?;
-                let rows = gpu.index_select(0, &index(&t.gpu_slot, device));
-                let _ = out.index_copy_(0, &index(&t.gpu_pos, device), &rows);
-            }
-            if !t.cpu_pos.is_empty() {
-                let cpu = src.cpu_cache.as_ref().ok_or_else(|| missing("cache"))?;
-                let rows = cpu
-                    .index_select(0, &index(&t.cpu_slot, Device::Cpu))
-                    .to_device(device);
-                let _ = out.index_copy_(0, &index(&t.cpu_pos, device), &rows);
-            }
-            if !l.disk.is_empty() {
-                let data = l.buf.as_slice();
-                let mut rows = Vec::with_capacity(l.disk.len() * rb);
-                let mut positions = Vec::with_capacity(l.disk.len());
-                for &(p, off) in &l.disk {
-                    rows.extend_from_slice(&data[off..off + rb]);
-                    positions.push(p as i64);
-                }
-                let k = l.disk.len() as i64;
-                let rows =
-                    Tensor::f_from_data_size(&rows, &[k, src.dim], src.kind)?.to_device(device);
-                let _ =
-                    out.index_copy_(0, &Tensor::from_slice(&positions).to_device(device), &rows);
-            }
-            out
-        }
-    };
-    let tiers = [t.gpu_pos.len() as u64, t.cpu_pos.len() as u64, l.disk_rows];
+        Ok(())
+    })?;
     Ok((x.to_kind(Kind::Float), tiers))
+}
+
+fn missing(what: &str) -> Error {
+    Error::InvalidArgument(format!("{what} mode without its rows"))
+}
+
+/// Host memory for one batch's upload: page-locked on CUDA, where a
+/// non-blocking copy from it leaves the host free and libtorch's caching
+/// host allocator reuses the block once that copy is done; plain memory on
+/// the CPU, where the same code runs in tests.
+fn staging(bytes: usize, device: Device) -> Result<Tensor> {
+    // Never empty: a zero-byte tensor has no memory to point at.
+    let bytes = bytes.max(8);
+    match device {
+        Device::Cuda(_) => crate::cuda::pinned(bytes),
+        _ => Ok(Tensor::f_empty([bytes as i64], (Kind::Uint8, Device::Cpu))?),
+    }
+}
+
+/// The bytes of a staging tensor, to write the batch into.
+fn staged_bytes(t: &mut Tensor) -> &mut [u8] {
+    let len = t.numel();
+    debug_assert_eq!(t.kind(), Kind::Uint8);
+    // SAFETY: a new contiguous uint8 host tensor of `len` bytes, owned by
+    // the caller and borrowed mutably for the slice's life.
+    unsafe { std::slice::from_raw_parts_mut(t.data_ptr().cast::<u8>(), len) }
+}
+
+/// Writes `v` widened to int64 into `out`, 8 bytes each.
+fn put_indices(out: &mut [u8], v: impl IntoIterator<Item = i64>) {
+    for (o, x) in out.chunks_exact_mut(8).zip(v) {
+        o.copy_from_slice(&x.to_ne_bytes());
+    }
+}
+
+/// The staging tensor on `device`: on CUDA a copy queued on the calling
+/// thread's current stream, the host going on at once.
+fn upload(staged: &Tensor, device: Device) -> Result<Tensor> {
+    Ok(staged.f_to_device_(device, Kind::Uint8, true, false)?)
+}
+
+/// `[offset, offset + len)` of an uploaded staging tensor, as `len / 8`
+/// int64 values.
+fn indices_at(dev: &Tensor, offset: usize, len: usize) -> Result<Tensor> {
+    Ok(dev
+        .f_narrow(0, offset as i64, (len * 8) as i64)?
+        .f_view_dtype(Kind::Int64)?)
+}
+
+/// Feature assembly for a device other than the CPU (DiskGNN §4). The rows
+/// that are not in the GPU cache (CPU-cache rows, rows read from disk, all
+/// rows in memory mode) and every index the device needs are written
+/// straight into one page-locked staging buffer, which goes to the device
+/// in one non-blocking copy; the GPU cache's rows are gathered on the
+/// device. On the device an index scatter places both in input order.
+/// Public so that tests run this path on the CPU.
+pub fn assemble_staged(src: &AssembleSources, l: &Loaded) -> Result<Tensor> {
+    let t = &l.table;
+    let (n, rb, device) = (t.num_inputs as usize, src.row_bytes, src.device);
+    let identity: Vec<u32>;
+    // The host tier: its rows, their input positions and their slots.
+    let (host_rows, host_pos, host_slot): (Option<&[u8]>, &[u32], &[u32]) = match src.mode {
+        FeatureMode::Memory => {
+            identity = (0..n as u32).collect();
+            let all = src.all_rows.as_ref().ok_or_else(|| missing("memory"))?;
+            (Some(all.as_slice()), &identity, &t.input_nodes)
+        }
+        FeatureMode::Packed if !t.cpu_pos.is_empty() => {
+            let rows = src.cpu_rows.as_ref().ok_or_else(|| missing("cache"))?;
+            (Some(rows.as_slice()), &t.cpu_pos, &t.cpu_slot)
+        }
+        FeatureMode::Packed | FeatureMode::Naive => (None, &[], &[]),
+    };
+    // GPU-cache rows: gathered on the device from its tensor; on the CPU
+    // (where the tier is host rows) with the host tier's.
+    let gpu = match (src.mode, &src.gpu_cache) {
+        (FeatureMode::Packed, Some(cache)) => Some(cache),
+        _ => None,
+    };
+    let host_gpu = gpu.is_none() && src.mode == FeatureMode::Packed && !t.gpu_pos.is_empty();
+    let gpu_rows = if host_gpu {
+        Some(
+            src.gpu_rows
+                .as_ref()
+                .ok_or_else(|| missing("cache"))?
+                .as_slice(),
+        )
+    } else {
+        None
+    };
+    let g = if gpu.is_some() { t.gpu_pos.len() } else { 0 };
+    let hosted = [
+        (host_rows, host_pos, host_slot),
+        (gpu_rows, &t.gpu_pos[..], &t.gpu_slot[..]),
+    ];
+    let k: usize = hosted
+        .iter()
+        .filter(|h| h.0.is_some())
+        .map(|h| h.1.len())
+        .sum::<usize>()
+        + l.disk.len();
+    // [k rows][k host positions, g GPU slots, g GPU positions as int64]
+    let rows_len = k * rb;
+    let idx_at = rows_len.next_multiple_of(8);
+    let mut staged = staging(idx_at + (k + 2 * g) * 8, device)?;
+    {
+        let bytes = staged_bytes(&mut staged);
+        let (rows, idx) = bytes.split_at_mut(idx_at);
+        let (host_idx, gpu_idx) = idx.split_at_mut(k * 8);
+        let mut at = 0usize;
+        let mut positions = Vec::with_capacity(k);
+        for (from, pos, slots) in hosted {
+            let Some(from) = from else { continue };
+            for (&p, &s) in pos.iter().zip(slots) {
+                let f = s as usize * rb;
+                rows[at..at + rb].copy_from_slice(&from[f..f + rb]);
+                at += rb;
+                positions.push(p);
+            }
+        }
+        let data = l.buf.as_slice();
+        for &(p, off) in &l.disk {
+            rows[at..at + rb].copy_from_slice(&data[off..off + rb]);
+            at += rb;
+            positions.push(p);
+        }
+        put_indices(host_idx, positions.iter().map(|&p| p as i64));
+        if g > 0 {
+            let (slots, pos) = gpu_idx.split_at_mut(g * 8);
+            put_indices(slots, t.gpu_slot.iter().map(|&v| v as i64));
+            put_indices(pos, t.gpu_pos.iter().map(|&v| v as i64));
+        }
+    }
+    let dev = upload(&staged, device)?;
+    let rows = dev
+        .f_narrow(0, 0, rows_len as i64)?
+        .f_view_dtype(src.kind)?
+        .f_view([k as i64, src.dim])?;
+    let x = if src.mode == FeatureMode::Memory {
+        // Every row, already in input order.
+        rows
+    } else {
+        // Every row is written below: no need to zero the matrix first.
+        let mut out = Tensor::f_empty([n as i64, src.dim], (src.kind, device))?;
+        if let Some(cache) = gpu {
+            let slots = indices_at(&dev, idx_at + k * 8, g)?;
+            let pos = indices_at(&dev, idx_at + (k + g) * 8, g)?;
+            let _ = out.f_index_copy_(0, &pos, &cache.f_index_select(0, &slots)?)?;
+        }
+        if k > 0 {
+            let _ = out.f_index_copy_(0, &indices_at(&dev, idx_at, k)?, &rows)?;
+        }
+        out
+    };
+    Ok(x.f_to_kind(Kind::Float)?)
 }
 
 /// In-degree of each of `num_dst` destinations and where each one's edges
@@ -382,24 +582,60 @@ fn degrees(dst: &[u32], num_dst: usize) -> (Vec<i64>, Vec<i64>) {
     (counts, offsets)
 }
 
-/// Stage 3: the batch's blocks and labels as tensors on the device.
-pub fn graph(t: &BatchTable, device: Device) -> (Vec<BlockTensors>, Tensor) {
-    let blocks = t
+/// Stage 3: the batch's blocks and labels as tensors on the device. Every
+/// index (each block's edges, degrees and offsets, then the labels) is
+/// written as int64 into one staging buffer that goes to the device in one
+/// copy (non-blocking on CUDA, from page-locked memory); the tensors are
+/// views of it.
+pub fn graph(t: &BatchTable, device: Device) -> Result<(Vec<BlockTensors>, Tensor)> {
+    let degrees: Vec<(Vec<i64>, Vec<i64>)> = t
         .blocks
         .iter()
-        .map(|b| {
-            let (counts, offsets) = degrees(&b.dst, b.num_dst as usize);
-            BlockTensors {
-                src: index(&b.src, device),
-                dst: index(&b.dst, device),
-                num_src: b.num_src as i64,
-                num_dst: b.num_dst as i64,
-                counts: Tensor::from_slice(&counts).to_device(device),
-                offsets: Tensor::from_slice(&offsets).to_device(device),
-            }
-        })
+        .map(|b| degrees(&b.dst, b.num_dst as usize))
         .collect();
-    (blocks, index(&t.labels, device))
+    let parts = t
+        .blocks
+        .iter()
+        .zip(&degrees)
+        .map(|(b, (c, o))| 2 * b.src.len() + c.len() + o.len())
+        .sum::<usize>()
+        + t.labels.len();
+    let mut staged = staging(parts * 8, device)?;
+    {
+        let mut out = staged_bytes(&mut staged);
+        let mut put = |v: &mut dyn Iterator<Item = i64>, len: usize| {
+            let (head, rest) = std::mem::take(&mut out).split_at_mut(len * 8);
+            put_indices(head, v);
+            out = rest;
+        };
+        for (b, (counts, offsets)) in t.blocks.iter().zip(&degrees) {
+            put(&mut b.src.iter().map(|&x| x as i64), b.src.len());
+            put(&mut b.dst.iter().map(|&x| x as i64), b.dst.len());
+            put(&mut counts.iter().copied(), counts.len());
+            put(&mut offsets.iter().copied(), offsets.len());
+        }
+        put(&mut t.labels.iter().map(|&x| x as i64), t.labels.len());
+    }
+    let dev = upload(&staged, device)?;
+    let mut at = 0usize;
+    let mut next = |len: usize| -> Result<Tensor> {
+        let v = indices_at(&dev, at * 8, len)?;
+        at += len;
+        Ok(v)
+    };
+    let mut blocks = Vec::with_capacity(t.blocks.len());
+    for (b, (counts, offsets)) in t.blocks.iter().zip(&degrees) {
+        blocks.push(BlockTensors {
+            src: next(b.src.len())?,
+            dst: next(b.dst.len())?,
+            num_src: b.num_src as i64,
+            num_dst: b.num_dst as i64,
+            counts: next(counts.len())?,
+            offsets: next(offsets.len())?,
+        });
+    }
+    let labels = next(t.labels.len())?;
+    Ok((blocks, labels))
 }
 
 /// How batches flow through the stages.
@@ -425,36 +661,44 @@ pub fn run_batches(
     mut step: impl FnMut(Ready) -> Result<()>,
 ) -> Result<StageTimes> {
     let mut times = StageTimes::default();
+    let mut spans = DeviceSpans::default();
     let secs = |d: Duration| d.as_secs_f64();
+    let device = src.assemble.device;
     if !opts.pipelined {
+        // One thread, the default stream: each stage's work is queued after
+        // the last one's.
         let mut spare = AlignedBuf::new(0);
         for &r in order {
             let t = Instant::now();
             let loaded = load(layout, engine, &src.load, r, spare)?;
             times.load += secs(t.elapsed());
             let t = Instant::now();
-            let (x, tiers) = assemble(&src.assemble, &loaded)?;
+            let ((x, tiers), assembled) = timed(device, || assemble(&src.assemble, &loaded))?;
             times.assemble += secs(t.elapsed());
             let t = Instant::now();
-            let (blocks, labels) = graph(&loaded.table, src.assemble.device);
+            let ((blocks, labels), graphed) = timed(device, || graph(&loaded.table, device))?;
             times.graph += secs(t.elapsed());
-            let t = Instant::now();
-            step(Ready {
+            let ready = Ready {
                 x,
                 blocks,
                 labels,
                 disk_bytes: loaded.disk_bytes,
                 disk_rows: loaded.disk_rows,
                 tiers,
-            })?;
+            };
+            spans.receive(&ready, assembled, graphed)?;
+            let t = Instant::now();
+            let ((), stepped) = timed(device, || step(ready))?;
             times.model += secs(t.elapsed());
+            spans.model.extend(stepped);
             spare = loaded.buf;
         }
+        times.device = spans.times()?;
         return Ok(times);
     }
     let depth = opts.queue_depth.max(1);
     let loaders = opts.loaders.clamp(1, order.len().max(1));
-    let (load_src, asm_src, device) = (&src.load, src.assemble.share(), src.assemble.device);
+    let (load_src, asm_src) = (&src.load, src.assemble.share());
     std::thread::scope(|s| -> Result<StageTimes> {
         // Loader j takes batches j, j + L, j + 2L, ...; the assembler and
         // the graph loader read the loaders' queues in turn, so batches
@@ -489,21 +733,23 @@ pub fn run_batches(
                 Ok(busy)
             }));
         }
-        let (to_model_x, model_x) = sync_channel::<(Tensor, [u64; 3], u64, u64)>(depth);
-        let (to_model_g, model_g) = sync_channel::<(Vec<BlockTensors>, Tensor)>(depth);
+        type Assembled = (Tensor, [u64; 3], u64, u64, Span);
+        let (to_model_x, model_x) = sync_channel::<Assembled>(depth);
+        let (to_model_g, model_g) = sync_channel::<(Vec<BlockTensors>, Tensor, Span)>(depth);
         let n = order.len();
         let assembler = s.spawn(move || -> Result<f64> {
+            let _stream = side_stream(device)?;
             let mut busy = 0.0;
             for k in 0..n {
                 let Ok(loaded) = to_assemble[k % loaders].recv() else {
                     break; // a loader stopped; its error is collected below
                 };
                 let t = Instant::now();
-                let (x, tiers) = assemble(&asm_src, &loaded)?;
+                let ((x, tiers), span) = timed(device, || assemble(&asm_src, &loaded))?;
                 busy += secs(t.elapsed());
                 let _ = recycle[k % loaders].try_send(loaded.buf);
                 if to_model_x
-                    .send((x, tiers, loaded.disk_bytes, loaded.disk_rows))
+                    .send((x, tiers, loaded.disk_bytes, loaded.disk_rows, span))
                     .is_err()
                 {
                     break;
@@ -511,38 +757,43 @@ pub fn run_batches(
             }
             Ok(busy)
         });
-        let grapher = s.spawn(move || -> f64 {
+        let grapher = s.spawn(move || -> Result<f64> {
+            let _stream = side_stream(device)?;
             let mut busy = 0.0;
             for k in 0..n {
                 let Ok(t) = to_graph[k % loaders].recv() else {
                     break;
                 };
                 let start = Instant::now();
-                let out = graph(&t, device);
+                let ((blocks, labels), span) = timed(device, || graph(&t, device))?;
                 busy += secs(start.elapsed());
-                if to_model_g.send(out).is_err() {
+                if to_model_g.send((blocks, labels, span)).is_err() {
                     break;
                 }
             }
-            busy
+            Ok(busy)
         });
         let mut model_busy = 0.0;
         let mut result = Ok(());
         for _ in 0..n {
-            let (Ok((x, tiers, disk_bytes, disk_rows)), Ok((blocks, labels))) =
+            let (Ok((x, tiers, disk_bytes, disk_rows, assembled)), Ok((blocks, labels, graphed))) =
                 (model_x.recv(), model_g.recv())
             else {
                 break; // a stage stopped; its error is collected below
             };
-            let t = Instant::now();
-            result = step(Ready {
+            let ready = Ready {
                 x,
                 blocks,
                 labels,
                 disk_bytes,
                 disk_rows,
                 tiers,
-            });
+            };
+            let t = Instant::now();
+            result = spans
+                .receive(&ready, assembled, graphed)
+                .and_then(|()| timed(device, || step(ready)))
+                .map(|((), stepped)| spans.model.extend(stepped));
             model_busy += secs(t.elapsed());
             if result.is_err() {
                 break;
@@ -562,12 +813,14 @@ pub fn run_batches(
         }
         loader_error?;
         let assemble = assemble?;
+        let graph = graph?;
         result?;
         Ok(StageTimes {
             load,
             assemble,
             graph,
             model: model_busy,
+            device: spans.times()?,
         })
     })
 }

@@ -26,6 +26,12 @@ pub fn epoch_row(e: &EpochMetrics) {
         e.stage_busy.graph,
         e.stage_busy.model,
     );
+    if let Some(d) = &e.stage_busy.device {
+        println!(
+            "          device time (CUDA events): asm {:.2}s graph {:.2}s model {:.2}s",
+            d.assemble, d.graph, d.model
+        );
+    }
 }
 
 pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {

@@ -248,6 +248,16 @@ fn the_feature_modes_agree_on_the_pread_engine_too() {
     feature_modes_agree(e);
 }
 
+/// `src`'s assembly sources with the GPU cache tier as a tensor, as on
+/// CUDA (here on the CPU).
+fn gpu_tier_as_tensor(src: &pipeline::Sources) -> pipeline::AssembleSources {
+    let mut a = src.assemble.share();
+    let rows = a.gpu_rows.take().expect("the fixture has a GPU tier");
+    let n = (rows.len() / a.row_bytes) as i64;
+    a.gpu_cache = Some(tch::Tensor::from_data_size(&rows, &[n, a.dim], a.kind));
+    a
+}
+
 fn feature_modes_agree(e: IoEngine) {
     let _serial = serial();
     let f = fixture();
@@ -270,8 +280,22 @@ fn feature_modes_agree(e: IoEngine) {
             .collect();
         assert!(xs[0].equal(&xs[1]), "packed and naive differ for {r:?}");
         assert!(xs[0].equal(&xs[2]), "packed and memory differ for {r:?}");
-        // And against the feature file itself, row by row.
+        // CUDA's path (rows and indices staged for one upload, the GPU
+        // tier gathered on the device), run on the CPU: the same batch.
+        for (src, mode) in modes.iter().zip(["packed", "naive", "memory"]) {
+            let loaded = pipeline::load(&layout, &e, &src.load, r, AlignedBuf::new(0)).unwrap();
+            let staged = pipeline::assemble_staged(&src.assemble, &loaded).unwrap();
+            assert!(staged.equal(&xs[0]), "{mode} staged differs for {r:?}");
+        }
         let table = layout.record(r.segment, r.record).unwrap();
+        assert!(!table.gpu_pos.is_empty() && !table.cpu_pos.is_empty());
+        let loaded = pipeline::load(&layout, &e, &modes[0].load, r, AlignedBuf::new(0)).unwrap();
+        let staged = pipeline::assemble_staged(&gpu_tier_as_tensor(&modes[0]), &loaded).unwrap();
+        assert!(
+            staged.equal(&xs[0]),
+            "GPU tier gathered as a tensor differs for {r:?}"
+        );
+        // And against the feature file itself, row by row.
         let npy = offgnn_shared::npy::NpyFile::open(&m.dataset.feature_location).unwrap();
         let mut row = vec![0u8; m.dataset.row_bytes as usize];
         let want: Vec<f32> = table
@@ -325,6 +349,9 @@ fn half_precision_layouts_feed_the_rounded_features_and_train() {
             };
             let got = x(&packed);
             assert_eq!(got.kind(), tch::Kind::Float, "widened for the model");
+            let loaded = pipeline::load(&layout, &e, &packed.load, r, AlignedBuf::new(0)).unwrap();
+            let staged = pipeline::assemble_staged(&gpu_tier_as_tensor(&packed), &loaded).unwrap();
+            assert!(staged.equal(&got), "{store}: CUDA's path differs for {r:?}");
             // The same batch from the float32 layout (same samples, same
             // schedule): rows in the same input order.
             let t = layout.record(r.segment, r.record).unwrap();
@@ -551,8 +578,8 @@ fn weights_of(dir: &std::path::Path) -> Vec<u8> {
 
 /// On CUDA the statement moves the GPU cache, the model's training state,
 /// the inputs in flight and the activations to the device's share (with
-/// the context), and pins the CPU tier on the host; on the CPU the device's
-/// share is nothing.
+/// the context), and stages batches in page-locked buffers on the host; on
+/// the CPU the device's share is nothing.
 #[test]
 fn the_memory_statement_states_what_cuda_holds() {
     let f = fixture();
@@ -576,12 +603,14 @@ fn the_memory_statement_states_what_cuda_holds() {
             >= m.gpu_cache.rows * row + cpu.model_bytes + cpu.activation_bytes + (1 << 30),
         "{cuda:?}"
     );
-    // The CPU tier: the rows read, the tensor, its pinned copy.
-    assert_eq!(
-        cuda.cache_bytes,
-        3 * m.cpu_cache.rows * row + m.gpu_cache.rows * row
-    );
+    // Both tiers' rows once on the host: the CPU tier is not pinned whole
+    // on CUDA (its rows go through small page-locked staging buffers).
     assert_eq!(cpu.cache_bytes, (m.gpu_cache.rows + m.cpu_cache.rows) * row);
+    assert_eq!(cuda.cache_bytes, cpu.cache_bytes);
+    // Those staging buffers, a batch's stored rows and indices rounded up
+    // to a power of two, stand where the CPU holds float32 input matrices
+    // (4-byte rows here, so the two differ).
+    assert_ne!(cuda.batches_in_flight_bytes, cpu.batches_in_flight_bytes);
     // No CUDA runtime here: nothing to read.
     if !tch::Cuda::is_available() {
         assert_eq!(trainer::memory::cuda_free_memory(0), None);
