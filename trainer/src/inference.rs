@@ -306,6 +306,9 @@ struct Input {
     rows: u64,
     width: usize,
     dtype: DType,
+    /// Chunks in page-locked memory (CUDA): their copies to the device go
+    /// at the DMA engine's rate, without a bounce through a staging buffer.
+    pinned: bool,
 }
 
 impl Input {
@@ -471,12 +474,19 @@ struct Chunk {
 }
 
 impl Chunk {
-    fn new(capacity: usize, width: usize) -> Result<Chunk> {
-        Ok(Chunk {
-            t: Tensor::f_empty([capacity as i64, width as i64], (Kind::Float, Device::Cpu))?,
-            rows: 0,
-            width,
-        })
+    /// A chunk of `capacity` rows, in page-locked memory if `pinned` (its
+    /// copies to the device are blocking, so it is free again once `each`
+    /// has returned).
+    fn new(capacity: usize, width: usize, pinned: bool) -> Result<Chunk> {
+        let shape = [capacity as i64, width as i64];
+        let t = if pinned {
+            crate::cuda::pinned(capacity * width * 4)?
+                .f_view_dtype(Kind::Float)?
+                .f_view(shape)?
+        } else {
+            Tensor::f_empty(shape, (Kind::Float, Device::Cpu))?
+        };
+        Ok(Chunk { t, rows: 0, width })
     }
 
     /// The chunk's rows, a view of its tensor (no copy).
@@ -597,7 +607,7 @@ impl Chunker<'_> {
             if self.filling.is_none() {
                 let chunk = match self.free.try_recv() {
                     Ok(c) => Ok(c),
-                    Err(_) => Chunk::new(self.chunk_rows, self.input.width),
+                    Err(_) => Chunk::new(self.chunk_rows, self.input.width, self.input.pinned),
                 };
                 match chunk {
                     Ok(c) => self.filling = Some(c),
@@ -1786,8 +1796,12 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let mut per_node = 0u64;
     // A chunk's float32 tensors in flight (the one in use, those ready
     // ahead, the one filling; the reader converts into them, and the
-    // matmuls read them as they are), then what it is projected to.
-    let mut per_chunk_row = 4 * (STREAM_AHEAD as u64 + 2) * max_in;
+    // matmuls read them as they are), then what it is projected to. On
+    // CUDA they are page-locked, and libtorch's caching host allocator
+    // rounds each up to a power of two: up to twice their size.
+    let pin = if cfg.device.is_cuda() { 2 } else { 1 };
+    let chunks_per_row = pin * 4 * (STREAM_AHEAD as u64 + 2) * max_in;
+    let mut per_chunk_row = chunks_per_row;
     for l in 0..num_layers {
         let last = l + 1 == num_layers;
         let d_in = model.widths[l] as u64;
@@ -1799,7 +1813,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         };
         let floats = if model.mlp.is_empty() {
             let (node, per_src) = model.layer_floats(l);
-            per_chunk_row = per_chunk_row.max(4 * (STREAM_AHEAD as u64 + 2) * max_in + 4 * per_src);
+            per_chunk_row = per_chunk_row.max(chunks_per_row + 4 * per_src);
             node + kept
         } else {
             // The MLP's rows, every hidden width and the output, twice.
@@ -1962,6 +1976,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         rows: n,
         width: d as usize,
         dtype: ds.features.dtype(),
+        pinned: cfg.device.is_cuda(),
     };
     let classes = card.out_channels as usize;
     let (hidden_dtype, elem) = if cfg.hidden_f16 {
@@ -1987,6 +2002,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 rows: n,
                 width: model.widths[l] as usize,
                 dtype: hidden_dtype,
+                pinned: features.pinned,
             }
         };
         let out_width = if model.mlp.is_empty() {
@@ -2327,6 +2343,7 @@ pub fn naive_first_layer(
         rows: n,
         width,
         dtype: ds.features.dtype(),
+        pinned: false,
     };
     let span = |u: u32| -> (u64, u64) {
         let start = data_offset + u as u64 * rb;
