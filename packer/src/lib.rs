@@ -7,6 +7,7 @@ pub mod batched_pack;
 pub mod crc;
 pub mod error;
 pub mod feature_source;
+pub mod heap;
 pub mod pack;
 pub mod plan;
 mod report;

@@ -3,6 +3,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    packer::heap::share_one_arena();
     let cli = packer::Cli::parse();
     offgnn_shared::report::init_logging();
     match packer::run(cli) {

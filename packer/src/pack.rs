@@ -318,6 +318,9 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
     );
     let mut batches = load_batches(&samples, &run, num_nodes, loaders, cfg.show_progress)?;
     summary.load_seconds = started.elapsed().as_secs_f64();
+    // The decoded samples files are gone: their pages go back before the
+    // plan, whose statement does not count them (`heap`).
+    crate::heap::release_freed();
 
     // The feature file's pass starts now, beside the plan: its piece size
     // comes from the memory a bound on the plan leaves (the plan's exact
@@ -592,6 +595,10 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
                 human_bytes(rows_bytes)
             )));
         }
+
+        // The plan's scratch and the loading's leftovers go back before
+        // the packing, which the statement counts on its own (`heap`).
+        crate::heap::release_freed();
 
         // ---- pack ----
         let t = Instant::now();

@@ -410,7 +410,10 @@ fn cora_packs_verifies_and_inspects_through_the_binary() {
 /// reliability issue's graph (1M nodes, 32-d, fan-out 10,15,20), whose
 /// samples files are large beside the features: there --memory 1400M was
 /// accepted and peaked at 1449 MiB, before the decoding of a samples file
-/// was counted whole.
+/// was counted whole; at 1300M it held at most 750 MiB yet peaked at up to
+/// 1387 MiB, memory freed by one thread kept in its own glibc arena, before
+/// the packer's threads shared one arena, trimmed between phases
+/// (packer/src/heap.rs).
 #[test]
 fn packer_peak_memory_stays_within_its_budget() {
     packer_peak(
