@@ -7,7 +7,11 @@
 //! --memory, and the naive method (one read per in-edge's source row) timed
 //! on a sample of destination blocks and extrapolated. The model is a
 //! randomly initialised export: timing does not depend on the weights.
-//! Figures are printed, not asserted.
+//! Figures are printed, not asserted. `OFFGNN_BENCH_INFER_DEVICE` (cpu,
+//! cuda, cuda:N) runs the dense part there (and times its matmul floor
+//! there); `OFFGNN_BENCH_TRAINER` and `OFFGNN_BENCH_INFER_DATA` name the
+//! trainer binary and the data folder where they are not in this
+//! workspace (scripts/gpu-check-device on the GPU machine).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,13 +38,14 @@ fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-/// Runs `trainer` with `args` under /usr/bin/time; returns its JSON summary
-/// and its peak resident memory in bytes.
+/// Runs `trainer` with `args`; returns its JSON summary and the peak
+/// resident memory of this process's children so far, in bytes (the
+/// streamed run is the first child, so its own peak).
 fn trainer(args: &[&str]) -> (serde_json::Value, u64) {
-    let bin = workspace().join("target/release/trainer");
-    let out = Command::new("/usr/bin/time")
-        .args(["-f", "offgnn_peak_kb=%M"])
-        .arg(&bin)
+    let bin = std::env::var_os("OFFGNN_BENCH_TRAINER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/release/trainer"));
+    let out = Command::new(&bin)
         .args(args)
         .env("RUST_LOG", "warn")
         .output()
@@ -48,29 +53,40 @@ fn trainer(args: &[&str]) -> (serde_json::Value, u64) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "trainer {args:?} failed:\n{stderr}");
-    let peak_kb: u64 = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("offgnn_peak_kb="))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("/usr/bin/time reports the peak");
+    // SAFETY: getrusage fills the struct it is given.
+    let peak_kb = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage), 0);
+        usage.ru_maxrss as u64
+    };
     let json = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
     (json, peak_kb * 1024)
 }
 
 /// Seconds this machine's libtorch takes to multiply `rows` rows of width
-/// `width` by a `width x out` matrix, in chunks of 8192 rows as the
-/// method does: timed here on random data until a second has passed.
-fn matmul_seconds(rows: u64, width: i64, out: i64) -> f64 {
+/// `width` by a `width x out` matrix on `device`, in chunks of 8192 rows
+/// as the method does: timed here on random data until a second has passed.
+fn matmul_seconds(device: Device, rows: u64, width: i64, out: i64) -> f64 {
     let chunk = rows.min(8192) as i64;
-    let x = tch::Tensor::randn([chunk, width], (tch::Kind::Float, Device::Cpu));
-    let w = tch::Tensor::randn([out, width], (tch::Kind::Float, Device::Cpu));
+    let x = tch::Tensor::randn([chunk, width], (tch::Kind::Float, device));
+    let w = tch::Tensor::randn([out, width], (tch::Kind::Float, device));
+    let sync = || {
+        if let Device::Cuda(i) = device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    };
     let _ = x.matmul(&w.tr());
+    sync();
     let started = std::time::Instant::now();
     let mut done = 0u64;
     while started.elapsed().as_secs_f64() < 1.0 {
         let _ = x.matmul(&w.tr());
         done += chunk as u64;
+        if done.is_multiple_of(64 * chunk as u64) {
+            sync();
+        }
     }
+    sync();
     started.elapsed().as_secs_f64() / done as f64 * rows as f64
 }
 
@@ -95,7 +111,11 @@ fn main() {
         "f16" => 2.0,
         other => panic!("OFFGNN_BENCH_INFER_HIDDEN_DTYPE={other}: expected f32 or f16"),
     };
-    let root = workspace().join("data/bench-infer");
+    let device_flag = std::env::var("OFFGNN_BENCH_INFER_DEVICE").unwrap_or_else(|_| "cpu".into());
+    let device = trainer::device::parse_device(&device_flag).expect("OFFGNN_BENCH_INFER_DEVICE");
+    let root = std::env::var_os("OFFGNN_BENCH_INFER_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("data/bench-infer"));
     let ds_path = root.join(format!("g{}k-d{dim}", nodes / 1000));
     if !ds_path.join("metadata.yaml").exists() {
         eprintln!("== bench: generating {}", ds_path.display());
@@ -177,6 +197,8 @@ fn main() {
         "class,embeddings",
         "--hidden-dtype",
         &hidden_dtype,
+        "--device",
+        &device_flag,
         "--overwrite",
     ]);
     let after = probe("after");
@@ -196,11 +218,13 @@ fn main() {
         "naive",
         "--naive-blocks",
         "16",
+        "--device",
+        &device_flag,
     ]);
     let naive = &naive["summary"];
 
     println!(
-        "inference benchmark: {nodes} nodes, {dim}-d float32 features ({}), {kind:?} hidden {hidden} ({hidden_dtype} on disk), 3 layers, --memory {memory}",
+        "inference benchmark: {nodes} nodes, {dim}-d float32 features ({}), {kind:?} hidden {hidden} ({hidden_dtype} on disk), 3 layers, --memory {memory}, --device {device_flag}",
         gb(feat_bytes as f64)
     );
     println!(
@@ -244,7 +268,7 @@ fn main() {
             ModelKind::Gat if last => w_out * cfg.heads + w_out,
             _ => 2 * w_out,
         };
-        let floor = matmul_seconds(nodes, w_in, dense_out);
+        let floor = matmul_seconds(device, nodes, w_in, dense_out);
         let secs = l["seconds"].as_f64().unwrap();
         println!(
             "  layer {}: {} -> {}, {} passes, read {} of input and {} of edges ({:.3}x what it must), wrote {}: {:.1} s (waiting on the disk {:.1} s, projecting and scattering {:.1} s), ideal {:.1} s, {:.2}x; the matmuls alone take {:.1} s here, {:.2}x the larger of the two",
@@ -286,6 +310,7 @@ fn main() {
         "{}",
         serde_json::json!({
             "bench": "infer",
+            "device": device_flag,
             "nodes": nodes,
             "feature_bytes": feat_bytes,
             "hidden_dtype": hidden_dtype,

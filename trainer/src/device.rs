@@ -55,7 +55,14 @@ pub fn print_info() -> anyhow::Result<()> {
     for device in devices {
         let a = tch::Tensor::ones([64, 64], (tch::Kind::Float, device));
         let sum = a.matmul(&a).sum(tch::Kind::Float).double_value(&[]);
-        checks.push(serde_json::json!({ "device": format!("{device:?}"), "matmul_sum": sum }));
+        let mut check = serde_json::json!({ "device": format!("{device:?}"), "matmul_sum": sum });
+        if device.is_cuda() {
+            check["staged_copy"] = match staged_copy_check(device) {
+                Ok(()) => "ok".into(),
+                Err(e) => e.to_string().into(),
+            };
+        }
+        checks.push(check);
     }
     let torch = loaded_torch();
     // The wheel's launcher says which interpreter found torch; a binary
@@ -118,6 +125,41 @@ pub fn print_info() -> anyhow::Result<()> {
         }),
     );
     Ok(())
+}
+
+/// What the training pipeline does on CUDA, once, on a thread of its own
+/// (a current stream is per thread): a side stream, a page-locked buffer,
+/// a non-blocking copy on the stream, an event the default stream waits
+/// on, the allocator told of the tensor's use there, and the copy checked.
+fn staged_copy_check(device: Device) -> crate::error::Result<()> {
+    std::thread::scope(|s| {
+        s.spawn(|| -> crate::error::Result<()> {
+            let side = crate::cuda::Stream::from_pool(device)?;
+            side.make_current()?;
+            let mut host = crate::cuda::pinned(1 << 20)?;
+            let _ = host.f_fill_(7)?;
+            let dev = host.f_to_device_(device, tch::Kind::Uint8, true, false)?;
+            let copied = crate::cuda::Event::record(device, true)?;
+            let sum = std::thread::scope(|t| {
+                t.spawn(move || -> crate::error::Result<i64> {
+                    copied.wait_on_device()?;
+                    crate::cuda::record_stream(&dev)?;
+                    Ok(dev.f_sum(tch::Kind::Int64)?.int64_value(&[]))
+                })
+                .join()
+                .expect("the check does not panic")
+            })?;
+            if sum != 7 << 20 {
+                return Err(crate::error::Error::InvalidArgument(format!(
+                    "a staged copy summed to {sum}, not {}",
+                    7 << 20
+                )));
+            }
+            Ok(())
+        })
+        .join()
+        .expect("the check does not panic")
+    })
 }
 
 /// The torch whose libtorch this process runs with.
