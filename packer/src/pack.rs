@@ -31,6 +31,9 @@ use crate::sizes::Budget;
 const MINHASH_SEED: u64 = 0x5EED_D15C;
 /// The largest piece of the feature file read at once.
 const MAX_PIECE_BYTES: u64 = 64 << 20;
+/// Pieces below this read slowly enough to say so (8 KB pieces read a
+/// 128 MB file in 67 s, where 26 MB pieces took 0.2 s).
+const SLOW_PIECE_BYTES: u64 = 1 << 20;
 const PAGE: u64 = 4096;
 /// What the process needs besides the plan and the partition buffer:
 /// binary, allocator, Parquet decoding of samples files, and the stage
@@ -326,11 +329,16 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
     // comes from the memory a bound on the plan leaves (the plan's exact
     // bytes are checked once it is made).
     let inputs: u64 = batches.iter().map(|b| b.inputs.len() as u64).sum();
-    let piece_bytes = piece_size(
-        cfg.memory,
-        plan_memory(num_nodes, inputs) + tables_memory(&run, &batches),
-        source_row_bytes,
-    );
+    let plan_bound = plan_memory(num_nodes, inputs) + tables_memory(&run, &batches);
+    let piece_bytes = piece_size(cfg.memory, plan_bound, source_row_bytes);
+    if piece_bytes < SLOW_PIECE_BYTES {
+        tracing::warn!(
+            "--memory {} leaves the feature file's pass pieces of {} beside what the plan may need ({}): the pass will be slow; give more memory",
+            human_bytes(cfg.memory),
+            human_bytes(piece_bytes),
+            human_bytes(plan_bound)
+        );
+    }
     let piece_rows = ((piece_bytes - 2 * PAGE) / source_row_bytes).max(1);
     // A converted piece waits in a buffer of its own while it is dispatched.
     let convert_bytes = if to == from {
@@ -1000,10 +1008,46 @@ fn largest_file_memory(run: &RunSummary) -> u64 {
 
 /// Bytes the table writer holds: the largest samples file as it is
 /// decoded, a buffer per segment (at most one per training batch, and one
-/// each for validation and test) and the index of every batch's place.
+/// each for validation and test), the index of every batch's place, and
+/// its window: on each thread a table being built (its tier lists, at most
+/// 40 bytes an input node) and encoded (the encoder's varints, at most 5
+/// bytes a value, and its compressed output, no larger), and the window's
+/// encoded records (at most 5 bytes a value each).
 fn tables_memory(run: &RunSummary, batches: &[BatchInfo]) -> u64 {
     let train = batches.iter().filter(|b| b.split == Split::Train).count() as u64;
-    largest_file_memory(run) + (train + 2) * TABLE_BUFFER as u64 + batches.len() as u64 * 64
+    let (values, inputs) = largest_batch(run);
+    let threads = rayon::current_num_threads() as u64;
+    largest_file_memory(run)
+        + (train + 2) * TABLE_BUFFER as u64
+        + batches.len() as u64 * 64
+        + threads * (inputs * 40 + values * 10)
+        + table_window() as u64 * values * 5
+}
+
+/// Batches whose tables are built at once, in parallel, before they go out
+/// in order: two a thread.
+fn table_window() -> usize {
+    2 * rayon::current_num_threads()
+}
+
+/// The values (edge ends, input nodes, labels) and the input nodes of a
+/// batch of average size, in the samples files where each is largest.
+fn largest_batch(run: &RunSummary) -> (u64, u64) {
+    let per_batch =
+        |n: u64, f: &offgnn_shared::samples::SampleFile| n.div_ceil(u64::from(f.batches.max(1)));
+    let values = run
+        .files
+        .iter()
+        .map(|f| per_batch(2 * f.edges + f.input_nodes, f) + run.params.batch_size as u64)
+        .max()
+        .unwrap_or(0);
+    let inputs = run
+        .files
+        .iter()
+        .map(|f| per_batch(f.input_nodes, f))
+        .max()
+        .unwrap_or(0);
+    (values, inputs)
 }
 
 /// Bytes loading holds besides the baseline: every batch's input nodes
@@ -1014,15 +1058,7 @@ fn tables_memory(run: &RunSummary, batches: &[BatchInfo]) -> u64 {
 fn loading_memory(run: &RunSummary, loaders: usize) -> u64 {
     let batches: u64 = run.files.iter().map(|f| f.batches as u64).sum();
     let inputs: u64 = run.files.iter().map(|f| f.input_nodes).sum();
-    let batch_values = run
-        .files
-        .iter()
-        .map(|f| {
-            (2 * f.edges + f.input_nodes).div_ceil(u64::from(f.batches.max(1)))
-                + run.params.batch_size as u64
-        })
-        .max()
-        .unwrap_or(0);
+    let (batch_values, _) = largest_batch(run);
     inputs * 4
         + batches * std::mem::size_of::<BatchInfo>() as u64
         + loaders as u64 * largest_file_memory(run)
@@ -1236,7 +1272,7 @@ pub fn batch_table(
         blocks: b.blocks,
         ..Default::default()
     };
-    let mut dc: Vec<(u64, u32)> = Vec::new(); // (cache position, input position)
+    let mut on_disk: Vec<(u32, u32)> = Vec::new(); // (node, input position)
     for (i, &v) in t.input_nodes.iter().enumerate() {
         match cache.locate(v) {
             Location::Gpu(slot) => {
@@ -1247,21 +1283,33 @@ pub fn batch_table(
                 t.cpu_pos.push(i as u32);
                 t.cpu_slot.push(slot);
             }
-            Location::Disk => match seg.dc_position(v) {
-                Some(pos) => dc.push((pos as u64, i as u32)),
-                None => {
-                    let row = seg.packed[record].binary_search(&v).map_err(|_| {
-                        Error::InvalidArgument(format!(
-                            "internal: node {v} of batch {} has no place",
-                            t.index
-                        ))
-                    })?;
-                    t.packed_pos.push(i as u32);
-                    t.packed_row.push(row as u32);
-                }
-            },
+            Location::Disk => on_disk.push((v, i as u32)),
         }
     }
+    // Sorted by node, the rows on disk find their disk-cache places in one
+    // walk of the segment's index (binary searches over it were most of
+    // the table writer's time); the rest are in the batch's packed chunk.
+    on_disk.sort_unstable();
+    let mut dc: Vec<(u64, u32)> = Vec::new(); // (cache position, input position)
+    let mut packed: Vec<(u32, u32)> = Vec::new(); // (input position, chunk row)
+    let places = seg.dc_positions_sorted(on_disk.iter().map(|&(v, _)| v));
+    for (&(v, i), place) in on_disk.iter().zip(places) {
+        match place {
+            Some(pos) => dc.push((pos as u64, i)),
+            None => {
+                let row = seg.packed[record].binary_search(&v).map_err(|_| {
+                    Error::InvalidArgument(format!(
+                        "internal: node {v} of batch {} has no place",
+                        t.index
+                    ))
+                })?;
+                packed.push((i, row as u32));
+            }
+        }
+    }
+    // The packed rows in input order, as the table has always listed them.
+    packed.sort_unstable();
+    (t.packed_pos, t.packed_row) = packed.into_iter().unzip();
     dc.sort_unstable();
     let positions: Vec<u64> = dc.iter().map(|d| d.0).collect();
     let pages = crate::disk_pages::pages_of_rows(&positions, row_bytes);
@@ -1276,6 +1324,24 @@ pub fn batch_table(
             .push(page_index * plan::PAGE + byte % plan::PAGE);
     }
     Ok(t)
+}
+
+/// A batch's table, encoded, with its place (segment and record) and the
+/// figures the summary adds up; the table itself is dropped once encoded,
+/// so a window holds only the encoded records.
+struct Built {
+    si: usize,
+    ri: usize,
+    split: Split,
+    index: u32,
+    inputs: u64,
+    /// `[sources, destinations, edges]` per block.
+    blocks: Vec<[u64; 3]>,
+    /// Rows from the GPU cache, the CPU cache, the disk cache, packed.
+    tiers: [u64; 4],
+    disk_bytes: u64,
+    chunk_len: u64,
+    record: Vec<u8>,
 }
 
 /// Streams every batch from the samples again (for its topology) and writes
@@ -1303,77 +1369,115 @@ fn write_tables(
     type Table = TableWriter<CrcWriter<BufWriter<File>>>;
     let mut writers: Vec<Option<Table>> = (0..segments.len()).map(|_| None).collect();
     let mut totals = TableTotals::default();
-    let (mut record, mut scratch) = (Vec::new(), Vec::new());
     let pb = offgnn_shared::progress::bar_if(show, batches.len() as u64, "tables", "batches");
     for file in &run.files {
         offgnn_shared::signals::check()?;
-        for b in offgnn_shared::samples::read_file(samples, file)? {
-            let Some(&(si, ri)) = place.get(&(b.split, b.epoch, b.index)) else {
-                continue;
+        let mut decoded = offgnn_shared::samples::read_file(samples, file)?.into_iter();
+        loop {
+            // A window of batches builds and encodes its tables in parallel
+            // (one at a time, this was the packer's longest step), then
+            // they go out in order; a window's tables are a few MB.
+            let window: Vec<SampledBatch> = decoded.by_ref().take(table_window()).collect();
+            if window.is_empty() {
+                break;
+            }
+            let built: Vec<Option<Built>> = {
+                use rayon::prelude::*;
+                window
+                    .into_par_iter()
+                    .map_init(Vec::new, |scratch, b| -> Result<Option<Built>> {
+                        let Some(&(si, ri)) = place.get(&(b.split, b.epoch, b.index)) else {
+                            return Ok(None);
+                        };
+                        let t = batch_table(b, &segments[si], ri, cache, row_bytes)?;
+                        let mut record = Vec::new();
+                        address_table::encode_into(&t, row_bytes, num_nodes, scratch, &mut record)?;
+                        Ok(Some(Built {
+                            si,
+                            ri,
+                            split: t.split.expect("set by batch_table"),
+                            index: t.index,
+                            inputs: t.input_nodes.len() as u64,
+                            blocks: t
+                                .blocks
+                                .iter()
+                                .map(|b| [b.num_src.into(), b.num_dst.into(), b.src.len() as u64])
+                                .collect(),
+                            tiers: [
+                                t.gpu_pos.len() as u64,
+                                t.cpu_pos.len() as u64,
+                                t.disk_pos.len() as u64,
+                                t.packed_pos.len() as u64,
+                            ],
+                            disk_bytes: t.disk_bytes(),
+                            chunk_len: t.chunk_len,
+                            record,
+                        }))
+                    })
+                    .collect::<Result<_>>()?
             };
-            let seg = &segments[si];
-            let largest = &mut totals.largest;
-            largest.inputs = largest.inputs.max(b.input_nodes.len() as u64);
-            largest
-                .blocks
-                .resize(b.blocks.len().max(largest.blocks.len()), [0; 3]);
-            for (most, block) in largest.blocks.iter_mut().zip(&b.blocks) {
-                let shape = [block.num_src, block.num_dst, block.src.len() as u32];
-                for (m, x) in most.iter_mut().zip(shape) {
-                    *m = (*m).max(u64::from(x));
+            for built in built.into_iter().flatten() {
+                let (si, ri, split) = (built.si, built.ri, built.split);
+                let seg = &segments[si];
+                let largest = &mut totals.largest;
+                largest.inputs = largest.inputs.max(built.inputs);
+                largest
+                    .blocks
+                    .resize(built.blocks.len().max(largest.blocks.len()), [0; 3]);
+                for (most, shape) in largest.blocks.iter_mut().zip(&built.blocks) {
+                    for (m, x) in most.iter_mut().zip(shape) {
+                        *m = (*m).max(*x);
+                    }
                 }
-            }
-            let split = b.split;
-            let t = batch_table(b, seg, ri, cache, row_bytes)?;
-            if split == Split::Train {
-                totals.gpu += t.gpu_pos.len() as u64;
-                totals.cpu += t.cpu_pos.len() as u64;
-                totals.dc += t.disk_pos.len() as u64;
-                totals.packed += t.packed_pos.len() as u64;
-                totals.disk_bytes += t.disk_bytes();
-                totals.needed_bytes += t.disk_rows() * row_bytes;
-                let dc_needed = t.disk_pos.len() as u64 * row_bytes;
-                let chunk_needed = t.packed_pos.len() as u64 * row_bytes;
-                totals.dc_read_bytes += t.disk_bytes() - t.chunk_len;
-                totals.dc_needed_bytes += dc_needed;
-                totals.chunk_read_bytes += t.chunk_len;
-                totals.chunk_needed_bytes += chunk_needed;
-                totals.least_bytes += dc_needed.next_multiple_of(plan::PAGE)
-                    + chunk_needed.next_multiple_of(plan::PAGE);
-            }
-            let name = format!("{prefix}/table-{si:05}.bin");
-            if writers[si].is_none() {
-                let path = staging.join(&name);
-                let f = File::create(&path).map_err(|e| Error::io(path.display(), e))?;
-                writers[si] = Some(TableWriter::new(CrcWriter {
-                    inner: BufWriter::with_capacity(TABLE_BUFFER, f),
-                    crc: 0,
-                }));
-            }
-            let w = writers[si].as_mut().expect("created above");
-            if w.len() != ri {
-                return Err(Error::InvalidArgument(format!(
-                    "internal: batch {} of {split} arrived out of order",
-                    t.index
-                )));
-            }
-            address_table::encode_into(&t, row_bytes, num_nodes, &mut scratch, &mut record)?;
-            w.push(&record).map_err(|e| Error::io(&name, e))?;
-            pb.inc(1);
-            if w.len() == seg.batches.len() {
-                let w = writers[si].take().expect("present");
-                let (mut crcw, size) = w.finish().map_err(|e| Error::io(&name, e))?;
-                crcw.flush().map_err(|e| Error::io(&name, e))?;
-                let file = crcw
-                    .inner
-                    .into_inner()
-                    .map_err(|e| Error::io(&name, e.into_error()))?;
-                file.sync_all().map_err(|e| Error::io(&name, e))?;
-                totals.objects.push(Object {
-                    name,
-                    size,
-                    crc32c: crcw.crc,
-                });
+                if split == Split::Train {
+                    let [gpu, cpu, dc, packed] = built.tiers;
+                    totals.gpu += gpu;
+                    totals.cpu += cpu;
+                    totals.dc += dc;
+                    totals.packed += packed;
+                    totals.disk_bytes += built.disk_bytes;
+                    totals.needed_bytes += (dc + packed) * row_bytes;
+                    let (dc_needed, chunk_needed) = (dc * row_bytes, packed * row_bytes);
+                    totals.dc_read_bytes += built.disk_bytes - built.chunk_len;
+                    totals.dc_needed_bytes += dc_needed;
+                    totals.chunk_read_bytes += built.chunk_len;
+                    totals.chunk_needed_bytes += chunk_needed;
+                    totals.least_bytes += dc_needed.next_multiple_of(plan::PAGE)
+                        + chunk_needed.next_multiple_of(plan::PAGE);
+                }
+                let name = format!("{prefix}/table-{si:05}.bin");
+                if writers[si].is_none() {
+                    let path = staging.join(&name);
+                    let f = File::create(&path).map_err(|e| Error::io(path.display(), e))?;
+                    writers[si] = Some(TableWriter::new(CrcWriter {
+                        inner: BufWriter::with_capacity(TABLE_BUFFER, f),
+                        crc: 0,
+                    }));
+                }
+                let w = writers[si].as_mut().expect("created above");
+                if w.len() != ri {
+                    return Err(Error::InvalidArgument(format!(
+                        "internal: batch {} of {split} arrived out of order",
+                        built.index
+                    )));
+                }
+                w.push(&built.record).map_err(|e| Error::io(&name, e))?;
+                pb.inc(1);
+                if w.len() == seg.batches.len() {
+                    let w = writers[si].take().expect("present");
+                    let (mut crcw, size) = w.finish().map_err(|e| Error::io(&name, e))?;
+                    crcw.flush().map_err(|e| Error::io(&name, e))?;
+                    let file = crcw
+                        .inner
+                        .into_inner()
+                        .map_err(|e| Error::io(&name, e.into_error()))?;
+                    file.sync_all().map_err(|e| Error::io(&name, e))?;
+                    totals.objects.push(Object {
+                        name,
+                        size,
+                        crc32c: crcw.crc,
+                    });
+                }
             }
         }
     }

@@ -73,6 +73,31 @@ impl SegmentPlan {
             .map(|i| self.dc_index[i].1)
     }
 
+    /// For `nodes` in ascending order (repeats allowed), each one's
+    /// position in the disk cache, as [`SegmentPlan::dc_position`] gives
+    /// it: one forward walk of the index, galloping from the last hit,
+    /// where a binary search each would probe all over a large index (a
+    /// cache miss a probe).
+    pub fn dc_positions_sorted(
+        &self,
+        nodes: impl IntoIterator<Item = u32>,
+    ) -> impl Iterator<Item = Option<u32>> {
+        let index = self.dc_index.as_slice();
+        let mut at = 0usize;
+        nodes.into_iter().map(move |v| {
+            // The first entry at or after `at` whose node is not below `v`:
+            // double the step while still below, then search the last one.
+            let rest = &index[at..];
+            let mut hi = 1;
+            while hi < rest.len() && rest[hi].0 < v {
+                hi *= 2;
+            }
+            let (lo, end) = (hi / 2, hi.min(rest.len()));
+            at += lo + rest[lo..end].partition_point(|&(n, _)| n < v);
+            index.get(at).filter(|e| e.0 == v).map(|e| e.1)
+        })
+    }
+
     /// The disk-cache entries whose node lies in `[first, end)`, as
     /// `(node, position)` sorted by node.
     pub fn dc_entries_in(&self, first: u64, end: u64) -> &[(u32, u32)] {
@@ -385,6 +410,16 @@ mod tests {
                 assert_eq!(s.dc_position(v), Some(pos as u32));
             }
             assert_eq!(s.dc_entries_in(0, 20).len(), s.dc_rows.len());
+            // The walk over sorted nodes, repeats and absent nodes among
+            // them, finds what a binary search each finds.
+            let sweep: Vec<u32> = (0..22).flat_map(|v| [v, v]).collect();
+            let walked: Vec<Option<u32>> = s.dc_positions_sorted(sweep.iter().copied()).collect();
+            let searched: Vec<Option<u32>> = sweep.iter().map(|&v| s.dc_position(v)).collect();
+            assert_eq!(walked, searched);
+            let sparse = [3u32, 9, 17, 21];
+            let walked: Vec<Option<u32>> = s.dc_positions_sorted(sparse).collect();
+            let searched: Vec<Option<u32>> = sparse.iter().map(|&v| s.dc_position(v)).collect();
+            assert_eq!(walked, searched);
         }
     }
 
