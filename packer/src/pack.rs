@@ -331,14 +331,6 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
     let inputs: u64 = batches.iter().map(|b| b.inputs.len() as u64).sum();
     let plan_bound = plan_memory(num_nodes, inputs) + tables_memory(&run, &batches);
     let piece_bytes = piece_size(cfg.memory, plan_bound, source_row_bytes);
-    if piece_bytes < SLOW_PIECE_BYTES {
-        tracing::warn!(
-            "--memory {} leaves the feature file's pass pieces of {} beside what the plan may need ({}): the pass will be slow; give more memory",
-            human_bytes(cfg.memory),
-            human_bytes(piece_bytes),
-            human_bytes(plan_bound)
-        );
-    }
     let piece_rows = ((piece_bytes - 2 * PAGE) / source_row_bytes).max(1);
     // A converted piece waits in a buffer of its own while it is dispatched.
     let convert_bytes = if to == from {
@@ -607,6 +599,16 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         // The plan's scratch and the loading's leftovers go back before
         // the packing, which the statement counts on its own (`heap`).
         crate::heap::release_freed();
+
+        // Accepted, but slow: said once every check has passed.
+        if piece_bytes < SLOW_PIECE_BYTES {
+            tracing::warn!(
+                "--memory {} leaves the feature file's pass pieces of {} beside what the plan may need ({}): the pass will be slow; give more memory",
+                human_bytes(cfg.memory),
+                human_bytes(piece_bytes),
+                human_bytes(plan_bound)
+            );
+        }
 
         // ---- pack ----
         let t = Instant::now();
