@@ -381,8 +381,9 @@ pub fn assemble(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])>
         match src.mode {
             FeatureMode::Memory => {
                 let all = src.all_rows.as_ref().ok_or_else(|| missing("memory"))?;
-                let positions: Vec<u32> = (0..n as u32).collect();
-                gather(out, &positions, all, &t.input_nodes, rb);
+                for (row, &v) in out.chunks_exact_mut(rb).zip(&t.input_nodes) {
+                    row.copy_from_slice(&all[v as usize * rb..][..rb]);
+                }
             }
             FeatureMode::Packed => {
                 for (rows, pos, slots) in [
@@ -464,19 +465,18 @@ fn indices_at(dev: &Tensor, offset: usize, len: usize) -> Result<Tensor> {
 pub fn assemble_staged(src: &AssembleSources, l: &Loaded) -> Result<Tensor> {
     let t = &l.table;
     let (n, rb, device) = (t.num_inputs as usize, src.row_bytes, src.device);
-    let identity: Vec<u32>;
-    // The host tier: its rows, their input positions and their slots.
-    let (host_rows, host_pos, host_slot): (Option<&[u8]>, &[u32], &[u32]) = match src.mode {
+    // The host tier: its rows and slots (memory mode: every input node,
+    // already in input order, so no positions to place them by).
+    let (host_rows, host_slot): (Option<&[u8]>, &[u32]) = match src.mode {
         FeatureMode::Memory => {
-            identity = (0..n as u32).collect();
             let all = src.all_rows.as_ref().ok_or_else(|| missing("memory"))?;
-            (Some(all.as_slice()), &identity, &t.input_nodes)
+            (Some(all.as_slice()), &t.input_nodes)
         }
         FeatureMode::Packed if !t.cpu_pos.is_empty() => {
             let rows = src.cpu_rows.as_ref().ok_or_else(|| missing("cache"))?;
-            (Some(rows.as_slice()), &t.cpu_pos, &t.cpu_slot)
+            (Some(rows.as_slice()), &t.cpu_slot)
         }
-        FeatureMode::Packed | FeatureMode::Naive => (None, &[], &[]),
+        FeatureMode::Packed | FeatureMode::Naive => (None, &[]),
     };
     // GPU-cache rows: gathered on the device from its tensor; on the CPU
     // (where the tier is host rows) with the host tier's.
@@ -497,41 +497,53 @@ pub fn assemble_staged(src: &AssembleSources, l: &Loaded) -> Result<Tensor> {
     };
     let g = if gpu.is_some() { t.gpu_pos.len() } else { 0 };
     let hosted = [
-        (host_rows, host_pos, host_slot),
+        (host_rows, &t.cpu_pos[..], host_slot),
         (gpu_rows, &t.gpu_pos[..], &t.gpu_slot[..]),
     ];
     let k: usize = hosted
         .iter()
         .filter(|h| h.0.is_some())
-        .map(|h| h.1.len())
+        .map(|h| h.2.len())
         .sum::<usize>()
         + l.disk.len();
-    // [k rows][k host positions, g GPU slots, g GPU positions as int64]
+    // Positions to scatter the rows by: none in memory mode.
+    let placed = if src.mode == FeatureMode::Memory {
+        0
+    } else {
+        k
+    };
+    // [k rows][`placed` host positions, g GPU slots, g GPU positions as int64]
     let rows_len = k * rb;
     let idx_at = rows_len.next_multiple_of(8);
-    let mut staged = staging(idx_at + (k + 2 * g) * 8, device)?;
+    let mut staged = staging(idx_at + (placed + 2 * g) * 8, device)?;
     {
         let bytes = staged_bytes(&mut staged);
         let (rows, idx) = bytes.split_at_mut(idx_at);
-        let (host_idx, gpu_idx) = idx.split_at_mut(k * 8);
+        let (host_idx, gpu_idx) = idx.split_at_mut(placed * 8);
+        let mut positions = host_idx.chunks_exact_mut(8);
+        let mut place = |p: u32| {
+            if let Some(o) = positions.next() {
+                o.copy_from_slice(&(p as i64).to_ne_bytes());
+            }
+        };
         let mut at = 0usize;
-        let mut positions = Vec::with_capacity(k);
         for (from, pos, slots) in hosted {
             let Some(from) = from else { continue };
-            for (&p, &s) in pos.iter().zip(slots) {
+            for (i, &s) in slots.iter().enumerate() {
                 let f = s as usize * rb;
                 rows[at..at + rb].copy_from_slice(&from[f..f + rb]);
                 at += rb;
-                positions.push(p);
+                if placed > 0 {
+                    place(pos[i]);
+                }
             }
         }
         let data = l.buf.as_slice();
         for &(p, off) in &l.disk {
             rows[at..at + rb].copy_from_slice(&data[off..off + rb]);
             at += rb;
-            positions.push(p);
+            place(p);
         }
-        put_indices(host_idx, positions.iter().map(|&p| p as i64));
         if g > 0 {
             let (slots, pos) = gpu_idx.split_at_mut(g * 8);
             put_indices(slots, t.gpu_slot.iter().map(|&v| v as i64));
@@ -550,8 +562,8 @@ pub fn assemble_staged(src: &AssembleSources, l: &Loaded) -> Result<Tensor> {
         // Every row is written below: no need to zero the matrix first.
         let mut out = Tensor::f_empty([n as i64, src.dim], (src.kind, device))?;
         if let Some(cache) = gpu {
-            let slots = indices_at(&dev, idx_at + k * 8, g)?;
-            let pos = indices_at(&dev, idx_at + (k + g) * 8, g)?;
+            let slots = indices_at(&dev, idx_at + placed * 8, g)?;
+            let pos = indices_at(&dev, idx_at + (placed + g) * 8, g)?;
             let _ = out.f_index_copy_(0, &pos, &cache.f_index_select(0, &slots)?)?;
         }
         if k > 0 {
