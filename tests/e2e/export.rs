@@ -212,9 +212,11 @@ fn export_refuses_bad_input_in_one_line() {
 }
 
 /// `trainer infer` through the binary: a Cora model's predictions for the
-/// test nodes as Parquet, committed by `_SUCCESS.json`; then bad input,
-/// each refused in one line: a committed result at --out, --memory below
-/// one group, a feature file of another width, a model of another dataset.
+/// test nodes as Parquet, committed by `_SUCCESS.json`, aggregated on the
+/// host and then with `--aggregate device`; then bad input, each refused
+/// in one line: an unknown --aggregate, a committed result at --out,
+/// --memory below one group, a feature file of another width, a model of
+/// another dataset.
 #[test]
 fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -240,26 +242,26 @@ fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
     assert!(r.status.success(), "{}", r.stderr);
     let one_line = offgnn_e2e::assert_one_line;
     let out = dir.path().join("preds");
-    let infer = |dataset: &std::path::Path, memory: &str| {
-        run(
-            "trainer",
-            &[
-                "infer",
-                "--model",
-                x,
-                "--dataset",
-                dataset.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--nodes",
-                "test",
-                "--memory",
-                memory,
-                "--outputs",
-                "class,probabilities,embeddings",
-            ],
-        )
+    let infer_with = |dataset: &std::path::Path, memory: &str, more: &[&str]| {
+        let mut args = vec![
+            "infer",
+            "--model",
+            x,
+            "--dataset",
+            dataset.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--nodes",
+            "test",
+            "--memory",
+            memory,
+            "--outputs",
+            "class,probabilities,embeddings",
+        ];
+        args.extend_from_slice(more);
+        run("trainer", &args)
     };
+    let infer = |dataset: &std::path::Path, memory: &str| infer_with(dataset, memory, &[]);
     let r = infer(&ds, "1G");
     assert!(r.status.success(), "{}", r.stderr);
     let s = &r.json()["summary"];
@@ -277,6 +279,19 @@ fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
         assert!(out.join(f.as_str().unwrap()).exists(), "{f}");
     }
 
+    // The CPU's default aggregates on the host; torch's ops on the device
+    // (CUDA's default) are chosen by name (their results are checked
+    // against the in-memory pass in trainer's tests).
+    assert_eq!(s["aggregate"], "host");
+    let on_device = infer_with(&ds, "1G", &["--aggregate", "device", "--overwrite"]);
+    assert!(on_device.status.success(), "{}", on_device.stderr);
+    let d = &on_device.json()["summary"];
+    assert_eq!(d["aggregate"], "device");
+    assert_eq!(d["nodes_written"], 541);
+    one_line(
+        &infer_with(&ds, "1G", &["--aggregate", "sideways"]),
+        "--aggregate sideways: expected auto, host or device",
+    );
     one_line(&infer(&ds, "1G"), "holds a committed inference result");
     std::fs::remove_file(out.join("_SUCCESS.json")).unwrap();
     one_line(&infer(&ds, "9M"), "least");

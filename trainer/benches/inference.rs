@@ -9,7 +9,8 @@
 //! randomly initialised export: timing does not depend on the weights.
 //! Figures are printed, not asserted. `OFFGNN_BENCH_INFER_DEVICE` (cpu,
 //! cuda, cuda:N) runs the dense part there (and times its matmul floor
-//! there); `OFFGNN_BENCH_TRAINER` and `OFFGNN_BENCH_INFER_DATA` name the
+//! there), and `OFFGNN_BENCH_INFER_AGGREGATE` (auto, host, device) says
+//! where the neighbor aggregation runs; `OFFGNN_BENCH_TRAINER` and `OFFGNN_BENCH_INFER_DATA` name the
 //! trainer binary and the data folder where they are not in this
 //! workspace (scripts/gpu-check-device on the GPU machine).
 
@@ -113,6 +114,7 @@ fn main() {
     };
     let device_flag = std::env::var("OFFGNN_BENCH_INFER_DEVICE").unwrap_or_else(|_| "cpu".into());
     let device = trainer::device::parse_device(&device_flag).expect("OFFGNN_BENCH_INFER_DEVICE");
+    let aggregate = std::env::var("OFFGNN_BENCH_INFER_AGGREGATE").unwrap_or_else(|_| "auto".into());
     let root = std::env::var_os("OFFGNN_BENCH_INFER_DATA")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join("data/bench-infer"));
@@ -199,6 +201,8 @@ fn main() {
         &hidden_dtype,
         "--device",
         &device_flag,
+        "--aggregate",
+        &aggregate,
         "--overwrite",
     ]);
     let after = probe("after");
@@ -224,8 +228,9 @@ fn main() {
     let naive = &naive["summary"];
 
     println!(
-        "inference benchmark: {nodes} nodes, {dim}-d float32 features ({}), {kind:?} hidden {hidden} ({hidden_dtype} on disk), 3 layers, --memory {memory}, --device {device_flag}",
-        gb(feat_bytes as f64)
+        "inference benchmark: {nodes} nodes, {dim}-d float32 features ({}), {kind:?} hidden {hidden} ({hidden_dtype} on disk), 3 layers, --memory {memory}, --device {device_flag}, aggregating on the {}",
+        gb(feat_bytes as f64),
+        s["aggregate"].as_str().unwrap_or("host")
     );
     println!(
         "  disk: sequential read {:.0} MB/s, write {:.0} MB/s (probed before: {:.0} / {:.0}, after: {:.0} / {:.0})",
@@ -311,6 +316,7 @@ fn main() {
         serde_json::json!({
             "bench": "infer",
             "device": device_flag,
+            "aggregate": s["aggregate"],
             "nodes": nodes,
             "feature_bytes": feat_bytes,
             "hidden_dtype": hidden_dtype,

@@ -51,6 +51,8 @@ use crate::error::{Error, Result};
 use crate::export::{self, ModelCard};
 use crate::model::ModelKind;
 
+mod on_device;
+
 /// Groups and chunks are whole multiples of this many nodes: a row of d
 /// float32 values times 1024 is a multiple of 4 KiB, so every group's and
 /// chunk's rows start on a page of the layer files.
@@ -82,6 +84,20 @@ pub enum NodeSet {
     Split(Split),
     /// A `.npy` of node ids.
     File(PathBuf),
+}
+
+/// Where a graph layer's neighbor aggregation runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Aggregate {
+    /// On the host, in place in the group's accumulators (threads over
+    /// disjoint destinations); only the dense part runs on the device.
+    #[default]
+    Host,
+    /// With torch's ops on the run's device, the accumulators there (the
+    /// default on CUDA, where the host's random scatter would be the
+    /// bottleneck).
+    Device,
 }
 
 /// The optional output columns (node id and predicted class are always there).
@@ -117,6 +133,7 @@ pub struct InferConfig {
     /// Store the hidden layers' outputs in the work directory as float16
     /// (half the disk and I/O; values rounded to nearest even).
     pub hidden_f16: bool,
+    pub aggregate: Aggregate,
 }
 
 /// One layer's figures.
@@ -170,6 +187,10 @@ pub struct InferSummary {
     pub edge_bucketing_seconds: f64,
     pub seconds: f64,
     pub device: String,
+    /// Where the aggregation ran (host for results committed before the
+    /// choice existed).
+    #[serde(default)]
+    pub aggregate: Aggregate,
 }
 
 /// The model as layers of plain tensors (on the device).
@@ -1167,6 +1188,32 @@ impl OnlineSoftmax {
     }
 }
 
+/// GAT's walk of a group's input: a destination's scores need its own row
+/// (att_dst·W h_dst), so the stream starts at the group's first chunk: the
+/// chunks `first..=last` that hold the group's rows (its span) come first,
+/// in order, then the rest. An edge whose destination has not come by yet
+/// waits: its source is in the span, whose projections are kept until the
+/// span's last chunk. So the group's own rows are read once, in the stream.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    first: usize,
+    last: usize,
+}
+
+impl Span {
+    /// The span of the destinations `[a, b)` in chunks of `chunk_rows`.
+    fn of(a: u64, b: u64, chunk_rows: u64) -> Span {
+        Span {
+            first: (a / chunk_rows) as usize,
+            last: ((b - 1) / chunk_rows) as usize,
+        }
+    }
+
+    fn holds(&self, c: usize) -> bool {
+        (self.first..=self.last).contains(&c)
+    }
+}
+
 /// Buffers a run hands from group to group and layer to layer: a group's
 /// rows are GBs, and fresh pages cost more than the work on them (the
 /// kernel clears each on first touch, at a few GB/s on this VM). A request
@@ -1395,15 +1442,8 @@ fn graph_layer_group(
             // Projections and residuals land in reused buffers: fresh
             // pages per chunk cost more than the matmuls on narrow layers.
             let (mut zs, mut rs) = (Scratch::default(), Scratch::default());
-            // A destination's scores need its own row (att_dst·W h_dst), so
-            // the stream starts at the group's first chunk: the chunks
-            // `first..=last` that hold the group's rows (its span) come
-            // first, in order, then the rest. An edge whose destination
-            // has not come by yet waits: its source is in the span, whose
-            // projections are kept until the span's last chunk. So the
-            // group's own rows are read once, in the stream.
-            let first = (a / chunk_rows) as usize;
-            let last = ((b - 1) / chunk_rows) as usize;
+            let span = Span::of(a, b, chunk_rows);
+            let Span { first, last } = span;
             let kept = ((last - first) as u64 * chunk_rows) as usize;
             let (mut z_span, mut el_span) =
                 (spares.take_empty(kept * w), spares.take_empty(kept * h));
@@ -1421,7 +1461,7 @@ fn graph_layer_group(
             let mut res = spares.take(g * res_width);
             *read += input.stream(engine, chunk_rows, first, times, bar, |c, chunk| {
                 let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
-                let in_span = (first..=last).contains(&c);
+                let in_span = span.holds(c);
                 if !in_span && e0 == e1 {
                     return Ok(());
                 }
@@ -1896,6 +1936,11 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         chunk_rows,
     };
     let chunks = plan.chunks(n);
+    if let (Aggregate::Device, Device::Cuda(index), true) =
+        (cfg.aggregate, cfg.device, model.mlp.is_empty())
+    {
+        check_device_memory(&model, &plan, index)?;
+    }
     tracing::info!(
         "inference: {} nodes in {} groups, source chunks of {} rows, memory at most {}",
         n,
@@ -2077,7 +2122,11 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 );
                 edge_read += size;
                 let t_group = Instant::now();
-                let (rows, h_dst) = graph_layer_group(
+                let group = match cfg.aggregate {
+                    Aggregate::Host => graph_layer_group,
+                    Aggregate::Device => on_device::graph_layer_group,
+                };
+                let (rows, h_dst) = group(
                     &model.layers[l],
                     &input,
                     engine,
@@ -2255,6 +2304,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         edge_bucketing_seconds: progress.edge_bucketing_seconds,
         seconds: started.elapsed().as_secs_f64(),
         device: format!("{:?}", cfg.device),
+        aggregate: cfg.aggregate,
     };
     // The commit; a replaced result's parts go only once it is in place.
     let json = serde_json::to_vec_pretty(&summary).expect("summary serializes");
@@ -2293,6 +2343,42 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     }
     let _ = std::fs::remove_file(cfg.work_dir.join(PROGRESS));
     Ok(summary)
+}
+
+/// Refuses a run whose aggregation on CUDA device `index` needs more than
+/// it has free: the largest group's state, a chunk's, an edge batch's
+/// temporaries and the CUDA context.
+fn check_device_memory(model: &Model, plan: &Plan, index: usize) -> Result<()> {
+    let nodes = plan.groups.iter().map(|(a, b)| b - a).max().unwrap_or(0);
+    let state = (0..model.layers.len())
+        .map(|l| {
+            let (d_in, d_out) = (model.widths[l] as u64, model.widths[l + 1] as u64);
+            let (node, src) = on_device::device_floats(&model.layers[l], d_in, d_out);
+            4 * (nodes * node + plan.chunk_rows * src)
+        })
+        .max()
+        .unwrap_or(0);
+    let need = state + on_device::EDGE_BATCH_BYTES + crate::memory::CUDA_CONTEXT_BYTES;
+    tracing::info!(
+        "aggregating on cuda:{index}: at most {} there (groups of up to {nodes} nodes, source chunks of {} rows, 1 GiB for the CUDA context)",
+        human_bytes(need),
+        plan.chunk_rows
+    );
+    match crate::memory::cuda_free_memory(index) {
+        Some((free, total)) if need > free => Err(Error::InvalidArgument(format!(
+            "cuda:{index} has {} free of {}, and aggregating there needs up to {} for groups of up to {nodes} nodes; give a smaller --memory (smaller groups, more passes), or --aggregate host",
+            human_bytes(free),
+            human_bytes(total),
+            human_bytes(need)
+        ))),
+        Some(_) => Ok(()),
+        None => {
+            tracing::warn!(
+                "cuda:{index}: the CUDA runtime's free memory could not be read; the device's share is not checked"
+            );
+            Ok(())
+        }
+    }
 }
 
 fn file_sync(path: &Path) -> Result<()> {

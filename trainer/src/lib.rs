@@ -71,7 +71,7 @@ pub enum Command {
     /// Predictions and embeddings for every node: the exported model's
     /// exact function over full neighborhoods, layer by layer, out of core,
     /// written as Parquet.
-    Infer(InferArgs),
+    Infer(Box<InferArgs>),
     /// Check an export (model.json, the weights' checksum, every parameter's
     /// name and shape) and print what it holds.
     ShowModel {
@@ -141,6 +141,11 @@ pub struct InferArgs {
     /// for half the disk and I/O (rounded to nearest even).
     #[arg(long, default_value = "f32")]
     pub hidden_dtype: String,
+    /// Where the neighbor aggregation runs: host, device (torch's ops on
+    /// --device, the accumulators there), or auto (device on CUDA, host on
+    /// the CPU, where the host's own scatter is the faster).
+    #[arg(long, default_value = "auto")]
+    pub aggregate: String,
 }
 
 #[derive(Debug, Args)]
@@ -346,7 +351,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Info) => device::print_info(),
         Some(Command::Export(a)) => export_command(a),
-        Some(Command::Infer(a)) => infer_command(a),
+        Some(Command::Infer(a)) => infer_command(*a),
         Some(Command::ShowModel { model }) => {
             let (card, vs) = export::read(&model, tch::Device::Cpu)?;
             let weights_bytes = vs.variables().values().map(|t| t.numel() as u64 * 4).sum();
@@ -689,6 +694,12 @@ fn infer_command(a: InferArgs) -> anyhow::Result<()> {
             "f32" | "float32" => false,
             "f16" | "float16" => true,
             other => anyhow::bail!("--hidden-dtype {other}: expected f32 or f16"),
+        },
+        aggregate: match a.aggregate.as_str() {
+            "auto" if device.is_cuda() => inference::Aggregate::Device,
+            "auto" | "host" => inference::Aggregate::Host,
+            "device" => inference::Aggregate::Device,
+            other => anyhow::bail!("--aggregate {other}: expected auto, host or device"),
         },
     };
     match a.method.as_str() {

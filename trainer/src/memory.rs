@@ -34,7 +34,7 @@ pub const RUNTIME_BYTES: u64 = TORCH_RUNTIME_BYTES + PROCESS_BYTES;
 /// A CUDA device's own share before any tensor: the CUDA context and
 /// libtorch's kernels loaded on it (hundreds of MiB with the cu13 wheel);
 /// stated with room until a GPU session measures it.
-const CUDA_CONTEXT_BYTES: u64 = 1 << 30;
+pub(crate) const CUDA_CONTEXT_BYTES: u64 = 1 << 30;
 /// Disk pages are read whole.
 const PAGE: u64 = 4096;
 /// A layer's tensors, and the gradients of the same sizes in the backward

@@ -170,6 +170,17 @@ pub fn infer_summary(s: &InferSummary) {
             ),
         ),
         (
+            "device",
+            format!(
+                "{}, aggregating on the {}",
+                s.device.to_lowercase(),
+                match s.aggregate {
+                    crate::inference::Aggregate::Host => "host",
+                    crate::inference::Aggregate::Device => "device",
+                }
+            ),
+        ),
+        (
             "edge bucketing",
             format!("{:.2} s", s.edge_bucketing_seconds),
         ),

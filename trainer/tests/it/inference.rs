@@ -16,7 +16,7 @@ use offgnn_shared::samples::Block;
 use offgnn_shared::synthetic::{GeneratorConfig, generate};
 use tch::{Device, Kind, Tensor, nn};
 use trainer::export;
-use trainer::inference::{InferConfig, InferSummary, NodeSet, Outputs, infer};
+use trainer::inference::{Aggregate, InferConfig, InferSummary, NodeSet, Outputs, infer};
 use trainer::model::{self, ModelConfig, ModelKind};
 
 const NODES: u64 = 3000;
@@ -46,11 +46,21 @@ fn exported(
     ds: &Dataset,
     kind: ModelKind,
 ) -> (String, Box<dyn model::Gnn>, ModelConfig) {
+    exported_with(root, ds, kind, 16)
+}
+
+/// As [`exported`], with `hidden` channels.
+fn exported_with(
+    root: &Path,
+    ds: &Dataset,
+    kind: ModelKind,
+    hidden: i64,
+) -> (String, Box<dyn model::Gnn>, ModelConfig) {
     tch::manual_seed(5);
     let cfg = ModelConfig {
         kind,
         in_dim: ds.feature_dim() as i64,
-        hidden: 16,
+        hidden,
         classes: ds.num_classes as i64,
         layers: 3,
         heads: 4,
@@ -58,7 +68,7 @@ fn exported(
     };
     let vs = nn::VarStore::new(Device::Cpu);
     let net = model::build(&vs.root(), &cfg);
-    let location = root.join(format!("model-{kind:?}"));
+    let location = root.join(format!("model-{kind:?}-{hidden}"));
     let from = export::Provenance {
         feature_dtype: "float32".into(),
         dataset_fingerprint: ds.fingerprint().unwrap(),
@@ -169,6 +179,7 @@ fn config(model: &str, ds: &Path, out: &Path, work: &Path) -> InferConfig {
         show_progress: false,
         interrupt_after_groups: None,
         hidden_f16: false,
+        aggregate: Aggregate::Host,
     }
 }
 
@@ -229,11 +240,11 @@ fn check_at_least_memory(
     root: &Path,
     ds_path: &Path,
     ds: &Dataset,
-    kind: ModelKind,
+    (kind, hidden): (ModelKind, i64),
     engine: &IoEngine,
 ) -> Checked {
     let n = ds.num_nodes;
-    let (location, net, cfg) = exported(root, ds, kind);
+    let (location, net, cfg) = exported_with(root, ds, kind, hidden);
     let out = root.join(format!("out-{kind:?}"));
     let mut run = config(
         &location,
@@ -266,6 +277,9 @@ fn check_at_least_memory(
         n.div_ceil(s.chunk_rows)
     );
     assert!(diff <= 1e-5, "{kind:?}: logits differ by {diff}");
+    if kind != ModelKind::Mlp {
+        check_on_device(root, &run, &s, &o, &want);
+    }
     Checked {
         run,
         s,
@@ -273,6 +287,42 @@ fn check_at_least_memory(
         want,
         cfg,
     }
+}
+
+/// `run` again with the aggregation in torch's ops on the device (the CPU
+/// here: the same ops as on CUDA): the same plan and reads, the logits
+/// within 1e-5 of the in-memory forward pass, the embeddings within 1e-5 of
+/// the host aggregation's.
+fn check_on_device(root: &Path, run: &InferConfig, s: &InferSummary, o: &Output, want: &[f32]) {
+    let tag = Path::new(&run.out).file_name().unwrap().to_str().unwrap();
+    let mut dev = run.clone();
+    dev.aggregate = Aggregate::Device;
+    dev.out = root.join(format!("{tag}-device")).to_str().unwrap().into();
+    dev.work_dir = root.join(format!("{tag}-device.work"));
+    let sd = infer(&dev, &IoEngine::new(IoOptions::default())).unwrap();
+    assert_eq!(sd.aggregate, Aggregate::Device);
+    assert_eq!(s.aggregate, run.aggregate);
+    assert_eq!((sd.groups, sd.chunk_rows), (s.groups, s.chunk_rows));
+    for (d, h) in sd.layers.iter().zip(&s.layers) {
+        assert_eq!(
+            (d.passes, d.bytes_read, d.bytes_written > 0),
+            (h.passes, h.bytes_read, true),
+            "{tag}: layer {}",
+            d.layer
+        );
+    }
+    let od = read_output(Path::new(&dev.out), &sd);
+    assert_eq!(od.ids, o.ids);
+    let diff = max_diff(&od.logits, want);
+    let emb = max_diff(&od.embedding, &o.embedding);
+    println!(
+        "{tag}, aggregated on the device: largest logit difference {diff:.2e}, embeddings {emb:.2e} from the host's"
+    );
+    assert!(diff <= 1e-5, "{tag} on the device: logits differ by {diff}");
+    assert!(
+        emb <= 1e-5,
+        "{tag} on the device: embeddings differ by {emb}"
+    );
 }
 
 #[test]
@@ -290,7 +340,7 @@ fn out_of_core_inference_equals_the_in_memory_forward_pass() {
             o,
             want,
             cfg,
-        } = check_at_least_memory(dir.path(), &ds_path, &ds, kind, &engine);
+        } = check_at_least_memory(dir.path(), &ds_path, &ds, (kind, 16), &engine);
         let work = &run.work_dir;
         // Probabilities are the softmax of the logits; rows sum to one.
         for row in o.probabilities.chunks_exact(cfg.classes as usize) {
@@ -362,8 +412,29 @@ fn out_of_core_inference_equals_the_in_memory_forward_pass_on_cora() {
     let ds = Dataset::open(&ds_path).unwrap();
     let engine = IoEngine::new(IoOptions::default());
     for kind in [ModelKind::Sage, ModelKind::Gat] {
-        check_at_least_memory(dir.path(), &ds_path, &ds, kind, &engine);
+        check_at_least_memory(dir.path(), &ds_path, &ds, (kind, 16), &engine);
     }
+}
+
+/// GraphSAGE layers that widen (32 hidden channels over 24 features) sum
+/// their inputs and project the mean, where narrowing ones project first:
+/// out of core on the host and on the device, equal to the in-memory pass.
+#[test]
+fn widening_layers_aggregate_before_they_project() {
+    let _serial = super::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ds_path = dataset(dir.path());
+    let ds = Dataset::open(&ds_path).unwrap();
+    assert!(ds.feature_dim() < 32);
+    let engine = IoEngine::new(IoOptions::default());
+    let c = check_at_least_memory(dir.path(), &ds_path, &ds, (ModelKind::Sage, 32), &engine);
+    let widths: Vec<_> =
+        c.s.layers
+            .iter()
+            .map(|l| (l.in_width, l.out_width))
+            .collect();
+    assert_eq!(widths, [(24, 32), (32, 32), (32, 5)]);
 }
 
 #[test]

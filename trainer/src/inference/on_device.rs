@@ -1,0 +1,437 @@
+//! A graph layer's aggregation with torch's own ops on the run's device
+//! (`--aggregate device`, the default on CUDA): the group's accumulators
+//! live there, each source chunk goes up once, and its rows are added along
+//! the group's in-edges with `index_add_` (GraphSAGE's sums) or, for GAT's
+//! online softmax, `scatter_reduce_(amax)` for the running maxima and
+//! `index_add_` for the rescaled sums. On the host the scatter is random
+//! read-modify-write over gigabytes of accumulators, bound by host memory;
+//! on a GPU it is a few kernels per chunk. The order of the stream, the
+//! group's own rows and the edges that wait for their destination are as
+//! in the host path ([`super::graph_layer_group`]); the results are the
+//! same within float rounding (the sums' order differs), which the tests
+//! check on the CPU device against the in-memory forward pass.
+
+use tch::{Device, Kind, Tensor};
+
+use super::{Chunk, GroupEdges, Input, Layer, Span, Spares, StreamTimes};
+use crate::error::Result;
+use offgnn_shared::io_engine::IoEngine;
+
+/// Device bytes of an edge batch's temporaries at most (about): a chunk's
+/// edges go through the ops in batches of this size, so that a chunk with
+/// many in-edges does not need its rows gathered all at once.
+pub(super) const EDGE_BATCH_BYTES: u64 = 256 << 20;
+
+/// The device floats per destination of a group (accumulators, the
+/// projections of its own row, the output and its temporaries), and per
+/// source row of a chunk (the chunk on the device and what it is projected
+/// to, and for GAT the span's kept projections).
+pub(super) fn device_floats(layer: &Layer, d_in: u64, d_out: u64) -> (u64, u64) {
+    match layer {
+        Layer::Sage { .. } => {
+            let acc = d_in.min(d_out);
+            // acc, own, a count, the mean and the output.
+            (acc + 3 * d_out + 1, d_in + 2 * d_out)
+        }
+        Layer::Gat {
+            heads,
+            per_head,
+            res_w,
+            ..
+        } => {
+            let (h, c) = (*heads as u64, *per_head as u64);
+            let res = res_w.size()[0] as u64;
+            // acc, its normalized copy, m, s, er, the residual and the
+            // output, and the span's projections and scores, kept for the
+            // edges that wait (a group's rows, a chunk more at most); a
+            // chunk's rows, projections and scores.
+            (3 * h * c + 4 * h + 2 * res, d_in + 2 * (h * c + h))
+        }
+    }
+}
+
+/// Edges a batch takes, for `floats` device floats of temporaries per edge.
+fn edges_per_batch(floats: u64) -> usize {
+    (EDGE_BATCH_BYTES / (4 * floats.max(1))).max(1024) as usize
+}
+
+/// A batch's edges as row indices (int64) on the device: sources into a
+/// block that starts at node `base`, destinations into the group that
+/// starts at node `a`, and the distinct destinations (the edges come
+/// sorted by destination). Host buffers reused from batch to batch.
+#[derive(Default)]
+struct Indices {
+    src: Vec<i64>,
+    dst: Vec<i64>,
+    touched: Vec<i64>,
+}
+
+struct Batch {
+    src: Tensor,
+    dst: Tensor,
+    touched: Tensor,
+}
+
+impl Indices {
+    /// The edges `src[k] -> dst[k]`, without those from a node to itself if
+    /// `skip_self` (PyG's GAT replaces them by the one self-loop); `None`
+    /// when none is left.
+    fn upload(
+        &mut self,
+        (src, dst): (&[u32], &[u32]),
+        base: u64,
+        a: u64,
+        skip_self: bool,
+        device: Device,
+    ) -> Result<Option<Batch>> {
+        self.src.clear();
+        self.dst.clear();
+        self.touched.clear();
+        for (&s, &t) in src.iter().zip(dst) {
+            if skip_self && s == t {
+                continue;
+            }
+            let local = (t as u64 - a) as i64;
+            self.src.push((s as u64 - base) as i64);
+            self.dst.push(local);
+            if self.touched.last() != Some(&local) {
+                self.touched.push(local);
+            }
+        }
+        if self.src.is_empty() {
+            return Ok(None);
+        }
+        let up = |v: &[i64]| Tensor::from_slice(v).f_to_device(device);
+        Ok(Some(Batch {
+            src: up(&self.src)?,
+            dst: up(&self.dst)?,
+            touched: up(&self.touched)?,
+        }))
+    }
+}
+
+/// The layer's output rows for the destinations `[a, b)`, in a buffer from
+/// `spares`, and (with `keep_rows`) the group's own input rows: as
+/// [`super::graph_layer_group`], with the aggregation on `device`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn graph_layer_group(
+    layer: &Layer,
+    input: &Input,
+    engine: &IoEngine,
+    edges: &GroupEdges,
+    (a, b): (u64, u64),
+    chunk_rows: u64,
+    device: Device,
+    keep_rows: bool,
+    activate: bool,
+    spares: &mut Spares,
+    read: &mut u64,
+    times: &mut StreamTimes,
+    bar: &indicatif::ProgressBar,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let g = (b - a) as i64;
+    let opts = (Kind::Float, device);
+    let mut h_dst = if keep_rows {
+        spares.take_empty(g as usize * input.width)
+    } else {
+        Vec::new()
+    };
+    let mut idx = Indices::default();
+    let out = match layer {
+        Layer::Sage {
+            lin_l_w,
+            lin_l_b,
+            lin_r_w,
+        } => {
+            let d_out = lin_r_w.size()[0];
+            // mean(h) W = mean(h W): where the layer narrows, sources are
+            // projected first (with the group's own rows through lin_r in
+            // the same matmul) and the sums kept at the output's width.
+            let project = lin_l_w.size()[0] <= input.width as i64;
+            let d = if project { d_out } else { input.width as i64 };
+            let mut acc = Tensor::f_zeros([g, d], opts)?;
+            let own = Tensor::f_zeros([g, d_out], opts)?;
+            let (w_l, w_lr) = (
+                lin_l_w.tr(),
+                Tensor::f_cat(&[lin_l_w, lin_r_w], 0)?.tr().contiguous(),
+            );
+            let per_batch = edges_per_batch(2 * d as u64);
+            *read += input.stream(engine, chunk_rows, 0, times, bar, |c, chunk| {
+                let c0 = c as u64 * chunk_rows;
+                let c1 = c0 + chunk.rows as u64;
+                let (lo, hi) = (a.max(c0), b.min(c1));
+                let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
+                if lo >= hi && e0 == e1 {
+                    return Ok(());
+                }
+                keep_own_rows(&mut h_dst, keep_rows, chunk, input.width, (lo, hi), c0);
+                let x = chunk.tensor().f_to_device(device)?;
+                let (at, len) = ((lo - c0) as i64, hi.saturating_sub(lo) as i64);
+                let rows = if project {
+                    let y = x.f_matmul(if lo < hi { &w_lr } else { &w_l })?;
+                    if lo < hi {
+                        own.narrow(0, (lo - a) as i64, len)
+                            .f_copy_(&y.narrow(0, at, len).narrow(1, d_out, d_out))?;
+                    }
+                    y.narrow(1, 0, d_out)
+                } else {
+                    if lo < hi {
+                        own.narrow(0, (lo - a) as i64, len)
+                            .f_copy_(&x.narrow(0, at, len).f_matmul(&lin_r_w.tr())?)?;
+                    }
+                    x
+                };
+                for k in (e0..e1).step_by(per_batch) {
+                    let k1 = (k + per_batch).min(e1);
+                    let pair = (&edges.src[k..k1], &edges.dst[k..k1]);
+                    if let Some(e) = idx.upload(pair, c0, a, false, device)? {
+                        let _ = acc.f_index_add_(0, &e.dst, &rows.f_index_select(0, &e.src)?)?;
+                    }
+                }
+                Ok(())
+            })?;
+            let mut count = vec![0f32; g as usize];
+            for &t in &edges.dst {
+                count[(t as u64 - a) as usize] += 1.0;
+            }
+            let count = Tensor::from_slice(&count)
+                .f_to_device(device)?
+                .f_clamp_min(1.0)?
+                .f_unsqueeze(1)?;
+            let mut mean = acc.f_div(&count)?;
+            if !project {
+                mean = mean.f_matmul(&lin_l_w.tr())?;
+            }
+            // The host path's order: mean + lin_l's bias + lin_r(self).
+            let mut out = mean.f_add(lin_l_b)?.f_add(&own)?;
+            if activate {
+                let _ = out.f_relu_()?;
+            }
+            out
+        }
+        Layer::Gat {
+            lin_w,
+            att_src,
+            att_dst,
+            res_w,
+            bias,
+            heads,
+            per_head,
+            concat,
+        } => {
+            let (h, c_out) = (*heads, *per_head);
+            let w = h * c_out;
+            let (att_s, att_d) = (
+                att_src.f_view([1, h, c_out])?,
+                att_dst.f_view([1, h, c_out])?,
+            );
+            let (lin_t, res_t) = (lin_w.tr(), res_w.tr());
+            let scores = |z: &Tensor, att: &Tensor| -> Result<Tensor> {
+                let n = z.size()[0];
+                Ok(z.f_view([n, h, c_out])?.f_mul(att)?.f_sum_dim_intlist(
+                    -1,
+                    false,
+                    Kind::Float,
+                )?)
+            };
+            let mut sm = Softmax {
+                h,
+                c_out,
+                acc: Tensor::f_zeros([g, w], opts)?,
+                m: Tensor::f_zeros([g, h], opts)?,
+                s: Tensor::f_zeros([g, h], opts)?,
+                er: Tensor::f_zeros([g, h], opts)?,
+                per_batch: edges_per_batch(3 * w as u64 + 4 * h as u64),
+            };
+            let res = Tensor::f_zeros([g, res_w.size()[0]], opts)?;
+            // The projections of the span's chunks, kept for the edges
+            // that wait on a later destination.
+            let mut span: Vec<(Tensor, Tensor)> = Vec::new();
+            let walk = Span::of(a, b, chunk_rows);
+            *read += input.stream(engine, chunk_rows, walk.first, times, bar, |c, chunk| {
+                let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
+                let in_span = walk.holds(c);
+                if !in_span && e0 == e1 {
+                    return Ok(());
+                }
+                let c0 = c as u64 * chunk_rows;
+                let c1 = c0 + chunk.rows as u64;
+                let x = chunk.tensor().f_to_device(device)?;
+                let z = x.f_matmul(&lin_t)?;
+                let el = scores(&z, &att_s)?;
+                let seen = if in_span { b.min(c1) } else { b };
+                if in_span {
+                    let (lo, hi) = (a.max(c0), b.min(c1));
+                    let (at, len) = ((lo - c0) as i64, (hi - lo) as i64);
+                    let z_own = z.narrow(0, at, len);
+                    let er = scores(&z_own, &att_d)?;
+                    let into = |t: &Tensor| t.narrow(0, (lo - a) as i64, len);
+                    into(&res).f_copy_(&x.narrow(0, at, len).f_matmul(&res_t)?)?;
+                    keep_own_rows(&mut h_dst, keep_rows, chunk, input.width, (lo, hi), c0);
+                    // The self-loop starts each destination: max = e_self,
+                    // sum = 1, acc = its own projection.
+                    let raw = el.narrow(0, at, len).f_add(&er)?;
+                    into(&sm.m).f_copy_(&leaky(&raw)?)?;
+                    let _ = into(&sm.s).f_fill_(1.0)?;
+                    into(&sm.acc).f_copy_(&z_own)?;
+                    into(&sm.er).f_copy_(&er)?;
+                    // Edges from the span's earlier chunks waited for these
+                    // destinations.
+                    for (c2, (z2, el2)) in (walk.first..c).zip(&span) {
+                        let (f0, f1) = (edges.offsets[c2] as usize, edges.offsets[c2 + 1] as usize);
+                        let bucket = &edges.dst[f0..f1];
+                        let k0 = f0 + bucket.partition_point(|&t| (t as u64) < lo);
+                        let k1 = f0 + bucket.partition_point(|&t| (t as u64) < hi);
+                        let base = c2 as u64 * chunk_rows;
+                        sm.add(&mut idx, edges, (k0, k1), base, a, (z2, el2), device)?;
+                    }
+                }
+                // This chunk's edges into destinations that have come by;
+                // the bucket is sorted by destination, so they lead it.
+                let k1 = e0 + edges.dst[e0..e1].partition_point(|&t| (t as u64) < seen);
+                sm.add(&mut idx, edges, (e0, k1), c0, a, (&z, &el), device)?;
+                if in_span && c < walk.last {
+                    span.push((z, el));
+                }
+                Ok(())
+            })?;
+            drop(span);
+            // The weighted sums over their sums (PyG adds 1e-16), heads
+            // concatenated or averaged, + res(self) + bias, then ELU.
+            let norm = sm
+                .acc
+                .f_view([g, h, c_out])?
+                .f_div(&sm.s.f_add_scalar(1e-16)?.f_unsqueeze(-1)?)?;
+            let heads_out = if *concat {
+                norm.f_view([g, w])?
+            } else {
+                norm.f_mean_dim(1, false, Kind::Float)?
+            };
+            let mut out = heads_out.f_add(&res)?.f_add(bias)?;
+            if activate {
+                let _ = out.f_elu_()?;
+            }
+            out
+        }
+    };
+    // Straight into a buffer already paged in (see [`Spares`]): a group's
+    // rows are GBs, and a fresh host tensor's pages cost more than the copy.
+    let n = out.numel();
+    let mut rows = spares.take_empty(n);
+    rows.resize(n, 0.0);
+    // SAFETY: `rows` holds `n` float32 values and outlives the tensor; the
+    // copy, which ends before this call returns, is all that writes it.
+    let mut host = unsafe {
+        Tensor::f_from_blob(
+            rows.as_mut_ptr().cast::<u8>(),
+            &[n as i64],
+            &[1],
+            Kind::Float,
+            Device::Cpu,
+        )?
+    };
+    host.f_copy_(&out.f_reshape([-1])?)?;
+    Ok((rows, h_dst))
+}
+
+/// Appends the group's rows `[lo, hi)` of a chunk that starts at node `c0`
+/// to `h_dst` (the embeddings' input rows), if kept.
+fn keep_own_rows(
+    h_dst: &mut Vec<f32>,
+    keep: bool,
+    chunk: &Chunk,
+    width: usize,
+    (lo, hi): (u64, u64),
+    c0: u64,
+) {
+    if keep && lo < hi {
+        h_dst.extend_from_slice(
+            &chunk.values()[((lo - c0) as usize) * width..((hi - c0) as usize) * width],
+        );
+    }
+}
+
+/// GAT's attention slope for negative scores.
+fn leaky(raw: &Tensor) -> Result<Tensor> {
+    Ok(raw.f_maximum(&raw.f_mul_scalar(0.2)?)?)
+}
+
+/// A group's online softmax as device tensors (see
+/// [`super::OnlineSoftmax`]): per destination and head the running
+/// maximum `m`, the sum `s` of exp(score - m), and `acc`, the sources'
+/// projections weighted alike; `er` the destination side of the scores.
+struct Softmax {
+    h: i64,
+    c_out: i64,
+    acc: Tensor,
+    m: Tensor,
+    s: Tensor,
+    er: Tensor,
+    per_batch: usize,
+}
+
+impl Softmax {
+    /// Adds the edges `range` of `edges` (sorted by destination, all
+    /// seeded), whose sources are rows of a block from node `base` with
+    /// projections `z` and scores `el`.
+    #[allow(clippy::too_many_arguments)]
+    fn add(
+        &mut self,
+        idx: &mut Indices,
+        edges: &GroupEdges,
+        (e0, e1): (usize, usize),
+        base: u64,
+        a: u64,
+        (z, el): (&Tensor, &Tensor),
+        device: Device,
+    ) -> Result<()> {
+        let (h, c_out) = (self.h, self.c_out);
+        for k in (e0..e1).step_by(self.per_batch) {
+            let k1 = (k + self.per_batch).min(e1);
+            let pair = (&edges.src[k..k1], &edges.dst[k..k1]);
+            let Some(Batch { src, dst, touched }) = idx.upload(pair, base, a, true, device)? else {
+                continue;
+            };
+            let n = src.size()[0];
+            let e = leaky(
+                &el.f_index_select(0, &src)?
+                    .f_add(&self.er.f_index_select(0, &dst)?)?,
+            )?;
+            // The new maxima, and the touched destinations' sums rescaled
+            // to them: exp(old max - new max).
+            let before = self.m.f_index_select(0, &touched)?;
+            // scatter_reduce_ (index_reduce_ is torch's beta API, which
+            // warns); the destinations repeated across the heads.
+            let at = dst
+                .f_unsqueeze(1)?
+                .f_expand([n, h], false)?
+                .f_contiguous()?;
+            let _ = self
+                .m
+                .f_internal_scatter_reduce_(0, &at, &e, "amax", true)?;
+            let scale = before
+                .f_sub(&self.m.f_index_select(0, &touched)?)?
+                .f_exp()?;
+            let s = self.s.f_index_select(0, &touched)?.f_mul(&scale)?;
+            let _ = self.s.f_index_copy_(0, &touched, &s)?;
+            let t = touched.size()[0];
+            let acc = self
+                .acc
+                .f_index_select(0, &touched)?
+                .f_view([t, h, c_out])?
+                .f_mul(&scale.f_unsqueeze(-1)?)?
+                .f_view([t, h * c_out])?;
+            let _ = self.acc.f_index_copy_(0, &touched, &acc)?;
+            // Each edge's weight against its destination's new maximum.
+            let wt = e.f_sub(&self.m.f_index_select(0, &dst)?)?.f_exp()?;
+            let _ = self.s.f_index_add_(0, &dst, &wt)?;
+            let rows = z
+                .f_index_select(0, &src)?
+                .f_view([n, h, c_out])?
+                .f_mul(&wt.f_unsqueeze(-1)?)?
+                .f_view([n, h * c_out])?;
+            let _ = self.acc.f_index_add_(0, &dst, &rows)?;
+        }
+        Ok(())
+    }
+}
