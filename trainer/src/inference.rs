@@ -1872,7 +1872,16 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             0
         };
         let floats = if model.mlp.is_empty() {
-            let (node, per_src) = model.layer_floats(l);
+            let (mut node, mut per_src) = model.layer_floats(l);
+            if cfg.aggregate == Aggregate::Device && !cfg.device.is_cuda() {
+                // torch's ops on the CPU: the device's tensors are host
+                // memory (a chunk "on the device" is the chunk itself), and
+                // the output rows are copied out of them.
+                let d_out = model.widths[l + 1] as u64;
+                let (dev_node, dev_src) = on_device::device_floats(&model.layers[l], d_in, d_out);
+                node = node.max(dev_node + d_out);
+                per_src = per_src.max(dev_src - d_in);
+            }
             per_chunk_row = per_chunk_row.max(chunks_per_row + 4 * per_src);
             node + kept
         } else {

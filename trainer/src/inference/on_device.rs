@@ -22,16 +22,20 @@ use offgnn_shared::io_engine::IoEngine;
 /// many in-edges does not need its rows gathered all at once.
 pub(super) const EDGE_BATCH_BYTES: u64 = 256 << 20;
 
-/// The device floats per destination of a group (accumulators, the
-/// projections of its own row, the output and its temporaries), and per
-/// source row of a chunk (the chunk on the device and what it is projected
-/// to, and for GAT the span's kept projections).
+/// The device floats per destination of a group (its state, which the
+/// layer finishes in place, and the output where it is a new tensor), and
+/// per source row of a chunk (the chunk on the device and what it is
+/// projected to).
 pub(super) fn device_floats(layer: &Layer, d_in: u64, d_out: u64) -> (u64, u64) {
     match layer {
         Layer::Sage { .. } => {
             let acc = d_in.min(d_out);
-            // acc, own, a count, the mean and the output.
-            (acc + 3 * d_out + 1, d_in + 2 * d_out)
+            // acc (the means, in place), own, a count, and the mean's
+            // projection where the layer widens; a chunk's rows projected
+            // through lin_l and lin_r where it narrows, else its group rows
+            // through lin_r.
+            let per_src = if d_out <= d_in { 2 * d_out } else { d_out };
+            (acc + 2 * d_out + 1, d_in + per_src)
         }
         Layer::Gat {
             heads,
@@ -41,11 +45,11 @@ pub(super) fn device_floats(layer: &Layer, d_in: u64, d_out: u64) -> (u64, u64) 
         } => {
             let (h, c) = (*heads as u64, *per_head as u64);
             let res = res_w.size()[0] as u64;
-            // acc, its normalized copy, m, s, er, the residual and the
-            // output, and the span's projections and scores, kept for the
-            // edges that wait (a group's rows, a chunk more at most); a
-            // chunk's rows, projections and scores.
-            (3 * h * c + 4 * h + 2 * res, d_in + 2 * (h * c + h))
+            // acc (normalized in place), m, s, er, the residual, the heads'
+            // mean where they are averaged, and the span's projections and
+            // scores, kept for the edges that wait (a group's rows, a chunk
+            // more at most); a chunk's rows, projections and scores.
+            (2 * h * c + 4 * h + 2 * res, d_in + 2 * (h * c + h))
         }
     }
 }
@@ -198,12 +202,16 @@ pub(super) fn graph_layer_group(
                 .f_to_device(device)?
                 .f_clamp_min(1.0)?
                 .f_unsqueeze(1)?;
-            let mut mean = acc.f_div(&count)?;
-            if !project {
-                mean = mean.f_matmul(&lin_l_w.tr())?;
-            }
-            // The host path's order: mean + lin_l's bias + lin_r(self).
-            let mut out = mean.f_add(lin_l_b)?.f_add(&own)?;
+            // In place, in the host path's order: mean + lin_l's bias +
+            // lin_r(self).
+            let _ = acc.f_div_(&count)?;
+            let mut out = if project {
+                acc
+            } else {
+                acc.f_matmul(&lin_l_w.tr())?
+            };
+            let _ = out.f_add_(lin_l_b)?;
+            let _ = out.f_add_(&own)?;
             if activate {
                 let _ = out.f_relu_()?;
             }
@@ -296,18 +304,20 @@ pub(super) fn graph_layer_group(
                 Ok(())
             })?;
             drop(span);
-            // The weighted sums over their sums (PyG adds 1e-16), heads
-            // concatenated or averaged, + res(self) + bias, then ELU.
-            let norm = sm
-                .acc
-                .f_view([g, h, c_out])?
-                .f_div(&sm.s.f_add_scalar(1e-16)?.f_unsqueeze(-1)?)?;
-            let heads_out = if *concat {
+            // In place: the weighted sums over their sums (PyG adds
+            // 1e-16), heads concatenated or averaged, + res(self) + bias,
+            // then ELU.
+            let Softmax { acc, mut s, .. } = sm;
+            let _ = s.f_add_scalar_(1e-16)?;
+            let mut norm = acc.f_view([g, h, c_out])?;
+            let _ = norm.f_div_(&s.f_unsqueeze(-1)?)?;
+            let mut out = if *concat {
                 norm.f_view([g, w])?
             } else {
                 norm.f_mean_dim(1, false, Kind::Float)?
             };
-            let mut out = heads_out.f_add(&res)?.f_add(bias)?;
+            let _ = out.f_add_(&res)?;
+            let _ = out.f_add_(bias)?;
             if activate {
                 let _ = out.f_elu_()?;
             }
