@@ -808,14 +808,34 @@ fn for_each_edge(
     }
 }
 
-/// Cuts the destinations into groups whose working state fits the budget:
-/// each node costs `node_bytes` and each of its in-edges 16 bytes (the
-/// pairs, and their sorted copy while bucketing).
-/// Returns the groups and the largest group's cost.
-fn plan_groups(indegree: &[u32], node_bytes: u64, budget: u64) -> Result<(Vec<(u64, u64)>, u64)> {
+/// What a destination group costs in one memory, and how much of that
+/// memory groups may use.
+#[derive(Clone, Copy, Debug)]
+struct Budget {
+    node_bytes: u64,
+    edge_bytes: u64,
+    bytes: u64,
+}
+
+impl Budget {
+    fn of(&self, nodes: u64, edges: u64) -> u64 {
+        nodes * self.node_bytes + edges * self.edge_bytes
+    }
+}
+
+/// Cuts the destinations into groups whose working state fits the host's
+/// budget (each node costs `node_bytes`, each of its in-edges 16 bytes: the
+/// pairs, and their sorted copy while bucketing) and, with the aggregation
+/// on a CUDA device, that device's (`device`, with the device's index).
+/// Returns the groups and the largest group's cost on the host.
+fn plan_groups(
+    indegree: &[u32],
+    host: Budget,
+    device: Option<(Budget, usize)>,
+) -> Result<(Vec<(u64, u64)>, u64)> {
     let n = indegree.len() as u64;
     let mut groups = Vec::new();
-    let (mut start, mut cost, mut largest) = (0u64, 0u64, 0u64);
+    let (mut start, mut cost, mut cost_dev, mut largest) = (0u64, 0u64, 0u64, 0u64);
     let mut a = 0u64;
     while a < n {
         let b = (a + ALIGN_NODES).min(n);
@@ -823,22 +843,34 @@ fn plan_groups(indegree: &[u32], node_bytes: u64, budget: u64) -> Result<(Vec<(u
             .iter()
             .map(|&d| d as u64)
             .sum();
-        let block = (b - a) * node_bytes + edges * 16;
-        if block > budget {
+        let block = host.of(b - a, edges);
+        if block > host.bytes {
             return Err(Error::InvalidArgument(format!(
                 "--memory leaves {} for destination groups, but nodes {a}..{b} alone need {} ({} per node, 16 bytes per in-edge); give --memory at least {} more",
-                human_bytes(budget),
+                human_bytes(host.bytes),
                 human_bytes(block),
-                human_bytes(node_bytes),
-                human_bytes(block - budget)
+                human_bytes(host.node_bytes),
+                human_bytes(block - host.bytes)
             )));
         }
-        if cost + block > budget {
+        let block_dev = device.map_or(0, |(d, _)| d.of(b - a, edges));
+        if let Some((d, index)) = device.filter(|(d, _)| block_dev > d.bytes) {
+            return Err(Error::InvalidArgument(format!(
+                "cuda:{index} has {} free for destination groups, but nodes {a}..{b} alone need {} there ({} per node); aggregate on the host (--aggregate host)",
+                human_bytes(d.bytes),
+                human_bytes(block_dev),
+                human_bytes(d.node_bytes)
+            )));
+        }
+        let over_dev = device.is_some_and(|(d, _)| cost_dev + block_dev > d.bytes);
+        if cost + block > host.bytes || over_dev {
             groups.push((start, a));
             start = a;
             cost = 0;
+            cost_dev = 0;
         }
         cost += block;
+        cost_dev += block_dev;
         largest = largest.max(cost);
         a = b;
     }
@@ -1862,6 +1894,9 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let pin = if cfg.device.is_cuda() { 2 } else { 1 };
     let chunks_per_row = pin * 4 * (STREAM_AHEAD as u64 + 2) * max_in;
     let mut per_chunk_row = chunks_per_row;
+    // With the aggregation on CUDA: the device floats per destination and
+    // per source row (see [`on_device::device_floats`]).
+    let mut device_floats = (0u64, 0u64);
     for l in 0..num_layers {
         let last = l + 1 == num_layers;
         let d_in = model.widths[l] as u64;
@@ -1873,14 +1908,22 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         };
         let floats = if model.mlp.is_empty() {
             let (mut node, mut per_src) = model.layer_floats(l);
-            if cfg.aggregate == Aggregate::Device && !cfg.device.is_cuda() {
-                // torch's ops on the CPU: the device's tensors are host
-                // memory (a chunk "on the device" is the chunk itself), and
-                // the output rows are copied out of them.
+            if cfg.aggregate == Aggregate::Device {
                 let d_out = model.widths[l + 1] as u64;
                 let (dev_node, dev_src) = on_device::device_floats(&model.layers[l], d_in, d_out);
-                node = node.max(dev_node + d_out);
-                per_src = per_src.max(dev_src - d_in);
+                if cfg.device.is_cuda() {
+                    // The group's state is on the device, planned below;
+                    // the host holds the output rows.
+                    node = on_device::host_floats(d_out);
+                    per_src = 0;
+                    device_floats = (device_floats.0.max(dev_node), device_floats.1.max(dev_src));
+                } else {
+                    // torch's ops on the CPU: the device's tensors are host
+                    // memory (a chunk "on the device" is the chunk itself),
+                    // and the output rows are copied out of them.
+                    node = node.max(dev_node + d_out);
+                    per_src = per_src.max(dev_src - d_in);
+                }
             }
             per_chunk_row = per_chunk_row.max(chunks_per_row + 4 * per_src);
             node + kept
@@ -1933,10 +1976,21 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         edge_upper_bound += 1;
         Ok(())
     })?;
+    let host = Budget {
+        node_bytes: per_node,
+        edge_bytes: 16,
+        bytes: budget,
+    };
+    let device = match (cfg.aggregate, cfg.device, model.mlp.is_empty()) {
+        (Aggregate::Device, Device::Cuda(index), true) => {
+            device_budget(index, 4 * device_floats.0, 4 * chunk_rows * device_floats.1)?
+        }
+        _ => None,
+    };
     let (groups, largest) = if model.mlp.is_empty() {
-        plan_groups(&indegree, per_node, budget)?
+        plan_groups(&indegree, host, device)?
     } else {
-        plan_groups(&vec![0; n as usize], per_node, budget)?
+        plan_groups(&vec![0; n as usize], host, None)?
     };
     drop(indegree);
     let plan = Plan {
@@ -1945,11 +1999,6 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         chunk_rows,
     };
     let chunks = plan.chunks(n);
-    if let (Aggregate::Device, Device::Cuda(index), true) =
-        (cfg.aggregate, cfg.device, model.mlp.is_empty())
-    {
-        check_device_memory(&model, &plan, index)?;
-    }
     tracing::info!(
         "inference: {} nodes in {} groups, source chunks of {} rows, memory at most {}",
         n,
@@ -2354,40 +2403,50 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     Ok(summary)
 }
 
-/// Refuses a run whose aggregation on CUDA device `index` needs more than
-/// it has free: the largest group's state, a chunk's, an edge batch's
-/// temporaries and the CUDA context.
-fn check_device_memory(model: &Model, plan: &Plan, index: usize) -> Result<()> {
-    let nodes = plan.groups.iter().map(|(a, b)| b - a).max().unwrap_or(0);
-    let state = (0..model.layers.len())
-        .map(|l| {
-            let (d_in, d_out) = (model.widths[l] as u64, model.widths[l + 1] as u64);
-            let (node, src) = on_device::device_floats(&model.layers[l], d_in, d_out);
-            4 * (nodes * node + plan.chunk_rows * src)
-        })
-        .max()
-        .unwrap_or(0);
-    let need = state + on_device::EDGE_BATCH_BYTES + crate::memory::CUDA_CONTEXT_BYTES;
-    tracing::info!(
-        "aggregating on cuda:{index}: at most {} there (groups of up to {nodes} nodes, source chunks of {} rows, 1 GiB for the CUDA context)",
-        human_bytes(need),
-        plan.chunk_rows
-    );
-    match crate::memory::cuda_free_memory(index) {
-        Some((free, total)) if need > free => Err(Error::InvalidArgument(format!(
-            "cuda:{index} has {} free of {}, and aggregating there needs up to {} for groups of up to {nodes} nodes; give a smaller --memory (smaller groups, more passes), or --aggregate host",
+/// The device's budget for destination groups when the aggregation runs on
+/// CUDA device `index`, each node costing `node_bytes` there: its free
+/// memory, in whole GiB (so that a resumed run plans the same groups while
+/// the free figure moves a little), less a source chunk's state
+/// (`chunk_bytes`), an edge batch's temporaries and the CUDA context.
+/// `None` where the free memory cannot be read.
+fn device_budget(
+    index: usize,
+    node_bytes: u64,
+    chunk_bytes: u64,
+) -> Result<Option<(Budget, usize)>> {
+    let Some((free, total)) = crate::memory::cuda_free_memory(index) else {
+        tracing::warn!(
+            "cuda:{index}: the CUDA runtime's free memory could not be read; groups are planned by --memory alone"
+        );
+        return Ok(None);
+    };
+    let fixed = chunk_bytes + on_device::EDGE_BATCH_BYTES + crate::memory::CUDA_CONTEXT_BYTES;
+    let usable = free >> 30 << 30;
+    let bytes = usable.checked_sub(fixed).filter(|b| *b > 0).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "cuda:{index} has {} free of {}, below the {} aggregating there needs before any group (a source chunk's state {}, edge batches {}, the CUDA context {}); aggregate on the host (--aggregate host)",
             human_bytes(free),
             human_bytes(total),
-            human_bytes(need)
-        ))),
-        Some(_) => Ok(()),
-        None => {
-            tracing::warn!(
-                "cuda:{index}: the CUDA runtime's free memory could not be read; the device's share is not checked"
-            );
-            Ok(())
-        }
-    }
+            human_bytes(fixed),
+            human_bytes(chunk_bytes),
+            human_bytes(on_device::EDGE_BATCH_BYTES),
+            human_bytes(crate::memory::CUDA_CONTEXT_BYTES)
+        ))
+    })?;
+    tracing::info!(
+        "aggregating on cuda:{index}: {} of its {} free for destination groups ({} per node)",
+        human_bytes(bytes),
+        human_bytes(free),
+        human_bytes(node_bytes)
+    );
+    Ok(Some((
+        Budget {
+            node_bytes,
+            edge_bytes: 0,
+            bytes,
+        },
+        index,
+    )))
 }
 
 fn file_sync(path: &Path) -> Result<()> {
@@ -2528,4 +2587,79 @@ pub fn naive_first_layer(
         total_edges,
         extrapolated_seconds: seconds * total_edges as f64 / sample_edges.max(1) as f64,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BLOCK: u64 = ALIGN_NODES * (100 + 16);
+
+    fn host(blocks: u64) -> Budget {
+        Budget {
+            node_bytes: 100,
+            edge_bytes: 16,
+            bytes: blocks * BLOCK,
+        }
+    }
+
+    #[test]
+    fn groups_fit_the_host_and_the_device_budget() {
+        // 10 blocks of 1024 nodes, an in-edge each: a block costs BLOCK.
+        let indegree = vec![1u32; 10 * ALIGN_NODES as usize];
+        let k = ALIGN_NODES;
+        let (groups, largest) = plan_groups(&indegree, host(3), None).unwrap();
+        assert_eq!(
+            groups,
+            [(0, 3 * k), (3 * k, 6 * k), (6 * k, 9 * k), (9 * k, 10 * k)]
+        );
+        assert_eq!(largest, 3 * BLOCK);
+        // A device that holds two blocks' state (edges cost it nothing)
+        // cuts the groups there, whatever the host could hold.
+        let device = Budget {
+            node_bytes: 100,
+            edge_bytes: 0,
+            bytes: 2 * k * 100,
+        };
+        let (groups, largest) = plan_groups(&indegree, host(8), Some((device, 3))).unwrap();
+        let starts: Vec<u64> = groups.iter().map(|g| g.0).collect();
+        assert_eq!(starts, [0, 2 * k, 4 * k, 6 * k, 8 * k]);
+        assert_eq!(groups.last(), Some(&(8 * k, 10 * k)));
+        assert_eq!(largest, 2 * BLOCK);
+        // A device roomier than the host leaves the host's groups.
+        let roomy = Budget {
+            bytes: 100 * k * 100,
+            ..device
+        };
+        let (groups, _) = plan_groups(&indegree, host(3), Some((roomy, 0))).unwrap();
+        assert_eq!(groups.len(), 4);
+    }
+
+    #[test]
+    fn a_block_over_either_budget_is_refused_naming_that_memory() {
+        let indegree = vec![1u32; 2 * ALIGN_NODES as usize];
+        let e = plan_groups(
+            &indegree,
+            Budget {
+                bytes: BLOCK - 1,
+                ..host(1)
+            },
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--memory leaves"), "{e}");
+        let device = Budget {
+            node_bytes: 100,
+            edge_bytes: 0,
+            bytes: ALIGN_NODES * 100 - 1,
+        };
+        let e = plan_groups(&indegree, host(4), Some((device, 3)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cuda:3") && e.contains("--aggregate host"),
+            "{e}"
+        );
+    }
 }

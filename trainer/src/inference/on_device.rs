@@ -54,6 +54,15 @@ pub(super) fn device_floats(layer: &Layer, d_in: u64, d_out: u64) -> (u64, u64) 
     }
 }
 
+/// The host floats per destination of a group when its state is on a CUDA
+/// device: GraphSAGE's count and, as the host path counts them, three
+/// output widths (the rows copied back, a buffer of an earlier layer the
+/// pool may hold beside them, see [`super::Spares`], and the output as it
+/// is written).
+pub(super) fn host_floats(d_out: u64) -> u64 {
+    3 * d_out + 1
+}
+
 /// Edges a batch takes, for `floats` device floats of temporaries per edge.
 fn edges_per_batch(floats: u64) -> usize {
     (EDGE_BATCH_BYTES / (4 * floats.max(1))).max(1024) as usize
