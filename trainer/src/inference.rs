@@ -1283,27 +1283,63 @@ impl Spares {
     }
 }
 
+/// One graph layer's work for one group of destinations: what
+/// [`graph_layer_group`] and [`on_device::graph_layer_group`] take.
+#[derive(Clone, Copy)]
+struct GroupJob<'a> {
+    layer: &'a Layer,
+    input: &'a Input,
+    engine: &'a IoEngine,
+    edges: &'a GroupEdges,
+    /// The destinations `[a, b)`.
+    range: (u64, u64),
+    chunk_rows: u64,
+    device: Device,
+    /// Keep the group's own input rows (the embeddings).
+    keep_rows: bool,
+    /// Apply the activation.
+    activate: bool,
+    bar: &'a indicatif::ProgressBar,
+}
+
+impl GroupJob<'_> {
+    /// A buffer for the group's own input rows, kept for the embeddings,
+    /// sized already (grown by doubling, GBs of rows would be copied and
+    /// paged in again at each step); empty unless `keep_rows`. Taken first,
+    /// the largest need, it gets the pool's largest buffer.
+    fn kept_rows(&self, spares: &mut Spares) -> Vec<f32> {
+        let (a, b) = self.range;
+        if self.keep_rows {
+            spares.take_empty((b - a) as usize * self.input.width)
+        } else {
+            Vec::new()
+        }
+    }
+}
+
 /// Runs one graph layer for the destinations `[a, b)`: streams the input,
 /// scatters along the group's edges, applies the dense part and, with
 /// `activate`, the activation. Returns the layer's output rows for the
 /// group, and (with `keep_rows`) the group's own input rows, both in
 /// buffers from `spares`, which the caller gives back once written.
-#[allow(clippy::too_many_arguments)]
 fn graph_layer_group(
-    layer: &Layer,
-    input: &Input,
-    engine: &IoEngine,
-    edges: &GroupEdges,
-    (a, b): (u64, u64),
-    chunk_rows: u64,
-    device: Device,
-    keep_rows: bool,
-    activate: bool,
+    job: &GroupJob,
     spares: &mut Spares,
     read: &mut u64,
     times: &mut StreamTimes,
-    bar: &indicatif::ProgressBar,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
+    let GroupJob {
+        layer,
+        input,
+        engine,
+        edges,
+        range: (a, b),
+        chunk_rows,
+        device,
+        keep_rows,
+        activate,
+        bar,
+    } = *job;
     let g = (b - a) as usize;
     let parts = rayon::current_num_threads() * 4;
     match layer {
@@ -1315,15 +1351,7 @@ fn graph_layer_group(
             // The group's own rows pass by in the stream: lin_r is applied
             // to them there, with no second read.
             let d_out = lin_r_w.size()[0];
-            // The group's own input rows, kept for the embeddings, in a
-            // buffer already sized (grown by doubling, GBs of rows would be
-            // copied and paged in again at each step). The largest need
-            // first: it gets the largest buffer.
-            let mut h_dst = if keep_rows {
-                spares.take_empty(g * input.width)
-            } else {
-                Vec::new()
-            };
+            let mut h_dst = job.kept_rows(spares);
             // mean(h) W = mean(h W): where the layer narrows, sources are
             // projected first and the sums are kept at the output's width.
             let project = lin_l_w.size()[0] <= input.width as i64;
@@ -1479,15 +1507,7 @@ fn graph_layer_group(
             let kept = ((last - first) as u64 * chunk_rows) as usize;
             let (mut z_span, mut el_span) =
                 (spares.take_empty(kept * w), spares.take_empty(kept * h));
-            // The group's own input rows, kept for the embeddings, in a
-            // buffer already sized (grown by doubling, GBs of rows would be
-            // copied and paged in again at each step). The largest need
-            // first: it gets the largest buffer.
-            let mut h_dst = if keep_rows {
-                spares.take_empty(g * input.width)
-            } else {
-                Vec::new()
-            };
+            let mut h_dst = job.kept_rows(spares);
             let mut sm = OnlineSoftmax::new(a, g, h, c_out, spares);
             let res_width = res_w.size()[0] as usize;
             let mut res = spares.take(g * res_width);
@@ -2184,21 +2204,19 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     Aggregate::Host => graph_layer_group,
                     Aggregate::Device => on_device::graph_layer_group,
                 };
-                let (rows, h_dst) = group(
-                    &model.layers[l],
-                    &input,
+                let job = GroupJob {
+                    layer: &model.layers[l],
+                    input: &input,
                     engine,
-                    &edges,
-                    (a, b),
+                    edges: &edges,
+                    range: (a, b),
                     chunk_rows,
-                    cfg.device,
-                    last && cfg.outputs.embeddings,
-                    !last,
-                    &mut spares,
-                    &mut read,
-                    &mut times,
-                    &bar,
-                )?;
+                    device: cfg.device,
+                    keep_rows: last && cfg.outputs.embeddings,
+                    activate: !last,
+                    bar: &bar,
+                };
+                let (rows, h_dst) = group(&job, &mut spares, &mut read, &mut times)?;
                 tracing::debug!(
                     "layer {l} group {gi}: computed in {:.2} s ({:.2} s streaming)",
                     t_group.elapsed().as_secs_f64(),

@@ -13,9 +13,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{Chunk, GroupEdges, Input, Layer, Span, Spares, StreamTimes};
+use super::{Chunk, GroupEdges, GroupJob, Layer, Span, Spares, StreamTimes};
 use crate::error::Result;
-use offgnn_shared::io_engine::IoEngine;
 
 /// Device bytes of an edge batch's temporaries at most (about): a chunk's
 /// edges go through the ops in batches of this size, so that a chunk with
@@ -126,31 +125,27 @@ impl Indices {
 /// The layer's output rows for the destinations `[a, b)`, in a buffer from
 /// `spares`, and (with `keep_rows`) the group's own input rows: as
 /// [`super::graph_layer_group`], with the aggregation on `device`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn graph_layer_group(
-    layer: &Layer,
-    input: &Input,
-    engine: &IoEngine,
-    edges: &GroupEdges,
-    (a, b): (u64, u64),
-    chunk_rows: u64,
-    device: Device,
-    keep_rows: bool,
-    activate: bool,
+    job: &GroupJob,
     spares: &mut Spares,
     read: &mut u64,
     times: &mut StreamTimes,
-    bar: &indicatif::ProgressBar,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
+    let (a, b) = job.range;
+    let GroupJob {
+        input,
+        edges,
+        chunk_rows,
+        device,
+        keep_rows,
+        ..
+    } = *job;
+    let (engine, bar) = (job.engine, job.bar);
     let g = (b - a) as i64;
     let opts = (Kind::Float, device);
-    let mut h_dst = if keep_rows {
-        spares.take_empty(g as usize * input.width)
-    } else {
-        Vec::new()
-    };
+    let mut h_dst = job.kept_rows(spares);
     let mut idx = Indices::default();
-    let out = match layer {
+    let out = match job.layer {
         Layer::Sage {
             lin_l_w,
             lin_l_b,
@@ -221,7 +216,7 @@ pub(super) fn graph_layer_group(
             };
             let _ = out.f_add_(lin_l_b)?;
             let _ = out.f_add_(&own)?;
-            if activate {
+            if job.activate {
                 let _ = out.f_relu_()?;
             }
             out
@@ -327,7 +322,7 @@ pub(super) fn graph_layer_group(
             };
             let _ = out.f_add_(&res)?;
             let _ = out.f_add_(bias)?;
-            if activate {
+            if job.activate {
                 let _ = out.f_elu_()?;
             }
             out
