@@ -153,6 +153,34 @@ fn ours_random(engine: &IoEngine, file: &IoFile, secs: f64) -> anyhow::Result<Fi
     })
 }
 
+/// What `trainer infer`'s reader does to a layer's input: `read_span` over
+/// the whole file in calls of `STREAM_PER_CALL` requests of 1 MiB, each
+/// call's bytes copied into a chunk buffer, with room in the engine's buffer
+/// for one call (each call waits for the last: the disk idles while the
+/// bytes are copied) or for two (the next call is read meanwhile).
+fn ours_stream(engine: &IoEngine, file: &IoFile, calls_of_room: usize) -> anyhow::Result<Figure> {
+    const STREAM_PER_CALL: usize = 8;
+    let end = file.len() / PAGE as u64 * PAGE as u64;
+    let mut buf = AlignedBuf::new(calls_of_room * STREAM_PER_CALL * MIB);
+    let mut chunk = vec![0u8; 256 * MIB];
+    let mut filled = 0;
+    let started = Instant::now();
+    let bytes = engine.read_span(file, (0, end), MIB, STREAM_PER_CALL, &mut buf, |bytes| {
+        if filled + bytes.len() > chunk.len() {
+            filled = 0;
+        }
+        chunk[filled..filled + bytes.len()].copy_from_slice(bytes);
+        filled += bytes.len();
+        true
+    })?;
+    std::hint::black_box(&chunk);
+    Ok(Figure {
+        bytes: bytes as f64,
+        ios: (bytes as usize).div_ceil(MIB) as f64,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
 fn fio_args(path: &Path, size: u64, workload: Workload, ioengine: &str, secs: f64) -> Vec<String> {
     let mut args = vec![
         "--name=offgnn-io".to_string(),
@@ -291,7 +319,28 @@ fn main() -> anyhow::Result<()> {
         rows.push((backend, fio_engine, figures));
     }
 
+    // The stream pattern with the engine's default options, as the
+    // trainer runs it: one call at a time against the next queued ahead,
+    // alternated, three runs each over the whole file.
+    let engine = IoEngine::new(IoOptions::default());
+    let file = engine.open(&path)?;
+    let (mut waiting, mut ahead) = (Vec::new(), Vec::new());
+    for round in 1..=3 {
+        eprintln!("== bench: the inference stream, round {round}/3");
+        waiting.push(ours_stream(&engine, &file, 1)?.mbps());
+        ahead.push(ours_stream(&engine, &file, 2)?.mbps());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (waiting_mbps, ahead_mbps) = (median(&mut waiting), median(&mut ahead));
+
     println!();
+    println!(
+        "inference stream (1 MiB x 8 a call, each call's bytes copied into a chunk), median of 3 alternated runs: {waiting_mbps:.0} MB/s with each call waiting for the last, {ahead_mbps:.0} MB/s with the next call read meanwhile ({:.2}x); runs {waiting:.0?} and {ahead:.0?}",
+        ahead_mbps / waiting_mbps
+    );
     println!(
         "{} ({} MiB, O_DIRECT), {secs} s per figure; ours: {RINGS} rings x depth {DEPTH}; fio: {RINGS} jobs x iodepth {DEPTH}",
         path.display(),
@@ -353,6 +402,8 @@ fn main() -> anyhow::Result<()> {
         "rings": RINGS,
         "queue_depth": DEPTH,
         "results": summary,
+        "stream_one_call_mbps": waiting_mbps.round(),
+        "stream_call_ahead_mbps": ahead_mbps.round(),
     });
     println!("{line}");
     std::io::stdout().flush()?;

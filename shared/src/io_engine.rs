@@ -512,10 +512,10 @@ impl IoEngine {
     }
 
     /// Reads `file`'s bytes `[0, end)` front to back in requests of
-    /// `request` bytes (the last may be shorter), `per_call` of them queued
-    /// together, and hands each call's bytes to `each` in file order. On an
-    /// O_DIRECT file `end` and `request` are page-aligned. Returns the bytes
-    /// read.
+    /// `request` bytes (the last may be shorter), at most `per_call` of them
+    /// in flight, and hands the bytes to `each` in file order, a half of
+    /// those at a time while the other half is read. On an O_DIRECT file
+    /// `end` and `request` are page-aligned. Returns the bytes read.
     pub fn read_sequential(
         &self,
         file: &IoFile,
@@ -524,17 +524,23 @@ impl IoEngine {
         per_call: usize,
         mut each: impl FnMut(&[u8]),
     ) -> Result<u64> {
-        let mut buf = AlignedBuf::new(request * per_call);
-        self.read_span(file, (0, end), request, per_call, &mut buf, |bytes| {
+        // The same memory in two halves: one is read while `each` works on
+        // the other, so the disk always has half the requests or more.
+        let half = (per_call / 2).max(1);
+        let mut buf = AlignedBuf::new(2 * request * half);
+        self.read_span(file, (0, end), request, half, &mut buf, |bytes| {
             each(bytes);
             true
         })
     }
 
     /// [`IoEngine::read_sequential`] over `[from, end)` (`from` on a page
-    /// for O_DIRECT) through the caller's `buf` (at least `request *
-    /// per_call` bytes), stopping after any call whose bytes `each` answers
-    /// with `false`. Returns the bytes read.
+    /// for O_DIRECT) through the caller's `buf`, stopping after any call
+    /// whose bytes `each` answers with `false`. With room in `buf` for two
+    /// calls (`2 * request * per_call` bytes) the next call's reads are
+    /// queued before `each` runs on this one's bytes, so the disk keeps
+    /// reading while the caller works; with room for one, each call waits
+    /// for the last. Returns the bytes handed to `each`.
     pub fn read_span(
         &self,
         file: &IoFile,
@@ -544,25 +550,58 @@ impl IoEngine {
         buf: &mut AlignedBuf,
         mut each: impl FnMut(&[u8]) -> bool,
     ) -> Result<u64> {
-        let mut at = from;
-        while at < end {
-            let reqs: Vec<ReadReq> = (0..per_call)
+        let call = request * per_call;
+        let halves = if buf.len() >= 2 * call { 2 } else { 1 };
+        let reqs_at = |at: u64, half: usize| -> Vec<ReadReq> {
+            (0..per_call)
                 .map(|i| at + (i * request) as u64)
                 .take_while(|&offset| offset < end)
                 .enumerate()
                 .map(|(i, offset)| ReadReq {
                     offset,
                     len: (end - offset).min(request as u64) as usize,
-                    buf_offset: i * request,
+                    buf_offset: half * call + i * request,
                 })
-                .collect();
-            let n = self.read(file, &reqs, buf)?;
-            at += n;
-            if !each(&buf.as_slice()[..n as usize]) {
+                .collect()
+        };
+        // Every request is checked before any is queued.
+        let mut calls = Vec::new();
+        let mut at = from;
+        while at < end {
+            let reqs = reqs_at(at, calls.len() % halves);
+            check_requests(file, &reqs, buf)?;
+            at += reqs.iter().map(|r| r.len as u64).sum::<u64>();
+            calls.push(reqs);
+        }
+        let base = buf.as_mut_ptr();
+        // Calls in flight, in file order; dropped (on an error, an early
+        // stop or a panic in `each`), it waits for them: `buf` stays
+        // borrowed mutably until this returns, after the last read into it.
+        let mut in_flight = InFlight(std::collections::VecDeque::new());
+        let mut next = calls.iter().enumerate();
+        let mut done = 0u64;
+        loop {
+            while in_flight.0.len() < halves {
+                let Some((k, reqs)) = next.next() else { break };
+                let (batch, total) = self.enqueue(file, reqs, base, false);
+                in_flight.0.push_back((batch, total, (k % halves) * call));
+            }
+            let Some((batch, total, offset)) = in_flight.0.pop_front() else {
+                break;
+            };
+            batch.wait();
+            if let Some(e) = lock(&batch.error).take() {
+                return Err(e);
+            }
+            done += total;
+            // SAFETY: this call's reads have finished and its bytes are
+            // inside `buf`; the call in flight writes the other half only.
+            let bytes = unsafe { std::slice::from_raw_parts(base.add(offset), total as usize) };
+            if !each(bytes) {
                 break;
             }
         }
-        Ok(at - from)
+        Ok(done)
     }
 
     /// Writes every request from `buf` (request i's bytes come from
@@ -657,6 +696,18 @@ impl IoEngine {
             self.queue.push(pieces);
         }
         (batch, total)
+    }
+}
+
+/// The calls [`IoEngine::read_span`] has queued: each batch, its bytes and
+/// where they land in the buffer. Waits for them all when dropped.
+struct InFlight(std::collections::VecDeque<(Arc<Batch>, u64, usize)>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        for (batch, _, _) in &self.0 {
+            batch.wait();
+        }
     }
 }
 
@@ -1576,6 +1627,85 @@ mod tests {
         assert_landed(&fx, &good, &buf);
     }
 
+    fn spans_hand_their_bytes_in_order(backend: Backend) {
+        let Some(engine) = engine(backend, 2, 4) else {
+            return;
+        };
+        let fx = fixture(3 << 20, 11);
+        let file = open(&engine, &fx);
+        let (request, per_call) = (64 << 10, 3);
+        let call = request * per_call;
+        // From page 5 to the end: 13 calls (the last short), with room for
+        // one call (each waits for the last) and for two (the next is read
+        // while `each` works, into the other half).
+        let from = 5 * PAGE;
+        for room in [call, 2 * call] {
+            let mut buf = AlignedBuf::new(room);
+            let mut got = Vec::new();
+            let mut sizes = Vec::new();
+            let n = engine
+                .read_span(
+                    &file,
+                    (from as u64, fx.bytes.len() as u64),
+                    request,
+                    per_call,
+                    &mut buf,
+                    |bytes| {
+                        got.extend_from_slice(bytes);
+                        sizes.push(bytes.len());
+                        true
+                    },
+                )
+                .expect("reading the span");
+            assert_eq!(n as usize, fx.bytes.len() - from, "room {room}");
+            assert!(
+                got == fx.bytes[from..],
+                "room {room}: the bytes or their order differ"
+            );
+            assert_eq!(sizes.len(), (fx.bytes.len() - from).div_ceil(call));
+            assert!(sizes[..sizes.len() - 1].iter().all(|&s| s == call));
+            // Stopped after the third call: three calls' bytes handed over.
+            let mut calls = 0;
+            let n = engine
+                .read_span(
+                    &file,
+                    (0, fx.bytes.len() as u64),
+                    request,
+                    per_call,
+                    &mut buf,
+                    |_| {
+                        calls += 1;
+                        calls < 3
+                    },
+                )
+                .expect("reading the span");
+            assert_eq!((calls, n), (3, 3 * call as u64), "room {room}");
+            // A span past the end: the error names the file, after the
+            // calls before it were handed over.
+            let mut handed = 0;
+            let err = message(engine.read_span(
+                &file,
+                (0, fx.bytes.len() as u64 + call as u64),
+                request,
+                per_call,
+                &mut buf,
+                |bytes| {
+                    handed += bytes.len();
+                    true
+                },
+            ));
+            assert!(err.contains("end of file"), "{err}");
+            assert!(handed < fx.bytes.len() + call && handed % call == 0);
+        }
+        // The engine is still good after the error.
+        assert_eq!(
+            engine
+                .read_sequential(&file, fx.bytes.len() as u64, request, 4, |_| {})
+                .expect("reading after an error"),
+            fx.bytes.len() as u64
+        );
+    }
+
     fn bad_destinations_are_refused(backend: Backend) {
         let Some(engine) = engine(backend, 2, 4) else {
             return;
@@ -1780,6 +1910,7 @@ mod tests {
         short_file_is_an_error_naming_the_file,
         bad_destinations_are_refused,
         threads_share_one_engine,
+        spans_hand_their_bytes_in_order,
     );
 
     #[test]

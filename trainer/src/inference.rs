@@ -430,7 +430,9 @@ impl Input {
         let end = data + self.rows * self.row_bytes();
         let split = (data + first as u64 * chunk_rows * self.row_bytes()).min(end);
         let (data_page, split_page) = (data / PAGE * PAGE, split / PAGE * PAGE);
-        let mut buf = AlignedBuf::new(REQUEST * PER_CALL);
+        // Two calls' room: the next is read while this one's bytes are
+        // converted into the chunks (see [`IoEngine::read_span`]).
+        let mut buf = AlignedBuf::new(2 * REQUEST * PER_CALL);
         let from = split_page.max(data_page);
         // The first run's bytes before chunk `first`.
         let lead = (split - from) as usize;
@@ -1964,7 +1966,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let fixed = crate::memory::RUNTIME_BYTES
         + 4 * n
         + n.div_ceil(8)
-        + (REQUEST * PER_CALL + write_piece) as u64;
+        + (2 * REQUEST * PER_CALL + write_piece) as u64;
     let chunk_rows = match cfg.chunk_rows {
         Some(c) => c.div_ceil(ALIGN_NODES).max(1) * ALIGN_NODES,
         None => {
@@ -1985,7 +1987,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 human_bytes(fixed + chunk_bytes),
                 human_bytes(crate::memory::RUNTIME_BYTES),
                 human_bytes(chunk_bytes),
-                human_bytes((REQUEST * PER_CALL + write_piece) as u64),
+                human_bytes((2 * REQUEST * PER_CALL + write_piece) as u64),
                 human_bytes(fixed + chunk_bytes + ALIGN_NODES * per_node * 2)
             ))
         })?;
