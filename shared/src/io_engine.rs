@@ -564,27 +564,20 @@ impl IoEngine {
                 })
                 .collect()
         };
-        // Every request is checked before any is queued.
-        let mut calls = Vec::new();
-        let mut at = from;
-        while at < end {
-            let reqs = reqs_at(at, calls.len() % halves);
-            check_requests(file, &reqs, buf)?;
-            at += reqs.iter().map(|r| r.len as u64).sum::<u64>();
-            calls.push(reqs);
-        }
         let base = buf.as_mut_ptr();
         // Calls in flight, in file order; dropped (on an error, an early
         // stop or a panic in `each`), it waits for them: `buf` stays
         // borrowed mutably until this returns, after the last read into it.
         let mut in_flight = InFlight(std::collections::VecDeque::new());
-        let mut next = calls.iter().enumerate();
-        let mut done = 0u64;
+        let (mut next, mut k, mut done) = (from, 0usize, 0u64);
         loop {
-            while in_flight.0.len() < halves {
-                let Some((k, reqs)) = next.next() else { break };
-                let (batch, total) = self.enqueue(file, reqs, base, false);
+            while in_flight.0.len() < halves && next < end {
+                let reqs = reqs_at(next, k % halves);
+                check_requests(file, &reqs, buf)?;
+                let (batch, total) = self.enqueue(file, &reqs, base, false);
                 in_flight.0.push_back((batch, total, (k % halves) * call));
+                next += total;
+                k += 1;
             }
             let Some((batch, total, offset)) = in_flight.0.pop_front() else {
                 break;

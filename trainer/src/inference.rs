@@ -1317,6 +1317,18 @@ impl GroupJob<'_> {
             Vec::new()
         }
     }
+
+    /// Appends the group's own rows in `chunk` (whose first node is `c0`)
+    /// to `h_dst`, if they are kept.
+    fn keep_own_rows(&self, h_dst: &mut Vec<f32>, chunk: &Chunk, c0: u64) {
+        let (a, b) = self.range;
+        let (lo, hi) = (a.max(c0), b.min(c0 + chunk.rows as u64));
+        if self.keep_rows && lo < hi {
+            let w = self.input.width;
+            h_dst
+                .extend_from_slice(&chunk.values()[(lo - c0) as usize * w..(hi - c0) as usize * w]);
+        }
+    }
 }
 
 /// Runs one graph layer for the destinations `[a, b)`: streams the input,
@@ -1338,9 +1350,9 @@ fn graph_layer_group(
         range: (a, b),
         chunk_rows,
         device,
-        keep_rows,
         activate,
         bar,
+        ..
     } = *job;
     let g = (b - a) as usize;
     let parts = rayon::current_num_threads() * 4;
@@ -1385,12 +1397,7 @@ fn graph_layer_group(
                 // The chunk's tensor as it is on the CPU (a view, no copy).
                 let x = chunk.tensor().to_device(device);
                 let d_out = d_out as usize;
-                if lo < hi && keep_rows {
-                    h_dst.extend_from_slice(
-                        &rows[((lo - c0) as usize) * input.width
-                            ..((hi - c0) as usize) * input.width],
-                    );
-                }
+                job.keep_own_rows(&mut h_dst, chunk, c0);
                 // The rows the scatter adds up, `stride` apart.
                 let (rows, stride) = if project {
                     let own = lo < hi;
@@ -1498,7 +1505,6 @@ fn graph_layer_group(
         } => {
             let (h, c_out) = (*heads as usize, *per_head as usize);
             let w = h * c_out;
-            let d = input.width;
             let (a_src, a_dst) = (to_vec(att_src)?, to_vec(att_dst)?);
             let (lin_t, res_t) = (lin_w.tr(), res_w.tr());
             // Projections and residuals land in reused buffers: fresh
@@ -1519,7 +1525,6 @@ fn graph_layer_group(
                 if !in_span && e0 == e1 {
                     return Ok(());
                 }
-                let rows = chunk.values();
                 let c0 = c as u64 * chunk_rows;
                 let n_rows = chunk.rows;
                 let c1 = c0 + n_rows as u64;
@@ -1536,9 +1541,7 @@ fn graph_layer_group(
                     sm.er[(lo - a) as usize * h..(hi - a) as usize * h].copy_from_slice(&er);
                     let r = rs.product(&x.narrow(0, at, len), &res_t)?;
                     res[(lo - a) as usize * res_width..][..r.len()].copy_from_slice(r);
-                    if keep_rows {
-                        h_dst.extend_from_slice(&rows[at as usize * d..(at + len) as usize * d]);
-                    }
+                    job.keep_own_rows(&mut h_dst, chunk, c0);
                     sm.seed((lo, hi), c0, z, &el);
                     // Edges from the span's earlier chunks waited for these
                     // destinations.

@@ -13,7 +13,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{Chunk, GroupEdges, GroupJob, Layer, Span, Spares, StreamTimes};
+use super::{GroupEdges, GroupJob, Layer, Span, Spares, StreamTimes};
 use crate::error::Result;
 
 /// Device bytes of an edge batch's temporaries at most (about): a chunk's
@@ -137,7 +137,6 @@ pub(super) fn graph_layer_group(
         edges,
         chunk_rows,
         device,
-        keep_rows,
         ..
     } = *job;
     let (engine, bar) = (job.engine, job.bar);
@@ -172,7 +171,7 @@ pub(super) fn graph_layer_group(
                 if lo >= hi && e0 == e1 {
                     return Ok(());
                 }
-                keep_own_rows(&mut h_dst, keep_rows, chunk, input.width, (lo, hi), c0);
+                job.keep_own_rows(&mut h_dst, chunk, c0);
                 let x = chunk.tensor().f_to_device(device)?;
                 let (at, len) = ((lo - c0) as i64, hi.saturating_sub(lo) as i64);
                 let rows = if project {
@@ -279,7 +278,7 @@ pub(super) fn graph_layer_group(
                     let er = scores(&z_own, &att_d)?;
                     let into = |t: &Tensor| t.narrow(0, (lo - a) as i64, len);
                     into(&res).f_copy_(&x.narrow(0, at, len).f_matmul(&res_t)?)?;
-                    keep_own_rows(&mut h_dst, keep_rows, chunk, input.width, (lo, hi), c0);
+                    job.keep_own_rows(&mut h_dst, chunk, c0);
                     // The self-loop starts each destination: max = e_self,
                     // sum = 1, acc = its own projection.
                     let raw = el.narrow(0, at, len).f_add(&er)?;
@@ -346,23 +345,6 @@ pub(super) fn graph_layer_group(
     };
     host.f_copy_(&out.f_reshape([-1])?)?;
     Ok((rows, h_dst))
-}
-
-/// Appends the group's rows `[lo, hi)` of a chunk that starts at node `c0`
-/// to `h_dst` (the embeddings' input rows), if kept.
-fn keep_own_rows(
-    h_dst: &mut Vec<f32>,
-    keep: bool,
-    chunk: &Chunk,
-    width: usize,
-    (lo, hi): (u64, u64),
-    c0: u64,
-) {
-    if keep && lo < hi {
-        h_dst.extend_from_slice(
-            &chunk.values()[((lo - c0) as usize) * width..((hi - c0) as usize) * width],
-        );
-    }
 }
 
 /// GAT's attention slope for negative scores.
