@@ -504,7 +504,7 @@ impl IoEngine {
     /// is in flight, also on error; the first error is returned and the
     /// buffer's contents are then unspecified.
     pub fn read(&self, file: &IoFile, reqs: &[ReadReq], buf: &mut AlignedBuf) -> Result<u64> {
-        check_requests(file, reqs, buf)?;
+        check_requests(file, reqs, buf.as_slice())?;
         let base = buf.as_mut_ptr();
         // `buf` stays borrowed mutably until `submit` returns, after the last
         // read into it.
@@ -573,7 +573,7 @@ impl IoEngine {
         loop {
             while in_flight.0.len() < halves && next < end {
                 let reqs = reqs_at(next, k % halves);
-                check_requests(file, &reqs, buf)?;
+                check_requests(file, &reqs, buf.as_slice())?;
                 let (batch, total) = self.enqueue(file, &reqs, base, false);
                 in_flight.0.push_back((batch, total, (k % halves) * call));
                 next += total;
@@ -597,6 +597,31 @@ impl IoEngine {
         Ok(done)
     }
 
+    /// Starts reading every request into `into`'s memory (request i's
+    /// bytes land at `into.target()[req.buf_offset..][..req.len]`, checked
+    /// as [`IoEngine::read`] checks them, alignment by address) and returns
+    /// at once: the engine writes that memory until [`PendingRead::wait`]
+    /// gives `into` back with the outcome. A reader thus queues its next
+    /// block's reads before it hands this one on, and the disk never waits
+    /// for it; with a tensor's memory as the target the bytes need no copy.
+    pub fn read_behind<'f, T: ReadTarget>(
+        &self,
+        file: &'f IoFile,
+        reqs: &[ReadReq],
+        mut into: T,
+    ) -> Result<PendingRead<'f, T>> {
+        let dst = into.target();
+        check_requests(file, reqs, dst)?;
+        let base = dst.as_mut_ptr();
+        let (batch, total) = self.enqueue(file, reqs, base, false);
+        Ok(PendingRead {
+            batch,
+            total,
+            into: Some(into),
+            _file: std::marker::PhantomData,
+        })
+    }
+
     /// Writes every request from `buf` (request i's bytes come from
     /// `buf[req.buf_offset..][..req.len]` and go to the file at `req.offset`)
     /// and returns the bytes written, spread over the rings like reads. The
@@ -607,7 +632,7 @@ impl IoEngine {
         if !file.writable {
             return Err(invalid(file, "was not opened for writing".into()));
         }
-        check_requests(file, reqs, buf)?;
+        check_requests(file, reqs, buf.as_slice())?;
         // The workers only read through this pointer for a write; `buf` stays
         // borrowed until `submit` returns, after the last write from it.
         let base = buf.as_slice().as_ptr().cast_mut();
@@ -628,7 +653,7 @@ impl IoEngine {
         if !file.writable {
             return Err(invalid(file, "was not opened for writing".into()));
         }
-        check_requests(file, reqs, &buf)?;
+        check_requests(file, reqs, buf.as_slice())?;
         let base = buf.as_slice().as_ptr().cast_mut();
         let (batch, total) = self.enqueue(file, reqs, base, true);
         Ok(PendingWrite {
@@ -746,6 +771,68 @@ impl fmt::Debug for PendingWrite {
     }
 }
 
+/// Memory that [`IoEngine::read_behind`] reads into while its owner goes
+/// on: a value that owns heap memory, which stays where it is however the
+/// value is moved.
+///
+/// # Safety
+/// `target` returns the same memory (address and length) each time, and
+/// that memory stays allocated, and is not read or written other than
+/// through `target`, for as long as the value lives.
+pub unsafe trait ReadTarget: Send {
+    fn target(&mut self) -> &mut [u8];
+}
+
+// SAFETY: an `AlignedBuf`'s pages are its own allocation, freed only on
+// drop; moving the struct moves the pointer, not the pages.
+unsafe impl ReadTarget for AlignedBuf {
+    fn target(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
+/// A read started by [`IoEngine::read_behind`]: it owns the memory read
+/// into until the reads are done, and borrows the file. Dropping it waits
+/// for them; leaking it leaks the memory, which the kernel may still write.
+pub struct PendingRead<'f, T: ReadTarget> {
+    batch: Arc<Batch>,
+    total: u64,
+    into: Option<T>,
+    _file: std::marker::PhantomData<&'f IoFile>,
+}
+
+impl<T: ReadTarget> PendingRead<'_, T> {
+    /// Waits for the reads and returns the bytes read (or the first
+    /// error, the memory's contents then unspecified) and the memory.
+    pub fn wait(mut self) -> (Result<u64>, T) {
+        self.batch.wait();
+        let outcome = match lock(&self.batch.error).take() {
+            Some(e) => Err(e),
+            None => Ok(self.total),
+        };
+        let into = self.into.take().expect("a pending read holds its memory");
+        (outcome, into)
+    }
+}
+
+impl<T: ReadTarget> Drop for PendingRead<'_, T> {
+    fn drop(&mut self) {
+        // The memory must outlive the kernel's writes into it.
+        if self.into.is_some() {
+            self.batch.wait();
+        }
+    }
+}
+
+impl<T: ReadTarget> fmt::Debug for PendingRead<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PendingRead")
+            .field("path", &self.batch.path)
+            .field("bytes", &self.total)
+            .finish()
+    }
+}
+
 impl Drop for IoEngine {
     fn drop(&mut self) {
         self.queue.close();
@@ -762,7 +849,8 @@ fn invalid(file: &IoFile, what: String) -> Error {
 
 /// Refuses requests that do not fit the buffer, overlap there, reach past
 /// what `pread` can address, or break O_DIRECT's alignment.
-fn check_requests(file: &IoFile, reqs: &[ReadReq], buf: &AlignedBuf) -> Result<()> {
+fn check_requests(file: &IoFile, reqs: &[ReadReq], buf: &[u8]) -> Result<()> {
+    let base = buf.as_ptr() as usize;
     let mut dests = Vec::with_capacity(reqs.len());
     let mut sorted = true;
     for (i, req) in reqs.iter().enumerate() {
@@ -797,13 +885,19 @@ fn check_requests(file: &IoFile, reqs: &[ReadReq], buf: &AlignedBuf) -> Result<(
         if file.direct
             && !(req.offset.is_multiple_of(PAGE as u64)
                 && req.len.is_multiple_of(PAGE)
-                && req.buf_offset.is_multiple_of(PAGE))
+                && (base + req.buf_offset).is_multiple_of(PAGE))
         {
             return Err(invalid(
                 file,
                 format!(
-                    "read request {i} (offset {}, length {}, buffer offset {}) is not aligned to {PAGE} bytes, which O_DIRECT requires",
-                    req.offset, req.len, req.buf_offset
+                    "read request {i} (offset {}, length {}, buffer offset {}{}) is not aligned to {PAGE} bytes, which O_DIRECT requires",
+                    req.offset,
+                    req.len,
+                    req.buf_offset,
+                    match base % PAGE {
+                        0 => String::new(),
+                        off => format!(" in memory that starts {off} bytes into a page"),
+                    }
                 ),
             ));
         }
@@ -1881,6 +1975,88 @@ mod tests {
         assert!(err.contains("not opened for writing"), "{err}");
     }
 
+    /// Memory a page into an allocation, or 64 bytes past a page.
+    struct Offset(AlignedBuf, usize);
+
+    // SAFETY: a fixed window of the buffer's own pages.
+    unsafe impl ReadTarget for Offset {
+        fn target(&mut self) -> &mut [u8] {
+            &mut self.0.as_mut_slice()[self.1..]
+        }
+    }
+
+    fn reads_behind_land_in_their_memory(backend: Backend) {
+        let Some(engine) = engine(backend, 2, 4) else {
+            return;
+        };
+        let fx = fixture(2 << 20, 13);
+        let file = open(&engine, &fx);
+        let block = 256 << 10;
+        let reqs = |at: usize| -> Vec<ReadReq> {
+            (0..4)
+                .map(|i| ReadReq {
+                    offset: (at + i * (block / 4)) as u64,
+                    len: block / 4,
+                    buf_offset: i * (block / 4),
+                })
+                .collect()
+        };
+        // Two blocks in flight at once, each into its own memory, a page
+        // into an allocation; then the next two into the same memories.
+        let mut memories = vec![
+            Offset(AlignedBuf::new(block + PAGE), PAGE),
+            Offset(AlignedBuf::new(block + PAGE), PAGE),
+        ];
+        let mut got = Vec::new();
+        for pair in 0..4 {
+            let pending: Vec<_> = (0..2)
+                .map(|k| {
+                    let at = (2 * pair + k) * block;
+                    engine
+                        .read_behind(&file, &reqs(at), memories.pop().expect("two memories"))
+                        .expect("queued")
+                })
+                .collect();
+            for p in pending {
+                let (n, mut into) = p.wait();
+                assert_eq!(n.expect("read"), block as u64);
+                got.extend_from_slice(into.target());
+                memories.push(into);
+            }
+        }
+        assert!(got == fx.bytes, "the blocks' bytes or their order differ");
+        // Dropped unwaited: the drop waits for the reads.
+        drop(
+            engine
+                .read_behind(&file, &reqs(0), Offset(AlignedBuf::new(block), 0))
+                .expect("queued"),
+        );
+        // Past the end: the error comes with the memory.
+        let (err, _) = engine
+            .read_behind(
+                &file,
+                &reqs(fx.bytes.len()),
+                Offset(AlignedBuf::new(block), 0),
+            )
+            .expect("queued")
+            .wait();
+        assert!(message(err).contains("features.bin"));
+        // Too small, or (O_DIRECT) at an address off a page: refused
+        // before anything is queued.
+        let err =
+            message(engine.read_behind(&file, &reqs(0), Offset(AlignedBuf::new(block), PAGE)));
+        assert!(err.contains("does not fit"), "{err}");
+        let off_page = engine.read_behind(&file, &reqs(0), Offset(AlignedBuf::new(block + 64), 64));
+        if file.is_direct() {
+            let err = message(off_page);
+            assert!(err.contains("starts 64 bytes into a page"), "{err}");
+        } else {
+            let (n, into) = off_page.expect("buffered reads need no alignment").wait();
+            assert_eq!(n.expect("read"), block as u64);
+            assert!(into.0.as_slice()[64..] == fx.bytes[..block]);
+        }
+    }
+
     macro_rules! both_backends {
         ($($case:ident),* $(,)?) => {
             mod on_io_uring {
@@ -1904,6 +2080,7 @@ mod tests {
         bad_destinations_are_refused,
         threads_share_one_engine,
         spans_hand_their_bytes_in_order,
+        reads_behind_land_in_their_memory,
     );
 
     #[test]

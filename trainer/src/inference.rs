@@ -379,12 +379,21 @@ impl Input {
         bar: &indicatif::ProgressBar,
         mut each: impl FnMut(usize, &Chunk) -> Result<()>,
     ) -> Result<u64> {
-        let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<(usize, Chunk)>(STREAM_AHEAD);
-        let (free_tx, free_rx) = std::sync::mpsc::channel::<Chunk>();
         let stop = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|scope| {
-            let reader = scope
-                .spawn(|| self.read_chunks(engine, chunk_rows, first, full_tx, free_rx, &stop));
+            // Made inside the scope: if `each` panics, the consumer's ends
+            // are dropped as it unwinds, so the reader, blocked on them,
+            // ends before the scope waits for it.
+            let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<(usize, Chunk)>(STREAM_AHEAD);
+            let (free_tx, free_rx) = std::sync::mpsc::channel::<Chunk>();
+            let stop = &stop;
+            let reader = scope.spawn(move || {
+                if self.reads_in_place() {
+                    self.read_into_chunks(engine, chunk_rows, first, &full_tx, &free_rx, stop)
+                } else {
+                    self.read_chunks(engine, chunk_rows, first, full_tx, free_rx, stop)
+                }
+            });
             let mut outcome = Ok(());
             let mut waited = Instant::now();
             for (c, chunk) in full_rx.iter() {
@@ -408,6 +417,158 @@ impl Input {
             let read = reader.join().expect("the reader thread does not panic")?;
             outcome.map(|()| read)
         })
+    }
+
+    /// Whether the stream reads straight into the chunks' memory: float32
+    /// rows in this machine's byte order, starting on a float's boundary.
+    fn reads_in_place(&self) -> bool {
+        self.dtype == DType::F32
+            && cfg!(target_endian = "little")
+            && self.data_offset.is_multiple_of(4)
+    }
+
+    /// The reader side of [`Input::stream`] where the rows need no
+    /// conversion: each chunk's bytes are read straight into its memory
+    /// (O_DIRECT, whole pages, from the page boundary before its rows), the
+    /// next chunk's reads queued before this one is handed on, so the disk
+    /// never waits for the hand-over and no byte is copied. A page shared
+    /// by two chunks is read once, by the first to need it: the next chunk
+    /// in the file gets its bytes of that page copied (a few KB), and the
+    /// chunk before `first`, handed on last, the bytes of `first`'s first
+    /// page that are its own. At most `STREAM_AHEAD + 2` chunks exist, as
+    /// the memory plan counts them.
+    fn read_into_chunks(
+        &self,
+        engine: &IoEngine,
+        chunk_rows: u64,
+        first: usize,
+        full: &std::sync::mpsc::SyncSender<(usize, Chunk)>,
+        free: &std::sync::mpsc::Receiver<Chunk>,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> Result<u64> {
+        let file = engine.open(&self.path)?;
+        let rb = self.row_bytes();
+        let end = self.data_offset + self.rows * rb;
+        // Whole pages up to the last one the rows fill, read directly; the
+        // bytes after it through the page cache.
+        let direct_end = if file.is_direct() {
+            end / PAGE * PAGE
+        } else {
+            end
+        };
+        let chunks = self.rows.div_ceil(chunk_rows) as usize;
+        let order: Vec<usize> = (first..chunks).chain(0..first).collect();
+        let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
+        let mut made = 0;
+        let mut read = 0u64;
+        // The next chunk's bytes of the page this one ends in, and the
+        // bytes of chunk `first`'s first page before it.
+        let (mut carry, mut wrap) = (Vec::new(), Vec::new());
+        let mut in_flight = std::collections::VecDeque::new();
+        let mut finish = |(span, pending): (
+            ChunkSpan,
+            offgnn_shared::io_engine::PendingRead<'_, Chunk>,
+        )|
+         -> Result<()> {
+            let (n, mut chunk) = pending.wait();
+            read += n?;
+            let lead = chunk.page_lead();
+            let page = span.s / PAGE * PAGE;
+            let mem = offgnn_shared::io_engine::ReadTarget::target(&mut chunk);
+            // The bytes past the last whole page, through the page cache.
+            let (b0, b1) = (span.read_from.max(direct_end), span.read_to.min(end));
+            if b0 < b1 {
+                let f = File::open(&self.path).map_err(|e| Error::io(self.path.display(), e))?;
+                f.read_exact_at(&mut mem[(b0 - page) as usize..(b1 - page) as usize], b0)
+                    .map_err(|e| Error::io(self.path.display(), e))?;
+                read += b1 - b0;
+            }
+            if span.head_carried {
+                let at = (span.s - page) as usize;
+                mem[at..at + carry.len()].copy_from_slice(&carry);
+            }
+            if span.tail_wrapped {
+                let at = (span.e / PAGE * PAGE - page) as usize;
+                mem[at..at + wrap.len()].copy_from_slice(&wrap);
+            }
+            if span.c == first && first > 0 {
+                wrap = mem[..(span.s - page) as usize].to_vec();
+            }
+            carry.clear();
+            if span.c + 1 < chunks && !span.tail_wrapped {
+                let to = span.e.next_multiple_of(PAGE).min(end);
+                carry.extend_from_slice(&mem[(span.e - page) as usize..(to - page) as usize]);
+            }
+            // On a float's boundary: the memory's start is, and so are the
+            // data offset and the rows (`reads_in_place`).
+            debug_assert!((lead + (span.s - page) as usize).is_multiple_of(4));
+            chunk.start = (lead + (span.s - page) as usize) / 4;
+            chunk.rows = ((span.e - span.s) / rb) as usize;
+            if !stopped() {
+                // A closed channel means the consumer stopped on an error.
+                let _ = full.send((span.c, chunk));
+            }
+            Ok(())
+        };
+        for (i, &c) in order.iter().enumerate() {
+            if stopped() {
+                break;
+            }
+            let s = self.data_offset + c as u64 * chunk_rows * rb;
+            let e = (self.data_offset + ((c as u64 + 1) * chunk_rows).min(self.rows) * rb).min(end);
+            let head_carried = i > 0 && order[i - 1] + 1 == c && !s.is_multiple_of(PAGE);
+            let tail_wrapped = first > 0 && c + 1 == first && !e.is_multiple_of(PAGE);
+            let page = s / PAGE * PAGE;
+            let read_from = if head_carried {
+                s.next_multiple_of(PAGE)
+            } else {
+                page
+            };
+            let read_to = if tail_wrapped {
+                e / PAGE * PAGE
+            } else {
+                e.next_multiple_of(PAGE)
+            }
+            .max(read_from);
+            let span = ChunkSpan {
+                c,
+                s,
+                e,
+                read_from,
+                read_to,
+                head_carried,
+                tail_wrapped,
+            };
+            let chunk = match free.try_recv() {
+                Ok(chunk) => chunk,
+                Err(_) if made < STREAM_AHEAD + 2 => {
+                    made += 1;
+                    Chunk::new(chunk_rows as usize, self.width, self.pinned)?
+                }
+                Err(_) => match free.recv() {
+                    Ok(chunk) => chunk,
+                    // The consumer is gone.
+                    Err(_) => break,
+                },
+            };
+            let direct_to = read_to.min(direct_end).max(read_from);
+            let reqs: Vec<ReadReq> = (read_from..direct_to)
+                .step_by(REQUEST)
+                .map(|at| ReadReq {
+                    offset: at,
+                    len: (direct_to - at).min(REQUEST as u64) as usize,
+                    buf_offset: (at - page) as usize,
+                })
+                .collect();
+            in_flight.push_back((span, engine.read_behind(&file, &reqs, chunk)?));
+            if in_flight.len() == 2 {
+                finish(in_flight.pop_front().expect("two in flight"))?;
+            }
+        }
+        while let Some(next) = in_flight.pop_front() {
+            finish(next)?;
+        }
+        Ok(read)
     }
 
     /// The reader side of [`Input::stream`]: sends whole chunks in the
@@ -486,49 +647,104 @@ impl Input {
     }
 }
 
-/// A chunk of a layer's input rows as float32, in a CPU tensor that the
-/// reader converts the bytes into as they arrive: the matmuls take it as
-/// it is (a first layer's pass is tens of GB, each copy seconds of CPU).
+/// Where a chunk's rows lie in its layer's file (`[s, e)`), the bytes
+/// the stream reads for it (`[read_from, read_to)`, whole pages, clipped
+/// to the rows' end), and which of its bytes come from another chunk's
+/// pages instead: its first partial page (read for the chunk before it)
+/// or its last (read for chunk `first`, at the stream's start).
+struct ChunkSpan {
+    c: usize,
+    s: u64,
+    e: u64,
+    read_from: u64,
+    read_to: u64,
+    head_carried: bool,
+    tail_wrapped: bool,
+}
+
+/// A chunk of a layer's input rows as float32, in CPU memory that the
+/// reader reads (or converts) the bytes into as they arrive: the matmuls
+/// take its tensor as it is (a first layer's pass is tens of GB, each copy
+/// seconds of CPU).
 struct Chunk {
-    /// `[capacity, width]` float32; the first `rows` rows are the chunk's.
-    t: Tensor,
+    /// Flat float32 memory: the capacity's values and three pages more
+    /// (to start a direct read on a page, and for the partial pages at
+    /// either end of its rows).
+    raw: Tensor,
+    /// Where the rows start in `raw`, in values.
+    start: usize,
     rows: usize,
     width: usize,
+    capacity: usize,
 }
 
 impl Chunk {
+    /// Values of slack past the capacity (see `raw`).
+    const SLACK: usize = 3 * PAGE as usize / 4;
+
     /// A chunk of `capacity` rows, in page-locked memory if `pinned` (its
     /// copies to the device are blocking, so it is free again once `each`
     /// has returned).
     fn new(capacity: usize, width: usize, pinned: bool) -> Result<Chunk> {
-        let shape = [capacity as i64, width as i64];
-        let t = if pinned {
-            crate::cuda::pinned(capacity * width * 4)?
-                .f_view_dtype(Kind::Float)?
-                .f_view(shape)?
+        let values = capacity * width + Self::SLACK;
+        let raw = if pinned {
+            crate::cuda::pinned(values * 4)?.f_view_dtype(Kind::Float)?
         } else {
-            Tensor::f_empty(shape, (Kind::Float, Device::Cpu))?
+            Tensor::f_empty([values as i64], (Kind::Float, Device::Cpu))?
         };
-        Ok(Chunk { t, rows: 0, width })
+        Ok(Chunk {
+            raw,
+            start: 0,
+            rows: 0,
+            width,
+            capacity,
+        })
     }
 
-    /// The chunk's rows, a view of its tensor (no copy).
+    /// The chunk's rows, a view of its memory (no copy).
     fn tensor(&self) -> Tensor {
-        self.t.narrow(0, 0, self.rows as i64)
+        self.raw
+            .narrow(0, self.start as i64, (self.rows * self.width) as i64)
+            .view([self.rows as i64, self.width as i64])
     }
 
     /// The chunk's rows' values.
     fn values(&self) -> &[f32] {
-        // Only `bytes_mut`, which takes `&mut self`, writes the tensor; the
-        // views `tensor` hands out are only read.
-        cpu_values(&self.t, self.rows * self.width)
+        // Only `&mut self` methods write the memory; the views `tensor`
+        // hands out are only read.
+        &cpu_values(&self.raw, self.start + self.rows * self.width)[self.start..]
     }
 
-    /// The whole capacity's bytes, for the reader to write.
+    /// The capacity's bytes from the memory's start, for the converting
+    /// reader to write (the rows then start there).
     fn bytes_mut(&mut self) -> &mut [u8] {
-        let len = self.t.numel() * 4;
-        // SAFETY: as in `values`; `&mut self` makes this the only access.
-        unsafe { std::slice::from_raw_parts_mut(self.t.data_ptr().cast::<u8>(), len) }
+        self.start = 0;
+        let len = self.capacity * self.width * 4;
+        // SAFETY: `raw` holds more than `len` bytes, contiguous from its data
+        // pointer; `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.raw.data_ptr().cast::<u8>(), len) }
+    }
+
+    /// Bytes from the memory's start to its first page boundary.
+    fn page_lead(&self) -> usize {
+        (self.raw.data_ptr() as usize).next_multiple_of(PAGE as usize)
+            - self.raw.data_ptr() as usize
+    }
+}
+
+// SAFETY: `raw` owns its memory (a CPU or page-locked allocation that
+// moving the struct does not move), freed only when the chunk is dropped;
+// `target` always returns the same window of it, and nothing else touches
+// the memory while the engine holds the chunk.
+unsafe impl offgnn_shared::io_engine::ReadTarget for Chunk {
+    /// From the memory's first page boundary: the capacity's bytes and two
+    /// pages (a span's partial first and last page).
+    fn target(&mut self) -> &mut [u8] {
+        let len = self.capacity * self.width * 4 + 2 * PAGE as usize;
+        let at = self.page_lead();
+        // SAFETY: `raw` holds `capacity * width * 4 + 3 * PAGE` bytes and
+        // `at < PAGE`, so the window lies inside it.
+        unsafe { std::slice::from_raw_parts_mut(self.raw.data_ptr().cast::<u8>().add(at), len) }
     }
 }
 
@@ -1912,8 +2128,8 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let max_in = *model.widths[..num_layers].iter().max().expect("a layer") as u64;
     let mut per_node = 0u64;
     // A chunk's float32 tensors in flight (the one in use, those ready
-    // ahead, the one filling; the reader converts into them, and the
-    // matmuls read them as they are), then what it is projected to. On
+    // ahead, and two the reader fills: it reads or converts into them, and
+    // the matmuls read them as they are), then what it is projected to. On
     // CUDA they are page-locked, and libtorch's caching host allocator
     // rounds each up to a power of two: up to twice their size.
     let pin = if cfg.device.is_cuda() { 2 } else { 1 };
@@ -1969,7 +2185,8 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let fixed = crate::memory::RUNTIME_BYTES
         + 4 * n
         + n.div_ceil(8)
-        + (2 * REQUEST * PER_CALL + write_piece) as u64;
+        + (2 * REQUEST * PER_CALL + write_piece) as u64
+        + pin * (STREAM_AHEAD as u64 + 2) * 4 * Chunk::SLACK as u64;
     let chunk_rows = match cfg.chunk_rows {
         Some(c) => c.div_ceil(ALIGN_NODES).max(1) * ALIGN_NODES,
         None => {
@@ -2623,6 +2840,98 @@ mod tests {
             node_bytes: 100,
             edge_bytes: 16,
             bytes: blocks * BLOCK,
+        }
+    }
+
+    /// Streams a file of `rows` rows of `width` float32 values (row r's
+    /// values r * width..) after a header of `offset` bytes, in chunks of
+    /// 1024 rows from chunk `first` on; checks each chunk's rows and the
+    /// order, and returns the bytes read.
+    fn stream_rows(engine: &IoEngine, offset: u64, rows: u64, width: usize, first: usize) -> u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.bin");
+        let mut bytes = vec![0xA5u8; offset as usize];
+        for v in 0..rows as usize * width {
+            bytes.extend_from_slice(&(v as f32).to_le_bytes());
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let input = Input {
+            path,
+            data_offset: offset,
+            rows,
+            width,
+            dtype: DType::F32,
+            pinned: false,
+        };
+        let chunk_rows = ALIGN_NODES;
+        let chunks = rows.div_ceil(chunk_rows) as usize;
+        let mut seen = Vec::new();
+        let read = input
+            .stream(
+                engine,
+                chunk_rows,
+                first,
+                &mut StreamTimes::default(),
+                &indicatif::ProgressBar::hidden(),
+                |c, chunk| {
+                    let r0 = c as u64 * chunk_rows;
+                    let want: Vec<f32> = (r0 as usize * width
+                        ..(r0 + chunk_rows).min(rows) as usize * width)
+                        .map(|v| v as f32)
+                        .collect();
+                    assert!(
+                        chunk.values() == want,
+                        "offset {offset}, first {first}: chunk {c}"
+                    );
+                    let t = chunk.tensor();
+                    assert_eq!(t.size(), [(want.len() / width) as i64, width as i64]);
+                    assert_eq!(t.double_value(&[0, 0]), want[0] as f64);
+                    seen.push(c);
+                    Ok(())
+                },
+            )
+            .unwrap();
+        let order: Vec<usize> = (first..chunks).chain(0..first).collect();
+        assert_eq!(seen, order, "offset {offset}, first {first}");
+        read
+    }
+
+    #[test]
+    fn streams_hand_every_row_once_whatever_the_pages() {
+        // Chunks of 1024 rows of 3 values are 3 pages; the last chunk is
+        // 17 rows, inside one page. A header of 128 bytes puts every chunk
+        // boundary inside a page (read once, for the chunk before it, in
+        // place); 4096 on one; 130 makes the rows' floats unaligned, so the
+        // reader converts them through its buffer instead.
+        let rows = 5 * ALIGN_NODES + 17;
+        for direct in [true, false] {
+            let engine = IoEngine::new(offgnn_shared::io_engine::IoOptions {
+                direct,
+                ..Default::default()
+            });
+            for offset in [128u64, 4096, 130] {
+                assert_eq!(
+                    Input {
+                        path: PathBuf::new(),
+                        data_offset: offset,
+                        rows,
+                        width: 3,
+                        dtype: DType::F32,
+                        pinned: false,
+                    }
+                    .reads_in_place(),
+                    offset % 4 == 0
+                );
+                for first in [0, 1, 3, 5] {
+                    let read = stream_rows(&engine, offset, rows, 3, first);
+                    // Every byte from the page the rows start on, once.
+                    assert_eq!(
+                        read,
+                        offset % PAGE + rows * 12,
+                        "direct {direct}, offset {offset}, first {first}"
+                    );
+                }
+            }
         }
     }
 
