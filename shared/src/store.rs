@@ -387,6 +387,16 @@ impl Store {
             .map_err(|e| self.err(rel, e))
     }
 
+    /// [`Store::put`] from a borrowed buffer, which the caller may reuse:
+    /// a large object to a local store is written from it as it is, any
+    /// other is copied.
+    pub fn put_slice(&self, rel: &str, bytes: &[u8]) -> Result<()> {
+        match self.local_file(rel) {
+            Some(file) if bytes.len() >= DIRECT_PUT_MIN => self.put_local(rel, &file, bytes),
+            _ => self.put(rel, Bytes::copy_from_slice(bytes)),
+        }
+    }
+
     /// [`Store::put`] of a large object to a local store: written to a
     /// staging file beside it with O_DIRECT, then renamed over its name, as
     /// object_store's own local puts are staged (`NAME#DIGITS`, which its
@@ -739,7 +749,11 @@ mod tests {
             let large: Vec<u8> = (0..(DIRECT_PUT_MIN as u32 + 12345 * seed))
                 .map(|i| (i % (251 - seed)) as u8)
                 .collect();
-            store.put("a/large.bin", large.clone()).unwrap();
+            if seed == 3 {
+                store.put("a/large.bin", large.clone()).unwrap();
+            } else {
+                store.put_slice("a/large.bin", &large).unwrap();
+            }
             assert_eq!(store.size("a/large.bin").unwrap(), Some(large.len() as u64));
             assert!(store.get("a/large.bin").unwrap() == large);
         }

@@ -74,6 +74,8 @@ const WRITE_PIECE: usize = 32 << 20;
 const PART_ROWS: usize = 1 << 18;
 /// Rows per record batch while a part is encoded.
 const OUTPUT_BATCH_ROWS: usize = 8192;
+/// Rows per row group of an output part.
+const OUTPUT_GROUP_ROWS: usize = 4 * OUTPUT_BATCH_ROWS;
 /// The committed result's summary, written last.
 pub const COMMIT: &str = "_SUCCESS.json";
 
@@ -1906,7 +1908,8 @@ fn output_part(
     classes: usize,
     embeddings: Option<(&[f32], usize)>,
     outputs: Outputs,
-) -> Result<Vec<u8>> {
+    bytes: &mut Vec<u8>,
+) -> Result<()> {
     let item = || Arc::new(Field::new("item", DataType::Float32, false));
     let list = |values: Vec<f32>, width: usize| -> Result<ArrayRef> {
         Ok(Arc::new(
@@ -1949,9 +1952,12 @@ fn output_part(
     // Uncompressed and plain: float columns barely compress, and a codec or
     // a dictionary would cost more time than the bytes it saves (the
     // classes, few and repeated, keep their dictionary). Statistics on the
-    // node ids and classes only, which readers filter on. One row group
-    // (PART_ROWS is below the default row-group size).
+    // node ids and classes only, which readers filter on. Row groups of
+    // OUTPUT_GROUP_ROWS: the writer holds a row group's encoded columns
+    // until it ends, and buffers of a few MB are reused by the allocator
+    // where a whole part's (hundreds of MB) would be fresh pages each time.
     let mut props = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(OUTPUT_GROUP_ROWS))
         .set_compression(parquet::basic::Compression::UNCOMPRESSED)
         .set_dictionary_enabled(false)
         .set_column_dictionary_enabled(ColumnPath::from("class"), true);
@@ -1963,9 +1969,10 @@ fn output_part(
     }
     // Room for the whole file up front: growing a buffer of hundreds of
     // MB copies it each time it doubles.
-    let mut bytes = Vec::with_capacity(rows.len() * row_bytes + (1 << 20));
+    bytes.clear();
+    bytes.reserve(rows.len() * row_bytes + (1 << 20));
     let mut w =
-        parquet::arrow::ArrowWriter::try_new(&mut bytes, schema.clone(), Some(props.build()))
+        parquet::arrow::ArrowWriter::try_new(&mut *bytes, schema.clone(), Some(props.build()))
             .map_err(|e| Error::InvalidArgument(format!("writing Parquet: {e}")))?;
     // In record batches of a few MB: the writer's buffers (its levels are
     // two bytes a value) and the gathered columns stay small enough for the
@@ -2014,7 +2021,7 @@ fn output_part(
     }
     w.close()
         .map_err(|e| Error::InvalidArgument(format!("writing Parquet: {e}")))?;
-    Ok(bytes)
+    Ok(())
 }
 
 /// Graph layers the run computes: the model's layers, or one pass for the MLP.
@@ -2497,27 +2504,34 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     .filter(|&v| selected(&bits, v))
                     .map(|v| (v - a) as usize)
                     .collect();
-                // Parts of at most PART_ROWS rows, encoded in parallel.
+                // Parts of at most PART_ROWS rows, encoded in parallel,
+                // each thread's into a buffer the next part reuses (fresh
+                // pages cost more than the encoding).
                 let emb_width = model.widths[num_layers - 1] as usize;
+                let buffers = std::sync::Mutex::new(Vec::<Vec<u8>>::new());
+                let lock = || buffers.lock().unwrap_or_else(|e| e.into_inner());
                 let parts: Vec<Result<(String, u64, u64)>> = keep
                     .chunks(PART_ROWS)
                     .enumerate()
                     .collect::<Vec<_>>()
                     .into_par_iter()
                     .map(|(k, rows)| {
-                        let bytes = output_part(
+                        let mut bytes = lock().pop().unwrap_or_default();
+                        output_part(
                             rows,
                             a,
                             &out_rows,
                             classes,
                             embedding.as_deref().map(|e| (e, emb_width)),
                             cfg.outputs,
+                            &mut bytes,
                         )?;
                         // Encoded and stored in parallel: the store's puts
                         // wait on the disk, the encoding on the CPU.
                         let name = format!("{run_id}/part-{gi:06}-{k:04}.parquet");
                         let size = bytes.len() as u64;
-                        out.put(&name, bytes)?;
+                        out.put_slice(&name, &bytes)?;
+                        lock().push(bytes);
                         Ok((name, size, rows.len() as u64))
                     })
                     .collect();
@@ -2932,6 +2946,78 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn output_parts_span_row_groups_and_reuse_their_buffer() {
+        use arrow::array::AsArray;
+        use arrow::datatypes::{Float32Type, UInt64Type};
+        let (n, classes, width) = (2 * OUTPUT_GROUP_ROWS + 100, 3, 4);
+        let logits: Vec<f32> = (0..n * classes).map(|i| (i % 7) as f32 - 3.0).collect();
+        let emb: Vec<f32> = (0..n * width).map(|i| i as f32 * 0.5).collect();
+        let outputs = Outputs {
+            logits: true,
+            embeddings: true,
+            ..Default::default()
+        };
+        let mut bytes = Vec::new();
+        // Every row, then every other row into the same buffer.
+        for step in [1, 2] {
+            let rows: Vec<usize> = (0..n).step_by(step).collect();
+            output_part(
+                &rows,
+                10,
+                &logits,
+                classes,
+                Some((&emb, width)),
+                outputs,
+                &mut bytes,
+            )
+            .unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("part.parquet"), &bytes).unwrap();
+            let file = File::open(dir.path().join("part.parquet")).unwrap();
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                    .unwrap();
+            let groups = reader.metadata().num_row_groups();
+            assert_eq!(
+                groups,
+                rows.len().div_ceil(OUTPUT_GROUP_ROWS),
+                "step {step}"
+            );
+            let (mut ids, mut got_logits, mut got_emb) = (vec![], vec![], vec![]);
+            for batch in reader.build().unwrap() {
+                let batch = batch.unwrap();
+                let col = |name: &str| batch.column_by_name(name).unwrap().clone();
+                ids.extend(
+                    col("node_id")
+                        .as_primitive::<UInt64Type>()
+                        .values()
+                        .iter()
+                        .copied(),
+                );
+                for (name, into) in [("logits", &mut got_logits), ("embedding", &mut got_emb)] {
+                    let list = col(name);
+                    into.extend(
+                        list.as_fixed_size_list()
+                            .values()
+                            .as_primitive::<Float32Type>()
+                            .values()
+                            .iter()
+                            .copied(),
+                    );
+                }
+            }
+            assert_eq!(ids, rows.iter().map(|&r| 10 + r as u64).collect::<Vec<_>>());
+            let want = |v: &[f32], w: usize| -> Vec<f32> {
+                rows.iter()
+                    .flat_map(|&r| v[r * w..(r + 1) * w].to_vec())
+                    .collect()
+            };
+            assert!(got_logits == want(&logits, classes), "step {step}: logits");
+            assert!(got_emb == want(&emb, width), "step {step}: embeddings");
         }
     }
 
