@@ -345,14 +345,7 @@ impl<'a> PartitionReader<'a> {
         out.skew = (start - aligned) as usize;
         out.buf
             .resize((stop.div_ceil(page) * page - aligned) as usize);
-        let reqs: Vec<ReadReq> = (aligned..direct_end)
-            .step_by(PARTITION_REQUEST)
-            .map(|at| ReadReq {
-                offset: at,
-                len: (direct_end - at).min(PARTITION_REQUEST as u64) as usize,
-                buf_offset: (at - aligned) as usize,
-            })
-            .collect();
+        let reqs = ReadReq::span((aligned, direct_end), PARTITION_REQUEST, 0);
         let mut read = engine.read(file, &reqs, &mut out.buf)?;
         if direct_end < stop {
             let FeatureSource::Local {

@@ -101,6 +101,21 @@ pub struct ReadReq {
     pub buf_offset: usize,
 }
 
+impl ReadReq {
+    /// Requests of at most `piece` bytes, front to back, for the file's
+    /// bytes `[from, to)`, landing in the buffer from `buf_offset` on.
+    pub fn span((from, to): (u64, u64), piece: usize, buf_offset: usize) -> Vec<ReadReq> {
+        (from..to)
+            .step_by(piece)
+            .map(|at| ReadReq {
+                offset: at,
+                len: (to - at).min(piece as u64) as usize,
+                buf_offset: buf_offset + (at - from) as usize,
+            })
+            .collect()
+    }
+}
+
 /// A file opened for the engine: O_DIRECT unless the engine was told not to
 /// or the filesystem refused it.
 #[derive(Debug)]

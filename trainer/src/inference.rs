@@ -554,14 +554,7 @@ impl Input {
                 },
             };
             let direct_to = read_to.min(direct_end).max(read_from);
-            let reqs: Vec<ReadReq> = (read_from..direct_to)
-                .step_by(REQUEST)
-                .map(|at| ReadReq {
-                    offset: at,
-                    len: (direct_to - at).min(REQUEST as u64) as usize,
-                    buf_offset: (at - page) as usize,
-                })
-                .collect();
+            let reqs = ReadReq::span((read_from, direct_to), REQUEST, (read_from - page) as usize);
             in_flight.push_back((span, engine.read_behind(&file, &reqs, chunk)?));
             if in_flight.len() == 2 {
                 finish(in_flight.pop_front().expect("two in flight"))?;
