@@ -568,16 +568,7 @@ impl IoEngine {
         let call = request * per_call;
         let halves = if buf.len() >= 2 * call { 2 } else { 1 };
         let reqs_at = |at: u64, half: usize| -> Vec<ReadReq> {
-            (0..per_call)
-                .map(|i| at + (i * request) as u64)
-                .take_while(|&offset| offset < end)
-                .enumerate()
-                .map(|(i, offset)| ReadReq {
-                    offset,
-                    len: (end - offset).min(request as u64) as usize,
-                    buf_offset: half * call + i * request,
-                })
-                .collect()
+            ReadReq::span((at, end.min(at + call as u64)), request, half * call)
         };
         let base = buf.as_mut_ptr();
         // Calls in flight, in file order; dropped (on an error, an early
@@ -597,11 +588,7 @@ impl IoEngine {
             let Some((batch, total, offset)) = in_flight.0.pop_front() else {
                 break;
             };
-            batch.wait();
-            if let Some(e) = lock(&batch.error).take() {
-                return Err(e);
-            }
-            done += total;
+            done += batch.outcome(total)?;
             // SAFETY: this call's reads have finished and its bytes are
             // inside `buf`; the call in flight writes the other half only.
             let bytes = unsafe { std::slice::from_raw_parts(base.add(offset), total as usize) };
@@ -684,11 +671,7 @@ impl IoEngine {
         let (batch, total) = self.enqueue(file, reqs, base, write);
         // The buffer and `file` stay borrowed until every piece has finished:
         // the kernel and the workers use `dst` only before that.
-        batch.wait();
-        match lock(&batch.error).take() {
-            Some(e) => Err(e),
-            None => Ok(total),
-        }
+        batch.outcome(total)
     }
 
     /// Cuts the requests into pieces and queues them; the batch is finished
@@ -758,11 +741,7 @@ impl PendingWrite {
     /// Waits for the write and returns the bytes written (or its first
     /// error) and the buffer, free for reuse.
     pub fn wait(mut self) -> (Result<u64>, AlignedBuf) {
-        self.batch.wait();
-        let outcome = match lock(&self.batch.error).take() {
-            Some(e) => Err(e),
-            None => Ok(self.total),
-        };
+        let outcome = self.batch.outcome(self.total);
         let buf = self.buf.take().expect("a pending write holds its buffer");
         (outcome, buf)
     }
@@ -820,11 +799,7 @@ impl<T: ReadTarget> PendingRead<'_, T> {
     /// Waits for the reads and returns the bytes read (or the first
     /// error, the memory's contents then unspecified) and the memory.
     pub fn wait(mut self) -> (Result<u64>, T) {
-        self.batch.wait();
-        let outcome = match lock(&self.batch.error).take() {
-            Some(e) => Err(e),
-            None => Ok(self.total),
-        };
+        let outcome = self.batch.outcome(self.total);
         let into = self.into.take().expect("a pending read holds its memory");
         (outcome, into)
     }
@@ -1042,6 +1017,15 @@ impl Batch {
                 .finished_cv
                 .wait(finished)
                 .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Waits for every piece; `total` bytes, or the first error.
+    fn outcome(&self, total: u64) -> Result<u64> {
+        self.wait();
+        match lock(&self.error).take() {
+            Some(e) => Err(e),
+            None => Ok(total),
         }
     }
 }

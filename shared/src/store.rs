@@ -375,9 +375,7 @@ impl Store {
     /// Writes a whole object atomically (readers see all of it or none).
     pub fn put(&self, rel: &str, bytes: impl Into<Bytes>) -> Result<()> {
         let bytes = bytes.into();
-        if bytes.len() >= DIRECT_PUT_MIN
-            && let Some(file) = self.local_file(rel)
-        {
+        if let Some(file) = self.direct_file(rel, bytes.len()) {
             return self.put_local(rel, &file, &bytes);
         }
         let path = self.path(rel);
@@ -391,10 +389,16 @@ impl Store {
     /// a large object to a local store is written from it as it is, any
     /// other is copied.
     pub fn put_slice(&self, rel: &str, bytes: &[u8]) -> Result<()> {
-        match self.local_file(rel) {
-            Some(file) if bytes.len() >= DIRECT_PUT_MIN => self.put_local(rel, &file, bytes),
-            _ => self.put(rel, Bytes::copy_from_slice(bytes)),
+        match self.direct_file(rel, bytes.len()) {
+            Some(file) => self.put_local(rel, &file, bytes),
+            None => self.put(rel, Bytes::copy_from_slice(bytes)),
         }
+    }
+
+    /// The file a put of `len` bytes writes past the page cache: a large
+    /// object's, in a local store.
+    fn direct_file(&self, rel: &str, len: usize) -> Option<std::path::PathBuf> {
+        self.local_file(rel).filter(|_| len >= DIRECT_PUT_MIN)
     }
 
     /// [`Store::put`] of a large object to a local store: written to a
