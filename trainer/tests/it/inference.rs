@@ -447,14 +447,15 @@ fn with_one_group_each_layer_reads_its_input_once() {
     let engine = IoEngine::new(IoOptions::default());
     for kind in [ModelKind::Sage, ModelKind::Gat] {
         let (location, net, cfg) = exported(dir.path(), &ds, kind);
-        // GAT also with float16 hidden layers: half the bytes, read once.
-        let halves: &[bool] = if kind == ModelKind::Gat {
-            &[false, true]
-        } else {
-            &[false]
-        };
-        for &f16 in halves {
-            let tag = format!("{kind:?}-{f16}");
+        // Aggregated on the host and on the device (one group spans every
+        // chunk, so edges wait for destinations in later chunks); GAT also
+        // with float16 hidden layers: half the bytes, read once.
+        let mut cases = vec![(false, Aggregate::Host), (false, Aggregate::Device)];
+        if kind == ModelKind::Gat {
+            cases.push((true, Aggregate::Host));
+        }
+        for (f16, aggregate) in cases {
+            let tag = format!("{kind:?}-{f16}-{aggregate:?}");
             let mut run = config(
                 &location,
                 &ds_path,
@@ -464,7 +465,9 @@ fn with_one_group_each_layer_reads_its_input_once() {
             // Room for every destination in one group; chunks stay 1024 rows.
             run.memory = trainer::memory::RUNTIME_BYTES + (256 << 20);
             run.hidden_f16 = f16;
+            run.aggregate = aggregate;
             let s = infer(&run, &engine).unwrap();
+            assert_eq!(s.aggregate, aggregate, "{tag}");
             assert_eq!(s.groups, 1, "{tag}");
             assert!(NODES.div_ceil(s.chunk_rows) >= 3, "{tag}: chunks");
             let elem = if f16 { 2 } else { 4 };
