@@ -35,7 +35,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use offgnn_shared::commit::{self, RunId};
 use offgnn_shared::dataset::{Dataset, Split};
-use offgnn_shared::io_engine::{AlignedBuf, IoEngine, ReadReq};
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine, PendingWrite, ReadReq};
 use offgnn_shared::npy::DType;
 use offgnn_shared::prefetch;
 use offgnn_shared::report::human_bytes;
@@ -1199,6 +1199,34 @@ struct GroupEdges {
     offsets: Vec<u64>,
 }
 
+/// Encodes hidden rows' values into `buf` as float16 or float32
+/// (little-endian), on the thread pool, with zeros up to the next page;
+/// returns the bytes to write (a multiple of a page).
+fn encode_rows(values: &[f32], f16: bool, buf: &mut AlignedBuf) -> usize {
+    let elem = if f16 { 2 } else { 4 };
+    let bytes = values.len() * elem;
+    let len = (bytes as u64).div_ceil(PAGE) as usize * PAGE as usize;
+    let dst = &mut buf.as_mut_slice()[..len];
+    // Slices of 64 KiB of values a task.
+    const TASK: usize = 1 << 14;
+    dst[..bytes]
+        .par_chunks_mut(TASK * elem)
+        .zip(values.par_chunks(TASK))
+        .for_each(|(dst, values)| {
+            if f16 {
+                for (d, v) in dst.chunks_exact_mut(2).zip(values) {
+                    d.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+                }
+            } else {
+                for (d, v) in dst.chunks_exact_mut(4).zip(values) {
+                    d.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        });
+    dst[bytes..].fill(0);
+    len
+}
+
 /// Reads group `g`'s bucketed edges; returns them and the file's size.
 fn load_group_edges(work: &Path, g: usize, chunks: usize) -> Result<(GroupEdges, u64)> {
     let path = edge_file(work, g);
@@ -2194,7 +2222,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let fixed = crate::memory::RUNTIME_BYTES
         + 4 * n
         + n.div_ceil(8)
-        + (2 * REQUEST * PER_CALL + write_piece) as u64
+        + (2 * REQUEST * PER_CALL + 2 * write_piece) as u64
         + pin * (STREAM_AHEAD as u64 + 2) * 4 * Chunk::SLACK as u64;
     let chunk_rows = match cfg.chunk_rows {
         Some(c) => c.div_ceil(ALIGN_NODES).max(1) * ALIGN_NODES,
@@ -2216,7 +2244,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 human_bytes(fixed + chunk_bytes),
                 human_bytes(crate::memory::RUNTIME_BYTES),
                 human_bytes(chunk_bytes),
-                human_bytes((2 * REQUEST * PER_CALL + write_piece) as u64),
+                human_bytes((2 * REQUEST * PER_CALL + 2 * write_piece) as u64),
                 human_bytes(fixed + chunk_bytes + ALIGN_NODES * per_node * 2)
             ))
         })?;
@@ -2360,7 +2388,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     };
     let graph_layers = if model.mlp.is_empty() { num_layers } else { 1 };
     let mut groups_here = 0u64;
-    let mut write_buf = AlignedBuf::new(write_piece);
+    let mut write_bufs = vec![AlignedBuf::new(write_piece), AlignedBuf::new(write_piece)];
     // A group's buffers, kept from group to group and layer to layer:
     // reused memory is already paged in.
     let mut spares = Spares::default();
@@ -2403,7 +2431,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 f.set_len(padded)
                     .map_err(|e| Error::io(out_path.display(), e))?;
             }
-            Some(engine.open_write(&out_path)?)
+            Some(Arc::new(engine.open_write(&out_path)?))
         };
         while progress.groups_done < plan.groups.len() {
             let gi = progress.groups_done;
@@ -2473,33 +2501,36 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             let mut written = 0u64;
             let t_write = Instant::now();
             if let Some(file) = &out_file {
-                // In pieces through one reused buffer: a group's rows can be
-                // gigabytes, and fresh pages cost more than the copy.
+                // In pieces through two reused buffers: a group's rows can
+                // be gigabytes, and fresh pages cost more than the copy. One
+                // piece is encoded (on the thread pool) while the disk
+                // takes the one before.
                 let values_per_piece = write_piece / elem as usize;
                 let base = a * out_width as u64 * elem;
+                let mut in_flight = std::collections::VecDeque::new();
                 for (k, values) in out_rows.chunks(values_per_piece).enumerate() {
-                    let bytes = values.len() * elem as usize;
-                    let len = (bytes as u64).div_ceil(PAGE) * PAGE;
-                    let dst = &mut write_buf.as_mut_slice()[..len as usize];
-                    if cfg.hidden_f16 {
-                        for (chunk, v) in dst.chunks_exact_mut(2).zip(values) {
-                            chunk.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+                    let mut buf = match write_bufs.pop() {
+                        Some(buf) => buf,
+                        None => {
+                            let pending: PendingWrite =
+                                in_flight.pop_front().expect("a buffer is out");
+                            let (outcome, buf) = pending.wait();
+                            written += outcome?;
+                            buf
                         }
-                    } else {
-                        for (chunk, v) in dst.chunks_exact_mut(4).zip(values) {
-                            chunk.copy_from_slice(&v.to_le_bytes());
-                        }
-                    }
-                    dst[bytes..].fill(0);
-                    written += engine.write(
-                        file,
-                        &[ReadReq {
-                            offset: base + (k * write_piece) as u64,
-                            len: len as usize,
-                            buf_offset: 0,
-                        }],
-                        &write_buf,
-                    )?;
+                    };
+                    let len = encode_rows(values, cfg.hidden_f16, &mut buf);
+                    let req = ReadReq {
+                        offset: base + (k * write_piece) as u64,
+                        len,
+                        buf_offset: 0,
+                    };
+                    in_flight.push_back(engine.write_behind(file, &[req], buf)?);
+                }
+                for pending in in_flight {
+                    let (outcome, buf) = pending.wait();
+                    written += outcome?;
+                    write_bufs.push(buf);
                 }
             } else {
                 let keep: Vec<usize> = (a..b)
