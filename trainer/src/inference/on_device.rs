@@ -70,12 +70,12 @@ fn edges_per_batch(floats: u64) -> usize {
 /// A batch's edges as row indices (int64) on the device: sources into a
 /// block that starts at node `base`, destinations into the group that
 /// starts at node `a`, and the distinct destinations (the edges come
-/// sorted by destination). Host buffers reused from batch to batch.
+/// sorted by destination). They go up as one tensor (one copy, not three,
+/// each of which waits for the device); the host buffer is reused from
+/// batch to batch.
 #[derive(Default)]
 struct Indices {
-    src: Vec<i64>,
-    dst: Vec<i64>,
-    touched: Vec<i64>,
+    all: Vec<i64>,
 }
 
 struct Batch {
@@ -96,28 +96,31 @@ impl Indices {
         skip_self: bool,
         device: Device,
     ) -> Result<Option<Batch>> {
-        self.src.clear();
-        self.dst.clear();
-        self.touched.clear();
-        for (&s, &t) in src.iter().zip(dst) {
-            if skip_self && s == t {
-                continue;
-            }
-            let local = (t as u64 - a) as i64;
-            self.src.push((s as u64 - base) as i64);
-            self.dst.push(local);
-            if self.touched.last() != Some(&local) {
-                self.touched.push(local);
-            }
-        }
-        if self.src.is_empty() {
+        let kept = |(&s, &t): (&u32, &u32)| !(skip_self && s == t);
+        // Sources, then destinations, then the distinct destinations.
+        self.all.clear();
+        let sources = src.iter().zip(dst).filter(|&e| kept(e));
+        self.all
+            .extend(sources.map(|(&s, _)| (s as u64 - base) as i64));
+        let n = self.all.len();
+        if n == 0 {
             return Ok(None);
         }
-        let up = |v: &[i64]| Tensor::from_slice(v).f_to_device(device);
+        let targets = src.iter().zip(dst).filter(|&e| kept(e));
+        self.all
+            .extend(targets.map(|(_, &t)| (t as u64 - a) as i64));
+        for k in n..2 * n {
+            let t = self.all[k];
+            if k == n || self.all[k - 1] != t {
+                self.all.push(t);
+            }
+        }
+        let all = Tensor::from_slice(&self.all).f_to_device(device)?;
+        let n = n as i64;
         Ok(Some(Batch {
-            src: up(&self.src)?,
-            dst: up(&self.dst)?,
-            touched: up(&self.touched)?,
+            src: all.narrow(0, 0, n),
+            dst: all.narrow(0, n, n),
+            touched: all.narrow(0, 2 * n, all.size()[0] - 2 * n),
         }))
     }
 }
@@ -440,10 +443,11 @@ impl Softmax {
 
 /// The edges from a span's earlier chunks into a chunk's destinations,
 /// gathered from their buckets into one list sorted by destination (each
-/// bucket is; together they are not). Buffers reused from chunk to chunk.
+/// bucket is; together they are not) by a counting sort over the chunk's
+/// destinations. Buffers reused from chunk to chunk.
 #[derive(Default)]
 struct Waiting {
-    pairs: Vec<(u32, u32)>,
+    counts: Vec<usize>,
     src: Vec<u32>,
     dst: Vec<u32>,
 }
@@ -457,22 +461,104 @@ impl Waiting {
         chunks: std::ops::Range<usize>,
         (lo, hi): (u64, u64),
     ) -> (&[u32], &[u32]) {
-        self.pairs.clear();
-        for c in chunks {
-            let (f0, f1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
-            let bucket = &edges.dst[f0..f1];
-            let k0 = f0 + bucket.partition_point(|&t| (t as u64) < lo);
-            let k1 = f0 + bucket.partition_point(|&t| (t as u64) < hi);
-            let pairs = edges.dst[k0..k1].iter().zip(&edges.src[k0..k1]);
-            self.pairs.extend(pairs.map(|(&t, &s)| (t, s)));
+        // Each bucket's edges into [lo, hi): a range, the bucket being
+        // sorted by destination.
+        let ranges: Vec<(usize, usize)> = chunks
+            .map(|c| {
+                let (f0, f1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
+                let bucket = &edges.dst[f0..f1];
+                (
+                    f0 + bucket.partition_point(|&t| (t as u64) < lo),
+                    f0 + bucket.partition_point(|&t| (t as u64) < hi),
+                )
+            })
+            .collect();
+        // Edges per destination, then where each destination's edges start.
+        self.counts.clear();
+        self.counts.resize((hi - lo) as usize + 1, 0);
+        for &(k0, k1) in &ranges {
+            for &t in &edges.dst[k0..k1] {
+                self.counts[(t as u64 - lo) as usize + 1] += 1;
+            }
         }
-        self.pairs.sort_unstable();
+        for i in 1..self.counts.len() {
+            self.counts[i] += self.counts[i - 1];
+        }
+        let total = *self.counts.last().expect("one count at least");
         self.src.clear();
+        self.src.resize(total, 0);
         self.dst.clear();
-        for &(t, s) in &self.pairs {
-            self.dst.push(t);
-            self.src.push(s);
+        self.dst.resize(total, 0);
+        for &(k0, k1) in &ranges {
+            for (&t, &s) in edges.dst[k0..k1].iter().zip(&edges.src[k0..k1]) {
+                let at = &mut self.counts[(t as u64 - lo) as usize];
+                self.src[*at] = s;
+                self.dst[*at] = t;
+                *at += 1;
+            }
         }
         (&self.src, &self.dst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Three buckets, each sorted by destination: the waiting edges into
+    // [10, 13) come back sorted by destination, every one once, and the
+    // batch's distinct destinations once each.
+    #[test]
+    fn waiting_edges_come_sorted_by_destination() {
+        let buckets: [&[(u32, u32)]; 3] = [
+            &[(0, 9), (1, 10), (2, 12), (3, 12), (0, 14)],
+            &[(4, 10), (5, 11), (6, 13)],
+            &[(7, 8), (8, 12), (9, 10)],
+        ];
+        let mut edges = GroupEdges {
+            src: Vec::new(),
+            dst: Vec::new(),
+            offsets: vec![0],
+        };
+        for bucket in buckets {
+            for &(s, t) in bucket {
+                edges.src.push(s);
+                edges.dst.push(t);
+            }
+            edges.offsets.push(edges.src.len() as u64);
+        }
+        let mut waiting = Waiting::default();
+        let (src, dst) = waiting.gather(&edges, 0..3, (10, 13));
+        assert!(dst.is_sorted(), "{dst:?}");
+        let mut got: Vec<(u32, u32)> = src.iter().copied().zip(dst.iter().copied()).collect();
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            [
+                (1, 10),
+                (2, 12),
+                (3, 12),
+                (4, 10),
+                (5, 11),
+                (8, 12),
+                (9, 10)
+            ]
+        );
+        // Only the first two buckets: the third's edges are left out.
+        let (src, dst) = waiting.gather(&edges, 0..2, (10, 13));
+        assert_eq!((src.len(), dst), (5, &[10, 10, 11, 12, 12][..]));
+
+        let (src, dst) = (src.to_vec(), dst.to_vec());
+        let batch = Indices::default()
+            .upload((&src, &dst), 0, 10, false, Device::Cpu)
+            .unwrap()
+            .expect("edges");
+        let ints = |t: &Tensor| Vec::<i64>::try_from(t).unwrap();
+        assert_eq!(ints(&batch.dst), [0, 0, 1, 2, 2]);
+        assert_eq!(ints(&batch.touched), [0, 1, 2]);
+        assert_eq!(
+            ints(&batch.src),
+            src.iter().map(|&s| s as i64).collect::<Vec<_>>()
+        );
     }
 }
