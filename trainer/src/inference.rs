@@ -1227,6 +1227,66 @@ fn encode_rows(values: &[f32], f16: bool, buf: &mut AlignedBuf) -> usize {
     len
 }
 
+/// The edges from a span's earlier chunks into a chunk's destinations,
+/// gathered from their buckets into one list sorted by destination (each
+/// bucket is; together they are not) by a counting sort over the chunk's
+/// destinations. Buffers reused from chunk to chunk.
+#[derive(Default)]
+struct Waiting {
+    counts: Vec<usize>,
+    src: Vec<u32>,
+    dst: Vec<u32>,
+}
+
+impl Waiting {
+    /// The edges of the buckets `chunks` whose destinations lie in
+    /// `[lo, hi)`, as sources and destinations sorted by destination.
+    fn gather(
+        &mut self,
+        edges: &GroupEdges,
+        chunks: std::ops::Range<usize>,
+        (lo, hi): (u64, u64),
+    ) -> (&[u32], &[u32]) {
+        // Each bucket's edges into [lo, hi): a range, the bucket being
+        // sorted by destination.
+        let ranges: Vec<(usize, usize)> = chunks
+            .map(|c| {
+                let (f0, f1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
+                let bucket = &edges.dst[f0..f1];
+                (
+                    f0 + bucket.partition_point(|&t| (t as u64) < lo),
+                    f0 + bucket.partition_point(|&t| (t as u64) < hi),
+                )
+            })
+            .collect();
+        // Edges per destination, then where each destination's edges start.
+        self.counts.clear();
+        self.counts.resize((hi - lo) as usize + 1, 0);
+        for &(k0, k1) in &ranges {
+            for &t in &edges.dst[k0..k1] {
+                self.counts[(t as u64 - lo) as usize + 1] += 1;
+            }
+        }
+        for i in 1..self.counts.len() {
+            self.counts[i] += self.counts[i - 1];
+        }
+        let total = *self.counts.last().expect("one count at least");
+        self.src.clear();
+        self.src.resize(total, 0);
+        self.dst.clear();
+        self.dst.resize(total, 0);
+        for &(k0, k1) in &ranges {
+            for (&t, &s) in edges.dst[k0..k1].iter().zip(&edges.src[k0..k1]) {
+                let at = &mut self.counts[(t as u64 - lo) as usize];
+                self.src[*at] = s;
+                self.dst[*at] = t;
+                *at += 1;
+            }
+        }
+        (&self.src, &self.dst)
+    }
+}
+
 /// Reads group `g`'s bucketed edges; returns them and the file's size.
 fn load_group_edges(work: &Path, g: usize, chunks: usize) -> Result<(GroupEdges, u64)> {
     let path = edge_file(work, g);
@@ -1765,6 +1825,7 @@ fn graph_layer_group(
                 (spares.take_empty(kept * w), spares.take_empty(kept * h));
             let mut h_dst = job.kept_rows(spares);
             let mut sm = OnlineSoftmax::new(a, g, h, c_out, spares);
+            let mut waiting = Waiting::default();
             let res_width = res_w.size()[0] as usize;
             let mut res = spares.take(g * res_width);
             *read += input.stream(engine, chunk_rows, first, times, bar, |c, chunk| {
@@ -1792,23 +1853,12 @@ fn graph_layer_group(
                     job.keep_own_rows(&mut h_dst, chunk, c0);
                     sm.seed((lo, hi), c0, z, &el);
                     // Edges from the span's earlier chunks waited for these
-                    // destinations.
-                    for c2 in first..c {
-                        let (f0, f1) = (edges.offsets[c2] as usize, edges.offsets[c2 + 1] as usize);
-                        let bucket = &edges.dst[f0..f1];
-                        let k0 = f0 + bucket.partition_point(|&t| (t as u64) < lo);
-                        let k1 = f0 + bucket.partition_point(|&t| (t as u64) < hi);
-                        let row0 = ((c2 - first) as u64 * chunk_rows) as usize;
-                        sm.add(
-                            (lo, hi),
-                            &edges.src[k0..k1],
-                            &edges.dst[k0..k1],
-                            c2 as u64 * chunk_rows,
-                            &z_span[row0 * w..],
-                            &el_span[row0 * h..],
-                            parts,
-                        );
-                    }
+                    // destinations: one batch for them all (a batch per
+                    // pair of chunks was hundreds of thousands of small
+                    // parallel calls a layer).
+                    let (src, dst) = waiting.gather(edges, first..c, (lo, hi));
+                    let base = first as u64 * chunk_rows;
+                    sm.add((lo, hi), src, dst, base, &z_span, &el_span, parts);
                 }
                 // This chunk's edges into destinations that have come by;
                 // the bucket is sorted by destination, so they lead it.

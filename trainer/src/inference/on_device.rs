@@ -13,7 +13,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{GroupEdges, GroupJob, Layer, Span, Spares, StreamTimes};
+use super::{GroupJob, Layer, Span, Spares, StreamTimes, Waiting};
 use crate::error::Result;
 
 /// Device bytes of an edge batch's temporaries at most (about): a chunk's
@@ -441,68 +441,9 @@ impl Softmax {
     }
 }
 
-/// The edges from a span's earlier chunks into a chunk's destinations,
-/// gathered from their buckets into one list sorted by destination (each
-/// bucket is; together they are not) by a counting sort over the chunk's
-/// destinations. Buffers reused from chunk to chunk.
-#[derive(Default)]
-struct Waiting {
-    counts: Vec<usize>,
-    src: Vec<u32>,
-    dst: Vec<u32>,
-}
-
-impl Waiting {
-    /// The edges of the buckets `chunks` whose destinations lie in
-    /// `[lo, hi)`, as sources and destinations sorted by destination.
-    fn gather(
-        &mut self,
-        edges: &GroupEdges,
-        chunks: std::ops::Range<usize>,
-        (lo, hi): (u64, u64),
-    ) -> (&[u32], &[u32]) {
-        // Each bucket's edges into [lo, hi): a range, the bucket being
-        // sorted by destination.
-        let ranges: Vec<(usize, usize)> = chunks
-            .map(|c| {
-                let (f0, f1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
-                let bucket = &edges.dst[f0..f1];
-                (
-                    f0 + bucket.partition_point(|&t| (t as u64) < lo),
-                    f0 + bucket.partition_point(|&t| (t as u64) < hi),
-                )
-            })
-            .collect();
-        // Edges per destination, then where each destination's edges start.
-        self.counts.clear();
-        self.counts.resize((hi - lo) as usize + 1, 0);
-        for &(k0, k1) in &ranges {
-            for &t in &edges.dst[k0..k1] {
-                self.counts[(t as u64 - lo) as usize + 1] += 1;
-            }
-        }
-        for i in 1..self.counts.len() {
-            self.counts[i] += self.counts[i - 1];
-        }
-        let total = *self.counts.last().expect("one count at least");
-        self.src.clear();
-        self.src.resize(total, 0);
-        self.dst.clear();
-        self.dst.resize(total, 0);
-        for &(k0, k1) in &ranges {
-            for (&t, &s) in edges.dst[k0..k1].iter().zip(&edges.src[k0..k1]) {
-                let at = &mut self.counts[(t as u64 - lo) as usize];
-                self.src[*at] = s;
-                self.dst[*at] = t;
-                *at += 1;
-            }
-        }
-        (&self.src, &self.dst)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::GroupEdges;
     use super::*;
 
     // Three buckets, each sorted by destination: the waiting edges into
