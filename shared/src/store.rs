@@ -164,7 +164,7 @@ fn runtime() -> &'static Runtime {
 /// (see [`Store::put_local`]).
 const DIRECT_PUT_MIN: usize = 8 << 20;
 /// Bytes per O_DIRECT write of such an object, through one aligned buffer.
-const DIRECT_PUT_PIECE: usize = 4 << 20;
+pub const DIRECT_PUT_PIECE: usize = 4 << 20;
 
 /// Writes `bytes` to a new file at `path` with O_DIRECT, in page-padded
 /// pieces through an aligned buffer, then cuts the file to their length;

@@ -1981,6 +1981,23 @@ fn selected(bits: &[u64], v: u64) -> bool {
 /// into the group, whose first node is `a`), their `logits` (`classes` a
 /// row) and `embeddings` (a row of `width` each), with the columns
 /// `outputs` asks for.
+/// An output row's bytes as encoded (plain, uncompressed): the node id and
+/// class, and each list column's floats. `embedding` is the embedding's
+/// width where there is one.
+fn output_row_bytes(classes: usize, embedding: Option<usize>, outputs: Outputs) -> usize {
+    let lists = outputs.probabilities as usize + outputs.logits as usize;
+    let embedding = embedding.filter(|_| outputs.embeddings).unwrap_or(0);
+    16 + 4 * (lists * classes + embedding)
+}
+
+/// The memory of one output part while it is encoded and stored: its
+/// encoded bytes, the row group the writer builds, a record batch (see
+/// [`output_part`]), and a local store's aligned buffer for a large put.
+fn output_part_bytes(selected: u64, row_bytes: usize) -> u64 {
+    let rows = (PART_ROWS as u64).min(selected) + (OUTPUT_GROUP_ROWS + OUTPUT_BATCH_ROWS) as u64;
+    rows * row_bytes as u64 + offgnn_shared::store::DIRECT_PUT_PIECE as u64
+}
+
 fn output_part(
     rows: &[usize],
     a: u64,
@@ -2014,20 +2031,17 @@ fn output_part(
         Field::new("class", DataType::Int64, false),
     ];
     let list_type = |width: usize| DataType::FixedSizeList(item(), width as i32);
-    let mut row_bytes = 16;
     if outputs.probabilities {
         fields.push(Field::new("probabilities", list_type(classes), false));
-        row_bytes += 4 * classes;
     }
     if outputs.logits {
         fields.push(Field::new("logits", list_type(classes), false));
-        row_bytes += 4 * classes;
     }
     let embeddings = embeddings.filter(|_| outputs.embeddings);
     if let Some((_, width)) = embeddings {
         fields.push(Field::new("embedding", list_type(width), false));
-        row_bytes += 4 * width;
     }
+    let row_bytes = output_row_bytes(classes, embeddings.map(|(_, w)| w), outputs);
     let schema = Arc::new(Schema::new(fields));
     // Uncompressed and plain: float columns barely compress, and a codec or
     // a dictionary would cost more time than the bytes it saves (the
@@ -2267,13 +2281,24 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     // Hidden rows go out in pieces of at most WRITE_PIECE bytes.
     let widest = *model.widths[1..].iter().max().expect("a layer") as u64;
     let write_piece = (WRITE_PIECE as u64).min((n * widest * 4).div_ceil(PAGE) * PAGE) as usize;
+    // The output's parts are encoded in parallel, as many at once as there
+    // are threads or as an eighth of --memory holds, at least one.
+    let selected_nodes: u64 = bits.iter().map(|w| w.count_ones() as u64).sum();
+    let emb_width = model.widths[num_layers - 1] as usize;
+    let out_row_bytes = output_row_bytes(card.out_channels as usize, Some(emb_width), cfg.outputs);
+    let part_bytes = output_part_bytes(selected_nodes, out_row_bytes);
+    let encoders = (rayon::current_num_threads() as u64)
+        .min(cfg.memory / 8 / part_bytes)
+        .max(1);
     // libtorch's runtime and the process's own, as the training statement
-    // counts them, then a count per node, the selection, the read buffers.
+    // counts them, then a count per node, the selection, the read and
+    // write buffers, and the output parts being encoded.
     let fixed = crate::memory::RUNTIME_BYTES
         + 4 * n
         + n.div_ceil(8)
         + (2 * REQUEST * PER_CALL + 2 * write_piece) as u64
-        + pin * (STREAM_AHEAD as u64 + 2) * 4 * Chunk::SLACK as u64;
+        + pin * (STREAM_AHEAD as u64 + 2) * 4 * Chunk::SLACK as u64
+        + encoders * part_bytes;
     let chunk_rows = match cfg.chunk_rows {
         Some(c) => c.div_ceil(ALIGN_NODES).max(1) * ALIGN_NODES,
         None => {
@@ -2289,12 +2314,13 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         .filter(|b| *b > 0)
         .ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "--memory {} is below the {} this run needs before any group (libtorch's runtime {}, 4 bytes per node for {n} nodes, {} for a source chunk of {chunk_rows} rows, {} of read and write buffers); the least that works is about {}",
+                "--memory {} is below the {} this run needs before any group (libtorch's runtime {}, 4 bytes per node for {n} nodes, {} for a source chunk of {chunk_rows} rows, {} of read and write buffers, {} for {encoders} output parts encoded at once); the least that works is about {}",
                 human_bytes(cfg.memory),
                 human_bytes(fixed + chunk_bytes),
                 human_bytes(crate::memory::RUNTIME_BYTES),
                 human_bytes(chunk_bytes),
                 human_bytes((2 * REQUEST * PER_CALL + 2 * write_piece) as u64),
+                human_bytes(encoders * part_bytes),
                 human_bytes(fixed + chunk_bytes + ALIGN_NODES * per_node * 2)
             ))
         })?;
@@ -2439,6 +2465,16 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let graph_layers = if model.mlp.is_empty() { num_layers } else { 1 };
     let mut groups_here = 0u64;
     let mut write_bufs = vec![AlignedBuf::new(write_piece), AlignedBuf::new(write_piece)];
+    // Fewer encoders than threads: a pool of their own.
+    let encoding = (encoders < rayon::current_num_threads() as u64)
+        .then(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(encoders as usize)
+                .thread_name(|i| format!("infer-encode-{i}"))
+                .build()
+                .map_err(|e| Error::InvalidArgument(format!("starting the output's encoders: {e}")))
+        })
+        .transpose()?;
     // A group's buffers, kept from group to group and layer to layer:
     // reused memory is already paged in.
     let mut spares = Spares::default();
@@ -2590,34 +2626,38 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 // Parts of at most PART_ROWS rows, encoded in parallel,
                 // each thread's into a buffer the next part reuses (fresh
                 // pages cost more than the encoding).
-                let emb_width = model.widths[num_layers - 1] as usize;
                 let buffers = std::sync::Mutex::new(Vec::<Vec<u8>>::new());
                 let lock = || buffers.lock().unwrap_or_else(|e| e.into_inner());
-                let parts: Vec<Result<(String, u64, u64)>> = keep
-                    .chunks(PART_ROWS)
-                    .enumerate()
-                    .collect::<Vec<_>>()
-                    .into_par_iter()
-                    .map(|(k, rows)| {
-                        let mut bytes = lock().pop().unwrap_or_default();
-                        output_part(
-                            rows,
-                            a,
-                            &out_rows,
-                            classes,
-                            embedding.as_deref().map(|e| (e, emb_width)),
-                            cfg.outputs,
-                            &mut bytes,
-                        )?;
-                        // Encoded and stored in parallel: the store's puts
-                        // wait on the disk, the encoding on the CPU.
-                        let name = format!("{run_id}/part-{gi:06}-{k:04}.parquet");
-                        let size = bytes.len() as u64;
-                        out.put_slice(&name, &bytes)?;
-                        lock().push(bytes);
-                        Ok((name, size, rows.len() as u64))
-                    })
-                    .collect();
+                let parts = keep.chunks(PART_ROWS).enumerate().collect::<Vec<_>>();
+                // As many parts at once as the plan counted.
+                let encode = || -> Vec<Result<(String, u64, u64)>> {
+                    parts
+                        .into_par_iter()
+                        .map(|(k, rows)| {
+                            let mut bytes = lock().pop().unwrap_or_default();
+                            output_part(
+                                rows,
+                                a,
+                                &out_rows,
+                                classes,
+                                embedding.as_deref().map(|e| (e, emb_width)),
+                                cfg.outputs,
+                                &mut bytes,
+                            )?;
+                            // Encoded and stored in parallel: the store's puts
+                            // wait on the disk, the encoding on the CPU.
+                            let name = format!("{run_id}/part-{gi:06}-{k:04}.parquet");
+                            let size = bytes.len() as u64;
+                            out.put_slice(&name, &bytes)?;
+                            lock().push(bytes);
+                            Ok((name, size, rows.len() as u64))
+                        })
+                        .collect()
+                };
+                let parts = match &encoding {
+                    Some(pool) => pool.install(encode),
+                    None => encode(),
+                };
                 for part in parts {
                     let (name, size, rows) = part?;
                     written += size;
@@ -3058,6 +3098,18 @@ mod tests {
                 &mut bytes,
             )
             .unwrap();
+            // The plan's count of a part's memory holds its encoded bytes
+            // (plain and uncompressed floats and node ids; the classes in a
+            // dictionary).
+            let row_bytes = output_row_bytes(classes, Some(width), outputs);
+            assert_eq!(row_bytes, 16 + 4 * (classes + width));
+            let planned = output_part_bytes(rows.len() as u64, row_bytes);
+            let floats_and_ids = rows.len() as u64 * (row_bytes as u64 - 8);
+            assert!(
+                bytes.len() as u64 >= floats_and_ids && (bytes.len() as u64) < planned,
+                "step {step}: {} bytes encoded, {planned} planned",
+                bytes.len()
+            );
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("part.parquet"), &bytes).unwrap();
             let file = File::open(dir.path().join("part.parquet")).unwrap();
