@@ -160,6 +160,9 @@ pub struct LayerFigures {
     pub scatter_seconds: f64,
     /// Groups done by an earlier, interrupted run.
     pub groups_resumed: u64,
+    /// Rows of a source chunk of this layer's stream.
+    #[serde(default)]
+    pub chunk_rows: u64,
 }
 
 /// What `trainer infer` reports, and what `_SUCCESS.json` holds.
@@ -946,12 +949,16 @@ struct StreamTimes {
     scatter: f64,
 }
 
-/// The plan: groups of destinations and the source chunk size.
+/// The plan: groups of destinations and the source chunk size (that of
+/// the edge buckets), and per layer the buckets a chunk of its stream
+/// takes (see [`chunk_merges`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Plan {
     groups: Vec<(u64, u64)>,
     chunk_rows: u64,
     planned_bytes: u64,
+    #[serde(default)]
+    merges: Vec<u64>,
 }
 
 impl Plan {
@@ -1287,6 +1294,23 @@ impl Waiting {
     }
 }
 
+/// Per layer whose aggregation runs on the device (`row_costs`: host bytes
+/// and device floats per source row), how many edge buckets' rows a chunk
+/// of its stream takes: as many as the memory planned for a chunk of the
+/// widest layer holds (`per_chunk_row` host bytes and `device_row` device
+/// floats a row). A narrow hidden layer then streams in chunks as large
+/// as the first layer's, in bytes, not in 16 times as many small ones,
+/// each of which costs the device a few copies and dozens of kernels.
+fn chunk_merges(row_costs: &[(u64, u64)], per_chunk_row: u64, device_row: u64) -> Vec<u64> {
+    row_costs
+        .iter()
+        .map(|&(host, device)| {
+            let by_device = device_row.checked_div(device).unwrap_or(u64::MAX);
+            (per_chunk_row / host.max(1)).min(by_device).max(1)
+        })
+        .collect()
+}
+
 /// Reads group `g`'s bucketed edges; returns them and the file's size.
 fn load_group_edges(work: &Path, g: usize, chunks: usize) -> Result<(GroupEdges, u64)> {
     let path = edge_file(work, g);
@@ -1604,6 +1628,9 @@ struct GroupJob<'a> {
     /// The destinations `[a, b)`.
     range: (u64, u64),
     chunk_rows: u64,
+    /// Edge buckets a chunk of the stream takes (the device path's; the
+    /// host's takes one).
+    merge: u64,
     device: Device,
     /// Keep the group's own input rows (the embeddings).
     keep_rows: bool,
@@ -2239,6 +2266,9 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     // With the aggregation on CUDA: the device floats per destination and
     // per source row (see [`on_device::device_floats`]).
     let mut device_floats = (0u64, 0u64);
+    // Per layer, where its aggregation runs on the device: host bytes and
+    // device floats per row of a source chunk.
+    let mut row_costs = Vec::new();
     for l in 0..num_layers {
         let last = l + 1 == num_layers;
         let d_in = model.widths[l] as u64;
@@ -2266,6 +2296,9 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     node = node.max(dev_node + d_out);
                     per_src = per_src.max(dev_src - d_in);
                 }
+                let dev_src = if cfg.device.is_cuda() { dev_src } else { 0 };
+                let host_row = pin * 4 * (STREAM_AHEAD as u64 + 2) * d_in + 4 * per_src;
+                row_costs.push((host_row, dev_src));
             }
             per_chunk_row = per_chunk_row.max(chunks_per_row + 4 * per_src);
             node + kept
@@ -2308,6 +2341,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         }
     };
     let chunk_bytes = chunk_rows * per_chunk_row;
+    let merges = chunk_merges(&row_costs, per_chunk_row, device_floats.1);
     let budget = cfg
         .memory
         .checked_sub(fixed + chunk_bytes)
@@ -2352,6 +2386,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         planned_bytes: fixed + chunk_bytes + largest,
         groups,
         chunk_rows,
+        merges,
     };
     let chunks = plan.chunks(n);
     tracing::info!(
@@ -2507,6 +2542,8 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 ..Default::default()
             });
         }
+        let merge = plan.merges.get(l).copied().unwrap_or(1);
+        progress.figures[l].chunk_rows = chunk_rows * merge;
         let out_path = hidden_file(&cfg.work_dir, l);
         let out_file = if last {
             None
@@ -2556,6 +2593,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     edges: &edges,
                     range: (a, b),
                     chunk_rows,
+                    merge,
                     device: cfg.device,
                     keep_rows: last && cfg.outputs.embeddings,
                     activate: !last,

@@ -69,13 +69,17 @@ fn edges_per_batch(floats: u64) -> usize {
 
 /// A batch's edges as row indices (int64) on the device: sources into a
 /// block that starts at node `base`, destinations into the group that
-/// starts at node `a`, and the distinct destinations (the edges come
-/// sorted by destination). They go up as one tensor (one copy, not three,
-/// each of which waits for the device); the host buffer is reused from
-/// batch to batch.
+/// starts at node `a`, and (where asked) the distinct destinations, in any
+/// order: a chunk of several edge buckets has its edges sorted by
+/// destination only bucket by bucket. They go up as one tensor (one copy,
+/// not three, each of which waits for the device); the host buffers are
+/// reused from batch to batch.
 #[derive(Default)]
 struct Indices {
     all: Vec<i64>,
+    /// Per destination of the group, the last batch that listed it.
+    listed: Vec<u32>,
+    batch: u32,
 }
 
 struct Batch {
@@ -86,14 +90,17 @@ struct Batch {
 
 impl Indices {
     /// The edges `src[k] -> dst[k]`, without those from a node to itself if
-    /// `skip_self` (PyG's GAT replaces them by the one self-loop); `None`
-    /// when none is left.
+    /// `skip_self` (PyG's GAT replaces them by the one self-loop), and their
+    /// distinct destinations if `distinct` (else none); `None` when no edge
+    /// is left.
+    #[allow(clippy::too_many_arguments)]
     fn upload(
         &mut self,
         (src, dst): (&[u32], &[u32]),
         base: u64,
         a: u64,
         skip_self: bool,
+        distinct: bool,
         device: Device,
     ) -> Result<Option<Batch>> {
         let kept = |(&s, &t): (&u32, &u32)| !(skip_self && s == t);
@@ -109,10 +116,21 @@ impl Indices {
         let targets = src.iter().zip(dst).filter(|&e| kept(e));
         self.all
             .extend(targets.map(|(_, &t)| (t as u64 - a) as i64));
-        for k in n..2 * n {
-            let t = self.all[k];
-            if k == n || self.all[k - 1] != t {
-                self.all.push(t);
+        if distinct {
+            self.batch = self.batch.wrapping_add(1);
+            if self.batch == 0 {
+                self.listed.fill(0);
+                self.batch = 1;
+            }
+            for k in n..2 * n {
+                let t = self.all[k] as usize;
+                if t >= self.listed.len() {
+                    self.listed.resize(t + 1, 0);
+                }
+                if self.listed[t] != self.batch {
+                    self.listed[t] = self.batch;
+                    self.all.push(t as i64);
+                }
             }
         }
         let all = Tensor::from_slice(&self.all).f_to_device(device)?;
@@ -139,9 +157,14 @@ pub(super) fn graph_layer_group(
         input,
         edges,
         chunk_rows,
+        merge,
         device,
         ..
     } = *job;
+    // A chunk of the stream takes `merge` edge buckets.
+    let buckets = edges.offsets.len() - 1;
+    let bucket_range = |c: usize| (c * merge as usize, ((c + 1) * merge as usize).min(buckets));
+    let chunk_rows = chunk_rows * merge;
     let (engine, bar) = (job.engine, job.bar);
     let g = (b - a) as i64;
     let opts = (Kind::Float, device);
@@ -170,7 +193,8 @@ pub(super) fn graph_layer_group(
                 let c0 = c as u64 * chunk_rows;
                 let c1 = c0 + chunk.rows as u64;
                 let (lo, hi) = (a.max(c0), b.min(c1));
-                let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
+                let (b0, b1) = bucket_range(c);
+                let (e0, e1) = (edges.offsets[b0] as usize, edges.offsets[b1] as usize);
                 if lo >= hi && e0 == e1 {
                     return Ok(());
                 }
@@ -194,7 +218,7 @@ pub(super) fn graph_layer_group(
                 for k in (e0..e1).step_by(per_batch) {
                     let k1 = (k + per_batch).min(e1);
                     let pair = (&edges.src[k..k1], &edges.dst[k..k1]);
-                    if let Some(e) = idx.upload(pair, c0, a, false, device)? {
+                    if let Some(e) = idx.upload(pair, c0, a, false, false, device)? {
                         let _ = acc.f_index_add_(0, &e.dst, &rows.f_index_select(0, &e.src)?)?;
                     }
                 }
@@ -272,8 +296,10 @@ pub(super) fn graph_layer_group(
                 Tensor::f_zeros([kept, h], opts)?,
             );
             let mut waiting = Waiting::default();
+            let (mut own_src, mut own_dst) = (Vec::new(), Vec::new());
             *read += input.stream(engine, chunk_rows, walk.first, times, bar, |c, chunk| {
-                let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
+                let (b0, b1) = bucket_range(c);
+                let (e0, e1) = (edges.offsets[b0] as usize, edges.offsets[b1] as usize);
                 let in_span = walk.holds(c);
                 if !in_span && e0 == e1 {
                     return Ok(());
@@ -301,14 +327,24 @@ pub(super) fn graph_layer_group(
                     into(&sm.er).f_copy_(&er)?;
                     // Edges from the span's earlier chunks waited for these
                     // destinations.
-                    let pair = waiting.gather(edges, walk.first..c, (lo, hi));
+                    let earlier = bucket_range(walk.first).0..b0;
+                    let pair = waiting.gather(edges, earlier, (lo, hi));
                     sm.add(&mut idx, pair, base, a, (&span_z, &span_el), device)?;
                 }
                 // This chunk's edges into destinations that have come by;
-                // the bucket is sorted by destination, so they lead it.
-                let k1 = e0 + edges.dst[e0..e1].partition_point(|&t| (t as u64) < seen);
-                let pair = (&edges.src[e0..k1], &edges.dst[e0..k1]);
-                sm.add(&mut idx, pair, c0, a, (&z, &el), device)?;
+                // each bucket is sorted by destination, so they lead it.
+                own_src.clear();
+                own_dst.clear();
+                for bucket in b0..b1 {
+                    let (f0, f1) = (
+                        edges.offsets[bucket] as usize,
+                        edges.offsets[bucket + 1] as usize,
+                    );
+                    let k1 = f0 + edges.dst[f0..f1].partition_point(|&t| (t as u64) < seen);
+                    own_src.extend_from_slice(&edges.src[f0..k1]);
+                    own_dst.extend_from_slice(&edges.dst[f0..k1]);
+                }
+                sm.add(&mut idx, (&own_src, &own_dst), c0, a, (&z, &el), device)?;
                 if in_span && c < walk.last {
                     let at = (c0 - base) as i64;
                     let n = chunk.rows as i64;
@@ -378,8 +414,8 @@ struct Softmax {
 }
 
 impl Softmax {
-    /// Adds the edges `src[k] -> dst[k]` (sorted by destination, all
-    /// seeded), whose sources are rows of a block from node `base` with
+    /// Adds the edges `src[k] -> dst[k]` (in any order, all seeded), whose
+    /// sources are rows of a block from node `base` with
     /// projections `z` and scores `el`.
     fn add(
         &mut self,
@@ -394,7 +430,9 @@ impl Softmax {
         for k in (0..src.len()).step_by(self.per_batch) {
             let k1 = (k + self.per_batch).min(src.len());
             let pair = (&src[k..k1], &dst[k..k1]);
-            let Some(Batch { src, dst, touched }) = idx.upload(pair, base, a, true, device)? else {
+            let Some(Batch { src, dst, touched }) =
+                idx.upload(pair, base, a, true, true, device)?
+            else {
                 continue;
             };
             let n = src.size()[0];
@@ -491,7 +529,7 @@ mod tests {
 
         let (src, dst) = (src.to_vec(), dst.to_vec());
         let batch = Indices::default()
-            .upload((&src, &dst), 0, 10, false, Device::Cpu)
+            .upload((&src, &dst), 0, 10, false, true, Device::Cpu)
             .unwrap()
             .expect("edges");
         let ints = |t: &Tensor| Vec::<i64>::try_from(t).unwrap();
@@ -501,5 +539,27 @@ mod tests {
             ints(&batch.src),
             src.iter().map(|&s| s as i64).collect::<Vec<_>>()
         );
+        // Destinations in any order (a chunk of several buckets): each
+        // distinct one once, in the order first met; a self-loop skipped.
+        let mut idx = Indices::default();
+        let batch = idx
+            .upload(
+                (&[1, 2, 12, 3, 4], &[12, 10, 12, 11, 10]),
+                0,
+                10,
+                true,
+                true,
+                Device::Cpu,
+            )
+            .unwrap()
+            .expect("edges");
+        assert_eq!(ints(&batch.dst), [2, 0, 1, 0]);
+        assert_eq!(ints(&batch.touched), [2, 0, 1]);
+        // The next batch lists its own.
+        let batch = idx
+            .upload((&[5, 6], &[11, 11]), 0, 10, false, true, Device::Cpu)
+            .unwrap()
+            .expect("edges");
+        assert_eq!(ints(&batch.touched), [1]);
     }
 }

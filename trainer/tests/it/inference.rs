@@ -494,6 +494,81 @@ fn with_one_group_each_layer_reads_its_input_once() {
     }
 }
 
+/// With the aggregation on the device, a narrow layer streams in chunks
+/// of several edge buckets (as many rows as the widest layer's chunk holds
+/// in its bytes): on 8000 nodes with 64-d features, the hidden layers'
+/// chunks take 2 or 3 buckets of 1024 rows, several chunks a layer, so
+/// edges still wait from one chunk for destinations in a later one. The
+/// result equals the in-memory forward pass, and each layer reads its
+/// input once.
+#[test]
+fn narrow_layers_on_the_device_stream_in_merged_chunks() {
+    let _serial = super::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ds_path = dir.path().join("wide");
+    generate(
+        &ds_path,
+        &GeneratorConfig {
+            num_nodes: 8000,
+            avg_degree: 6.0,
+            feature_dim: 64,
+            num_classes: 5,
+            seed: 12,
+            ..Default::default()
+        },
+        false,
+        false,
+    )
+    .unwrap();
+    let ds = Dataset::open(&ds_path).unwrap();
+    let engine = IoEngine::new(IoOptions::default());
+    for kind in [ModelKind::Sage, ModelKind::Gat] {
+        let (location, net, cfg) = exported_with(dir.path(), &ds, kind, 16);
+        let tag = format!("{kind:?}");
+        let mut run = config(
+            &location,
+            &ds_path,
+            &dir.path().join(format!("out-{tag}")),
+            &dir.path().join(format!("work-{tag}")),
+        );
+        run.memory = trainer::memory::RUNTIME_BYTES + (256 << 20);
+        run.aggregate = Aggregate::Device;
+        let s = infer(&run, &engine).unwrap();
+        assert_eq!((s.groups, s.chunk_rows), (1, 1024), "{tag}");
+        let rows: Vec<u64> = s.layers.iter().map(|l| l.chunk_rows).collect();
+        println!("{tag}: chunk rows per layer {rows:?}");
+        assert_eq!(rows[0], 1024, "{tag}: the widest layer takes one bucket");
+        for (l, &r) in rows.iter().enumerate().skip(1) {
+            assert!(
+                r > 1024 && r % 1024 == 0,
+                "{tag}: layer {}: {r} rows",
+                l + 1
+            );
+            assert!(
+                ds.num_nodes.div_ceil(r) >= 2,
+                "{tag}: layer {}: one chunk",
+                l + 1
+            );
+        }
+        for (l, f) in s.layers.iter().enumerate() {
+            let once = input_bytes(&ds, l, f.in_width as u64, 4);
+            assert_eq!(
+                (f.passes, f.bytes_read),
+                (1, once),
+                "{tag}: layer {}",
+                l + 1
+            );
+        }
+        let o = read_output(&dir.path().join(format!("out-{tag}")), &s);
+        let want = full_graph_forward(&ds, net.as_ref(), &cfg);
+        let want: Vec<f32> = Vec::try_from(want.view([-1])).unwrap();
+        let diff = max_diff(&o.logits, &want);
+        println!("{tag}: largest logit difference {diff:.2e}");
+        assert!(diff <= 1e-5, "{tag}: logits differ by {diff}");
+    }
+}
+
 #[test]
 fn a_killed_inference_resumes_and_bad_input_is_refused() {
     let _serial = super::serial();
