@@ -162,7 +162,7 @@ fn runtime() -> &'static Runtime {
 
 /// Objects from this size on go to a local store past the page cache
 /// (see [`Store::put_local`]).
-const DIRECT_PUT_MIN: usize = 8 << 20;
+pub const DIRECT_PUT_MIN: usize = 8 << 20;
 /// Bytes per O_DIRECT write of such an object, through one aligned buffer.
 pub const DIRECT_PUT_PIECE: usize = 4 << 20;
 

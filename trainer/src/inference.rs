@@ -2019,10 +2019,19 @@ fn output_row_bytes(classes: usize, embedding: Option<usize>, outputs: Outputs) 
 
 /// The memory of one output part while it is encoded and stored: its
 /// encoded bytes, the row group the writer builds, a record batch (see
-/// [`output_part`]), and a local store's aligned buffer for a large put.
+/// [`output_part`]), and, for a large part, a local store's aligned
+/// buffer (see [`Store::put_slice`]).
 fn output_part_bytes(selected: u64, row_bytes: usize) -> u64 {
-    let rows = (PART_ROWS as u64).min(selected) + (OUTPUT_GROUP_ROWS + OUTPUT_BATCH_ROWS) as u64;
-    rows * row_bytes as u64 + offgnn_shared::store::DIRECT_PUT_PIECE as u64
+    use offgnn_shared::store::{DIRECT_PUT_MIN, DIRECT_PUT_PIECE};
+    let part = (PART_ROWS as u64).min(selected);
+    let building = part.min(OUTPUT_GROUP_ROWS as u64) + part.min(OUTPUT_BATCH_ROWS as u64);
+    let bytes = part * row_bytes as u64;
+    let put = if bytes >= DIRECT_PUT_MIN as u64 {
+        DIRECT_PUT_PIECE as u64
+    } else {
+        0
+    };
+    bytes + building * row_bytes as u64 + put
 }
 
 fn output_part(
