@@ -22,22 +22,27 @@ use trainer::model::{self, ModelConfig, ModelKind};
 const NODES: u64 = 3000;
 
 fn dataset(root: &Path) -> std::path::PathBuf {
-    let ds = root.join("g");
+    generated(&root.join("g"), NODES, 24, 11)
+}
+
+/// A generated graph of `nodes` nodes (degree 6, 5 classes) with
+/// `feature_dim`-d features, at `path`.
+fn generated(path: &Path, nodes: u64, feature_dim: u64, seed: u64) -> std::path::PathBuf {
     generate(
-        &ds,
+        path,
         &GeneratorConfig {
-            num_nodes: NODES,
+            num_nodes: nodes,
             avg_degree: 6.0,
-            feature_dim: 24,
+            feature_dim,
             num_classes: 5,
-            seed: 11,
+            seed,
             ..Default::default()
         },
         false,
         false,
     )
     .unwrap();
-    ds
+    path.to_path_buf()
 }
 
 /// A randomly initialised model of `kind`, exported for the dataset.
@@ -437,6 +442,27 @@ fn widening_layers_aggregate_before_they_project() {
     assert_eq!(widths, [(24, 32), (32, 32), (32, 5)]);
 }
 
+/// A run of the model at `location` over `ds` with room for every
+/// destination in one group (chunks stay 1024 rows), its output and work
+/// directory in `root` named by `tag`.
+fn one_group(
+    location: &str,
+    ds: &Path,
+    root: &Path,
+    tag: &str,
+    aggregate: Aggregate,
+) -> InferConfig {
+    let mut run = config(
+        location,
+        ds,
+        &root.join(format!("out-{tag}")),
+        &root.join(format!("work-{tag}")),
+    );
+    run.memory = trainer::memory::RUNTIME_BYTES + (256 << 20);
+    run.aggregate = aggregate;
+    run
+}
+
 #[test]
 fn with_one_group_each_layer_reads_its_input_once() {
     let _serial = super::serial();
@@ -456,16 +482,8 @@ fn with_one_group_each_layer_reads_its_input_once() {
         }
         for (f16, aggregate) in cases {
             let tag = format!("{kind:?}-{f16}-{aggregate:?}");
-            let mut run = config(
-                &location,
-                &ds_path,
-                &dir.path().join(format!("out-{tag}")),
-                &dir.path().join(format!("work-{tag}")),
-            );
-            // Room for every destination in one group; chunks stay 1024 rows.
-            run.memory = trainer::memory::RUNTIME_BYTES + (256 << 20);
+            let mut run = one_group(&location, &ds_path, dir.path(), &tag, aggregate);
             run.hidden_f16 = f16;
-            run.aggregate = aggregate;
             let s = infer(&run, &engine).unwrap();
             assert_eq!(s.aggregate, aggregate, "{tag}");
             assert_eq!(s.groups, 1, "{tag}");
@@ -506,34 +524,13 @@ fn narrow_layers_on_the_device_stream_in_merged_chunks() {
     let _serial = super::serial();
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();
-    let ds_path = dir.path().join("wide");
-    generate(
-        &ds_path,
-        &GeneratorConfig {
-            num_nodes: 8000,
-            avg_degree: 6.0,
-            feature_dim: 64,
-            num_classes: 5,
-            seed: 12,
-            ..Default::default()
-        },
-        false,
-        false,
-    )
-    .unwrap();
+    let ds_path = generated(&dir.path().join("wide"), 8000, 64, 12);
     let ds = Dataset::open(&ds_path).unwrap();
     let engine = IoEngine::new(IoOptions::default());
     for kind in [ModelKind::Sage, ModelKind::Gat] {
         let (location, net, cfg) = exported_with(dir.path(), &ds, kind, 16);
         let tag = format!("{kind:?}");
-        let mut run = config(
-            &location,
-            &ds_path,
-            &dir.path().join(format!("out-{tag}")),
-            &dir.path().join(format!("work-{tag}")),
-        );
-        run.memory = trainer::memory::RUNTIME_BYTES + (256 << 20);
-        run.aggregate = Aggregate::Device;
+        let run = one_group(&location, &ds_path, dir.path(), &tag, Aggregate::Device);
         let s = infer(&run, &engine).unwrap();
         assert_eq!((s.groups, s.chunk_rows), (1, 1024), "{tag}");
         let rows: Vec<u64> = s.layers.iter().map(|l| l.chunk_rows).collect();
@@ -621,21 +618,7 @@ fn a_killed_inference_resumes_and_bad_input_is_refused() {
     let err = infer(&small, &engine).err().unwrap().to_string();
     assert!(err.contains("give --memory at least"), "{err}");
     // A model of another dataset.
-    let other = dir.path().join("other");
-    generate(
-        &other,
-        &GeneratorConfig {
-            num_nodes: NODES,
-            avg_degree: 6.0,
-            feature_dim: 24,
-            num_classes: 5,
-            seed: 12,
-            ..Default::default()
-        },
-        false,
-        false,
-    )
-    .unwrap();
+    let other = generated(&dir.path().join("other"), NODES, 24, 12);
     let err = infer(
         &config(&location, &other, &dir.path().join("o4"), &work),
         &engine,
