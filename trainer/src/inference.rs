@@ -301,14 +301,15 @@ impl Model {
             } => {
                 let (h, c) = (*heads as u64, *per_head as u64);
                 let total = if *concat { h * c } else { c };
-                // acc [H, C], max, sum, er, res and the output rows, all
-                // host buffers the group finishes in place, and a third
+                // acc [H, C], max, sum, er and the output rows (which
+                // hold res until the softmax is finished into them), all
+                // host buffers the group finishes in place, and a second
                 // output width for the buffer pool's slack (a buffer an
                 // earlier layer sized); the projections (z, el) of the
                 // span's rows, kept for the edges that wait on a later
                 // destination. A chunk's rows are projected (tensor and
                 // copy).
-                (2 * h * c + 4 * h + 3 * total, 3 * (h * c + h))
+                (2 * h * c + 4 * h + 2 * total, 3 * (h * c + h))
             }
         }
     }
@@ -1853,8 +1854,16 @@ fn graph_layer_group(
             let mut h_dst = job.kept_rows(spares);
             let mut sm = OnlineSoftmax::new(a, g, h, c_out, spares);
             let mut waiting = Waiting::default();
-            let res_width = res_w.size()[0] as usize;
-            let mut res = spares.take(g * res_width);
+            // The output rows, which hold res(self) until the softmax is
+            // finished into them (no buffer of its own: a group's rows are
+            // GBs, fresh pages on a first layer).
+            let out_w = if *concat { w } else { c_out };
+            assert_eq!(
+                res_w.size()[0] as usize,
+                out_w,
+                "GAT's residual is the output's width"
+            );
+            let mut rows_out = spares.take(g * out_w);
             *read += input.stream(engine, chunk_rows, first, times, bar, |c, chunk| {
                 let (e0, e1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
                 let in_span = span.holds(c);
@@ -1876,7 +1885,7 @@ fn graph_layer_group(
                     let er = head_scores(own, &a_dst, c_out);
                     sm.er[(lo - a) as usize * h..(hi - a) as usize * h].copy_from_slice(&er);
                     let r = rs.product(&x.narrow(0, at, len), &res_t)?;
-                    res[(lo - a) as usize * res_width..][..r.len()].copy_from_slice(r);
+                    rows_out[(lo - a) as usize * out_w..][..r.len()].copy_from_slice(r);
                     job.keep_own_rows(&mut h_dst, chunk, c0);
                     sm.seed((lo, hi), c0, z, &el);
                     // Edges from the span's earlier chunks waited for these
@@ -1908,45 +1917,44 @@ fn graph_layer_group(
             spares.give(z_span);
             spares.give(el_span);
             // The softmax's weighted sums over its sums (PyG adds 1e-16),
-            // heads concatenated or averaged, + res(self) + bias, then ELU:
-            // row by row into a reused buffer, no fresh GBs of tensors.
+            // heads concatenated or averaged, + res(self) (in the rows
+            // already) + bias, then ELU: row by row in place, no fresh GBs
+            // of tensors.
             let bias = to_vec(bias)?;
-            let out_w = if *concat { w } else { c_out };
-            let mut rows_out = spares.take(g * out_w);
             let (acc, sums) = (&sm.acc, &sm.s);
             rows_out
                 .par_chunks_mut(out_w)
                 .zip(acc.par_chunks(w))
                 .zip(sums.par_chunks(h))
-                .zip(res.par_chunks(res_width))
-                .for_each(|(((out, acc), sums), res)| {
-                    if *concat {
-                        for (hh, s) in sums.iter().enumerate() {
-                            let d = s + 1e-16;
-                            for (o, v) in out[hh * c_out..][..c_out]
-                                .iter_mut()
-                                .zip(&acc[hh * c_out..][..c_out])
-                            {
-                                *o = v / d;
+                .for_each_init(
+                    || vec![0f32; out_w],
+                    |mean, ((out, acc), sums)| {
+                        if *concat {
+                            for (hh, s) in sums.iter().enumerate() {
+                                let d = s + 1e-16;
+                                for ((o, v), b) in out[hh * c_out..][..c_out]
+                                    .iter_mut()
+                                    .zip(&acc[hh * c_out..][..c_out])
+                                    .zip(&bias[hh * c_out..])
+                                {
+                                    *o = v / d + *o + b;
+                                }
+                            }
+                        } else {
+                            // The mean over heads, summed in head order.
+                            mean.fill(0.0);
+                            for (hh, s) in sums.iter().enumerate() {
+                                let d = s + 1e-16;
+                                for (m, v) in mean.iter_mut().zip(&acc[hh * c_out..][..c_out]) {
+                                    *m += v / d;
+                                }
+                            }
+                            for ((o, m), b) in out.iter_mut().zip(mean.iter()).zip(&bias) {
+                                *o = m / h as f32 + *o + b;
                             }
                         }
-                    } else {
-                        // The mean over heads, summed in head order.
-                        out.fill(0.0);
-                        for (hh, s) in sums.iter().enumerate() {
-                            let d = s + 1e-16;
-                            for (o, v) in out.iter_mut().zip(&acc[hh * c_out..][..c_out]) {
-                                *o += v / d;
-                            }
-                        }
-                        for o in out.iter_mut() {
-                            *o /= h as f32;
-                        }
-                    }
-                    for ((o, r), b) in out.iter_mut().zip(res).zip(&bias) {
-                        *o = *o + r + b;
-                    }
-                });
+                    },
+                );
             if activate {
                 // ELU in place through torch, whose expm1 is vectorized
                 // (glibc's scalar one took an eighth of a GAT run).
@@ -1964,7 +1972,6 @@ fn graph_layer_group(
                 let _ = t.f_elu_()?;
             }
             sm.give(spares);
-            spares.give(res);
             Ok((rows_out, h_dst))
         }
     }

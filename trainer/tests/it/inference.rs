@@ -188,22 +188,32 @@ fn config(model: &str, ds: &Path, out: &Path, work: &Path) -> InferConfig {
     }
 }
 
-/// The least memory (in steps of 64 KiB) a run of `model` accepts: at that
-/// size each destination group holds about one block of 1024 nodes. A
-/// binary search: a run is refused below that size and works above it.
-fn least_memory(model: &str, ds: &Path, root: &Path, engine: &IoEngine) -> u64 {
+/// The least memory (in steps of 64 KiB) a run of `model` accepts with
+/// each of `aggregates`: at that size each destination group holds about
+/// one block of 1024 nodes. A binary search: a run is refused below that
+/// size and works above it.
+fn least_memory(
+    model: &str,
+    ds: &Path,
+    root: &Path,
+    engine: &IoEngine,
+    aggregates: &[Aggregate],
+) -> u64 {
     const STEP: u64 = 64 << 10;
     let works = |memory: u64| {
-        let mut cfg = config(model, ds, &root.join("probe-out"), &root.join("probe-work"));
-        cfg.memory = memory;
-        cfg.overwrite = true;
-        match infer(&cfg, engine) {
-            Ok(_) => true,
-            Err(e) => {
-                assert!(e.to_string().contains("--memory"), "{e}");
-                false
+        aggregates.iter().all(|&aggregate| {
+            let mut cfg = config(model, ds, &root.join("probe-out"), &root.join("probe-work"));
+            cfg.memory = memory;
+            cfg.overwrite = true;
+            cfg.aggregate = aggregate;
+            match infer(&cfg, engine) {
+                Ok(_) => true,
+                Err(e) => {
+                    assert!(e.to_string().contains("--memory"), "{e}");
+                    false
+                }
             }
-        }
+        })
     };
     // In steps above the runtime: `lo` is refused, `hi` works.
     let base = trainer::memory::RUNTIME_BYTES;
@@ -257,7 +267,14 @@ fn check_at_least_memory(
         &out,
         &root.join(format!("work-{kind:?}")),
     );
-    run.memory = least_memory(&location, ds_path, root, engine);
+    // Where the device's aggregation is checked too, the least that both
+    // take, so that the two runs share one plan.
+    let aggregates: &[Aggregate] = if kind == ModelKind::Mlp {
+        &[Aggregate::Host]
+    } else {
+        &[Aggregate::Host, Aggregate::Device]
+    };
+    run.memory = least_memory(&location, ds_path, root, engine, aggregates);
     let s = infer(&run, engine).unwrap();
     assert!(out.join(trainer::inference::COMMIT).exists());
     if kind != ModelKind::Mlp {
@@ -577,7 +594,7 @@ fn a_killed_inference_resumes_and_bad_input_is_refused() {
     let (location, _, _) = exported(dir.path(), &ds, ModelKind::Gat);
     let out = dir.path().join("out");
     let work = dir.path().join("work");
-    let memory = least_memory(&location, &ds_path, dir.path(), &engine);
+    let memory = least_memory(&location, &ds_path, dir.path(), &engine, &[Aggregate::Host]);
     let mut whole = config(
         &location,
         &ds_path,
