@@ -1207,6 +1207,20 @@ struct GroupEdges {
     offsets: Vec<u64>,
 }
 
+impl GroupEdges {
+    /// Where the edges of `bucket` into destinations `[lo, hi)` lie: a
+    /// range of indices, the bucket being sorted by destination.
+    fn reaching(&self, bucket: usize, (lo, hi): (u64, u64)) -> std::ops::Range<usize> {
+        let (f0, f1) = (
+            self.offsets[bucket] as usize,
+            self.offsets[bucket + 1] as usize,
+        );
+        let dst = &self.dst[f0..f1];
+        f0 + dst.partition_point(|&t| (t as u64) < lo)
+            ..f0 + dst.partition_point(|&t| (t as u64) < hi)
+    }
+}
+
 /// Encodes hidden rows' values into `buf` as float16 or float32
 /// (little-endian), on the thread pool, with zeros up to the next page;
 /// returns the bytes to write (a multiple of a page).
@@ -1238,7 +1252,8 @@ fn encode_rows(values: &[f32], f16: bool, buf: &mut AlignedBuf) -> usize {
 /// The edges from a span's earlier chunks into a chunk's destinations,
 /// gathered from their buckets into one list sorted by destination (each
 /// bucket is; together they are not) by a counting sort over the chunk's
-/// destinations. Buffers reused from chunk to chunk.
+/// destinations, for the host's scatter, whose threads take disjoint
+/// destination ranges. Buffers reused from chunk to chunk.
 #[derive(Default)]
 struct Waiting {
     counts: Vec<usize>,
@@ -1255,23 +1270,12 @@ impl Waiting {
         chunks: std::ops::Range<usize>,
         (lo, hi): (u64, u64),
     ) -> (&[u32], &[u32]) {
-        // Each bucket's edges into [lo, hi): a range, the bucket being
-        // sorted by destination.
-        let ranges: Vec<(usize, usize)> = chunks
-            .map(|c| {
-                let (f0, f1) = (edges.offsets[c] as usize, edges.offsets[c + 1] as usize);
-                let bucket = &edges.dst[f0..f1];
-                (
-                    f0 + bucket.partition_point(|&t| (t as u64) < lo),
-                    f0 + bucket.partition_point(|&t| (t as u64) < hi),
-                )
-            })
-            .collect();
+        let ranges: Vec<_> = chunks.map(|c| edges.reaching(c, (lo, hi))).collect();
         // Edges per destination, then where each destination's edges start.
         self.counts.clear();
         self.counts.resize((hi - lo) as usize + 1, 0);
-        for &(k0, k1) in &ranges {
-            for &t in &edges.dst[k0..k1] {
+        for r in &ranges {
+            for &t in &edges.dst[r.clone()] {
                 self.counts[(t as u64 - lo) as usize + 1] += 1;
             }
         }
@@ -1283,8 +1287,8 @@ impl Waiting {
         self.src.resize(total, 0);
         self.dst.clear();
         self.dst.resize(total, 0);
-        for &(k0, k1) in &ranges {
-            for (&t, &s) in edges.dst[k0..k1].iter().zip(&edges.src[k0..k1]) {
+        for r in ranges {
+            for (&t, &s) in edges.dst[r.clone()].iter().zip(&edges.src[r]) {
                 let at = &mut self.counts[(t as u64 - lo) as usize];
                 self.src[*at] = s;
                 self.dst[*at] = t;
@@ -1896,13 +1900,12 @@ fn graph_layer_group(
                     let base = first as u64 * chunk_rows;
                     sm.add((lo, hi), src, dst, base, &z_span, &el_span, parts);
                 }
-                // This chunk's edges into destinations that have come by;
-                // the bucket is sorted by destination, so they lead it.
-                let k1 = e0 + edges.dst[e0..e1].partition_point(|&t| (t as u64) < seen);
+                // This chunk's edges into destinations that have come by.
+                let own = edges.reaching(c, (a, seen));
                 sm.add(
                     (a, seen),
-                    &edges.src[e0..k1],
-                    &edges.dst[e0..k1],
+                    &edges.src[own.clone()],
+                    &edges.dst[own],
                     c0,
                     z,
                     &el,

@@ -13,7 +13,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{GroupJob, Layer, Span, Spares, StreamTimes, Waiting};
+use super::{GroupEdges, GroupJob, Layer, Span, Spares, StreamTimes};
 use crate::error::Result;
 
 /// Device bytes of an edge batch's temporaries at most (about): a chunk's
@@ -295,8 +295,7 @@ pub(super) fn graph_layer_group(
                 Tensor::f_zeros([kept, w], opts)?,
                 Tensor::f_zeros([kept, h], opts)?,
             );
-            let mut waiting = Waiting::default();
-            let (mut own_src, mut own_dst) = (Vec::new(), Vec::new());
+            let mut picked = Picked::default();
             *read += input.stream(engine, chunk_rows, walk.first, times, bar, |c, chunk| {
                 let (b0, b1) = bucket_range(c);
                 let (e0, e1) = (edges.offsets[b0] as usize, edges.offsets[b1] as usize);
@@ -328,23 +327,12 @@ pub(super) fn graph_layer_group(
                     // Edges from the span's earlier chunks waited for these
                     // destinations.
                     let earlier = bucket_range(walk.first).0..b0;
-                    let pair = waiting.gather(edges, earlier, (lo, hi));
+                    let pair = picked.pick(edges, earlier, (lo, hi));
                     sm.add(&mut idx, pair, base, a, (&span_z, &span_el), device)?;
                 }
-                // This chunk's edges into destinations that have come by;
-                // each bucket is sorted by destination, so they lead it.
-                own_src.clear();
-                own_dst.clear();
-                for bucket in b0..b1 {
-                    let (f0, f1) = (
-                        edges.offsets[bucket] as usize,
-                        edges.offsets[bucket + 1] as usize,
-                    );
-                    let k1 = f0 + edges.dst[f0..f1].partition_point(|&t| (t as u64) < seen);
-                    own_src.extend_from_slice(&edges.src[f0..k1]);
-                    own_dst.extend_from_slice(&edges.dst[f0..k1]);
-                }
-                sm.add(&mut idx, (&own_src, &own_dst), c0, a, (&z, &el), device)?;
+                // This chunk's edges into destinations that have come by.
+                let pair = picked.pick(edges, b0..b1, (a, seen));
+                sm.add(&mut idx, pair, c0, a, (&z, &el), device)?;
                 if in_span && c < walk.last {
                     let at = (c0 - base) as i64;
                     let n = chunk.rows as i64;
@@ -392,6 +380,34 @@ pub(super) fn graph_layer_group(
     };
     host.f_copy_(&out.f_reshape([-1])?)?;
     Ok((rows, h_dst))
+}
+
+/// The edges of some buckets into a range of destinations, one list in
+/// any order (torch's ops need none; see [`Indices`]). The buffers are
+/// reused from chunk to chunk.
+#[derive(Default)]
+struct Picked {
+    src: Vec<u32>,
+    dst: Vec<u32>,
+}
+
+impl Picked {
+    /// The edges of the buckets `buckets` into destinations `[lo, hi)`.
+    fn pick(
+        &mut self,
+        edges: &GroupEdges,
+        buckets: std::ops::Range<usize>,
+        range: (u64, u64),
+    ) -> (&[u32], &[u32]) {
+        self.src.clear();
+        self.dst.clear();
+        for bucket in buckets {
+            let r = edges.reaching(bucket, range);
+            self.src.extend_from_slice(&edges.src[r.clone()]);
+            self.dst.extend_from_slice(&edges.dst[r]);
+        }
+        (&self.src, &self.dst)
+    }
 }
 
 /// GAT's attention slope for negative scores.
@@ -481,7 +497,7 @@ impl Softmax {
 
 #[cfg(test)]
 mod tests {
-    use super::super::GroupEdges;
+    use super::super::Waiting;
     use super::*;
 
     // Three buckets, each sorted by destination: the waiting edges into
