@@ -2344,13 +2344,14 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         .max(1);
     // libtorch's runtime and the process's own, as the training statement
     // counts them, then a count per node, the selection, the read and
-    // write buffers, and the output parts being encoded.
+    // write buffers, and the output parts being encoded and the one being
+    // stored.
     let fixed = crate::memory::RUNTIME_BYTES
         + 4 * n
         + n.div_ceil(8)
         + (2 * REQUEST * PER_CALL + 2 * write_piece) as u64
         + pin * (STREAM_AHEAD as u64 + 2) * 4 * Chunk::SLACK as u64
-        + encoders * part_bytes;
+        + (encoders + 1) * part_bytes;
     let chunk_rows = match cfg.chunk_rows {
         Some(c) => c.div_ceil(ALIGN_NODES).max(1) * ALIGN_NODES,
         None => {
@@ -2367,13 +2368,13 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         .filter(|b| *b > 0)
         .ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "--memory {} is below the {} this run needs before any group (libtorch's runtime {}, 4 bytes per node for {n} nodes, {} for a source chunk of {chunk_rows} rows, {} of read and write buffers, {} for {encoders} output parts encoded at once); the least that works is about {}",
+                "--memory {} is below the {} this run needs before any group (libtorch's runtime {}, 4 bytes per node for {n} nodes, {} for a source chunk of {chunk_rows} rows, {} of read and write buffers, {} for {encoders} output parts encoded at once and one being stored); the least that works is about {}",
                 human_bytes(cfg.memory),
                 human_bytes(fixed + chunk_bytes),
                 human_bytes(crate::memory::RUNTIME_BYTES),
                 human_bytes(chunk_bytes),
                 human_bytes((2 * REQUEST * PER_CALL + 2 * write_piece) as u64),
-                human_bytes(encoders * part_bytes),
+                human_bytes((encoders + 1) * part_bytes),
                 human_bytes(fixed + chunk_bytes + ALIGN_NODES * per_node * 2)
             ))
         })?;
@@ -2681,40 +2682,62 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     .map(|v| (v - a) as usize)
                     .collect();
                 // Parts of at most PART_ROWS rows, encoded in parallel,
-                // each thread's into a buffer the next part reuses (fresh
-                // pages cost more than the encoding).
+                // each into a buffer a later part reuses (fresh pages cost
+                // more than the encoding), and stored by a thread of their
+                // own: an encoder that stored its own part left its core
+                // idle while the disk took it (a third of the last layer's
+                // write on 2 cores).
                 let buffers = std::sync::Mutex::new(Vec::<Vec<u8>>::new());
                 let lock = || buffers.lock().unwrap_or_else(|e| e.into_inner());
                 let parts = keep.chunks(PART_ROWS).enumerate().collect::<Vec<_>>();
-                // As many parts at once as the plan counted.
-                let encode = || -> Vec<Result<(String, u64, u64)>> {
-                    parts
-                        .into_par_iter()
-                        .map(|(k, rows)| {
-                            let mut bytes = lock().pop().unwrap_or_default();
-                            output_part(
-                                rows,
-                                a,
-                                &out_rows,
-                                classes,
-                                embedding.as_deref().map(|e| (e, emb_width)),
-                                cfg.outputs,
-                                &mut bytes,
-                            )?;
-                            // Encoded and stored in parallel: the store's puts
-                            // wait on the disk, the encoding on the CPU.
-                            let name = format!("{run_id}/part-{gi:06}-{k:04}.parquet");
-                            let size = bytes.len() as u64;
+                let (parts, stored) = std::thread::scope(|scope| {
+                    // A rendezvous: an encoded part waits in its encoder's
+                    // hands until the store takes it, so at most one part
+                    // more than the encoders is held (as the plan counts).
+                    let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Vec<u8>)>(0);
+                    let store = scope.spawn(|| -> Result<()> {
+                        for (name, bytes) in rx {
                             out.put_slice(&name, &bytes)?;
                             lock().push(bytes);
-                            Ok((name, size, rows.len() as u64))
-                        })
-                        .collect()
-                };
-                let parts = match &encoding {
-                    Some(pool) => pool.install(encode),
-                    None => encode(),
-                };
+                        }
+                        Ok(())
+                    });
+                    // As many parts at once as the plan counted.
+                    let encode = || -> Vec<Result<(String, u64, u64)>> {
+                        parts
+                            .into_par_iter()
+                            .map_with(tx, |tx, (k, rows)| {
+                                let mut bytes = lock().pop().unwrap_or_default();
+                                output_part(
+                                    rows,
+                                    a,
+                                    &out_rows,
+                                    classes,
+                                    embedding.as_deref().map(|e| (e, emb_width)),
+                                    cfg.outputs,
+                                    &mut bytes,
+                                )?;
+                                let name = format!("{run_id}/part-{gi:06}-{k:04}.parquet");
+                                let size = bytes.len() as u64;
+                                // Refused only when the store has stopped on
+                                // an error, which it returns.
+                                tx.send((name.clone(), bytes)).map_err(|_| {
+                                    Error::InvalidArgument("the output's store stopped".into())
+                                })?;
+                                Ok((name, size, rows.len() as u64))
+                            })
+                            .collect()
+                    };
+                    let parts = match &encoding {
+                        Some(pool) => pool.install(encode),
+                        None => encode(),
+                    };
+                    let stored = store.join().expect("the output's store does not panic");
+                    (parts, stored)
+                });
+                // The store's error first: the encoders' is then only that
+                // it stopped.
+                stored?;
                 for part in parts {
                     let (name, size, rows) = part?;
                     written += size;
