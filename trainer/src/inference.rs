@@ -287,11 +287,17 @@ impl Model {
         let (d_in, d_out) = (self.widths[l] as u64, self.widths[l + 1] as u64);
         match &self.layers[l] {
             Layer::Sage { .. } => {
-                // Sums at the narrower width (twice: host and device), the
-                // projection of its own row, a count, three output copies.
+                // Sums at the narrower width (twice: host and device), a
+                // count, three output copies, and where the layer widens
+                // the projection of its own row (narrowing, that goes into
+                // the sums).
                 let acc = d_in.min(d_out);
-                let per_src = if d_out <= d_in { 2 * d_out } else { 0 };
-                (2 * acc + d_out + 1 + 3 * d_out, per_src)
+                let (own, per_src) = if d_out <= d_in {
+                    (0, 2 * d_out)
+                } else {
+                    (d_out, 0)
+                };
+                (2 * acc + own + 1 + 3 * d_out, per_src)
             }
             Layer::Gat {
                 heads,
@@ -1714,8 +1720,21 @@ fn graph_layer_group(
             } else {
                 input.width
             };
+            // In-degrees first: projecting, lin_r(self) goes straight into
+            // the sums, times the count they are divided by, where it would
+            // take a buffer of the group's width of its own (fresh pages on
+            // a first layer: 1.6 GB took 1.7 s here). A widening layer's
+            // sums are at the input's width: its lin_r(self) is kept apart.
+            let mut count = vec![0f32; g];
+            for &t in &edges.dst {
+                count[(t as u64 - a) as usize] += 1.0;
+            }
             let mut acc = spares.take(g * d);
-            let mut own_buf = spares.take(g * d_out as usize);
+            let mut own_buf = if project {
+                Vec::new()
+            } else {
+                spares.take(g * d_out as usize)
+            };
             // Projecting, a chunk that holds group rows goes through lin_l
             // and lin_r in one matmul (its rows are packed once), into
             // one reused buffer (fresh pages cost more than the matmul on
@@ -1743,12 +1762,21 @@ fn graph_layer_group(
                     let own = lo < hi;
                     let ys = y.product(&x, if own { &w_lr } else { &w_l })?;
                     if own {
+                        // Before this chunk's edges reach them, these
+                        // destinations' sums hold only the earlier
+                        // chunks': lin_r(self) times the count is added.
                         let stride = 2 * d_out;
                         let at = (lo - a) as usize * d_out;
-                        own_buf[at..at + (hi - lo) as usize * d_out]
+                        acc[at..at + (hi - lo) as usize * d_out]
                             .par_chunks_mut(d_out)
                             .zip(ys[(lo - c0) as usize * stride..].par_chunks(stride))
-                            .for_each(|(o, y)| o.copy_from_slice(&y[d_out..]));
+                            .zip(&count[(lo - a) as usize..(hi - a) as usize])
+                            .for_each(|((o, y), &c)| {
+                                let c = c.max(1.0);
+                                for (o, y) in o.iter_mut().zip(&y[d_out..]) {
+                                    *o += c * y;
+                                }
+                            });
                         (ys, stride)
                     } else {
                         (ys, d_out)
@@ -1801,36 +1829,42 @@ fn graph_layer_group(
                 });
                 Ok(())
             })?;
-            let mut count = vec![0f32; g];
-            for &t in &edges.dst {
-                count[(t as u64 - a) as usize] += 1.0;
-            }
             let bias = to_vec(lin_l_b)?;
             let d_out = d_out as usize;
-            if !project {
-                // The layer widens: the mean of the inputs, then lin_l.
+            if project {
+                // (sum + count lin_r(self)) / count + lin_l's bias, row by
+                // row in place, then ReLU: no fresh gigabytes for the
+                // group's tensors.
+                acc.par_chunks_mut(d_out)
+                    .zip(count.par_iter())
+                    .for_each(|(row, &c)| {
+                        let c = c.max(1.0);
+                        for (v, b) in row.iter_mut().zip(&bias) {
+                            *v = *v / c + b;
+                            if activate && *v < 0.0 {
+                                *v = 0.0;
+                            }
+                        }
+                    });
+            } else {
+                // The layer widens: the mean of the inputs, then lin_l, +
+                // its bias + lin_r(self) in place, then ReLU.
                 let mut mean = tensor(&acc, g as i64, device);
                 let c = Tensor::from_slice(&count).to_device(device).clamp_min(1.0);
                 let _ = mean.g_div_(&c.unsqueeze(1));
                 copy_into(&mean.matmul(&lin_l_w.tr()), &mut acc)?;
-                count.fill(1.0);
-            }
-            // mean + lin_l's bias + lin_r(self), row by row in place, in the
-            // order the tensor ops took (the same floats), then ReLU: no
-            // fresh gigabytes for the group's tensors.
-            acc.par_chunks_mut(d_out)
-                .zip(own_buf.par_chunks(d_out))
-                .zip(count.par_iter())
-                .for_each(|((row, own), &c)| {
-                    let c = c.max(1.0);
-                    for ((v, b), o) in row.iter_mut().zip(&bias).zip(own) {
-                        *v = *v / c + b + o;
-                        if activate && *v < 0.0 {
-                            *v = 0.0;
+                acc.par_chunks_mut(d_out)
+                    .zip(own_buf.par_chunks(d_out))
+                    .for_each(|(row, own)| {
+                        for ((v, b), o) in row.iter_mut().zip(&bias).zip(own) {
+                            *v = *v + b + o;
+                            if activate && *v < 0.0 {
+                                *v = 0.0;
+                            }
                         }
-                    }
-                });
-            spares.give(own_buf);
+                    });
+                spares.give(own_buf);
+            }
             Ok((acc, h_dst))
         }
         Layer::Gat {
