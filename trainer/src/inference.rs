@@ -2567,6 +2567,8 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     // A group's buffers, kept from group to group and layer to layer:
     // reused memory is already paged in.
     let mut spares = Spares::default();
+    // A group's edges, kept for the next pass where it is the same group.
+    let mut held_edges: Option<(usize, GroupEdges)> = None;
     while progress.layer < graph_layers {
         let l = progress.layer;
         let last = l + 1 == graph_layers;
@@ -2628,13 +2630,21 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 ),
             );
             let (out_rows, embedding) = if model.mlp.is_empty() {
-                let t_edges = Instant::now();
-                let (edges, size) = load_group_edges(&cfg.work_dir, gi, chunks)?;
-                tracing::debug!(
-                    "layer {l} group {gi}: edges loaded in {:.2} s",
-                    t_edges.elapsed().as_secs_f64()
-                );
-                edge_read += size;
+                // The group's edges, unless the last pass (a layer's only
+                // group, the one before) left them here.
+                let edges = match held_edges.take() {
+                    Some((held, edges)) if held == gi => edges,
+                    _ => {
+                        let t_edges = Instant::now();
+                        let (edges, size) = load_group_edges(&cfg.work_dir, gi, chunks)?;
+                        tracing::debug!(
+                            "layer {l} group {gi}: edges loaded in {:.2} s",
+                            t_edges.elapsed().as_secs_f64()
+                        );
+                        edge_read += size;
+                        edges
+                    }
+                };
                 let t_group = Instant::now();
                 let group = match cfg.aggregate {
                     Aggregate::Host => graph_layer_group,
@@ -2659,6 +2669,11 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     t_group.elapsed().as_secs_f64(),
                     times.io_wait + times.scatter
                 );
+                // One group: the next layer's pass is this one's again, and
+                // its edges (counted in the group's memory) stay.
+                if plan.groups.len() == 1 && !last {
+                    held_edges = Some((gi, edges));
+                }
                 (rows, (last && cfg.outputs.embeddings).then_some(h_dst))
             } else {
                 let mut x = Vec::new();
