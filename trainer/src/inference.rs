@@ -1211,6 +1211,9 @@ struct GroupEdges {
     src: Vec<u32>,
     dst: Vec<u32>,
     offsets: Vec<u64>,
+    /// The same edges by destination, made once where a layer pulls (see
+    /// [`GroupEdges::by_destination`]) and kept with them.
+    by_dst: std::sync::OnceLock<(Vec<u64>, Vec<u32>)>,
 }
 
 impl GroupEdges {
@@ -1224,6 +1227,31 @@ impl GroupEdges {
         let dst = &self.dst[f0..f1];
         f0 + dst.partition_point(|&t| (t as u64) < lo)
             ..f0 + dst.partition_point(|&t| (t as u64) < hi)
+    }
+
+    /// A group's in-edges by destination (compressed rows): the sources of
+    /// destination `a + i` are `src[starts[i]..starts[i + 1]]`, in the
+    /// buckets' order: a counting sort of the pairs, made on the first
+    /// call (the group's range `[a, b)`) and kept.
+    fn by_destination(&self, (a, b): (u64, u64)) -> &(Vec<u64>, Vec<u32>) {
+        self.by_dst.get_or_init(|| {
+            let g = (b - a) as usize;
+            let mut starts = vec![0u64; g + 1];
+            for &t in &self.dst {
+                starts[(t as u64 - a) as usize + 1] += 1;
+            }
+            for i in 0..g {
+                starts[i + 1] += starts[i];
+            }
+            let mut next = starts[..g].to_vec();
+            let mut src = vec![0u32; self.src.len()];
+            for (&u, &t) in self.src.iter().zip(&self.dst) {
+                let at = &mut next[(t as u64 - a) as usize];
+                src[*at as usize] = u;
+                *at += 1;
+            }
+            (starts, src)
+        })
     }
 }
 
@@ -1343,7 +1371,15 @@ fn load_group_edges(work: &Path, g: usize, chunks: usize) -> Result<(GroupEdges,
         src.push(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         dst.push(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
     }
-    Ok((GroupEdges { src, dst, offsets }, bytes.len() as u64))
+    Ok((
+        GroupEdges {
+            src,
+            dst,
+            offsets,
+            by_dst: Default::default(),
+        },
+        bytes.len() as u64,
+    ))
 }
 
 /// Splits the destinations `[a, b)` into `parts` ranges and, for a bucket
@@ -1879,6 +1915,9 @@ fn graph_layer_group(
         } => {
             let (h, c_out) = (*heads as usize, *per_head as usize);
             let w = h * c_out;
+            if (a, b) == (0, input.rows) {
+                return gat_pull(job, spares, read, times);
+            }
             let (a_src, a_dst) = (to_vec(att_src)?, to_vec(att_dst)?);
             let (lin_t, res_t) = (lin_w.tr(), res_w.tr());
             // Projections and residuals land in reused buffers: fresh
@@ -1966,52 +2005,218 @@ fn graph_layer_group(
                 .for_each_init(
                     || vec![0f32; out_w],
                     |mean, ((out, acc), sums)| {
-                        if *concat {
-                            for (hh, s) in sums.iter().enumerate() {
-                                let d = s + 1e-16;
-                                for ((o, v), b) in out[hh * c_out..][..c_out]
-                                    .iter_mut()
-                                    .zip(&acc[hh * c_out..][..c_out])
-                                    .zip(&bias[hh * c_out..])
-                                {
-                                    *o = v / d + *o + b;
-                                }
-                            }
-                        } else {
-                            // The mean over heads, summed in head order.
-                            mean.fill(0.0);
-                            for (hh, s) in sums.iter().enumerate() {
-                                let d = s + 1e-16;
-                                for (m, v) in mean.iter_mut().zip(&acc[hh * c_out..][..c_out]) {
-                                    *m += v / d;
-                                }
-                            }
-                            for ((o, m), b) in out.iter_mut().zip(mean.iter()).zip(&bias) {
-                                *o = m / h as f32 + *o + b;
-                            }
-                        }
+                        gat_finish_row(out, acc, sums, &bias, *concat, c_out, mean)
                     },
                 );
             if activate {
-                // ELU in place through torch, whose expm1 is vectorized
-                // (glibc's scalar one took an eighth of a GAT run).
-                // SAFETY: `rows_out` outlives the tensor, which only this
-                // call writes; nothing else touches the buffer meanwhile.
-                let mut t = unsafe {
-                    Tensor::f_from_blob(
-                        rows_out.as_mut_ptr().cast::<u8>(),
-                        &[rows_out.len() as i64],
-                        &[1],
-                        Kind::Float,
-                        Device::Cpu,
-                    )?
-                };
-                let _ = t.f_elu_()?;
+                elu_in_place(&mut rows_out)?;
             }
             sm.give(spares);
             Ok((rows_out, h_dst))
         }
     }
+}
+
+/// A GAT destination's output row from its softmax state: per head the
+/// weighted sum over the sum of weights (PyG adds 1e-16), heads
+/// concatenated or averaged (summed in head order, into `mean`), added to
+/// `out` (which holds res(self)) with the bias.
+fn gat_finish_row(
+    out: &mut [f32],
+    acc: &[f32],
+    sums: &[f32],
+    bias: &[f32],
+    concat: bool,
+    c_out: usize,
+    mean: &mut [f32],
+) {
+    if concat {
+        for (hh, s) in sums.iter().enumerate() {
+            let d = s + 1e-16;
+            for ((o, v), b) in out[hh * c_out..][..c_out]
+                .iter_mut()
+                .zip(&acc[hh * c_out..][..c_out])
+                .zip(&bias[hh * c_out..])
+            {
+                *o = v / d + *o + b;
+            }
+        }
+    } else {
+        mean.fill(0.0);
+        for (hh, s) in sums.iter().enumerate() {
+            let d = s + 1e-16;
+            for (m, v) in mean.iter_mut().zip(&acc[hh * c_out..][..c_out]) {
+                *m += v / d;
+            }
+        }
+        for ((o, m), b) in out.iter_mut().zip(mean.iter()).zip(bias) {
+            *o = m / sums.len() as f32 + *o + b;
+        }
+    }
+}
+
+/// ELU in place through torch, whose expm1 is vectorized (glibc's scalar
+/// one took an eighth of a GAT run).
+fn elu_in_place(rows: &mut [f32]) -> Result<()> {
+    // SAFETY: `rows` outlives the tensor, which only this call writes;
+    // nothing else touches the buffer meanwhile.
+    let mut t = unsafe {
+        Tensor::f_from_blob(
+            rows.as_mut_ptr().cast::<u8>(),
+            &[rows.len() as i64],
+            &[1],
+            Kind::Float,
+            Device::Cpu,
+        )?
+    };
+    let _ = t.f_elu_()?;
+    Ok(())
+}
+
+/// GAT for a group that holds every node, pulled: the stream projects
+/// each chunk (z = W h, its scores as a source and as a destination, and
+/// res(self) into the output rows) and keeps z for every node; then each
+/// destination, in parallel, takes its softmax over its in-edges (and its
+/// self-loop) in two passes, its state in cache, and its output row is
+/// finished there. Pushed along the edges instead (as a smaller group
+/// must be, its sources' projections not all kept), every edge read and
+/// wrote its destination's accumulator rows, random in the group's state:
+/// the pull reads a source's row and writes nothing, and keeps no
+/// accumulators (z for every node is what the push kept of its span, the
+/// whole input here).
+fn gat_pull(
+    job: &GroupJob,
+    spares: &mut Spares,
+    read: &mut u64,
+    times: &mut StreamTimes,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let GroupJob {
+        layer,
+        input,
+        engine,
+        edges,
+        chunk_rows,
+        device,
+        activate,
+        bar,
+        ..
+    } = *job;
+    let Layer::Gat {
+        lin_w,
+        att_src,
+        att_dst,
+        res_w,
+        bias,
+        heads,
+        per_head,
+        concat,
+    } = layer
+    else {
+        unreachable!("gat_pull takes a GAT layer");
+    };
+    let n = input.rows as usize;
+    let (h, c_out) = (*heads as usize, *per_head as usize);
+    let w = h * c_out;
+    let out_w = if *concat { w } else { c_out };
+    let (a_src, a_dst) = (to_vec(att_src)?, to_vec(att_dst)?);
+    let (lin_t, res_t) = (lin_w.tr(), res_w.tr());
+    let (starts, src) = edges.by_destination((0, input.rows));
+    let (mut zs, mut rs) = (Scratch::default(), Scratch::default());
+    let mut z_all = spares.take(n * w);
+    let (mut el_all, mut er_all) = (spares.take(n * h), spares.take(n * h));
+    let mut h_dst = job.kept_rows(spares);
+    let mut rows_out = spares.take(n * out_w);
+    *read += input.stream(engine, chunk_rows, 0, times, bar, |c, chunk| {
+        let c0 = c * chunk_rows as usize;
+        let rows = chunk.rows;
+        let x = chunk.tensor().to_device(device);
+        let z = zs.product(&x, &lin_t)?;
+        z_all[c0 * w..(c0 + rows) * w].copy_from_slice(z);
+        el_all[c0 * h..(c0 + rows) * h].copy_from_slice(&head_scores(z, &a_src, c_out));
+        er_all[c0 * h..(c0 + rows) * h].copy_from_slice(&head_scores(z, &a_dst, c_out));
+        let r = rs.product(&x, &res_t)?;
+        rows_out[c0 * out_w..(c0 + rows) * out_w].copy_from_slice(r);
+        job.keep_own_rows(&mut h_dst, chunk, c0 as u64);
+        Ok(())
+    })?;
+    let t = Instant::now();
+    let bias = to_vec(bias)?;
+    let lrelu = |raw: f32| if raw >= 0.0 { raw } else { 0.2 * raw };
+    {
+        let (z_all, el_all, er_all) = (&z_all, &el_all, &er_all);
+        // Blocks of destinations a task; a thread's scratch: the scores of a
+        // destination's edges (self-loop first), per head, and its sums.
+        const BLOCK: usize = 1024;
+        rows_out
+            .par_chunks_mut(BLOCK * out_w)
+            .enumerate()
+            .for_each_init(
+                || (Vec::new(), vec![0f32; w], vec![0f32; h], vec![0f32; out_w]),
+                |(scores, acc, sums, mean), (blk, out_rows)| {
+                    let v0 = blk * BLOCK;
+                    for (i, out) in out_rows.chunks_exact_mut(out_w).enumerate() {
+                        let v = v0 + i;
+                        let er = &er_all[v * h..][..h];
+                        // PyG replaces edges from a node to itself by one
+                        // self-loop.
+                        let (k0, k1) = (starts[v] as usize, starts[v + 1] as usize);
+                        let edges = src[k0..k1].iter().filter(|&&u| u as usize != v);
+                        scores.clear();
+                        scores.extend((0..h).map(|hh| lrelu(el_all[v * h + hh] + er[hh])));
+                        for (j, &u) in edges.clone().enumerate() {
+                            // The rows of the edges a few on: their misses
+                            // overlap (see the GraphSAGE scatter).
+                            if let Some(&ahead) = src.get(k0 + j + SCATTER_AHEAD) {
+                                prefetch::lines(z_all, ahead as usize * w, w);
+                                prefetch::line(el_all, ahead as usize * h);
+                            }
+                            let u = u as usize;
+                            scores.extend((0..h).map(|hh| lrelu(el_all[u * h + hh] + er[hh])));
+                        }
+                        // Per head: the largest score, then the weights.
+                        for hh in 0..h {
+                            let m = scores[hh..]
+                                .iter()
+                                .step_by(h)
+                                .fold(f32::NEG_INFINITY, |m, &e| m.max(e));
+                            let mut s = 0.0;
+                            for e in scores[hh..].iter_mut().step_by(h) {
+                                *e = (*e - m).exp();
+                                s += *e;
+                            }
+                            sums[hh] = s;
+                        }
+                        acc.copy_from_slice(&z_all[v * w..][..w]);
+                        for (hh, a) in acc.chunks_exact_mut(c_out).enumerate() {
+                            let wt = scores[hh];
+                            a.iter_mut().for_each(|x| *x *= wt);
+                        }
+                        for (j, u) in edges.enumerate() {
+                            let (wts, row) =
+                                (&scores[(j + 1) * h..][..h], &z_all[*u as usize * w..][..w]);
+                            for ((a, z), &wt) in acc
+                                .chunks_exact_mut(c_out)
+                                .zip(row.chunks_exact(c_out))
+                                .zip(wts)
+                            {
+                                for (x, v) in a.iter_mut().zip(z) {
+                                    *x += wt * v;
+                                }
+                            }
+                        }
+                        gat_finish_row(out, acc, sums, &bias, *concat, c_out, mean);
+                    }
+                },
+            );
+    }
+    times.scatter += t.elapsed().as_secs_f64();
+    spares.give(z_all);
+    spares.give(el_all);
+    spares.give(er_all);
+    if activate {
+        elu_in_place(&mut rows_out)?;
+    }
+    Ok((rows_out, h_dst))
 }
 
 /// The output's selected nodes, as a bit per node.
@@ -3283,6 +3488,20 @@ mod tests {
             assert!(got_logits == want(&logits, classes), "step {step}: logits");
             assert!(got_emb == want(&emb, width), "step {step}: embeddings");
         }
+    }
+
+    #[test]
+    fn edges_by_destination_list_its_sources_in_bucket_order() {
+        // Two buckets, each sorted by destination, for the group [10, 14).
+        let edges = GroupEdges {
+            src: vec![5, 9, 3, 1, 2],
+            dst: vec![10, 10, 12, 11, 12],
+            offsets: vec![0, 3, 5],
+            by_dst: Default::default(),
+        };
+        let (starts, src) = edges.by_destination((10, 14));
+        assert_eq!(starts, &[0, 2, 3, 5, 5]);
+        assert_eq!(src, &[5, 9, 1, 3, 2]);
     }
 
     #[test]

@@ -514,6 +514,7 @@ mod tests {
             src: Vec::new(),
             dst: Vec::new(),
             offsets: vec![0],
+            by_dst: Default::default(),
         };
         for bucket in buckets {
             for &(s, t) in bucket {

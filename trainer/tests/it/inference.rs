@@ -490,9 +490,11 @@ fn with_one_group_each_layer_reads_its_input_once() {
     let engine = IoEngine::new(IoOptions::default());
     for kind in [ModelKind::Sage, ModelKind::Gat] {
         let (location, net, cfg) = exported(dir.path(), &ds, kind);
-        // Aggregated on the host and on the device (one group spans every
-        // chunk, so edges wait for destinations in later chunks); GAT also
-        // with float16 hidden layers: half the bytes, read once.
+        // Aggregated on the host (GAT pulls along its edges by
+        // destination, the group holding every node) and on the device
+        // (one group spans every chunk, so edges wait for destinations in
+        // later chunks); GAT also with float16 hidden layers: half the
+        // bytes, read once.
         let mut cases = vec![(false, Aggregate::Host), (false, Aggregate::Device)];
         if kind == ModelKind::Gat {
             cases.push((true, Aggregate::Host));
@@ -533,6 +535,60 @@ fn with_one_group_each_layer_reads_its_input_once() {
             assert!(diff <= tolerance, "{tag}: logits differ by {diff}");
         }
     }
+}
+
+/// GAT on the host where a group spans several chunks but not every
+/// node: a group of every node pulls along its edges by destination, a
+/// smaller one pushes along its sources' buckets, and edges from the
+/// group's earlier chunks wait for its destinations in later ones. Here
+/// the first of two groups holds two blocks of 1024 nodes, two chunks; the
+/// result equals the in-memory forward pass.
+#[test]
+fn gat_groups_of_several_chunks_push_with_waiting_edges() {
+    let _serial = super::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ds_path = dataset(dir.path());
+    let ds = Dataset::open(&ds_path).unwrap();
+    let engine = IoEngine::new(IoOptions::default());
+    let (location, net, cfg) = exported(dir.path(), &ds, ModelKind::Gat);
+    let mut run = config(
+        &location,
+        &ds_path,
+        &dir.path().join("out"),
+        &dir.path().join("work"),
+    );
+    run.aggregate = Aggregate::Host;
+    run.overwrite = true;
+    // The least memory (in steps of 64 KiB) whose plan has at most two
+    // groups: the groups shrink as the memory does.
+    const STEP: u64 = 64 << 10;
+    let groups = |memory: u64| {
+        let mut probe = run.clone();
+        probe.memory = memory;
+        infer(&probe, &engine).map_or(u64::MAX, |s| s.groups)
+    };
+    let least = least_memory(&location, &ds_path, dir.path(), &engine, &[Aggregate::Host]);
+    let (mut lo, mut hi) = (least / STEP, (least + (256 << 20)) / STEP);
+    assert!(groups(lo * STEP) > 2 && groups(hi * STEP) <= 2);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if groups(mid * STEP) <= 2 {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    run.memory = hi * STEP;
+    let s = infer(&run, &engine).unwrap();
+    assert_eq!(s.groups, 2);
+    assert_eq!(NODES.div_ceil(s.chunk_rows), 3, "chunks");
+    let o = read_output(&dir.path().join("out"), &s);
+    let want = full_graph_forward(&ds, net.as_ref(), &cfg);
+    let want: Vec<f32> = Vec::try_from(want.view([-1])).unwrap();
+    let diff = max_diff(&o.logits, &want);
+    println!("GAT in two groups: largest logit difference {diff:.2e}");
+    assert!(diff <= 1e-5, "logits differ by {diff}");
 }
 
 /// With the aggregation on the device, a narrow layer streams in chunks
