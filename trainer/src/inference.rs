@@ -2266,11 +2266,11 @@ fn output_row_bytes(classes: usize, embedding: Option<usize>, outputs: Outputs) 
     16 + 4 * (lists * classes + embedding)
 }
 
-/// The memory of one output part while it is encoded and stored: its
-/// encoded bytes, the row group the writer builds, a record batch (see
-/// [`output_part`]), and, for a large part, a local store's aligned
-/// buffer (see [`Store::put_slice`]).
-fn output_part_bytes(selected: u64, row_bytes: usize) -> u64 {
+/// The memory of one output part while it is encoded (its encoded bytes,
+/// the row group the writer builds, a record batch, see [`output_part`])
+/// and while it is stored (its encoded bytes and, for a large part, a
+/// local store's aligned buffer, see [`Store::put_slice`]).
+fn output_part_bytes(selected: u64, row_bytes: usize) -> (u64, u64) {
     use offgnn_shared::store::{DIRECT_PUT_MIN, DIRECT_PUT_PIECE};
     let part = (PART_ROWS as u64).min(selected);
     let building = part.min(OUTPUT_GROUP_ROWS as u64) + part.min(OUTPUT_BATCH_ROWS as u64);
@@ -2280,7 +2280,7 @@ fn output_part_bytes(selected: u64, row_bytes: usize) -> u64 {
     } else {
         0
     };
-    bytes + building * row_bytes as u64 + put
+    (bytes + building * row_bytes as u64, bytes + put)
 }
 
 fn output_part(
@@ -2577,7 +2577,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let selected_nodes: u64 = bits.iter().map(|w| w.count_ones() as u64).sum();
     let emb_width = model.widths[num_layers - 1] as usize;
     let out_row_bytes = output_row_bytes(card.out_channels as usize, Some(emb_width), cfg.outputs);
-    let part_bytes = output_part_bytes(selected_nodes, out_row_bytes);
+    let (part_bytes, stored_bytes) = output_part_bytes(selected_nodes, out_row_bytes);
     let encoders = (rayon::current_num_threads() as u64)
         .min(cfg.memory / 8 / part_bytes)
         .max(1);
@@ -2590,7 +2590,8 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         + n.div_ceil(8)
         + (2 * REQUEST * PER_CALL + 2 * write_piece) as u64
         + pin * (STREAM_AHEAD as u64 + 2) * 4 * Chunk::SLACK as u64
-        + (encoders + 1) * part_bytes;
+        + encoders * part_bytes
+        + stored_bytes;
     let chunk_rows = match cfg.chunk_rows {
         Some(c) => c.div_ceil(ALIGN_NODES).max(1) * ALIGN_NODES,
         None => {
@@ -2613,7 +2614,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                 human_bytes(crate::memory::RUNTIME_BYTES),
                 human_bytes(chunk_bytes),
                 human_bytes((2 * REQUEST * PER_CALL + 2 * write_piece) as u64),
-                human_bytes((encoders + 1) * part_bytes),
+                human_bytes(encoders * part_bytes + stored_bytes),
                 human_bytes(fixed + chunk_bytes + ALIGN_NODES * per_node * 2)
             ))
         })?;
@@ -3437,13 +3438,14 @@ mod tests {
             // dictionary).
             let row_bytes = output_row_bytes(classes, Some(width), outputs);
             assert_eq!(row_bytes, 16 + 4 * (classes + width));
-            let planned = output_part_bytes(rows.len() as u64, row_bytes);
+            let (planned, stored) = output_part_bytes(rows.len() as u64, row_bytes);
             let floats_and_ids = rows.len() as u64 * (row_bytes as u64 - 8);
             assert!(
                 bytes.len() as u64 >= floats_and_ids && (bytes.len() as u64) < planned,
                 "step {step}: {} bytes encoded, {planned} planned",
                 bytes.len()
             );
+            assert!(bytes.len() as u64 <= stored, "step {step}: stored");
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("part.parquet"), &bytes).unwrap();
             let file = File::open(dir.path().join("part.parquet")).unwrap();
