@@ -2119,9 +2119,10 @@ fn gat_pull(
     let w = h * c_out;
     let out_w = if *concat { w } else { c_out };
     let (a_src, a_dst) = (to_vec(att_src)?, to_vec(att_dst)?);
-    let (lin_t, res_t) = (lin_w.tr(), res_w.tr());
+    // lin and res in one matmul: a chunk's rows are packed once.
+    let lin_res = Tensor::cat(&[lin_w, res_w], 0).tr().contiguous();
     let (starts, src) = edges.by_destination((0, input.rows));
-    let (mut zs, mut rs) = (Scratch::default(), Scratch::default());
+    let mut ys = Scratch::default();
     let mut z_all = spares.take(n * w);
     let (mut el_all, mut er_all) = (spares.take(n * h), spares.take(n * h));
     let mut h_dst = job.kept_rows(spares);
@@ -2130,12 +2131,17 @@ fn gat_pull(
         let c0 = c * chunk_rows as usize;
         let rows = chunk.rows;
         let x = chunk.tensor().to_device(device);
-        let z = zs.product(&x, &lin_t)?;
-        z_all[c0 * w..(c0 + rows) * w].copy_from_slice(z);
+        let y = ys.product(&x, &lin_res)?;
+        let z = &mut z_all[c0 * w..(c0 + rows) * w];
+        z.par_chunks_mut(w)
+            .zip(rows_out[c0 * out_w..(c0 + rows) * out_w].par_chunks_mut(out_w))
+            .zip(y.par_chunks(w + out_w))
+            .for_each(|((z, r), y)| {
+                z.copy_from_slice(&y[..w]);
+                r.copy_from_slice(&y[w..]);
+            });
         el_all[c0 * h..(c0 + rows) * h].copy_from_slice(&head_scores(z, &a_src, c_out));
         er_all[c0 * h..(c0 + rows) * h].copy_from_slice(&head_scores(z, &a_dst, c_out));
-        let r = rs.product(&x, &res_t)?;
-        rows_out[c0 * out_w..(c0 + rows) * out_w].copy_from_slice(r);
         job.keep_own_rows(&mut h_dst, chunk, c0 as u64);
         Ok(())
     })?;
