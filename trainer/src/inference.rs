@@ -2090,17 +2090,7 @@ fn gat_pull(
     read: &mut u64,
     times: &mut StreamTimes,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
-    let GroupJob {
-        layer,
-        input,
-        engine,
-        edges,
-        chunk_rows,
-        device,
-        activate,
-        bar,
-        ..
-    } = *job;
+    let (input, edges, chunk_rows) = (job.input, job.edges, job.chunk_rows);
     let Layer::Gat {
         lin_w,
         att_src,
@@ -2110,7 +2100,7 @@ fn gat_pull(
         heads,
         per_head,
         concat,
-    } = layer
+    } = job.layer
     else {
         unreachable!("gat_pull takes a GAT layer");
     };
@@ -2127,10 +2117,10 @@ fn gat_pull(
     let (mut el_all, mut er_all) = (spares.take(n * h), spares.take(n * h));
     let mut h_dst = job.kept_rows(spares);
     let mut rows_out = spares.take(n * out_w);
-    *read += input.stream(engine, chunk_rows, 0, times, bar, |c, chunk| {
+    *read += input.stream(job.engine, chunk_rows, 0, times, job.bar, |c, chunk| {
         let c0 = c * chunk_rows as usize;
         let rows = chunk.rows;
-        let x = chunk.tensor().to_device(device);
+        let x = chunk.tensor().to_device(job.device);
         let y = ys.product(&x, &lin_res)?;
         let z = &mut z_all[c0 * w..(c0 + rows) * w];
         z.par_chunks_mut(w)
@@ -2219,7 +2209,7 @@ fn gat_pull(
     spares.give(z_all);
     spares.give(el_all);
     spares.give(er_all);
-    if activate {
+    if job.activate {
         elu_in_place(&mut rows_out)?;
     }
     Ok((rows_out, h_dst))
