@@ -2138,6 +2138,14 @@ fn gat_pull(
     let t = Instant::now();
     let bias = to_vec(bias)?;
     let lrelu = |raw: f32| if raw >= 0.0 { raw } else { 0.2 * raw };
+    // The destinations done: the stream's bar has filled by now, and this
+    // part is as long as the edges are many.
+    let pulled = offgnn_shared::progress::bar_if(
+        !job.bar.is_hidden(),
+        n as u64,
+        &format!("{}, by destination", job.bar.prefix()),
+        "nodes",
+    );
     {
         let (z_all, el_all, er_all) = (&z_all, &el_all, &er_all);
         // Blocks of destinations a task; a thread's scratch: the scores of a
@@ -2202,9 +2210,11 @@ fn gat_pull(
                         }
                         gat_finish_row(out, acc, sums, &bias, *concat, c_out, mean);
                     }
+                    pulled.inc((out_rows.len() / out_w) as u64);
                 },
             );
     }
+    pulled.finish_and_clear();
     times.scatter += t.elapsed().as_secs_f64();
     spares.give(z_all);
     spares.give(el_all);
