@@ -2,7 +2,8 @@
 //! mount: the packer refuses a layout the disk cannot hold before writing
 //! any of it, with the figures; the sampler whose disk fills mid-run fails
 //! in one line and removes what it wrote; a checkpoint that does not fit
-//! fails in one line, naming the space, and leaves no partial file.
+//! fails in one line, naming the space, and leaves no partial file; an
+//! inference whose output does not fit commits nothing.
 
 use std::path::Path;
 
@@ -214,4 +215,78 @@ fn staging_onto_a_disk_too_small_is_refused_up_front() {
     );
     assert_one_line(&r, "staging the layout needs");
     assert!(files(&local).is_empty(), "{:?}", files(&local));
+}
+
+/// `trainer infer` whose --out fills as its parts are stored fails in one
+/// line naming the space, commits nothing, and leaves no staging file
+/// there.
+#[test]
+fn inference_whose_output_does_not_fit_commits_nothing() {
+    let Some(fs) = SmallFs::mount(1 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ds, samples) = sampled(dir.path(), "20000", "64");
+    let pack = dir.path().join("pack");
+    let export = dir.path().join("export");
+    let ok = |r: offgnn_e2e::Run| assert!(r.status.success(), "{}", r.stderr);
+    ok(run(
+        "packer",
+        &[
+            "--samples",
+            s(&samples),
+            "--features",
+            s(&ds.join("data/feat.npy")),
+            "--out",
+            s(&pack),
+            "--gpu-cache",
+            "64K",
+            "--cpu-cache",
+            "64K",
+            "--disk-budget",
+            "8x",
+        ],
+    ));
+    ok(run(
+        "trainer",
+        &[
+            "--manifest",
+            s(&pack.join("manifest.json")),
+            "--epochs",
+            "1",
+            "--hidden",
+            "64",
+            "--max-batches",
+            "2",
+            "--export",
+            s(&export),
+        ],
+    ));
+    // 20000 rows of a class, 4 probabilities and a 64-d embedding: about
+    // 5.8 MB of Parquet, over the 1 MiB there.
+    let preds = fs.path().join("preds");
+    let r = run(
+        "trainer",
+        &[
+            "infer",
+            "--model",
+            s(&export),
+            "--dataset",
+            s(&ds),
+            "--out",
+            s(&preds),
+            "--work-dir",
+            s(&dir.path().join("work")),
+            "--outputs",
+            "class,probabilities,embeddings",
+        ],
+    );
+    assert_one_line(&r, "No space left on device");
+    let left = files(&preds);
+    assert!(
+        !left
+            .iter()
+            .any(|f| f.contains("_SUCCESS") || f.contains('#')),
+        "left behind: {left:?}"
+    );
 }
