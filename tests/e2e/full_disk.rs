@@ -57,6 +57,32 @@ fn sampled(dir: &Path, nodes: &str, dim: &str) -> (std::path::PathBuf, std::path
     (ds, samples)
 }
 
+/// [`sampled`], packed on the ordinary disk into `dir/pack` with small
+/// caches: the graph and the pack.
+fn packed(dir: &Path, nodes: &str, dim: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (ds, samples) = sampled(dir, nodes, dim);
+    let pack = dir.join("pack");
+    let r = run(
+        "packer",
+        &[
+            "--samples",
+            s(&samples),
+            "--features",
+            s(&ds.join("data/feat.npy")),
+            "--out",
+            s(&pack),
+            "--gpu-cache",
+            "64K",
+            "--cpu-cache",
+            "64K",
+            "--disk-budget",
+            "8x",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    (ds, pack)
+}
+
 #[test]
 fn the_packer_refuses_a_layout_the_disk_cannot_hold() {
     let Some(fs) = SmallFs::mount(4 << 20) else {
@@ -126,26 +152,7 @@ fn a_checkpoint_that_does_not_fit_keeps_nothing_partial() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (ds, samples) = sampled(dir.path(), "3000", "64");
-    let pack = dir.path().join("pack");
-    let r = run(
-        "packer",
-        &[
-            "--samples",
-            s(&samples),
-            "--features",
-            s(&ds.join("data/feat.npy")),
-            "--out",
-            s(&pack),
-            "--gpu-cache",
-            "64K",
-            "--cpu-cache",
-            "64K",
-            "--disk-budget",
-            "8x",
-        ],
-    );
-    assert!(r.status.success(), "{}", r.stderr);
+    let (_, pack) = packed(dir.path(), "3000", "64");
     let ckpt = fs.path().join("ckpt");
     // 64 x 256 + 256 x 4 parameters, Adam's two moments and the best
     // epoch's copy: about 300 KB, over the 64 KiB there.
@@ -226,27 +233,9 @@ fn inference_whose_output_does_not_fit_commits_nothing() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (ds, samples) = sampled(dir.path(), "20000", "64");
-    let pack = dir.path().join("pack");
+    let (ds, pack) = packed(dir.path(), "20000", "64");
     let export = dir.path().join("export");
     let ok = |r: offgnn_e2e::Run| assert!(r.status.success(), "{}", r.stderr);
-    ok(run(
-        "packer",
-        &[
-            "--samples",
-            s(&samples),
-            "--features",
-            s(&ds.join("data/feat.npy")),
-            "--out",
-            s(&pack),
-            "--gpu-cache",
-            "64K",
-            "--cpu-cache",
-            "64K",
-            "--disk-budget",
-            "8x",
-        ],
-    ));
     ok(run(
         "trainer",
         &[

@@ -199,7 +199,6 @@ fn least_memory(
     engine: &IoEngine,
     aggregates: &[Aggregate],
 ) -> u64 {
-    const STEP: u64 = 64 << 10;
     let works = |memory: u64| {
         aggregates.iter().all(|&aggregate| {
             let mut cfg = config(model, ds, &root.join("probe-out"), &root.join("probe-work"));
@@ -215,20 +214,42 @@ fn least_memory(
             }
         })
     };
-    // In steps above the runtime: `lo` is refused, `hi` works.
     let base = trainer::memory::RUNTIME_BYTES;
-    let (mut lo, mut hi) = (0u64, (256 << 20) / STEP);
     assert!(!works(base), "a run with no room for data worked");
-    assert!(works(base + hi * STEP), "no memory size worked");
-    while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
-        if works(base + mid * STEP) {
-            hi = mid;
+    assert!(works(base + (256 << 20)), "no memory size worked");
+    least_that_works(base, base + (256 << 20), works)
+}
+
+/// The least memory in `(lo, hi]`, in steps of 64 KiB from `lo`, that
+/// `works`, which refuses `lo`, takes `hi`, and takes every size above one
+/// it takes: a binary search.
+fn least_that_works(lo: u64, hi: u64, works: impl Fn(u64) -> bool) -> u64 {
+    const STEP: u64 = 64 << 10;
+    let (mut l, mut h) = (0, (hi - lo).div_ceil(STEP));
+    while h - l > 1 {
+        let mid = (l + h) / 2;
+        if works(lo + mid * STEP) {
+            h = mid;
         } else {
-            lo = mid;
+            l = mid;
         }
     }
-    base + hi * STEP
+    lo + h * STEP
+}
+
+/// The largest difference between the logits of the result `s` committed
+/// at `out` and the in-memory forward pass of `net` over `ds`.
+fn logit_difference(
+    out: &Path,
+    s: &InferSummary,
+    ds: &Dataset,
+    net: &dyn model::Gnn,
+    cfg: &ModelConfig,
+) -> f32 {
+    let o = read_output(out, s);
+    let want = full_graph_forward(ds, net, cfg);
+    let want: Vec<f32> = Vec::try_from(want.view([-1])).unwrap();
+    max_diff(&o.logits, &want)
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -526,10 +547,8 @@ fn with_one_group_each_layer_reads_its_input_once() {
                     assert_eq!(f.edge_bytes_read, 0, "{tag}: layer {} edges", l + 1);
                 }
             }
-            let o = read_output(&dir.path().join(format!("out-{tag}")), &s);
-            let want = full_graph_forward(&ds, net.as_ref(), &cfg);
-            let want: Vec<f32> = Vec::try_from(want.view([-1])).unwrap();
-            let diff = max_diff(&o.logits, &want);
+            let out = dir.path().join(format!("out-{tag}"));
+            let diff = logit_difference(&out, &s, &ds, net.as_ref(), &cfg);
             println!("{tag}: largest logit difference {diff:.2e}");
             let tolerance = if f16 { 1e-2 } else { 1e-5 };
             assert!(diff <= tolerance, "{tag}: logits differ by {diff}");
@@ -560,33 +579,21 @@ fn gat_groups_of_several_chunks_push_with_waiting_edges() {
     );
     run.aggregate = Aggregate::Host;
     run.overwrite = true;
-    // The least memory (in steps of 64 KiB) whose plan has at most two
-    // groups: the groups shrink as the memory does.
-    const STEP: u64 = 64 << 10;
-    let groups = |memory: u64| {
+    // The least memory whose plan has at most two groups: the groups
+    // shrink as the memory does.
+    let two_groups = |memory: u64| {
         let mut probe = run.clone();
         probe.memory = memory;
-        infer(&probe, &engine).map_or(u64::MAX, |s| s.groups)
+        infer(&probe, &engine).is_ok_and(|s| s.groups <= 2)
     };
     let least = least_memory(&location, &ds_path, dir.path(), &engine, &[Aggregate::Host]);
-    let (mut lo, mut hi) = (least / STEP, (least + (256 << 20)) / STEP);
-    assert!(groups(lo * STEP) > 2 && groups(hi * STEP) <= 2);
-    while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
-        if groups(mid * STEP) <= 2 {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    run.memory = hi * STEP;
+    let most = least + (256 << 20);
+    assert!(!two_groups(least) && two_groups(most));
+    run.memory = least_that_works(least, most, two_groups);
     let s = infer(&run, &engine).unwrap();
     assert_eq!(s.groups, 2);
     assert_eq!(NODES.div_ceil(s.chunk_rows), 3, "chunks");
-    let o = read_output(&dir.path().join("out"), &s);
-    let want = full_graph_forward(&ds, net.as_ref(), &cfg);
-    let want: Vec<f32> = Vec::try_from(want.view([-1])).unwrap();
-    let diff = max_diff(&o.logits, &want);
+    let diff = logit_difference(&dir.path().join("out"), &s, &ds, net.as_ref(), &cfg);
     println!("GAT in two groups: largest logit difference {diff:.2e}");
     assert!(diff <= 1e-5, "logits differ by {diff}");
 }
@@ -636,10 +643,8 @@ fn narrow_layers_on_the_device_stream_in_merged_chunks() {
                 l + 1
             );
         }
-        let o = read_output(&dir.path().join(format!("out-{tag}")), &s);
-        let want = full_graph_forward(&ds, net.as_ref(), &cfg);
-        let want: Vec<f32> = Vec::try_from(want.view([-1])).unwrap();
-        let diff = max_diff(&o.logits, &want);
+        let out = dir.path().join(format!("out-{tag}"));
+        let diff = logit_difference(&out, &s, &ds, net.as_ref(), &cfg);
         println!("{tag}: largest logit difference {diff:.2e}");
         assert!(diff <= 1e-5, "{tag}: logits differ by {diff}");
     }
