@@ -1234,7 +1234,7 @@ impl GroupEdges {
     /// buckets' order: a counting sort of the pairs, made on the first
     /// call (the group's range `[a, b)`) and kept.
     fn by_destination(&self, (a, b): (u64, u64)) -> &(Vec<u64>, Vec<u32>) {
-        self.by_dst.get_or_init(|| {
+        let made = self.by_dst.get_or_init(|| {
             let g = (b - a) as usize;
             let mut starts = vec![0u64; g + 1];
             for &t in &self.dst {
@@ -1251,7 +1251,9 @@ impl GroupEdges {
                 *at += 1;
             }
             (starts, src)
-        })
+        });
+        assert_eq!(made.0.len() as u64, b - a + 1, "the group's range, as made");
+        made
     }
 }
 
