@@ -3,7 +3,8 @@
 //! a blocking API over `object_store`, so that sampling and packing threads
 //! stay plain threads (tokio lives only here). Large objects are written
 //! through [`ObjectWriter`], which uploads in parts above a threshold and
-//! checksums what it writes.
+//! checksums what it writes, or through [`StagedWriter`], which writes a
+//! local store's objects past the page cache.
 
 use std::io::Write;
 use std::ops::Range;
@@ -25,6 +26,8 @@ use crate::io_engine::{AlignedBuf, PAGE};
 
 /// Objects larger than this go up as multipart uploads.
 const MULTIPART_THRESHOLD: usize = 16 << 20;
+/// Parts of one multipart upload in flight at once.
+const MULTIPART_CONCURRENCY: usize = 4;
 
 /// Tries of an idempotent request before its error is returned. HTTP stores
 /// retry inside `object_store` too; this covers what reaches us anyway (a
@@ -166,36 +169,145 @@ pub const DIRECT_PUT_MIN: usize = 8 << 20;
 /// Bytes per O_DIRECT write of such an object, through one aligned buffer.
 pub const DIRECT_PUT_PIECE: usize = 4 << 20;
 
-/// Writes `bytes` to a new file at `path` with O_DIRECT, in page-padded
-/// pieces through an aligned buffer, then cuts the file to their length;
-/// through the page cache where the filesystem refuses O_DIRECT (EINVAL).
-fn write_direct(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    let open = |direct: bool| {
-        let mut o = std::fs::OpenOptions::new();
-        o.write(true).create(true).truncate(true);
-        if direct {
-            o.custom_flags(libc::O_DIRECT);
-        }
-        o.open(path)
-    };
-    let f = match open(true) {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            let mut f = open(false)?;
-            return f.write_all(bytes);
-        }
-        Err(e) => return Err(e),
-    };
-    let mut buf = AlignedBuf::new(DIRECT_PUT_PIECE);
-    for (k, piece) in bytes.chunks(DIRECT_PUT_PIECE).enumerate() {
-        let len = piece.len().next_multiple_of(PAGE);
-        let out = &mut buf.as_mut_slice()[..len];
-        out[..piece.len()].copy_from_slice(piece);
-        out[piece.len()..].fill(0);
-        f.write_all_at(out, (k * DIRECT_PUT_PIECE) as u64)?;
+/// A new file written in order, piece by piece, past the page cache:
+/// whole pages from an aligned buffer go out as they are; other bytes
+/// gather in an aligned buffer of up to [`DIRECT_PUT_PIECE`] bytes (grown
+/// as needed), which goes out with O_DIRECT each time it fills. The last
+/// bytes are padded to a page and the file cut to its length. Through the
+/// page cache where the filesystem refuses O_DIRECT (EINVAL).
+struct DirectFile {
+    file: std::fs::File,
+    buf: AlignedBuf,
+    filled: usize,
+    offset: u64,
+}
+
+impl DirectFile {
+    fn create(path: &std::path::Path) -> std::io::Result<DirectFile> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let open = |direct: bool| {
+            let mut o = std::fs::OpenOptions::new();
+            o.write(true).create(true).truncate(true);
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            o.open(path)
+        };
+        let file = match open(true) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(false)?,
+            file => file?,
+        };
+        Ok(DirectFile {
+            file,
+            buf: AlignedBuf::new(0),
+            filled: 0,
+            offset: 0,
+        })
     }
-    f.set_len(bytes.len() as u64)
+
+    fn append(&mut self, mut bytes: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        // Whole pages from an aligned buffer, with none waiting before
+        // them: written as they are, with no copy.
+        let pages = bytes.len() / PAGE * PAGE;
+        if self.filled == 0 && pages > 0 && bytes.as_ptr().align_offset(PAGE) == 0 {
+            self.file.write_all_at(&bytes[..pages], self.offset)?;
+            self.offset += pages as u64;
+            bytes = &bytes[pages..];
+        }
+        while !bytes.is_empty() {
+            let n = bytes.len().min(DIRECT_PUT_PIECE - self.filled);
+            if self.filled + n > self.buf.len() {
+                let len = (self.filled + n).max(2 * self.buf.len());
+                self.buf
+                    .resize(len.next_multiple_of(PAGE).min(DIRECT_PUT_PIECE));
+            }
+            self.buf.as_mut_slice()[self.filled..][..n].copy_from_slice(&bytes[..n]);
+            self.filled += n;
+            bytes = &bytes[n..];
+            if self.filled == DIRECT_PUT_PIECE {
+                self.file.write_all_at(self.buf.as_slice(), self.offset)?;
+                self.offset += DIRECT_PUT_PIECE as u64;
+                self.filled = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what is left and returns the file's length.
+    fn finish(mut self) -> std::io::Result<u64> {
+        use std::os::unix::fs::FileExt;
+        let len = self.offset + self.filled as u64;
+        if self.filled > 0 {
+            let padded = self.filled.next_multiple_of(PAGE);
+            let out = &mut self.buf.as_mut_slice()[..padded];
+            out[self.filled..].fill(0);
+            self.file.write_all_at(out, self.offset)?;
+        }
+        self.file.set_len(len)?;
+        Ok(len)
+    }
+}
+
+/// One object written in pieces from a plain thread (see
+/// [`Store::staged_writer`]). Nothing is visible under its name until
+/// [`StagedWriter::finish`]; dropped unfinished, it leaves nothing.
+pub struct StagedWriter {
+    /// `None` once finished.
+    to: Option<Staging>,
+    name: String,
+    store: Store,
+}
+
+enum Staging {
+    /// A staging file beside the object's file, renamed over it when done.
+    Local {
+        file: DirectFile,
+        staging: std::path::PathBuf,
+        target: std::path::PathBuf,
+    },
+    Remote(Box<ObjectWriter>),
+}
+
+impl StagedWriter {
+    /// Appends `bytes` to the object.
+    pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
+        let written = match self.to.as_mut().expect("appended before finish") {
+            Staging::Local { file, .. } => file.append(bytes),
+            Staging::Remote(w) => w.write_all(bytes),
+        };
+        written.map_err(|e| self.store.err(&self.name, e))
+    }
+
+    /// Makes the object visible under its name, whole; returns its size.
+    pub fn finish(mut self) -> Result<u64> {
+        match self.to.take().expect("finished once") {
+            Staging::Local {
+                file,
+                staging,
+                target,
+            } => {
+                let done = file
+                    .finish()
+                    .and_then(|len| std::fs::rename(&staging, &target).map(|()| len));
+                if done.is_err() {
+                    let _ = std::fs::remove_file(&staging);
+                }
+                done.map_err(|e| self.store.err(&self.name, e))
+            }
+            Staging::Remote(w) => w.finish().map(|w| w.size),
+        }
+    }
+}
+
+impl Drop for StagedWriter {
+    /// An unfinished local object's staging file is removed; a remote
+    /// upload is abandoned by its writer's own drop.
+    fn drop(&mut self) {
+        if let Some(Staging::Local { staging, .. }) = &self.to {
+            let _ = std::fs::remove_file(staging);
+        }
+    }
 }
 
 /// A location in an object store: the store and the prefix under it.
@@ -401,15 +513,45 @@ impl Store {
         self.local_file(rel).filter(|_| len >= DIRECT_PUT_MIN)
     }
 
-    /// [`Store::put`] of a large object to a local store: written to a
-    /// staging file beside it with O_DIRECT, then renamed over its name, as
-    /// object_store's own local puts are staged (`NAME#DIGITS`, which its
-    /// listings skip). Past the page cache: in a VM, each fresh page of it
-    /// costs the host's first touch, and a run's outputs (GBs) went at a
-    /// fifth of the disk's rate through it. Where the filesystem refuses
-    /// O_DIRECT, written through the page cache. A failed write removes its
-    /// staging file.
+    /// [`Store::put`] of a large object to a local store, through a
+    /// [`StagedWriter`]: past the page cache, since in a VM each fresh page
+    /// of it costs the host's first touch, and a run's outputs (GBs) went at
+    /// a fifth of the disk's rate through it.
     fn put_local(&self, rel: &str, file: &std::path::Path, bytes: &[u8]) -> Result<()> {
+        let mut w = self.local_writer(rel, file)?;
+        w.append(bytes)?;
+        w.finish().map(|_| ())
+    }
+
+    /// A writer of one object in pieces, from a plain thread, that readers
+    /// see whole or not at all. To a local store: a staging file beside the
+    /// object's file (`NAME#DIGITS`, as object_store stages its own local
+    /// puts, and which its listings skip), written with O_DIRECT through an
+    /// aligned buffer of [`DIRECT_PUT_PIECE`] bytes and renamed over the
+    /// name when finished. To any other: an [`ObjectWriter`]'s multipart
+    /// upload. [`Store::staged_writer_bytes`] is what one holds.
+    pub fn staged_writer(&self, rel: &str) -> Result<StagedWriter> {
+        match self.local_file(rel) {
+            Some(file) => self.local_writer(rel, &file),
+            None => Ok(StagedWriter {
+                to: Some(Staging::Remote(Box::new(self.writer(rel)))),
+                name: rel.to_string(),
+                store: self.clone(),
+            }),
+        }
+    }
+
+    /// The memory a [`StagedWriter`] of this store holds: its aligned
+    /// buffer, or the multipart parts buffered and in flight.
+    pub fn staged_writer_bytes(&self) -> u64 {
+        if self.local {
+            DIRECT_PUT_PIECE as u64
+        } else {
+            (MULTIPART_THRESHOLD * (1 + MULTIPART_CONCURRENCY)) as u64
+        }
+    }
+
+    fn local_writer(&self, rel: &str, file: &std::path::Path) -> Result<StagedWriter> {
         static STAGED: AtomicU64 = AtomicU64::new(0);
         let dir = file
             .parent()
@@ -421,11 +563,16 @@ impl Store {
             std::process::id(),
             STAGED.fetch_add(1, Ordering::Relaxed)
         ));
-        let written = write_direct(&staging, bytes).and_then(|()| std::fs::rename(&staging, file));
-        if written.is_err() {
-            let _ = std::fs::remove_file(&staging);
-        }
-        written.map_err(|e| self.err(rel, e))
+        let direct = DirectFile::create(&staging).map_err(|e| self.err(rel, e))?;
+        Ok(StagedWriter {
+            to: Some(Staging::Local {
+                file: direct,
+                staging,
+                target: file.to_path_buf(),
+            }),
+            name: rel.to_string(),
+            store: self.clone(),
+        })
     }
 
     /// Writes an object only if none exists under that name; returns false
@@ -627,7 +774,7 @@ impl Store {
     pub fn writer(&self, rel: &str) -> ObjectWriter {
         let path = self.path(rel);
         let inner = BufWriter::with_capacity(Arc::clone(&self.inner), path, MULTIPART_THRESHOLD)
-            .with_max_concurrency(4);
+            .with_max_concurrency(MULTIPART_CONCURRENCY);
         ObjectWriter {
             bridge: Some(SyncIoBridge::new_with_handle(
                 inner,
@@ -763,6 +910,44 @@ mod tests {
         }
         store.delete("a/large.bin").unwrap();
 
+        // An object written in pieces (across the aligned buffer's edges on
+        // a local store) is not there until finished, then is whole; an
+        // empty one is empty; one dropped unfinished leaves nothing.
+        let pieces: Vec<u8> = (0..(2 * DIRECT_PUT_PIECE as u32 + 5000))
+            .map(|i| (i % 241) as u8)
+            .collect();
+        let mut w = store.staged_writer("a/pieces.bin").unwrap();
+        for piece in pieces.chunks(DIRECT_PUT_PIECE / 3 + 7) {
+            w.append(piece).unwrap();
+        }
+        assert_eq!(store.size("a/pieces.bin").unwrap(), None);
+        assert_eq!(w.finish().unwrap(), pieces.len() as u64);
+        assert!(store.get("a/pieces.bin").unwrap() == pieces);
+        store.delete("a/pieces.bin").unwrap();
+        // Whole pages of an aligned buffer (written as they are on a local
+        // store), then bytes that are not.
+        let mut aligned = AlignedBuf::new(3 * PAGE + 100);
+        for (i, b) in aligned.as_mut_slice().iter_mut().enumerate() {
+            *b = (i % 239) as u8;
+        }
+        let mut w = store.staged_writer("a/aligned.bin").unwrap();
+        w.append(&aligned.as_slice()[..2 * PAGE]).unwrap();
+        w.append(&aligned.as_slice()[2 * PAGE..]).unwrap();
+        w.append(&pieces[..5000]).unwrap();
+        assert_eq!(w.finish().unwrap(), (3 * PAGE + 5100) as u64);
+        let mut want = aligned.as_slice().to_vec();
+        want.extend_from_slice(&pieces[..5000]);
+        assert!(store.get("a/aligned.bin").unwrap() == want);
+        store.delete("a/aligned.bin").unwrap();
+        let w = store.staged_writer("a/empty.bin").unwrap();
+        assert_eq!(w.finish().unwrap(), 0);
+        assert_eq!(store.size("a/empty.bin").unwrap(), Some(0));
+        store.delete("a/empty.bin").unwrap();
+        let mut w = store.staged_writer("a/dropped.bin").unwrap();
+        w.append(&pieces[..10]).unwrap();
+        drop(w);
+        assert_eq!(store.size("a/dropped.bin").unwrap(), None);
+
         // An abandoned writer leaves nothing under its name.
         let mut w = store.writer("a/abandoned.bin");
         w.write_all(&big[..1000]).unwrap();
@@ -798,13 +983,18 @@ mod tests {
             assert!(!dir.path().join(root).join("a").exists(), "{root}/a stays");
             assert!(dir.path().join(root).exists());
         }
-        // A large put that cannot land (a directory holds its name) fails
-        // naming it, and leaves no staging file.
+        // A large put or a staged writer that cannot land (a directory
+        // holds its name) fails naming it, and leaves no staging file (nor
+        // do the conformance runs' staged writers, dropped or finished).
         let store = Store::open(dir.path().join("w").to_str().unwrap()).unwrap();
         std::fs::create_dir_all(dir.path().join("w/taken.bin/inside")).unwrap();
         let err = store
             .put("taken.bin", vec![1u8; DIRECT_PUT_MIN])
             .unwrap_err();
+        assert!(err.to_string().contains("taken.bin"), "{err}");
+        let mut w = store.staged_writer("taken.bin").unwrap();
+        w.append(b"one piece").unwrap();
+        let err = w.finish().unwrap_err();
         assert!(err.to_string().contains("taken.bin"), "{err}");
         fn staged(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
             std::fs::read_dir(dir)
