@@ -30,9 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int64Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
-use arrow::record_batch::RecordBatch;
 use offgnn_shared::commit::{self, RunId};
 use offgnn_shared::dataset::{Dataset, Split};
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, PendingWrite, ReadReq};
@@ -76,6 +74,8 @@ const PART_ROWS: usize = 1 << 18;
 const OUTPUT_BATCH_ROWS: usize = 8192;
 /// Rows per row group of an output part.
 const OUTPUT_GROUP_ROWS: usize = 4 * OUTPUT_BATCH_ROWS;
+/// Bytes of an output part handed to the store at once.
+const OUTPUT_PIECE: usize = 8 << 20;
 /// The committed result's summary, written last.
 pub const COMMIT: &str = "_SUCCESS.json";
 
@@ -1214,6 +1214,9 @@ struct GroupEdges {
     /// The same edges by destination, made once where a layer pulls (see
     /// [`GroupEdges::by_destination`]) and kept with them.
     by_dst: std::sync::OnceLock<(Vec<u64>, Vec<u32>)>,
+    /// Each destination's in-degree, made once where a layer averages (see
+    /// [`GroupEdges::in_degrees`]) and kept with them.
+    in_degree: std::sync::OnceLock<Vec<f32>>,
 }
 
 impl GroupEdges {
@@ -1253,6 +1256,22 @@ impl GroupEdges {
             (starts, src)
         });
         assert_eq!(made.0.len() as u64, b - a + 1, "the group's range, as made");
+        made
+    }
+
+    /// The in-degree of each destination of the group's range `[a, b)`,
+    /// counted on the first call and kept: with one group its edges stay
+    /// from layer to layer, and counting 32M edges took a tenth of a
+    /// second a layer.
+    fn in_degrees(&self, (a, b): (u64, u64)) -> &[f32] {
+        let made = self.in_degree.get_or_init(|| {
+            let mut count = vec![0f32; (b - a) as usize];
+            for &t in &self.dst {
+                count[(t as u64 - a) as usize] += 1.0;
+            }
+            count
+        });
+        assert_eq!(made.len() as u64, b - a, "the group's range, as made");
         made
     }
 }
@@ -1379,6 +1398,7 @@ fn load_group_edges(work: &Path, g: usize, chunks: usize) -> Result<(GroupEdges,
             dst,
             offsets,
             by_dst: Default::default(),
+            in_degree: Default::default(),
         },
         bytes.len() as u64,
     ))
@@ -1763,10 +1783,7 @@ fn graph_layer_group(
             // take a buffer of the group's width of its own (fresh pages on
             // a first layer: 1.6 GB took 1.7 s here). A widening layer's
             // sums are at the input's width: its lin_r(self) is kept apart.
-            let mut count = vec![0f32; g];
-            for &t in &edges.dst {
-                count[(t as u64 - a) as usize] += 1.0;
-            }
+            let count = edges.in_degrees((a, b));
             let mut acc = spares.take(g * d);
             let mut own_buf = if project {
                 Vec::new()
@@ -1888,7 +1905,7 @@ fn graph_layer_group(
                 // The layer widens: the mean of the inputs, then lin_l, +
                 // its bias + lin_r(self) in place, then ReLU.
                 let mut mean = tensor(&acc, g as i64, device);
-                let c = Tensor::from_slice(&count).to_device(device).clamp_min(1.0);
+                let c = Tensor::from_slice(count).to_device(device).clamp_min(1.0);
                 let _ = mean.g_div_(&c.unsqueeze(1));
                 copy_into(&mean.matmul(&lin_l_w.tr()), &mut acc)?;
                 acc.par_chunks_mut(d_out)
@@ -2274,140 +2291,327 @@ fn output_row_bytes(classes: usize, embedding: Option<usize>, outputs: Outputs) 
     16 + 4 * (lists * classes + embedding)
 }
 
-/// The memory of one output part while it is encoded (its encoded bytes,
-/// the row group the writer builds, a record batch, see [`output_part`])
-/// and while it is stored (its encoded bytes and, for a large part, a
-/// local store's aligned buffer, see [`Store::put_slice`]).
-fn output_part_bytes(selected: u64, row_bytes: usize) -> (u64, u64) {
-    use offgnn_shared::store::{DIRECT_PUT_MIN, DIRECT_PUT_PIECE};
-    let part = (PART_ROWS as u64).min(selected);
-    let building = part.min(OUTPUT_GROUP_ROWS as u64) + part.min(OUTPUT_BATCH_ROWS as u64);
-    let bytes = part * row_bytes as u64;
-    let put = if bytes >= DIRECT_PUT_MIN as u64 {
-        DIRECT_PUT_PIECE as u64
-    } else {
-        0
-    };
-    (bytes + building * row_bytes as u64, bytes + put)
+/// Bytes an output part's encoder hands to the store at once
+/// ([`PartSink`]): [`OUTPUT_PIECE`], or a whole part where parts are
+/// smaller.
+fn output_piece(selected: u64, row_bytes: usize) -> usize {
+    let part = (PART_ROWS as u64).min(selected) * row_bytes as u64;
+    (OUTPUT_PIECE as u64).min(part.max(1).next_multiple_of(PAGE)) as usize
 }
 
-fn output_part(
+/// The memory of one output part's encoder (a row group's ids and classes,
+/// a batch of rows' list values and their levels, and the page being
+/// encoded, see [`output_part`], bounded by a row group's and a batch's
+/// rows; the piece it fills, see [`PartSink`]; and its part's staged
+/// writer, which holds `staged` bytes) and of the piece being stored.
+fn output_part_bytes(selected: u64, row_bytes: usize, staged: u64) -> (u64, u64) {
+    let part = (PART_ROWS as u64).min(selected);
+    let building = part.min(OUTPUT_GROUP_ROWS as u64) + part.min(OUTPUT_BATCH_ROWS as u64);
+    let piece = output_piece(selected, row_bytes) as u64;
+    (building * row_bytes as u64 + piece + staged, piece)
+}
+
+fn output_part<W: Write + Send>(
     rows: &[usize],
     a: u64,
     logits: &[f32],
     classes: usize,
     embeddings: Option<(&[f32], usize)>,
     outputs: Outputs,
-    bytes: &mut Vec<u8>,
-) -> Result<()> {
+    sink: W,
+) -> Result<W> {
+    use parquet::data_type::{FloatType, Int64Type};
+    let fail =
+        |e: parquet::errors::ParquetError| Error::InvalidArgument(format!("writing Parquet: {e}"));
     let item = || Arc::new(Field::new("item", DataType::Float32, false));
-    let list = |values: Vec<f32>, width: usize| -> Result<ArrayRef> {
-        Ok(Arc::new(
-            FixedSizeListArray::try_new(
-                item(),
-                width as i32,
-                Arc::new(Float32Array::from(values)),
-                None,
-            )
-            .map_err(|e| Error::InvalidArgument(format!("building the output: {e}")))?,
-        ))
-    };
-    let gather = |values: &[f32], width: usize, rows: &[usize]| -> Vec<f32> {
-        let mut out = Vec::with_capacity(rows.len() * width);
-        for &i in rows {
-            out.extend_from_slice(&values[i * width..][..width]);
-        }
-        out
-    };
+    let list_type = |width: usize| DataType::FixedSizeList(item(), width as i32);
+    let embeddings = embeddings.filter(|_| outputs.embeddings);
+    // The list columns in the schema's order: a name, its width, and a
+    // batch's values from its rows, or the rows' values to take them from.
+    type Fill<'f> = Box<dyn Fn(&[usize], &mut Vec<f32>) + 'f>;
+    enum Values<'v> {
+        Computed(Fill<'v>),
+        Rows(&'v [f32]),
+    }
+    let mut lists: Vec<(&str, usize, Values)> = Vec::new();
+    if outputs.probabilities {
+        let fill: Fill = Box::new(|rows: &[usize], out: &mut Vec<f32>| {
+            for &i in rows {
+                let row = &logits[i * classes..][..classes];
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
+                out.extend(row.iter().map(|v| (v - max).exp() / sum));
+            }
+        });
+        lists.push(("probabilities", classes, Values::Computed(fill)));
+    }
+    if outputs.logits {
+        lists.push(("logits", classes, Values::Rows(logits)));
+    }
+    if let Some((e, width)) = embeddings {
+        lists.push(("embedding", width, Values::Rows(e)));
+    }
     let mut fields = vec![
         Field::new("node_id", DataType::UInt64, false),
         Field::new("class", DataType::Int64, false),
     ];
-    let list_type = |width: usize| DataType::FixedSizeList(item(), width as i32);
-    if outputs.probabilities {
-        fields.push(Field::new("probabilities", list_type(classes), false));
+    for (name, width, _) in &lists {
+        fields.push(Field::new(*name, list_type(*width), false));
     }
-    if outputs.logits {
-        fields.push(Field::new("logits", list_type(classes), false));
-    }
-    let embeddings = embeddings.filter(|_| outputs.embeddings);
-    if let Some((_, width)) = embeddings {
-        fields.push(Field::new("embedding", list_type(width), false));
-    }
-    let row_bytes = output_row_bytes(classes, embeddings.map(|(_, w)| w), outputs);
-    let schema = Arc::new(Schema::new(fields));
+    let schema = Schema::new(fields);
     // Uncompressed and plain: float columns barely compress, and a codec or
     // a dictionary would cost more time than the bytes it saves (the
     // classes, few and repeated, keep their dictionary). Statistics on the
-    // node ids and classes only, which readers filter on. Row groups of
-    // OUTPUT_GROUP_ROWS: the writer holds a row group's encoded columns
-    // until it ends, and buffers of a few MB are reused by the allocator
-    // where a whole part's (hundreds of MB) would be fresh pages each time.
+    // node ids and classes only, which readers filter on.
     let mut props = parquet::file::properties::WriterProperties::builder()
-        .set_max_row_group_row_count(Some(OUTPUT_GROUP_ROWS))
         .set_compression(parquet::basic::Compression::UNCOMPRESSED)
         .set_dictionary_enabled(false)
         .set_column_dictionary_enabled(ColumnPath::from("class"), true);
-    for name in ["probabilities", "logits", "embedding"] {
+    for (name, _, _) in &lists {
         props = props.set_column_statistics_enabled(
             ColumnPath::from(vec![name.to_string(), "list".into(), "item".into()]),
             EnabledStatistics::None,
         );
     }
-    // Room for the whole file up front: growing a buffer of hundreds of
-    // MB copies it each time it doubles.
-    bytes.clear();
-    bytes.reserve(rows.len() * row_bytes + (1 << 20));
-    let mut w =
-        parquet::arrow::ArrowWriter::try_new(&mut *bytes, schema.clone(), Some(props.build()))
-            .map_err(|e| Error::InvalidArgument(format!("writing Parquet: {e}")))?;
-    // In record batches of a few MB: the writer's buffers (its levels are
-    // two bytes a value) and the gathered columns stay small enough for the
-    // allocator to reuse, where buffers of hundreds of MB would be fresh
-    // pages each time, which this VM clears at a few GB/s.
-    for batch_rows in rows.chunks(OUTPUT_BATCH_ROWS) {
-        let logits = gather(logits, classes, batch_rows);
-        let class: Vec<i64> = logits
-            .chunks_exact(classes)
-            .map(|row| {
+    let mut props = props.build();
+    // The Parquet schema and the Arrow schema in the footer, as Arrow's
+    // writer makes them, so that readers see fixed-size lists.
+    let descr = parquet::arrow::ArrowSchemaConverter::new()
+        .convert(&schema)
+        .map_err(fail)?;
+    parquet::arrow::add_encoded_arrow_schema_to_metadata(&schema, &mut props);
+    // Column by column through Parquet's own writer rather than Arrow's:
+    // for a list, Arrow's derives each value's levels row by row, which
+    // took a third of the encoding. A list here is never null nor empty,
+    // so its levels are the same for every row: the first value starts a
+    // row (repetition 0) and every value is present (the leaf's full
+    // definition level).
+    let levels: Vec<(Vec<i16>, Vec<i16>)> = lists
+        .iter()
+        .enumerate()
+        .map(|(k, (_, width, _))| {
+            let leaf = descr.column(2 + k);
+            let n = rows.len().min(OUTPUT_BATCH_ROWS) * width;
+            let def = vec![leaf.max_def_level(); n];
+            let rep = (0..n)
+                .map(|v| {
+                    if v % width == 0 {
+                        0
+                    } else {
+                        leaf.max_rep_level()
+                    }
+                })
+                .collect();
+            (def, rep)
+        })
+        .collect();
+    let mut w = parquet::file::writer::SerializedFileWriter::new(
+        sink,
+        descr.root_schema_ptr(),
+        Arc::new(props),
+    )
+    .map_err(fail)?;
+    let (mut ints, mut floats) = (Vec::<i64>::new(), Vec::<f32>::new());
+    // Row groups of OUTPUT_GROUP_ROWS, each column written whole in turn.
+    for group in rows.chunks(OUTPUT_GROUP_ROWS) {
+        let mut rg = w.next_row_group().map_err(fail)?;
+        let mut column = |write: &mut dyn FnMut(
+            &mut parquet::file::writer::SerializedColumnWriter,
+        ) -> parquet::errors::Result<()>| {
+            let mut col = rg
+                .next_column()
+                .map_err(fail)?
+                .expect("a column for each field");
+            write(&mut col).map_err(fail)?;
+            col.close().map_err(fail)
+        };
+        column(&mut |col| {
+            ints.clear();
+            ints.extend(group.iter().map(|&i| (a + i as u64) as i64));
+            col.typed::<Int64Type>().write_batch(&ints, None, None)?;
+            Ok(())
+        })?;
+        column(&mut |col| {
+            ints.clear();
+            ints.extend(group.iter().map(|&i| {
+                let row = &logits[i * classes..][..classes];
                 let mut best = 0;
-                for (i, v) in row.iter().enumerate() {
+                for (c, v) in row.iter().enumerate() {
                     // The first of equal maxima, as torch's argmax.
                     if *v > row[best] {
-                        best = i;
+                        best = c;
                     }
                 }
                 best as i64
-            })
-            .collect();
-        let mut columns: Vec<ArrayRef> = vec![
-            Arc::new(UInt64Array::from_iter_values(
-                batch_rows.iter().map(|&i| a + i as u64),
-            )),
-            Arc::new(Int64Array::from(class)),
-        ];
-        if outputs.probabilities {
-            let mut p = Vec::with_capacity(logits.len());
-            for row in logits.chunks_exact(classes) {
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
-                p.extend(row.iter().map(|v| (v - max).exp() / sum));
-            }
-            columns.push(list(p, classes)?);
+            }));
+            col.typed::<Int64Type>().write_batch(&ints, None, None)?;
+            Ok(())
+        })?;
+        for ((_, width, values), (def, rep)) in lists.iter().zip(&levels) {
+            column(&mut |col| {
+                for batch in group.chunks(OUTPUT_BATCH_ROWS) {
+                    let n = batch.len() * width;
+                    let first = batch[0] * width;
+                    let values = match values {
+                        // Consecutive rows (all nodes selected) as they lie.
+                        Values::Rows(v) if batch[batch.len() - 1] - batch[0] + 1 == batch.len() => {
+                            &v[first..first + n]
+                        }
+                        Values::Rows(v) => {
+                            floats.clear();
+                            for &i in batch {
+                                floats.extend_from_slice(&v[i * width..][..*width]);
+                            }
+                            &floats
+                        }
+                        Values::Computed(fill) => {
+                            floats.clear();
+                            fill(batch, &mut floats);
+                            &floats
+                        }
+                    };
+                    col.typed::<FloatType>().write_batch(
+                        values,
+                        Some(&def[..n]),
+                        Some(&rep[..n]),
+                    )?;
+                }
+                Ok(())
+            })?;
         }
-        if outputs.logits {
-            columns.push(list(logits, classes)?);
-        }
-        if let Some((e, width)) = embeddings {
-            columns.push(list(gather(e, width, batch_rows), width)?);
-        }
-        let batch = RecordBatch::try_new(schema.clone(), columns)
-            .map_err(|e| Error::InvalidArgument(format!("building the output: {e}")))?;
-        w.write(&batch)
-            .map_err(|e| Error::InvalidArgument(format!("writing Parquet: {e}")))?;
+        rg.close().map_err(fail)?;
     }
-    w.close()
-        .map_err(|e| Error::InvalidArgument(format!("writing Parquet: {e}")))?;
+    w.into_inner().map_err(fail)
+}
+
+/// A piece of an output part's bytes on its way to the store, its first
+/// `len` bytes; the last one of a part ends it.
+struct Piece {
+    name: String,
+    bytes: AlignedBuf,
+    len: usize,
+    last: bool,
+}
+
+/// Where the Parquet writer puts an output part's bytes: handed to the
+/// storing thread ([`store_pieces`]) in pieces of `piece` bytes (see
+/// [`output_piece`]), in aligned buffers from `pool`, where the store
+/// gives them back: a local store writes them past the page cache as they
+/// are.
+struct PartSink<'a> {
+    name: String,
+    buf: AlignedBuf,
+    filled: usize,
+    size: u64,
+    tx: std::sync::mpsc::SyncSender<Piece>,
+    pool: &'a std::sync::Mutex<Vec<AlignedBuf>>,
+}
+
+impl<'a> PartSink<'a> {
+    fn new(
+        name: &str,
+        piece: usize,
+        tx: std::sync::mpsc::SyncSender<Piece>,
+        pool: &'a std::sync::Mutex<Vec<AlignedBuf>>,
+    ) -> Self {
+        let buf = Self::spare(pool, piece);
+        PartSink {
+            name: name.to_string(),
+            buf,
+            filled: 0,
+            size: 0,
+            tx,
+            pool,
+        }
+    }
+
+    /// A buffer of `piece` bytes.
+    fn spare(pool: &std::sync::Mutex<Vec<AlignedBuf>>, piece: usize) -> AlignedBuf {
+        pool.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_else(|| AlignedBuf::new(piece))
+    }
+
+    fn hand(&mut self, last: bool) -> std::io::Result<()> {
+        let next = if last {
+            AlignedBuf::new(0)
+        } else {
+            Self::spare(self.pool, self.buf.len())
+        };
+        let piece = Piece {
+            name: self.name.clone(),
+            bytes: std::mem::replace(&mut self.buf, next),
+            len: std::mem::take(&mut self.filled),
+            last,
+        };
+        // Refused only when the store has stopped on an error, which it
+        // returns.
+        self.tx
+            .send(piece)
+            .map_err(|_| std::io::Error::other("the output's store stopped"))
+    }
+
+    /// Hands over the part's last piece; returns the part's size.
+    fn finish(mut self) -> Result<u64> {
+        self.hand(true)
+            .map_err(|e| Error::InvalidArgument(format!("storing {}: {e}", self.name)))?;
+        Ok(self.size)
+    }
+}
+
+impl Write for PartSink<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let n = rest.len().min(self.buf.len() - self.filled);
+            self.buf.as_mut_slice()[self.filled..][..n].copy_from_slice(&rest[..n]);
+            self.filled += n;
+            rest = &rest[n..];
+            if self.filled == self.buf.len() {
+                self.hand(false)?;
+            }
+        }
+        self.size += bytes.len() as u64;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Stores the output parts' pieces as they come ([`PartSink`]), each part
+/// through a staged writer that makes it visible whole once its last piece
+/// is in, and gives each piece's buffer back to `pool`. A part whose last
+/// piece never comes (its encoder failed) is dropped unfinished, leaving
+/// nothing.
+fn store_pieces(
+    out: &Store,
+    pieces: std::sync::mpsc::Receiver<Piece>,
+    pool: &std::sync::Mutex<Vec<AlignedBuf>>,
+) -> Result<()> {
+    let mut open = HashMap::new();
+    for Piece {
+        name,
+        bytes,
+        len,
+        last,
+    } in pieces
+    {
+        let w = match open.entry(name.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(out.staged_writer(&name)?),
+        };
+        w.append(&bytes.as_slice()[..len])?;
+        if last {
+            let w = open.remove(&name).expect("the part just appended to");
+            w.finish()?;
+        }
+        if !bytes.is_empty() {
+            pool.lock().unwrap_or_else(|e| e.into_inner()).push(bytes);
+        }
+    }
     Ok(())
 }
 
@@ -2585,7 +2789,9 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let selected_nodes: u64 = bits.iter().map(|w| w.count_ones() as u64).sum();
     let emb_width = model.widths[num_layers - 1] as usize;
     let out_row_bytes = output_row_bytes(card.out_channels as usize, Some(emb_width), cfg.outputs);
-    let (part_bytes, stored_bytes) = output_part_bytes(selected_nodes, out_row_bytes);
+    let (part_bytes, stored_bytes) =
+        output_part_bytes(selected_nodes, out_row_bytes, out.staged_writer_bytes());
+    let piece = output_piece(selected_nodes, out_row_bytes);
     let encoders = (rayon::current_num_threads() as u64)
         .min(cfg.memory / 8 / part_bytes)
         .max(1);
@@ -2944,49 +3150,39 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     .filter(|&v| selected(&bits, v))
                     .map(|v| (v - a) as usize)
                     .collect();
-                // Parts of at most PART_ROWS rows, encoded in parallel,
-                // each into a buffer a later part reuses (fresh pages cost
-                // more than the encoding), and stored by a thread of their
-                // own: an encoder that stored its own part left its core
-                // idle while the disk took it (a third of the last layer's
-                // write on 2 cores).
-                let buffers = std::sync::Mutex::new(Vec::<Vec<u8>>::new());
-                let lock = || buffers.lock().unwrap_or_else(|e| e.into_inner());
+                // Parts of at most PART_ROWS rows, encoded in parallel and
+                // stored by a thread of their own (an encoder that stored
+                // its own part left its core idle while the disk took it: a
+                // third of the last layer's write on 2 cores). An encoder
+                // hands its part's bytes over in pieces of OUTPUT_PIECE
+                // bytes, in buffers that later pieces reuse: a whole part's
+                // (over 100 MB) was fresh pages, which took a first part
+                // four times as long to encode as the next on this VM.
+                let pool = std::sync::Mutex::new(Vec::<AlignedBuf>::new());
                 let parts = keep.chunks(PART_ROWS).enumerate().collect::<Vec<_>>();
                 let (parts, stored) = std::thread::scope(|scope| {
-                    // A rendezvous: an encoded part waits in its encoder's
-                    // hands until the store takes it, so at most one part
-                    // more than the encoders is held (as the plan counts).
-                    let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Vec<u8>)>(0);
-                    let store = scope.spawn(|| -> Result<()> {
-                        for (name, bytes) in rx {
-                            out.put_slice(&name, &bytes)?;
-                            lock().push(bytes);
-                        }
-                        Ok(())
-                    });
+                    // A rendezvous: a piece waits in its encoder's hands
+                    // until the store takes it, as the plan counts.
+                    let (tx, rx) = std::sync::mpsc::sync_channel::<Piece>(encoders as usize);
+                    let (out, pool) = (&out, &pool);
+                    let store = scope.spawn(move || store_pieces(out, rx, pool));
                     // As many parts at once as the plan counted.
                     let encode = || -> Vec<Result<(String, u64, u64)>> {
                         parts
                             .into_par_iter()
                             .map_with(tx, |tx, (k, rows)| {
-                                let mut bytes = lock().pop().unwrap_or_default();
-                                output_part(
+                                let name = format!("{run_id}/part-{gi:06}-{k:04}.parquet");
+                                let sink = PartSink::new(&name, piece, tx.clone(), pool);
+                                let sink = output_part(
                                     rows,
                                     a,
                                     &out_rows,
                                     classes,
                                     embedding.as_deref().map(|e| (e, emb_width)),
                                     cfg.outputs,
-                                    &mut bytes,
+                                    sink,
                                 )?;
-                                let name = format!("{run_id}/part-{gi:06}-{k:04}.parquet");
-                                let size = bytes.len() as u64;
-                                // Refused only when the store has stopped on
-                                // an error, which it returns.
-                                tx.send((name.clone(), bytes)).map_err(|_| {
-                                    Error::InvalidArgument("the output's store stopped".into())
-                                })?;
+                                let size = sink.finish()?;
                                 Ok((name, size, rows.len() as u64))
                             })
                             .collect()
@@ -3416,44 +3612,97 @@ mod tests {
     }
 
     #[test]
-    fn output_parts_span_row_groups_and_reuse_their_buffer() {
+    fn parts_go_to_the_store_in_pieces_and_appear_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Store::open(dir.path().to_str().unwrap()).unwrap();
+        let pool = std::sync::Mutex::new(Vec::new());
+        let a: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let b: Vec<u8> = (0..5_000u32).map(|i| (i % 13) as u8).collect();
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::sync_channel(0);
+            let store = scope.spawn(|| store_pieces(&out, rx, &pool));
+            let mut sa = PartSink::new("p/a.bin", 4096, tx.clone(), &pool);
+            let mut sb = PartSink::new("p/b.bin", 4096, tx.clone(), &pool);
+            let mut failed = PartSink::new("p/c.bin", 4096, tx, &pool);
+            // Interleaved, in writes that straddle the pieces.
+            for (x, y) in a.chunks(3000).zip(b.chunks(1500)) {
+                sa.write_all(x).unwrap();
+                sb.write_all(y).unwrap();
+                failed.write_all(y).unwrap();
+            }
+            assert!(!dir.path().join("p/a.bin").exists(), "visible unfinished");
+            assert_eq!(sa.finish().unwrap(), a.len() as u64);
+            assert_eq!(sb.finish().unwrap(), b.len() as u64);
+            // An encoder that fails drops its sink before the last piece.
+            drop(failed);
+            store.join().unwrap().unwrap();
+        });
+        assert!(std::fs::read(dir.path().join("p/a.bin")).unwrap() == a);
+        assert!(std::fs::read(dir.path().join("p/b.bin")).unwrap() == b);
+        let names: Vec<String> = std::fs::read_dir(dir.path().join("p"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        // The pieces' buffers came back, at a piece's size.
+        let pool = pool.into_inner().unwrap();
+        assert!(!pool.is_empty() && pool.iter().all(|b| b.len() == 4096));
+
+        // A part that cannot land stops the store, naming it; its encoder's
+        // next piece is refused.
+        std::fs::create_dir_all(dir.path().join("p/taken.bin/inside")).unwrap();
+        let pool = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::sync_channel(0);
+            let store = scope.spawn(|| store_pieces(&out, rx, &pool));
+            let mut sink = PartSink::new("p/taken.bin", 4096, tx.clone(), &pool);
+            sink.write_all(&a[..100]).unwrap();
+            sink.finish().unwrap();
+            let err = store.join().unwrap().unwrap_err();
+            assert!(err.to_string().contains("taken.bin"), "{err}");
+            let mut next = PartSink::new("p/next.bin", 4096, tx, &pool);
+            let refused = next.write_all(&a).unwrap_err();
+            assert!(refused.to_string().contains("stopped"), "{refused}");
+        });
+        assert!(!dir.path().join("p/next.bin").exists());
+    }
+
+    #[test]
+    fn output_parts_span_row_groups() {
         use arrow::array::AsArray;
-        use arrow::datatypes::{Float32Type, UInt64Type};
+        use arrow::datatypes::{Float32Type, Int64Type, UInt64Type};
         let (n, classes, width) = (2 * OUTPUT_GROUP_ROWS + 100, 3, 4);
         let logits: Vec<f32> = (0..n * classes).map(|i| (i % 7) as f32 - 3.0).collect();
         let emb: Vec<f32> = (0..n * width).map(|i| i as f32 * 0.5).collect();
         let outputs = Outputs {
+            probabilities: true,
             logits: true,
             embeddings: true,
-            ..Default::default()
         };
-        let mut bytes = Vec::new();
-        // Every row, then every other row into the same buffer.
+        // Every row, then every other row.
         for step in [1, 2] {
             let rows: Vec<usize> = (0..n).step_by(step).collect();
-            output_part(
+            let bytes = output_part(
                 &rows,
                 10,
                 &logits,
                 classes,
                 Some((&emb, width)),
                 outputs,
-                &mut bytes,
+                Vec::new(),
             )
             .unwrap();
-            // The plan's count of a part's memory holds its encoded bytes
-            // (plain and uncompressed floats and node ids; the classes in a
-            // dictionary).
+            // Plain and uncompressed floats and node ids (the classes in a
+            // dictionary), as the plan's row bytes count them.
             let row_bytes = output_row_bytes(classes, Some(width), outputs);
-            assert_eq!(row_bytes, 16 + 4 * (classes + width));
-            let (planned, stored) = output_part_bytes(rows.len() as u64, row_bytes);
+            assert_eq!(row_bytes, 16 + 4 * (2 * classes + width));
             let floats_and_ids = rows.len() as u64 * (row_bytes as u64 - 8);
             assert!(
-                bytes.len() as u64 >= floats_and_ids && (bytes.len() as u64) < planned,
-                "step {step}: {} bytes encoded, {planned} planned",
+                bytes.len() as u64 >= floats_and_ids
+                    && (bytes.len() as u64) < rows.len() as u64 * row_bytes as u64,
+                "step {step}: {} bytes encoded",
                 bytes.len()
             );
-            assert!(bytes.len() as u64 <= stored, "step {step}: stored");
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("part.parquet"), &bytes).unwrap();
             let file = File::open(dir.path().join("part.parquet")).unwrap();
@@ -3466,7 +3715,8 @@ mod tests {
                 rows.len().div_ceil(OUTPUT_GROUP_ROWS),
                 "step {step}"
             );
-            let (mut ids, mut got_logits, mut got_emb) = (vec![], vec![], vec![]);
+            let (mut ids, mut got_class) = (vec![], vec![]);
+            let (mut got_p, mut got_logits, mut got_emb) = (vec![], vec![], vec![]);
             for batch in reader.build().unwrap() {
                 let batch = batch.unwrap();
                 let col = |name: &str| batch.column_by_name(name).unwrap().clone();
@@ -3477,7 +3727,18 @@ mod tests {
                         .iter()
                         .copied(),
                 );
-                for (name, into) in [("logits", &mut got_logits), ("embedding", &mut got_emb)] {
+                got_class.extend(
+                    col("class")
+                        .as_primitive::<Int64Type>()
+                        .values()
+                        .iter()
+                        .copied(),
+                );
+                for (name, into) in [
+                    ("probabilities", &mut got_p),
+                    ("logits", &mut got_logits),
+                    ("embedding", &mut got_emb),
+                ] {
                     let list = col(name);
                     into.extend(
                         list.as_fixed_size_list()
@@ -3497,6 +3758,24 @@ mod tests {
             };
             assert!(got_logits == want(&logits, classes), "step {step}: logits");
             assert!(got_emb == want(&emb, width), "step {step}: embeddings");
+            // The class is the largest logit's; the probabilities are the
+            // softmax of the logits.
+            let (mut class, mut p) = (vec![], vec![]);
+            for &r in &rows {
+                let row = &logits[r * classes..][..classes];
+                let best = (0..classes).fold(0, |b, c| if row[c] > row[b] { c } else { b });
+                class.push(best as i64);
+                let sum: f32 = row.iter().map(|v| v.exp()).sum();
+                p.extend(row.iter().map(|v| v.exp() / sum));
+            }
+            assert_eq!(got_class, class, "step {step}: classes");
+            assert_eq!(got_p.len(), p.len());
+            for (got, want) in got_p.iter().zip(&p) {
+                assert!(
+                    (got - want).abs() < 1e-6,
+                    "step {step}: {got} against {want}"
+                );
+            }
         }
     }
 
@@ -3508,6 +3787,7 @@ mod tests {
             dst: vec![10, 10, 12, 11, 12],
             offsets: vec![0, 3, 5],
             by_dst: Default::default(),
+            in_degree: Default::default(),
         };
         let (starts, src) = edges.by_destination((10, 14));
         assert_eq!(starts, &[0, 2, 3, 5, 5]);

@@ -224,11 +224,7 @@ pub(super) fn graph_layer_group(
                 }
                 Ok(())
             })?;
-            let mut count = vec![0f32; g as usize];
-            for &t in &edges.dst {
-                count[(t as u64 - a) as usize] += 1.0;
-            }
-            let count = Tensor::from_slice(&count)
+            let count = Tensor::from_slice(edges.in_degrees((a, b)))
                 .f_to_device(device)?
                 .f_clamp_min(1.0)?
                 .f_unsqueeze(1)?;
@@ -515,6 +511,7 @@ mod tests {
             dst: Vec::new(),
             offsets: vec![0],
             by_dst: Default::default(),
+            in_degree: Default::default(),
         };
         for bucket in buckets {
             for &(s, t) in bucket {
