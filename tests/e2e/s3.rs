@@ -168,11 +168,20 @@ fn sample_pack_and_train_through_s3() {
         (s["nodes_written"].clone(), s["dataset_fingerprint"].clone())
     };
     assert_eq!(figures(&remote), figures(&local));
-    assert!(
-        s3.store(&format!("{prefix}/preds"))
-            .exists("_SUCCESS.json")
-            .unwrap()
-    );
+    // The parts that went up to S3 (through the store's multipart writer)
+    // hold the bytes of those written to the local directory.
+    let parts = |store: offgnn_shared::store::Store| -> Vec<bytes::Bytes> {
+        let commit: serde_json::Value =
+            serde_json::from_slice(&store.get("_SUCCESS.json").unwrap()).unwrap();
+        let files = commit["files"].as_array().unwrap();
+        assert!(!files.is_empty());
+        files
+            .iter()
+            .map(|f| store.get(f.as_str().unwrap()).unwrap())
+            .collect()
+    };
+    let local_out = offgnn_shared::store::Store::open(dir.path().join("preds").to_str().unwrap());
+    assert!(parts(s3.store(&format!("{prefix}/preds"))) == parts(local_out.unwrap()));
     // Staged whole once: the next run downloads nothing again.
     let again = infer(&s3.url(&format!("{prefix}/dataset")), &remote_out);
     assert!(again.status.success(), "infer again: {}", again.stderr);
