@@ -67,6 +67,28 @@ pub fn run(name: &str, args: &[&str]) -> Run {
     run_with_env(name, args, &[])
 }
 
+/// Trains a small model (one epoch of two batches, 64 hidden channels)
+/// from the layout at `manifest` and exports it to `export`, for the tests
+/// that need a model, not a trained one.
+pub fn export_small_model(manifest: &Path, export: &Path) {
+    let r = run(
+        "trainer",
+        &[
+            "--manifest",
+            manifest.to_str().expect("a UTF-8 path"),
+            "--epochs",
+            "1",
+            "--hidden",
+            "64",
+            "--max-batches",
+            "2",
+            "--export",
+            export.to_str().expect("a UTF-8 path"),
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+}
+
 /// Runs a workspace binary with `args` and extra environment variables.
 pub fn run_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     let Output {

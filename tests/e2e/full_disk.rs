@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use offgnn_e2e::{SmallFs, assert_one_line, run};
+use offgnn_e2e::{Run, SmallFs, assert_one_line, run};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -57,28 +57,35 @@ fn sampled(dir: &Path, nodes: &str, dim: &str) -> (std::path::PathBuf, std::path
     (ds, samples)
 }
 
-/// [`sampled`], packed on the ordinary disk into `dir/pack` with small
-/// caches: the graph and the pack.
-fn packed(dir: &Path, nodes: &str, dim: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let (ds, samples) = sampled(dir, nodes, dim);
-    let pack = dir.join("pack");
-    let r = run(
+/// The packer over `sampled`'s graph and samples into `out`, with small
+/// caches and `budget` of disk, with extra environment variables `env`.
+fn pack_with(ds: &Path, samples: &Path, out: &str, budget: &str, env: &[(String, String)]) -> Run {
+    offgnn_e2e::run_env(
         "packer",
         &[
             "--samples",
-            s(&samples),
+            s(samples),
             "--features",
             s(&ds.join("data/feat.npy")),
             "--out",
-            s(&pack),
+            out,
             "--gpu-cache",
             "64K",
             "--cpu-cache",
             "64K",
             "--disk-budget",
-            "8x",
+            budget,
         ],
-    );
+        env,
+    )
+}
+
+/// [`sampled`], packed on the ordinary disk into `dir/pack` with small
+/// caches: the graph and the pack.
+fn packed(dir: &Path, nodes: &str, dim: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (ds, samples) = sampled(dir, nodes, dim);
+    let pack = dir.join("pack");
+    let r = pack_with(&ds, &samples, s(&pack), "8x", &[]);
     assert!(r.status.success(), "{}", r.stderr);
     (ds, pack)
 }
@@ -92,23 +99,7 @@ fn the_packer_refuses_a_layout_the_disk_cannot_hold() {
     // 20000 x 128 float32: 10 MB of features, a layout of several times that.
     let (ds, samples) = sampled(dir.path(), "20000", "128");
     let out = fs.path().join("pack");
-    let r = run(
-        "packer",
-        &[
-            "--samples",
-            s(&samples),
-            "--features",
-            s(&ds.join("data/feat.npy")),
-            "--out",
-            s(&out),
-            "--gpu-cache",
-            "64K",
-            "--cpu-cache",
-            "64K",
-            "--disk-budget",
-            "4x",
-        ],
-    );
+    let r = pack_with(&ds, &samples, s(&out), "4x", &[]);
     assert_one_line(
         &r,
         "free, the layout (feature rows and address tables) needs",
@@ -188,24 +179,7 @@ fn staging_onto_a_disk_too_small_is_refused_up_front() {
     let (ds, samples) = sampled(dir.path(), "20000", "64");
     let env = s3.env();
     let pack = s3.url(&format!("staging-{}/pack", std::process::id()));
-    let r = offgnn_e2e::run_env(
-        "packer",
-        &[
-            "--samples",
-            s(&samples),
-            "--features",
-            s(&ds.join("data/feat.npy")),
-            "--out",
-            &pack,
-            "--gpu-cache",
-            "64K",
-            "--cpu-cache",
-            "64K",
-            "--disk-budget",
-            "4x",
-        ],
-        &env,
-    );
+    let r = pack_with(&ds, &samples, &pack, "4x", &env);
     assert!(r.status.success(), "{}", r.stderr);
     let local = fs.path().join("stage");
     let r = offgnn_e2e::run_env(
@@ -235,22 +209,7 @@ fn inference_whose_output_does_not_fit_commits_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (ds, pack) = packed(dir.path(), "20000", "64");
     let export = dir.path().join("export");
-    let ok = |r: offgnn_e2e::Run| assert!(r.status.success(), "{}", r.stderr);
-    ok(run(
-        "trainer",
-        &[
-            "--manifest",
-            s(&pack.join("manifest.json")),
-            "--epochs",
-            "1",
-            "--hidden",
-            "64",
-            "--max-batches",
-            "2",
-            "--export",
-            s(&export),
-        ],
-    ));
+    offgnn_e2e::export_small_model(&pack.join("manifest.json"), &export);
     // 20000 rows of a class, 4 probabilities and a 64-d embedding: about
     // 5.8 MB of Parquet, over the 1 MiB there.
     let preds = fs.path().join("preds");
