@@ -21,6 +21,26 @@ pub fn line<T>(slice: &[T], i: usize) {
     let _ = (slice, i);
 }
 
+/// [`lines`], into the L2 cache only: for rows read a little later (a pass
+/// over a few other rows first), where a prefetch into L1 would wait for
+/// one of its few fill buffers and stall the loop that asks.
+#[inline(always)]
+pub fn lines_to_l2<T>(slice: &[T], i: usize, n: usize) {
+    let step = (64 / std::mem::size_of::<T>().max(1)).max(1);
+    let mut j = i;
+    while j < (i + n).min(slice.len()) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `line`: in bounds, and a prefetch reads nothing.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch(
+                slice.as_ptr().add(j) as *const i8,
+                std::arch::x86_64::_MM_HINT_T1,
+            )
+        };
+        j += step;
+    }
+}
+
 /// [`line`] for every cache line of `slice[i..i + n]`.
 #[inline(always)]
 pub fn lines<T>(slice: &[T], i: usize, n: usize) {

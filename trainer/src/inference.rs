@@ -33,7 +33,7 @@ use std::time::Instant;
 use arrow::datatypes::{DataType, Field, Schema};
 use offgnn_shared::commit::{self, RunId};
 use offgnn_shared::dataset::{Dataset, Split};
-use offgnn_shared::io_engine::{AlignedBuf, IoEngine, PendingWrite, ReadReq};
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, PendingWrite, ReadReq};
 use offgnn_shared::npy::DType;
 use offgnn_shared::prefetch;
 use offgnn_shared::report::human_bytes;
@@ -1264,26 +1264,30 @@ impl GroupEdges {
     /// from layer to layer, and counting 32M edges took a tenth of a
     /// second a layer.
     fn in_degrees(&self, (a, b): (u64, u64)) -> &[f32] {
-        let made = self.in_degree.get_or_init(|| {
-            let mut count = vec![0f32; (b - a) as usize];
-            for &t in &self.dst {
-                count[(t as u64 - a) as usize] += 1.0;
+        let made = self.in_degree.get_or_init(|| match self.by_dst.get() {
+            // A hidden layer pulled by destination: the counts are there.
+            Some((starts, _)) => starts
+                .par_windows(2)
+                .map(|s| (s[1] - s[0]) as f32)
+                .collect(),
+            None => {
+                let mut count = vec![0f32; (b - a) as usize];
+                for &t in &self.dst {
+                    count[(t as u64 - a) as usize] += 1.0;
+                }
+                count
             }
-            count
         });
         assert_eq!(made.len() as u64, b - a, "the group's range, as made");
         made
     }
 }
 
-/// Encodes hidden rows' values into `buf` as float16 or float32
-/// (little-endian), on the thread pool, with zeros up to the next page;
-/// returns the bytes to write (a multiple of a page).
-fn encode_rows(values: &[f32], f16: bool, buf: &mut AlignedBuf) -> usize {
+/// Encodes hidden rows' values into `dst` as float16 or float32
+/// (little-endian), on the thread pool; returns the bytes written.
+fn encode_rows(values: &[f32], f16: bool, dst: &mut [u8]) -> usize {
     let elem = if f16 { 2 } else { 4 };
     let bytes = values.len() * elem;
-    let len = (bytes as u64).div_ceil(PAGE) as usize * PAGE as usize;
-    let dst = &mut buf.as_mut_slice()[..len];
     // Slices of 64 KiB of values a task.
     const TASK: usize = 1 << 14;
     dst[..bytes]
@@ -1300,8 +1304,124 @@ fn encode_rows(values: &[f32], f16: bool, buf: &mut AlignedBuf) -> usize {
                 }
             }
         });
-    dst[bytes..].fill(0);
-    len
+    bytes
+}
+
+/// A hidden layer's output rows on their way to the work directory, handed
+/// on in node order (a group's rows at once, or a pull's as it finishes
+/// them, so the disk takes them while it computes the next), encoded into
+/// pieces of one buffer's size, each written behind while the next is
+/// filled: two buffers, reused from group to group (a group's rows can be
+/// gigabytes, and fresh pages cost more than the copy).
+struct RowWriter<'a> {
+    engine: &'a IoEngine,
+    file: Arc<IoFile>,
+    f16: bool,
+    /// Buffers free to fill; the one being filled, and its bytes so far.
+    free: Vec<AlignedBuf>,
+    filling: Option<(AlignedBuf, usize)>,
+    in_flight: std::collections::VecDeque<PendingWrite>,
+    /// Where the piece being filled goes in the file (page-aligned).
+    offset: u64,
+    /// Values handed on so far, and bytes written.
+    handed: usize,
+    written: u64,
+}
+
+impl<'a> RowWriter<'a> {
+    /// A writer of rows from byte `offset` of `file` on (page-aligned),
+    /// through `bufs` (of equal, page-multiple sizes).
+    fn new(
+        engine: &'a IoEngine,
+        file: Arc<IoFile>,
+        f16: bool,
+        bufs: Vec<AlignedBuf>,
+        offset: u64,
+    ) -> Self {
+        assert!(
+            offset.is_multiple_of(PAGE),
+            "a group's rows start on a page"
+        );
+        RowWriter {
+            engine,
+            file,
+            f16,
+            free: bufs,
+            filling: None,
+            in_flight: Default::default(),
+            offset,
+            handed: 0,
+            written: 0,
+        }
+    }
+
+    /// The values handed on so far.
+    fn handed(&self) -> usize {
+        self.handed
+    }
+
+    /// Hands on the next `values`.
+    fn put(&mut self, mut values: &[f32]) -> Result<()> {
+        let elem = if self.f16 { 2 } else { 4 };
+        while !values.is_empty() {
+            let (mut buf, filled) = match self.filling.take() {
+                Some(filling) => filling,
+                None => (self.spare()?, 0),
+            };
+            let size = buf.as_mut_slice().len();
+            let take = ((size - filled) / elem).min(values.len());
+            let (now, rest) = values.split_at(take);
+            let filled = filled + encode_rows(now, self.f16, &mut buf.as_mut_slice()[filled..]);
+            self.handed += take;
+            values = rest;
+            if filled == size {
+                self.submit(buf, filled)?;
+            } else {
+                self.filling = Some((buf, filled));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what is left, with zeros up to the next page, and waits for
+    /// every write; returns the bytes written and the buffers.
+    fn finish(mut self) -> Result<(u64, Vec<AlignedBuf>)> {
+        if let Some((mut buf, filled)) = self.filling.take() {
+            let len = (filled as u64).div_ceil(PAGE) as usize * PAGE as usize;
+            buf.as_mut_slice()[filled..len].fill(0);
+            self.submit(buf, len)?;
+        }
+        while let Some(pending) = self.in_flight.pop_front() {
+            let (outcome, buf) = pending.wait();
+            self.written += outcome?;
+            self.free.push(buf);
+        }
+        Ok((self.written, self.free))
+    }
+
+    /// A free buffer, waiting for the oldest write if none is.
+    fn spare(&mut self) -> Result<AlignedBuf> {
+        if let Some(buf) = self.free.pop() {
+            return Ok(buf);
+        }
+        let pending = self.in_flight.pop_front().expect("a buffer is out");
+        let (outcome, buf) = pending.wait();
+        self.written += outcome?;
+        Ok(buf)
+    }
+
+    fn submit(&mut self, buf: AlignedBuf, len: usize) -> Result<()> {
+        let size = buf.as_slice().len() as u64;
+        let req = ReadReq {
+            offset: self.offset,
+            len,
+            buf_offset: 0,
+        };
+        self.in_flight
+            .push_back(self.engine.write_behind(&self.file, &[req], buf)?);
+        self.offset += size;
+        Ok(())
+    }
 }
 
 /// The edges from a span's earlier chunks into a chunk's destinations,
@@ -1650,16 +1770,46 @@ struct Spares(Vec<Vec<f32>>);
 impl Spares {
     /// An empty buffer with room for `capacity` values.
     fn take_empty(&mut self, capacity: usize) -> Vec<f32> {
+        let mut buf = self.pick(capacity);
+        buf.clear();
+        buf.reserve(capacity);
+        buf
+    }
+
+    /// The smallest buffer that holds `capacity` values, else the largest,
+    /// else a new one; as it was given back.
+    fn pick(&mut self, capacity: usize) -> Vec<f32> {
         let fits = (0..self.0.len())
             .filter(|&i| self.0[i].capacity() >= capacity)
             .min_by_key(|&i| self.0[i].capacity());
         let largest = (0..self.0.len()).max_by_key(|&i| self.0[i].capacity());
-        let mut buf = fits
-            .or(largest)
+        fits.or(largest)
             .map(|i| self.0.swap_remove(i))
-            .unwrap_or_default();
-        buf.clear();
-        buf.reserve(capacity);
+            .unwrap_or_default()
+    }
+
+    /// A buffer of `len` values that the caller overwrites, every one: a
+    /// reused buffer keeps its old values (clearing gigabytes the caller
+    /// writes anyway took a tenth of a second or more a buffer here); only
+    /// values it never held are zeroed, as [`Spares::take`] does.
+    fn take_overwritten(&mut self, len: usize) -> Vec<f32> {
+        let mut buf = self.pick(len);
+        if buf.len() >= len {
+            buf.truncate(len);
+            return buf;
+        }
+        if buf.capacity() < len {
+            // Grown: nothing of the old values is worth the copy.
+            buf.clear();
+            buf.reserve(len);
+        }
+        let old = buf.len();
+        buf.spare_capacity_mut()[..len - old]
+            .par_chunks_mut(1 << 16)
+            .for_each(|c| c.fill(std::mem::MaybeUninit::new(0.0)));
+        // SAFETY: the first `old` values were there, the rest up to `len`
+        // are written just above.
+        unsafe { buf.set_len(len) };
         buf
     }
 
@@ -1689,7 +1839,7 @@ impl Spares {
 /// One graph layer's work for one group of destinations: what
 /// [`graph_layer_group`] and [`on_device::graph_layer_group`] take.
 #[derive(Clone, Copy)]
-struct GroupJob<'a> {
+struct GroupJob<'a, 'w> {
     layer: &'a Layer,
     input: &'a Input,
     engine: &'a IoEngine,
@@ -1707,12 +1857,16 @@ struct GroupJob<'a> {
     /// layer before's output, in memory): [`GroupJob::kept_rows`] takes
     /// them, and the stream then copies none.
     given_rows: &'a std::sync::Mutex<Option<Vec<f32>>>,
+    /// Where the group's output rows go (a hidden layer's), which a group
+    /// that finishes them in node order hands on as it does; the caller
+    /// hands on the rest.
+    rows_to: Option<&'a std::sync::Mutex<RowWriter<'w>>>,
     /// Apply the activation.
     activate: bool,
     bar: &'a indicatif::ProgressBar,
 }
 
-impl GroupJob<'_> {
+impl GroupJob<'_, '_> {
     /// A buffer for the group's own input rows, kept for the embeddings,
     /// sized already (grown by doubling, GBs of rows would be copied and
     /// paged in again at each step); empty unless `keep_rows`. Taken first,
@@ -1783,10 +1937,16 @@ fn graph_layer_group(
             // The group's own rows pass by in the stream: lin_r is applied
             // to them there, with no second read.
             let d_out = lin_r_w.size()[0];
-            let mut h_dst = job.kept_rows(spares);
             // mean(h) W = mean(h W): where the layer narrows, sources are
             // projected first and the sums are kept at the output's width.
             let project = lin_l_w.size()[0] <= input.width as i64;
+            // One group, the rows going to the work directory: pulled, so
+            // they go while the next are made (see `sage_pull`). The last
+            // layer's narrow sums are pushed, hidden in the stream's reads.
+            if project && (a, b) == (0, input.rows) && job.rows_to.is_some() {
+                return sage_pull(job, spares, read, times);
+            }
+            let mut h_dst = job.kept_rows(spares);
             let d = if project {
                 lin_l_w.size()[0] as usize
             } else {
@@ -2050,6 +2210,91 @@ fn graph_layer_group(
     }
 }
 
+/// A hidden GraphSAGE layer for a group that holds every node, where the
+/// layer does not widen, pulled: the stream projects each chunk through
+/// lin_l and lin_r, keeping lin_l's rows for every node and putting
+/// lin_r's in the output rows; then each destination, in parallel, sums
+/// its sources' lin_l rows and its output row is finished there (mean(h) W
+/// = mean(h W)), in node order, so the rows go to the disk while the next
+/// are pulled. Pushed along the edges instead (as a smaller group must
+/// be), every edge read and wrote its destination's sums, random in the
+/// group's state, and the rows went out only after the last chunk: the
+/// pull reads a source's row and writes nothing.
+fn sage_pull(
+    job: &GroupJob,
+    spares: &mut Spares,
+    read: &mut u64,
+    times: &mut StreamTimes,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let (input, edges, chunk_rows) = (job.input, job.edges, job.chunk_rows);
+    let Layer::Sage {
+        lin_l_w,
+        lin_l_b,
+        lin_r_w,
+    } = job.layer
+    else {
+        unreachable!("sage_pull takes a GraphSAGE layer");
+    };
+    let n = input.rows as usize;
+    let d = lin_l_w.size()[0] as usize;
+    // lin_l and lin_r in one matmul (a chunk's rows are packed once), its
+    // rows parted into lin_l's for every node, compact for the pull's
+    // random reads, and lin_r's, into the output rows.
+    let w_lr = Tensor::cat(&[lin_l_w, lin_r_w], 0).tr().contiguous();
+    let (starts, src) = edges.by_destination((0, input.rows));
+    let mut ys = Scratch::default();
+    let mut y_all = spares.take_overwritten(n * d);
+    let mut h_dst = job.kept_rows(spares);
+    let mut rows_out = spares.take_overwritten(n * d);
+    *read += input.stream(job.engine, chunk_rows, 0, times, job.bar, |c, chunk| {
+        let (c0, rows) = (c * chunk_rows as usize, chunk.rows);
+        let x = chunk.tensor().to_device(job.device);
+        let y = ys.product(&x, &w_lr)?;
+        y_all[c0 * d..(c0 + rows) * d]
+            .par_chunks_mut(d)
+            .zip(rows_out[c0 * d..(c0 + rows) * d].par_chunks_mut(d))
+            .zip(y.par_chunks(2 * d))
+            .for_each(|((l, r), y)| {
+                l.copy_from_slice(&y[..d]);
+                r.copy_from_slice(&y[d..]);
+            });
+        job.keep_own_rows(&mut h_dst, chunk, c0 as u64);
+        Ok(())
+    })?;
+    let t = Instant::now();
+    let bias = to_vec(lin_l_b)?;
+    let y = &y_all;
+    let activate = job.activate;
+    // A thread's scratch: a destination's sum.
+    let scratch = || vec![0f32; d];
+    let pull = |sum: &mut Vec<f32>, v: usize, out: &mut [f32]| {
+        let (k0, k1) = (starts[v] as usize, starts[v + 1] as usize);
+        sum.fill(0.0);
+        for k in k0..k1 {
+            // The rows of the edges a few on: their misses overlap (into
+            // L2, as in the GAT pull).
+            if let Some(&ahead) = src.get(k + SCATTER_AHEAD) {
+                prefetch::lines_to_l2(y, ahead as usize * d, d);
+            }
+            for (s, v) in sum.iter_mut().zip(&y[src[k] as usize * d..][..d]) {
+                *s += v;
+            }
+        }
+        // lin_r(self) is in the row already; PyG's mean over no edges is 0.
+        let c = ((k1 - k0) as f32).max(1.0);
+        for ((o, s), b) in out.iter_mut().zip(sum.iter()).zip(&bias) {
+            *o += s / c + b;
+            if activate && *o < 0.0 {
+                *o = 0.0;
+            }
+        }
+    };
+    pull_in_order(job, &mut rows_out, d, scratch, pull, |_| Ok(()))?;
+    times.scatter += t.elapsed().as_secs_f64();
+    spares.give(y_all);
+    Ok((rows_out, h_dst))
+}
+
 /// A GAT destination's output row from its softmax state: per head the
 /// weighted sum over the sum of weights (PyG adds 1e-16), heads
 /// concatenated or averaged (summed in head order, into `mean`), added to
@@ -2111,12 +2356,13 @@ fn elu_in_place(rows: &mut [f32]) -> Result<()> {
 /// res(self) into the output rows) and keeps z for every node; then each
 /// destination, in parallel, takes its softmax over its in-edges (and its
 /// self-loop) in two passes, its state in cache, and its output row is
-/// finished there. Pushed along the edges instead (as a smaller group
-/// must be, its sources' projections not all kept), every edge read and
-/// wrote its destination's accumulator rows, random in the group's state:
-/// the pull reads a source's row and writes nothing, and keeps no
-/// accumulators (z for every node is what the push kept of its span, the
-/// whole input here).
+/// finished there, in node order, so a hidden layer's rows go to the disk
+/// while the next are pulled. Pushed along the edges instead (as a
+/// smaller group must be, its sources' projections not all kept), every
+/// edge read and wrote its destination's accumulator rows, random in the
+/// group's state: the pull reads a source's row and writes nothing, and
+/// keeps no accumulators (z for every node is what the push kept of its
+/// span, the whole input here).
 fn gat_pull(
     job: &GroupJob,
     spares: &mut Spares,
@@ -2142,17 +2388,21 @@ fn gat_pull(
     let w = h * c_out;
     let out_w = if *concat { w } else { c_out };
     let (a_src, a_dst) = (to_vec(att_src)?, to_vec(att_dst)?);
-    // lin and res in one matmul: a chunk's rows are packed once.
+    // lin and res in one matmul (a chunk's rows are packed once), its rows
+    // parted into z for every node, compact for the pull's random reads,
+    // and res(self), into the output rows.
     let lin_res = Tensor::cat(&[lin_w, res_w], 0).tr().contiguous();
     let (starts, src) = edges.by_destination((0, input.rows));
     let mut ys = Scratch::default();
-    let mut z_all = spares.take(n * w);
-    let (mut el_all, mut er_all) = (spares.take(n * h), spares.take(n * h));
+    let mut z_all = spares.take_overwritten(n * w);
+    let (mut el_all, mut er_all) = (
+        spares.take_overwritten(n * h),
+        spares.take_overwritten(n * h),
+    );
     let mut h_dst = job.kept_rows(spares);
-    let mut rows_out = spares.take(n * out_w);
+    let mut rows_out = spares.take_overwritten(n * out_w);
     *read += input.stream(job.engine, chunk_rows, 0, times, job.bar, |c, chunk| {
-        let c0 = c * chunk_rows as usize;
-        let rows = chunk.rows;
+        let (c0, rows) = (c * chunk_rows as usize, chunk.rows);
         let x = chunk.tensor().to_device(job.device);
         let y = ys.product(&x, &lin_res)?;
         let z = &mut z_all[c0 * w..(c0 + rows) * w];
@@ -2171,6 +2421,92 @@ fn gat_pull(
     let t = Instant::now();
     let bias = to_vec(bias)?;
     let lrelu = |raw: f32| if raw >= 0.0 { raw } else { 0.2 * raw };
+    let (z, el, er) = (&z_all, &el_all, &er_all);
+    // A thread's scratch: the scores of a destination's edges (self-loop
+    // first), per head, and its sums.
+    let scratch = || (Vec::new(), vec![0f32; w], vec![0f32; h], vec![0f32; out_w]);
+    let pull = |(scores, acc, sums, mean): &mut (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>),
+                v: usize,
+                out: &mut [f32]| {
+        let er = &er[v * h..][..h];
+        // PyG replaces edges from a node to itself by one self-loop.
+        let (k0, k1) = (starts[v] as usize, starts[v + 1] as usize);
+        let edges = src[k0..k1].iter().filter(|&&u| u as usize != v);
+        scores.clear();
+        scores.extend((0..h).map(|hh| lrelu(el[v * h + hh] + er[hh])));
+        for (j, &u) in edges.clone().enumerate() {
+            // The rows of the edges a few on: their misses overlap (see
+            // the GraphSAGE scatter).
+            if let Some(&ahead) = src.get(k0 + j + SCATTER_AHEAD) {
+                // Into the L2 cache: the rows are read a pass later, and
+                // a prefetch into L1 that waits for a fill buffer stalls
+                // the loop (3-5% of the pull in alternated runs here).
+                prefetch::lines_to_l2(z, ahead as usize * w, w);
+                prefetch::line(el, ahead as usize * h);
+            }
+            let u = u as usize;
+            scores.extend((0..h).map(|hh| lrelu(el[u * h + hh] + er[hh])));
+        }
+        // Per head: the largest score, then the weights.
+        for hh in 0..h {
+            let m = scores[hh..]
+                .iter()
+                .step_by(h)
+                .fold(f32::NEG_INFINITY, |m, &e| m.max(e));
+            let mut s = 0.0;
+            for e in scores[hh..].iter_mut().step_by(h) {
+                *e = (*e - m).exp();
+                s += *e;
+            }
+            sums[hh] = s;
+        }
+        acc.copy_from_slice(&z[v * w..][..w]);
+        for (hh, a) in acc.chunks_exact_mut(c_out).enumerate() {
+            let wt = scores[hh];
+            a.iter_mut().for_each(|x| *x *= wt);
+        }
+        for (j, u) in edges.enumerate() {
+            let (wts, row) = (&scores[(j + 1) * h..][..h], &z[*u as usize * w..][..w]);
+            for ((a, z), &wt) in acc
+                .chunks_exact_mut(c_out)
+                .zip(row.chunks_exact(c_out))
+                .zip(wts)
+            {
+                for (x, v) in a.iter_mut().zip(z) {
+                    *x += wt * v;
+                }
+            }
+        }
+        gat_finish_row(out, acc, sums, &bias, *concat, c_out, mean);
+    };
+    pull_in_order(job, &mut rows_out, out_w, scratch, pull, |rows| {
+        if job.activate {
+            elu_in_place(rows)?;
+        }
+        Ok(())
+    })?;
+    times.scatter += t.elapsed().as_secs_f64();
+    spares.give(z_all);
+    spares.give(el_all);
+    spares.give(er_all);
+    Ok((rows_out, h_dst))
+}
+
+/// A pull's second half, where one group holds every node: each node's
+/// output row (`out_w` values of `rows`) is made by `pull` (with a thread's
+/// scratch from `scratch`), in parallel, a chunk's rows at a time in node
+/// order; each piece is then finished by `then` (the activation) and
+/// handed on to the job's hidden output, so the disk writes it while the
+/// next is pulled.
+fn pull_in_order<S>(
+    job: &GroupJob,
+    rows: &mut [f32],
+    out_w: usize,
+    scratch: impl Fn() -> S + Sync + Send,
+    pull: impl Fn(&mut S, usize, &mut [f32]) + Sync + Send,
+    then: impl Fn(&mut [f32]) -> Result<()>,
+) -> Result<()> {
+    let (n, t) = (rows.len() / out_w, Instant::now());
     // The destinations done: the stream's bar has filled by now, and this
     // part is as long as the edges are many.
     let pulled = offgnn_shared::progress::bar_if(
@@ -2179,83 +2515,33 @@ fn gat_pull(
         &format!("{}, by destination", job.bar.prefix()),
         "nodes",
     );
-    {
-        let (z_all, el_all, er_all) = (&z_all, &el_all, &er_all);
-        // Blocks of destinations a task; a thread's scratch: the scores of a
-        // destination's edges (self-loop first), per head, and its sums.
-        const BLOCK: usize = 1024;
-        rows_out
+    // Blocks of destinations a task, and a chunk's rows a piece (tens of
+    // tasks for the threads to share).
+    const BLOCK: usize = 256;
+    let piece_rows = job.chunk_rows as usize;
+    for (p, piece) in rows.chunks_mut(piece_rows * out_w).enumerate() {
+        let v0 = p * piece_rows;
+        piece
             .par_chunks_mut(BLOCK * out_w)
             .enumerate()
-            .for_each_init(
-                || (Vec::new(), vec![0f32; w], vec![0f32; h], vec![0f32; out_w]),
-                |(scores, acc, sums, mean), (blk, out_rows)| {
-                    let v0 = blk * BLOCK;
-                    for (i, out) in out_rows.chunks_exact_mut(out_w).enumerate() {
-                        let v = v0 + i;
-                        let er = &er_all[v * h..][..h];
-                        // PyG replaces edges from a node to itself by one
-                        // self-loop.
-                        let (k0, k1) = (starts[v] as usize, starts[v + 1] as usize);
-                        let edges = src[k0..k1].iter().filter(|&&u| u as usize != v);
-                        scores.clear();
-                        scores.extend((0..h).map(|hh| lrelu(el_all[v * h + hh] + er[hh])));
-                        for (j, &u) in edges.clone().enumerate() {
-                            // The rows of the edges a few on: their misses
-                            // overlap (see the GraphSAGE scatter).
-                            if let Some(&ahead) = src.get(k0 + j + SCATTER_AHEAD) {
-                                prefetch::lines(z_all, ahead as usize * w, w);
-                                prefetch::line(el_all, ahead as usize * h);
-                            }
-                            let u = u as usize;
-                            scores.extend((0..h).map(|hh| lrelu(el_all[u * h + hh] + er[hh])));
-                        }
-                        // Per head: the largest score, then the weights.
-                        for hh in 0..h {
-                            let m = scores[hh..]
-                                .iter()
-                                .step_by(h)
-                                .fold(f32::NEG_INFINITY, |m, &e| m.max(e));
-                            let mut s = 0.0;
-                            for e in scores[hh..].iter_mut().step_by(h) {
-                                *e = (*e - m).exp();
-                                s += *e;
-                            }
-                            sums[hh] = s;
-                        }
-                        acc.copy_from_slice(&z_all[v * w..][..w]);
-                        for (hh, a) in acc.chunks_exact_mut(c_out).enumerate() {
-                            let wt = scores[hh];
-                            a.iter_mut().for_each(|x| *x *= wt);
-                        }
-                        for (j, u) in edges.enumerate() {
-                            let (wts, row) =
-                                (&scores[(j + 1) * h..][..h], &z_all[*u as usize * w..][..w]);
-                            for ((a, z), &wt) in acc
-                                .chunks_exact_mut(c_out)
-                                .zip(row.chunks_exact(c_out))
-                                .zip(wts)
-                            {
-                                for (x, v) in a.iter_mut().zip(z) {
-                                    *x += wt * v;
-                                }
-                            }
-                        }
-                        gat_finish_row(out, acc, sums, &bias, *concat, c_out, mean);
-                    }
-                    pulled.inc((out_rows.len() / out_w) as u64);
-                },
-            );
+            .for_each_init(&scratch, |s, (blk, out_rows)| {
+                for (i, out) in out_rows.chunks_exact_mut(out_w).enumerate() {
+                    pull(s, v0 + blk * BLOCK + i, out);
+                }
+                pulled.inc((out_rows.len() / out_w) as u64);
+            });
+        then(piece)?;
+        if let Some(writer) = job.rows_to {
+            writer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .put(piece)?;
+        }
+        offgnn_shared::signals::check()?;
     }
     pulled.finish_and_clear();
-    times.scatter += t.elapsed().as_secs_f64();
-    spares.give(z_all);
-    spares.give(el_all);
-    spares.give(er_all);
-    if job.activate {
-        elu_in_place(&mut rows_out)?;
-    }
-    Ok((rows_out, h_dst))
+    tracing::debug!("pulled in {:.2} s", t.elapsed().as_secs_f64());
+    Ok(())
 }
 
 /// The output's selected nodes, as a bit per node.
@@ -3068,6 +3354,17 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     plan.groups.len()
                 ),
             );
+            // The group's hidden rows go to the work directory from here,
+            // handed on by the group as it finishes them or after.
+            let rows_to = out_file.as_ref().map(|file| {
+                std::sync::Mutex::new(RowWriter::new(
+                    engine,
+                    file.clone(),
+                    cfg.hidden_f16,
+                    std::mem::take(&mut write_bufs),
+                    a * out_width as u64 * elem,
+                ))
+            });
             let (out_rows, embedding) = if model.mlp.is_empty() {
                 // The group's edges, unless the last pass (a layer's only
                 // group, the one before) left them here.
@@ -3101,6 +3398,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
                     device: cfg.device,
                     keep_rows: last && cfg.outputs.embeddings,
                     given_rows: &given_rows,
+                    rows_to: rows_to.as_ref(),
                     activate: !last,
                     bar: &bar,
                 };
@@ -3134,38 +3432,13 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             };
             let mut written = 0u64;
             let t_write = Instant::now();
-            if let Some(file) = &out_file {
-                // In pieces through two reused buffers: a group's rows can
-                // be gigabytes, and fresh pages cost more than the copy. One
-                // piece is encoded (on the thread pool) while the disk
-                // takes the one before.
-                let values_per_piece = write_piece / elem as usize;
-                let base = a * out_width as u64 * elem;
-                let mut in_flight = std::collections::VecDeque::new();
-                for (k, values) in out_rows.chunks(values_per_piece).enumerate() {
-                    let mut buf = match write_bufs.pop() {
-                        Some(buf) => buf,
-                        None => {
-                            let pending: PendingWrite =
-                                in_flight.pop_front().expect("a buffer is out");
-                            let (outcome, buf) = pending.wait();
-                            written += outcome?;
-                            buf
-                        }
-                    };
-                    let len = encode_rows(values, cfg.hidden_f16, &mut buf);
-                    let req = ReadReq {
-                        offset: base + (k * write_piece) as u64,
-                        len,
-                        buf_offset: 0,
-                    };
-                    in_flight.push_back(engine.write_behind(file, &[req], buf)?);
-                }
-                for pending in in_flight {
-                    let (outcome, buf) = pending.wait();
-                    written += outcome?;
-                    write_bufs.push(buf);
-                }
+            if let Some(writer) = rows_to {
+                // The rows the group has not handed on as it finished them.
+                let mut writer = writer.into_inner().unwrap_or_else(|e| e.into_inner());
+                writer.put(&out_rows[writer.handed()..])?;
+                let (bytes, bufs) = writer.finish()?;
+                written += bytes;
+                write_bufs = bufs;
             } else {
                 let keep: Vec<usize> = (a..b)
                     .filter(|&v| selected(&bits, v))
@@ -3638,6 +3911,85 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A buffer to overwrite keeps a reused buffer's values and zeroes
+    /// only those it never held; grown, it copies none of the old ones.
+    #[test]
+    fn buffers_to_overwrite_zero_only_what_they_never_held() {
+        let mut spares = Spares::default();
+        let mut held = Vec::with_capacity(100);
+        held.extend([1.0f32; 40]);
+        spares.give(held);
+        let buf = spares.take_overwritten(60);
+        assert_eq!(buf.len(), 60);
+        assert!(buf[..40].iter().all(|&v| v == 1.0) && buf[40..].iter().all(|&v| v == 0.0));
+        spares.give(buf);
+        let buf = spares.take_overwritten(30);
+        assert_eq!(buf.len(), 30);
+        spares.give(buf);
+        let buf = spares.take_overwritten(1000);
+        assert_eq!(buf.len(), 1000);
+        assert!(buf.iter().all(|&v| v == 0.0));
+    }
+
+    /// Rows handed on in runs that straddle the writer's buffers, as
+    /// float32 and float16, land in the file from the group's offset on in order, the
+    /// last page padded with zeros; the bytes before are not touched and
+    /// the buffers come back.
+    #[test]
+    fn hidden_rows_handed_on_in_runs_land_in_order() {
+        let engine = IoEngine::new(offgnn_shared::io_engine::IoOptions::default());
+        let dir = tempfile::tempdir().unwrap();
+        for f16 in [false, true] {
+            let path = dir.path().join(format!("h-{f16}.bin"));
+            let elem = if f16 { 2 } else { 4 };
+            let values: Vec<f32> = (0..20_000).map(|v| v as f32 * 0.5).collect();
+            let offset = 2 * PAGE;
+            let padded = (values.len() * elem).div_ceil(PAGE as usize) * PAGE as usize;
+            std::fs::write(
+                &path,
+                vec![0xA5u8; offset as usize + padded + PAGE as usize],
+            )
+            .unwrap();
+            let file = Arc::new(engine.open_write(&path).unwrap());
+            let bufs = vec![
+                AlignedBuf::new(2 * PAGE as usize),
+                AlignedBuf::new(2 * PAGE as usize),
+            ];
+            let mut w = RowWriter::new(&engine, file, f16, bufs, offset);
+            let mut at = 0;
+            for run in [1, 2047, 2048, 3000, 1, 5000].into_iter().cycle() {
+                let end = (at + run).min(values.len());
+                w.put(&values[at..end]).unwrap();
+                at = end;
+                assert_eq!(w.handed(), at);
+                if at == values.len() {
+                    break;
+                }
+            }
+            let (written, bufs) = w.finish().unwrap();
+            assert_eq!(written, padded as u64, "f16 {f16}");
+            assert_eq!(bufs.len(), 2);
+            let bytes = std::fs::read(&path).unwrap();
+            assert!(bytes[..offset as usize].iter().all(|&b| b == 0xA5));
+            let body = &bytes[offset as usize..];
+            for (i, v) in values.iter().enumerate() {
+                let got = if f16 {
+                    half::f16::from_le_bytes([body[2 * i], body[2 * i + 1]]).to_f32()
+                } else {
+                    f32::from_le_bytes(body[4 * i..4 * i + 4].try_into().unwrap())
+                };
+                let want = if f16 {
+                    half::f16::from_f32(*v).to_f32()
+                } else {
+                    *v
+                };
+                assert_eq!(got, want, "f16 {f16}: value {i}");
+            }
+            assert!(body[values.len() * elem..padded].iter().all(|&b| b == 0));
+            assert!(body[padded..].iter().all(|&b| b == 0xA5));
         }
     }
 

@@ -511,15 +511,17 @@ fn with_one_group_each_layer_reads_its_input_once() {
     let engine = IoEngine::new(IoOptions::default());
     for kind in [ModelKind::Sage, ModelKind::Gat] {
         let (location, net, cfg) = exported(dir.path(), &ds, kind);
-        // Aggregated on the host (GAT pulls along its edges by
-        // destination, the group holding every node) and on the device
+        // Aggregated on the host (the hidden layers pull along their
+        // edges by destination, the group holding every node, and hand
+        // their rows on to the disk as they finish them) and on the device
         // (one group spans every chunk, so edges wait for destinations in
-        // later chunks); GAT also with float16 hidden layers: half the
-        // bytes, read once.
-        let mut cases = vec![(false, Aggregate::Host), (false, Aggregate::Device)];
-        if kind == ModelKind::Gat {
-            cases.push((true, Aggregate::Host));
-        }
+        // later chunks); on the host also with float16 hidden layers: half
+        // the bytes, read once.
+        let cases = [
+            (false, Aggregate::Host),
+            (false, Aggregate::Device),
+            (true, Aggregate::Host),
+        ];
         for (f16, aggregate) in cases {
             let tag = format!("{kind:?}-{f16}-{aggregate:?}");
             let mut run = one_group(&location, &ds_path, dir.path(), &tag, aggregate);
