@@ -2250,14 +2250,11 @@ fn sage_pull(
         let (c0, rows) = (c * chunk_rows as usize, chunk.rows);
         let x = chunk.tensor().to_device(job.device);
         let y = ys.product(&x, &w_lr)?;
-        y_all[c0 * d..(c0 + rows) * d]
-            .par_chunks_mut(d)
-            .zip(rows_out[c0 * d..(c0 + rows) * d].par_chunks_mut(d))
-            .zip(y.par_chunks(2 * d))
-            .for_each(|((l, r), y)| {
-                l.copy_from_slice(&y[..d]);
-                r.copy_from_slice(&y[d..]);
-            });
+        part_rows(
+            y,
+            (&mut y_all[c0 * d..(c0 + rows) * d], d),
+            (&mut rows_out[c0 * d..(c0 + rows) * d], d),
+        );
         job.keep_own_rows(&mut h_dst, chunk, c0 as u64);
         Ok(())
     })?;
@@ -2406,13 +2403,11 @@ fn gat_pull(
         let x = chunk.tensor().to_device(job.device);
         let y = ys.product(&x, &lin_res)?;
         let z = &mut z_all[c0 * w..(c0 + rows) * w];
-        z.par_chunks_mut(w)
-            .zip(rows_out[c0 * out_w..(c0 + rows) * out_w].par_chunks_mut(out_w))
-            .zip(y.par_chunks(w + out_w))
-            .for_each(|((z, r), y)| {
-                z.copy_from_slice(&y[..w]);
-                r.copy_from_slice(&y[w..]);
-            });
+        part_rows(
+            y,
+            (z, w),
+            (&mut rows_out[c0 * out_w..(c0 + rows) * out_w], out_w),
+        );
         el_all[c0 * h..(c0 + rows) * h].copy_from_slice(&head_scores(z, &a_src, c_out));
         er_all[c0 * h..(c0 + rows) * h].copy_from_slice(&head_scores(z, &a_dst, c_out));
         job.keep_own_rows(&mut h_dst, chunk, c0 as u64);
@@ -2490,6 +2485,18 @@ fn gat_pull(
     spares.give(el_all);
     spares.give(er_all);
     Ok((rows_out, h_dst))
+}
+
+/// Parts each row of `y` between a row of `left` (its first `lw` values)
+/// and one of `right` (the `rw` after), on the thread pool.
+fn part_rows(y: &[f32], (left, lw): (&mut [f32], usize), (right, rw): (&mut [f32], usize)) {
+    left.par_chunks_mut(lw)
+        .zip(right.par_chunks_mut(rw))
+        .zip(y.par_chunks(lw + rw))
+        .for_each(|((l, r), y)| {
+            l.copy_from_slice(&y[..lw]);
+            r.copy_from_slice(&y[lw..]);
+        });
 }
 
 /// A pull's second half, where one group holds every node: each node's
