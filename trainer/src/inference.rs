@@ -1329,8 +1329,9 @@ struct RowWriter<'a> {
 }
 
 impl<'a> RowWriter<'a> {
-    /// A writer of rows from byte `offset` of `file` on (page-aligned),
-    /// through `bufs` (of equal, page-multiple sizes).
+    /// A writer of rows from byte `offset` of `file` on (a group's first
+    /// row: page-aligned, see [`ALIGN_NODES`]), through `bufs` (of equal,
+    /// page-multiple sizes).
     fn new(
         engine: &'a IoEngine,
         file: Arc<IoFile>,
@@ -1338,10 +1339,6 @@ impl<'a> RowWriter<'a> {
         bufs: Vec<AlignedBuf>,
         offset: u64,
     ) -> Self {
-        assert!(
-            offset.is_multiple_of(PAGE),
-            "a group's rows start on a page"
-        );
         RowWriter {
             engine,
             file,
