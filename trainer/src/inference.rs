@@ -2223,7 +2223,7 @@ fn sage_pull(
     read: &mut u64,
     times: &mut StreamTimes,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
-    let (input, edges, chunk_rows) = (job.input, job.edges, job.chunk_rows);
+    let (input, edges) = (job.input, job.edges);
     let Layer::Sage {
         lin_l_w,
         lin_l_b,
@@ -2232,30 +2232,11 @@ fn sage_pull(
     else {
         unreachable!("sage_pull takes a GraphSAGE layer");
     };
-    let n = input.rows as usize;
     let d = lin_l_w.size()[0] as usize;
-    // lin_l and lin_r in one matmul (a chunk's rows are packed once), its
-    // rows parted into lin_l's for every node, compact for the pull's
-    // random reads, and lin_r's, into the output rows.
     let w_lr = Tensor::cat(&[lin_l_w, lin_r_w], 0).tr().contiguous();
     let (starts, src) = edges.by_destination((0, input.rows));
-    let mut ys = Scratch::default();
-    let mut y_all = spares.take_overwritten(n * d);
-    let mut h_dst = job.kept_rows(spares);
-    let mut rows_out = spares.take_overwritten(n * d);
-    *read += input.stream(job.engine, chunk_rows, 0, times, job.bar, |c, chunk| {
-        let (c0, rows) = (c * chunk_rows as usize, chunk.rows);
-        let x = chunk.tensor().to_device(job.device);
-        let y = ys.product(&x, &w_lr)?;
-        part_rows(
-            y,
-            (&mut y_all[c0 * d..(c0 + rows) * d], d),
-            (&mut rows_out[c0 * d..(c0 + rows) * d], d),
-        );
-        job.keep_own_rows(&mut h_dst, chunk, c0 as u64);
-        Ok(())
-    })?;
-    let t = Instant::now();
+    let (y_all, mut rows_out, h_dst) =
+        project_all(job, spares, read, times, &w_lr, (d, d), |_, _| ())?;
     let bias = to_vec(lin_l_b)?;
     let y = &y_all;
     let activate = job.activate;
@@ -2283,8 +2264,7 @@ fn sage_pull(
             }
         }
     };
-    pull_in_order(job, &mut rows_out, d, scratch, pull, |_| Ok(()))?;
-    times.scatter += t.elapsed().as_secs_f64();
+    pull_in_order(job, times, &mut rows_out, d, scratch, pull, |_| Ok(()))?;
     spares.give(y_all);
     Ok((rows_out, h_dst))
 }
@@ -2363,7 +2343,7 @@ fn gat_pull(
     read: &mut u64,
     times: &mut StreamTimes,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
-    let (input, edges, chunk_rows) = (job.input, job.edges, job.chunk_rows);
+    let (input, edges) = (job.input, job.edges);
     let Layer::Gat {
         lin_w,
         att_src,
@@ -2382,35 +2362,19 @@ fn gat_pull(
     let w = h * c_out;
     let out_w = if *concat { w } else { c_out };
     let (a_src, a_dst) = (to_vec(att_src)?, to_vec(att_dst)?);
-    // lin and res in one matmul (a chunk's rows are packed once), its rows
-    // parted into z for every node, compact for the pull's random reads,
-    // and res(self), into the output rows.
     let lin_res = Tensor::cat(&[lin_w, res_w], 0).tr().contiguous();
     let (starts, src) = edges.by_destination((0, input.rows));
-    let mut ys = Scratch::default();
-    let mut z_all = spares.take_overwritten(n * w);
+    // Each node's scores as a source and as a destination, per head.
     let (mut el_all, mut er_all) = (
         spares.take_overwritten(n * h),
         spares.take_overwritten(n * h),
     );
-    let mut h_dst = job.kept_rows(spares);
-    let mut rows_out = spares.take_overwritten(n * out_w);
-    *read += input.stream(job.engine, chunk_rows, 0, times, job.bar, |c, chunk| {
-        let (c0, rows) = (c * chunk_rows as usize, chunk.rows);
-        let x = chunk.tensor().to_device(job.device);
-        let y = ys.product(&x, &lin_res)?;
-        let z = &mut z_all[c0 * w..(c0 + rows) * w];
-        part_rows(
-            y,
-            (z, w),
-            (&mut rows_out[c0 * out_w..(c0 + rows) * out_w], out_w),
-        );
-        el_all[c0 * h..(c0 + rows) * h].copy_from_slice(&head_scores(z, &a_src, c_out));
-        er_all[c0 * h..(c0 + rows) * h].copy_from_slice(&head_scores(z, &a_dst, c_out));
-        job.keep_own_rows(&mut h_dst, chunk, c0 as u64);
-        Ok(())
-    })?;
-    let t = Instant::now();
+    let (z_all, mut rows_out, h_dst) =
+        project_all(job, spares, read, times, &lin_res, (w, out_w), |c0, z| {
+            let rows = z.len() / w;
+            el_all[c0 * h..(c0 + rows) * h].copy_from_slice(&head_scores(z, &a_src, c_out));
+            er_all[c0 * h..(c0 + rows) * h].copy_from_slice(&head_scores(z, &a_dst, c_out));
+        })?;
     let bias = to_vec(bias)?;
     let lrelu = |raw: f32| if raw >= 0.0 { raw } else { 0.2 * raw };
     let (z, el, er) = (&z_all, &el_all, &er_all);
@@ -2471,13 +2435,12 @@ fn gat_pull(
         }
         gat_finish_row(out, acc, sums, &bias, *concat, c_out, mean);
     };
-    pull_in_order(job, &mut rows_out, out_w, scratch, pull, |rows| {
+    pull_in_order(job, times, &mut rows_out, out_w, scratch, pull, |rows| {
         if job.activate {
             elu_in_place(rows)?;
         }
         Ok(())
     })?;
-    times.scatter += t.elapsed().as_secs_f64();
     spares.give(z_all);
     spares.give(el_all);
     spares.give(er_all);
@@ -2496,14 +2459,50 @@ fn part_rows(y: &[f32], (left, lw): (&mut [f32], usize), (right, rw): (&mut [f32
         });
 }
 
+/// A pull's first half, where one group holds every node: streams the
+/// layer's input once, each chunk through `w` in one matmul (its rows
+/// packed once): of each product row, the first `kw` values go to the kept
+/// projection of every node (compact, for the pull's random reads), the
+/// `ow` after into the output rows; `each` then sees the chunk's first node
+/// and its kept rows. Returns the kept rows, the output rows and the
+/// group's own input rows (see [`GroupJob::kept_rows`]).
+fn project_all(
+    job: &GroupJob,
+    spares: &mut Spares,
+    read: &mut u64,
+    times: &mut StreamTimes,
+    w: &Tensor,
+    (kw, ow): (usize, usize),
+    mut each: impl FnMut(usize, &[f32]),
+) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    let (input, chunk_rows) = (job.input, job.chunk_rows);
+    let n = input.rows as usize;
+    let mut ys = Scratch::default();
+    let mut kept = spares.take_overwritten(n * kw);
+    let mut h_dst = job.kept_rows(spares);
+    let mut rows_out = spares.take_overwritten(n * ow);
+    *read += input.stream(job.engine, chunk_rows, 0, times, job.bar, |c, chunk| {
+        let (c0, rows) = (c * chunk_rows as usize, chunk.rows);
+        let x = chunk.tensor().to_device(job.device);
+        let y = ys.product(&x, w)?;
+        let k = &mut kept[c0 * kw..(c0 + rows) * kw];
+        part_rows(y, (k, kw), (&mut rows_out[c0 * ow..(c0 + rows) * ow], ow));
+        each(c0, k);
+        job.keep_own_rows(&mut h_dst, chunk, c0 as u64);
+        Ok(())
+    })?;
+    Ok((kept, rows_out, h_dst))
+}
+
 /// A pull's second half, where one group holds every node: each node's
 /// output row (`out_w` values of `rows`) is made by `pull` (with a thread's
 /// scratch from `scratch`), in parallel, a chunk's rows at a time in node
 /// order; each piece is then finished by `then` (the activation) and
 /// handed on to the job's hidden output, so the disk writes it while the
-/// next is pulled.
+/// next is pulled. Its time counts in `times` as the scatter's.
 fn pull_in_order<S>(
     job: &GroupJob,
+    times: &mut StreamTimes,
     rows: &mut [f32],
     out_w: usize,
     scratch: impl Fn() -> S + Sync + Send,
@@ -2544,6 +2543,7 @@ fn pull_in_order<S>(
         offgnn_shared::signals::check()?;
     }
     pulled.finish_and_clear();
+    times.scatter += t.elapsed().as_secs_f64();
     tracing::debug!("pulled in {:.2} s", t.elapsed().as_secs_f64());
     Ok(())
 }
