@@ -506,7 +506,10 @@ fn with_one_group_each_layer_reads_its_input_once() {
     let _serial = super::serial();
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();
-    let ds_path = dataset(dir.path());
+    // Features wider than a pull's two products together (16 hidden
+    // channels each), where the hidden layers' inputs are not: the first
+    // layer parts one product's rows, the others take a product a part.
+    let ds_path = generated(&dir.path().join("g40"), NODES, 40, 11);
     let ds = Dataset::open(&ds_path).unwrap();
     let engine = IoEngine::new(IoOptions::default());
     for kind in [ModelKind::Sage, ModelKind::Gat] {
