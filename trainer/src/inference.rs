@@ -2530,11 +2530,11 @@ fn part_rows(y: &[f32], (left, lw): (&mut [f32], usize), (right, rw): (&mut [f32
 }
 
 /// A pull's first half, where one group holds every node: streams the
-/// layer's input once, each chunk through `w` in one matmul (its rows
-/// packed once): of each product row, the first `kw` values go to the kept
-/// projection of every node (compact, for the pull's random reads), the
-/// `ow` after into the output rows; `each` then sees the chunk's first node
-/// and its kept rows. Returns the kept rows, the output rows and the
+/// layer's input once, each chunk through `w`: of each product row, the
+/// first `kw` values go to the kept projection of every node (compact, for
+/// the pull's random reads), the `ow` after into the output rows (one
+/// matmul a part, or for a wide input one matmul whose rows are parted);
+/// `each` then sees the chunk's first node and its kept rows. Returns the kept rows, the output rows and the
 /// group's own input rows (see [`GroupJob::kept_rows`]).
 fn project_all(
     job: &GroupJob,
