@@ -790,43 +790,63 @@ impl Scratch {
             self.t = Some(Tensor::f_empty([n], (Kind::Float, Device::Cpu))?);
         }
         let t = self.t.as_ref().expect("allocated above");
-        let mut out = t.narrow(0, 0, n).view([rows, width]);
-        if x.device() == Device::Cpu {
-            let _ = x.f_matmul_out(&out, w)?;
-        } else {
-            out.f_copy_(&x.f_matmul(w)?)?;
-        }
+        matmul_into(x, w, &mut t.narrow(0, 0, n).view([rows, width]))?;
         Ok(cpu_values(t, n as usize))
     }
+}
+
+/// `x · w` into `out` (on the CPU): on the CPU with no intermediate, else
+/// made on `x`'s device and copied over.
+fn matmul_into(x: &Tensor, w: &Tensor, out: &mut Tensor) -> Result<()> {
+    if x.device() == Device::Cpu {
+        let _ = x.f_matmul_out(out, w)?;
+    } else {
+        out.f_copy_(&x.f_matmul(w)?)?;
+    }
+    Ok(())
 }
 
 /// `x · w` written straight into `dst` (`x`'s rows times `w`'s width
 /// values, row after row).
 fn product_into(x: &Tensor, w: &Tensor, dst: &mut [f32]) -> Result<()> {
     let (rows, width) = (x.size()[0], w.size()[1]);
-    assert_eq!(dst.len() as i64, rows * width, "room for x · w");
     if dst.is_empty() {
         return Ok(());
     }
-    // SAFETY: `dst` holds `rows * width` floats (checked above) and
-    // outlives the tensor, which lives only in this call and is the only
-    // access to the buffer meanwhile.
-    let out = unsafe {
+    on_values(dst, &[rows, width], |out| matmul_into(x, w, out))
+}
+
+/// Runs `f` on a CPU float32 tensor of `shape` (row-major) over `values`,
+/// with no copy: where a group's rows are gigabytes, torch's ops write
+/// straight into buffers already paged in. `f` must not keep the tensor.
+fn on_values<T>(
+    values: &mut [f32],
+    shape: &[i64],
+    f: impl FnOnce(&mut Tensor) -> Result<T>,
+) -> Result<T> {
+    assert_eq!(
+        shape.iter().product::<i64>(),
+        values.len() as i64,
+        "the shape covers the values"
+    );
+    let mut strides = vec![1i64; shape.len()];
+    for i in (1..shape.len()).rev() {
+        strides[i - 1] = strides[i] * shape[i];
+    }
+    // SAFETY: `values` holds exactly the shape's float32 values (checked
+    // above), contiguously in row-major order, and is borrowed mutably for
+    // this call: the tensor, dropped at its end (`f` keeps none), is the
+    // only access to them meanwhile.
+    let mut t = unsafe {
         Tensor::f_from_blob(
-            dst.as_mut_ptr().cast::<u8>(),
-            &[rows, width],
-            &[width, 1],
+            values.as_mut_ptr().cast::<u8>(),
+            shape,
+            &strides,
             Kind::Float,
             Device::Cpu,
         )?
     };
-    if x.device() == Device::Cpu {
-        let _ = x.f_matmul_out(&out, w)?;
-    } else {
-        let mut out = out;
-        out.f_copy_(&x.f_matmul(w)?)?;
-    }
-    Ok(())
+    f(&mut t)
 }
 
 /// Cuts a run of bytes into chunks of rows, converting them into each
@@ -2380,19 +2400,11 @@ fn gat_finish_row(
 /// ELU in place through torch, whose expm1 is vectorized (glibc's scalar
 /// one took an eighth of a GAT run).
 fn elu_in_place(rows: &mut [f32]) -> Result<()> {
-    // SAFETY: `rows` outlives the tensor, which only this call writes;
-    // nothing else touches the buffer meanwhile.
-    let mut t = unsafe {
-        Tensor::f_from_blob(
-            rows.as_mut_ptr().cast::<u8>(),
-            &[rows.len() as i64],
-            &[1],
-            Kind::Float,
-            Device::Cpu,
-        )?
-    };
-    let _ = t.f_elu_()?;
-    Ok(())
+    let n = rows.len() as i64;
+    on_values(rows, &[n], |t| {
+        let _ = t.f_elu_()?;
+        Ok(())
+    })
 }
 
 /// GAT for a group that holds every node, pulled: the stream projects
@@ -2534,8 +2546,9 @@ fn part_rows(y: &[f32], (left, lw): (&mut [f32], usize), (right, rw): (&mut [f32
 /// first `kw` values go to the kept projection of every node (compact, for
 /// the pull's random reads), the `ow` after into the output rows (one
 /// matmul a part, or for a wide input one matmul whose rows are parted);
-/// `each` then sees the chunk's first node and its kept rows. Returns the kept rows, the output rows and the
-/// group's own input rows (see [`GroupJob::kept_rows`]).
+/// `each` then sees the chunk's first node and its kept rows. Returns the
+/// kept rows, the output rows and the group's own input rows (see
+/// [`GroupJob::kept_rows`]).
 fn project_all(
     job: &GroupJob,
     spares: &mut Spares,

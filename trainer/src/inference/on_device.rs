@@ -13,7 +13,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{GroupEdges, GroupJob, Layer, Span, Spares, StreamTimes};
+use super::{GroupEdges, GroupJob, Layer, Span, Spares, StreamTimes, on_values};
 use crate::error::Result;
 
 /// Device bytes of an edge batch's temporaries at most (about): a chunk's
@@ -363,18 +363,10 @@ pub(super) fn graph_layer_group(
     let n = out.numel();
     let mut rows = spares.take_empty(n);
     rows.resize(n, 0.0);
-    // SAFETY: `rows` holds `n` float32 values and outlives the tensor; the
-    // copy, which ends before this call returns, is all that writes it.
-    let mut host = unsafe {
-        Tensor::f_from_blob(
-            rows.as_mut_ptr().cast::<u8>(),
-            &[n as i64],
-            &[1],
-            Kind::Float,
-            Device::Cpu,
-        )?
-    };
-    host.f_copy_(&out.f_reshape([-1])?)?;
+    on_values(&mut rows, &[n as i64], |host| {
+        host.f_copy_(&out.f_reshape([-1])?)?;
+        Ok(())
+    })?;
     Ok((rows, h_dst))
 }
 
