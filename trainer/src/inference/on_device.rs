@@ -358,15 +358,34 @@ pub(super) fn graph_layer_group(
             out
         }
     };
-    // Straight into a buffer already paged in (see [`Spares`]): a group's
-    // rows are GBs, and a fresh host tensor's pages cost more than the copy.
+    // Straight into a buffer already paged in (see [`Spares`]), every value
+    // overwritten: a group's rows are GBs, and a fresh host tensor's pages
+    // cost more than the copy. A hidden layer's go to the disk a piece at a
+    // time as they come off the device (a chunk's rows, as the host's pull
+    // hands them on), each written while the next is copied, not after the
+    // last.
     let n = out.numel();
-    let mut rows = spares.take_empty(n);
-    rows.resize(n, 0.0);
-    on_values(&mut rows, &[n as i64], |host| {
-        host.f_copy_(&out.f_reshape([-1])?)?;
-        Ok(())
-    })?;
+    let flat = out.f_reshape([-1])?;
+    let mut rows = spares.take_overwritten(n);
+    let piece = if job.rows_to.is_some() {
+        chunk_rows as usize * out.size()[1] as usize
+    } else {
+        n
+    }
+    .max(1);
+    for (p, values) in rows.chunks_mut(piece).enumerate() {
+        let len = values.len() as i64;
+        on_values(values, &[len], |host| {
+            host.f_copy_(&flat.narrow(0, (p * piece) as i64, len))?;
+            Ok(())
+        })?;
+        if let Some(writer) = job.rows_to {
+            writer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .put(values)?;
+        }
+    }
     Ok((rows, h_dst))
 }
 
