@@ -1287,6 +1287,7 @@ impl GroupEdges {
     /// call (the group's range `[a, b)`) and kept.
     fn by_destination(&self, (a, b): (u64, u64)) -> &(Vec<u64>, Vec<u32>) {
         let made = self.by_dst.get_or_init(|| {
+            let t = Instant::now();
             let g = (b - a) as usize;
             let mut starts = vec![0u64; g + 1];
             for &t in &self.dst {
@@ -1302,6 +1303,7 @@ impl GroupEdges {
                 src[*at as usize] = u;
                 *at += 1;
             }
+            tracing::debug!("edges by destination in {:.2} s", t.elapsed().as_secs_f64());
             (starts, src)
         });
         assert_eq!(made.0.len() as u64, b - a + 1, "the group's range, as made");
@@ -2573,9 +2575,12 @@ fn project_all(
             w.narrow(1, kw as i64, ow as i64).contiguous(),
         )
     });
+    let t = Instant::now();
     let mut kept = spares.take_overwritten(n * kw);
     let mut h_dst = job.kept_rows(spares);
     let mut rows_out = spares.take_overwritten(n * ow);
+    tracing::debug!("buffers taken in {:.2} s", t.elapsed().as_secs_f64());
+    let t = Instant::now();
     *read += input.stream(job.engine, chunk_rows, 0, times, job.bar, |c, chunk| {
         let (c0, rows) = (c * chunk_rows as usize, chunk.rows);
         let x = chunk.tensor().to_device(job.device);
@@ -2592,6 +2597,7 @@ fn project_all(
         job.keep_own_rows(&mut h_dst, chunk, c0 as u64);
         Ok(())
     })?;
+    tracing::debug!("projected in {:.2} s", t.elapsed().as_secs_f64());
     Ok((kept, rows_out, h_dst))
 }
 
