@@ -2625,10 +2625,17 @@ fn pull_in_order<S>(
         &format!("{}, by destination", job.bar.prefix()),
         "nodes",
     );
-    // Blocks of destinations a task, and a chunk's rows a piece (tens of
-    // tasks for the threads to share).
+    // Blocks of destinations a task, and whole chunks' rows a piece, at
+    // least four tasks a thread: the threads meet at the end of each piece
+    // (its activation, its hand-off to the writer), and where many output
+    // parts encoded at once left chunks of 3072 rows, a chunk was 12 tasks
+    // for 16 threads.
     const BLOCK: usize = 256;
-    let piece_rows = job.chunk_rows as usize;
+    let chunk_rows = job.chunk_rows as usize;
+    let piece_rows = (rayon::current_num_threads() * 4 * BLOCK)
+        .div_ceil(chunk_rows)
+        .max(1)
+        * chunk_rows;
     for (p, piece) in rows.chunks_mut(piece_rows * out_w).enumerate() {
         let v0 = p * piece_rows;
         piece
