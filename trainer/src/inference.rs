@@ -2603,8 +2603,8 @@ fn project_all(
 
 /// A pull's second half, where one group holds every node: each node's
 /// output row (`out_w` values of `rows`) is made by `pull` (with a thread's
-/// scratch from `scratch`), in parallel, a chunk's rows at a time in node
-/// order; each piece is then finished by `then` (the activation) and
+/// scratch from `scratch`), in parallel, a piece of whole chunks' rows at
+/// a time in node order; each piece is then finished by `then` (the activation) and
 /// handed on to the job's hidden output, so the disk writes it while the
 /// next is pulled. Its time counts in `times` as the scatter's.
 fn pull_in_order<S>(
