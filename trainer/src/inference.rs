@@ -1287,7 +1287,7 @@ impl GroupEdges {
     /// call (the group's range `[a, b)`) and kept.
     fn by_destination(&self, (a, b): (u64, u64)) -> &(Vec<u64>, Vec<u32>) {
         let made = self.by_dst.get_or_init(|| {
-            let t = Instant::now();
+            let started = Instant::now();
             let g = (b - a) as usize;
             let mut starts = vec![0u64; g + 1];
             for &t in &self.dst {
@@ -1303,7 +1303,10 @@ impl GroupEdges {
                 src[*at as usize] = u;
                 *at += 1;
             }
-            tracing::debug!("edges by destination in {:.2} s", t.elapsed().as_secs_f64());
+            tracing::debug!(
+                "edges by destination in {:.2} s",
+                started.elapsed().as_secs_f64()
+            );
             (starts, src)
         });
         assert_eq!(made.0.len() as u64, b - a + 1, "the group's range, as made");
@@ -2604,9 +2607,10 @@ fn project_all(
 /// A pull's second half, where one group holds every node: each node's
 /// output row (`out_w` values of `rows`) is made by `pull` (with a thread's
 /// scratch from `scratch`), in parallel, a piece of whole chunks' rows at
-/// a time in node order; each piece is then finished by `then` (the activation) and
-/// handed on to the job's hidden output, so the disk writes it while the
-/// next is pulled. Its time counts in `times` as the scatter's.
+/// a time in node order; each piece is then finished by `then` (the
+/// activation) and handed on to the job's hidden output, so the disk
+/// writes it while the next is pulled. Its time counts in `times` as the
+/// scatter's.
 fn pull_in_order<S>(
     job: &GroupJob,
     times: &mut StreamTimes,

@@ -360,10 +360,9 @@ pub(super) fn graph_layer_group(
     };
     // Straight into a buffer already paged in (see [`Spares`]), every value
     // overwritten: a group's rows are GBs, and a fresh host tensor's pages
-    // cost more than the copy. A hidden layer's go to the disk a piece at a
-    // time as they come off the device (a chunk's rows, as the host's pull
-    // hands them on), each written while the next is copied, not after the
-    // last.
+    // cost more than the copy. A hidden layer's go to the disk a chunk's
+    // rows at a time as they come off the device, each written while the
+    // next is copied, not after the last.
     let n = out.numel();
     let flat = out.f_reshape([-1])?;
     let mut rows = spares.take_overwritten(n);
