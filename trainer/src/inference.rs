@@ -1289,20 +1289,55 @@ impl GroupEdges {
         let made = self.by_dst.get_or_init(|| {
             let started = Instant::now();
             let g = (b - a) as usize;
+            let buckets = self.offsets.len() - 1;
+            // Ranges of destinations, a few a thread: each takes its edges
+            // out of every bucket (sorted by destination) and writes only
+            // its own counts and sources, where one pass over every edge
+            // wrote both at random on one thread (0.57 s on the bench graph
+            // here, before the first layer's stream).
+            let step = g.div_ceil(rayon::current_num_threads() * 4).max(1);
+            let range = |r: usize| (a + (r * step) as u64, a + ((r + 1) * step).min(g) as u64);
             let mut starts = vec![0u64; g + 1];
-            for &t in &self.dst {
-                starts[(t as u64 - a) as usize + 1] += 1;
-            }
+            starts[1..]
+                .par_chunks_mut(step)
+                .enumerate()
+                .for_each(|(r, counts)| {
+                    let (lo, hi) = range(r);
+                    for c in 0..buckets {
+                        for &t in &self.dst[self.reaching(c, (lo, hi))] {
+                            counts[(t as u64 - lo) as usize] += 1;
+                        }
+                    }
+                });
             for i in 0..g {
                 starts[i + 1] += starts[i];
             }
-            let mut next = starts[..g].to_vec();
             let mut src = vec![0u32; self.src.len()];
-            for (&u, &t) in self.src.iter().zip(&self.dst) {
-                let at = &mut next[(t as u64 - a) as usize];
-                src[*at as usize] = u;
-                *at += 1;
+            let mut parts = Vec::with_capacity(g.div_ceil(step));
+            let mut rest = src.as_mut_slice();
+            for r in 0..g.div_ceil(step) {
+                let (lo, hi) = range(r);
+                let (i0, i1) = ((lo - a) as usize, (hi - a) as usize);
+                let (mine, tail) = rest.split_at_mut((starts[i1] - starts[i0]) as usize);
+                parts.push((r, mine));
+                rest = tail;
             }
+            parts.into_par_iter().for_each(|(r, mine)| {
+                let (lo, hi) = range(r);
+                let i0 = (lo - a) as usize;
+                let mut next: Vec<u64> = starts[i0..(hi - a) as usize]
+                    .iter()
+                    .map(|s| s - starts[i0])
+                    .collect();
+                for c in 0..buckets {
+                    let k = self.reaching(c, (lo, hi));
+                    for (&u, &t) in self.src[k.clone()].iter().zip(&self.dst[k]) {
+                        let at = &mut next[(t as u64 - lo) as usize];
+                        mine[*at as usize] = u;
+                        *at += 1;
+                    }
+                }
+            });
             tracing::debug!(
                 "edges by destination in {:.2} s",
                 started.elapsed().as_secs_f64()
@@ -3933,6 +3968,7 @@ pub fn naive_first_layer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{Rng, SeedableRng};
 
     const BLOCK: u64 = ALIGN_NODES * (100 + 16);
 
@@ -4324,6 +4360,47 @@ mod tests {
         let (starts, src) = edges.by_destination((10, 14));
         assert_eq!(starts, &[0, 2, 3, 5, 5]);
         assert_eq!(src, &[5, 9, 1, 3, 2]);
+
+        // Many buckets and destinations (more than the ranges a thread
+        // takes), against each destination's sources listed bucket by
+        // bucket.
+        let (a, g, buckets) = (1000u64, 3001usize, 17usize);
+        let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(7);
+        let (mut src, mut dst, mut offsets) = (Vec::new(), Vec::new(), vec![0u64]);
+        let mut want = vec![Vec::new(); g];
+        for _ in 0..buckets {
+            let mut bucket: Vec<(u32, u32)> = (0..rng.random_range(0..4 * g))
+                .map(|_| {
+                    (
+                        rng.random::<u32>(),
+                        (a + rng.random_range(0..g as u64)) as u32,
+                    )
+                })
+                .collect();
+            bucket.sort_by_key(|&(_, t)| t);
+            for &(u, t) in &bucket {
+                want[(t as u64 - a) as usize].push(u);
+                src.push(u);
+                dst.push(t);
+            }
+            offsets.push(src.len() as u64);
+        }
+        let edges = GroupEdges {
+            src,
+            dst,
+            offsets,
+            by_dst: Default::default(),
+            in_degree: Default::default(),
+        };
+        let (starts, src) = edges.by_destination((a, a + g as u64));
+        for (i, want) in want.iter().enumerate() {
+            assert_eq!(
+                &src[starts[i] as usize..starts[i + 1] as usize],
+                want,
+                "node {i}"
+            );
+        }
+        assert_eq!(starts[g] as usize, src.len());
     }
 
     #[test]
