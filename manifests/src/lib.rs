@@ -121,7 +121,8 @@ impl DatasetRef {
     /// and packed chunk.
     pub fn store_row_bytes(&self) -> u64 {
         match &self.store_dtype {
-            Some(d) => self.feature_dim * dtype_size(d).unwrap_or(0),
+            // Saturates where a manifest that was never validated would wrap.
+            Some(d) => self.feature_dim.saturating_mul(dtype_size(d).unwrap_or(0)),
             None => self.row_bytes,
         }
     }
@@ -345,22 +346,30 @@ impl Manifest {
                 d.feature_dtype
             ));
         }
-        if d.feature_dim * dtype_size(&d.feature_dtype).unwrap_or(0) != d.row_bytes {
+        // A crafted feature_dim must be refused, not wrap a row's size.
+        let row_bytes = dtype_size(&d.feature_dtype).and_then(|s| d.feature_dim.checked_mul(s));
+        if row_bytes != Some(d.row_bytes) {
             return Err(format!(
                 "row_bytes {} is not feature_dim {} {} values",
                 d.row_bytes, d.feature_dim, d.feature_dtype
             ));
         }
-        if let Some(store) = &d.store_dtype {
-            if dtype_size(store).is_none() {
+        if let Some(store) = &d.store_dtype
+            && dtype_size(store).is_none()
+        {
+            return Err(format!(
+                "store_dtype '{store}' is not float32, float16 or bfloat16"
+            ));
+        }
+        let stored = d.store_row_bytes();
+        for (name, tier) in [
+            ("gpu_cache", &self.gpu_cache),
+            ("cpu_cache", &self.cpu_cache),
+        ] {
+            if tier.rows.checked_mul(stored).is_none() {
                 return Err(format!(
-                    "store_dtype '{store}' is not float32, float16 or bfloat16"
-                ));
-            }
-            if self.format_version < 2 {
-                return Err(format!(
-                    "store_dtype '{store}' in a format {} manifest (converted rows are format 2)",
-                    self.format_version
+                    "{name} holds {} rows of {stored} bytes: more bytes than a 64-bit size",
+                    tier.rows
                 ));
             }
         }
@@ -491,7 +500,7 @@ mod tests {
     }
 
     #[test]
-    fn converted_rows_are_format_2_with_their_own_stride() {
+    fn converted_rows_have_their_own_stride() {
         let mut m = sample();
         assert_eq!(
             (m.dataset.store_dtype(), m.dataset.store_row_bytes()),
@@ -518,6 +527,29 @@ mod tests {
         m.format_version = 0;
         let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
         assert!(matches!(err, Error::UnsupportedVersion { found: 0, .. }));
+    }
+
+    #[test]
+    fn refuses_row_sizes_that_overflow() {
+        // feature_dim * 4 wraps to a small row_bytes in 64 bits: refused, not wrapped.
+        let mut m = sample();
+        m.dataset.feature_dim = (1u64 << 62) + 4;
+        m.dataset.row_bytes = 16;
+        let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+        assert!(
+            err.to_string().contains("row_bytes 16 is not feature_dim"),
+            "{err}"
+        );
+        // A cache whose bytes exceed 64 bits.
+        let mut m = sample();
+        m.cpu_cache.rows = u64::MAX / 2;
+        let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("cpu_cache holds"), "{err}");
+        // A manifest never validated saturates instead of wrapping.
+        let mut m = sample();
+        m.dataset.feature_dim = u64::MAX / 2;
+        m.dataset.store_dtype = Some("float32".into());
+        assert_eq!(m.dataset.store_row_bytes(), u64::MAX);
     }
 
     #[test]
