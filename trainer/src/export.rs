@@ -147,12 +147,7 @@ impl ModelCard {
             hidden_channels: cfg.hidden,
             out_channels: cfg.classes,
             heads: gat.then_some(cfg.heads),
-            aggr: match cfg.kind {
-                ModelKind::Sage => "mean",
-                ModelKind::Gat => "attention",
-                ModelKind::Mlp => "none",
-            }
-            .into(),
+            aggr: aggregation(cfg.kind).into(),
             act,
             dropout: cfg.dropout,
             residual: gat.then_some(true),
@@ -176,6 +171,36 @@ impl ModelCard {
         }
     }
 
+    /// Refuses a card whose function is not the one this trainer computes
+    /// for its architecture (an edited card, or another tool's): its
+    /// weights would load and then be run through another function.
+    fn check_function(&self, card_url: &str) -> Result<()> {
+        let kind = self.architecture;
+        let gat = kind == ModelKind::Gat;
+        let expected = [
+            ("aggr", self.aggr.clone(), aggregation(kind).to_string()),
+            ("act", self.act.clone(), model::activation(kind).to_string()),
+            (
+                "residual",
+                format!("{:?}", self.residual),
+                format!("{:?}", gat.then_some(true)),
+            ),
+            (
+                "add_self_loops",
+                format!("{:?}", self.add_self_loops),
+                format!("{:?}", gat.then_some(true)),
+            ),
+        ];
+        for (key, found, want) in expected {
+            if found != want {
+                return Err(Error::Checkpoint(format!(
+                    "{card_url}: {key} is {found} where this trainer's {kind:?} computes {want}; the card was edited or not written by offgnn"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The model configuration this card describes.
     pub fn config(&self) -> ModelConfig {
         ModelConfig {
@@ -187,6 +212,15 @@ impl ModelCard {
             heads: self.heads.unwrap_or(1),
             dropout: self.dropout,
         }
+    }
+}
+
+/// The neighbor aggregation a model card names for an architecture.
+fn aggregation(kind: ModelKind) -> &'static str {
+    match kind {
+        ModelKind::Sage => "mean",
+        ModelKind::Gat => "attention",
+        ModelKind::Mlp => "none",
     }
 }
 
@@ -393,6 +427,7 @@ pub fn read(location: &str, device: Device) -> Result<(ModelCard, nn::VarStore)>
     }
     let card: ModelCard = serde_json::from_value(raw)
         .map_err(|e| Error::Checkpoint(format!("{card_url}: malformed model card: {e}")))?;
+    card.check_function(&card_url)?;
     if card.weights.contains('/') {
         return Err(Error::Checkpoint(format!(
             "{card_url}: names weights {:?} outside the export",
@@ -513,5 +548,34 @@ mod tests {
         std::fs::write(&weights_path, weights).unwrap();
         let changed = read(loc, Device::Cpu).unwrap_err().to_string();
         assert!(changed.contains("SHA-256"), "{changed}");
+    }
+
+    /// A card whose activation, residual or self-loops are not what the
+    /// trainer computes for its architecture is refused, naming the key.
+    #[test]
+    fn a_card_that_names_another_function_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let loc = dir.path().to_str().unwrap();
+        let c = cfg(ModelKind::Gat);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _net = model::build(&vs.root(), &c);
+        write(loc, &c, &snapshot(&vs), &provenance(), false).unwrap();
+        let card_path = dir.path().join(CARD);
+        let good: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&card_path).unwrap()).unwrap();
+        for (key, value) in [
+            ("act", serde_json::json!("relu")),
+            ("residual", serde_json::json!(false)),
+            ("add_self_loops", serde_json::Value::Null),
+            ("aggr", serde_json::json!("mean")),
+        ] {
+            let mut card = good.clone();
+            card[key] = value;
+            std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
+            let err = read(loc, Device::Cpu).unwrap_err().to_string();
+            assert!(err.contains(&format!("{key} is")), "{key}: {err}");
+        }
+        std::fs::write(&card_path, serde_json::to_vec(&good).unwrap()).unwrap();
+        read(loc, Device::Cpu).unwrap();
     }
 }
