@@ -207,6 +207,42 @@ pub fn pinned(bytes: usize) -> Result<Tensor> {
     Ok(t)
 }
 
+/// What the training pipeline does on CUDA, once, on a thread of its own
+/// (a current stream is per thread): a side stream, a page-locked buffer,
+/// a non-blocking copy on the stream, an event the default stream waits
+/// on, the allocator told of the tensor's use there, and the copy checked.
+/// `trainer info` runs it on each GPU.
+pub fn staged_copy_check(device: Device) -> Result<()> {
+    std::thread::scope(|s| {
+        s.spawn(|| -> Result<()> {
+            let side = Stream::from_pool(device)?;
+            side.make_current()?;
+            let mut host = pinned(1 << 20)?;
+            let _ = host.f_fill_(7)?;
+            let dev = host.f_to_device_(device, tch::Kind::Uint8, true, false)?;
+            let copied = Event::record(device, true)?;
+            let sum = std::thread::scope(|t| {
+                t.spawn(move || -> Result<i64> {
+                    copied.wait_on_device()?;
+                    record_stream(&dev)?;
+                    Ok(dev.f_sum(tch::Kind::Int64)?.int64_value(&[]))
+                })
+                .join()
+                .expect("the check does not panic")
+            })?;
+            if sum != 7 << 20 {
+                return Err(Error::InvalidArgument(format!(
+                    "a staged copy summed to {sum}, not {}",
+                    7 << 20
+                )));
+            }
+            Ok(())
+        })
+        .join()
+        .expect("the check does not panic")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,11 +1,10 @@
 //! Device choice: parses `cpu`, `cuda` and `cuda:N`, refuses CUDA where
-//! libtorch sees no GPU, and reports what the linked libtorch offers: which
+//! libtorch sees no GPU, and finds what the linked libtorch offers: which
 //! torch it came from, the CUDA version that torch was built for, and the
-//! NVIDIA driver's version.
+//! NVIDIA driver's version (`trainer info` prints them).
 
 use std::path::{Path, PathBuf};
 
-use offgnn_shared::report::print_summary;
 use tch::Device;
 
 #[derive(Debug, thiserror::Error)]
@@ -41,125 +40,6 @@ pub fn parse_device(spec: &str) -> Result<Device, DeviceError> {
         });
     }
     Ok(Device::Cuda(index))
-}
-
-/// `trainer info`: what libtorch this binary runs with and which devices it sees.
-pub fn print_info() -> anyhow::Result<()> {
-    let cuda_devices = tch::Cuda::device_count();
-    let cuda = tch::Cuda::is_available();
-    // A small real computation on each device proves the backend works.
-    let mut checks = vec![];
-    let devices: Vec<Device> = std::iter::once(Device::Cpu)
-        .chain((0..cuda_devices as usize).map(Device::Cuda))
-        .collect();
-    for device in devices {
-        let a = tch::Tensor::ones([64, 64], (tch::Kind::Float, device));
-        let sum = a.matmul(&a).sum(tch::Kind::Float).double_value(&[]);
-        let mut check = serde_json::json!({ "device": format!("{device:?}"), "matmul_sum": sum });
-        if device.is_cuda() {
-            check["staged_copy"] = match staged_copy_check(device) {
-                Ok(()) => "ok".into(),
-                Err(e) => e.to_string().into(),
-            };
-        }
-        checks.push(check);
-    }
-    let torch = loaded_torch();
-    // The wheel's launcher says which interpreter found torch; a binary
-    // built here finds it through its rpath or LD_LIBRARY_PATH.
-    let found_by = std::env::var("OFFGNN_TORCH_FOUND_BY")
-        .unwrap_or_else(|_| "the loader (rpath or LD_LIBRARY_PATH)".to_string());
-    let driver = nvidia_driver_version();
-    let shown = |v: &Option<String>, none: &str| v.clone().unwrap_or_else(|| none.to_string());
-    print_summary(
-        "trainer info",
-        &[
-            ("torch", shown(&torch.version, "unknown")),
-            ("torch at", torch.dir.display().to_string()),
-            ("found by", found_by.clone()),
-            (
-                "torch built for CUDA",
-                shown(&torch.cuda, "none (CPU build)"),
-            ),
-            (
-                "libtorch_cuda",
-                if torch.cuda_backend {
-                    "loaded"
-                } else {
-                    "not loaded"
-                }
-                .to_string(),
-            ),
-            ("NVIDIA driver", shown(&driver, "no driver")),
-            ("cuda available", cuda.to_string()),
-            ("cuda devices", cuda_devices.to_string()),
-            (
-                "cudnn available",
-                tch::Cuda::cudnn_is_available().to_string(),
-            ),
-            ("threads", tch::get_num_threads().to_string()),
-            (
-                "data-parallel (c10d)",
-                match crate::distributed::support() {
-                    (false, _) => "not built (no Gloo headers at build time)".to_string(),
-                    (true, false) => "Gloo".to_string(),
-                    (true, true) => "Gloo, NCCL".to_string(),
-                },
-            ),
-        ],
-        &serde_json::json!({
-            "command": "info",
-            "torch": {
-                "version": torch.version,
-                "path": torch.dir,
-                "found_by": found_by,
-                "cuda": torch.cuda,
-                "cuda_backend_loaded": torch.cuda_backend,
-            },
-            "nvidia_driver": driver,
-            "cuda_available": cuda,
-            "cuda_devices": cuda_devices,
-            "cudnn_available": tch::Cuda::cudnn_is_available(),
-            "c10d": { "gloo": crate::distributed::support().0, "nccl": crate::distributed::support().1 },
-            "checks": checks,
-        }),
-    );
-    Ok(())
-}
-
-/// What the training pipeline does on CUDA, once, on a thread of its own
-/// (a current stream is per thread): a side stream, a page-locked buffer,
-/// a non-blocking copy on the stream, an event the default stream waits
-/// on, the allocator told of the tensor's use there, and the copy checked.
-fn staged_copy_check(device: Device) -> crate::error::Result<()> {
-    std::thread::scope(|s| {
-        s.spawn(|| -> crate::error::Result<()> {
-            let side = crate::cuda::Stream::from_pool(device)?;
-            side.make_current()?;
-            let mut host = crate::cuda::pinned(1 << 20)?;
-            let _ = host.f_fill_(7)?;
-            let dev = host.f_to_device_(device, tch::Kind::Uint8, true, false)?;
-            let copied = crate::cuda::Event::record(device, true)?;
-            let sum = std::thread::scope(|t| {
-                t.spawn(move || -> crate::error::Result<i64> {
-                    copied.wait_on_device()?;
-                    crate::cuda::record_stream(&dev)?;
-                    Ok(dev.f_sum(tch::Kind::Int64)?.int64_value(&[]))
-                })
-                .join()
-                .expect("the check does not panic")
-            })?;
-            if sum != 7 << 20 {
-                return Err(crate::error::Error::InvalidArgument(format!(
-                    "a staged copy summed to {sum}, not {}",
-                    7 << 20
-                )));
-            }
-            Ok(())
-        })
-        .join()
-        .expect("the check does not panic")
-    })
 }
 
 /// The torch whose libtorch this process runs with.

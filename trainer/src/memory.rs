@@ -12,19 +12,16 @@ use offgnn_shared::samples::block_bounds;
 use serde::Serialize;
 use tch::Device;
 
-use crate::model::ModelKind;
+use crate::model::{ModelConfig, ModelKind};
 use crate::pipeline::FeatureMode;
 use crate::train::TrainConfig;
 
 /// libtorch's CPU runtime once loaded and warmed (its code, OpenMP and
 /// allocator pools, the intra-op threads), and what the allocator keeps of
-/// a run's freed batches. `trainer info`, which loads it and runs one
-/// matmul, peaks at 390-480 MB here: 183 MB anonymous, the rest libtorch's
-/// code pages, 210-310 MB of them mapped depending on what the page cache
-/// holds. Training Cora, whose data parts this statement bounds at 190 MB,
-/// peaks at 600-710 MB here (more with more epochs, as glibc's per-thread
-/// arenas fragment) and once at 803 MB in CI, where 512 MiB stated here
-/// was 6 MB short; stated with room over all of these.
+/// a run's freed batches. Its code pages count as mapped or not depending
+/// on what the page cache holds, and glibc's per-thread arenas fragment
+/// over epochs, so the figure is stated with room over the peaks measured
+/// of `trainer info` and of training Cora, in CI too.
 const TORCH_RUNTIME_BYTES: u64 = 640 << 20;
 /// The rest of the process: staging, io_uring rings, address tables being
 /// decoded, progress and summaries.
@@ -79,123 +76,40 @@ fn batch_bounds(m: &Manifest) -> Vec<(u64, u64, u64)> {
 
 /// States the peak host memory of training `m` as `cfg` says.
 pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
-    // A layout row (the caches, the reads) and a feature-file row (the
-    // in-memory baseline): they differ where the packer converted rows.
-    let row = m.dataset.store_row_bytes();
-    let file_row = m.dataset.row_bytes;
     let on_cpu = cfg.device == Device::Cpu;
-    // Host rows, once; on CUDA the GPU tier's only until it is uploaded at
-    // start. The CPU tier is never page-locked as a whole.
-    let cache_bytes = match cfg.features {
-        FeatureMode::Packed => (m.gpu_cache.rows + m.cpu_cache.rows) * row,
-        FeatureMode::Memory => m.dataset.num_nodes * file_row,
-        FeatureMode::Naive => 0,
-    };
-
+    let cache_bytes = cache_bytes(m, cfg.features);
     let blocks = batch_bounds(m);
-    let recorded_inputs = m.largest_batch.as_ref().map_or(0, |s| s.inputs);
-    let inputs = blocks.first().map_or(0, |b| b.0).max(recorded_inputs);
-    let largest_disk_cache = m
-        .segments
-        .iter()
-        .map(|s| s.disk_cache_bytes)
-        .max()
-        .unwrap_or(0);
-    // A batch's read: its disk-cache pages (each row on a page of its own
-    // at worst, never more than the segment's cache) and its packed chunk,
-    // both whole pages; its assembled input matrix beside it.
-    let read = (inputs.saturating_mul(PAGE)).min(largest_disk_cache.next_multiple_of(PAGE))
-        + (inputs * row).next_multiple_of(PAGE)
-        + 2 * PAGE;
-    let assembled = inputs * m.dataset.feature_dim * 4;
-    // What the host holds of an assembled batch: on the CPU the float32
-    // matrix; on CUDA its page-locked staging buffer (the rows as stored and
-    // three int64 indices a row at most), which libtorch's caching host
-    // allocator rounds up to a power of two.
-    let staged = if on_cpu {
-        assembled
-    } else {
-        (inputs * (row + 24)).next_power_of_two()
-    };
+    let batch = BatchBytes::of(m, &blocks, on_cpu);
     // Each loader holds one batch it reads, `queue_depth` loaded ones and
     // `queue_depth + 2` spare buffers; the assembler one, the model step
     // `queue_depth` assembled inputs and the one it trains on.
     let loaders = cfg.loaders.max(1) as u64;
     let depth = cfg.queue_depth.max(1) as u64;
     let batches_in_flight_bytes = if cfg.pipelined {
-        loaders * (2 * depth + 3) * read + (depth + 2) * staged
+        loaders * (2 * depth + 3) * batch.read + (depth + 2) * batch.staged
     } else {
-        read + staged
+        batch.read + batch.staged
     };
 
-    let mc = &cfg.model;
-    let heads = if mc.kind == ModelKind::Gat {
-        mc.heads as u64
-    } else {
-        1
-    };
-    // The model's layer widths; GAT's output layer has one set per head.
-    let mut widths: Vec<u64> = crate::model::widths(mc)
-        .into_iter()
-        .map(|w| w as u64)
-        .collect();
-    if let Some(last) = widths.last_mut() {
-        *last *= heads;
-    }
+    let widths = layer_widths(&cfg.model);
     // Every layer has at most two weight matrices (self and neighbor, or
     // projection and residual) and a few vectors per output.
     let params: u64 = widths.windows(2).map(|w| 2 * w[0] * w[1] + 4 * w[1]).sum();
     let model_bytes = params * 4 * 4;
 
-    let activations = {
-        let elements: u64 = blocks
-            .iter()
-            .zip(widths.windows(2))
-            .enumerate()
-            .map(|(l, (&(src, dst, edges), w))| {
-                let (d_in, d_out) = (w[0], w[1]);
-                match mc.kind {
-                    // The edge-to-destination map of the mean's
-                    // embedding_bag (int64: two elements an edge), the
-                    // destinations' means, then the two projections, the
-                    // activation and the dropout mask.
-                    ModelKind::Sage => edges
-                        .saturating_mul(2)
-                        .saturating_add(dst.saturating_mul(d_in + 6 * d_out)),
-                    // The sources' projection and scores, per-edge scores
-                    // through the softmax, per-edge messages, and the
-                    // destinations' sums, residual and activation.
-                    ModelKind::Gat => src
-                        .saturating_mul(2 * d_out + heads)
-                        .saturating_add(edges.saturating_mul(2 * d_out + 8 * heads))
-                        .saturating_add(dst.saturating_mul(6 * d_out)),
-                    // The seeds' rows only.
-                    ModelKind::Mlp if l == 0 => {
-                        let seeds = blocks.last().map_or(0, |b| b.1);
-                        seeds.saturating_mul(d_in + 6 * d_out)
-                    }
-                    ModelKind::Mlp => {
-                        let seeds = blocks.last().map_or(0, |b| b.1);
-                        seeds.saturating_mul(6 * d_out)
-                    }
-                }
-            })
-            .fold(0u64, u64::saturating_add);
-        // Each kept for the backward pass has a gradient of its size.
-        elements.saturating_mul(4 * ACTIVATION_FACTOR)
-    };
+    let activations = activation_bytes(&cfg.model, &blocks, &widths);
     let activation_bytes = if on_cpu { activations } else { 0 };
     let gpu_bytes = if on_cpu {
         0
     } else {
         let gpu_cache = match cfg.features {
-            FeatureMode::Packed => m.gpu_cache.rows * row,
+            FeatureMode::Packed => m.gpu_cache.rows * m.dataset.store_row_bytes(),
             FeatureMode::Memory | FeatureMode::Naive => 0,
         };
         [
             gpu_cache,
             model_bytes,
-            (depth + 2) * assembled,
+            (depth + 2) * batch.assembled,
             activations,
             CUDA_CONTEXT_BYTES,
         ]
@@ -222,6 +136,129 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
         total_bytes,
         gpu_bytes,
     }
+}
+
+/// Feature rows held for the whole run. Host rows, once; on CUDA the GPU
+/// tier's only until it is uploaded at start. The CPU tier is never
+/// page-locked as a whole.
+fn cache_bytes(m: &Manifest, features: FeatureMode) -> u64 {
+    // A layout row (the caches, the reads) and a feature-file row (the
+    // in-memory baseline): they differ where the packer converted rows.
+    let row = m.dataset.store_row_bytes();
+    let file_row = m.dataset.row_bytes;
+    match features {
+        FeatureMode::Packed => (m.gpu_cache.rows + m.cpu_cache.rows) * row,
+        FeatureMode::Memory => m.dataset.num_nodes * file_row,
+        FeatureMode::Naive => 0,
+    }
+}
+
+/// What one batch of the largest size takes in host memory.
+struct BatchBytes {
+    /// Its read: disk-cache pages and packed chunk.
+    read: u64,
+    /// Its assembled float32 input matrix.
+    assembled: u64,
+    /// What the host holds of it assembled.
+    staged: u64,
+}
+
+impl BatchBytes {
+    fn of(m: &Manifest, blocks: &[(u64, u64, u64)], on_cpu: bool) -> BatchBytes {
+        let row = m.dataset.store_row_bytes();
+        let recorded_inputs = m.largest_batch.as_ref().map_or(0, |s| s.inputs);
+        let inputs = blocks.first().map_or(0, |b| b.0).max(recorded_inputs);
+        let largest_disk_cache = m
+            .segments
+            .iter()
+            .map(|s| s.disk_cache_bytes)
+            .max()
+            .unwrap_or(0);
+        // A batch's read: its disk-cache pages (each row on a page of its own
+        // at worst, never more than the segment's cache) and its packed chunk,
+        // both whole pages; its assembled input matrix beside it.
+        let read = (inputs.saturating_mul(PAGE)).min(largest_disk_cache.next_multiple_of(PAGE))
+            + (inputs * row).next_multiple_of(PAGE)
+            + 2 * PAGE;
+        let assembled = inputs * m.dataset.feature_dim * 4;
+        // What the host holds of an assembled batch: on the CPU the float32
+        // matrix; on CUDA its page-locked staging buffer (the rows as stored and
+        // three int64 indices a row at most), which libtorch's caching host
+        // allocator rounds up to a power of two.
+        let staged = if on_cpu {
+            assembled
+        } else {
+            (inputs * (row + 24)).next_power_of_two()
+        };
+        BatchBytes {
+            read,
+            assembled,
+            staged,
+        }
+    }
+}
+
+/// The model's layer widths; GAT's output layer has one set per head.
+fn layer_widths(mc: &ModelConfig) -> Vec<u64> {
+    let heads = if mc.kind == ModelKind::Gat {
+        mc.heads as u64
+    } else {
+        1
+    };
+    let mut widths: Vec<u64> = crate::model::widths(mc)
+        .into_iter()
+        .map(|w| w as u64)
+        .collect();
+    if let Some(last) = widths.last_mut() {
+        *last *= heads;
+    }
+    widths
+}
+
+/// The activations kept for the backward pass of the largest batch
+/// (`blocks`, input layer first) through layers of `widths`, with their
+/// gradients.
+fn activation_bytes(mc: &ModelConfig, blocks: &[(u64, u64, u64)], widths: &[u64]) -> u64 {
+    let heads = if mc.kind == ModelKind::Gat {
+        mc.heads as u64
+    } else {
+        1
+    };
+    let elements: u64 = blocks
+        .iter()
+        .zip(widths.windows(2))
+        .enumerate()
+        .map(|(l, (&(src, dst, edges), w))| {
+            let (d_in, d_out) = (w[0], w[1]);
+            match mc.kind {
+                // The edge-to-destination map of the mean's
+                // embedding_bag (int64: two elements an edge), the
+                // destinations' means, then the two projections, the
+                // activation and the dropout mask.
+                ModelKind::Sage => edges
+                    .saturating_mul(2)
+                    .saturating_add(dst.saturating_mul(d_in + 6 * d_out)),
+                // The sources' projection and scores, per-edge scores
+                // through the softmax, per-edge messages, and the
+                // destinations' sums, residual and activation.
+                ModelKind::Gat => src
+                    .saturating_mul(2 * d_out + heads)
+                    .saturating_add(edges.saturating_mul(2 * d_out + 8 * heads))
+                    .saturating_add(dst.saturating_mul(6 * d_out)),
+                // The seeds' rows only.
+                ModelKind::Mlp if l == 0 => {
+                    let seeds = blocks.last().map_or(0, |b| b.1);
+                    seeds.saturating_mul(d_in + 6 * d_out)
+                }
+                ModelKind::Mlp => {
+                    let seeds = blocks.last().map_or(0, |b| b.1);
+                    seeds.saturating_mul(6 * d_out)
+                }
+            }
+        })
+        .fold(0u64, u64::saturating_add);
+    // Each kept for the backward pass has a gradient of its size.
+    elements.saturating_mul(4 * ACTIVATION_FACTOR)
 }
 
 /// Free and total bytes of CUDA device `index`, from the CUDA runtime that

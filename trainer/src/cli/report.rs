@@ -1,9 +1,10 @@
-//! What the trainer prints: a row per epoch, then the summary table and JSON.
+//! What the trainer prints for people and as JSON: a row per epoch, then
+//! each command's summary table and JSON.
 
 use offgnn_shared::report::{human_bytes, print_summary};
 
 use crate::export::Written;
-use crate::inference::InferSummary;
+use crate::inference::{InferSummary, NaiveEstimate};
 use crate::memory::MemoryEstimate;
 use crate::train::{EpochMetrics, TrainSummary};
 
@@ -217,5 +218,34 @@ pub fn infer_summary(s: &InferSummary) {
         "inference",
         &rows,
         &serde_json::json!({ "command": "infer", "summary": s }),
+    );
+}
+
+/// `trainer infer --method naive`: the sample timed and the first layer's
+/// time extrapolated from it.
+pub fn naive_summary(e: &NaiveEstimate) {
+    print_summary(
+        "naive first layer (one read per in-edge)",
+        &[
+            (
+                "sample",
+                format!(
+                    "{} destinations, {} edges, {} reads, {}",
+                    e.sample_destinations,
+                    e.sample_edges,
+                    e.reads,
+                    human_bytes(e.bytes_read)
+                ),
+            ),
+            ("time", format!("{:.2} s", e.seconds)),
+            (
+                "extrapolated",
+                format!(
+                    "{:.1} s for {} edges",
+                    e.extrapolated_seconds, e.total_edges
+                ),
+            ),
+        ],
+        &serde_json::json!({ "command": "infer-naive", "summary": e }),
     );
 }

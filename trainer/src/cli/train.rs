@@ -1,0 +1,439 @@
+//! Training from the command line: its flags, checked before anything is
+//! read; a torchrun or srun launch joined; the layout staged and opened;
+//! the run's memory stated and checked; then training, its rows and
+//! summary printed.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use offgnn_manifests::Manifest;
+use offgnn_shared::io_engine::IoEngine;
+use offgnn_shared::report::human_bytes;
+
+use super::report;
+use crate::distributed::{Group, Launch};
+use crate::layout::Layout;
+use crate::memory::{self, MemoryEstimate};
+use crate::model::{self, ModelKind};
+use crate::train::{self, MachineShare, TrainConfig, TrainSummary};
+use crate::{device, pipeline, staging};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Model {
+    Sage,
+    Gat,
+    /// Baseline: an MLP on the seeds' own features, no graph.
+    Mlp,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Features {
+    /// The packed layout (caches, disk-cache pages, packed chunks).
+    Packed,
+    /// Baseline: one aligned O_DIRECT read per needed row of the raw feature file.
+    Naive,
+    /// Baseline: all features in RAM.
+    Memory,
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// manifest.json of a packed layout: a local path or an object-store URL.
+    #[arg(long)]
+    pub manifest: Option<String>,
+    #[arg(long, value_enum, default_value_t = Model::Sage)]
+    pub model: Model,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    #[arg(long, default_value_t = 10)]
+    pub epochs: u32,
+    #[arg(long, default_value_t = 0.003)]
+    pub lr: f64,
+    /// Hidden width (default: 256 for GraphSAGE, heads x 32 for GAT).
+    #[arg(long)]
+    pub hidden: Option<i64>,
+    /// GAT attention heads.
+    #[arg(long, default_value_t = 4)]
+    pub heads: i64,
+    #[arg(long, default_value_t = 0.5)]
+    pub dropout: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where a remote layout is staged.
+    #[arg(long)]
+    pub local_dir: Option<PathBuf>,
+    /// Per-epoch JSON lines go here.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Continue from the checkpoint in --checkpoint-dir.
+    #[arg(long)]
+    pub resume: bool,
+    /// Also checkpoint every N batches inside an epoch (default: at epoch ends only).
+    #[arg(long)]
+    pub checkpoint_every: Option<u64>,
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub pipeline: OnOff,
+    #[arg(long, value_enum, default_value_t = Features::Packed)]
+    pub features: Features,
+    /// Depth of the queues between pipeline stages.
+    #[arg(long, default_value_t = 2)]
+    pub queue_depth: usize,
+    /// Loader threads: batches whose disk reads are in flight at once.
+    #[arg(long, default_value_t = 2)]
+    pub loaders: usize,
+    /// io_uring rings.
+    #[arg(long, default_value_t = 4)]
+    pub io_rings: usize,
+    /// Requests in flight per ring.
+    #[arg(long, default_value_t = 64)]
+    pub io_depth: u32,
+    /// Use the pread thread pool even where io_uring works.
+    #[arg(long)]
+    pub pread: bool,
+    /// Refuse to start if the run's stated peak host memory (logged at the
+    /// start and in the summary) exceeds this, e.g. 16G.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// Write the best validation epoch's model here at the end (a directory
+    /// or an object-store URL): the weights (safetensors) and model.json, which load
+    /// into PyTorch Geometric's GraphSAGE, GAT or MLP.
+    #[arg(long)]
+    pub export: Option<String>,
+    /// With --export, also write the last epoch's model to EXPORT/last.
+    #[arg(long, requires = "export")]
+    pub export_last: bool,
+    /// Start afresh over what an earlier run left: a checkpoint in
+    /// --checkpoint-dir, the --metrics file, an export at --export. Without
+    /// it (or --resume) the run refuses to replace them.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Write the first --dump-count test batches (blocks, input rows, and
+    /// the best model's logits) to this safetensors file, to check the
+    /// export against another implementation.
+    #[arg(long)]
+    pub dump_batches: Option<PathBuf>,
+    #[arg(long, default_value_t = 2)]
+    pub dump_count: usize,
+    /// Train at most this many batches per epoch (for quick checks).
+    #[arg(long, hide = true)]
+    pub max_batches: Option<usize>,
+    /// Launched by torchrun or srun: how long a rank waits for the others
+    /// (to join, and at each collective) before it gives up, in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub dist_timeout: u64,
+    /// One process standing in for N data-parallel ranks: each step trains
+    /// every rank's batch and averages their gradients by hand (the check
+    /// of a torchrun run).
+    #[arg(long, hide = true)]
+    pub emulate_ranks: Option<u32>,
+    /// Write the parameters after every step under DIR/rank<R>/ (tests).
+    #[arg(long, hide = true)]
+    pub trace_params: Option<PathBuf>,
+}
+
+/// Trains as the flags say: alone, as one rank of a torchrun or srun
+/// launch, or standing in for several ranks.
+pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
+    let launch = Launch::from_env(|k| std::env::var(k).ok())?;
+    let device = device::parse_device(&a.device)?;
+    let device = launch.as_ref().map_or(device, |l| l.device(device));
+    // Flags are checked before anything is read or staged.
+    let (kind, hidden) = model_shape(&a)?;
+    let memory_limit = a
+        .memory
+        .as_deref()
+        .map(offgnn_shared::sizes::parse_bytes)
+        .transpose()?;
+    let location = a
+        .manifest
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("--manifest is required (see trainer --help)"))?;
+    if launch.is_some() && a.emulate_ranks.is_some() {
+        anyhow::bail!(
+            "--emulate-ranks stands in for a launch by torchrun or srun; it cannot run under one"
+        );
+    }
+    if a.emulate_ranks == Some(0) || a.dist_timeout == 0 {
+        anyhow::bail!("--emulate-ranks and --dist-timeout must be at least 1");
+    }
+    let group = join_group(launch.as_ref(), device, a.dist_timeout)?;
+    let writer = group.as_ref().is_none_or(|g| g.rank == 0);
+    tracing::info!("training on {device:?}");
+    let engine = IoEngine::new(offgnn_shared::io_engine::IoOptions {
+        rings: a.io_rings,
+        queue_depth: a.io_depth,
+        force_pread: a.pread,
+        ..Default::default()
+    });
+    let (layout, share) = open_layout(
+        &a,
+        &location,
+        launch.as_ref(),
+        group.as_ref(),
+        &engine,
+        writer,
+    )?;
+    let m = &layout.manifest;
+    let cfg = train_config(&a, kind, hidden, device, m, writer);
+    let memory = state_memory(m, &cfg, memory_limit)?;
+    let ranks = match (&group, a.emulate_ranks) {
+        (Some(g), _) => train::Ranks::Group(g),
+        (None, Some(n)) => train::Ranks::Emulated(n),
+        (None, None) => train::Ranks::One,
+    };
+    let mut summary = train::train_ranks(
+        &layout,
+        &engine,
+        &cfg,
+        ranks,
+        a.trace_params.as_deref(),
+        &mut report::epoch_row,
+    )?;
+    summary.machine_share = share;
+    report_run(&summary, &memory, group.as_ref());
+    Ok(())
+}
+
+/// The model's kind and hidden width, after the flags' checks: each a
+/// clear refusal before anything is read.
+fn model_shape(a: &TrainArgs) -> anyhow::Result<(ModelKind, i64)> {
+    let kind = match a.model {
+        Model::Sage => ModelKind::Sage,
+        Model::Gat => ModelKind::Gat,
+        Model::Mlp => ModelKind::Mlp,
+    };
+    let hidden = a.hidden.unwrap_or(match kind {
+        ModelKind::Sage | ModelKind::Mlp => 256,
+        ModelKind::Gat => a.heads * 32,
+    });
+    for (flag, value) in [
+        ("--queue-depth", a.queue_depth),
+        ("--loaders", a.loaders),
+        ("--io-rings", a.io_rings),
+        ("--io-depth", a.io_depth as usize),
+    ] {
+        if value == 0 {
+            anyhow::bail!("{flag} must be at least 1");
+        }
+    }
+    if a.checkpoint_every == Some(0) {
+        anyhow::bail!("--checkpoint-every must be at least 1");
+    }
+    if kind == ModelKind::Gat && hidden % a.heads != 0 {
+        anyhow::bail!(
+            "--hidden {hidden} is not a multiple of --heads {}: GAT's hidden layers split their width evenly across heads",
+            a.heads
+        );
+    }
+    if hidden <= 0
+        || a.heads <= 0
+        || !(0.0..1.0).contains(&a.dropout)
+        || a.lr <= 0.0
+        || !a.lr.is_finite()
+        || a.epochs == 0
+    {
+        anyhow::bail!(
+            "--hidden, --heads and --epochs must be positive, --dropout in [0, 1), --lr positive (got --lr {}, --dropout {}, --hidden {hidden}, --heads {}, --epochs {})",
+            a.lr,
+            a.dropout,
+            a.heads,
+            a.epochs
+        );
+    }
+    Ok((kind, hidden))
+}
+
+/// Joins the process group of a torchrun or srun launch. Joined before
+/// staging: local rank 0 stages for its machine while the others wait at
+/// a barrier.
+fn join_group(
+    launch: Option<&Launch>,
+    device: tch::Device,
+    timeout_seconds: u64,
+) -> anyhow::Result<Option<Group>> {
+    Ok(launch
+        .map(|l| {
+            tracing::info!(
+                "rank {} of {} (local rank {}), launched by {}: joining the store at {}:{}",
+                l.rank,
+                l.world,
+                l.local_rank,
+                l.launcher,
+                l.master_addr,
+                l.master_port
+            );
+            Group::connect(l, device, std::time::Duration::from_secs(timeout_seconds))
+        })
+        .transpose()?)
+}
+
+/// Stages the layout at `location` (a remote one into `--local-dir`) and
+/// opens it. A rank's machine stages, checks and opens only the segments
+/// its ranks read; returns that share of the layout with it.
+fn open_layout(
+    a: &TrainArgs,
+    location: &str,
+    launch: Option<&Launch>,
+    group: Option<&Group>,
+    engine: &IoEngine,
+    writer: bool,
+) -> anyhow::Result<(Layout, Option<MachineShare>)> {
+    let stages_first = launch.is_none_or(|l| l.local_rank == 0);
+    let only = |m: &Manifest| {
+        launch.map(|l| train::segments_read(m, l.machine_ranks(), l.world, a.max_batches))
+    };
+    let stage = || {
+        staging::resolve_part(location, a.local_dir.as_deref(), engine, writer, only)
+            .with_context(|| format!("reading {}", offgnn_shared::store::redact(location)))
+    };
+    // Local rank 0 stages this machine's copy while the others wait (if it
+    // fails, it exits, and the barrier fails for the others).
+    let staged = if stages_first { Some(stage()?) } else { None };
+    if let Some(g) = group {
+        g.barrier()?;
+    }
+    let (dir, manifest) = match staged {
+        Some(s) => s,
+        None => stage()?,
+    };
+    let only = only(&manifest);
+    let share = only.as_ref().map(|o| MachineShare::of(&manifest, o));
+    let layout = Layout::open_part(&dir, manifest, engine, writer, only.as_ref())?;
+    Ok((layout, share))
+}
+
+/// The training configuration of the flags, for the layout `m`.
+fn train_config(
+    a: &TrainArgs,
+    kind: ModelKind,
+    hidden: i64,
+    device: tch::Device,
+    m: &Manifest,
+    writer: bool,
+) -> TrainConfig {
+    TrainConfig {
+        model: model::ModelConfig {
+            kind,
+            in_dim: m.dataset.feature_dim as i64,
+            hidden,
+            classes: m.dataset.num_classes as i64,
+            layers: m.samples.fanouts.len(),
+            heads: a.heads,
+            dropout: a.dropout,
+        },
+        device,
+        epochs: a.epochs,
+        lr: a.lr,
+        seed: a.seed,
+        features: match a.features {
+            Features::Packed => pipeline::FeatureMode::Packed,
+            Features::Naive => pipeline::FeatureMode::Naive,
+            Features::Memory => pipeline::FeatureMode::Memory,
+        },
+        pipelined: a.pipeline == OnOff::On,
+        queue_depth: a.queue_depth,
+        loaders: a.loaders,
+        metrics: a.metrics.clone(),
+        checkpoint_dir: a.checkpoint_dir.clone(),
+        resume: a.resume,
+        overwrite: a.overwrite,
+        show_progress: writer,
+        max_batches: a.max_batches,
+        checkpoint_every: a.checkpoint_every,
+        interrupt_after: None,
+        export: a.export.clone().map(|location| train::ExportTarget {
+            location,
+            overwrite: a.overwrite,
+            last: a.export_last,
+        }),
+        dump: a.dump_batches.clone().map(|path| train::DumpTarget {
+            path,
+            batches: a.dump_count,
+        }),
+    }
+}
+
+/// States the run's peak host memory (logged), refused over `--memory`;
+/// on CUDA its peak on the device too, refused over the device's free
+/// memory.
+fn state_memory(
+    m: &Manifest,
+    cfg: &TrainConfig,
+    memory_limit: Option<u64>,
+) -> anyhow::Result<MemoryEstimate> {
+    let memory = memory::estimate(m, cfg);
+    tracing::info!(
+        "memory: at most {} (caches {}, batches in flight {}, model {}, activations {}, runtime {})",
+        human_bytes(memory.total_bytes),
+        human_bytes(memory.cache_bytes),
+        human_bytes(memory.batches_in_flight_bytes),
+        human_bytes(memory.model_bytes),
+        human_bytes(memory.activation_bytes),
+        human_bytes(memory.runtime_bytes),
+    );
+    if let Some(limit) = memory_limit
+        && memory.total_bytes > limit
+    {
+        anyhow::bail!(
+            "--memory {}: this run needs up to {} (caches {}, batches in flight {}, activations {}); give more memory, or fewer --loaders or a smaller --queue-depth",
+            human_bytes(limit),
+            human_bytes(memory.total_bytes),
+            human_bytes(memory.cache_bytes),
+            human_bytes(memory.batches_in_flight_bytes),
+            human_bytes(memory.activation_bytes),
+        );
+    }
+    if let tch::Device::Cuda(index) = cfg.device {
+        tracing::info!(
+            "GPU memory: at most {} on cuda:{index} (the GPU cache, the model and its optimizer state, inputs in flight, activations, and 1 GiB for the CUDA context)",
+            human_bytes(memory.gpu_bytes)
+        );
+        match memory::cuda_free_memory(index) {
+            Some((free, total)) if memory.gpu_bytes > free => anyhow::bail!(
+                "cuda:{index} has {} free of {}, and this run needs up to {} there (GPU cache {}); pack with a smaller --gpu-cache, or free the device",
+                human_bytes(free),
+                human_bytes(total),
+                human_bytes(memory.gpu_bytes),
+                human_bytes(m.gpu_cache.rows * m.dataset.store_row_bytes())
+            ),
+            Some(_) => {}
+            None => tracing::warn!(
+                "cuda:{index}: the CUDA runtime's free memory could not be read; the GPU statement is not checked"
+            ),
+        }
+    }
+    Ok(memory)
+}
+
+/// Rank 0 (or the one process) prints the run's summary; the other ranks
+/// log that they are done.
+fn report_run(summary: &TrainSummary, memory: &MemoryEstimate, group: Option<&Group>) {
+    if group.is_none_or(|g| g.rank == 0) {
+        report::summary(summary, memory);
+    } else {
+        let machine = summary.machine_share.as_ref().map_or(String::new(), |m| {
+            format!(
+                " (its machine reads {} of {} segments, {} of {})",
+                m.segments,
+                m.of_segments,
+                human_bytes(m.bytes),
+                human_bytes(m.of_bytes)
+            )
+        });
+        tracing::info!(
+            "rank {} of {} done{machine}; rank 0 reports the run",
+            group.map_or(0, |g| g.rank),
+            summary.world_size
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! Stage 2, feature assembly (DiskGNN §4, §5.3): one `[inputs, d]` float
+//! tensor on the device from the GPU cache, the CPU cache and the rows
+//! loaded from disk, each in its input position.
+
+use tch::{Device, Kind, Tensor};
+
+use super::feature_loading::Loaded;
+use super::sources::{AssembleSources, FeatureMode};
+use super::staging_buffer::{indices_at, put_indices, staged_bytes, staging, upload};
+use crate::error::{Error, Result};
+
+/// A dense `[n, d]` CPU tensor whose rows `fill` writes, every one of them
+/// (the tensor's memory is not zeroed first), straight into the tensor:
+/// a batch's input matrix is hundreds of MB, not worth a second copy.
+fn host_matrix(
+    src: &AssembleSources,
+    n: usize,
+    fill: impl FnOnce(&mut [u8]) -> Result<()>,
+) -> Result<Tensor> {
+    let x = Tensor::f_empty([n as i64, src.dim], (src.kind, Device::Cpu))?;
+    let len = n * src.row_bytes;
+    debug_assert_eq!(x.numel() * x.kind().elt_size_in_bytes(), len);
+    if len == 0 {
+        fill(&mut [])?;
+        return Ok(x);
+    }
+    // SAFETY: `x` is a new contiguous CPU tensor of `len` bytes (n rows of
+    // `row_bytes`, its dtype's row) that nothing else refers to; the slice
+    // ends before `x` is returned.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(x.data_ptr().cast::<u8>(), len) };
+    fill(bytes)?;
+    Ok(x)
+}
+
+/// Copies the rows `slots` of `from` to input positions `pos` of `out`.
+fn gather(out: &mut [u8], pos: &[u32], from: &[u8], slots: &[u32], rb: usize) {
+    for (&p, &s) in pos.iter().zip(slots) {
+        let (d, f) = (p as usize * rb, s as usize * rb);
+        out[d..d + rb].copy_from_slice(&from[f..f + rb]);
+    }
+}
+
+/// Stage 2: one `[inputs, d]` float tensor on the device from the GPU
+/// cache, the CPU cache and the loaded rows (DiskGNN §4, feature assembling).
+pub fn assemble(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])> {
+    let t = &l.table;
+    let tiers = [t.gpu_pos.len() as u64, t.cpu_pos.len() as u64, l.disk_rows];
+    if src.device != Device::Cpu {
+        return Ok((assemble_staged(src, l)?, tiers));
+    }
+    let n = t.num_inputs as usize;
+    let rb = src.row_bytes;
+    let x = host_matrix(src, n, |out| {
+        match src.mode {
+            FeatureMode::Memory => {
+                let all = src.all_rows.as_ref().ok_or_else(|| missing("memory"))?;
+                for (row, &v) in out.chunks_exact_mut(rb).zip(&t.input_nodes) {
+                    row.copy_from_slice(&all[v as usize * rb..][..rb]);
+                }
+            }
+            FeatureMode::Packed => {
+                for (rows, pos, slots) in [
+                    (&src.gpu_rows, &t.gpu_pos, &t.gpu_slot),
+                    (&src.cpu_rows, &t.cpu_pos, &t.cpu_slot),
+                ] {
+                    if !pos.is_empty() {
+                        let rows = rows.as_ref().ok_or_else(|| missing("cache"))?;
+                        gather(out, pos, rows, slots, rb);
+                    }
+                }
+            }
+            FeatureMode::Naive => {}
+        }
+        let data = l.buf.as_slice();
+        for &(p, off) in &l.disk {
+            let d = p as usize * rb;
+            out[d..d + rb].copy_from_slice(&data[off..off + rb]);
+        }
+        Ok(())
+    })?;
+    Ok((x.to_kind(Kind::Float), tiers))
+}
+
+fn missing(what: &str) -> Error {
+    Error::InvalidArgument(format!("{what} mode without its rows"))
+}
+
+/// Where a batch's parts sit in its staging buffer: `k` rows first, then
+/// from byte `idx_at` the int64 indices: `placed` host positions, `g`
+/// GPU-cache slots and `g` GPU-cache positions.
+#[derive(Clone, Copy)]
+struct StagedParts {
+    k: usize,
+    idx_at: usize,
+    placed: usize,
+    g: usize,
+}
+
+/// The rows of a host tier (`None`: none), their input positions and their
+/// slots in the tier.
+type HostTier<'a> = (Option<&'a [u8]>, &'a [u32], &'a [u32]);
+
+/// Feature assembly for a device other than the CPU (DiskGNN §4). The rows
+/// that are not in the GPU cache (CPU-cache rows, rows read from disk, all
+/// rows in memory mode) and every index the device needs are written
+/// straight into one page-locked staging buffer, which goes to the device
+/// in one non-blocking copy; the GPU cache's rows are gathered on the
+/// device. On the device an index scatter places both in input order.
+/// Public so that tests run this path on the CPU.
+pub fn assemble_staged(src: &AssembleSources, l: &Loaded) -> Result<Tensor> {
+    let t = &l.table;
+    let (n, rb, device) = (t.num_inputs as usize, src.row_bytes, src.device);
+    // The host tier: its rows and slots (memory mode: every input node,
+    // already in input order, so no positions to place them by).
+    let (host_rows, host_slot): (Option<&[u8]>, &[u32]) = match src.mode {
+        FeatureMode::Memory => {
+            let all = src.all_rows.as_ref().ok_or_else(|| missing("memory"))?;
+            (Some(all.as_slice()), &t.input_nodes)
+        }
+        FeatureMode::Packed if !t.cpu_pos.is_empty() => {
+            let rows = src.cpu_rows.as_ref().ok_or_else(|| missing("cache"))?;
+            (Some(rows.as_slice()), &t.cpu_slot)
+        }
+        FeatureMode::Packed | FeatureMode::Naive => (None, &[]),
+    };
+    // GPU-cache rows: gathered on the device from its tensor; on the CPU
+    // (where the tier is host rows) with the host tier's.
+    let gpu = match (src.mode, &src.gpu_cache) {
+        (FeatureMode::Packed, Some(cache)) => Some(cache),
+        _ => None,
+    };
+    let host_gpu = gpu.is_none() && src.mode == FeatureMode::Packed && !t.gpu_pos.is_empty();
+    let gpu_rows = if host_gpu {
+        Some(
+            src.gpu_rows
+                .as_ref()
+                .ok_or_else(|| missing("cache"))?
+                .as_slice(),
+        )
+    } else {
+        None
+    };
+    let g = if gpu.is_some() { t.gpu_pos.len() } else { 0 };
+    let hosted = [
+        (host_rows, &t.cpu_pos[..], host_slot),
+        (gpu_rows, &t.gpu_pos[..], &t.gpu_slot[..]),
+    ];
+    let k: usize = hosted
+        .iter()
+        .filter(|h| h.0.is_some())
+        .map(|h| h.2.len())
+        .sum::<usize>()
+        + l.disk.len();
+    // Positions to scatter the rows by: none in memory mode.
+    let placed = if src.mode == FeatureMode::Memory {
+        0
+    } else {
+        k
+    };
+    // [k rows][`placed` host positions, g GPU slots, g GPU positions as int64]
+    let rows_len = k * rb;
+    let idx_at = rows_len.next_multiple_of(8);
+    let parts = StagedParts {
+        k,
+        idx_at,
+        placed,
+        g,
+    };
+    let mut staged = staging(idx_at + (placed + 2 * g) * 8, device)?;
+    write_staged(staged_bytes(&mut staged), parts, rb, &hosted, l);
+    let dev = upload(&staged, device)?;
+    let rows = dev
+        .f_narrow(0, 0, rows_len as i64)?
+        .f_view_dtype(src.kind)?
+        .f_view([k as i64, src.dim])?;
+    let x = if src.mode == FeatureMode::Memory {
+        // Every row, already in input order.
+        rows
+    } else {
+        place_rows(src, &dev, &rows, gpu, n, parts)?
+    };
+    Ok(x.f_to_kind(Kind::Float)?)
+}
+
+/// Writes the batch's host rows (the `hosted` tiers', then those read from
+/// disk) and the indices that place them into the staging buffer `bytes`.
+fn write_staged(
+    bytes: &mut [u8],
+    parts: StagedParts,
+    rb: usize,
+    hosted: &[HostTier; 2],
+    l: &Loaded,
+) {
+    let StagedParts {
+        idx_at, placed, g, ..
+    } = parts;
+    let t = &l.table;
+    let (rows, idx) = bytes.split_at_mut(idx_at);
+    let (host_idx, gpu_idx) = idx.split_at_mut(placed * 8);
+    let mut positions = host_idx.chunks_exact_mut(8);
+    let mut place = |p: u32| {
+        if let Some(o) = positions.next() {
+            o.copy_from_slice(&(p as i64).to_ne_bytes());
+        }
+    };
+    let mut at = 0usize;
+    for &(from, pos, slots) in hosted {
+        let Some(from) = from else { continue };
+        for (i, &s) in slots.iter().enumerate() {
+            let f = s as usize * rb;
+            rows[at..at + rb].copy_from_slice(&from[f..f + rb]);
+            at += rb;
+            if placed > 0 {
+                place(pos[i]);
+            }
+        }
+    }
+    let data = l.buf.as_slice();
+    for &(p, off) in &l.disk {
+        rows[at..at + rb].copy_from_slice(&data[off..off + rb]);
+        at += rb;
+        place(p);
+    }
+    if g > 0 {
+        let (slots, pos) = gpu_idx.split_at_mut(g * 8);
+        put_indices(slots, t.gpu_slot.iter().map(|&v| v as i64));
+        put_indices(pos, t.gpu_pos.iter().map(|&v| v as i64));
+    }
+}
+
+/// The batch's matrix in input order on the device: the GPU cache's rows
+/// gathered there by their slots, and the uploaded `rows`, each scattered
+/// to its position.
+fn place_rows(
+    src: &AssembleSources,
+    dev: &Tensor,
+    rows: &Tensor,
+    gpu: Option<&Tensor>,
+    n: usize,
+    parts: StagedParts,
+) -> Result<Tensor> {
+    let StagedParts {
+        k,
+        idx_at,
+        placed,
+        g,
+    } = parts;
+    // Every row is written below: no need to zero the matrix first.
+    let mut out = Tensor::f_empty([n as i64, src.dim], (src.kind, src.device))?;
+    if let Some(cache) = gpu {
+        let slots = indices_at(dev, idx_at + placed * 8, g)?;
+        let pos = indices_at(dev, idx_at + (placed + g) * 8, g)?;
+        let _ = out.f_index_copy_(0, &pos, &cache.f_index_select(0, &slots)?)?;
+    }
+    if k > 0 {
+        let _ = out.f_index_copy_(0, &indices_at(dev, idx_at, k)?, rows)?;
+    }
+    Ok(out)
+}

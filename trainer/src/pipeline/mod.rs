@@ -1,0 +1,117 @@
+//! The four stages of a training step (DiskGNN §5.3) and the pipeline that
+//! runs them on their own threads joined by bounded queues:
+//!
+//! ```text
+//! feature loading ──▶ feature assembly ──▶ ┐
+//! (table + disk I/O)   (tensor on device)   ├─▶ model step
+//!         └──────────▶ graph loading ─────▶ ┘
+//! ```
+//!
+//! Both paths carry batches in the same order, so the heads of the two
+//! queues always belong to the same batch. With the pipeline off, one thread
+//! runs the same stage functions in sequence — same inputs, same results.
+
+mod feature_assembly;
+mod feature_loading;
+mod graph_loading;
+mod ready;
+mod sources;
+mod stage_times;
+mod staging_buffer;
+mod threads;
+
+use std::time::Instant;
+
+use offgnn_manifests::BatchRef;
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
+
+pub use feature_assembly::{assemble, assemble_staged};
+pub use feature_loading::{Loaded, load};
+pub use graph_loading::graph;
+pub use ready::Ready;
+pub use sources::{AssembleSources, FeatureMode, LoadSources, Sources};
+pub use stage_times::{DeviceTimes, StageTimes};
+
+use crate::error::Result;
+use crate::layout::Layout;
+use stage_times::{DeviceSpans, timed};
+
+/// How batches flow through the stages.
+#[derive(Clone, Copy, Debug)]
+pub struct PipelineOptions {
+    /// Stages on their own threads (else in sequence on the caller's).
+    pub pipelined: bool,
+    /// Batches a queue between two stages holds.
+    pub queue_depth: usize,
+    /// Loader threads: each reads every `loaders`-th batch, so this many
+    /// batches' reads are in flight while tables decode and rows unpack.
+    pub loaders: usize,
+}
+
+/// Runs `step` on every batch of `order`, with the stages pipelined over
+/// threads or in sequence on this thread.
+pub fn run_batches(
+    layout: &Layout,
+    engine: &IoEngine,
+    src: &Sources,
+    order: &[BatchRef],
+    opts: PipelineOptions,
+    step: impl FnMut(Ready) -> Result<()>,
+) -> Result<StageTimes> {
+    if opts.pipelined {
+        threads::run_pipelined(
+            layout,
+            engine,
+            src,
+            order,
+            opts.queue_depth,
+            opts.loaders,
+            step,
+        )
+    } else {
+        run_in_sequence(layout, engine, src, order, step)
+    }
+}
+
+/// The stages in sequence on this thread and the default stream: each
+/// stage's work is queued after the last one's.
+fn run_in_sequence(
+    layout: &Layout,
+    engine: &IoEngine,
+    src: &Sources,
+    order: &[BatchRef],
+    mut step: impl FnMut(Ready) -> Result<()>,
+) -> Result<StageTimes> {
+    let mut times = StageTimes::default();
+    let mut spans = DeviceSpans::default();
+    let secs = |d: std::time::Duration| d.as_secs_f64();
+    let device = src.assemble.device;
+    let mut spare = AlignedBuf::new(0);
+    for &r in order {
+        let t = Instant::now();
+        let loaded = load(layout, engine, &src.load, r, spare)?;
+        times.load += secs(t.elapsed());
+        let t = Instant::now();
+        let ((x, tiers), assembled) = timed(device, || assemble(&src.assemble, &loaded))?;
+        times.assemble += secs(t.elapsed());
+        let t = Instant::now();
+        let ((blocks, labels), graphed) = timed(device, || graph(&loaded.table, device))?;
+        times.graph += secs(t.elapsed());
+        let ready = Ready {
+            x,
+            blocks,
+            labels,
+            disk_bytes: loaded.disk_bytes,
+            disk_rows: loaded.disk_rows,
+            tiers,
+        };
+        spans.receive(&ready, assembled, graphed)?;
+        let t = Instant::now();
+        let ((), stepped) = timed(device, || step(ready))?;
+        times.model += secs(t.elapsed());
+        spans.model.extend(stepped);
+        spare = loaded.buf;
+    }
+    times.device = spans.times()?;
+    Ok(times)
+}

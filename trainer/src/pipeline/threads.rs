@@ -1,0 +1,249 @@
+//! The pipelined run (DiskGNN §5.3): feature loading on `loaders` threads,
+//! feature assembly and graph loading on a thread each (on CUDA each on a
+//! side stream of its own), the model step on the caller's thread, joined
+//! by bounded queues whose bound gives the back-pressure.
+
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::{Scope, ScopedJoinHandle};
+use std::time::{Duration, Instant};
+
+use offgnn_manifests::BatchRef;
+use offgnn_shared::address_table::BatchTable;
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
+use tch::{Device, Tensor};
+
+use super::feature_assembly::assemble;
+use super::feature_loading::{Loaded, load};
+use super::graph_loading::graph;
+use super::ready::Ready;
+use super::sources::{AssembleSources, LoadSources, Sources};
+use super::stage_times::{DeviceSpans, Span, StageTimes, side_stream, timed};
+use crate::error::Result;
+use crate::layout::Layout;
+use crate::model::BlockTensors;
+
+/// An assembled batch for the model step: its input matrix, the rows from
+/// each tier, its disk bytes and rows, and its device span.
+type Assembled = (Tensor, [u64; 3], u64, u64, Span);
+/// A batch's blocks and labels for the model step, and their device span.
+type Graphed = (Vec<BlockTensors>, Tensor, Span);
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// The loaders' ends: each loader's queue of loaded batches (to the
+/// assembler) and of their topology (to the graph loader), the queue that
+/// takes buffers back to it, and its thread.
+struct Loaders<'scope> {
+    to_assemble: Vec<Receiver<Loaded>>,
+    to_graph: Vec<Receiver<BatchTable>>,
+    recycle: Vec<SyncSender<AlignedBuf>>,
+    handles: Vec<ScopedJoinHandle<'scope, Result<f64>>>,
+}
+
+/// Runs `step` on every batch of `order` with each stage on its own
+/// threads, queues of `queue_depth` batches between them.
+pub(super) fn run_pipelined(
+    layout: &Layout,
+    engine: &IoEngine,
+    src: &Sources,
+    order: &[BatchRef],
+    queue_depth: usize,
+    loaders: usize,
+    mut step: impl FnMut(Ready) -> Result<()>,
+) -> Result<StageTimes> {
+    let device = src.assemble.device;
+    let depth = queue_depth.max(1);
+    let loaders = loaders.clamp(1, order.len().max(1));
+    let (load_src, asm_src) = (&src.load, src.assemble.share());
+    std::thread::scope(|s| -> Result<StageTimes> {
+        let Loaders {
+            to_assemble,
+            to_graph,
+            recycle,
+            handles,
+        } = spawn_loaders(s, layout, engine, load_src, order, loaders, depth);
+        let (to_model_x, model_x) = sync_channel::<Assembled>(depth);
+        let (to_model_g, model_g) = sync_channel::<Graphed>(depth);
+        let n = order.len();
+        let assembler =
+            s.spawn(move || assemble_all(device, &asm_src, &to_assemble, &recycle, &to_model_x, n));
+        let grapher = s.spawn(move || graph_all(device, &to_graph, &to_model_g, n));
+        let mut spans = DeviceSpans::default();
+        let (model_busy, result) =
+            model_steps(&model_x, &model_g, n, device, &mut spans, &mut step);
+        drop(model_x);
+        drop(model_g);
+        let assemble = assembler.join().expect("the assembler does not panic");
+        let graph = grapher.join().expect("the graph loader does not panic");
+        let mut load = 0.0;
+        let mut loader_error = Ok(());
+        for h in handles {
+            match h.join().expect("a loader does not panic") {
+                Ok(busy) => load += busy,
+                Err(e) => loader_error = loader_error.and(Err(e)),
+            }
+        }
+        loader_error?;
+        let assemble = assemble?;
+        let graph = graph?;
+        result?;
+        Ok(StageTimes {
+            load,
+            assemble,
+            graph,
+            model: model_busy,
+            device: spans.times()?,
+        })
+    })
+}
+
+/// Starts the loaders. Loader j takes batches j, j + L, j + 2L, ...; the
+/// assembler and the graph loader read the loaders' queues in turn, so
+/// batches keep their order. Buffers go back to their loader once
+/// assembled.
+fn spawn_loaders<'scope, 'env>(
+    s: &'scope Scope<'scope, 'env>,
+    layout: &'env Layout,
+    engine: &'env IoEngine,
+    load_src: &'env LoadSources,
+    order: &'env [BatchRef],
+    loaders: usize,
+    depth: usize,
+) -> Loaders<'scope> {
+    let mut to_assemble: Vec<Receiver<Loaded>> = Vec::new();
+    let mut to_graph: Vec<Receiver<BatchTable>> = Vec::new();
+    let mut recycle: Vec<SyncSender<AlignedBuf>> = Vec::new();
+    let mut handles = Vec::new();
+    for j in 0..loaders {
+        let (loaded_tx, loaded_rx) = sync_channel::<Loaded>(depth);
+        let (graph_tx, graph_rx) = sync_channel::<BatchTable>(depth);
+        let (spare_tx, spare_rx) = sync_channel::<AlignedBuf>(depth + 2);
+        to_assemble.push(loaded_rx);
+        to_graph.push(graph_rx);
+        recycle.push(spare_tx);
+        handles.push(s.spawn(move || -> Result<f64> {
+            let mut busy = 0.0;
+            for &r in order.iter().skip(j).step_by(loaders) {
+                let buf = spare_rx.try_recv().unwrap_or_else(|_| AlignedBuf::new(0));
+                let t = Instant::now();
+                let mut loaded = load(layout, engine, load_src, r, buf)?;
+                busy += secs(t.elapsed());
+                let topology = BatchTable {
+                    labels: std::mem::take(&mut loaded.table.labels),
+                    blocks: std::mem::take(&mut loaded.table.blocks),
+                    ..Default::default()
+                };
+                if graph_tx.send(topology).is_err() || loaded_tx.send(loaded).is_err() {
+                    break;
+                }
+            }
+            Ok(busy)
+        }));
+    }
+    Loaders {
+        to_assemble,
+        to_graph,
+        recycle,
+        handles,
+    }
+}
+
+/// The assembler's thread: the `n` loaded batches, from the loaders in
+/// turn, assembled and sent on to the model step; returns its busy
+/// seconds.
+fn assemble_all(
+    device: Device,
+    asm_src: &AssembleSources,
+    to_assemble: &[Receiver<Loaded>],
+    recycle: &[SyncSender<AlignedBuf>],
+    to_model_x: &SyncSender<Assembled>,
+    n: usize,
+) -> Result<f64> {
+    let loaders = to_assemble.len();
+    let _stream = side_stream(device)?;
+    let mut busy = 0.0;
+    for k in 0..n {
+        let Ok(loaded) = to_assemble[k % loaders].recv() else {
+            break; // a loader stopped; its error is collected below
+        };
+        let t = Instant::now();
+        let ((x, tiers), span) = timed(device, || assemble(asm_src, &loaded))?;
+        busy += secs(t.elapsed());
+        let _ = recycle[k % loaders].try_send(loaded.buf);
+        if to_model_x
+            .send((x, tiers, loaded.disk_bytes, loaded.disk_rows, span))
+            .is_err()
+        {
+            break;
+        }
+    }
+    Ok(busy)
+}
+
+/// The graph loader's thread: the `n` batches' topology, from the loaders
+/// in turn, as tensors sent on to the model step; returns its busy
+/// seconds.
+fn graph_all(
+    device: Device,
+    to_graph: &[Receiver<BatchTable>],
+    to_model_g: &SyncSender<Graphed>,
+    n: usize,
+) -> Result<f64> {
+    let loaders = to_graph.len();
+    let _stream = side_stream(device)?;
+    let mut busy = 0.0;
+    for k in 0..n {
+        let Ok(t) = to_graph[k % loaders].recv() else {
+            break;
+        };
+        let start = Instant::now();
+        let ((blocks, labels), span) = timed(device, || graph(&t, device))?;
+        busy += secs(start.elapsed());
+        if to_model_g.send((blocks, labels, span)).is_err() {
+            break;
+        }
+    }
+    Ok(busy)
+}
+
+/// The model step on this thread: each batch's assembled input and graph,
+/// which arrive in the same order, through `step`. Returns its busy
+/// seconds and how it ended (at the first error).
+fn model_steps(
+    model_x: &Receiver<Assembled>,
+    model_g: &Receiver<Graphed>,
+    n: usize,
+    device: Device,
+    spans: &mut DeviceSpans,
+    step: &mut impl FnMut(Ready) -> Result<()>,
+) -> (f64, Result<()>) {
+    let mut model_busy = 0.0;
+    let mut result = Ok(());
+    for _ in 0..n {
+        let (Ok((x, tiers, disk_bytes, disk_rows, assembled)), Ok((blocks, labels, graphed))) =
+            (model_x.recv(), model_g.recv())
+        else {
+            break; // a stage stopped; its error is collected below
+        };
+        let ready = Ready {
+            x,
+            blocks,
+            labels,
+            disk_bytes,
+            disk_rows,
+            tiers,
+        };
+        let t = Instant::now();
+        result = spans
+            .receive(&ready, assembled, graphed)
+            .and_then(|()| timed(device, || step(ready)))
+            .map(|((), stepped)| spans.model.extend(stepped));
+        model_busy += secs(t.elapsed());
+        if result.is_err() {
+            break;
+        }
+    }
+    (model_busy, result)
+}

@@ -1,0 +1,83 @@
+//! What the parts of a training run work on: the job they only read (the
+//! layout, the I/O engine, the feature sources, the configuration, the
+//! ranks), the model being trained, and the record of the run so far.
+
+use std::path::Path;
+
+use offgnn_shared::io_engine::IoEngine;
+use tch::nn;
+
+use super::checkpoint::{Best, State};
+use super::config::TrainConfig;
+use super::metrics::EpochMetrics;
+use super::ranks::Ranks;
+use crate::layout::Layout;
+use crate::model::{self, Adam, Gnn};
+use crate::pipeline::Sources;
+
+/// What every part of a run reads and none changes.
+pub(super) struct Job<'a> {
+    pub(super) layout: &'a Layout,
+    pub(super) engine: &'a IoEngine,
+    pub(super) src: &'a Sources,
+    pub(super) cfg: &'a TrainConfig,
+    pub(super) ranks: Ranks<'a>,
+    /// The ranks whose batches this process trains.
+    pub(super) local: Vec<u32>,
+    /// Every step's parameters are written here (tests).
+    pub(super) trace: Option<&'a Path>,
+}
+
+impl Job<'_> {
+    pub(super) fn manifest(&self) -> &offgnn_manifests::Manifest {
+        &self.layout.manifest
+    }
+
+    pub(super) fn world(&self) -> u32 {
+        self.ranks.world()
+    }
+
+    /// Whether this process writes metrics, checkpoints and exports.
+    pub(super) fn writer(&self) -> bool {
+        self.ranks.writer()
+    }
+}
+
+/// The model being trained: its parameters, its forward pass and its
+/// optimizer.
+pub(super) struct ModelState {
+    pub(super) vs: nn::VarStore,
+    pub(super) net: Box<dyn Gnn>,
+    pub(super) adam: Adam,
+}
+
+impl ModelState {
+    /// A fresh model as `cfg` describes it, on its device.
+    pub(super) fn new(cfg: &TrainConfig) -> ModelState {
+        let vs = nn::VarStore::new(cfg.device);
+        let net = model::build(&vs.root(), &cfg.model);
+        let adam = Adam::new(&vs, cfg.lr);
+        ModelState { vs, net, adam }
+    }
+
+    /// What a checkpoint saves of it, with the best epoch's parameters.
+    pub(super) fn state<'a>(&'a self, best: Option<&'a Best>) -> State<'a> {
+        State {
+            vs: &self.vs,
+            adam: &self.adam,
+            best,
+        }
+    }
+}
+
+/// What the run has done so far.
+pub(super) struct RunState {
+    /// The completed epochs' figures, a resumed run's earlier ones first.
+    pub(super) history: Vec<EpochMetrics>,
+    /// The parameters of the best validation epoch so far.
+    pub(super) best: Option<Best>,
+    /// Training batches this process has trained (not those it resumed).
+    pub(super) trained_here: u64,
+    /// The `--metrics` file, on the rank that writes it.
+    pub(super) metrics_file: Option<std::fs::File>,
+}

@@ -1,0 +1,217 @@
+//! The end of a run: the best validation epoch (test accuracy there is the
+//! run's result), the exports and batch dump asked for, and the summary.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use offgnn_manifests::BatchRef;
+use offgnn_shared::io_engine::IoEngine;
+use tch::{Device, Kind, Tensor};
+
+use super::checkpoint::Best;
+use super::config::{DumpTarget, ExportTarget, TrainConfig};
+use super::context::{Job, ModelState, RunState};
+use super::metrics::{EpochMetrics, TrainSummary};
+use crate::error::{Error, Result};
+use crate::export;
+use crate::layout::Layout;
+use crate::model;
+use crate::pipeline::{self, FeatureMode, Ready, Sources};
+
+/// The run's summary, after writing the exports and dump `job` asks for.
+pub(super) fn finish(
+    job: &Job,
+    model: &ModelState,
+    run: RunState,
+    eval_sets: &[(&str, Vec<BatchRef>)],
+    resumed_from: Option<(u32, u64)>,
+) -> Result<TrainSummary> {
+    let cfg = job.cfg;
+    let history = run.history;
+    let (best_epoch, best) = best_epoch(&history);
+    let rest: Vec<f64> = history.iter().skip(1).map(|e| e.wall_seconds).collect();
+    let (exports, dump) = if job.writer() && (cfg.export.is_some() || cfg.dump.is_some()) {
+        let params = run.best.filter(|b| b.epoch == best_epoch).ok_or_else(|| {
+            Error::Checkpoint(format!(
+                "the parameters of the best epoch ({best_epoch}) are not in the checkpoint this run resumed from (an older trainer wrote it); export the last epoch with `trainer export --last`"
+            ))
+        })?;
+        write_outputs(job, model, &params, &history, eval_sets)?
+    } else {
+        (Vec::new(), None)
+    };
+    let layout = job.layout;
+    Ok(TrainSummary {
+        mean_epoch_seconds_excl_first: if rest.is_empty() {
+            history.first().map_or(0.0, |e| e.wall_seconds)
+        } else {
+            rest.iter().sum::<f64>() / rest.len() as f64
+        },
+        best_epoch,
+        best_valid_acc: best.valid_acc,
+        test_acc_at_best_valid: best.test_acc,
+        epochs: history,
+        device: format!("{:?}", cfg.device),
+        io_backend: job.engine.backend().to_string(),
+        features: cfg.features,
+        rows_dtype: match cfg.features {
+            FeatureMode::Packed => layout.manifest.dataset.store_dtype(),
+            FeatureMode::Naive | FeatureMode::Memory => &layout.manifest.dataset.feature_dtype,
+        }
+        .to_string(),
+        pipelined: cfg.pipelined,
+        resumed_from,
+        exports,
+        dump,
+        world_size: job.world(),
+        machine_share: None,
+    })
+}
+
+/// The epoch of the best validation accuracy (ties keep the earlier) and
+/// its figures.
+fn best_epoch(history: &[EpochMetrics]) -> (u32, EpochMetrics) {
+    history
+        .iter()
+        .enumerate()
+        .max_by(|a, b| {
+            a.1.valid_acc
+                .partial_cmp(&b.1.valid_acc)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(b.0.cmp(&a.0))
+        })
+        .map(|(i, e)| (i as u32, e.clone()))
+        .unwrap_or_default()
+}
+
+/// Writes the batch dump (of the `best` parameters) and the exports that
+/// the configuration asks for: the best epoch's model, and the last
+/// epoch's if asked.
+fn write_outputs(
+    job: &Job,
+    model: &ModelState,
+    best: &Best,
+    history: &[EpochMetrics],
+    eval_sets: &[(&str, Vec<BatchRef>)],
+) -> Result<(Vec<export::Written>, Option<PathBuf>)> {
+    let cfg = job.cfg;
+    let last = export::snapshot(&model.vs);
+    let mut dump = None;
+    if let Some(target) = &cfg.dump {
+        let params: HashMap<String, Tensor> = best
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.shallow_clone()))
+            .collect();
+        export::load_into(&model.vs, &params, "the best epoch's parameters")?;
+        let test = eval_sets
+            .iter()
+            .find(|(name, _)| *name == "test")
+            .map(|(_, refs)| refs.as_slice())
+            .unwrap_or_default();
+        dump_batches(
+            job.layout,
+            job.engine,
+            job.src,
+            cfg,
+            model.net.as_ref(),
+            test,
+            target,
+        )?;
+        dump = Some(target.path.clone());
+    }
+    let mut exports = Vec::new();
+    if let Some(x) = &cfg.export {
+        exports = write_exports(job.manifest(), cfg, x, best, &last, history)?;
+    }
+    Ok((exports, dump))
+}
+
+/// The best epoch's model to `x.location`, and with `x.last` the last
+/// epoch's (`last`) to `x.location/last`.
+fn write_exports(
+    m: &offgnn_manifests::Manifest,
+    cfg: &TrainConfig,
+    x: &ExportTarget,
+    best: &Best,
+    last: &[(String, Tensor)],
+    history: &[EpochMetrics],
+) -> Result<Vec<export::Written>> {
+    let provenance = |which: &str, e: &EpochMetrics| export::Provenance {
+        feature_dtype: m.dataset.feature_dtype.clone(),
+        dataset_fingerprint: m.dataset.dataset_fingerprint.clone(),
+        feature_fingerprint: m.dataset.feature_fingerprint.clone(),
+        samples_run_sha256: m.samples.run_sha256.clone(),
+        which: which.into(),
+        epoch: e.epoch,
+        valid_acc: e.valid_acc,
+        test_acc: e.test_acc,
+    };
+    let mut exports = Vec::new();
+    let at_best = &history[best.epoch as usize];
+    exports.push(export::write(
+        &x.location,
+        &cfg.model,
+        &best.params,
+        &provenance("best", at_best),
+        x.overwrite,
+    )?);
+    if x.last {
+        let last_epoch = history.last().expect("at least one epoch ran");
+        let location = offgnn_shared::store::Store::open(&x.location)?.join("last");
+        exports.push(export::write(
+            &location,
+            &cfg.model,
+            last,
+            &provenance("last", last_epoch),
+            x.overwrite,
+        )?);
+    }
+    Ok(exports)
+}
+
+/// Runs the model on the first `target.batches` of `refs` and writes, per
+/// batch `k`: `batch{k}.x` (input rows, float32), `batch{k}.block{l}.src`,
+/// `.dst` (int64 local ids, edges sorted by destination) and `.size`
+/// (`[num_src, num_dst]`) for each layer `l`, `batch{k}.logits` and
+/// `batch{k}.labels`. Written to a temporary name, then renamed.
+fn dump_batches(
+    layout: &Layout,
+    engine: &IoEngine,
+    src: &Sources,
+    cfg: &TrainConfig,
+    net: &dyn model::Gnn,
+    refs: &[BatchRef],
+    target: &DumpTarget,
+) -> Result<()> {
+    let refs = &refs[..target.batches.min(refs.len())];
+    let mut named: Vec<(String, Tensor)> = Vec::new();
+    tch::no_grad(|| {
+        pipeline::run_batches(
+            layout,
+            engine,
+            src,
+            refs,
+            cfg.pipeline_options(),
+            |r: Ready| {
+                let k = named.len();
+                let logits = net.forward(&r.x, &r.blocks, false);
+                let mut add =
+                    |name: String, t: Tensor| named.push((name, t.to_device(Device::Cpu)));
+                add(format!("batch{k}.x"), r.x.to_kind(Kind::Float));
+                for (l, b) in r.blocks.iter().enumerate() {
+                    add(format!("batch{k}.block{l}.src"), b.src.to_kind(Kind::Int64));
+                    add(format!("batch{k}.block{l}.dst"), b.dst.to_kind(Kind::Int64));
+                    add(
+                        format!("batch{k}.block{l}.size"),
+                        Tensor::from_slice(&[b.num_src, b.num_dst]),
+                    );
+                }
+                add(format!("batch{k}.logits"), logits);
+                add(format!("batch{k}.labels"), r.labels.to_kind(Kind::Int64));
+                Ok(())
+            },
+        )
+    })?;
+    export::write_tensors(&target.path, &named)
+}

@@ -1,0 +1,240 @@
+//! A run's figures: each epoch's (also the JSON lines of `--metrics`), the
+//! running sums an epoch keeps while it trains (on the device, and in a
+//! mid-epoch checkpoint), and the summary of the whole run.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use super::config::TrainConfig;
+use crate::error::{Error, Result};
+use crate::export;
+use crate::pipeline::{DeviceTimes, FeatureMode, StageTimes};
+
+/// One epoch's figures; also the JSON line written to --metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpochMetrics {
+    pub epoch: u32,
+    pub sampled_epoch: u32,
+    pub batches: u64,
+    pub wall_seconds: f64,
+    pub train_seconds: f64,
+    pub eval_seconds: f64,
+    pub stage_busy: StageBusy,
+    pub disk_bytes: u64,
+    pub disk_rows_bytes: u64,
+    pub read_amplification: f64,
+    pub hit_gpu: f64,
+    pub hit_cpu: f64,
+    pub hit_disk: f64,
+    pub loss: f64,
+    pub train_acc: f64,
+    pub valid_acc: f64,
+    pub test_acc: f64,
+    /// Data-parallel runs: seconds this rank spent in the gradient
+    /// all-reduce, and the bytes of gradients it reduced (each step's).
+    #[serde(default)]
+    pub allreduce_seconds: f64,
+    #[serde(default)]
+    pub allreduce_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageBusy {
+    pub load: f64,
+    pub assemble: f64,
+    pub graph: f64,
+    pub model: f64,
+    /// On CUDA: each stage's time on the device, from CUDA events (the
+    /// host's figures above then count queueing and waiting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceTimes>,
+}
+
+impl StageBusy {
+    /// These figures with a run of batches' added.
+    pub(super) fn plus(&self, t: &StageTimes) -> StageBusy {
+        StageBusy {
+            load: self.load + t.load,
+            assemble: self.assemble + t.assemble,
+            graph: self.graph + t.graph,
+            model: self.model + t.model,
+            device: match (self.device, t.device) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainSummary {
+    pub epochs: Vec<EpochMetrics>,
+    pub best_epoch: u32,
+    pub best_valid_acc: f64,
+    pub test_acc_at_best_valid: f64,
+    pub mean_epoch_seconds_excl_first: f64,
+    pub device: String,
+    pub io_backend: String,
+    pub features: FeatureMode,
+    /// How the rows read are stored (the layout's `store_dtype`, or the
+    /// feature file's type for the baselines); batches are widened to
+    /// float32 before the model.
+    pub rows_dtype: String,
+    pub pipelined: bool,
+    /// (epoch, batches of it done) where this run picked up a checkpoint.
+    pub resumed_from: Option<(u32, u64)>,
+    /// The exports written: the best epoch's, then the last epoch's if asked.
+    pub exports: Vec<export::Written>,
+    /// The batch dump written, if asked.
+    pub dump: Option<PathBuf>,
+    /// Ranks that trained data-parallel (1: one process).
+    pub world_size: u32,
+    /// Data-parallel runs: the part of the layout this machine's ranks
+    /// read (and staged, from a remote layout).
+    pub machine_share: Option<MachineShare>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MachineShare {
+    pub segments: u32,
+    pub of_segments: u32,
+    pub bytes: u64,
+    pub of_bytes: u64,
+}
+
+impl MachineShare {
+    pub fn of(m: &offgnn_manifests::Manifest, only: &std::collections::BTreeSet<u32>) -> Self {
+        MachineShare {
+            segments: only.len() as u32,
+            of_segments: m.segments.len() as u32,
+            bytes: crate::layout::objects_read(m, Some(only))
+                .iter()
+                .map(|o| o.size)
+                .sum(),
+            of_bytes: m.objects.iter().map(|o| o.size).sum(),
+        }
+    }
+}
+
+/// An epoch's running sums: what a mid-epoch checkpoint must carry for the
+/// epoch's figures to come out whole after a resume.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(super) struct EpochProgress {
+    /// Batches of the epoch's order trained.
+    pub(super) batches: u64,
+    pub(super) loss_sum: f64,
+    pub(super) correct: i64,
+    pub(super) seen: i64,
+    pub(super) disk_bytes: u64,
+    pub(super) disk_rows_bytes: u64,
+    pub(super) tiers: [u64; 3],
+    pub(super) train_seconds: f64,
+    pub(super) stage_busy: StageBusy,
+}
+
+/// The batch's correct predictions, as an int64 scalar on the device (read
+/// back once per epoch, not once per batch: on CUDA a read is a sync).
+pub(super) fn correct(logits: &Tensor, labels: &Tensor) -> Tensor {
+    logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64)
+}
+
+/// An epoch's loss sum and correct count, kept on the device so that a step
+/// need not wait for them, and the last loss that was NaN or infinite.
+/// Both sums start at the progress a resume restored and add in batch
+/// order, exactly as the host summed them before.
+pub(super) struct DeviceSums {
+    loss: Tensor,
+    correct: Tensor,
+    pub(super) bad_loss: Tensor,
+}
+
+impl DeviceSums {
+    pub(super) fn new(p: &EpochProgress, device: Device) -> DeviceSums {
+        DeviceSums {
+            loss: Tensor::from(p.loss_sum).to_device(device),
+            correct: Tensor::from(p.correct).to_device(device),
+            bad_loss: Tensor::from(0f32).to_device(device),
+        }
+    }
+
+    pub(super) fn add(&mut self, loss: &Tensor, logits: &Tensor, labels: &Tensor) {
+        tch::no_grad(|| {
+            let loss = loss.detach();
+            let _ = self.loss.g_add_(&loss.to_kind(Kind::Double));
+            let _ = self.correct.g_add_(&correct(logits, labels));
+            // Where the loss is finite keep the last bad one, else take it.
+            self.bad_loss = self.bad_loss.where_self(&loss.isfinite(), &loss);
+        })
+    }
+
+    /// Whether a loss was NaN or infinite, as a device flag.
+    pub(super) fn loss_diverged(&self) -> Tensor {
+        self.bad_loss.isfinite().logical_not()
+    }
+
+    /// Reads the sums into `p` (a sync on CUDA).
+    pub(super) fn store(&self, p: &mut EpochProgress) {
+        p.loss_sum = self.loss.double_value(&[]);
+        p.correct = self.correct.int64_value(&[]);
+    }
+}
+
+/// The `--metrics` file, on the rank that writes: appended to by a resumed
+/// run, else started afresh.
+pub(super) fn open_metrics_file(cfg: &TrainConfig, writer: bool) -> Result<Option<std::fs::File>> {
+    Ok(match cfg.metrics.as_ref().filter(|_| writer) {
+        Some(p) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(cfg.resume)
+                .write(true)
+                .truncate(!cfg.resume)
+                .open(p)
+                .map_err(|e| Error::io(p.display(), e))?,
+        ),
+        None => None,
+    })
+}
+
+/// Appends an epoch's figures to the `--metrics` file as a JSON line.
+pub(super) fn append_metrics(f: &mut std::fs::File, e: &EpochMetrics) -> Result<()> {
+    let line = serde_json::to_string(e).expect("metrics serialize");
+    writeln!(f, "{line}").map_err(|err| Error::io("metrics", err))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The device sums add in batch order from the restored progress, as
+    // the host did: the same f64 sum bit for bit, and the last non-finite
+    // loss kept for the message.
+    #[test]
+    fn device_sums_equal_the_host_sums_and_keep_a_bad_loss() {
+        let start = EpochProgress {
+            loss_sum: 0.1,
+            correct: 7,
+            ..Default::default()
+        };
+        let mut sums = DeviceSums::new(&start, Device::Cpu);
+        let logits = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 0.0]).view([2, 2]);
+        let labels = Tensor::from_slice(&[1i64, 1]);
+        let mut host = start.loss_sum;
+        for v in [0.3f32, 1.7, 2.9e-3] {
+            sums.add(&Tensor::from(v), &logits, &labels);
+            host += v as f64;
+        }
+        let mut p = EpochProgress::default();
+        sums.store(&mut p);
+        assert_eq!(p.loss_sum.to_bits(), host.to_bits());
+        assert_eq!(p.correct, 7 + 3, "one of two right, three times");
+        assert!(!bool::try_from(sums.loss_diverged()).unwrap());
+        sums.add(&Tensor::from(f32::INFINITY), &logits, &labels);
+        sums.add(&Tensor::from(0.5f32), &logits, &labels);
+        assert!(bool::try_from(sums.loss_diverged()).unwrap());
+        assert_eq!(sums.bad_loss.double_value(&[]), f64::INFINITY);
+    }
+}

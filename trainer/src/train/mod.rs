@@ -1,0 +1,140 @@
+//! The training job: epochs over the sampled batches through the pipeline,
+//! validation and test accuracy every epoch, checkpoints (every epoch, and
+//! every `checkpoint_every` batches within one), per-epoch metrics, and the
+//! final report (test accuracy at the best validation epoch).
+//!
+//! Epoch `t` trains on sampled epoch `t mod E` (E sampled epochs); past the
+//! sampled ones, the batch order is reshuffled with a generator of
+//! (seed, t), so no two passes see batches in the same order.
+//!
+//! Resume is exact: dropout draws are seeded per (seed, epoch, position),
+//! the optimizer's moments and step are in the checkpoint, and a checkpoint
+//! taken inside an epoch records the position and the epoch's running
+//! sums, so a resumed run trains every batch once and reports the same
+//! losses as one that was never stopped.
+//!
+//! [`train_ranks`] is the pipeline: the run's start (`start`: refusals,
+//! resume), then per epoch the training (`epoch`, `step`), the evaluation
+//! (`eval`) and the epoch's record and checkpoint (`checkpoint`), then the
+//! exports and summary (`finish`).
+
+mod checkpoint;
+mod config;
+mod context;
+mod epoch;
+mod eval;
+mod finish;
+mod metrics;
+mod order;
+mod ranks;
+mod sources;
+mod start;
+mod step;
+
+use std::path::Path;
+
+use offgnn_manifests::BatchRef;
+use offgnn_shared::io_engine::IoEngine;
+
+pub use checkpoint::export_checkpoint;
+pub use config::{DumpTarget, ExportTarget, TrainConfig};
+use context::{Job, ModelState, RunState};
+pub use metrics::{EpochMetrics, MachineShare, StageBusy, TrainSummary};
+pub use order::segments_read;
+pub use ranks::Ranks;
+pub use sources::sources;
+
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+
+/// Trains as configured on an opened layout, as one process.
+pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<TrainSummary> {
+    train_ranks(layout, engine, cfg, Ranks::One, None, &mut |_| {})
+}
+
+/// Trains as configured on an opened layout, as `ranks` says: one process,
+/// one rank of a data-parallel group, or one process standing in for
+/// several ranks. `trace` writes every step's parameters there. On the
+/// rank that writes, `on_epoch` gets each epoch's figures as it ends.
+pub fn train_ranks(
+    layout: &Layout,
+    engine: &IoEngine,
+    cfg: &TrainConfig,
+    ranks: Ranks,
+    trace: Option<&Path>,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> Result<TrainSummary> {
+    let m = &layout.manifest;
+    let schedule = training_schedule(m)?;
+    let eval_sets = eval::eval_sets(m);
+    if cfg.checkpoint_every == Some(0) {
+        return Err(Error::InvalidArgument(
+            "--checkpoint-every must be at least 1".into(),
+        ));
+    }
+    let _held = hold_checkpoint_dir(cfg, ranks.writer())?;
+    tch::manual_seed(cfg.seed as i64);
+    let mut model = ModelState::new(cfg);
+    let src = sources(layout, engine, cfg)?;
+    let start = start::start_run(cfg, &model.vs, &mut model.adam, m, ranks)?;
+    let job = Job {
+        layout,
+        engine,
+        src: &src,
+        cfg,
+        ranks,
+        local: ranks.local(),
+        trace,
+    };
+    let mut run = RunState {
+        history: start.history,
+        best: start.best,
+        trained_here: 0,
+        metrics_file: metrics::open_metrics_file(cfg, job.writer())?,
+    };
+    let mut in_epoch = start.in_epoch;
+    if cfg.epochs as usize > schedule.len() && job.writer() {
+        tracing::info!(
+            "{} epochs over {} sampled: epochs {}..{} reuse the sampled batches, in a new order each epoch",
+            cfg.epochs,
+            schedule.len(),
+            schedule.len(),
+            cfg.epochs - 1
+        );
+    }
+    for t in run.history.len() as u32..cfg.epochs {
+        let mut e = epoch::train_epoch(&job, schedule, &mut model, &mut run, t, in_epoch.take())?;
+        eval::evaluate(&job, model.net.as_ref(), &eval_sets, &mut e)?;
+        epoch::record(&job, &model, &mut run, e, on_epoch)?;
+        epoch::stop_on_signal(&job, t)?;
+    }
+    finish::finish(&job, &model, run, &eval_sets, start.resumed_from)
+}
+
+/// The sampled epochs of training batches; a layout without any is refused.
+fn training_schedule(m: &offgnn_manifests::Manifest) -> Result<&[Vec<BatchRef>]> {
+    m.schedule
+        .get("train")
+        .filter(|s| !s.is_empty())
+        .map(Vec::as_slice)
+        .ok_or_else(|| Error::Layout("the layout has no training batches".into()))
+}
+
+/// One run at a time writes a checkpoint directory: held until this run
+/// ends, so a second trainer on it is refused before it writes.
+fn hold_checkpoint_dir(
+    cfg: &TrainConfig,
+    writer: bool,
+) -> Result<Option<offgnn_shared::commit::HeldDir>> {
+    Ok(cfg
+        .checkpoint_dir
+        .as_deref()
+        .filter(|_| writer)
+        .map(|dir| {
+            offgnn_shared::commit::hold_dir(
+                dir,
+                "another trainer is writing checkpoints here; wait for it to end or choose another --checkpoint-dir",
+            )
+        })
+        .transpose()?)
+}

@@ -1,0 +1,264 @@
+//! Where a run starts: refusals before any work (an earlier run's
+//! checkpoint, metrics or export in the way), the checkpoint it resumes
+//! from, and in a data-parallel group, rank 0's start shared with every
+//! rank.
+
+use std::path::Path;
+
+use tch::{Device, Tensor, nn};
+
+use super::checkpoint::{
+    Best, CheckpointMeta, Hyper, META, best_of, load_tensors, tensor_file, with_prefix,
+};
+use super::config::TrainConfig;
+use super::metrics::{EpochMetrics, EpochProgress};
+use super::ranks::Ranks;
+use crate::distributed::Group;
+use crate::error::{Error, Result};
+use crate::export;
+use crate::model::Adam;
+
+/// Where a run starts: completed epochs, progress inside the next.
+pub(super) struct Start {
+    pub(super) history: Vec<EpochMetrics>,
+    pub(super) in_epoch: Option<EpochProgress>,
+    pub(super) resumed_from: Option<(u32, u64)>,
+    pub(super) best: Option<Best>,
+}
+
+impl Start {
+    fn fresh() -> Self {
+        Start {
+            history: Vec::new(),
+            in_epoch: None,
+            resumed_from: None,
+            best: None,
+        }
+    }
+}
+
+/// Loads the checkpoint in `dir` into the model and optimizer, after
+/// checking that it belongs to this model and this layout.
+fn resume(
+    dir: &Path,
+    vs: &nn::VarStore,
+    adam: &mut Adam,
+    cfg: &TrainConfig,
+    m: &offgnn_manifests::Manifest,
+    world: u32,
+) -> Result<Start> {
+    let meta_path = dir.join(META);
+    if !meta_path.exists() {
+        tracing::info!("no checkpoint in {}: starting from scratch", dir.display());
+        return Ok(Start::fresh());
+    }
+    let bytes = std::fs::read(&meta_path).map_err(|e| Error::io(meta_path.display(), e))?;
+    let meta: CheckpointMeta = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::Checkpoint(format!(
+            "{}: malformed checkpoint: {e}",
+            meta_path.display()
+        ))
+    })?;
+    if meta.model != cfg.model {
+        return Err(Error::Checkpoint(format!(
+            "{}: the checkpoint is of another model ({:?}, hidden {}, {} layers), not {:?} hidden {}, {} layers",
+            dir.display(),
+            meta.model.kind,
+            meta.model.hidden,
+            meta.model.layers,
+            cfg.model.kind,
+            cfg.model.hidden,
+            cfg.model.layers
+        )));
+    }
+    if meta.manifest_run_sha256 != m.samples.run_sha256
+        || meta.dataset_fingerprint != m.dataset.dataset_fingerprint
+    {
+        return Err(Error::Checkpoint(format!(
+            "{}: the checkpoint was trained on another layout (other samples or dataset)",
+            dir.display()
+        )));
+    }
+    let saved_world = meta.world_size.unwrap_or(1);
+    if saved_world != world {
+        return Err(Error::Checkpoint(format!(
+            "{}: the checkpoint was taken by a run of {saved_world} rank(s), and this run has {world}: ranks are dealt their shares of each epoch by the world size, so resume with {saved_world} (torchrun --nproc-per-node, or srun --ntasks), or start a new run with --overwrite",
+            dir.display()
+        )));
+    }
+    if let Some(saved) = &meta.hyper {
+        let now = Hyper::of(cfg);
+        let mut changed = Vec::new();
+        if saved.lr != now.lr {
+            changed.push(format!("--lr {:?} (now {:?})", saved.lr, now.lr));
+        }
+        if saved.seed != now.seed {
+            changed.push(format!("--seed {} (now {})", saved.seed, now.seed));
+        }
+        if saved.max_batches != now.max_batches {
+            changed.push(format!(
+                "batches per epoch capped at {:?} (now {:?})",
+                saved.max_batches, now.max_batches
+            ));
+        }
+        if !changed.is_empty() {
+            return Err(Error::Checkpoint(format!(
+                "{}: the checkpoint's run used {}; a resume continues the same run, so pass the same settings, or start a new run with --overwrite",
+                dir.display(),
+                changed.join(", ")
+            )));
+        }
+    }
+    let tensors = tensor_file(dir, &meta)?;
+    let named = load_tensors(&tensors, cfg.device)?;
+    export::load_into(
+        vs,
+        &with_prefix(&named, "model."),
+        &tensors.display().to_string(),
+    )?;
+    let best = best_of(&meta, &named, &tensors)?;
+    adam.load_state(&named)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", tensors.display())))?;
+    let position = meta.in_epoch.as_ref().map_or(0, |p| p.batches);
+    tracing::info!(
+        "resumed from {} at epoch {}, batch {position}",
+        dir.display(),
+        meta.epoch
+    );
+    Ok(Start {
+        history: meta.history,
+        in_epoch: meta.in_epoch,
+        resumed_from: Some((meta.epoch, position)),
+        best,
+    })
+}
+
+/// Where training starts, as rank 0 decides it: refusals before any work
+/// (a checkpoint or metrics file not to be replaced, an export target), the
+/// checkpoint resumed. The other ranks only learn the outcome.
+fn start_of(
+    cfg: &TrainConfig,
+    vs: &nn::VarStore,
+    adam: &mut Adam,
+    m: &offgnn_manifests::Manifest,
+    world: u32,
+) -> Result<Start> {
+    let start = match (&cfg.checkpoint_dir, cfg.resume) {
+        (Some(dir), true) => resume(dir, vs, adam, cfg, m, world)?,
+        (None, true) => {
+            return Err(Error::InvalidArgument(
+                "--resume needs --checkpoint-dir".into(),
+            ));
+        }
+        (Some(dir), false) => {
+            if dir.join(META).exists() && !cfg.overwrite {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: holds a checkpoint of an earlier run; pass --resume to continue it or --overwrite to start afresh",
+                    dir.display()
+                )));
+            }
+            Start::fresh()
+        }
+        (None, false) => Start::fresh(),
+    };
+    if let Some(path) = &cfg.metrics
+        && !cfg.resume
+        && !cfg.overwrite
+        && std::fs::metadata(path).is_ok_and(|md| md.len() > 0)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the metrics file exists; pass --overwrite to replace it (or --resume to append to it)",
+            path.display()
+        )));
+    }
+    if let Some(x) = &cfg.export {
+        // Refused before any training, not after it: the last epoch's
+        // export too, or an occupied `last/` would fail the run after the
+        // best export had committed.
+        export::check_target(&x.location, x.overwrite)?;
+        if x.last {
+            let last = offgnn_shared::store::Store::open(&x.location)?.join("last");
+            export::check_target(&last, x.overwrite)?;
+        }
+    }
+    Ok(start)
+}
+
+/// Gives every rank rank 0's start: whether it could start at all, then
+/// where (epoch, batch), then its parameters and optimizer state, as
+/// DistributedDataParallel broadcasts a model at its start.
+fn share_start(
+    g: &Group,
+    decided: Result<Start>,
+    adam: &mut Adam,
+    device: Device,
+) -> Result<Start> {
+    let header = match &decided {
+        Ok(s) => vec![
+            1,
+            s.history.len() as i64,
+            s.in_epoch.as_ref().map_or(-1, |p| p.batches as i64),
+        ],
+        Err(_) => vec![0, 0, -1],
+    };
+    let h = Tensor::from_slice(&header).to_device(device);
+    g.broadcast(&h, 0)?;
+    let header = Vec::<i64>::try_from(h.to_device(Device::Cpu))?;
+    if header[0] == 0 {
+        return match decided {
+            Err(e) => Err(e),
+            Ok(_) => Err(Error::Distributed(format!(
+                "rank {} of {}: rank 0 could not start the run; its message says why",
+                g.rank, g.world
+            ))),
+        };
+    }
+    tch::no_grad(|| -> Result<()> {
+        for (_, p) in adam.params() {
+            g.broadcast(p, 0)?;
+        }
+        for (name, t) in adam.state() {
+            if name == "adam.step" {
+                continue;
+            }
+            g.broadcast(&t, 0)?;
+        }
+        Ok(())
+    })?;
+    let step = Tensor::from_slice(&[adam.step]).to_device(device);
+    g.broadcast(&step, 0)?;
+    adam.step = step.int64_value(&[0]);
+    match decided {
+        Ok(s) if g.rank == 0 => Ok(s),
+        _ => Ok(Start {
+            history: vec![EpochMetrics::default(); header[1] as usize],
+            in_epoch: (header[2] >= 0).then(|| EpochProgress {
+                batches: header[2] as u64,
+                ..Default::default()
+            }),
+            resumed_from: (header[1] > 0 || header[2] > 0)
+                .then_some((header[1] as u32, header[2].max(0) as u64)),
+            best: None,
+        }),
+    }
+}
+
+/// Where this process starts: as rank 0 decides it ([`start_of`]), and in
+/// a group as rank 0 shares it ([`share_start`]).
+pub(super) fn start_run(
+    cfg: &TrainConfig,
+    vs: &nn::VarStore,
+    adam: &mut Adam,
+    m: &offgnn_manifests::Manifest,
+    ranks: Ranks,
+) -> Result<Start> {
+    let decided = if ranks.writer() {
+        start_of(cfg, vs, adam, m, ranks.world())
+    } else {
+        Ok(Start::fresh())
+    };
+    match ranks.group() {
+        Some(g) => share_start(g, decided, adam, cfg.device),
+        None => decided,
+    }
+}
