@@ -69,7 +69,7 @@ impl Chunk {
 
     /// The capacity's bytes from the memory's start, for the converting
     /// reader to write (the rows then start there).
-    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+    fn bytes_mut(&mut self) -> &mut [u8] {
         self.start = 0;
         let len = self.capacity * self.width * 4;
         // SAFETY: `raw` holds more than `len` bytes, contiguous from its data

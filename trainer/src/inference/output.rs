@@ -44,7 +44,7 @@ pub(super) struct OutputPlan {
     /// Bytes an encoder hands to the store at once (see [`output_piece`]).
     pub(super) piece: usize,
     /// The embeddings' width: the last layer's input.
-    pub(super) emb_width: usize,
+    emb_width: usize,
     /// One part's encoder's memory, and the piece being stored's (see
     /// [`output_part_bytes`]).
     part_bytes: u64,
@@ -253,7 +253,7 @@ fn output_part_bytes(selected: u64, row_bytes: usize, staged: u64) -> (u64, u64)
 /// into the group, whose first node is `a`), their `logits` (`classes` a
 /// row) and `embeddings` (a row of `width` each), with the columns
 /// `outputs` asks for.
-pub(super) fn output_part<W: Write + Send>(
+fn output_part<W: Write + Send>(
     rows: &[usize],
     a: u64,
     logits: &[f32],

@@ -233,14 +233,14 @@ fn layer_costs(cfg: &InferConfig, model: &Model, pin: u64) -> LayerCosts {
 /// What a destination group costs in one memory, and how much of that
 /// memory groups may use.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Budget {
-    pub(super) node_bytes: u64,
-    pub(super) edge_bytes: u64,
-    pub(super) bytes: u64,
+struct Budget {
+    node_bytes: u64,
+    edge_bytes: u64,
+    bytes: u64,
 }
 
 impl Budget {
-    pub(super) fn of(&self, nodes: u64, edges: u64) -> u64 {
+    fn of(&self, nodes: u64, edges: u64) -> u64 {
         nodes * self.node_bytes + edges * self.edge_bytes
     }
 }
@@ -250,7 +250,7 @@ impl Budget {
 /// pairs, and their sorted copy while bucketing) and, with the aggregation
 /// on a CUDA device, that device's (`device`, with the device's index).
 /// Returns the groups and the largest group's cost on the host.
-pub(super) fn plan_groups(
+fn plan_groups(
     indegree: &[u32],
     host: Budget,
     device: Option<(Budget, usize)>,

@@ -128,7 +128,7 @@ impl Input {
 
     /// Whether the stream reads straight into the chunks' memory: float32
     /// rows in this machine's byte order, starting on a float's boundary.
-    pub(super) fn reads_in_place(&self) -> bool {
+    fn reads_in_place(&self) -> bool {
         self.dtype == DType::F32
             && cfg!(target_endian = "little")
             && self.data_offset.is_multiple_of(4)
