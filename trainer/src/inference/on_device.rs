@@ -7,13 +7,19 @@
 //! read-modify-write over gigabytes of accumulators, bound by host memory;
 //! on a GPU it is a few kernels per chunk. The order of the stream, the
 //! group's own rows and the edges that wait for their destination are as
-//! in the host path ([`super::graph_layer_group`]); the results are the
+//! in the host path ([`super::group::graph_layer_group`]); the results are the
 //! same within float rounding (the sums' order differs), which the tests
 //! check on the CPU device against the in-memory forward pass.
 
 use tch::{Device, Kind, Tensor};
 
-use super::{GroupEdges, GroupJob, Layer, Span, Spares, StreamTimes, on_values};
+use super::buffer_pool::Spares;
+use super::edges::GroupEdges;
+use super::gat::Span;
+use super::group::GroupJob;
+use super::host_tensors::on_values;
+use super::layers::Layer;
+use super::stream::StreamTimes;
 use crate::error::Result;
 
 /// Device bytes of an edge batch's temporaries at most (about): a chunk's
@@ -145,224 +151,271 @@ impl Indices {
 
 /// The layer's output rows for the destinations `[a, b)`, in a buffer from
 /// `spares`, and (with `keep_rows`) the group's own input rows: as
-/// [`super::graph_layer_group`], with the aggregation on `device`.
+/// [`super::group::graph_layer_group`], with the aggregation on `device`.
 pub(super) fn graph_layer_group(
     job: &GroupJob,
     spares: &mut Spares,
     read: &mut u64,
     times: &mut StreamTimes,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
-    let (a, b) = job.range;
+    let mut h_dst = job.kept_rows(spares);
+    let out = match job.layer {
+        Layer::Sage { .. } => sage(job, &mut h_dst, read, times)?,
+        Layer::Gat { .. } => gat(job, &mut h_dst, read, times)?,
+    };
+    let rows = rows_to_host(job, &out, spares)?;
+    Ok((rows, h_dst))
+}
+
+/// How the stream takes the edge buckets: a chunk of the stream is `merge`
+/// buckets' rows (see [`super::plan`]'s merges).
+#[derive(Clone, Copy)]
+struct Merged {
+    merge: usize,
+    buckets: usize,
+    /// Rows of a chunk of the stream.
+    chunk_rows: u64,
+}
+
+impl Merged {
+    fn of(job: &GroupJob) -> Merged {
+        Merged {
+            merge: job.merge as usize,
+            buckets: job.edges.offsets.len() - 1,
+            chunk_rows: job.chunk_rows * job.merge,
+        }
+    }
+
+    /// The buckets `[b0, b1)` that chunk `c` of the stream takes.
+    fn range(&self, c: usize) -> (usize, usize) {
+        (c * self.merge, ((c + 1) * self.merge).min(self.buckets))
+    }
+}
+
+/// GraphSAGE's layer on the device: the group's sums there, each chunk's
+/// rows added along its edges with `index_add_`.
+fn sage(
+    job: &GroupJob,
+    h_dst: &mut Vec<f32>,
+    read: &mut u64,
+    times: &mut StreamTimes,
+) -> Result<Tensor> {
     let GroupJob {
         input,
         edges,
-        chunk_rows,
-        merge,
+        range: (a, b),
         device,
         ..
     } = *job;
-    // A chunk of the stream takes `merge` edge buckets.
-    let buckets = edges.offsets.len() - 1;
-    let bucket_range = |c: usize| (c * merge as usize, ((c + 1) * merge as usize).min(buckets));
-    let chunk_rows = chunk_rows * merge;
-    let (engine, bar) = (job.engine, job.bar);
+    let Layer::Sage {
+        lin_l_w,
+        lin_l_b,
+        lin_r_w,
+    } = job.layer
+    else {
+        unreachable!("on_device::sage takes a GraphSAGE layer");
+    };
+    let merged = Merged::of(job);
+    let chunk_rows = merged.chunk_rows;
     let g = (b - a) as i64;
     let opts = (Kind::Float, device);
-    let mut h_dst = job.kept_rows(spares);
     let mut idx = Indices::default();
-    let out = match job.layer {
-        Layer::Sage {
-            lin_l_w,
-            lin_l_b,
-            lin_r_w,
-        } => {
-            let d_out = lin_r_w.size()[0];
-            // mean(h) W = mean(h W): where the layer narrows, sources are
-            // projected first (with the group's own rows through lin_r in
-            // the same matmul) and the sums kept at the output's width.
-            let project = lin_l_w.size()[0] <= input.width as i64;
-            let d = if project { d_out } else { input.width as i64 };
-            let mut acc = Tensor::f_zeros([g, d], opts)?;
-            let own = Tensor::f_zeros([g, d_out], opts)?;
-            let (w_l, w_lr) = (
-                lin_l_w.tr(),
-                Tensor::f_cat(&[lin_l_w, lin_r_w], 0)?.tr().contiguous(),
-            );
-            let per_batch = edges_per_batch(2 * d as u64);
-            *read += input.stream(engine, chunk_rows, 0, times, bar, |c, chunk| {
-                let c0 = c as u64 * chunk_rows;
-                let c1 = c0 + chunk.rows as u64;
-                let (lo, hi) = (a.max(c0), b.min(c1));
-                let (b0, b1) = bucket_range(c);
-                let (e0, e1) = (edges.offsets[b0] as usize, edges.offsets[b1] as usize);
-                if lo >= hi && e0 == e1 {
-                    return Ok(());
-                }
-                job.keep_own_rows(&mut h_dst, chunk, c0);
-                let x = chunk.tensor().f_to_device(device)?;
-                let (at, len) = ((lo - c0) as i64, hi.saturating_sub(lo) as i64);
-                let rows = if project {
-                    let y = x.f_matmul(if lo < hi { &w_lr } else { &w_l })?;
-                    if lo < hi {
-                        own.narrow(0, (lo - a) as i64, len)
-                            .f_copy_(&y.narrow(0, at, len).narrow(1, d_out, d_out))?;
-                    }
-                    y.narrow(1, 0, d_out)
-                } else {
-                    if lo < hi {
-                        own.narrow(0, (lo - a) as i64, len)
-                            .f_copy_(&x.narrow(0, at, len).f_matmul(&lin_r_w.tr())?)?;
-                    }
-                    x
-                };
-                for k in (e0..e1).step_by(per_batch) {
-                    let k1 = (k + per_batch).min(e1);
-                    let pair = (&edges.src[k..k1], &edges.dst[k..k1]);
-                    if let Some(e) = idx.upload(pair, c0, a, false, false, device)? {
-                        let _ = acc.f_index_add_(0, &e.dst, &rows.f_index_select(0, &e.src)?)?;
-                    }
-                }
-                Ok(())
-            })?;
-            let count = Tensor::from_slice(edges.in_degrees((a, b)))
-                .f_to_device(device)?
-                .f_clamp_min(1.0)?
-                .f_unsqueeze(1)?;
-            // In place, in the host path's order: mean + lin_l's bias +
-            // lin_r(self).
-            let _ = acc.f_div_(&count)?;
-            let mut out = if project {
-                acc
-            } else {
-                acc.f_matmul(&lin_l_w.tr())?
-            };
-            let _ = out.f_add_(lin_l_b)?;
-            let _ = out.f_add_(&own)?;
-            if job.activate {
-                let _ = out.f_relu_()?;
-            }
-            out
+    let d_out = lin_r_w.size()[0];
+    // mean(h) W = mean(h W): where the layer narrows, sources are
+    // projected first (with the group's own rows through lin_r in
+    // the same matmul) and the sums kept at the output's width.
+    let project = lin_l_w.size()[0] <= input.width as i64;
+    let d = if project { d_out } else { input.width as i64 };
+    let mut acc = Tensor::f_zeros([g, d], opts)?;
+    let own = Tensor::f_zeros([g, d_out], opts)?;
+    let (w_l, w_lr) = (
+        lin_l_w.tr(),
+        Tensor::f_cat(&[lin_l_w, lin_r_w], 0)?.tr().contiguous(),
+    );
+    let per_batch = edges_per_batch(2 * d as u64);
+    *read += input.stream(job.engine, chunk_rows, 0, times, job.bar, |c, chunk| {
+        let c0 = c as u64 * chunk_rows;
+        let c1 = c0 + chunk.rows as u64;
+        let (lo, hi) = (a.max(c0), b.min(c1));
+        let (b0, b1) = merged.range(c);
+        let (e0, e1) = (edges.offsets[b0] as usize, edges.offsets[b1] as usize);
+        if lo >= hi && e0 == e1 {
+            return Ok(());
         }
-        Layer::Gat {
-            lin_w,
-            att_src,
-            att_dst,
-            res_w,
-            bias,
-            heads,
-            per_head,
-            concat,
-        } => {
-            let (h, c_out) = (*heads, *per_head);
-            let w = h * c_out;
-            let (att_s, att_d) = (
-                att_src.f_view([1, h, c_out])?,
-                att_dst.f_view([1, h, c_out])?,
-            );
-            let (lin_t, res_t) = (lin_w.tr(), res_w.tr());
-            let scores = |z: &Tensor, att: &Tensor| -> Result<Tensor> {
-                let n = z.size()[0];
-                Ok(z.f_view([n, h, c_out])?.f_mul(att)?.f_sum_dim_intlist(
-                    -1,
-                    false,
-                    Kind::Float,
-                )?)
-            };
-            let mut sm = Softmax {
-                h,
-                c_out,
-                acc: Tensor::f_zeros([g, w], opts)?,
-                m: Tensor::f_zeros([g, h], opts)?,
-                s: Tensor::f_zeros([g, h], opts)?,
-                er: Tensor::f_zeros([g, h], opts)?,
-                per_batch: edges_per_batch(3 * w as u64 + 4 * h as u64),
-            };
-            let res = Tensor::f_zeros([g, res_w.size()[0]], opts)?;
-            // The projections and scores of the span's chunks but its last,
-            // kept for the edges that wait on a later destination: one
-            // block from the span's first row, so that the edges waiting on
-            // a chunk's destinations go through the ops as one batch (a
-            // batch per pair of chunks, 300 thousand a layer on the
-            // benchmark, took GAT's layers 93 s each on an H100).
-            let walk = Span::of(a, b, chunk_rows);
-            let base = walk.first as u64 * chunk_rows;
-            let kept = (walk.last - walk.first) as i64 * chunk_rows as i64;
-            let (span_z, span_el) = (
-                Tensor::f_zeros([kept, w], opts)?,
-                Tensor::f_zeros([kept, h], opts)?,
-            );
-            let mut picked = Picked::default();
-            *read += input.stream(engine, chunk_rows, walk.first, times, bar, |c, chunk| {
-                let (b0, b1) = bucket_range(c);
-                let (e0, e1) = (edges.offsets[b0] as usize, edges.offsets[b1] as usize);
-                let in_span = walk.holds(c);
-                if !in_span && e0 == e1 {
-                    return Ok(());
-                }
-                let c0 = c as u64 * chunk_rows;
-                let c1 = c0 + chunk.rows as u64;
-                let x = chunk.tensor().f_to_device(device)?;
-                let z = x.f_matmul(&lin_t)?;
-                let el = scores(&z, &att_s)?;
-                let seen = if in_span { b.min(c1) } else { b };
-                if in_span {
-                    let (lo, hi) = (a.max(c0), b.min(c1));
-                    let (at, len) = ((lo - c0) as i64, (hi - lo) as i64);
-                    let z_own = z.narrow(0, at, len);
-                    let er = scores(&z_own, &att_d)?;
-                    let into = |t: &Tensor| t.narrow(0, (lo - a) as i64, len);
-                    into(&res).f_copy_(&x.narrow(0, at, len).f_matmul(&res_t)?)?;
-                    job.keep_own_rows(&mut h_dst, chunk, c0);
-                    // The self-loop starts each destination: max = e_self,
-                    // sum = 1, acc = its own projection.
-                    let raw = el.narrow(0, at, len).f_add(&er)?;
-                    into(&sm.m).f_copy_(&leaky(&raw)?)?;
-                    let _ = into(&sm.s).f_fill_(1.0)?;
-                    into(&sm.acc).f_copy_(&z_own)?;
-                    into(&sm.er).f_copy_(&er)?;
-                    // Edges from the span's earlier chunks waited for these
-                    // destinations.
-                    let earlier = bucket_range(walk.first).0..b0;
-                    let pair = picked.pick(edges, earlier, (lo, hi));
-                    sm.add(&mut idx, pair, base, a, (&span_z, &span_el), device)?;
-                }
-                // This chunk's edges into destinations that have come by.
-                let pair = picked.pick(edges, b0..b1, (a, seen));
-                sm.add(&mut idx, pair, c0, a, (&z, &el), device)?;
-                if in_span && c < walk.last {
-                    let at = (c0 - base) as i64;
-                    let n = chunk.rows as i64;
-                    span_z.narrow(0, at, n).f_copy_(&z)?;
-                    span_el.narrow(0, at, n).f_copy_(&el)?;
-                }
-                Ok(())
-            })?;
-            drop((span_z, span_el));
-            // In place: the weighted sums over their sums (PyG adds
-            // 1e-16), heads concatenated or averaged, + res(self) + bias,
-            // then ELU.
-            let Softmax { acc, mut s, .. } = sm;
-            let _ = s.f_add_scalar_(1e-16)?;
-            let mut norm = acc.f_view([g, h, c_out])?;
-            let _ = norm.f_div_(&s.f_unsqueeze(-1)?)?;
-            let mut out = if *concat {
-                norm.f_view([g, w])?
-            } else {
-                norm.f_mean_dim(1, false, Kind::Float)?
-            };
-            let _ = out.f_add_(&res)?;
-            let _ = out.f_add_(bias)?;
-            if job.activate {
-                let _ = out.f_elu_()?;
+        job.keep_own_rows(h_dst, chunk, c0);
+        let x = chunk.tensor().f_to_device(device)?;
+        let (at, len) = ((lo - c0) as i64, hi.saturating_sub(lo) as i64);
+        let rows = if project {
+            let y = x.f_matmul(if lo < hi { &w_lr } else { &w_l })?;
+            if lo < hi {
+                own.narrow(0, (lo - a) as i64, len)
+                    .f_copy_(&y.narrow(0, at, len).narrow(1, d_out, d_out))?;
             }
-            out
+            y.narrow(1, 0, d_out)
+        } else {
+            if lo < hi {
+                own.narrow(0, (lo - a) as i64, len)
+                    .f_copy_(&x.narrow(0, at, len).f_matmul(&lin_r_w.tr())?)?;
+            }
+            x
+        };
+        for k in (e0..e1).step_by(per_batch) {
+            let k1 = (k + per_batch).min(e1);
+            let pair = (&edges.src[k..k1], &edges.dst[k..k1]);
+            if let Some(e) = idx.upload(pair, c0, a, false, false, device)? {
+                let _ = acc.f_index_add_(0, &e.dst, &rows.f_index_select(0, &e.src)?)?;
+            }
         }
+        Ok(())
+    })?;
+    let count = Tensor::from_slice(edges.in_degrees((a, b)))
+        .f_to_device(device)?
+        .f_clamp_min(1.0)?
+        .f_unsqueeze(1)?;
+    // In place, in the host path's order: mean + lin_l's bias +
+    // lin_r(self).
+    let _ = acc.f_div_(&count)?;
+    let mut out = if project {
+        acc
+    } else {
+        acc.f_matmul(&lin_l_w.tr())?
     };
-    // Straight into a buffer already paged in (see [`Spares`]), every value
-    // overwritten: a group's rows are GBs, and a fresh host tensor's pages
-    // cost more than the copy. A hidden layer's go to the disk a chunk's
-    // rows at a time as they come off the device, each written while the
-    // next is copied, not after the last.
+    let _ = out.f_add_(lin_l_b)?;
+    let _ = out.f_add_(&own)?;
+    if job.activate {
+        let _ = out.f_relu_()?;
+    }
+    Ok(out)
+}
+
+/// GAT's layer on the device: the group's online softmax there (see
+/// [`Softmax`]), the stream walking the group's span first as the host's
+/// push does (see [`Span`]).
+fn gat(
+    job: &GroupJob,
+    h_dst: &mut Vec<f32>,
+    read: &mut u64,
+    times: &mut StreamTimes,
+) -> Result<Tensor> {
+    let GroupJob {
+        input,
+        edges,
+        range: (a, b),
+        device,
+        ..
+    } = *job;
+    let Layer::Gat {
+        lin_w,
+        att_src,
+        att_dst,
+        res_w,
+        bias,
+        heads,
+        per_head,
+        concat,
+    } = job.layer
+    else {
+        unreachable!("on_device::gat takes a GAT layer");
+    };
+    let merged = Merged::of(job);
+    let chunk_rows = merged.chunk_rows;
+    let g = (b - a) as i64;
+    let opts = (Kind::Float, device);
+    let mut idx = Indices::default();
+    let (h, c_out) = (*heads, *per_head);
+    let w = h * c_out;
+    let (att_s, att_d) = (
+        att_src.f_view([1, h, c_out])?,
+        att_dst.f_view([1, h, c_out])?,
+    );
+    let (lin_t, res_t) = (lin_w.tr(), res_w.tr());
+    let scores = |z: &Tensor, att: &Tensor| -> Result<Tensor> {
+        let n = z.size()[0];
+        Ok(z.f_view([n, h, c_out])?
+            .f_mul(att)?
+            .f_sum_dim_intlist(-1, false, Kind::Float)?)
+    };
+    let mut sm = Softmax {
+        h,
+        c_out,
+        acc: Tensor::f_zeros([g, w], opts)?,
+        m: Tensor::f_zeros([g, h], opts)?,
+        s: Tensor::f_zeros([g, h], opts)?,
+        er: Tensor::f_zeros([g, h], opts)?,
+        per_batch: edges_per_batch(3 * w as u64 + 4 * h as u64),
+    };
+    let res = Tensor::f_zeros([g, res_w.size()[0]], opts)?;
+    // The projections and scores of the span's chunks but its last,
+    // kept for the edges that wait on a later destination: one
+    // block from the span's first row, so that the edges waiting on
+    // a chunk's destinations go through the ops as one batch, not as
+    // many small ones as pairs of chunks, each of which costs the
+    // device a few kernels.
+    let walk = Span::of(a, b, chunk_rows);
+    let base = walk.first as u64 * chunk_rows;
+    let kept = (walk.last - walk.first) as i64 * chunk_rows as i64;
+    let (span_z, span_el) = (
+        Tensor::f_zeros([kept, w], opts)?,
+        Tensor::f_zeros([kept, h], opts)?,
+    );
+    let mut picked = Picked::default();
+    *read += input.stream(
+        job.engine,
+        chunk_rows,
+        walk.first,
+        times,
+        job.bar,
+        |c, chunk| {
+            let (b0, b1) = merged.range(c);
+            let (e0, e1) = (edges.offsets[b0] as usize, edges.offsets[b1] as usize);
+            let in_span = walk.holds(c);
+            if !in_span && e0 == e1 {
+                return Ok(());
+            }
+            let c0 = c as u64 * chunk_rows;
+            let c1 = c0 + chunk.rows as u64;
+            let x = chunk.tensor().f_to_device(device)?;
+            let z = x.f_matmul(&lin_t)?;
+            let el = scores(&z, &att_s)?;
+            let seen = if in_span { b.min(c1) } else { b };
+            if in_span {
+                let (lo, hi) = (a.max(c0), b.min(c1));
+                let (at, len) = ((lo - c0) as i64, (hi - lo) as i64);
+                let z_own = z.narrow(0, at, len);
+                let er = scores(&z_own, &att_d)?;
+                let into = |t: &Tensor| t.narrow(0, (lo - a) as i64, len);
+                into(&res).f_copy_(&x.narrow(0, at, len).f_matmul(&res_t)?)?;
+                job.keep_own_rows(h_dst, chunk, c0);
+                sm.seed((lo - a) as i64, &el.narrow(0, at, len), &er, &z_own)?;
+                // Edges from the span's earlier chunks waited for these
+                // destinations.
+                let earlier = merged.range(walk.first).0..b0;
+                let pair = picked.pick(edges, earlier, (lo, hi));
+                sm.add(&mut idx, pair, base, a, (&span_z, &span_el), device)?;
+            }
+            // This chunk's edges into destinations that have come by.
+            let pair = picked.pick(edges, b0..b1, (a, seen));
+            sm.add(&mut idx, pair, c0, a, (&z, &el), device)?;
+            if in_span && c < walk.last {
+                let at = (c0 - base) as i64;
+                let n = chunk.rows as i64;
+                span_z.narrow(0, at, n).f_copy_(&z)?;
+                span_el.narrow(0, at, n).f_copy_(&el)?;
+            }
+            Ok(())
+        },
+    )?;
+    drop((span_z, span_el));
+    sm.finish(g, &res, bias, *concat, job.activate)
+}
+
+/// The layer's output rows on the host, straight into a buffer already
+/// paged in (see [`Spares`]), every value overwritten: a group's rows are
+/// GBs, and a fresh host tensor's pages cost more than the copy. A hidden
+/// layer's go to the disk a chunk's rows at a time as they come off the
+/// device, each written while the next is copied, not after the last.
+fn rows_to_host(job: &GroupJob, out: &Tensor, spares: &mut Spares) -> Result<Vec<f32>> {
+    let chunk_rows = Merged::of(job).chunk_rows;
     let n = out.numel();
     let flat = out.f_reshape([-1])?;
     let mut rows = spares.take_overwritten(n);
@@ -385,7 +438,7 @@ pub(super) fn graph_layer_group(
                 .put(values)?;
         }
     }
-    Ok((rows, h_dst))
+    Ok(rows)
 }
 
 /// The edges of some buckets into a range of destinations, one list in
@@ -422,7 +475,7 @@ fn leaky(raw: &Tensor) -> Result<Tensor> {
 }
 
 /// A group's online softmax as device tensors (see
-/// [`super::OnlineSoftmax`]): per destination and head the running
+/// the host's `OnlineSoftmax` in [`super::gat`]): per destination and head the running
 /// maximum `m`, the sum `s` of exp(score - m), and `acc`, the sources'
 /// projections weighted alike; `er` the destination side of the scores.
 struct Softmax {
@@ -436,6 +489,50 @@ struct Softmax {
 }
 
 impl Softmax {
+    /// Starts the destinations from the group's row `at` on with their
+    /// self-loop: max = e_self, sum = 1, acc = their own projection
+    /// `z_own`; `el_own` and `er` are their scores as sources and as
+    /// destinations.
+    fn seed(&mut self, at: i64, el_own: &Tensor, er: &Tensor, z_own: &Tensor) -> Result<()> {
+        let len = er.size()[0];
+        let into = |t: &Tensor| t.narrow(0, at, len);
+        let raw = el_own.f_add(er)?;
+        into(&self.m).f_copy_(&leaky(&raw)?)?;
+        let _ = into(&self.s).f_fill_(1.0)?;
+        into(&self.acc).f_copy_(z_own)?;
+        into(&self.er).f_copy_(er)?;
+        Ok(())
+    }
+
+    /// The group's `g` output rows, in place: the weighted sums over their
+    /// sums (PyG adds 1e-16), heads concatenated or averaged, plus
+    /// res(self) and the bias, then ELU with `activate`.
+    fn finish(
+        self,
+        g: i64,
+        res: &Tensor,
+        bias: &Tensor,
+        concat: bool,
+        activate: bool,
+    ) -> Result<Tensor> {
+        let (h, c_out) = (self.h, self.c_out);
+        let Softmax { acc, mut s, .. } = self;
+        let _ = s.f_add_scalar_(1e-16)?;
+        let mut norm = acc.f_view([g, h, c_out])?;
+        let _ = norm.f_div_(&s.f_unsqueeze(-1)?)?;
+        let mut out = if concat {
+            norm.f_view([g, h * c_out])?
+        } else {
+            norm.f_mean_dim(1, false, Kind::Float)?
+        };
+        let _ = out.f_add_(res)?;
+        let _ = out.f_add_(bias)?;
+        if activate {
+            let _ = out.f_elu_()?;
+        }
+        Ok(out)
+    }
+
     /// Adds the edges `src[k] -> dst[k]` (in any order, all seeded), whose
     /// sources are rows of a block from node `base` with
     /// projections `z` and scores `el`.
@@ -503,7 +600,7 @@ impl Softmax {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Waiting;
+    use super::super::edges::Waiting;
     use super::*;
 
     // Three buckets, each sorted by destination: the waiting edges into

@@ -1,0 +1,136 @@
+//! Where a run stands, in its work directory: the progress a killed run
+//! left (layers and groups finished, figures, parts written), which the
+//! same command resumes, and the work directory's clearing once the
+//! result is committed.
+
+use std::fs::File;
+use std::path::Path;
+
+use offgnn_shared::commit::{Previous, RunId};
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+
+use super::edges::edge_file;
+use super::hidden_rows::hidden_file;
+use super::plan::Plan;
+use super::{InferConfig, LayerFigures};
+use crate::error::{Error, Result};
+
+/// Where an interrupted run stands; `key` says which run it belongs to.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(super) struct Progress {
+    pub(super) key: String,
+    /// The run whose parts these are: a resumed run keeps its id.
+    #[serde(default)]
+    pub(super) run_id: String,
+    pub(super) edges_ready: bool,
+    /// Layers finished.
+    pub(super) layer: usize,
+    /// Groups of layer `layer` finished.
+    pub(super) groups_done: usize,
+    pub(super) figures: Vec<LayerFigures>,
+    pub(super) edge_bucketing_seconds: f64,
+    pub(super) output_files: Vec<String>,
+    pub(super) nodes_written: u64,
+}
+
+const PROGRESS: &str = "progress.json";
+
+/// Saves `p` in the work directory, replacing the last progress whole.
+pub(super) fn save_progress(work: &Path, p: &Progress) -> Result<()> {
+    let tmp = work.join(format!("{PROGRESS}.partial"));
+    let bytes = serde_json::to_vec_pretty(p).expect("progress serializes");
+    std::fs::write(&tmp, bytes)
+        .and_then(|()| File::open(&tmp)?.sync_all())
+        .map_err(|e| Error::io(tmp.display(), e))?;
+    std::fs::rename(&tmp, work.join(PROGRESS)).map_err(|e| Error::io(work.display(), e))
+}
+
+/// The key of a run's progress: the model's weights, the dataset
+/// (`fingerprint`), the plan and the options that shape the work
+/// directory's files. A run resumes only progress with its key.
+pub(super) fn run_key(
+    cfg: &InferConfig,
+    weights_sha256: &str,
+    fingerprint: &str,
+    plan: &Plan,
+) -> String {
+    let mut h = sha2::Sha256::new();
+    h.update(weights_sha256);
+    h.update(fingerprint);
+    h.update(serde_json::to_vec(plan).expect("plan serializes"));
+    h.update([
+        cfg.add_reverse_edges as u8,
+        cfg.keep_self_loops as u8,
+        cfg.keep_duplicate_edges as u8,
+    ]);
+    h.update(format!(
+        "{:?}{:?}{}",
+        cfg.nodes, cfg.outputs, cfg.hidden_f16
+    ));
+    offgnn_shared::store::hex(&h.finalize())
+}
+
+/// Where a run with `key` starts: where a run of the same key stopped, as
+/// its work directory says, unless that run committed (`previous`), else
+/// from the start; and the run's id, which a resumed run keeps. Figures of
+/// an earlier run are reported as resumed.
+pub(super) fn resume(
+    cfg: &InferConfig,
+    key: &str,
+    previous: Option<&Previous>,
+    (layers, groups): (usize, usize),
+) -> (Progress, RunId) {
+    let mut progress = std::fs::read(cfg.work_dir.join(PROGRESS))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Progress>(&b).ok())
+        .filter(|p| p.key == key)
+        // A run killed after its commit (before it cleared its work
+        // directory) is done: the next run is a new one, not that one again.
+        .filter(|p| previous.is_none_or(|c| c.run_id.as_deref() != Some(p.run_id.as_str())))
+        .unwrap_or_else(|| Progress {
+            key: key.to_string(),
+            ..Default::default()
+        });
+    let run_id = match RunId::parse(&progress.run_id) {
+        Some(id) => id,
+        None => {
+            let id = RunId::new();
+            progress.run_id = id.to_string();
+            id
+        }
+    };
+    // What an earlier run did is reported as resumed.
+    for f in progress.figures.iter_mut() {
+        f.groups_resumed = f.passes;
+    }
+    if progress.layer > 0 || progress.groups_done > 0 {
+        tracing::info!(
+            "resuming in {}: layer {} of {}, group {} of {}",
+            cfg.work_dir.display(),
+            progress.layer + 1,
+            layers,
+            progress.groups_done,
+            groups
+        );
+    }
+    (progress, run_id)
+}
+
+/// Forgets the run's progress: the next run starts anew.
+pub(super) fn forget_progress(work: &Path) {
+    let _ = std::fs::remove_file(work.join(PROGRESS));
+}
+
+/// Clears the work directory of the run's files (`layers` hidden layers'
+/// outputs, `groups` groups' edges, the progress) once its result is
+/// committed.
+pub(super) fn clear_work_dir(work: &Path, layers: usize, groups: usize) {
+    for l in 0..layers {
+        let _ = std::fs::remove_file(hidden_file(work, l));
+    }
+    for g in 0..groups {
+        let _ = std::fs::remove_file(edge_file(work, g));
+    }
+    forget_progress(work);
+}

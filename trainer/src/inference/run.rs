@@ -1,0 +1,315 @@
+//! The orchestrator of `trainer infer`: checks the model against the
+//! dataset and the output, plans the run, resumes where a killed run of
+//! the same plan stopped, buckets the edges, runs the layers' passes, and
+//! commits the result.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use offgnn_shared::commit::{self, Previous, RunId};
+use offgnn_shared::dataset::Dataset;
+use offgnn_shared::io_engine::IoEngine;
+use offgnn_shared::report::human_bytes;
+use offgnn_shared::store::Store;
+
+use super::edges::{bucket_edges, edge_file};
+use super::hidden_rows::hidden_elem;
+use super::layers::{Model, graph_layers_of};
+use super::output::{OutputWriter, selection};
+use super::passes::Passes;
+use super::plan::{RunPlan, plan_run};
+use super::resume::{Progress, clear_work_dir, forget_progress, resume, run_key, save_progress};
+use super::stream::Input;
+use super::{COMMIT, InferConfig, InferSummary, PAGE};
+use crate::error::{Error, Result};
+use crate::export::ModelCard;
+
+/// Runs inference as configured. Stopped by SIGINT or SIGTERM, it keeps
+/// the groups it finished, for the same command to resume.
+pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
+    let result = infer_run(cfg, engine);
+    match offgnn_shared::signals::received() {
+        Some(signal) if result.is_err() => Err(Error::Stopped(format!(
+            "stopped by {signal}: the groups finished so far are kept in {} (and their parts under --out, uncommitted); run the same command again to resume",
+            cfg.work_dir.display()
+        ))),
+        _ => result,
+    }
+}
+
+/// The dataset's local directory: `--dataset` itself, or for a URL its
+/// copy staged into the work directory (kept there, so a rerun downloads
+/// nothing again).
+pub(super) fn local_dataset(cfg: &InferConfig) -> Result<PathBuf> {
+    crate::staging::resolve_dataset(
+        &cfg.dataset,
+        &cfg.work_dir.join("dataset"),
+        cfg.show_progress,
+    )
+}
+
+fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
+    let started = Instant::now();
+    let model = Model::load(&cfg.model, cfg.device)?;
+    let card = &model.card;
+    let ds = Dataset::open(&local_dataset(cfg)?)?;
+    let fingerprint = ds.fingerprint()?;
+    check_dataset(cfg, card, &ds, &fingerprint)?;
+    let out = Store::open(&cfg.out)?;
+    let previous = commit::read(&out, COMMIT)?;
+    check_output(cfg, card, &out, previous.as_ref())?;
+    let bits = selection(&ds, &cfg.nodes)?;
+    // The work directory is this run's alone (created here): two runs in it
+    // would overwrite each other's layers and progress.
+    let _held = offgnn_shared::commit::hold_dir(
+        &cfg.work_dir,
+        "another trainer infer is working here; wait for it to end or pass another --work-dir",
+    )?;
+    let run_plan = plan_run(cfg, &model, &ds, &bits, &out)?;
+    let plan = &run_plan.plan;
+    // Resume where a run of the same model, data and plan stopped.
+    let key = run_key(cfg, &card.weights_sha256, &fingerprint, plan);
+    let (mut progress, run_id) = resume(
+        cfg,
+        &key,
+        previous.as_ref(),
+        (card.num_layers, plan.groups.len()),
+    );
+    let edges_bucketed = prepare_work_dir(cfg, &ds, &model, &run_plan, &mut progress)?;
+    let features = Input {
+        path: ds.features.path().to_path_buf(),
+        data_offset: ds.features.header().data_offset,
+        rows: ds.num_nodes,
+        width: ds.feature_dim() as usize,
+        dtype: ds.features.dtype(),
+        pinned: cfg.device.is_cuda(),
+    };
+    let classes = card.out_channels as usize;
+    let output = OutputWriter::new(&out, &run_id, cfg.outputs, classes, &run_plan.output)?;
+    let mut passes = Passes::new(cfg, engine, &model, &run_plan, &bits, features, output);
+    passes.run(&mut progress)?;
+    let edges = match edges_bucketed {
+        Some(edges) => edges,
+        None => bucketed_edges(cfg, &model, &run_plan, ds.num_nodes),
+    };
+    let summary = InferSummary {
+        format_version: 1,
+        run_id: run_id.to_string(),
+        model: offgnn_shared::store::redact(&cfg.model),
+        architecture: card.architecture,
+        weights_sha256: card.weights_sha256.clone(),
+        dataset: cfg.dataset.clone(),
+        dataset_fingerprint: fingerprint,
+        num_nodes: ds.num_nodes,
+        edges,
+        nodes_written: progress.nodes_written,
+        columns: columns(cfg),
+        files: progress.output_files.clone(),
+        groups: plan.groups.len() as u64,
+        chunk_rows: plan.chunk_rows,
+        omp_wait_policy: std::env::var(crate::OMP_WAIT_POLICY).unwrap_or_default(),
+        memory_limit: cfg.memory,
+        memory_planned: plan.planned_bytes,
+        layers: progress.figures.clone(),
+        edge_bucketing_seconds: progress.edge_bucketing_seconds,
+        seconds: started.elapsed().as_secs_f64(),
+        device: format!("{:?}", cfg.device),
+        aggregate: cfg.aggregate,
+    };
+    commit_result(cfg, &out, &summary, &run_id, previous.as_ref())?;
+    // The work directory's files are ours; the result is committed.
+    clear_work_dir(&cfg.work_dir, card.num_layers, plan.groups.len());
+    Ok(summary)
+}
+
+/// Checks that the model was trained on this dataset and these features,
+/// whose fingerprint is `fingerprint`, and that it takes their width.
+fn check_dataset(
+    cfg: &InferConfig,
+    card: &ModelCard,
+    ds: &Dataset,
+    fingerprint: &str,
+) -> Result<()> {
+    if fingerprint != card.dataset_fingerprint {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the model was trained on another dataset (fingerprint {}, this dataset's is {})",
+            cfg.dataset,
+            short(&card.dataset_fingerprint),
+            short(fingerprint)
+        )));
+    }
+    let d = ds.feature_dim() as i64;
+    if d != card.in_channels {
+        return Err(Error::InvalidArgument(format!(
+            "{}: features are {d} wide, the model takes {}",
+            ds.features.path().display(),
+            card.in_channels
+        )));
+    }
+    // The dataset's fingerprint leaves the features out (they may be packed
+    // again over the same samples); the export records theirs apart.
+    if card.feature_fingerprint.is_empty() {
+        tracing::warn!(
+            "{}: the export does not record its feature file's fingerprint (an older trainer wrote it), so the features cannot be checked against those it was trained on",
+            cfg.model
+        );
+    } else {
+        let features = offgnn_shared::dataset::file_fingerprint(ds.features.path())?;
+        if features != card.feature_fingerprint {
+            return Err(Error::InvalidArgument(format!(
+                "{}: not the features the model was trained on (fingerprint {}, this file's is {}); the topology and labels match",
+                ds.features.path().display(),
+                short(&card.feature_fingerprint),
+                short(&features)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `out` may take the result (`previous`, a committed one, is
+/// replaced only with `--overwrite`) and that the hidden layers can be
+/// stored as asked.
+fn check_output(
+    cfg: &InferConfig,
+    card: &ModelCard,
+    out: &Store,
+    previous: Option<&Previous>,
+) -> Result<()> {
+    if previous.is_some() && !cfg.overwrite {
+        return Err(Error::InvalidArgument(format!(
+            "{}: holds a committed inference result; pass --overwrite to replace it",
+            out.url()
+        )));
+    }
+    if cfg.hidden_f16 && card.hidden_channels % 2 == 1 {
+        return Err(Error::InvalidArgument(format!(
+            "--hidden-dtype f16 needs an even hidden width (groups start on 4 KiB pages), this model's is {}",
+            card.hidden_channels
+        )));
+    }
+    Ok(())
+}
+
+/// Readies the work directory: on a fresh start, checks that it has room
+/// for the run's files; buckets the edges unless an earlier run did.
+/// Returns the distinct edges where it bucketed them.
+fn prepare_work_dir(
+    cfg: &InferConfig,
+    ds: &Dataset,
+    model: &Model,
+    run_plan: &RunPlan,
+    progress: &mut Progress,
+) -> Result<Option<u64>> {
+    let plan = &run_plan.plan;
+    let n = ds.num_nodes;
+    if !progress.edges_ready && progress.layer == 0 && progress.groups_done == 0 {
+        // What the work directory will hold at most: the hidden layers'
+        // outputs and the bucketed edges (counted with duplicates).
+        let hidden: u64 = (1..graph_layers_of(model))
+            .map(|l| (n * model.widths[l] as u64 * hidden_elem(cfg)).div_ceil(PAGE) * PAGE)
+            .sum();
+        let edges_bytes = if model.mlp.is_empty() {
+            run_plan.edge_upper_bound * 8
+                + plan.groups.len() as u64 * (plan.chunks(n) as u64 + 1) * 8
+        } else {
+            0
+        };
+        let free = offgnn_shared::io_engine::free_bytes(&cfg.work_dir)?;
+        if hidden + edges_bytes > free {
+            return Err(Error::InvalidArgument(format!(
+                "--work-dir {}: {} free, this run needs up to {} there (hidden layers {}, bucketed edges {}); free some space or point --work-dir elsewhere",
+                cfg.work_dir.display(),
+                human_bytes(free),
+                human_bytes(hidden + edges_bytes),
+                human_bytes(hidden),
+                human_bytes(edges_bytes)
+            )));
+        }
+    }
+    if !model.mlp.is_empty() || progress.edges_ready {
+        return Ok(None);
+    }
+    let t = Instant::now();
+    let edges = bucket_edges(ds, cfg, plan)?;
+    progress.edges_ready = true;
+    progress.edge_bucketing_seconds = t.elapsed().as_secs_f64();
+    save_progress(&cfg.work_dir, progress)?;
+    Ok(Some(edges))
+}
+
+/// The distinct edges, as an earlier run bucketed them (0 for the MLP).
+fn bucketed_edges(cfg: &InferConfig, model: &Model, run_plan: &RunPlan, n: u64) -> u64 {
+    let plan = &run_plan.plan;
+    if !model.mlp.is_empty() {
+        return 0;
+    }
+    let chunks = plan.chunks(n);
+    (0..plan.groups.len())
+        .map(|g| {
+            std::fs::metadata(edge_file(&cfg.work_dir, g))
+                .map(|m| (m.len() - (chunks as u64 + 1) * 8) / 8)
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// The output's columns, as `--outputs` asks for them.
+fn columns(cfg: &InferConfig) -> Vec<String> {
+    let mut columns = vec!["node_id".to_string(), "class".to_string()];
+    for (on, name) in [
+        (cfg.outputs.probabilities, "probabilities"),
+        (cfg.outputs.logits, "logits"),
+        (cfg.outputs.embeddings, "embedding"),
+    ] {
+        if on {
+            columns.push(name.into());
+        }
+    }
+    columns
+}
+
+/// Commits `summary` as the result in `out`; a replaced result's parts
+/// (`previous`'s) go only once it is in place. A run that lost the commit
+/// to another removes its parts and forgets its progress.
+fn commit_result(
+    cfg: &InferConfig,
+    out: &Store,
+    summary: &InferSummary,
+    run_id: &RunId,
+    previous: Option<&Previous>,
+) -> Result<()> {
+    let json = serde_json::to_vec_pretty(summary).expect("summary serializes");
+    match commit::commit(out, COMMIT, json, run_id, previous)? {
+        commit::Outcome::Committed => {}
+        commit::Outcome::Lost { winner } => {
+            let removed = summary
+                .files
+                .iter()
+                .filter(|f| out.delete(f).is_ok())
+                .count();
+            forget_progress(&cfg.work_dir);
+            return Err(commit::lost(&out.join(COMMIT), &winner, removed).into());
+        }
+    }
+    if let Some(old) = previous {
+        let ours: HashSet<&String> = summary.files.iter().collect();
+        let old_files = serde_json::from_slice::<serde_json::Value>(&old.body)
+            .ok()
+            .and_then(|v| serde_json::from_value::<Vec<String>>(v["files"].clone()).ok())
+            .unwrap_or_default();
+        for name in old_files.iter().filter(|f| !ours.contains(f)) {
+            if let Err(e) = out.delete(name) {
+                tracing::warn!("could not remove the replaced result's parts: {e}");
+                break;
+            }
+        }
+        commit::fault_point(commit::REPLACED_REMOVED);
+    }
+    Ok(())
+}
+
+fn short(s: &str) -> &str {
+    &s[..s.len().min(12)]
+}
