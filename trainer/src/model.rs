@@ -65,6 +65,10 @@ pub(crate) fn widths(cfg: &ModelConfig) -> Vec<i64> {
         .collect()
 }
 
+/// The slope of GAT's LeakyReLU on negative attention scores (PyG's
+/// `GATConv` default, `negative_slope=0.2`); inference computes the same.
+pub const GAT_NEGATIVE_SLOPE: f64 = 0.2;
+
 /// The activation between layers, by PyTorch Geometric's name for it (the
 /// `act` argument of its model classes): ReLU for GraphSAGE and the MLP (PyG's
 /// default), ELU for GAT (Veličković et al.).
@@ -279,7 +283,7 @@ impl Gnn for Gat {
             let sum_last = |t: Tensor| t.sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
             let el = sum_last(&z * &self.att_src[l]);
             let er = sum_last(&z_dst * &self.att_dst[l]);
-            let leaky_relu = |e: Tensor| e.maximum(&(&e * 0.2));
+            let leaky_relu = |e: Tensor| e.maximum(&(&e * GAT_NEGATIVE_SLOPE));
             // Block edges from a destination to itself give way to the one
             // self-loop every destination gets (PyG: remove_self_loops, then
             // add_self_loops); their scores become -inf, their weights 0.

@@ -19,6 +19,9 @@ use super::pull::{project_all, pull_in_order};
 use super::stream::StreamTimes;
 use crate::error::Result;
 
+/// GAT's LeakyReLU slope, in the f32 the host's scores are computed in.
+const SLOPE: f32 = crate::model::GAT_NEGATIVE_SLOPE as f32;
+
 /// A GAT layer for one group on the host: pulled where one group holds
 /// every node (see [`gat_pull`]), else pushed: the stream walks the
 /// group's span first (see [`Span`]), and each chunk's rows are added into
@@ -304,7 +307,7 @@ impl OnlineSoftmax {
             let (row, at) = ((v - base) as usize, (v - self.a) as usize);
             for hh in 0..h {
                 let raw = el[row * h + hh] + self.er[at * h + hh];
-                self.m[at * h + hh] = if raw >= 0.0 { raw } else { 0.2 * raw };
+                self.m[at * h + hh] = if raw >= 0.0 { raw } else { SLOPE * raw };
                 self.s[at * h + hh] = 1.0;
             }
             self.acc[at * w..][..w].copy_from_slice(&z[row * w..][..w]);
@@ -386,7 +389,7 @@ impl OnlineSoftmax {
                     let global = (t as u64 - a) as usize;
                     for hh in 0..h {
                         let raw = el[row * h + hh] + er[global * h + hh];
-                        let e = if raw >= 0.0 { raw } else { 0.2 * raw };
+                        let e = if raw >= 0.0 { raw } else { SLOPE * raw };
                         let mi = &mut m_mine[local * h + hh];
                         let si = &mut s_mine[local * h + hh];
                         let out = &mut acc_mine[local * w + hh * c_out..][..c_out];
@@ -555,7 +558,7 @@ fn gat_pull(
             head_scores(z, &a_dst, c_out, &mut er_all[c0 * h..(c0 + rows) * h]);
         })?;
     let bias = to_vec(bias)?;
-    let lrelu = |raw: f32| if raw >= 0.0 { raw } else { 0.2 * raw };
+    let lrelu = |raw: f32| if raw >= 0.0 { raw } else { SLOPE * raw };
     let (z, el, er) = (&z_all, &el_all, &er_all);
     // A thread's scratch: the scores of a destination's edges (self-loop
     // first), per head, and its sums.

@@ -471,7 +471,7 @@ impl Picked {
 
 /// GAT's attention slope for negative scores.
 fn leaky(raw: &Tensor) -> Result<Tensor> {
-    Ok(raw.f_maximum(&raw.f_mul_scalar(0.2)?)?)
+    Ok(raw.f_maximum(&raw.f_mul_scalar(crate::model::GAT_NEGATIVE_SLOPE)?)?)
 }
 
 /// A group's online softmax as device tensors (see
