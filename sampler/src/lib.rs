@@ -11,8 +11,11 @@ pub mod array_job;
 pub mod dataset_tools;
 pub mod memory;
 pub mod neighbor_sampling;
+pub mod parquet_import;
 mod report;
 pub mod sample_run;
+pub mod synthetic;
+pub mod topology;
 
 use std::path::PathBuf;
 
@@ -324,7 +327,7 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
         num_shards: shards.num_shards,
         overwrite: args.overwrite,
         batches_per_file: args.batches_per_file,
-        csr: offgnn_shared::topology::CsrOptions {
+        csr: crate::topology::CsrOptions {
             add_reverse: args.add_reverse_edges,
             dedup: !args.keep_duplicate_edges,
             keep_self_loops: !args.drop_self_loops,

@@ -3,8 +3,8 @@
 //! statement exceeds it). Every part is an upper bound on what the run
 //! allocates; the end-to-end suite checks a run's peak RSS against it.
 
+use crate::topology::CHUNK;
 use offgnn_shared::dataset::{Dataset, EdgeSource, Split};
-use offgnn_shared::topology::CHUNK;
 use serde::Serialize;
 
 use crate::sample_run::SampleConfig;

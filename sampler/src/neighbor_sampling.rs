@@ -8,10 +8,10 @@
 //! epoch, batch index), so the output does not depend on which thread
 //! sampled which batch.
 
+use crate::topology::Csr;
 use offgnn_shared::dataset::Split;
 use offgnn_shared::prefetch;
 use offgnn_shared::samples::Block;
-use offgnn_shared::topology::Csr;
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 
@@ -171,7 +171,7 @@ fn choose(neighbors: &[u32], k: usize, rng: &mut impl Rng, out: &mut Vec<u32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use offgnn_shared::topology::CsrOptions;
+    use crate::topology::CsrOptions;
     use proptest::prelude::*;
     use std::collections::HashSet;
 

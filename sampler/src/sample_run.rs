@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
+use crate::topology::{Csr, CsrOptions};
 use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::dataset::{Dataset, Split, file_fingerprint};
 use offgnn_shared::samples::{
@@ -20,7 +21,6 @@ use offgnn_shared::samples::{
     SamplingParams, ShardFiles, ShardSummary, SplitCounts,
 };
 use offgnn_shared::store::Store;
-use offgnn_shared::topology::{Csr, CsrOptions};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};

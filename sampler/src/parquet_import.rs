@@ -5,7 +5,7 @@
 //! id map and the labels are held in memory.
 //!
 //! The split is fixed and documented: a seeded shuffle of the dense ids
-//! ([`crate::dataset::seeded_split`]), by default seed 0 with 60% train, 20%
+//! ([`offgnn_shared::dataset::seeded_split`]), by default seed 0 with 60% train, 20%
 //! validation and 20% test.
 
 use std::collections::HashMap;
@@ -18,9 +18,9 @@ use arrow::datatypes::{DataType, Float32Type, Int64Type};
 use half::f16;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use crate::dataset::{DatasetSpec, DatasetWriter, Split, layout, seeded_split};
-use crate::error::{Error, Result};
-use crate::npy::{self, DType, NpyWriter};
+use offgnn_shared::dataset::{DatasetSpec, DatasetWriter, Split, layout, seeded_split};
+use offgnn_shared::error::{Error, Result};
+use offgnn_shared::npy::{self, DType, NpyWriter};
 
 /// Where the tables are and which columns hold what.
 #[derive(Clone, Debug)]
