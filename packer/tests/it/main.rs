@@ -12,7 +12,8 @@ use packer::pack::{DiskCacheMode, PackConfig, PackSummary, PackingMode, pack};
 use packer::plan_error::PlanError;
 use packer::sizes::Budget;
 use packer::verify::{open_layout, verify};
-use sampler::sample_run::{SampleConfig, run};
+use sampler::config::SampleConfig;
+use sampler::sample_run::run;
 use sampler::synthetic::{GeneratorConfig, generate};
 use sampler::topology::CsrOptions;
 

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use offgnn_shared::dataset::{Dataset, Split};
 use offgnn_shared::samples::{RUN_SUMMARY, RunSummary, read_file};
 use offgnn_shared::store::Store;
-use sampler::sample_run::{Error, SampleConfig, parse_fanouts, run, run_in};
+use sampler::config::{SampleConfig, parse_fanouts};
+use sampler::error::Error;
+use sampler::sample_run::{run, run_in};
 use sampler::synthetic::{GeneratorConfig, generate};
 use sampler::topology::{Csr, CsrOptions};
 
