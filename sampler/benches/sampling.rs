@@ -19,11 +19,11 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use offgnn_shared::dataset::{Dataset, Split};
-use offgnn_shared::topology::{Csr, CsrOptions};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rayon::prelude::*;
 use sampler::neighbor_sampling::{Scratch, batch_rng, sample_blocks};
+use sampler::topology::{Csr, CsrOptions};
 
 const FANOUTS: [usize; 3] = [10, 15, 20];
 const BATCH: usize = 1024;

@@ -7,7 +7,7 @@
 //! [`resolve`] is a pure function of the flags and an environment lookup:
 //! the binary passes the process environment, tests a map.
 
-use crate::sample_run::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The shard count where the engine tells its tasks none (a Kubernetes
 /// Indexed Job's `completions` is not in its pods' environment).

@@ -3,12 +3,12 @@
 
 use std::time::Instant;
 
+use crate::parquet_import::{self, ImportConfig};
+use crate::synthetic::{self, GeneratorConfig};
+use crate::topology::{Csr, CsrOptions};
 use anyhow::Context;
 use offgnn_shared::dataset::Dataset;
-use offgnn_shared::parquet_import::{self, ImportConfig};
 use offgnn_shared::report::{human_bytes, print_summary};
-use offgnn_shared::synthetic::{self, GeneratorConfig};
-use offgnn_shared::topology::{Csr, CsrOptions};
 use offgnn_shared::{npy, progress};
 
 use crate::{GenerateArgs, ImportArgs, InspectArgs, Preset};

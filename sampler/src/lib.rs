@@ -4,15 +4,22 @@
 //!
 //! Output layout and Parquet schema: [`offgnn_shared::samples`] (one row per
 //! mini-batch; `run.json` written last as the commit point). Sampling itself:
-//! [`neighbor_sampling`]; planning, threads, shards and commit: [`sample_run`];
-//! which shard an array job's task samples: [`array_job`].
+//! [`neighbor_sampling`] over the graph in CSR ([`topology`]); planning,
+//! threads, shards and commit: [`sample_run`], as [`config`] asks; which
+//! shard an array job's task samples: [`array_job`]. The datasets it reads
+//! come from the [`synthetic`] generator or the [`parquet_import`] importer.
 
 pub mod array_job;
+pub mod config;
 pub mod dataset_tools;
+pub mod error;
 pub mod memory;
 pub mod neighbor_sampling;
+pub mod parquet_import;
 mod report;
 pub mod sample_run;
+pub mod synthetic;
+pub mod topology;
 
 use std::path::PathBuf;
 
@@ -268,8 +275,7 @@ fn stop_writing_on_signal(doing: &'static str, out: &std::path::Path) {
     offgnn_shared::signals::on_first(move |signal| {
         // Stderr is held from the removal to the exit: the writer, its
         // directory gone, fails too, and its error would be printed beside
-        // this line (seen in 1 of 10 runs of the signals test); holding the
-        // lock, it waits until the process has ended.
+        // this line; holding the lock, it waits until the process has ended.
         let _stderr = std::io::stderr().lock();
         let found = offgnn_shared::dataset::abandon_partial();
         let list = |dirs: &[std::path::PathBuf]| {
@@ -310,10 +316,10 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
     if let Some(line) = shards.log_line() {
         tracing::info!("{line}");
     }
-    let cfg = sample_run::SampleConfig {
+    let cfg = config::SampleConfig {
         dataset,
         out,
-        fanouts: sample_run::parse_fanouts(&args.fanout)?,
+        fanouts: config::parse_fanouts(&args.fanout)?,
         batch_size: args.batch_size,
         epochs: args.epochs,
         seed: args.seed,
@@ -324,7 +330,7 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
         num_shards: shards.num_shards,
         overwrite: args.overwrite,
         batches_per_file: args.batches_per_file,
-        csr: offgnn_shared::topology::CsrOptions {
+        csr: crate::topology::CsrOptions {
             add_reverse: args.add_reverse_edges,
             dedup: !args.keep_duplicate_edges,
             keep_self_loops: !args.drop_self_loops,

@@ -3,17 +3,17 @@
 //! statement exceeds it). Every part is an upper bound on what the run
 //! allocates; the end-to-end suite checks a run's peak RSS against it.
 
+use crate::topology::CHUNK;
 use offgnn_shared::dataset::{Dataset, EdgeSource, Split};
-use offgnn_shared::topology::CHUNK;
 use serde::Serialize;
 
-use crate::sample_run::SampleConfig;
+use crate::config::SampleConfig;
 
 /// Edge pairs the CSV reader can hold per line at the least (`0,1\n`).
 const MIN_CSV_LINE: u64 = 4;
 /// The process before any data: code, thread stacks touched, allocator
-/// arenas and the Tokio runtime of the object store (measured at about
-/// 20 MiB; stated with room).
+/// arenas and the Tokio runtime of the object store, stated with room over
+/// what it measures.
 const RUNTIME_BYTES: u64 = 64 << 20;
 /// Parquet's open row group (flushed past 64 MiB, by one batch at most)
 /// and its encoded pages beside it.

@@ -8,10 +8,10 @@
 //! epoch, batch index), so the output does not depend on which thread
 //! sampled which batch.
 
+use crate::topology::Csr;
 use offgnn_shared::dataset::Split;
 use offgnn_shared::prefetch;
 use offgnn_shared::samples::Block;
-use offgnn_shared::topology::Csr;
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 
@@ -53,10 +53,7 @@ pub fn batch_rng(seed: u64, split: Split, epoch: u32, index: u32) -> Pcg64Mcg {
 
 /// How many items ahead the passes below ask for the cache lines they will
 /// load: far enough for a miss to the memory to land, near enough for the
-/// lines to stay in L1. Per core on this VM (edges/s, 1 and 2 threads,
-/// single runs alternated): no prefetch 27-29M on heavy2m and 23-24M on the
-/// 10M bench graph; 8 ahead 32-34M and 27-30M, 16 ahead 31-35M and 28-30M,
-/// 32 ahead 32-36M and 28-31M.
+/// lines to stay in L1.
 const AHEAD: usize = 32;
 
 /// Samples the blocks of one batch. `fanouts` are per layer, input layer
@@ -171,7 +168,7 @@ fn choose(neighbors: &[u32], k: usize, rng: &mut impl Rng, out: &mut Vec<u32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use offgnn_shared::topology::CsrOptions;
+    use crate::topology::CsrOptions;
     use proptest::prelude::*;
     use std::collections::HashSet;
 

@@ -2,7 +2,8 @@
 
 use offgnn_shared::report::{human_bytes, print_summary};
 
-use crate::sample_run::{Outcome, SampleConfig};
+use crate::config::SampleConfig;
+use crate::sample_run::Outcome;
 
 pub fn print(cfg: &SampleConfig, o: &Outcome) {
     let bytes: u64 = o.shard.files.iter().map(|f| f.object.size).sum();

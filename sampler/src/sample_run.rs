@@ -17,10 +17,9 @@ use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::dataset::{Dataset, Split, file_fingerprint};
 use offgnn_shared::samples::{
     self, DatasetInfo, FORMAT, FORMAT_VERSION, RUN_SUMMARY, RunSummary, SampleFile, SampledBatch,
-    SamplingParams, ShardFiles, ShardSummary, SplitCounts,
+    ShardFiles, ShardSummary, SplitCounts,
 };
 use offgnn_shared::store::Store;
-use offgnn_shared::topology::{Csr, CsrOptions};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -29,120 +28,15 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rayon::prelude::*;
 
+use crate::config::SampleConfig;
+use crate::error::{Error, Result};
 use crate::memory::MemoryEstimate;
 use crate::neighbor_sampling::{Scratch, batch_rng, mix, sample_blocks};
+use crate::topology::Csr;
 use offgnn_shared::report::human_bytes;
 
 /// Row groups are flushed once this much is buffered.
 const ROW_GROUP_BYTES: usize = 64 << 20;
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{0}")]
-    InvalidArgument(String),
-    #[error(
-        "{0} already holds a committed sampling run (run.json); pass --overwrite to replace it"
-    )]
-    Committed(String),
-    #[error(transparent)]
-    Shared(#[from] offgnn_shared::Error),
-    #[error("{file}: {fault}")]
-    Write { file: String, fault: String },
-    /// The run ended early (a signal, a full disk): what it did about it.
-    #[error("{0}")]
-    Ended(String),
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-#[derive(Clone, Debug)]
-pub struct SampleConfig {
-    pub dataset: std::path::PathBuf,
-    pub out: String,
-    pub fanouts: Vec<usize>,
-    pub batch_size: usize,
-    pub epochs: u32,
-    pub seed: u64,
-    pub threads: usize,
-    pub shard: u32,
-    pub num_shards: u32,
-    pub overwrite: bool,
-    pub batches_per_file: u32,
-    pub csr: CsrOptions,
-    pub show_progress: bool,
-    /// Refuse to start when the stated peak memory exceeds this.
-    pub memory_limit: Option<u64>,
-}
-
-/// Parses `10,15,20`: positive fan-outs, input layer first.
-pub fn parse_fanouts(text: &str) -> Result<Vec<usize>> {
-    let parts: Vec<&str> = text
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .collect();
-    if parts.is_empty() {
-        return Err(Error::InvalidArgument(
-            "--fanout is empty: give one fan-out per layer, e.g. 10,15,20".into(),
-        ));
-    }
-    parts
-        .iter()
-        .map(|p| match p.parse::<usize>() {
-            Ok(0) => Err(Error::InvalidArgument(format!(
-                "--fanout {text}: a fan-out of 0 samples nothing"
-            ))),
-            Ok(k) => Ok(k),
-            Err(_) => Err(Error::InvalidArgument(format!(
-                "--fanout {text}: '{p}' is not a positive integer"
-            ))),
-        })
-        .collect()
-}
-
-impl SampleConfig {
-    fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::InvalidArgument(m));
-        if self.fanouts.is_empty() || self.fanouts.contains(&0) {
-            return bad("fan-outs must be a non-empty list of positive integers".into());
-        }
-        if self.batch_size == 0 {
-            return bad("--batch-size must be at least 1".into());
-        }
-        if self.epochs == 0 {
-            return bad("--epochs must be at least 1".into());
-        }
-        if self.num_shards == 0 {
-            return bad("--num-shards must be at least 1".into());
-        }
-        if self.shard >= self.num_shards {
-            return bad(format!(
-                "--shard {} is out of range for --num-shards {} (shards are 0..{})",
-                self.shard, self.num_shards, self.num_shards
-            ));
-        }
-        if self.batches_per_file == 0 {
-            return bad("--batches-per-file must be at least 1".into());
-        }
-        if self.threads == 0 {
-            return bad("--threads must be at least 1".into());
-        }
-        Ok(())
-    }
-
-    fn params(&self) -> SamplingParams {
-        SamplingParams {
-            fanouts: self.fanouts.clone(),
-            batch_size: self.batch_size,
-            epochs: self.epochs,
-            seed: self.seed,
-            batches_per_file: self.batches_per_file,
-            add_reverse_edges: self.csr.add_reverse,
-            dedup_edges: self.csr.dedup,
-            keep_self_loops: self.csr.keep_self_loops,
-        }
-    }
-}
 
 /// One output file's worth of batches.
 struct Unit {
@@ -320,13 +214,66 @@ pub fn run(cfg: &SampleConfig) -> Result<Outcome> {
 pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome> {
     cfg.validate()?;
     let started = Instant::now();
+    let previous = check_output(store, cfg)?;
+    let memory = state_memory(ds, cfg)?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(cfg.threads)
+        .build()
+        .map_err(|e| {
+            Error::InvalidArgument(format!("cannot start {} threads: {e}", cfg.threads))
+        })?;
+    let (csr, csr_seconds) = build_graph(ds, cfg, &pool)?;
 
+    if let Some(signal) = offgnn_shared::signals::received() {
+        return Err(Error::Ended(format!(
+            "stopped by {signal} before sampling; nothing was written"
+        )));
+    }
+    // This run's objects go under names of its own; a committed run's stay
+    // as they are until this one has committed.
+    let run_id = run_id(ds, cfg)?;
+    tracing::info!("run {run_id}");
+    let dataset = dataset_info(ds, &csr)?;
+
+    let units = plan(ds, cfg, true);
+    let (files, sample_seconds) =
+        write_units(store, &csr, cfg, &run_id, &units, &pool, previous.is_some())?;
+    let (batches, edges) = files.iter().fold((0u64, 0u64), |(b, e), f| {
+        (b + f.batches as u64, e + f.edges)
+    });
+
+    let shard = ShardSummary {
+        format: FORMAT.into(),
+        format_version: FORMAT_VERSION,
+        run_id: run_id.to_string(),
+        shard: cfg.shard,
+        num_shards: cfg.num_shards,
+        dataset,
+        params: cfg.params(),
+        files,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    let run = commit_shard(store, ds, cfg, &run_id, &shard, previous.as_ref())?;
+    Ok(Outcome {
+        shard,
+        run,
+        batches,
+        edges,
+        sample_seconds,
+        csr_seconds,
+        duplicate_edges_dropped: csr.duplicates_dropped(),
+        memory,
+    })
+}
+
+/// The run committed at the output before, if any. Refuses a committed run
+/// without `--overwrite`, and an output whose `samples/` or `_shards/` holds
+/// what no sampler wrote: a rerun replaces what is under them.
+fn check_output(store: &Store, cfg: &SampleConfig) -> Result<Option<Previous>> {
     let previous = commit::read(store, RUN_SUMMARY)?;
     if previous.is_some() && !cfg.overwrite {
         return Err(Error::Committed(store.url().to_string()));
     }
-    // A rerun replaces what is under samples/ and _shards/: only a sampler's
-    // own objects may be there.
     for prefix in ["samples", "_shards"] {
         if let Some((name, _)) = store
             .list(prefix)?
@@ -339,7 +286,12 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
             )));
         }
     }
+    Ok(previous)
+}
 
+/// States the run's peak memory in the log, and refuses the run when it
+/// exceeds `--memory`.
+fn state_memory(ds: &Dataset, cfg: &SampleConfig) -> Result<MemoryEstimate> {
     let memory = crate::memory::estimate(ds, cfg);
     tracing::info!(
         "memory: at most {} (graph {}, build {}, thread scratch {}, batches in flight {}, output buffers {})",
@@ -363,14 +315,11 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
             human_bytes(memory.batches_in_flight_bytes),
         )));
     }
+    Ok(memory)
+}
 
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(cfg.threads)
-        .build()
-        .map_err(|e| {
-            Error::InvalidArgument(format!("cannot start {} threads: {e}", cfg.threads))
-        })?;
-
+/// Builds the sampling graph on the pool; returns it with the seconds it took.
+fn build_graph(ds: &Dataset, cfg: &SampleConfig, pool: &rayon::ThreadPool) -> Result<(Csr, f64)> {
     let csr_started = Instant::now();
     let bar = offgnn_shared::progress::bar_if(
         cfg.show_progress,
@@ -397,18 +346,12 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
             csr.duplicates_dropped()
         );
     }
+    Ok((csr, csr_seconds))
+}
 
-    if let Some(signal) = offgnn_shared::signals::received() {
-        return Err(Error::Ended(format!(
-            "stopped by {signal} before sampling; nothing was written"
-        )));
-    }
-    // This run's objects go under names of its own; a committed run's stay
-    // as they are until this one has committed.
-    let run_id = run_id(ds, cfg)?;
-    tracing::info!("run {run_id}");
-
-    let dataset = DatasetInfo {
+/// What the run's summaries say of the dataset it sampled.
+fn dataset_info(ds: &Dataset, csr: &Csr) -> Result<DatasetInfo> {
+    Ok(DatasetInfo {
         name: ds.name.clone(),
         location: ds.root.display().to_string(),
         fingerprint: ds.fingerprint()?,
@@ -418,96 +361,98 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         feature_dim: ds.feature_dim(),
         feature_dtype: ds.features.dtype(),
         graph_edges: csr.num_edges(),
-    };
+    })
+}
 
-    let units = plan(ds, cfg, true);
+/// Samples and writes this shard's files in plan order; returns them with
+/// the seconds sampling took. On a failure, see [`abandon`].
+fn write_units(
+    store: &Store,
+    csr: &Csr,
+    cfg: &SampleConfig,
+    run_id: &RunId,
+    units: &[Unit],
+    pool: &rayon::ThreadPool,
+    previous_committed: bool,
+) -> Result<(Vec<SampleFile>, f64)> {
     let total: u64 = units.iter().map(|u| u.batches.len() as u64).sum();
     let bar = offgnn_shared::progress::bar_if(cfg.show_progress, total, "sampling", "batches");
     let scratch = Mutex::new(Vec::<Scratch>::new());
     let sample_started = Instant::now();
     let mut files = Vec::with_capacity(units.len());
-    for unit in &units {
-        let written = write_unit_with_retry(store, &csr, cfg, &run_id, unit, &pool, &scratch, &bar);
+    for unit in units {
+        let written = write_unit_with_retry(store, csr, cfg, run_id, unit, pool, &scratch, &bar);
         match written {
             Ok(file) => files.push(file),
-            Err(e) => {
-                // A shard's files are rewritten by its rerun; an unsharded
-                // run's would never be read again.
-                let removed = (cfg.num_shards == 1).then(|| remove_run(store, &run_id));
-                if let Some(signal) = offgnn_shared::signals::received() {
-                    let untouched = if previous.is_some() {
-                        " (the run committed here before is untouched)"
-                    } else {
-                        ""
-                    };
-                    return Err(Error::Ended(match removed {
-                        Some(n) => format!(
-                            "stopped by {signal}: removed the {n} objects this run wrote; nothing was committed{untouched}"
-                        ),
-                        None => format!(
-                            "stopped by {signal}: shard {}'s files stay under {} until a rerun of the shard rewrites them; nothing was committed{untouched}",
-                            cfg.shard,
-                            store.join(&format!("samples/{run_id}"))
-                        ),
-                    }));
-                }
-                if e.to_string().contains("os error 28") {
-                    // A full disk: say how full, and what went.
-                    let free = store
-                        .local_file("")
-                        .and_then(|d| offgnn_shared::io_engine::free_bytes(&d).ok())
-                        .map(|b| format!("; {} free there", human_bytes(b)))
-                        .unwrap_or_default();
-                    let removed = removed
-                        .map(|n| format!("; removed the {n} objects this run wrote"))
-                        .unwrap_or_default();
-                    return Err(Error::Ended(format!("{e}{free}{removed}")));
-                }
-                return Err(e);
-            }
+            Err(e) => return Err(abandon(store, cfg, run_id, previous_committed, e)),
         }
     }
     bar.finish_and_clear();
-    let sample_seconds = sample_started.elapsed().as_secs_f64();
-    let (batches, edges) = files.iter().fold((0u64, 0u64), |(b, e), f| {
-        (b + f.batches as u64, e + f.edges)
-    });
+    Ok((files, sample_started.elapsed().as_secs_f64()))
+}
 
-    let shard = ShardSummary {
-        format: FORMAT.into(),
-        format_version: FORMAT_VERSION,
-        run_id: run_id.to_string(),
-        shard: cfg.shard,
-        num_shards: cfg.num_shards,
-        dataset,
-        params: cfg.params(),
-        files,
-        seconds: started.elapsed().as_secs_f64(),
-    };
-    let run = if cfg.num_shards == 1 {
-        commit_run(
-            store,
-            ds,
-            cfg,
-            &run_id,
-            vec![shard.clone()],
-            previous.as_ref(),
-        )?
+/// After a file failed for good: removes an unsharded run's objects, and
+/// turns a stop by a signal or a full disk into one line that says what
+/// became of what the run wrote; any other failure is returned as it is.
+fn abandon(
+    store: &Store,
+    cfg: &SampleConfig,
+    run_id: &RunId,
+    previous_committed: bool,
+    e: Error,
+) -> Error {
+    // A shard's files are rewritten by its rerun; an unsharded
+    // run's would never be read again.
+    let removed = (cfg.num_shards == 1).then(|| remove_run(store, run_id));
+    if let Some(signal) = offgnn_shared::signals::received() {
+        let untouched = if previous_committed {
+            " (the run committed here before is untouched)"
+        } else {
+            ""
+        };
+        return Error::Ended(match removed {
+            Some(n) => format!(
+                "stopped by {signal}: removed the {n} objects this run wrote; nothing was committed{untouched}"
+            ),
+            None => format!(
+                "stopped by {signal}: shard {}'s files stay under {} until a rerun of the shard rewrites them; nothing was committed{untouched}",
+                cfg.shard,
+                store.join(&format!("samples/{run_id}"))
+            ),
+        });
+    }
+    if e.to_string().contains("os error 28") {
+        // A full disk: say how full, and what went.
+        let free = store
+            .local_file("")
+            .and_then(|d| offgnn_shared::io_engine::free_bytes(&d).ok())
+            .map(|b| format!("; {} free there", human_bytes(b)))
+            .unwrap_or_default();
+        let removed = removed
+            .map(|n| format!("; removed the {n} objects this run wrote"))
+            .unwrap_or_default();
+        return Error::Ended(format!("{e}{free}{removed}"));
+    }
+    e
+}
+
+/// Commits an unsharded run; in a sharded run, writes this shard's summary
+/// and commits when it is the last to finish.
+fn commit_shard(
+    store: &Store,
+    ds: &Dataset,
+    cfg: &SampleConfig,
+    run_id: &RunId,
+    shard: &ShardSummary,
+    previous: Option<&Previous>,
+) -> Result<Option<RunSummary>> {
+    if cfg.num_shards == 1 {
+        commit_run(store, ds, cfg, run_id, vec![shard.clone()], previous)
     } else {
-        let body = serde_json::to_vec_pretty(&shard).expect("summaries serialize");
-        store.put(&shard_name(&run_id, cfg.shard, cfg.num_shards), body)?;
-        try_commit_shards(store, ds, cfg, &run_id, previous.as_ref())?
-    };
-    Ok(Outcome {
-        shard,
-        run,
-        batches,
-        edges,
-        sample_seconds,
-        csr_seconds,
-        duplicate_edges_dropped: csr.duplicates_dropped(),
-        memory,
-    })
+        let body = serde_json::to_vec_pretty(shard).expect("summaries serialize");
+        store.put(&shard_name(run_id, cfg.shard, cfg.num_shards), body)?;
+        try_commit_shards(store, ds, cfg, run_id, previous)
+    }
 }
 
 /// Tries of one output file.

@@ -20,7 +20,7 @@ use std::process::Command;
 use offgnn_shared::dataset::Dataset;
 use offgnn_shared::disk_probe;
 use offgnn_shared::io_engine::{IoEngine, IoOptions};
-use offgnn_shared::synthetic::{GeneratorConfig, generate};
+use sampler::synthetic::{GeneratorConfig, generate};
 use tch::{Device, nn};
 use trainer::export;
 use trainer::model::{self, ModelConfig, ModelKind};

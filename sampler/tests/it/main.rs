@@ -1,6 +1,9 @@
 //! Sampling runs end to end through the library: determinism across thread
 //! counts, shards that add up to the single run, an in-memory round trip
-//! that checks every batch against the graph, and refused inputs.
+//! that checks every batch against the graph, and refused inputs; and the
+//! Parquet importer (on Cora and on small hand-made tables).
+
+mod parquet_importer;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -8,9 +11,11 @@ use std::path::{Path, PathBuf};
 use offgnn_shared::dataset::{Dataset, Split};
 use offgnn_shared::samples::{RUN_SUMMARY, RunSummary, read_file};
 use offgnn_shared::store::Store;
-use offgnn_shared::synthetic::{GeneratorConfig, generate};
-use offgnn_shared::topology::{Csr, CsrOptions};
-use sampler::sample_run::{Error, SampleConfig, parse_fanouts, run, run_in};
+use sampler::config::{SampleConfig, parse_fanouts};
+use sampler::error::Error;
+use sampler::sample_run::{run, run_in};
+use sampler::synthetic::{GeneratorConfig, generate};
+use sampler::topology::{Csr, CsrOptions};
 
 fn dataset(dir: &Path) -> PathBuf {
     let out = dir.join("g");

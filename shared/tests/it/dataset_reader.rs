@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use offgnn_shared::dataset::{Dataset, Split};
 use offgnn_shared::npy::{DType, encode_header};
-use offgnn_shared::topology::{Csr, CsrOptions};
+use sampler::topology::{Csr, CsrOptions};
 
 /// Writes raw little-endian bytes under a header for `dtype` and `shape`.
 fn npy(path: &Path, dtype: DType, shape: &[u64], data: &[u8]) {

@@ -1,6 +1,4 @@
 //! Integration tests of the shared crate: the dataset reader against every
-//! malformed input it must refuse, the Parquet importer (on Cora and on
-//! small hand-made tables), and the CSR built from a real dataset.
+//! malformed input it must refuse.
 
 mod dataset_reader;
-mod parquet_importer;

@@ -8,11 +8,12 @@ use std::path::PathBuf;
 
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoOptions};
 use offgnn_shared::store_dtype::StoreDType;
-use offgnn_shared::synthetic::{GeneratorConfig, generate};
-use offgnn_shared::topology::CsrOptions;
 use packer::pack::{DiskCacheMode, PackConfig, PackingMode, pack};
 use packer::sizes::Budget;
-use sampler::sample_run::{SampleConfig, run};
+use sampler::config::SampleConfig;
+use sampler::sample_run::run;
+use sampler::synthetic::{GeneratorConfig, generate};
+use sampler::topology::CsrOptions;
 use trainer::layout::Layout;
 use trainer::model::{ModelConfig, ModelKind};
 use trainer::pipeline::{self, FeatureMode};

@@ -5,7 +5,7 @@
 //! id map and the labels are held in memory.
 //!
 //! The split is fixed and documented: a seeded shuffle of the dense ids
-//! ([`crate::dataset::seeded_split`]), by default seed 0 with 60% train, 20%
+//! ([`offgnn_shared::dataset::seeded_split`]), by default seed 0 with 60% train, 20%
 //! validation and 20% test.
 
 use std::collections::HashMap;
@@ -18,9 +18,9 @@ use arrow::datatypes::{DataType, Float32Type, Int64Type};
 use half::f16;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use crate::dataset::{DatasetSpec, DatasetWriter, Split, layout, seeded_split};
-use crate::error::{Error, Result};
-use crate::npy::{self, DType, NpyWriter};
+use offgnn_shared::dataset::{DatasetSpec, DatasetWriter, Split, layout, seeded_split};
+use offgnn_shared::error::{Error, Result};
+use offgnn_shared::npy::{self, DType, NpyWriter};
 
 /// Where the tables are and which columns hold what.
 #[derive(Clone, Debug)]
@@ -139,8 +139,55 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         )));
     }
     let writer = DatasetWriter::create(out, overwrite)?;
+    let nodes = import_nodes(&writer, cfg)?;
+    let (input_edges, num_edges) = import_edges(&writer, cfg, &nodes.ids)?;
 
-    // Nodes: ids, labels, and features streamed to disk in row order.
+    let [train, valid, test] = seeded_split(
+        nodes.num_nodes,
+        cfg.train_fraction,
+        cfg.valid_fraction,
+        None,
+        cfg.split_seed,
+    )?;
+    for (split, seeds) in [
+        (Split::Train, &train),
+        (Split::Valid, &valid),
+        (Split::Test, &test),
+    ] {
+        let split_labels: Vec<u64> = seeds.iter().map(|&s| nodes.labels[s as usize]).collect();
+        writer.write_split(split, seeds, &split_labels)?;
+    }
+    let dataset = writer.commit(&DatasetSpec {
+        name: cfg.name.clone(),
+        num_nodes: nodes.num_nodes,
+        num_classes: nodes.num_classes,
+    })?;
+    Ok(ImportSummary {
+        dataset,
+        num_nodes: nodes.num_nodes,
+        input_edges,
+        num_edges,
+        num_classes: nodes.num_classes,
+        feature_dim: nodes.feature_dim,
+        train: train.len(),
+        valid: valid.len(),
+        test: test.len(),
+    })
+}
+
+/// What the node table gave: each node id's dense id (its row), and the
+/// labels in row order.
+struct Nodes {
+    ids: HashMap<i64, u32>,
+    labels: Vec<u64>,
+    num_nodes: u64,
+    num_classes: u32,
+    feature_dim: u64,
+}
+
+/// Reads the node table: ids, labels, and features streamed to disk in row
+/// order; writes the feature and label files.
+fn import_nodes(writer: &DatasetWriter, cfg: &ImportConfig) -> Result<Nodes> {
     let (num_nodes, reader) = open_table(&cfg.nodes)?;
     if num_nodes == 0 {
         return Err(Error::parquet(&cfg.nodes, "the node table is empty"));
@@ -152,55 +199,10 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
     for batch in reader {
         let batch = batch.map_err(|e| Error::parquet(&cfg.nodes, e.to_string()))?;
         let batch_ids = int_column(&cfg.nodes, &batch, &cfg.id_column)?;
-        for (k, id) in batch_ids.into_iter().enumerate() {
-            let dense = u32::try_from(row + k as u64).map_err(|_| {
-                Error::parquet(&cfg.nodes, "more than 2^32 - 1 nodes are not supported")
-            })?;
-            if ids.insert(id, dense).is_some() {
-                return Err(Error::parquet(
-                    &cfg.nodes,
-                    format!("node id {id} appears twice (row {})", row + k as u64),
-                ));
-            }
-        }
-        for (k, l) in int_column(&cfg.nodes, &batch, &cfg.label_column)?
-            .into_iter()
-            .enumerate()
-        {
-            if l < 0 {
-                return Err(Error::parquet(
-                    &cfg.nodes,
-                    format!("negative label {l} at row {}", row + k as u64),
-                ));
-            }
-            labels.push(l as u64);
-        }
-        let (values, dim) = feature_rows(&cfg.nodes, &batch, &cfg.features_column, row)?;
-        let (w, d) = match &mut features {
-            Some(f) => f,
-            None => {
-                let w =
-                    NpyWriter::create(writer.path(layout::FEATURES), cfg.dtype, &[num_nodes, dim])?;
-                features.insert((w, dim))
-            }
-        };
-        if dim != *d {
-            return Err(Error::parquet(
-                &cfg.nodes,
-                format!("feature lists change length from {d} to {dim} near row {row}"),
-            ));
-        }
-        match cfg.dtype {
-            DType::F16 => {
-                let halves: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
-                let bytes: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
-                w.write_bytes(&bytes)?;
-            }
-            _ => {
-                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                w.write_bytes(&bytes)?;
-            }
-        }
+        add_ids(&cfg.nodes, &mut ids, batch_ids, row)?;
+        let batch_labels = int_column(&cfg.nodes, &batch, &cfg.label_column)?;
+        add_labels(&cfg.nodes, &mut labels, batch_labels, row)?;
+        write_feature_rows(writer, cfg, num_nodes, &batch, row, &mut features)?;
         row += batch.num_rows() as u64;
     }
     let (features, feature_dim) = features.expect("the node table has rows");
@@ -213,8 +215,91 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         ));
     }
     npy::write_i64(writer.path(layout::LABELS), &labels)?;
+    Ok(Nodes {
+        ids,
+        labels,
+        num_nodes,
+        num_classes: num_classes as u32,
+        feature_dim,
+    })
+}
 
-    // Edges: remap to dense ids; the table's row count fixes the array shape.
+/// Gives a batch's node ids, from table row `row` on, their dense ids (their
+/// rows); refuses an id seen before.
+fn add_ids(path: &Path, ids: &mut HashMap<i64, u32>, batch_ids: Vec<i64>, row: u64) -> Result<()> {
+    for (k, id) in batch_ids.into_iter().enumerate() {
+        let dense = u32::try_from(row + k as u64)
+            .map_err(|_| Error::parquet(path, "more than 2^32 - 1 nodes are not supported"))?;
+        if ids.insert(id, dense).is_some() {
+            return Err(Error::parquet(
+                path,
+                format!("node id {id} appears twice (row {})", row + k as u64),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Appends a batch's labels, from table row `row` on; refuses a negative one.
+fn add_labels(path: &Path, labels: &mut Vec<u64>, batch_labels: Vec<i64>, row: u64) -> Result<()> {
+    for (k, l) in batch_labels.into_iter().enumerate() {
+        if l < 0 {
+            return Err(Error::parquet(
+                path,
+                format!("negative label {l} at row {}", row + k as u64),
+            ));
+        }
+        labels.push(l as u64);
+    }
+    Ok(())
+}
+
+/// Appends a batch's feature rows to the feature file, which the first
+/// batch creates with its width; refuses a batch of another width.
+fn write_feature_rows(
+    writer: &DatasetWriter,
+    cfg: &ImportConfig,
+    num_nodes: u64,
+    batch: &RecordBatch,
+    row: u64,
+    features: &mut Option<(NpyWriter, u64)>,
+) -> Result<()> {
+    let (values, dim) = feature_rows(&cfg.nodes, batch, &cfg.features_column, row)?;
+    let (w, d) = match features {
+        Some(f) => f,
+        None => {
+            let w = NpyWriter::create(writer.path(layout::FEATURES), cfg.dtype, &[num_nodes, dim])?;
+            features.insert((w, dim))
+        }
+    };
+    if dim != *d {
+        return Err(Error::parquet(
+            &cfg.nodes,
+            format!("feature lists change length from {d} to {dim} near row {row}"),
+        ));
+    }
+    match cfg.dtype {
+        DType::F16 => {
+            let halves: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
+            let bytes: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+            w.write_bytes(&bytes)?;
+        }
+        _ => {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            w.write_bytes(&bytes)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the edge table, remapped to dense ids, as the `[2, E]` edge
+/// array (the table's row count fixes its shape); returns the table's edges
+/// and the edges written.
+fn import_edges(
+    writer: &DatasetWriter,
+    cfg: &ImportConfig,
+    ids: &HashMap<i64, u32>,
+) -> Result<(u64, u64)> {
     let (input_edges, reader) = open_table(&cfg.edges)?;
     let copies = if cfg.add_reverse { 2 } else { 1 };
     let num_edges = input_edges * copies;
@@ -257,38 +342,7 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         ));
     }
     edges.finish()?;
-
-    let [train, valid, test] = seeded_split(
-        num_nodes,
-        cfg.train_fraction,
-        cfg.valid_fraction,
-        None,
-        cfg.split_seed,
-    )?;
-    for (split, seeds) in [
-        (Split::Train, &train),
-        (Split::Valid, &valid),
-        (Split::Test, &test),
-    ] {
-        let split_labels: Vec<u64> = seeds.iter().map(|&s| labels[s as usize]).collect();
-        writer.write_split(split, seeds, &split_labels)?;
-    }
-    let dataset = writer.commit(&DatasetSpec {
-        name: cfg.name.clone(),
-        num_nodes,
-        num_classes: num_classes as u32,
-    })?;
-    Ok(ImportSummary {
-        dataset,
-        num_nodes,
-        input_edges,
-        num_edges,
-        num_classes: num_classes as u32,
-        feature_dim,
-        train: train.len(),
-        valid: valid.len(),
-        test: test.len(),
-    })
+    Ok((input_edges, num_edges))
 }
 
 /// The feature lists of a batch flattened to f32, with their common length.

@@ -38,9 +38,9 @@ use rand_distr::StandardNormal;
 use rand_pcg::Pcg64Mcg;
 use rayon::prelude::*;
 
-use crate::dataset::{DatasetSpec, DatasetWriter, Split, layout, seeded_split};
-use crate::error::{Error, Result};
-use crate::npy::{DType, NpyWriter};
+use offgnn_shared::dataset::{DatasetSpec, DatasetWriter, Split, layout, seeded_split};
+use offgnn_shared::error::{Error, Result};
+use offgnn_shared::npy::{DType, NpyWriter};
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -190,7 +190,7 @@ pub fn generate(
         &edge_starts,
         &classes,
         progress_bar(show_progress, || {
-            crate::progress::bar(num_edges, "edges", "edges")
+            offgnn_shared::progress::bar(num_edges, "edges", "edges")
         }),
     )?;
     drop(classes);
@@ -203,7 +203,7 @@ pub fn generate(
         cfg,
         &labels,
         progress_bar(show_progress, || {
-            crate::progress::bytes_bar(feature_data_bytes, "features")
+            offgnn_shared::progress::bytes_bar(feature_data_bytes, "features")
         }),
     )?;
 
@@ -741,8 +741,8 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::dataset::Dataset;
     use crate::topology::{Csr, CsrOptions};
+    use offgnn_shared::dataset::Dataset;
 
     fn small(num_nodes: u64, feature_dim: u64) -> GeneratorConfig {
         GeneratorConfig {
@@ -800,7 +800,7 @@ mod tests {
     }
 
     fn node_labels(root: &Path) -> Vec<u64> {
-        crate::npy::NpyFile::open(root.join(layout::LABELS))
+        offgnn_shared::npy::NpyFile::open(root.join(layout::LABELS))
             .unwrap()
             .read_all_u64()
             .unwrap()

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, Float32Builder, Int64Array, ListBuilder, RecordBatch, StringArray};
 use offgnn_shared::dataset::Dataset;
 use offgnn_shared::npy::DType;
-use offgnn_shared::parquet_import::{ImportConfig, import};
-use offgnn_shared::topology::{Csr, CsrOptions};
 use parquet::arrow::ArrowWriter;
+use sampler::parquet_import::{ImportConfig, import};
+use sampler::topology::{Csr, CsrOptions};
 
 fn cora_dir() -> PathBuf {
     let dir = std::env::var_os("OFFGNN_CORA_DIR")

@@ -1,0 +1,97 @@
+//! What a sampling run is asked to do: its flags as one value, checked
+//! before any work starts, and the sampling parameters a run records.
+
+use offgnn_shared::samples::SamplingParams;
+
+use crate::error::{Error, Result};
+use crate::topology::CsrOptions;
+
+/// What one sampling run (or one shard of it) is to do.
+#[derive(Clone, Debug)]
+pub struct SampleConfig {
+    pub dataset: std::path::PathBuf,
+    pub out: String,
+    pub fanouts: Vec<usize>,
+    pub batch_size: usize,
+    pub epochs: u32,
+    pub seed: u64,
+    pub threads: usize,
+    pub shard: u32,
+    pub num_shards: u32,
+    pub overwrite: bool,
+    pub batches_per_file: u32,
+    pub csr: CsrOptions,
+    pub show_progress: bool,
+    /// Refuse to start when the stated peak memory exceeds this.
+    pub memory_limit: Option<u64>,
+}
+
+/// Parses `10,15,20`: positive fan-outs, input layer first.
+pub fn parse_fanouts(text: &str) -> Result<Vec<usize>> {
+    let parts: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    if parts.is_empty() {
+        return Err(Error::InvalidArgument(
+            "--fanout is empty: give one fan-out per layer, e.g. 10,15,20".into(),
+        ));
+    }
+    parts
+        .iter()
+        .map(|p| match p.parse::<usize>() {
+            Ok(0) => Err(Error::InvalidArgument(format!(
+                "--fanout {text}: a fan-out of 0 samples nothing"
+            ))),
+            Ok(k) => Ok(k),
+            Err(_) => Err(Error::InvalidArgument(format!(
+                "--fanout {text}: '{p}' is not a positive integer"
+            ))),
+        })
+        .collect()
+}
+
+impl SampleConfig {
+    pub(crate) fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(m));
+        if self.fanouts.is_empty() || self.fanouts.contains(&0) {
+            return bad("fan-outs must be a non-empty list of positive integers".into());
+        }
+        if self.batch_size == 0 {
+            return bad("--batch-size must be at least 1".into());
+        }
+        if self.epochs == 0 {
+            return bad("--epochs must be at least 1".into());
+        }
+        if self.num_shards == 0 {
+            return bad("--num-shards must be at least 1".into());
+        }
+        if self.shard >= self.num_shards {
+            return bad(format!(
+                "--shard {} is out of range for --num-shards {} (shards are 0..{})",
+                self.shard, self.num_shards, self.num_shards
+            ));
+        }
+        if self.batches_per_file == 0 {
+            return bad("--batches-per-file must be at least 1".into());
+        }
+        if self.threads == 0 {
+            return bad("--threads must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn params(&self) -> SamplingParams {
+        SamplingParams {
+            fanouts: self.fanouts.clone(),
+            batch_size: self.batch_size,
+            epochs: self.epochs,
+            seed: self.seed,
+            batches_per_file: self.batches_per_file,
+            add_reverse_edges: self.csr.add_reverse,
+            dedup_edges: self.csr.dedup,
+            keep_self_loops: self.csr.keep_self_loops,
+        }
+    }
+}

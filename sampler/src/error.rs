@@ -1,0 +1,21 @@
+//! The one error type of the sampler library: bad flags, a committed run in
+//! the way, a file that cannot be written, and the shared crate's errors.
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error(
+        "{0} already holds a committed sampling run (run.json); pass --overwrite to replace it"
+    )]
+    Committed(String),
+    #[error(transparent)]
+    Shared(#[from] offgnn_shared::Error),
+    #[error("{file}: {fault}")]
+    Write { file: String, fault: String },
+    /// The run ended early (a signal, a full disk): what it did about it.
+    #[error("{0}")]
+    Ended(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
