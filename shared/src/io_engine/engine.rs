@@ -1,10 +1,13 @@
 //! The engine itself: its options, the choice of backend and worker threads,
 //! and the calls that read and write byte ranges (DiskGNN §6, "I/O operations").
 
-use std::fmt;
-use std::io;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
+use std::{fmt, io};
 
 use io_uring::IoUring;
 
@@ -15,7 +18,7 @@ use super::pread::pread_worker;
 use super::queue::WorkQueue;
 use super::requests::{ReadReq, check_requests, invalid};
 use super::uring::{io_uring_refusal, uring_worker, warn_fallback};
-use crate::Result;
+use crate::{Error, Result};
 
 /// How an [`IoEngine`] is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,9 +66,9 @@ impl fmt::Display for Backend {
 /// `Send + Sync`: any number of threads may call [`IoEngine::read`] at once;
 /// their pieces share the rings.
 pub struct IoEngine {
-    pub(super) opts: IoOptions,
+    opts: IoOptions,
     backend: Backend,
-    pub(super) queue: Arc<WorkQueue>,
+    queue: Arc<WorkQueue>,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -149,6 +152,73 @@ impl IoEngine {
         self.opts
     }
 
+    /// Opens `path` for reading: with O_DIRECT when the options ask for it,
+    /// buffered (see [`IoFile::is_direct`], logged once per process) when the
+    /// filesystem refuses O_DIRECT with EINVAL, as tmpfs did before Linux 6.6.
+    pub fn open(&self, path: &Path) -> Result<IoFile> {
+        let mut direct = None;
+        if self.opts.direct {
+            match OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+            {
+                Ok(file) => direct = Some(file),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    static WARNED: AtomicBool = AtomicBool::new(false);
+                    if !WARNED.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "{}: the filesystem refuses O_DIRECT (EINVAL); reading through the page cache (not repeated for other files)",
+                            path.display()
+                        );
+                    }
+                }
+                Err(e) => return Err(Error::io(path, e)),
+            }
+        }
+        let is_direct = direct.is_some();
+        let file = match direct {
+            Some(file) => file,
+            None => File::open(path).map_err(|e| Error::io(path, e))?,
+        };
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        Ok(IoFile {
+            file,
+            path: path.to_path_buf(),
+            direct: is_direct,
+            len,
+            writable: false,
+        })
+    }
+
+    /// Opens an existing file for [`IoEngine::write`]: with O_DIRECT when the
+    /// options ask for it and the filesystem allows it (as [`IoEngine::open`]).
+    pub fn open_write(&self, path: &Path) -> Result<IoFile> {
+        let open = |direct: bool| {
+            let mut o = OpenOptions::new();
+            o.write(true);
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            o.open(path)
+        };
+        let (file, direct) = match self.opts.direct.then(|| open(true)) {
+            Some(Ok(file)) => (file, true),
+            Some(Err(e)) if e.raw_os_error() != Some(libc::EINVAL) => {
+                return Err(Error::io(path, e));
+            }
+            _ => (open(false).map_err(|e| Error::io(path, e))?, false),
+        };
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        Ok(IoFile {
+            file,
+            path: path.to_path_buf(),
+            direct,
+            len,
+            writable: true,
+        })
+    }
+
     /// Reads every request into `buf` (request i's bytes land at
     /// `buf[req.buf_offset..][..req.len]`) and returns the bytes read, the sum
     /// of the lengths. All pieces are queued together and spread over the
@@ -219,7 +289,7 @@ impl IoEngine {
             while in_flight.0.len() < halves && next < end {
                 let reqs = reqs_at(next, k % halves);
                 check_requests(file, &reqs, buf.as_slice())?;
-                let (batch, total) = self.enqueue(file, &reqs, base, false);
+                let (batch, total) = self.queue.enqueue(file, &reqs, base, false);
                 in_flight.0.push_back((batch, total, (k % halves) * call));
                 next += total;
                 k += 1;
@@ -254,7 +324,7 @@ impl IoEngine {
         let dst = into.target();
         check_requests(file, reqs, dst)?;
         let base = dst.as_mut_ptr();
-        let (batch, total) = self.enqueue(file, reqs, base, false);
+        let (batch, total) = self.queue.enqueue(file, reqs, base, false);
         Ok(PendingRead {
             batch,
             total,
@@ -296,13 +366,21 @@ impl IoEngine {
         }
         check_requests(file, reqs, buf.as_slice())?;
         let base = buf.as_slice().as_ptr().cast_mut();
-        let (batch, total) = self.enqueue(file, reqs, base, true);
+        let (batch, total) = self.queue.enqueue(file, reqs, base, true);
         Ok(PendingWrite {
             batch,
             total,
             buf: Some(buf),
             _file: Arc::clone(file),
         })
+    }
+
+    /// Cuts the requests into pieces, queues them and waits for the last.
+    fn submit(&self, file: &IoFile, reqs: &[ReadReq], base: *mut u8, write: bool) -> Result<u64> {
+        let (batch, total) = self.queue.enqueue(file, reqs, base, write);
+        // The buffer and `file` stay borrowed until every piece has finished:
+        // the kernel and the workers use `dst` only before that.
+        batch.outcome(total)
     }
 }
 
@@ -326,7 +404,6 @@ mod tests {
     use rand_pcg::Pcg64;
 
     use super::*;
-    use crate::Error;
     use crate::io_engine::PAGE;
 
     /// Says something the test run must show even when the test passes:

@@ -1,14 +1,14 @@
-//! The files the engine reads and writes: opened with O_DIRECT where the
-//! filesystem allows it, mapped read-only for scattered gathers, and the
-//! free space on their filesystem.
+//! The files the engine reads and writes (opened by [`IoEngine::open`] and
+//! [`IoEngine::open_write`]), files mapped read-only for scattered gathers,
+//! and the free space on a filesystem.
+//!
+//! [`IoEngine::open`]: super::IoEngine::open
+//! [`IoEngine::open_write`]: super::IoEngine::open_write
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::IoEngine;
 use crate::{Error, Result};
 
 /// A file opened for the engine: O_DIRECT unless the engine was told not to
@@ -19,7 +19,7 @@ pub struct IoFile {
     pub(super) path: PathBuf,
     pub(super) direct: bool,
     pub(super) len: u64,
-    /// Opened by [`IoEngine::open_write`].
+    /// Opened by [`IoEngine::open_write`](super::IoEngine::open_write).
     pub(super) writable: bool,
 }
 
@@ -90,74 +90,5 @@ impl MappedFile {
 
     pub fn bytes(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
-    }
-}
-
-impl IoEngine {
-    /// Opens `path` for reading: with O_DIRECT when the options ask for it,
-    /// buffered (see [`IoFile::is_direct`], logged once per process) when the
-    /// filesystem refuses O_DIRECT with EINVAL, as tmpfs did before Linux 6.6.
-    pub fn open(&self, path: &Path) -> Result<IoFile> {
-        let mut direct = None;
-        if self.opts.direct {
-            match OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(path)
-            {
-                Ok(file) => direct = Some(file),
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    static WARNED: AtomicBool = AtomicBool::new(false);
-                    if !WARNED.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            "{}: the filesystem refuses O_DIRECT (EINVAL); reading through the page cache (not repeated for other files)",
-                            path.display()
-                        );
-                    }
-                }
-                Err(e) => return Err(Error::io(path, e)),
-            }
-        }
-        let is_direct = direct.is_some();
-        let file = match direct {
-            Some(file) => file,
-            None => File::open(path).map_err(|e| Error::io(path, e))?,
-        };
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-        Ok(IoFile {
-            file,
-            path: path.to_path_buf(),
-            direct: is_direct,
-            len,
-            writable: false,
-        })
-    }
-
-    /// Opens an existing file for [`IoEngine::write`]: with O_DIRECT when the
-    /// options ask for it and the filesystem allows it (as [`IoEngine::open`]).
-    pub fn open_write(&self, path: &Path) -> Result<IoFile> {
-        let open = |direct: bool| {
-            let mut o = OpenOptions::new();
-            o.write(true);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
-            o.open(path)
-        };
-        let (file, direct) = match self.opts.direct.then(|| open(true)) {
-            Some(Ok(file)) => (file, true),
-            Some(Err(e)) if e.raw_os_error() != Some(libc::EINVAL) => {
-                return Err(Error::io(path, e));
-            }
-            _ => (open(false).map_err(|e| Error::io(path, e))?, false),
-        };
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-        Ok(IoFile {
-            file,
-            path: path.to_path_buf(),
-            direct,
-            len,
-            writable: true,
-        })
     }
 }

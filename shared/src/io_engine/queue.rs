@@ -10,64 +10,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use super::files::IoFile;
 use super::requests::ReadReq;
-use super::{IoEngine, MAX_PIECE, PAGE};
+use super::{MAX_PIECE, PAGE};
 use crate::{Error, Result};
-
-impl IoEngine {
-    /// Cuts the requests into pieces, queues them and waits for the last.
-    pub(super) fn submit(
-        &self,
-        file: &IoFile,
-        reqs: &[ReadReq],
-        base: *mut u8,
-        write: bool,
-    ) -> Result<u64> {
-        let (batch, total) = self.enqueue(file, reqs, base, write);
-        // The buffer and `file` stay borrowed until every piece has finished:
-        // the kernel and the workers use `dst` only before that.
-        batch.outcome(total)
-    }
-
-    /// Cuts the requests into pieces and queues them; the batch is finished
-    /// once every piece is (at once when there are none). The caller keeps
-    /// the buffer behind `base` and the file alive until then.
-    pub(super) fn enqueue(
-        &self,
-        file: &IoFile,
-        reqs: &[ReadReq],
-        base: *mut u8,
-        write: bool,
-    ) -> (Arc<Batch>, u64) {
-        let batch = Arc::new(Batch::new(file, write));
-        let fd = file.file.as_raw_fd();
-        let mut pieces = Vec::with_capacity(reqs.len());
-        let mut total = 0u64;
-        for req in reqs {
-            let mut start = 0;
-            while start < req.len {
-                let len = MAX_PIECE.min(req.len - start);
-                pieces.push(Piece {
-                    fd,
-                    offset: req.offset + start as u64,
-                    // In bounds: `check_requests` saw `buf_offset + len <= buf.len()`.
-                    dst: base.wrapping_add(req.buf_offset + start),
-                    len,
-                    done: 0,
-                    batch: Arc::clone(&batch),
-                });
-                start += len;
-            }
-            total += req.len as u64;
-        }
-        if pieces.is_empty() {
-            *lock(&batch.finished) = true;
-        } else {
-            batch.remaining.store(pieces.len(), Ordering::Relaxed);
-            self.queue.push(pieces);
-        }
-        (batch, total)
-    }
-}
 
 pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // The data behind these locks stays consistent at every unlock, so a
@@ -276,6 +220,46 @@ impl WorkQueue {
             ready: Condvar::new(),
             workers,
         }
+    }
+
+    /// Cuts the requests into pieces and queues them; the batch is finished
+    /// once every piece is (at once when there are none). The caller keeps
+    /// the buffer behind `base` and the file alive until then.
+    pub(super) fn enqueue(
+        &self,
+        file: &IoFile,
+        reqs: &[ReadReq],
+        base: *mut u8,
+        write: bool,
+    ) -> (Arc<Batch>, u64) {
+        let batch = Arc::new(Batch::new(file, write));
+        let fd = file.file.as_raw_fd();
+        let mut pieces = Vec::with_capacity(reqs.len());
+        let mut total = 0u64;
+        for req in reqs {
+            let mut start = 0;
+            while start < req.len {
+                let len = MAX_PIECE.min(req.len - start);
+                pieces.push(Piece {
+                    fd,
+                    offset: req.offset + start as u64,
+                    // In bounds: `check_requests` saw `buf_offset + len <= buf.len()`.
+                    dst: base.wrapping_add(req.buf_offset + start),
+                    len,
+                    done: 0,
+                    batch: Arc::clone(&batch),
+                });
+                start += len;
+            }
+            total += req.len as u64;
+        }
+        if pieces.is_empty() {
+            *lock(&batch.finished) = true;
+        } else {
+            batch.remaining.store(pieces.len(), Ordering::Relaxed);
+            self.push(pieces);
+        }
+        (batch, total)
     }
 
     pub(super) fn push(&self, pieces: Vec<Piece>) {

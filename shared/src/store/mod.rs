@@ -5,6 +5,9 @@
 //! through [`ObjectWriter`], which uploads in parts above a threshold and
 //! checksums what it writes, or through [`StagedWriter`], which writes a
 //! local store's objects past the page cache.
+//!
+//! `client` builds the `object_store` client behind a URL and retries its
+//! requests; `object_writer` and `staged` hold the two writers.
 
 mod client;
 mod object_writer;
