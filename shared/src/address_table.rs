@@ -14,7 +14,7 @@
 //! ```
 //!
 //! A record is compact, since the tables count against the packer's disk
-//! budget (raw u32/u64 arrays made them 26 times the feature file):
+//! budget (raw u32/u64 arrays would outweigh the feature file itself):
 //!
 //! ```text
 //! topology_len: u32 | topology: zstd frame | chunk_offset: u64 | chunk_len: u64
@@ -433,6 +433,54 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
         at: 0,
         origin,
     };
+    let head = read_head(&mut r)?;
+    let topology = read_topology(origin, head.frame)?;
+    let num_inputs = topology.num_inputs;
+    if topology.labels.len() > num_inputs as usize
+        || topology.input_nodes.len() != num_inputs as usize
+    {
+        return Err(r.fail("labels or input nodes do not match the input count"));
+    }
+    let width = head.bits + TAG_BITS;
+    let need = (u64::from(num_inputs) * u64::from(width)).div_ceil(8);
+    if head.addresses.len() as u64 != need {
+        return Err(r.fail(&format!(
+            "{} bytes of addresses, {num_inputs} inputs need {need}",
+            head.addresses.len()
+        )));
+    }
+    let mut out = BatchTable {
+        split: topology.split,
+        epoch: topology.epoch,
+        index: topology.index,
+        num_inputs,
+        labels: topology.labels,
+        input_nodes: topology.input_nodes,
+        chunk_offset: head.chunk_offset,
+        chunk_len: head.chunk_len,
+        blocks: topology.blocks,
+        ..Default::default()
+    };
+    let disk_rows = sort_addresses(&mut out, head.addresses, width);
+    check_packed_rows(&r, &out, head.row_bytes, head.chunk_len)?;
+    place_disk_rows(&r, &mut out, disk_rows, head.row_bytes)?;
+    Ok(out)
+}
+
+/// The fixed fields of a record around its topology frame, and its
+/// bit-packed addresses.
+struct RecordHead<'a> {
+    frame: &'a [u8],
+    chunk_offset: u64,
+    chunk_len: u64,
+    row_bytes: u64,
+    bits: u32,
+    addresses: &'a [u8],
+}
+
+/// Reads a record's fixed fields; the reader stops at the addresses.
+fn read_head<'a>(r: &mut Reader<'a>) -> Result<RecordHead<'a>> {
+    let bytes = r.bytes;
     let frame_len = r.u32()? as usize;
     let frame_at = r.at;
     r.take(frame_len)?;
@@ -445,6 +493,30 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
         return Err(r.fail("bad address width or row size"));
     }
     let addresses = &bytes[r.at..];
+    Ok(RecordHead {
+        frame,
+        chunk_offset,
+        chunk_len,
+        row_bytes,
+        bits,
+        addresses,
+    })
+}
+
+/// What a record's topology frame holds.
+struct Topology {
+    split: Option<Split>,
+    epoch: u32,
+    index: u32,
+    num_inputs: u32,
+    labels: Vec<u32>,
+    input_nodes: Vec<u32>,
+    blocks: Vec<Block>,
+}
+
+/// Decompresses and decodes the topology, checking every block's ids
+/// against its own and the input counts.
+fn read_topology(origin: &str, frame: &[u8]) -> Result<Topology> {
     let body = decompress(origin, frame)?;
     let mut t = Reader {
         bytes: &body,
@@ -490,33 +562,26 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
     if t.at != body.len() {
         return Err(t.fail("trailing bytes in the topology"));
     }
-    if labels.len() > num_inputs as usize || input_nodes.len() != num_inputs as usize {
-        return Err(r.fail("labels or input nodes do not match the input count"));
-    }
-    let width = bits + TAG_BITS;
-    let need = (u64::from(num_inputs) * u64::from(width)).div_ceil(8);
-    if addresses.len() as u64 != need {
-        return Err(r.fail(&format!(
-            "{} bytes of addresses, {num_inputs} inputs need {need}",
-            addresses.len()
-        )));
-    }
-    let mut out = BatchTable {
+    Ok(Topology {
         split,
         epoch,
         index,
         num_inputs,
         labels,
         input_nodes,
-        chunk_offset,
-        chunk_len,
         blocks,
-        ..Default::default()
-    };
+    })
+}
+
+/// Unpacks the addresses (`width` bits each) and sorts each input row into
+/// its tier: GPU and CPU slots and packed rows go straight into `out`; the
+/// disk-cache rows are returned as (disk-cache position, input row), since
+/// their pages and offsets need them all.
+fn sort_addresses(out: &mut BatchTable, addresses: &[u8], width: u32) -> Vec<(u64, u32)> {
     let mask = (1u64 << width) - 1;
     let mut dc: Vec<(u64, u32)> = Vec::new(); // (disk-cache position, input row)
     let (mut acc, mut held, mut next) = (0u128, 0u32, 0usize);
-    for i in 0..num_inputs {
+    for i in 0..out.num_inputs {
         while held < width {
             acc |= u128::from(addresses[next]) << held;
             next += 1;
@@ -542,6 +607,11 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
             }
         }
     }
+    dc
+}
+
+/// Refuses packed rows that reach past the chunk.
+fn check_packed_rows(r: &Reader, out: &BatchTable, row_bytes: u64, chunk_len: u64) -> Result<()> {
     if u64::try_from(out.packed_pos.len())
         .ok()
         .and_then(|n| n.checked_mul(row_bytes))
@@ -553,8 +623,17 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
     {
         return Err(r.fail("packed rows beyond the chunk"));
     }
-    // The pages of the disk-cache rows and each row's offset in them, as
-    // the packer computes them (rows may straddle pages).
+    Ok(())
+}
+
+/// The pages of the disk-cache rows and each row's offset in them, as
+/// the packer computes them (rows may straddle pages).
+fn place_disk_rows(
+    r: &Reader,
+    out: &mut BatchTable,
+    mut dc: Vec<(u64, u32)>,
+    row_bytes: u64,
+) -> Result<()> {
     dc.sort_unstable();
     if dc.windows(2).any(|w| w[0].0 == w[1].0) {
         return Err(r.fail("two inputs at one disk-cache position"));
@@ -578,7 +657,7 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
         out.disk_pos.push(i);
         out.disk_offset.push(page_index * PAGE + byte % PAGE);
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Merges sorted, deduplicated page numbers into maximal runs of

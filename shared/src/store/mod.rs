@@ -5,310 +5,27 @@
 //! through [`ObjectWriter`], which uploads in parts above a threshold and
 //! checksums what it writes, or through [`StagedWriter`], which writes a
 //! local store's objects past the page cache.
+//!
+//! `client` builds the `object_store` client behind a URL and retries its
+//! requests; `object_writer` and `staged` hold the two writers.
 
-use std::io::Write;
+mod client;
+mod object_writer;
+mod staged;
+
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::buffered::BufWriter;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
-use sha2::{Digest, Sha256};
-use tokio::runtime::Runtime;
-use tokio_util::io::SyncIoBridge;
 
 use crate::error::{Error, Result};
-use crate::io_engine::{AlignedBuf, PAGE};
-
-/// Objects larger than this go up as multipart uploads.
-const MULTIPART_THRESHOLD: usize = 16 << 20;
-/// Parts of one multipart upload in flight at once.
-const MULTIPART_CONCURRENCY: usize = 4;
-
-/// Tries of an idempotent request before its error is returned. HTTP stores
-/// retry inside `object_store` too; this covers what reaches us anyway (a
-/// connection dropped mid-body, a 5xx after its retries, injected faults).
-const ATTEMPTS: u32 = 4;
-/// The first wait before a retry; each further one doubles it.
-const FIRST_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Whether an error may pass if the request is sent again: I/O failures
-/// are; answers about the object (missing, exists, changed), refusals
-/// (unauthenticated, not implemented) and what an HTTP store's client has
-/// already retried with backoff (see [`http_retry`]) are not.
-fn transient(e: &object_store::Error) -> bool {
-    match e {
-        object_store::Error::Generic { store, .. } => {
-            !matches!(*store, "S3" | "GCS" | "MicrosoftAzure" | "HTTP")
-        }
-        object_store::Error::JoinError { .. } => true,
-        _ => false,
-    }
-}
-
-/// How the HTTP stores' clients retry: with exponential backoff (each wait
-/// drawn between 300 ms and twice the last, at most 5 s), up to 10 times or
-/// 20 s, so that an outage of a few seconds passes unnoticed and a store
-/// that is gone is reported within 20-odd seconds, not after object_store's
-/// default three minutes. The waits are jittered, so only their floor is
-/// sure: 10 x 300 ms = 3 s. (With 5 retries from 100 ms, the retries of one
-/// run were spent in 1.8 s and a 1.5 s outage failed it.)
-fn http_retry() -> object_store::RetryConfig {
-    object_store::RetryConfig {
-        backoff: object_store::BackoffConfig {
-            init_backoff: std::time::Duration::from_millis(300),
-            max_backoff: std::time::Duration::from_secs(5),
-            base: 2.0,
-        },
-        max_retries: 10,
-        retry_timeout: std::time::Duration::from_secs(20),
-    }
-}
-
-/// The store behind a URL, configured by `options` (object_store keys),
-/// with [`http_retry`] for S3, GCS and Azure.
-fn build_store(
-    url: &url::Url,
-    options: Vec<(String, String)>,
-) -> object_store::Result<(Box<dyn ObjectStore>, Path)> {
-    use object_store::ObjectStoreScheme as Scheme;
-    macro_rules! configured {
-        ($builder:expr) => {{
-            let mut builder = $builder.with_url(url.as_str()).with_retry(http_retry());
-            for (key, value) in &options {
-                if let Ok(key) = key.parse() {
-                    builder = builder.with_config(key, value);
-                }
-            }
-            Box::new(builder.build()?) as Box<dyn ObjectStore>
-        }};
-    }
-    let (scheme, path) = Scheme::parse(url)?;
-    let store = match scheme {
-        Scheme::AmazonS3 => configured!(object_store::aws::AmazonS3Builder::new()),
-        Scheme::GoogleCloudStorage => {
-            configured!(object_store::gcp::GoogleCloudStorageBuilder::new())
-        }
-        Scheme::MicrosoftAzure => configured!(object_store::azure::MicrosoftAzureBuilder::new()),
-        Scheme::Http => {
-            // A plain http:// location is what the user asked for: the
-            // client refuses unencrypted HTTP unless told it may.
-            let mut options = options;
-            if url.scheme() == "http" {
-                options.push(("allow_http".into(), "true".into()));
-            }
-            return object_store::parse_url_opts(url, options);
-        }
-        _ => return object_store::parse_url_opts(url, options),
-    };
-    Ok((store, path))
-}
-
-/// Runs `op` until it succeeds, fails for good, or has been tried
-/// [`ATTEMPTS`] times, sleeping 100 ms, 200 ms, 400 ms between tries.
-fn with_retry<T, F, Fut>(what: &str, mut op: F) -> object_store::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = object_store::Result<T>>,
-{
-    runtime().block_on(async {
-        let mut wait = FIRST_BACKOFF;
-        let mut attempt = 1;
-        loop {
-            match op().await {
-                Err(e) if transient(&e) && attempt < ATTEMPTS => {
-                    tracing::debug!(
-                        "{what}: {e}; retrying in {wait:?} (attempt {attempt} of {ATTEMPTS})"
-                    );
-                    tokio::time::sleep(wait).await;
-                    wait *= 2;
-                    attempt += 1;
-                }
-                result => return result,
-            }
-        }
-    })
-}
-
-/// The store as opened, wrapped for fault injection when
-/// [`crate::store_faults::ENV`] asks for it.
-fn maybe_faulty(inner: Arc<dyn ObjectStore>) -> Result<Arc<dyn ObjectStore>> {
-    let Ok(text) = std::env::var(crate::store_faults::ENV) else {
-        return Ok(inner);
-    };
-    let plan = crate::store_faults::FaultPlan::parse(&text).map_err(Error::InvalidArgument)?;
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        tracing::warn!(
-            "fault injection is on ({}={text})",
-            crate::store_faults::ENV
-        );
-    }
-    Ok(Arc::new(crate::store_faults::FaultyStore::new(inner, plan)))
-}
-
-fn runtime() -> &'static Runtime {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("offgnn-store")
-            .enable_all()
-            .build()
-            .expect("a tokio runtime for object-store I/O")
-    })
-}
-
-/// Objects from this size on go to a local store past the page cache
-/// (see [`Store::put_local`]).
-pub const DIRECT_PUT_MIN: usize = 8 << 20;
-/// Bytes per O_DIRECT write of such an object, through one aligned buffer.
-pub const DIRECT_PUT_PIECE: usize = 4 << 20;
-
-/// A new file written in order, piece by piece, past the page cache:
-/// whole pages from an aligned buffer go out as they are; other bytes
-/// gather in an aligned buffer of up to [`DIRECT_PUT_PIECE`] bytes (grown
-/// as needed), which goes out with O_DIRECT each time it fills. The last
-/// bytes are padded to a page and the file cut to its length. Through the
-/// page cache where the filesystem refuses O_DIRECT (EINVAL).
-struct DirectFile {
-    file: std::fs::File,
-    buf: AlignedBuf,
-    filled: usize,
-    offset: u64,
-}
-
-impl DirectFile {
-    fn create(path: &std::path::Path) -> std::io::Result<DirectFile> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let open = |direct: bool| {
-            let mut o = std::fs::OpenOptions::new();
-            o.write(true).create(true).truncate(true);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
-            o.open(path)
-        };
-        let file = match open(true) {
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(false)?,
-            file => file?,
-        };
-        Ok(DirectFile {
-            file,
-            buf: AlignedBuf::new(0),
-            filled: 0,
-            offset: 0,
-        })
-    }
-
-    fn append(&mut self, mut bytes: &[u8]) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        // Whole pages from an aligned buffer, with none waiting before
-        // them: written as they are, with no copy.
-        let pages = bytes.len() / PAGE * PAGE;
-        if self.filled == 0 && pages > 0 && bytes.as_ptr().align_offset(PAGE) == 0 {
-            self.file.write_all_at(&bytes[..pages], self.offset)?;
-            self.offset += pages as u64;
-            bytes = &bytes[pages..];
-        }
-        while !bytes.is_empty() {
-            let n = bytes.len().min(DIRECT_PUT_PIECE - self.filled);
-            if self.filled + n > self.buf.len() {
-                let len = (self.filled + n).max(2 * self.buf.len());
-                self.buf
-                    .resize(len.next_multiple_of(PAGE).min(DIRECT_PUT_PIECE));
-            }
-            self.buf.as_mut_slice()[self.filled..][..n].copy_from_slice(&bytes[..n]);
-            self.filled += n;
-            bytes = &bytes[n..];
-            if self.filled == DIRECT_PUT_PIECE {
-                self.file.write_all_at(self.buf.as_slice(), self.offset)?;
-                self.offset += DIRECT_PUT_PIECE as u64;
-                self.filled = 0;
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes what is left and returns the file's length.
-    fn finish(mut self) -> std::io::Result<u64> {
-        use std::os::unix::fs::FileExt;
-        let len = self.offset + self.filled as u64;
-        if self.filled > 0 {
-            let padded = self.filled.next_multiple_of(PAGE);
-            let out = &mut self.buf.as_mut_slice()[..padded];
-            out[self.filled..].fill(0);
-            self.file.write_all_at(out, self.offset)?;
-        }
-        self.file.set_len(len)?;
-        Ok(len)
-    }
-}
-
-/// One object written in pieces from a plain thread (see
-/// [`Store::staged_writer`]). Nothing is visible under its name until
-/// [`StagedWriter::finish`]; dropped unfinished, it leaves nothing.
-pub struct StagedWriter {
-    /// `None` once finished.
-    to: Option<Staging>,
-    name: String,
-    store: Store,
-}
-
-enum Staging {
-    /// A staging file beside the object's file, renamed over it when done.
-    Local {
-        file: DirectFile,
-        staging: std::path::PathBuf,
-        target: std::path::PathBuf,
-    },
-    Remote(Box<ObjectWriter>),
-}
-
-impl StagedWriter {
-    /// Appends `bytes` to the object.
-    pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
-        let written = match self.to.as_mut().expect("appended before finish") {
-            Staging::Local { file, .. } => file.append(bytes),
-            Staging::Remote(w) => w.write_all(bytes),
-        };
-        written.map_err(|e| self.store.err(&self.name, e))
-    }
-
-    /// Makes the object visible under its name, whole; returns its size.
-    pub fn finish(mut self) -> Result<u64> {
-        match self.to.take().expect("finished once") {
-            Staging::Local {
-                file,
-                staging,
-                target,
-            } => {
-                let done = file
-                    .finish()
-                    .and_then(|len| std::fs::rename(&staging, &target).map(|()| len));
-                if done.is_err() {
-                    let _ = std::fs::remove_file(&staging);
-                }
-                done.map_err(|e| self.store.err(&self.name, e))
-            }
-            Staging::Remote(w) => w.finish().map(|w| w.size),
-        }
-    }
-}
-
-impl Drop for StagedWriter {
-    /// An unfinished local object's staging file is removed; a remote
-    /// upload is abandoned by its writer's own drop.
-    fn drop(&mut self) {
-        if let Some(Staging::Local { staging, .. }) = &self.to {
-            let _ = std::fs::remove_file(staging);
-        }
-    }
-}
+use client::{build_store, maybe_faulty, with_retry};
+pub use object_writer::{ObjectWriter, WrittenObject};
+pub use staged::{DIRECT_PUT_MIN, DIRECT_PUT_PIECE, StagedWriter};
 
 /// A location in an object store: the store and the prefix under it.
 #[derive(Clone, Debug)]
@@ -507,74 +224,6 @@ impl Store {
         }
     }
 
-    /// The file a put of `len` bytes writes past the page cache: a large
-    /// object's, in a local store.
-    fn direct_file(&self, rel: &str, len: usize) -> Option<std::path::PathBuf> {
-        self.local_file(rel).filter(|_| len >= DIRECT_PUT_MIN)
-    }
-
-    /// [`Store::put`] of a large object to a local store, through a
-    /// [`StagedWriter`]: past the page cache, since in a VM each fresh page
-    /// of it costs the host's first touch, and a run's outputs (GBs) went at
-    /// a fifth of the disk's rate through it.
-    fn put_local(&self, rel: &str, file: &std::path::Path, bytes: &[u8]) -> Result<()> {
-        let mut w = self.local_writer(rel, file)?;
-        w.append(bytes)?;
-        w.finish().map(|_| ())
-    }
-
-    /// A writer of one object in pieces, from a plain thread, that readers
-    /// see whole or not at all. To a local store: a staging file beside the
-    /// object's file (`NAME#DIGITS`, as object_store stages its own local
-    /// puts, and which its listings skip), written with O_DIRECT through an
-    /// aligned buffer of [`DIRECT_PUT_PIECE`] bytes and renamed over the
-    /// name when finished. To any other: an [`ObjectWriter`]'s multipart
-    /// upload. [`Store::staged_writer_bytes`] is what one holds.
-    pub fn staged_writer(&self, rel: &str) -> Result<StagedWriter> {
-        match self.local_file(rel) {
-            Some(file) => self.local_writer(rel, &file),
-            None => Ok(StagedWriter {
-                to: Some(Staging::Remote(Box::new(self.writer(rel)))),
-                name: rel.to_string(),
-                store: self.clone(),
-            }),
-        }
-    }
-
-    /// The memory a [`StagedWriter`] of this store holds: its aligned
-    /// buffer, or the multipart parts buffered and in flight.
-    pub fn staged_writer_bytes(&self) -> u64 {
-        if self.local {
-            DIRECT_PUT_PIECE as u64
-        } else {
-            (MULTIPART_THRESHOLD * (1 + MULTIPART_CONCURRENCY)) as u64
-        }
-    }
-
-    fn local_writer(&self, rel: &str, file: &std::path::Path) -> Result<StagedWriter> {
-        static STAGED: AtomicU64 = AtomicU64::new(0);
-        let dir = file
-            .parent()
-            .expect("a local object's file has a directory");
-        std::fs::create_dir_all(dir).map_err(|e| self.err(rel, e))?;
-        let staging = std::path::PathBuf::from(format!(
-            "{}#{}{:06}",
-            file.display(),
-            std::process::id(),
-            STAGED.fetch_add(1, Ordering::Relaxed)
-        ));
-        let direct = DirectFile::create(&staging).map_err(|e| self.err(rel, e))?;
-        Ok(StagedWriter {
-            to: Some(Staging::Local {
-                file: direct,
-                staging,
-                target: file.to_path_buf(),
-            }),
-            name: rel.to_string(),
-            store: self.clone(),
-        })
-    }
-
     /// Writes an object only if none exists under that name; returns false
     /// when one does. Stores without conditional writes fall back to a check
     /// then a write.
@@ -768,83 +417,6 @@ impl Store {
         }
         Ok(objects.len())
     }
-
-    /// A streaming writer for one object: multipart above 16 MiB, checksummed.
-    /// Must be called from a plain thread, not from async code.
-    pub fn writer(&self, rel: &str) -> ObjectWriter {
-        let path = self.path(rel);
-        let inner = BufWriter::with_capacity(Arc::clone(&self.inner), path, MULTIPART_THRESHOLD)
-            .with_max_concurrency(MULTIPART_CONCURRENCY);
-        ObjectWriter {
-            bridge: Some(SyncIoBridge::new_with_handle(
-                inner,
-                runtime().handle().clone(),
-            )),
-            hasher: Sha256::new(),
-            size: 0,
-            name: rel.to_string(),
-            store: self.clone(),
-        }
-    }
-}
-
-/// What an [`ObjectWriter`] wrote.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct WrittenObject {
-    /// Name relative to the store it was written to.
-    pub name: String,
-    pub size: u64,
-    /// Lower-case hex SHA-256 of the object's bytes.
-    pub sha256: String,
-}
-
-/// A `std::io::Write` into an object. Nothing is visible under the name until
-/// [`ObjectWriter::finish`]; dropped unfinished, the upload is abandoned.
-pub struct ObjectWriter {
-    bridge: Option<SyncIoBridge<BufWriter>>,
-    hasher: Sha256,
-    size: u64,
-    name: String,
-    store: Store,
-}
-
-impl Write for ObjectWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let bridge = self.bridge.as_mut().expect("writer used after finish");
-        let n = bridge.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.size += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        // Parts go up as they fill; a flush must not force a small part.
-        Ok(())
-    }
-}
-
-impl ObjectWriter {
-    /// Completes the upload and returns the object's size and checksum.
-    pub fn finish(mut self) -> Result<WrittenObject> {
-        let mut bridge = self.bridge.take().expect("finish called once");
-        bridge
-            .shutdown()
-            .map_err(|e| self.store.err(&self.name, e))?;
-        Ok(WrittenObject {
-            name: self.name.clone(),
-            size: self.size,
-            sha256: hex(&self.hasher.clone().finalize()),
-        })
-    }
-}
-
-impl Drop for ObjectWriter {
-    fn drop(&mut self) {
-        if let Some(bridge) = self.bridge.take() {
-            let mut inner = bridge.into_inner();
-            let _ = runtime().block_on(inner.abort());
-        }
-    }
 }
 
 /// Lower-case hex of a digest.
@@ -854,7 +426,14 @@ pub fn hex(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
+    use sha2::{Digest, Sha256};
+
+    use super::client::ATTEMPTS;
+    use super::object_writer::MULTIPART_THRESHOLD;
     use super::*;
+    use crate::io_engine::{AlignedBuf, PAGE};
 
     fn conformance(store: &Store) {
         store.put("a/one.bin", vec![1u8, 2, 3]).unwrap();

@@ -1,0 +1,184 @@
+//! The edge list: where the edges live (a `[2, E]` `.npy` or a CSV of
+//! `src,dst` lines), how `metadata.yaml` names them, and the stream that
+//! checks every id as the edges go past.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use super::checks::{require_integer, resolve};
+use super::metadata::Metadata;
+use crate::error::{Error, Result};
+use crate::npy::NpyFile;
+
+/// Where the edges live.
+#[derive(Debug)]
+pub enum EdgeSource {
+    /// `[2, E]` integer array: row 0 sources, row 1 destinations.
+    Numpy(NpyFile),
+    /// One `src,dst` pair per line, no header.
+    Csv(PathBuf),
+}
+
+/// The edge list of a dataset, with the node count it must respect.
+#[derive(Debug)]
+pub struct EdgeList {
+    pub source: EdgeSource,
+    pub num_nodes: u64,
+}
+
+/// The one edge type of `metadata.yaml`, its file opened and its shape
+/// checked (the ids are checked as they stream, in [`EdgeList::for_each_chunk`]).
+pub(super) fn open_edges(root: &Path, meta_path: &Path, meta: &Metadata) -> Result<EdgeSource> {
+    let bad = |fault: String| Error::dataset(meta_path, fault);
+    let [edge] = meta.graph.edges.as_slice() else {
+        return Err(bad(format!(
+            "graph.edges has {} entries; only homogeneous graphs (one edge type) are supported",
+            meta.graph.edges.len()
+        )));
+    };
+    if edge.edge_type.is_some() {
+        return Err(bad(
+            "typed edges: only homogeneous graphs are supported".into()
+        ));
+    }
+    let edge_path = resolve(root, meta_path, &edge.path)?;
+    let source = match edge.format.as_str() {
+        "numpy" => {
+            let f = NpyFile::open(&edge_path)?;
+            if f.shape().len() != 2 || f.shape()[0] != 2 {
+                return Err(Error::npy(
+                    &edge_path,
+                    format!("edges must have shape [2, E], found {:?}", f.shape()),
+                ));
+            }
+            require_integer(&f)?;
+            EdgeSource::Numpy(f)
+        }
+        "csv" => {
+            fs::metadata(&edge_path).map_err(|e| Error::io(&edge_path, e))?;
+            EdgeSource::Csv(edge_path)
+        }
+        other => {
+            return Err(bad(format!(
+                "edge format '{other}' is not supported (numpy or csv)"
+            )));
+        }
+    };
+    Ok(source)
+}
+
+impl EdgeList {
+    /// Number of edges, when known without a scan (numpy).
+    pub fn len_hint(&self) -> Option<u64> {
+        match &self.source {
+            EdgeSource::Numpy(f) => Some(f.shape()[1]),
+            EdgeSource::Csv(_) => None,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        match &self.source {
+            EdgeSource::Numpy(f) => f.path(),
+            EdgeSource::Csv(p) => p,
+        }
+    }
+
+    /// Streams the edges in chunks of at most `chunk` pairs, checking every
+    /// id against the node count. Memory stays at `O(chunk)`.
+    pub fn for_each_chunk(
+        &self,
+        chunk: usize,
+        mut f: impl FnMut(&[u64], &[u64]) -> Result<()>,
+    ) -> Result<()> {
+        let chunk = chunk.max(1);
+        let check = |path: &Path, ids: &[u64], base: u64, what: &str| -> Result<()> {
+            if let Some((i, &v)) = ids.iter().enumerate().find(|(_, v)| **v >= self.num_nodes) {
+                return Err(Error::npy(
+                    path,
+                    format!(
+                        "{what} id {v} of edge {} is out of range for {} nodes",
+                        base + i as u64,
+                        self.num_nodes
+                    ),
+                ));
+            }
+            Ok(())
+        };
+        match &self.source {
+            EdgeSource::Numpy(file) => {
+                let e = file.shape()[1];
+                let mut start = 0u64;
+                while start < e {
+                    let n = chunk.min((e - start) as usize);
+                    let src = file.read_u64(start, n)?;
+                    let dst = file.read_u64(e + start, n)?;
+                    check(file.path(), &src, start, "source")?;
+                    check(file.path(), &dst, start, "destination")?;
+                    f(&src, &dst)?;
+                    start += n as u64;
+                }
+                Ok(())
+            }
+            EdgeSource::Csv(path) => {
+                let file = fs::File::open(path).map_err(|e| Error::io(path, e))?;
+                let reader = BufReader::with_capacity(1 << 20, file);
+                let (mut src, mut dst) = (Vec::with_capacity(chunk), Vec::with_capacity(chunk));
+                let mut base = 0u64;
+                for (lineno, line) in reader.lines().enumerate() {
+                    let line = line.map_err(|e| Error::io(path, e))?;
+                    let line = line.trim();
+                    if line.is_empty() {
+                        continue;
+                    }
+                    let parse = |s: Option<&str>| -> Result<u64> {
+                        let s = s.map(str::trim).unwrap_or("");
+                        s.parse::<u64>().map_err(|_| {
+                            Error::dataset(
+                                path,
+                                format!(
+                                    "line {}: expected 'src,dst' with non-negative integer ids, found '{line}'",
+                                    lineno + 1
+                                ),
+                            )
+                        })
+                    };
+                    // GraphBolt reads edge CSV without a header: a first line
+                    // of names is refused as such, not as a bad edge.
+                    if lineno == 0 && line.chars().any(|c| c.is_ascii_alphabetic()) {
+                        return Err(Error::dataset(
+                            path,
+                            format!(
+                                "line 1 '{line}' is a header; GraphBolt's edge CSV has none (one 'src,dst' pair of integer ids per line): remove it"
+                            ),
+                        ));
+                    }
+                    let mut parts = line.split(',');
+                    let (s, d) = (parse(parts.next())?, parse(parts.next())?);
+                    if parts.next().is_some() {
+                        return Err(Error::dataset(
+                            path,
+                            format!("line {}: more than two columns", lineno + 1),
+                        ));
+                    }
+                    src.push(s);
+                    dst.push(d);
+                    if src.len() == chunk {
+                        check(path, &src, base, "source")?;
+                        check(path, &dst, base, "destination")?;
+                        f(&src, &dst)?;
+                        base += src.len() as u64;
+                        src.clear();
+                        dst.clear();
+                    }
+                }
+                if !src.is_empty() {
+                    check(path, &src, base, "source")?;
+                    check(path, &dst, base, "destination")?;
+                    f(&src, &dst)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}

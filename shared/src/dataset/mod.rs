@@ -1,0 +1,35 @@
+//! The canonical dataset input: the homogeneous subset of DGL GraphBolt's
+//! `OnDiskDataset` directory. A `metadata.yaml` names the node count, the
+//! edges (`.npy` of shape `[2, E]` or a CSV of `src,dst` lines), node features
+//! (`.npy`, f32 or f16, `N x d`), labels, `num_classes` and the train,
+//! validation and test sets. Opening a dataset validates everything that can be
+//! checked without reading the edges or features; edge ids are checked as the
+//! edges stream past (see [`EdgeList::for_each_chunk`]).
+//!
+//! The writer side ([`DatasetWriter`]) is used by the Parquet importer and the
+//! synthetic generator; it builds in a temporary directory and renames it into
+//! place last, so a dataset directory is either whole or absent.
+//!
+//! `metadata` holds the file's schema, `open` the validated [`Dataset`] and
+//! the steps that open it, `edges`, `features` and `tasks` what each step
+//! checks, `checks` the checks they share, `fingerprint` what identifies a
+//! dataset, and `writer` the writer side.
+
+mod checks;
+mod edges;
+mod features;
+mod fingerprint;
+mod metadata;
+mod open;
+mod tasks;
+mod writer;
+
+pub use edges::{EdgeList, EdgeSource};
+pub use fingerprint::file_fingerprint;
+pub use metadata::{
+    EdgeMeta, FeatureMeta, GraphMeta, METADATA_FILE, Metadata, NodeMeta, SetDataMeta, SetMeta,
+    TaskMeta,
+};
+pub use open::Dataset;
+pub use tasks::{SeedSet, Split, seeded_split};
+pub use writer::{Abandoned, DatasetSpec, DatasetWriter, abandon_partial, layout};

@@ -1,0 +1,94 @@
+//! The files the engine reads and writes (opened by [`IoEngine::open`] and
+//! [`IoEngine::open_write`]), files mapped read-only for scattered gathers,
+//! and the free space on a filesystem.
+//!
+//! [`IoEngine::open`]: super::IoEngine::open
+//! [`IoEngine::open_write`]: super::IoEngine::open_write
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::{Error, Result};
+
+/// A file opened for the engine: O_DIRECT unless the engine was told not to
+/// or the filesystem refused it.
+#[derive(Debug)]
+pub struct IoFile {
+    pub(super) file: File,
+    pub(super) path: PathBuf,
+    pub(super) direct: bool,
+    pub(super) len: u64,
+    /// Opened by [`IoEngine::open_write`](super::IoEngine::open_write).
+    pub(super) writable: bool,
+}
+
+impl IoFile {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether reads bypass the page cache (and so must be page-aligned).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// The file's size when it was opened.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Bytes an unprivileged writer may still put on the filesystem that holds
+/// `path` (`statvfs`: available blocks times the fragment size).
+pub fn free_bytes(path: &Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Error::io(path, io::Error::other("a path with a NUL byte")))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call, and `st`
+    // points to writable memory of the struct's size; statvfs fills it
+    // whole when it returns 0, and only then is it read.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(Error::io(path, io::Error::last_os_error()));
+    }
+    // SAFETY: statvfs returned 0, so it initialised the struct.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail * st.f_frsize)
+}
+
+/// A local file mapped read-only: its bytes are read where they lie, in the
+/// page cache, and only the pages touched are read from the disk. For
+/// gathers that touch scattered rows of a file many times over (`packer
+/// verify`), where copying whole spans into a buffer would move the file
+/// through memory once per gather.
+pub struct MappedFile {
+    /// `None` for an empty file (nothing to map).
+    map: Option<memmap2::Mmap>,
+}
+
+impl MappedFile {
+    pub fn open(path: &Path) -> Result<MappedFile> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len == 0 {
+            return Ok(MappedFile { map: None });
+        }
+        // SAFETY: a private read-only mapping; the bytes are only read as
+        // `&[u8]`. offgnn never changes a feature file or a committed
+        // layout object in place (a new layout is written beside the old
+        // one and renamed); another process that truncated the file while
+        // it is mapped would end this one with SIGBUS, as with any mapping.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        Ok(MappedFile { map: Some(map) })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
