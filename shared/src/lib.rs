@@ -1,5 +1,5 @@
 //! Shared building blocks of offgnn: dataset formats (GraphBolt `OnDiskDataset`,
-//! `.npy`), the samples' schema, and progress reporting. See `DESIGN.md` for
+//! `.npy`), the samples' schema, and progress reporting. See `docs/design.md` for
 //! how the three programs use them.
 
 pub mod address_table;
