@@ -1,5 +1,8 @@
 //! Helpers of the end-to-end suite: find the workspace's built binaries and
-//! run them, capturing what a user would see.
+//! run them, capturing what a user would see; the Cora fixtures that several
+//! test files share; the servers and file systems some tests need, and how a
+//! test that cannot have one says it was skipped ([`skip`]); and the
+//! readiness waits a test signals or kills a program after.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -204,6 +207,84 @@ pub fn cora_dir() -> PathBuf {
     dir
 }
 
+/// The packer flags of the Cora tests: 1M and 2M caches, an 8x disk budget.
+pub fn cora_pack_args<'a>(samples: &'a str, features: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec![
+        "--samples",
+        samples,
+        "--features",
+        features,
+        "--out",
+        out,
+        "--gpu-cache",
+        "1M",
+        "--cpu-cache",
+        "2M",
+        "--disk-budget",
+        "8x",
+    ]
+}
+
+/// Imports the Cora tables into `out` with `extra` flags.
+pub fn import_cora(out: &Path, extra: &[&str]) {
+    let cora = cora_dir();
+    let nodes = cora.join("cora_nodes.parquet.gzip");
+    let edges = cora.join("cora_rels.parquet.gzip");
+    let mut args = vec![
+        "import-parquet",
+        "--preset",
+        "cora",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--edges",
+        edges.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let r = run("sampler", &args);
+    assert!(r.status.success(), "{}", r.stderr);
+}
+
+/// Imports Cora and samples it into `dir`; returns (dataset, samples).
+pub fn cora_samples(dir: &Path) -> (PathBuf, PathBuf) {
+    let ds = dir.join("cora");
+    import_cora(&ds, &[]);
+    let samples = dir.join("samples");
+    let r = run(
+        "sampler",
+        &[
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            samples.to_str().unwrap(),
+            "--batch-size",
+            "256",
+            "--epochs",
+            "2",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    (ds, samples)
+}
+
+/// Imports, samples and packs Cora into `dir`; returns the manifest path.
+pub fn cora_pack(dir: &Path) -> PathBuf {
+    let (ds, samples) = cora_samples(dir);
+    let out = dir.join("pack");
+    let feat = ds.join("data/feat.npy");
+    let r = run(
+        "packer",
+        &cora_pack_args(
+            samples.to_str().unwrap(),
+            feat.to_str().unwrap(),
+            out.to_str().unwrap(),
+        ),
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    out.join("manifest.json")
+}
+
 /// The S3-compatible server `scripts/test` starts (see `scripts/s3-server`),
 /// read from the environment it exports.
 pub struct S3 {
@@ -218,20 +299,12 @@ pub struct S3 {
 }
 
 impl S3 {
-    /// The server, or `None` when none runs; under `OFFGNN_REQUIRE_S3=1`
-    /// (as `scripts/test` sets) a missing server fails the test instead.
+    /// The server, or `None` when none runs: the test is then [`skip`]ped
+    /// (a failure under `OFFGNN_REQUIRE_S3=1`, as `scripts/test` sets).
     pub fn from_env() -> Option<S3> {
         let var = |k: &str| std::env::var(k).ok();
         let Some(endpoint) = var("OFFGNN_S3_ENDPOINT") else {
-            assert!(
-                var("OFFGNN_REQUIRE_S3").as_deref() != Some("1"),
-                "OFFGNN_REQUIRE_S3=1 but OFFGNN_S3_ENDPOINT is unset: start scripts/s3-server"
-            );
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "e2e: no S3 server (OFFGNN_S3_ENDPOINT unset): this S3 test did NOT run"
-            );
+            skip(Need::S3, "no S3 server: OFFGNN_S3_ENDPOINT is unset");
             return None;
         };
         Some(S3 {
@@ -390,8 +463,8 @@ pub fn first_segment(manifest: &Path) -> String {
 
 /// A tmpfs of a given size, mounted on a fresh temporary directory for a
 /// test of a full disk; unmounted when dropped. `None` where mounting is
-/// not permitted (the test then says it did not run); under
-/// `OFFGNN_REQUIRE_MOUNT=1` (as `scripts/test` sets) that fails the test.
+/// not permitted: the test is then [`skip`]ped (a failure under
+/// `OFFGNN_REQUIRE_MOUNT=1`, as `scripts/test` sets).
 pub struct SmallFs {
     pub dir: tempfile::TempDir,
 }
@@ -399,25 +472,25 @@ pub struct SmallFs {
 impl SmallFs {
     pub fn mount(bytes: u64) -> Option<SmallFs> {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let ok = Command::new("mount")
+        let mounted = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
             .arg(dir.path())
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if ok {
-            return Some(SmallFs { dir });
+            .output();
+        match mounted {
+            Ok(o) if o.status.success() => Some(SmallFs { dir }),
+            Ok(o) => {
+                let why = String::from_utf8_lossy(&o.stderr);
+                skip(
+                    Need::Mount,
+                    &format!("cannot mount a tmpfs: {}", why.trim()),
+                );
+                None
+            }
+            Err(e) => {
+                skip(Need::Mount, &format!("cannot run mount: {e}"));
+                None
+            }
         }
-        assert!(
-            std::env::var("OFFGNN_REQUIRE_MOUNT").as_deref() != Ok("1"),
-            "OFFGNN_REQUIRE_MOUNT=1 but mounting a tmpfs failed"
-        );
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "e2e: cannot mount a tmpfs here: this full-disk test did NOT run"
-        );
-        None
     }
 
     pub fn path(&self) -> &Path {
@@ -429,4 +502,122 @@ impl Drop for SmallFs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(self.dir.path()).status();
     }
+}
+
+/// What an end-to-end test needs that a machine may lack. `scripts/test`
+/// provides each one and sets its `OFFGNN_REQUIRE_*` variable to 1.
+#[derive(Clone, Copy, Debug)]
+pub enum Need {
+    /// An S3-compatible server (`scripts/s3-server`).
+    S3,
+    /// Rights to mount a tmpfs (root).
+    Mount,
+    /// A Slurm controller (`scripts/slurm-local`).
+    Slurm,
+}
+
+impl Need {
+    /// The variable that makes a missing need a failure.
+    pub fn require_var(self) -> &'static str {
+        match self {
+            Need::S3 => "OFFGNN_REQUIRE_S3",
+            Need::Mount => "OFFGNN_REQUIRE_MOUNT",
+            Need::Slurm => "OFFGNN_REQUIRE_SLURM",
+        }
+    }
+
+    /// How to provide it.
+    fn remedy(self) -> &'static str {
+        match self {
+            Need::S3 => "source scripts/s3-server",
+            Need::Mount => "run the tests as root",
+            Need::Slurm => "run scripts/slurm-local",
+        }
+    }
+}
+
+/// The test running now cannot run here, for want of `need` (`why` says
+/// what is missing); its caller returns at once. Under the need's
+/// `OFFGNN_REQUIRE_*=1` this fails the test. Otherwise it writes one line,
+/// `SKIPPED: <test> (<why>; ...)`, to stderr past libtest's capture (so it
+/// shows beside the test's `ok`: stable libtest has no skipped outcome
+/// decided at run time), and `scripts/test` counts those lines.
+pub fn skip(need: Need, why: &str) {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("an end-to-end test")
+        .to_string();
+    let var = need.require_var();
+    assert!(
+        std::env::var(var).as_deref() != Ok("1"),
+        "{var}=1 but {test} cannot run: {why} ({})",
+        need.remedy()
+    );
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED: {test} ({why}; {} to run it, {var}=1 to fail instead)",
+        need.remedy()
+    );
+}
+
+/// How long a test waits for a program to reach the stage it tests.
+pub const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Waits until `ready` says that `child`, a run of `program`, has reached
+/// `stage` (a file it writes, a line it prints): the readiness signal a
+/// test waits on before it signals or kills the child, rather than a fixed
+/// sleep. Fails the test, naming the stage, when the child ends first
+/// (with its stderr, where piped: the workload is too small to catch it
+/// there) or after [`READY_TIMEOUT`].
+pub fn wait_until_ready(
+    child: &mut std::process::Child,
+    program: &str,
+    stage: &str,
+    ready: &dyn Fn() -> bool,
+) {
+    let started = std::time::Instant::now();
+    while !ready() {
+        if let Some(status) = child.try_wait().expect("the child's status") {
+            let mut stderr = String::new();
+            if let Some(mut pipe) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+            }
+            panic!(
+                "{program} ended ({status}) {:.2} s after it started, before {stage}: give it more work\n{stderr}",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        if started.elapsed() > READY_TIMEOUT {
+            let _ = child.kill();
+            panic!("{program} did not reach {stage} within {READY_TIMEOUT:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Every file under `dir`, relative and sorted (none when it is absent).
+pub fn files_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(
+                    p.strip_prefix(dir)
+                        .expect("under dir")
+                        .display()
+                        .to_string(),
+                );
+            }
+        }
+    }
+    out.sort();
+    out
 }

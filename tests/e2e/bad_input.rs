@@ -136,26 +136,38 @@ fn first_file(dir: &Path, ext: &str) -> PathBuf {
     panic!("no .{ext} file under {}", dir.display())
 }
 
-#[test]
-fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
-    let f = fixture();
-    let s = |p: &Path| p.to_str().unwrap().to_string();
-    let feat = s(&f.ds.join("data/feat.npy"));
-    let manifest = s(&f.pack.join("manifest.json"));
+/// Inputs broken in the ways a user's files break, and samples and layouts
+/// damaged after they were committed, beside the fixture's good ones.
+struct Broken {
+    out_of_range: PathBuf,
+    negative: PathBuf,
+    empty_train: PathBuf,
+    escaping: PathBuf,
+    csv_header: PathBuf,
+    /// An --out that holds something other than a dataset offgnn wrote.
+    foreign: PathBuf,
+    wrong_dtype: PathBuf,
+    bad_samples: PathBuf,
+    future: PathBuf,
+    escape_manifest: PathBuf,
+    missing_field: PathBuf,
+}
 
+fn broken_inputs(f: &Fixture) -> Broken {
+    let manifest = s(&f.pack.join("manifest.json"));
     // Datasets broken in the ways a user's files break.
-    let out_of_range = edited_dataset(&f, "oor", |d| {
+    let out_of_range = edited_dataset(f, "oor", |d| {
         let train = d.join("set/train_seeds.npy");
         write_npy_i64(&train, &[2], &[1, 2000]);
     });
-    let negative = edited_dataset(&f, "neg", |d| {
+    let negative = edited_dataset(f, "neg", |d| {
         write_npy_i64(&d.join("set/train_seeds.npy"), &[2], &[1, -4]);
     });
-    let empty_train = edited_dataset(&f, "empty", |d| {
+    let empty_train = edited_dataset(f, "empty", |d| {
         write_npy_i64(&d.join("set/train_seeds.npy"), &[0], &[]);
         write_npy_i64(&d.join("set/train_labels.npy"), &[0], &[]);
     });
-    let escaping = edited_dataset(&f, "escape", |d| {
+    let escaping = edited_dataset(f, "escape", |d| {
         rewrite(
             &d.join("metadata.yaml"),
             "data/feat.npy",
@@ -163,7 +175,7 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
         );
     });
     // A CSV edge file that starts with a header line (GraphBolt's has none).
-    let csv_header = edited_dataset(&f, "csvhead", |d| {
+    let csv_header = edited_dataset(f, "csvhead", |d| {
         std::fs::write(d.join("edges/edges.csv"), "src,dst\n0,1\n1,2\n").unwrap();
         rewrite(
             &d.join("metadata.yaml"),
@@ -176,8 +188,7 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
     let foreign = f.root.join("foreign");
     std::fs::create_dir_all(foreign.join("notes")).unwrap();
     std::fs::write(foreign.join("notes/mine.txt"), b"mine").unwrap();
-    let cora = offgnn_e2e::cora_dir();
-    let wrong_dtype = edited_dataset(&f, "dtype", |d| {
+    let wrong_dtype = edited_dataset(f, "dtype", |d| {
         write_npy_i64(&d.join("data/feat.npy"), &[2000, 8], &vec![0; 16000]);
     });
 
@@ -209,103 +220,134 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
     j.as_object_mut().unwrap().remove("objects");
     std::fs::write(&missing_field, serde_json::to_vec(&j).unwrap()).unwrap();
 
-    let new_out = |name: &str| s(&f.root.join(name));
-    let samples = s(&f.samples);
-    let sampler = |ds: &Path, out: &str, extra: &[&str]| -> Vec<String> {
-        let mut a = vec![
-            "--dataset".to_string(),
-            s(ds),
-            "--out".into(),
-            out.to_string(),
-        ];
-        a.extend(extra.iter().map(|x| x.to_string()));
-        a
-    };
-    let packer = |samples: &str, features: &str, out: &str, extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> = [
-            "--samples",
-            samples,
-            "--features",
-            features,
-            "--out",
-            out,
-            "--gpu-cache",
-            "4K",
-            "--cpu-cache",
-            "4K",
-            "--disk-budget",
-            "8x",
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .collect();
-        for pair in extra.chunks(2) {
-            match a.iter().position(|x| x == pair[0]) {
-                Some(i) => a[i + 1] = pair[1].to_string(),
-                None => a.extend(pair.iter().map(|x| x.to_string())),
-            }
+    Broken {
+        out_of_range,
+        negative,
+        empty_train,
+        escaping,
+        csv_header,
+        foreign,
+        wrong_dtype,
+        bad_samples,
+        future,
+        escape_manifest,
+        missing_field,
+    }
+}
+
+fn s(p: &Path) -> String {
+    p.to_str().unwrap().to_string()
+}
+
+/// A path for an output under the fixture's folder, which no run creates.
+fn new_out(f: &Fixture, name: &str) -> String {
+    s(&f.root.join(name))
+}
+
+fn sampler_args(ds: &Path, out: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = vec![
+        "--dataset".to_string(),
+        s(ds),
+        "--out".into(),
+        out.to_string(),
+    ];
+    a.extend(extra.iter().map(|x| x.to_string()));
+    a
+}
+
+/// The fixture's packer flags with `extra`'s pairs replacing or added.
+fn packer_args(samples: &str, features: &str, out: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--samples",
+        samples,
+        "--features",
+        features,
+        "--out",
+        out,
+        "--gpu-cache",
+        "4K",
+        "--cpu-cache",
+        "4K",
+        "--disk-budget",
+        "8x",
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    for pair in extra.chunks(2) {
+        match a.iter().position(|x| x == pair[0]) {
+            Some(i) => a[i + 1] = pair[1].to_string(),
+            None => a.extend(pair.iter().map(|x| x.to_string())),
         }
-        a
-    };
-    let trainer = |m: &str, extra: &[&str]| -> Vec<String> {
-        let mut a = vec![
-            "--manifest".to_string(),
-            m.to_string(),
-            "--epochs".into(),
-            "1".into(),
-        ];
-        a.extend(extra.iter().map(|x| x.to_string()));
-        a
-    };
-    // (program, arguments, what the line must say, the commit that must not appear)
-    let cases: Vec<(&str, Vec<String>, &str, Option<PathBuf>)> = vec![
+    }
+    a
+}
+
+fn trainer_args(m: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = vec![
+        "--manifest".to_string(),
+        m.to_string(),
+        "--epochs".into(),
+        "1".into(),
+    ];
+    a.extend(extra.iter().map(|x| x.to_string()));
+    a
+}
+
+/// One refusal: the program, its arguments, what its one line must say,
+/// and the commit that must not appear.
+type Case = (&'static str, Vec<String>, &'static str, Option<PathBuf>);
+
+fn sampler_cases(f: &Fixture, b: &Broken) -> Vec<Case> {
+    let cora = offgnn_e2e::cora_dir();
+    vec![
         (
             "sampler",
-            sampler(&out_of_range, &new_out("s1"), &[]),
+            sampler_args(&b.out_of_range, &new_out(f, "s1"), &[]),
             "out of range",
             Some(f.root.join("s1/run.json")),
         ),
         (
             "sampler",
-            sampler(&negative, &new_out("s2"), &[]),
+            sampler_args(&b.negative, &new_out(f, "s2"), &[]),
             "negative",
             Some(f.root.join("s2/run.json")),
         ),
         (
             "sampler",
-            sampler(&empty_train, &new_out("s3"), &[]),
+            sampler_args(&b.empty_train, &new_out(f, "s3"), &[]),
             "train",
             Some(f.root.join("s3/run.json")),
         ),
         (
             "sampler",
-            sampler(&escaping, &new_out("s4"), &[]),
+            sampler_args(&b.escaping, &new_out(f, "s4"), &[]),
             "leaves the dataset directory",
             Some(f.root.join("s4/run.json")),
         ),
         (
             "sampler",
-            sampler(&wrong_dtype, &new_out("s5"), &[]),
+            sampler_args(&b.wrong_dtype, &new_out(f, "s5"), &[]),
             "int64",
             Some(f.root.join("s5/run.json")),
         ),
         (
             "sampler",
-            sampler(&f.ds, &new_out("s6"), &["--fanout", "3,0"]),
+            sampler_args(&f.ds, &new_out(f, "s6"), &["--fanout", "3,0"]),
             "0",
             Some(f.root.join("s6/run.json")),
         ),
         (
             "sampler",
-            sampler(&f.ds, &new_out("s7"), &["--batch-size", "0"]),
+            sampler_args(&f.ds, &new_out(f, "s7"), &["--batch-size", "0"]),
             "batch-size",
             Some(f.root.join("s7/run.json")),
         ),
         (
             "sampler",
-            sampler(
+            sampler_args(
                 &f.ds,
-                &new_out("s8"),
+                &new_out(f, "s8"),
                 &["--shard", "4", "--num-shards", "2"],
             ),
             "out of range",
@@ -313,13 +355,13 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
         ),
         (
             "sampler",
-            sampler(&f.ds, &new_out("s9"), &["--epochs", "0"]),
+            sampler_args(&f.ds, &new_out(f, "s9"), &["--epochs", "0"]),
             "epochs",
             Some(f.root.join("s9/run.json")),
         ),
         (
             "sampler",
-            sampler(&csv_header, &new_out("s10"), &[]),
+            sampler_args(&b.csv_header, &new_out(f, "s10"), &[]),
             "is a header",
             Some(f.root.join("s10/run.json")),
         ),
@@ -334,24 +376,31 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
                 "--edges".into(),
                 s(&cora.join("cora_rels.parquet.gzip")),
                 "--out".into(),
-                s(&foreign),
+                s(&b.foreign),
                 "--overwrite".into(),
             ],
             "is not a dataset this program wrote",
-            Some(foreign.join("metadata.yaml")),
+            Some(b.foreign.join("metadata.yaml")),
         ),
+    ]
+}
+
+fn packer_cases(f: &Fixture, b: &Broken) -> Vec<Case> {
+    let feat = s(&f.ds.join("data/feat.npy"));
+    let samples = s(&f.samples);
+    vec![
         (
             "packer",
-            packer(&s(&bad_samples), &feat, &new_out("p1"), &[]),
+            packer_args(&s(&b.bad_samples), &feat, &new_out(f, "p1"), &[]),
             "checksum",
             Some(f.root.join("p1/manifest.json")),
         ),
         (
             "packer",
-            packer(
+            packer_args(
                 &samples,
-                &s(&wrong_dtype.join("data/feat.npy")),
-                &new_out("p2"),
+                &s(&b.wrong_dtype.join("data/feat.npy")),
+                &new_out(f, "p2"),
                 &[],
             ),
             "feat.npy",
@@ -359,10 +408,10 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
         ),
         (
             "packer",
-            packer(
+            packer_args(
                 &samples,
                 &feat,
-                &new_out("p3"),
+                &new_out(f, "p3"),
                 &["--gpu-cache", "99999999999T"],
             ),
             "99999999999T",
@@ -370,63 +419,79 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
         ),
         (
             "packer",
-            packer(&samples, &feat, &new_out("p4"), &["--disk-budget", "0"]),
+            packer_args(&samples, &feat, &new_out(f, "p4"), &["--disk-budget", "0"]),
             "disk-budget",
             Some(f.root.join("p4/manifest.json")),
         ),
         (
             "packer",
-            packer(&samples, &feat, &new_out("p5"), &["--memory", "1K"]),
+            packer_args(&samples, &feat, &new_out(f, "p5"), &["--memory", "1K"]),
             "--memory",
             Some(f.root.join("p5/manifest.json")),
         ),
         (
             "packer",
-            packer(&samples, &feat, &new_out("p6"), &["--segment-size", "0"]),
+            packer_args(&samples, &feat, &new_out(f, "p6"), &["--segment-size", "0"]),
             "segment-size",
             Some(f.root.join("p6/manifest.json")),
         ),
         (
             "packer",
-            vec!["verify".into(), "--manifest".into(), s(&escape_manifest)],
+            vec!["verify".into(), "--manifest".into(), s(&b.escape_manifest)],
             "leaves the layout",
             None,
         ),
+    ]
+}
+
+fn trainer_cases(f: &Fixture, b: &Broken) -> Vec<Case> {
+    let manifest = s(&f.pack.join("manifest.json"));
+    vec![
         (
             "trainer",
-            trainer(&s(&future), &[]),
+            trainer_args(&s(&b.future), &[]),
             "newer than this build",
             None,
         ),
         (
             "trainer",
-            trainer(&s(&escape_manifest), &[]),
+            trainer_args(&s(&b.escape_manifest), &[]),
             "leaves the layout",
             None,
         ),
-        ("trainer", trainer(&s(&missing_field), &[]), "objects", None),
-        ("trainer", trainer(&manifest, &["--lr=-1"]), "--lr", None),
         (
             "trainer",
-            trainer(&manifest, &["--loaders", "0"]),
+            trainer_args(&s(&b.missing_field), &[]),
+            "objects",
+            None,
+        ),
+        (
+            "trainer",
+            trainer_args(&manifest, &["--lr=-1"]),
+            "--lr",
+            None,
+        ),
+        (
+            "trainer",
+            trainer_args(&manifest, &["--loaders", "0"]),
             "--loaders",
             None,
         ),
         (
             "trainer",
-            trainer(&manifest, &["--queue-depth", "0"]),
+            trainer_args(&manifest, &["--queue-depth", "0"]),
             "--queue-depth",
             None,
         ),
         (
             "trainer",
-            trainer(
+            trainer_args(
                 &manifest,
                 &[
                     "--checkpoint-every",
                     "0",
                     "--checkpoint-dir",
-                    &new_out("ck"),
+                    &new_out(f, "ck"),
                 ],
             ),
             "checkpoint-every",
@@ -434,13 +499,18 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
         ),
         (
             "trainer",
-            trainer(&manifest, &["--device", "cuda:x"]),
+            trainer_args(&manifest, &["--device", "cuda:x"]),
             "unknown device",
             None,
         ),
-    ];
+    ]
+}
+
+/// Runs every case; fails the test listing those not refused in one line
+/// with a failing exit and no commit.
+fn refused_in_one_line(cases: &[Case]) {
     let mut failures = Vec::new();
-    for (program, args, want, commit) in &cases {
+    for (program, args, want, commit) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let r = run(program, &args);
         let line = r.stderr.trim();
@@ -464,8 +534,18 @@ fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
         cases.len(),
         failures.join("\n")
     );
+}
+
+#[test]
+fn every_bad_input_is_one_line_a_failing_exit_and_no_commit() {
+    let f = fixture();
+    let b = broken_inputs(&f);
+    let mut cases = sampler_cases(&f, &b);
+    cases.extend(packer_cases(&f, &b));
+    cases.extend(trainer_cases(&f, &b));
+    refused_in_one_line(&cases);
     assert_eq!(
-        std::fs::read(foreign.join("notes/mine.txt")).unwrap(),
+        std::fs::read(b.foreign.join("notes/mine.txt")).unwrap(),
         b"mine",
         "a refused --overwrite removed a user's file"
     );
@@ -507,4 +587,40 @@ fn what_changes_results_is_said() {
         "{}",
         r.stderr
     );
+}
+
+#[test]
+fn bad_input_is_one_line_and_a_failing_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let r = run(
+        "sampler",
+        &["inspect", "--dataset", missing.to_str().unwrap()],
+    );
+    assert!(!r.status.success());
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    assert!(r.stderr.contains("metadata.yaml"), "{}", r.stderr);
+
+    let r = run(
+        "sampler",
+        &[
+            "generate",
+            "--out",
+            dir.path().join("g").to_str().unwrap(),
+            "--nodes",
+            "3",
+            "--classes",
+            "4",
+        ],
+    );
+    assert!(!r.status.success());
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    assert!(
+        !dir.path().join("g").exists(),
+        "nothing written for a refused run"
+    );
+
+    let r = run("trainer", &["--manifest", "m.json", "--device", "tpu"]);
+    assert!(!r.status.success());
+    assert!(r.stderr.contains("unknown device 'tpu'"), "{}", r.stderr);
 }

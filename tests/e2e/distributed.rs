@@ -88,7 +88,7 @@ fn traced(dir: &Path) -> Vec<String> {
 #[test]
 fn two_gloo_ranks_agree_bit_for_bit_and_with_hand_averaged_gradients() {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = super::cora_pack(dir.path());
+    let manifest = offgnn_e2e::cora_pack(dir.path());
     let trace = dir.path().join("ranks");
     let hand = dir.path().join("hand");
     let common = [
@@ -164,7 +164,7 @@ fn two_gloo_ranks_agree_bit_for_bit_and_with_hand_averaged_gradients() {
 #[test]
 fn ranks_learn_as_one_process_does() {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = super::cora_pack(dir.path());
+    let manifest = offgnn_e2e::cora_pack(dir.path());
     let common = [
         "--manifest",
         manifest.to_str().unwrap(),
@@ -194,7 +194,7 @@ fn ranks_learn_as_one_process_does() {
 #[test]
 fn a_killed_rank_stops_the_other_and_the_run_resumes_under_torchrun() {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = super::cora_pack(dir.path());
+    let manifest = offgnn_e2e::cora_pack(dir.path());
     let ckpt = dir.path().join("ckpt");
     let port = free_port().to_string();
     let args = [
@@ -287,7 +287,7 @@ fn a_killed_rank_stops_the_other_and_the_run_resumes_under_torchrun() {
 #[test]
 fn each_machine_stages_only_the_segments_its_ranks_read() {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = super::cora_pack(dir.path());
+    let manifest = offgnn_e2e::cora_pack(dir.path());
     let (mut server, port) = offgnn_e2e::http_server(dir.path());
     let url = format!("http://127.0.0.1:{port}/pack/manifest.json");
     let master = free_port().to_string();

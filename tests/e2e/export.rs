@@ -2,6 +2,8 @@
 //! the same logits (python/pyg_parity.py, a real PyG client), and bad
 //! export targets and inputs are refused in one line.
 
+use std::path::{Path, PathBuf};
+
 use offgnn_e2e::{binary, cora_dir, run, workspace};
 
 /// The parity test of the export issue: GraphSAGE and GAT (and the MLP
@@ -69,16 +71,45 @@ fn exports_compute_the_same_logits_in_pytorch_geometric() {
 #[test]
 fn export_refuses_bad_input_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = crate::cora_pack(dir.path());
-    let m = manifest.to_str().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    let export = dir.path().join("export");
-    let (c, x) = (ckpt.to_str().unwrap(), export.to_str().unwrap());
-    let one_line = offgnn_e2e::assert_one_line;
-    let train = |extra: &[&str]| {
+    let t = Trained::new(dir.path());
+    an_occupied_target_is_refused(&t);
+    export_last_checks_both_targets_first(&t);
+    a_checkpoint_of_another_layout_is_refused(&t);
+    a_model_of_a_newer_format_is_refused(&t);
+    gat_widths_split_over_heads(&t);
+}
+
+/// A short run on Cora with a checkpoint and an export, under `dir`.
+struct Trained {
+    dir: PathBuf,
+    manifest: PathBuf,
+    ckpt: String,
+    export: PathBuf,
+}
+
+impl Trained {
+    fn new(dir: &Path) -> Trained {
+        let manifest = offgnn_e2e::cora_pack(dir);
+        let ckpt = dir.join("ckpt").to_str().unwrap().to_string();
+        let t = Trained {
+            dir: dir.to_path_buf(),
+            manifest,
+            ckpt,
+            export: dir.join("export"),
+        };
+        let r = t.train(&["--checkpoint-dir", &t.ckpt, "--export", t.x()]);
+        assert!(r.status.success(), "{}", r.stderr);
+        let exported = &r.json()["summary"]["exports"][0];
+        assert_eq!(exported["card"]["which"], "best");
+        assert_eq!(exported["card"]["pyg"]["class"], "GraphSAGE");
+        t
+    }
+
+    /// Two epochs of two batches, 32 hidden channels, with `extra`.
+    fn train(&self, extra: &[&str]) -> offgnn_e2e::Run {
         let mut args = vec![
             "--manifest",
-            m,
+            self.m(),
             "--epochs",
             "2",
             "--hidden",
@@ -88,22 +119,30 @@ fn export_refuses_bad_input_in_one_line() {
         ];
         args.extend_from_slice(extra);
         run("trainer", &args)
-    };
-    let r = train(&["--checkpoint-dir", c, "--export", x]);
-    assert!(r.status.success(), "{}", r.stderr);
-    let exported = &r.json()["summary"]["exports"][0];
-    assert_eq!(exported["card"]["which"], "best");
-    assert_eq!(exported["card"]["pyg"]["class"], "GraphSAGE");
-    let card = std::fs::read(export.join("model.json")).unwrap();
+    }
 
-    // An occupied target: refused before training, by both commands.
-    one_line(&train(&["--export", x]), "holds an export already");
+    fn m(&self) -> &str {
+        self.manifest.to_str().unwrap()
+    }
+
+    fn x(&self) -> &str {
+        self.export.to_str().unwrap()
+    }
+}
+
+/// An occupied target: refused before training, by both commands;
+/// --overwrite replaces it, with the last epoch's parameters on request.
+fn an_occupied_target_is_refused(t: &Trained) {
+    let (c, x) = (t.ckpt.as_str(), t.x());
+    let one_line = offgnn_e2e::assert_one_line;
+    let export = &t.export;
+    let card = std::fs::read(export.join("model.json")).unwrap();
+    one_line(&t.train(&["--export", x]), "holds an export already");
     one_line(
         &run("trainer", &["export", "--checkpoint-dir", c, "--out", x]),
         "holds an export already",
     );
     assert_eq!(std::fs::read(export.join("model.json")).unwrap(), card);
-    // --overwrite replaces it; the last epoch's parameters on request.
     let r = run(
         "trainer",
         &[
@@ -121,11 +160,15 @@ fn export_refuses_bad_input_in_one_line() {
     let r = run("trainer", &["show-model", "--model", x]);
     assert!(r.status.success(), "{}", r.stderr);
     assert_eq!(r.json()["export"]["card"]["epoch"], 1);
+}
 
-    // --export-last: the best epoch's export and the last one's under
-    // last/, both checked before training, so an occupied last/ costs no
-    // run and leaves no best export behind.
-    let both = dir.path().join("both");
+/// --export-last: the best epoch's export and the last one's under
+/// last/, both checked before training, so an occupied last/ costs no
+/// run and leaves no best export behind.
+fn export_last_checks_both_targets_first(t: &Trained) {
+    let c = t.ckpt.as_str();
+    let one_line = offgnn_e2e::assert_one_line;
+    let both = t.dir.join("both");
     let b = both.to_str().unwrap();
     let occupied = both.join("last");
     let r = run(
@@ -140,12 +183,12 @@ fn export_refuses_bad_input_in_one_line() {
     );
     assert!(r.status.success(), "{}", r.stderr);
     one_line(
-        &train(&["--export", b, "--export-last"]),
+        &t.train(&["--export", b, "--export-last"]),
         "holds an export already",
     );
     assert!(!both.join("model.json").exists());
     std::fs::remove_dir_all(&both).unwrap();
-    let r = train(&["--export", b, "--export-last"]);
+    let r = t.train(&["--export", b, "--export-last"]);
     assert!(r.status.success(), "{}", r.stderr);
     let exports = r.json()["summary"]["exports"].clone();
     assert_eq!(exports[0]["card"]["which"], "best", "{exports}");
@@ -157,15 +200,18 @@ fn export_refuses_bad_input_in_one_line() {
     assert!(r.status.success(), "{}", r.stderr);
     assert_eq!(r.json()["export"]["card"]["which"], "last");
     assert_eq!(r.json()["export"]["card"]["epoch"], 1);
+}
 
-    // A checkpoint of another manifest (another dataset fingerprint).
-    let text = std::fs::read_to_string(&manifest).unwrap();
+/// A checkpoint of another manifest (another dataset fingerprint).
+fn a_checkpoint_of_another_layout_is_refused(t: &Trained) {
+    let c = t.ckpt.as_str();
+    let text = std::fs::read_to_string(&t.manifest).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let fp = v["dataset"]["dataset_fingerprint"].as_str().unwrap();
-    let other = dir.path().join("pack/other.json");
+    let other = t.dir.join("pack/other.json");
     std::fs::write(&other, text.replace(fp, &"0".repeat(fp.len()))).unwrap();
-    let fresh = dir.path().join("fresh");
-    one_line(
+    let fresh = t.dir.join("fresh");
+    offgnn_e2e::assert_one_line(
         &run(
             "trainer",
             &[
@@ -181,24 +227,28 @@ fn export_refuses_bad_input_in_one_line() {
         "another layout",
     );
     assert!(!fresh.join("model.json").exists());
+}
 
-    // A model.json of a newer format version.
-    let newer = String::from_utf8(std::fs::read(export.join("model.json")).unwrap())
+/// A model.json of a newer format version.
+fn a_model_of_a_newer_format_is_refused(t: &Trained) {
+    let newer = String::from_utf8(std::fs::read(t.export.join("model.json")).unwrap())
         .unwrap()
         .replacen("\"format_version\": 1", "\"format_version\": 2", 1);
-    std::fs::write(export.join("model.json"), newer).unwrap();
-    one_line(
-        &run("trainer", &["show-model", "--model", x]),
+    std::fs::write(t.export.join("model.json"), newer).unwrap();
+    offgnn_e2e::assert_one_line(
+        &run("trainer", &["show-model", "--model", t.x()]),
         "format version 2 is newer",
     );
+}
 
-    // GAT's hidden width must split evenly over its heads, as in PyG.
-    one_line(
+/// GAT's hidden width must split evenly over its heads, as in PyG.
+fn gat_widths_split_over_heads(t: &Trained) {
+    offgnn_e2e::assert_one_line(
         &run(
             "trainer",
             &[
                 "--manifest",
-                m,
+                t.m(),
                 "--model",
                 "gat",
                 "--hidden",
@@ -220,7 +270,7 @@ fn export_refuses_bad_input_in_one_line() {
 #[test]
 fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = crate::cora_pack(dir.path());
+    let manifest = offgnn_e2e::cora_pack(dir.path());
     let ds = dir.path().join("cora");
     let export = dir.path().join("export");
     let x = export.to_str().unwrap();
@@ -318,6 +368,6 @@ fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
     );
     // A model of another dataset: Cora with another split.
     let other = dir.path().join("other");
-    crate::import_cora(&other, &["--split-seed", "7"]);
+    offgnn_e2e::import_cora(&other, &["--split-seed", "7"]);
     one_line(&infer(&other, "1G"), "trained on another dataset");
 }

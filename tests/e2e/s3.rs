@@ -1,10 +1,12 @@
 //! The three programs with every location an s3:// URL, against the
 //! S3-compatible server `scripts/test` starts on loopback.
 
-use offgnn_e2e::{S3, run_env};
+use std::path::{Path, PathBuf};
+
+use offgnn_e2e::{Run, S3, run_env};
 
 /// Generates a small graph locally and uploads its feature file.
-fn graph_with_remote_features(dir: &std::path::Path, s3: &S3, prefix: &str) -> std::path::PathBuf {
+fn graph_with_remote_features(dir: &Path, s3: &S3, prefix: &str) -> PathBuf {
     let ds = offgnn_e2e::generate(
         dir,
         &[
@@ -34,13 +36,27 @@ fn sample_pack_and_train_through_s3() {
     let dir = tempfile::tempdir().unwrap();
     let prefix = format!("e2e-{}", std::process::id());
     let ds = graph_with_remote_features(dir.path(), &s3, &prefix);
+    let mut outputs = Vec::new();
+    let manifest = sample_and_pack(&s3, &ds, &prefix, &mut outputs);
+    let export = train_twice(&s3, &manifest, dir.path(), &mut outputs);
+    infer_through_the_store(&s3, &ds, &prefix, &export, dir.path(), &mut outputs);
+    for r in &outputs {
+        assert!(
+            !r.stdout.contains(&s3.secret_key) && !r.stderr.contains(&s3.secret_key),
+            "the secret key leaked"
+        );
+    }
+}
+
+/// Samples `ds` into the store and packs it there, features read from the
+/// store too; returns the manifest's URL. The runs go to `outputs`.
+fn sample_and_pack(s3: &S3, ds: &Path, prefix: &str, outputs: &mut Vec<Run>) -> String {
     let env = s3.env();
     let (samples, features, pack) = (
         s3.url(&format!("{prefix}/samples")),
         s3.url(&format!("{prefix}/feat.npy")),
         s3.url(&format!("{prefix}/pack")),
     );
-    let mut outputs = Vec::new();
     let r = run_env(
         "sampler",
         &[
@@ -90,11 +106,19 @@ fn sample_pack_and_train_through_s3() {
     assert!(r.status.success(), "verify: {}", r.stderr);
     assert_eq!(r.json()["ok"], true);
     outputs.push(r);
-    let stage = dir.path().join("stage");
+    manifest
+}
+
+/// Trains from the store's layout, staged into `dir`, twice: the second
+/// run finds the staged layout whole, trains the same and exports the
+/// model, whose folder it returns. The runs go to `outputs`.
+fn train_twice(s3: &S3, manifest: &str, dir: &Path, outputs: &mut Vec<Run>) -> PathBuf {
+    let env = s3.env();
+    let stage = dir.join("stage");
     let train = |extra: &[&str]| {
         let mut args = vec![
             "--manifest",
-            &manifest,
+            manifest,
             "--local-dir",
             stage.to_str().unwrap(),
             "--epochs",
@@ -113,27 +137,37 @@ fn sample_pack_and_train_through_s3() {
         .as_f64()
         .unwrap();
     assert!(acc > 0.4, "four classes, test accuracy {acc}");
-    outputs.push(r);
     // A second run finds the staged layout whole and trains the same; it
-    // exports the model, for inference below.
-    let export = dir.path().join("export");
+    // exports the model, for inference.
+    let export = dir.join("export");
     let again = train(&["--export", export.to_str().unwrap()]);
     assert!(again.status.success(), "trainer again: {}", again.stderr);
     assert_eq!(
         again.json()["summary"]["epochs"][0]["loss"],
-        outputs[3].json()["summary"]["epochs"][0]["loss"]
+        r.json()["summary"]["epochs"][0]["loss"]
     );
-    outputs.push(again);
+    outputs.extend([r, again]);
+    export
+}
 
-    // Inference with the dataset and the result in the store: the dataset
-    // is staged into the work directory (once), and the result equals the
-    // one from the local dataset.
+/// Inference with the dataset and the result in the store: the dataset is
+/// staged into the work directory (once), and the result equals the one
+/// from the local dataset. The runs go to `outputs`.
+fn infer_through_the_store(
+    s3: &S3,
+    ds: &Path,
+    prefix: &str,
+    export: &Path,
+    dir: &Path,
+    outputs: &mut Vec<Run>,
+) {
+    let env = s3.env();
     let remote_ds = s3.store(&format!("{prefix}/dataset"));
-    for entry in walk(&ds) {
-        let rel = entry.strip_prefix(&ds).unwrap().to_str().unwrap();
+    for entry in walk(ds) {
+        let rel = entry.strip_prefix(ds).unwrap().to_str().unwrap();
         remote_ds.put(rel, std::fs::read(&entry).unwrap()).unwrap();
     }
-    let work = dir.path().join("infer-work");
+    let work = dir.join("infer-work");
     let infer = |dataset: &str, out: &str| {
         run_env(
             "trainer",
@@ -158,10 +192,7 @@ fn sample_pack_and_train_through_s3() {
     let remote = infer(&s3.url(&format!("{prefix}/dataset")), &remote_out);
     assert!(remote.status.success(), "infer: {}", remote.stderr);
     assert!(work.join("dataset/data/feat.npy").exists());
-    let local = infer(
-        ds.to_str().unwrap(),
-        dir.path().join("preds").to_str().unwrap(),
-    );
+    let local = infer(ds.to_str().unwrap(), dir.join("preds").to_str().unwrap());
     assert!(local.status.success(), "infer: {}", local.stderr);
     let figures = |r: &offgnn_e2e::Run| {
         let s = &r.json()["summary"];
@@ -180,23 +211,16 @@ fn sample_pack_and_train_through_s3() {
             .map(|f| store.get(f.as_str().unwrap()).unwrap())
             .collect()
     };
-    let local_out = offgnn_shared::store::Store::open(dir.path().join("preds").to_str().unwrap());
+    let local_out = offgnn_shared::store::Store::open(dir.join("preds").to_str().unwrap());
     assert!(parts(s3.store(&format!("{prefix}/preds"))) == parts(local_out.unwrap()));
     // Staged whole once: the next run downloads nothing again.
     let again = infer(&s3.url(&format!("{prefix}/dataset")), &remote_out);
     assert!(again.status.success(), "infer again: {}", again.stderr);
     outputs.extend([remote, again]);
-
-    for r in &outputs {
-        assert!(
-            !r.stdout.contains(&s3.secret_key) && !r.stderr.contains(&s3.secret_key),
-            "the secret key leaked"
-        );
-    }
 }
 
 /// Every file under `dir`.
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap().flatten() {
         let path = entry.path();

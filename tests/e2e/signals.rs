@@ -6,9 +6,9 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use offgnn_e2e::{binary, run};
+use offgnn_e2e::{binary, files_under, run, wait_until_ready};
 
 /// What a run stopped by a signal showed.
 struct Stopped {
@@ -18,16 +18,17 @@ struct Stopped {
     seconds: f64,
 }
 
-/// Starts `program`, sends it `signals` (`TERM`, `INT`) `after` it started,
-/// in turn, and waits for it to end. Fails the test when it ended before
-/// the signal (the workload is then too small to test anything).
-fn stop_mid_run(program: &str, args: &[&str], after: Duration, signals: &[&str]) -> Stopped {
-    let started = Instant::now();
-    stop_when(program, args, &|| started.elapsed() >= after, signals)
-}
-
-/// As [`stop_mid_run`], the signals sent once `ready` says so.
-fn stop_when(program: &str, args: &[&str], ready: &dyn Fn() -> bool, signals: &[&str]) -> Stopped {
+/// Starts `program`, waits until `ready` says it has reached `stage`,
+/// sends it `signals` (`TERM`, `INT`) in turn, and waits for it to end.
+/// Fails the test when it ended before the stage (the workload is then too
+/// small to test anything) or never reached it.
+fn stop_when(
+    program: &str,
+    args: &[&str],
+    stage: &str,
+    ready: &dyn Fn() -> bool,
+    signals: &[&str],
+) -> Stopped {
     let mut child = Command::new(binary(program))
         .args(args)
         .env("RUST_LOG", "warn")
@@ -35,24 +36,7 @@ fn stop_when(program: &str, args: &[&str], ready: &dyn Fn() -> bool, signals: &[
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
-    let started = Instant::now();
-    while !ready() {
-        if child.try_wait().unwrap().is_some() {
-            let mut stderr = String::new();
-            let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr);
-            panic!(
-                "{program} finished within {:?}, before the signal: give it more work\n{stderr}",
-                started.elapsed()
-            );
-        }
-        assert!(started.elapsed() < Duration::from_secs(120), "never ready");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "{program} finished within {:?}, before the signal: give it more work",
-        started.elapsed()
-    );
+    wait_until_ready(&mut child, program, stage, ready);
     let sent = Instant::now();
     for s in signals {
         let status = Command::new("kill")
@@ -69,16 +53,21 @@ fn stop_when(program: &str, args: &[&str], ready: &dyn Fn() -> bool, signals: &[
     }
 }
 
-/// One line, naming the signal and `kept`, within a few seconds, with the
-/// signal's exit status.
-/// Two SIGINTs `after` into a run: the second ends it at once, cleanup or
-/// not.
-fn a_second_sigint_exits_at_once(program: &str, args: &[&str], after: Duration) {
-    let st = stop_mid_run(program, args, after, &["INT", "INT"]);
+/// Two SIGINTs once `program` has reached `stage`: the second ends it at
+/// once, cleanup or not.
+fn a_second_sigint_exits_at_once(
+    program: &str,
+    args: &[&str],
+    stage: &str,
+    ready: &dyn Fn() -> bool,
+) {
+    let st = stop_when(program, args, stage, ready, &["INT", "INT"]);
     assert_eq!(st.code, Some(130), "{}", st.stderr);
     assert!(st.seconds < 2.0, "took {:.1} s", st.seconds);
 }
 
+/// One line, naming the signal and `kept`, within a few seconds, with the
+/// signal's exit status.
 fn stopped_well(s: &Stopped, signal: &str, code: i32, kept: &str) {
     assert_eq!(s.code, Some(code), "{}", s.stderr);
     assert_eq!(s.stderr.trim().lines().count(), 1, "{}", s.stderr);
@@ -128,20 +117,23 @@ fn the_sampler_stops_and_removes_what_it_wrote() {
         "--epochs",
         "12",
     ];
-    let st = stop_mid_run("sampler", &args, Duration::from_millis(1500), &["TERM"]);
+    // Sampling has begun once its first samples file is written.
+    let stage = "its first samples file";
+    let sampling = || !files_under(&out.join("samples")).is_empty();
+    let st = stop_when("sampler", &args, stage, &sampling, &["TERM"]);
     stopped_well(&st, "SIGTERM", 143, "removed the");
     assert!(!out.join("run.json").exists());
-    let left: Vec<_> = walk(&out.join("samples"));
+    let left: Vec<_> = files_under(&out.join("samples"));
     assert!(left.is_empty(), "left behind: {left:?}");
 
     // One SIGINT: the same cleanup.
-    let st = stop_mid_run("sampler", &args, Duration::from_millis(1500), &["INT"]);
+    let st = stop_when("sampler", &args, stage, &sampling, &["INT"]);
     stopped_well(&st, "SIGINT", 130, "removed the");
     assert!(!out.join("run.json").exists());
-    let left: Vec<_> = walk(&out.join("samples"));
+    let left: Vec<_> = files_under(&out.join("samples"));
     assert!(left.is_empty(), "left behind: {left:?}");
 
-    a_second_sigint_exits_at_once("sampler", &args, Duration::from_millis(1500));
+    a_second_sigint_exits_at_once("sampler", &args, stage, &sampling);
 }
 
 #[test]
@@ -181,19 +173,24 @@ fn the_packer_stops_removes_its_objects_and_keeps_a_committed_layout() {
         "--disk-budget",
         "4x",
     ];
-    let st = stop_mid_run("packer", &args, Duration::from_millis(2000), &["INT"]);
+    // Packing has begun once the run's objects are created under pack/.
+    let stage = "the packing of its objects";
+    let packing = || !files_under(&out.join("pack")).is_empty();
+    let st = stop_when("packer", &args, stage, &packing, &["INT"]);
     stopped_well(&st, "SIGINT", 130, "removed the objects this run wrote");
     assert!(!out.join("manifest.json").exists());
-    assert!(walk(&out.join("pack")).is_empty());
+    assert!(files_under(&out.join("pack")).is_empty());
 
     // Over a committed layout, a stopped --overwrite leaves it whole.
     let r = run("packer", &args);
     assert!(r.status.success(), "{}", r.stderr);
-    let before = walk(&out.join("pack"));
+    let before = files_under(&out.join("pack"));
     args.push("--overwrite");
-    let st = stop_mid_run("packer", &args, Duration::from_millis(2000), &["TERM"]);
+    // This run's objects go beside the committed layout's.
+    let packing = || files_under(&out.join("pack")) != before;
+    let st = stop_when("packer", &args, stage, &packing, &["TERM"]);
     stopped_well(&st, "SIGTERM", 143, "is untouched");
-    assert_eq!(walk(&out.join("pack")), before);
+    assert_eq!(files_under(&out.join("pack")), before);
     let manifest = out.join("manifest.json");
     let r = run("packer", &["verify", "--manifest", s(&manifest)]);
     assert!(r.status.success(), "{}", r.stderr);
@@ -273,7 +270,15 @@ fn trainer_stops_and_resumes(manifest: &Path, ckpt: &Path, signal: &str) {
     };
     let args = train("1000", &[]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let st = stop_mid_run("trainer", &args, Duration::from_millis(3000), &[signal]);
+    // Training has begun once the first checkpoint (batch 3) is kept.
+    let training = || ckpt.join("checkpoint.json").exists();
+    let st = stop_when(
+        "trainer",
+        &args,
+        "its first checkpoint",
+        &training,
+        &[signal],
+    );
     let (name, code) = if signal == "TERM" {
         ("SIGTERM", 143)
     } else {
@@ -316,6 +321,10 @@ fn the_trainer_stops_on_sigint_and_a_second_exits_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let manifest = small_layout(dir.path());
     trainer_stops_and_resumes(&manifest, &dir.path().join("ckpt"), "INT");
+    // Without a checkpoint directory, the metrics of a first finished epoch
+    // say that training is under way.
+    let metrics = dir.path().join("metrics.jsonl");
+    let an_epoch_done = || std::fs::read(&metrics).is_ok_and(|b| b.contains(&b'\n'));
     a_second_sigint_exits_at_once(
         "trainer",
         &[
@@ -325,8 +334,11 @@ fn the_trainer_stops_on_sigint_and_a_second_exits_at_once() {
             "16",
             "--epochs",
             "1000",
+            "--metrics",
+            s(&metrics),
         ],
-        Duration::from_millis(3000),
+        "its first epoch's metrics",
+        &an_epoch_done,
     );
 }
 
@@ -385,7 +397,13 @@ fn inference_stops_and_a_rerun_resumes() {
                 p["groups_done"].as_u64().unwrap_or(0) > 0 || p["layer"].as_u64().unwrap_or(0) > 0
             })
     };
-    let st = stop_when("trainer", &args, &a_group_done, &["TERM"]);
+    let st = stop_when(
+        "trainer",
+        &args,
+        "its first finished group",
+        &a_group_done,
+        &["TERM"],
+    );
     stopped_well(&st, "SIGTERM", 143, "run the same command again to resume");
     assert!(!preds.join("_SUCCESS.json").exists());
     let r = run("trainer", &args);
@@ -417,8 +435,13 @@ fn dataset_writing_stops_and_removes_its_partial_directory() {
             .filter(|n| n.contains(".partial-"))
             .collect()
     };
-    // 4M nodes, 32-d: about 4 s of writing on the 2-core machines seen
-    // here (1M took 0.74 s on one, and ended before the signal at 700 ms).
+    // Files written into a partial dataset: its writing has begun.
+    let writing = || {
+        partials()
+            .iter()
+            .any(|p| !files_under(&dir.path().join(p)).is_empty())
+    };
+    // 4M nodes, 32-d: enough writing that the signal lands within it.
     let big = dir.path().join("big");
     let generate = [
         "generate",
@@ -430,7 +453,13 @@ fn dataset_writing_stops_and_removes_its_partial_directory() {
         "32",
     ];
     for (signal, name, code) in [("INT", "SIGINT", 130), ("TERM", "SIGTERM", 143)] {
-        let st = stop_mid_run("sampler", &generate, Duration::from_millis(700), &[signal]);
+        let st = stop_when(
+            "sampler",
+            &generate,
+            "the writing of its partial dataset",
+            &writing,
+            &[signal],
+        );
         stopped_well(&st, name, code, "removed the partial dataset");
         assert!(!big.exists());
         assert_eq!(partials(), Vec::<String>::new());
@@ -454,7 +483,14 @@ fn dataset_writing_stops_and_removes_its_partial_directory() {
         s(&small),
         "--overwrite",
     ];
-    let st = stop_mid_run("sampler", &import, Duration::from_millis(500), &["TERM"]);
+    let started = || !partials().is_empty();
+    let st = stop_when(
+        "sampler",
+        &import,
+        "its partial dataset",
+        &started,
+        &["TERM"],
+    );
     stopped_well(&st, "SIGTERM", 143, "the dataset there is untouched");
     assert_eq!(std::fs::read(small.join("metadata.yaml")).unwrap(), meta);
     assert_eq!(partials(), Vec::<String>::new());
@@ -466,7 +502,12 @@ fn dataset_writing_stops_and_removes_its_partial_directory() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(700));
+    wait_until_ready(
+        &mut child,
+        "sampler",
+        "the writing of its partial dataset",
+        &writing,
+    );
     child.kill().unwrap();
     let _ = child.wait();
     assert_eq!(partials().len(), 1, "the kill left no partial dataset");
@@ -484,25 +525,4 @@ fn dataset_writing_stops_and_removes_its_partial_directory() {
     );
     assert!(r.status.success(), "{}", r.stderr);
     assert_eq!(partials(), Vec::<String>::new());
-}
-
-/// Every file under `dir`, relative and sorted (none when it is absent).
-fn walk(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                out.push(p.strip_prefix(dir).unwrap().display().to_string());
-            }
-        }
-    }
-    out.sort();
-    out
 }

@@ -1,0 +1,394 @@
+//! The sampler as a user runs it: importing, generating and inspecting
+//! datasets, offline sampling runs (DiskGNN §3), its memory statement, and what it
+//! refuses (a committed run, bad flags, a store it cannot reach, non-finite
+//! features, files it did not write).
+
+use offgnn_e2e::{cora_dir, cora_pack_args, run, run_with_env};
+
+#[test]
+fn cora_imports_and_inspects_through_the_binary() {
+    let cora = cora_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cora");
+    let nodes = cora.join("cora_nodes.parquet.gzip");
+    let edges = cora.join("cora_rels.parquet.gzip");
+    let args = [
+        "import-parquet",
+        "--preset",
+        "cora",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--edges",
+        edges.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let r = run("sampler", &args);
+    assert!(r.status.success(), "import failed: {}", r.stderr);
+    let s = &r.json()["summary"];
+    assert_eq!(s["num_nodes"], 2708);
+    assert_eq!(s["input_edges"], 5429);
+    assert_eq!(s["num_classes"], 7);
+
+    // A second import into the same place is refused, and leaves it intact.
+    let again = run("sampler", &args);
+    assert!(!again.status.success());
+    assert!(again.stderr.contains("already exists"), "{}", again.stderr);
+    assert_eq!(
+        again.stderr.trim().lines().count(),
+        1,
+        "one line: {}",
+        again.stderr
+    );
+
+    let r = run("sampler", &["inspect", "--dataset", out.to_str().unwrap()]);
+    assert!(r.status.success(), "inspect failed: {}", r.stderr);
+    let j = r.json();
+    assert_eq!(j["num_nodes"], 2708);
+    assert_eq!(j["num_edges_csr"], 2 * 5429);
+    assert_eq!(j["feature_dim"], 1433);
+    assert_eq!(
+        j["train"].as_u64().unwrap() + j["valid"].as_u64().unwrap() + j["test"].as_u64().unwrap(),
+        2708
+    );
+}
+
+#[test]
+fn generate_writes_a_dataset_that_inspect_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("synth");
+    let r = run(
+        "sampler",
+        &[
+            "generate",
+            "--out",
+            out.to_str().unwrap(),
+            "--nodes",
+            "5000",
+            "--feature-dim",
+            "16",
+            "--classes",
+            "4",
+            "--dtype",
+            "f16",
+        ],
+    );
+    assert!(r.status.success(), "generate failed: {}", r.stderr);
+    assert_eq!(r.json()["summary"]["num_nodes"], 5000);
+    let r = run("sampler", &["inspect", "--dataset", out.to_str().unwrap()]);
+    assert!(r.status.success(), "inspect failed: {}", r.stderr);
+    assert_eq!(r.json()["feature_dtype"], "f16");
+    assert_eq!(r.json()["num_classes"], 4);
+}
+
+#[test]
+fn cora_samples_through_the_binary_and_refuses_a_second_run() {
+    let cora = cora_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("cora");
+    let r = run(
+        "sampler",
+        &[
+            "import-parquet",
+            "--preset",
+            "cora",
+            "--nodes",
+            cora.join("cora_nodes.parquet.gzip").to_str().unwrap(),
+            "--edges",
+            cora.join("cora_rels.parquet.gzip").to_str().unwrap(),
+            "--out",
+            ds.to_str().unwrap(),
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let out = dir.path().join("samples");
+    let args = [
+        "--dataset",
+        ds.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "256",
+    ];
+    let r = run("sampler", &args);
+    assert!(r.status.success(), "{}", r.stderr);
+    let j = r.json();
+    assert_eq!(j["committed"], true);
+    // 1625 training seeds in batches of 256: 7 per epoch; 542 valid: 3; 541 test: 3.
+    assert_eq!(j["batches"], 2 * 7 + 3 + 3);
+    assert_eq!(j["run"]["counts"]["train"]["batches"], 14);
+    assert!(out.join("run.json").exists());
+    let run_id = j["run"]["run_id"].as_str().unwrap();
+    assert!(
+        out.join(format!(
+            "samples/{run_id}/split=train/epoch=0001/part-00000.parquet"
+        ))
+        .exists()
+    );
+
+    let again = run("sampler", &args);
+    assert!(!again.status.success());
+    assert!(
+        again
+            .stderr
+            .contains("already holds a committed sampling run"),
+        "{}",
+        again.stderr
+    );
+    assert_eq!(again.stderr.trim().lines().count(), 1, "{}", again.stderr);
+
+    for (bad, want) in [
+        (vec!["--fanout", ""], "--fanout is empty"),
+        (vec!["--fanout", "5,0"], "a fan-out of 0"),
+        (vec!["--batch-size", "0"], "--batch-size"),
+        (
+            vec!["--shard", "2", "--num-shards", "2"],
+            "--shard 2 is out of range",
+        ),
+    ] {
+        let x = dir.path().join("x");
+        let mut a: Vec<&str> = vec![
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            x.to_str().unwrap(),
+        ];
+        a.extend(bad);
+        let r = run("sampler", &a);
+        assert!(!r.status.success());
+        assert!(r.stderr.contains(want), "{want}: {}", r.stderr);
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+        assert!(!dir.path().join("x/run.json").exists());
+    }
+}
+
+#[test]
+fn unreachable_store_is_a_clear_error_without_credentials() {
+    let cora = cora_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("cora");
+    let r = run(
+        "sampler",
+        &[
+            "import-parquet",
+            "--preset",
+            "cora",
+            "--nodes",
+            cora.join("cora_nodes.parquet.gzip").to_str().unwrap(),
+            "--edges",
+            cora.join("cora_rels.parquet.gzip").to_str().unwrap(),
+            "--out",
+            ds.to_str().unwrap(),
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    // A loopback port that nothing listens on.
+    let env = [
+        ("AWS_ENDPOINT", "http://127.0.0.1:9"),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_ACCESS_KEY_ID", "offgnn-test"),
+        ("AWS_SECRET_ACCESS_KEY", "very-secret-value"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let started = std::time::Instant::now();
+    let r = run_with_env(
+        "sampler",
+        &[
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            "s3://bucket/samples",
+        ],
+        &env,
+    );
+    assert!(!r.status.success());
+    assert!(r.stderr.contains("s3://bucket/samples"), "{}", r.stderr);
+    assert!(
+        !r.stderr.contains("very-secret-value"),
+        "credentials leaked: {}",
+        r.stderr
+    );
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    assert!(
+        started.elapsed().as_secs() < 120,
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn sampler_states_its_memory_and_holds_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // 300K nodes, about 3M edges: a graph of some 25 MB.
+    let ds = offgnn_e2e::generate(
+        dir.path(),
+        &[
+            "--nodes",
+            "300000",
+            "--feature-dim",
+            "4",
+            "--train-fraction",
+            "0.05",
+        ],
+    );
+    let sample = |out: &str, memory: &str| {
+        offgnn_e2e::run_peak(
+            "sampler",
+            &[
+                "--dataset",
+                ds.to_str().unwrap(),
+                "--out",
+                dir.path().join(out).to_str().unwrap(),
+                "--fanout",
+                "10,10",
+                "--batch-size",
+                "512",
+                "--threads",
+                "2",
+                "--memory",
+                memory,
+            ],
+        )
+    };
+    // Too small a budget is refused up front, and nothing is written.
+    let (r, _) = sample("small", "64M");
+    assert!(!r.status.success());
+    assert!(r.stderr.contains("--memory 64.00 MiB"), "{}", r.stderr);
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    assert!(!dir.path().join("small/run.json").exists());
+
+    let (r, peak) = sample("s", "1G");
+    assert!(r.status.success(), "{}", r.stderr);
+    let stated = r.json()["memory"]["total_bytes"].as_u64().unwrap();
+    eprintln!("sampler on 300K nodes: peak RSS {peak} bytes, stated {stated}");
+    assert!(stated <= 1 << 30);
+    assert!(
+        peak <= stated,
+        "peak RSS {peak} bytes over the stated {stated}"
+    );
+}
+
+/// --overwrite replaces an earlier output of the same kind and nothing
+/// more: `sampler generate` refuses a directory that is not a dataset it
+/// wrote, and sampling refuses a samples/ prefix holding a user's file;
+/// both in one line, the files untouched.
+#[test]
+fn overwrite_replaces_only_what_offgnn_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let one_line = offgnn_e2e::assert_one_line;
+    let mixed = dir.path().join("mixed");
+    std::fs::create_dir_all(mixed.join("other-dataset")).unwrap();
+    std::fs::write(mixed.join("other-dataset/metadata.yaml"), b"mine").unwrap();
+    let generate = |out: &std::path::Path| {
+        run(
+            "sampler",
+            &[
+                "generate",
+                "--out",
+                out.to_str().unwrap(),
+                "--nodes",
+                "300",
+                "--feature-dim",
+                "4",
+                "--overwrite",
+            ],
+        )
+    };
+    one_line(&generate(&mixed), "is not a dataset this program wrote");
+    assert_eq!(
+        std::fs::read(mixed.join("other-dataset/metadata.yaml")).unwrap(),
+        b"mine"
+    );
+    // A dataset it wrote is replaced.
+    let ds = dir.path().join("g");
+    assert!(generate(&ds).status.success());
+    assert!(generate(&ds).status.success());
+
+    let samples = dir.path().join("samples");
+    let sample = || {
+        run(
+            "sampler",
+            &[
+                "--dataset",
+                ds.to_str().unwrap(),
+                "--out",
+                samples.to_str().unwrap(),
+                "--fanout",
+                "3,3",
+                "--batch-size",
+                "64",
+                "--overwrite",
+            ],
+        )
+    };
+    assert!(sample().status.success());
+    let note = samples.join("samples/notes.txt");
+    std::fs::write(&note, b"mine").unwrap();
+    one_line(&sample(), "which no sampler wrote");
+    assert_eq!(std::fs::read(&note).unwrap(), b"mine");
+}
+
+/// `sampler inspect` reads every feature value: a NaN or an infinity is
+/// refused in one line naming the file, the row and the column.
+#[test]
+fn inspect_refuses_non_finite_features() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ds = offgnn_e2e::generate(dir.path(), &["--nodes", "500", "--feature-dim", "8"]);
+    let r = run("sampler", &["inspect", "--dataset", ds.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(r.json()["features_finite"], true);
+    let feat = ds.join("data/feat.npy");
+    let offset = offgnn_shared::npy::NpyFile::open(&feat)
+        .unwrap()
+        .header()
+        .data_offset;
+    for (value, shown) in [(f32::NAN, "NaN"), (f32::NEG_INFINITY, "-inf")] {
+        let f = std::fs::OpenOptions::new().write(true).open(&feat).unwrap();
+        // Row 42, column 5.
+        f.write_all_at(&value.to_le_bytes(), offset + (42 * 8 + 5) * 4)
+            .unwrap();
+        let r = run("sampler", &["inspect", "--dataset", ds.to_str().unwrap()]);
+        assert!(!r.status.success());
+        assert!(
+            r.stderr.contains(&format!("row 42, column 5 is {shown}")),
+            "{}",
+            r.stderr
+        );
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    }
+    // The packer's pass reads every value too: it refuses the same one and
+    // leaves nothing behind.
+    let samples = dir.path().join("samples");
+    let r = run(
+        "sampler",
+        &[
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            samples.to_str().unwrap(),
+            "--fanout",
+            "3,3",
+            "--batch-size",
+            "64",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let pack = dir.path().join("pack");
+    let r = run(
+        "packer",
+        &cora_pack_args(
+            samples.to_str().unwrap(),
+            feat.to_str().unwrap(),
+            pack.to_str().unwrap(),
+        ),
+    );
+    offgnn_e2e::assert_one_line(&r, "row 42, column 5 is -inf");
+    assert!(!pack.join("manifest.json").exists());
+    let left = std::fs::read_dir(pack.join("pack"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "the refused run left objects");
+}

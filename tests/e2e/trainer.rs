@@ -1,0 +1,194 @@
+//! The trainer as a user runs it: training on a packed layout (DiskGNN §5.3)
+//! with metrics and checkpoints, its memory statement, a layout staged over
+//! HTTP, and what it refuses (bad flags, a checkpoint of another run, a
+//! diverged run, a future manifest, damaged segments).
+
+use offgnn_e2e::{cora_pack, run};
+
+#[test]
+fn cora_trains_through_the_binary_and_refuses_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = cora_pack(dir.path());
+    let m = manifest.to_str().unwrap();
+    let metrics = dir.path().join("metrics.jsonl");
+    let ckpt = dir.path().join("ckpt");
+    let train = |extra: &[&str]| {
+        let mut args = vec!["--manifest", m, "--epochs", "3", "--hidden", "64"];
+        args.extend_from_slice(extra);
+        run("trainer", &args)
+    };
+    let r = train(&[
+        "--metrics",
+        metrics.to_str().unwrap(),
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let s = &r.json()["summary"];
+    assert_eq!(s["epochs"].as_array().unwrap().len(), 3);
+    // Seven classes; chance is below 0.3.
+    let acc = s["test_acc_at_best_valid"].as_f64().unwrap();
+    assert!(acc > 0.6, "Cora test accuracy {acc}");
+    let lines = std::fs::read_to_string(&metrics).unwrap();
+    let rows: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3);
+    for key in [
+        "wall_seconds",
+        "stage_busy",
+        "disk_bytes",
+        "read_amplification",
+        "hit_gpu",
+        "hit_cpu",
+        "hit_disk",
+        "loss",
+        "train_acc",
+        "valid_acc",
+        "test_acc",
+    ] {
+        assert!(rows[2].get(key).is_some(), "metrics lack {key}");
+    }
+
+    // Bad input: one line, a failing exit.
+    let one_line = offgnn_e2e::assert_one_line;
+    // cuda where libtorch sees no GPU (this suite runs on CPU machines).
+    one_line(&train(&["--device", "cuda"]), "no CUDA device");
+    // A checkpoint of another model.
+    one_line(
+        &train(&[
+            "--model",
+            "gat",
+            "--resume",
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+        ]),
+        "another model",
+    );
+    // An earlier run's checkpoint or metrics are not replaced unless asked.
+    let (c, mf) = (ckpt.to_str().unwrap(), metrics.to_str().unwrap());
+    one_line(
+        &train(&["--checkpoint-dir", c]),
+        "holds a checkpoint of an earlier run",
+    );
+    one_line(&train(&["--metrics", mf]), "the metrics file exists");
+    // A resume must keep the settings that fix the results.
+    one_line(
+        &train(&["--checkpoint-dir", c, "--resume", "--lr", "0.01"]),
+        "a resume continues the same run",
+    );
+    // A diverged run stops with a failing exit and keeps its last checkpoint.
+    let diverged = dir.path().join("ckpt-diverged");
+    let r = train(&[
+        "--lr",
+        "1e30",
+        "--checkpoint-dir",
+        diverged.to_str().unwrap(),
+        "--checkpoint-every",
+        "1",
+    ]);
+    one_line(&r, "training diverged and stopped");
+    assert!(r.stderr.contains("is kept"), "{}", r.stderr);
+    assert!(
+        r.stdout.is_empty(),
+        "a diverged run reports no figures: {}",
+        r.stdout
+    );
+    assert!(diverged.join("checkpoint.json").exists());
+
+    // A manifest of a future format version.
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let future = dir.path().join("pack/future.json");
+    std::fs::write(
+        &future,
+        text.replacen("\"format_version\": 3", "\"format_version\": 7", 1),
+    )
+    .unwrap();
+    one_line(
+        &run("trainer", &["--manifest", future.to_str().unwrap()]),
+        "newer than this build",
+    );
+    // A flipped bit in a segment, then a missing one.
+    let seg = dir.path().join("pack").join(offgnn_e2e::first_segment(
+        &dir.path().join("pack/manifest.json"),
+    ));
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[4096] ^= 0x01;
+    std::fs::write(&seg, &bytes).unwrap();
+    one_line(&train(&[]), "checksum mismatch");
+    std::fs::remove_file(&seg).unwrap();
+    one_line(&train(&[]), "missing object");
+}
+
+#[test]
+fn trainer_states_its_memory_and_holds_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = cora_pack(dir.path());
+    let m = manifest.to_str().unwrap();
+    let train = |memory: &str| {
+        offgnn_e2e::run_peak(
+            "trainer",
+            &[
+                "--manifest",
+                m,
+                "--epochs",
+                "2",
+                "--hidden",
+                "64",
+                "--loaders",
+                "1",
+                "--queue-depth",
+                "1",
+                "--memory",
+                memory,
+            ],
+        )
+    };
+    // Too small a budget is refused before training, in one line.
+    let (r, _) = train("100M");
+    assert!(!r.status.success());
+    assert!(r.stderr.contains("--memory 100.00 MiB"), "{}", r.stderr);
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+
+    let (r, peak) = train("1300M");
+    assert!(r.status.success(), "{}", r.stderr);
+    let stated = r.json()["memory"]["total_bytes"].as_u64().unwrap();
+    assert!(stated <= 1300 << 20);
+    eprintln!("trainer on Cora: peak RSS {peak} bytes, stated {stated}");
+    assert!(
+        peak <= stated,
+        "peak RSS {peak} bytes over the stated {stated}"
+    );
+}
+
+/// A layout served over plain HTTP (an object host with byte ranges, here
+/// tests/support/http_range_server.py) stages and trains: `http://`
+/// locations are enabled, not refused with "feature for Http not enabled".
+#[test]
+fn a_layout_served_over_http_stages_and_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = cora_pack(dir.path());
+    assert!(manifest.starts_with(dir.path()));
+    let (mut server, port) = offgnn_e2e::http_server(dir.path());
+    let url = format!("http://127.0.0.1:{port}/pack/manifest.json");
+    let stage = dir.path().join("stage");
+    let r = run(
+        "trainer",
+        &[
+            "--manifest",
+            &url,
+            "--local-dir",
+            stage.to_str().unwrap(),
+            "--epochs",
+            "1",
+            "--max-batches",
+            "2",
+        ],
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(r.status.success(), "{}", r.stderr);
+    assert!(stage.join("manifest.json").exists());
+    assert_eq!(r.json()["summary"]["epochs"].as_array().unwrap().len(), 1);
+}
