@@ -3,13 +3,19 @@
 //! the features into an object-store layout described by a manifest.
 //! `main.rs` only parses flags and calls [`run`].
 
+mod address_tables;
 pub mod batched_pack;
+mod commit;
 pub mod crc;
 pub mod error;
 pub mod feature_source;
 pub mod heap;
+mod job;
+mod load;
+mod memory;
 pub mod pack;
 pub mod plan;
+mod region_writer;
 mod report;
 pub mod verify;
 
