@@ -21,7 +21,6 @@ use std::thread::{Scope, ScopedJoinHandle};
 use std::time::Instant;
 
 use offgnn_shared::io_engine::IoEngine;
-use offgnn_shared::store_dtype::{self, StoreDType};
 use rayon::prelude::*;
 
 use crate::access_rank::Tiers;
@@ -30,6 +29,7 @@ use crate::feature_source::{FeatureSource, PartitionBuf, PartitionReader};
 use crate::plan::{BatchInfo, SegmentPlan};
 use crate::region_writer::RegionWriter;
 pub use crate::region_writer::{MAX_STAGES, OutFile, STAGE_POOL_BYTES, WritePool};
+use crate::store_dtype::{self, StoreDType};
 
 /// The feature file read front to back in pieces of equal rows by a thread
 /// of its own, up to `depth` pieces ahead of the packing pass (DiskGNN

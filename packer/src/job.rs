@@ -2,13 +2,13 @@
 //! ([`PackSummary`]): the types every step of `pack` reads or fills.
 
 use offgnn_manifests as manifests;
-use offgnn_shared::store_dtype::StoreDType;
 use serde::Serialize;
 
 use crate::address_tables::AmplificationParts;
 use crate::memory::MemoryStatement;
 use crate::minhash::RowOrder;
 use crate::sizes::Budget;
+use crate::store_dtype::StoreDType;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -7,11 +7,11 @@ use offgnn_shared::address_table::{self, BatchTable};
 use offgnn_shared::dataset::Split;
 use offgnn_shared::samples::{RunSummary, SampleFile};
 use offgnn_shared::store::Store;
-use offgnn_shared::store_dtype::StoreDType;
 
 use crate::error::{Error, Result};
 use crate::feature_source::FeatureSource;
 use crate::plan::BatchInfo;
+use crate::store_dtype::StoreDType;
 
 /// The sampler's run and the feature file of one packing job.
 pub(crate) struct Inputs {

@@ -12,12 +12,12 @@ use offgnn_shared::dataset::Split;
 use offgnn_shared::io_engine::MappedFile;
 use offgnn_shared::samples::RunSummary;
 use offgnn_shared::store::Store;
-use offgnn_shared::store_dtype::{self, StoreDType};
 use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::feature_source::FeatureSource;
+use crate::store_dtype::{self, StoreDType};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct VerifySummary {

@@ -17,7 +17,6 @@ pub mod samples;
 pub mod signals;
 pub mod sizes;
 pub mod store;
-pub mod store_dtype;
 pub mod store_faults;
 pub mod synthetic;
 pub mod topology;
