@@ -229,9 +229,8 @@ pub fn assign_tiers(
         )));
     }
     // The table of locations takes the counts' place, entry by entry: a
-    // count is read once, then overwritten by its node's location. A
-    // second per-node table is fresh memory, whose first touch cost the
-    // 10M-node bench's plan about 45 ms of its 0.38 s (binaries alternated).
+    // count is read once, then overwritten by its node's location, so the
+    // plan does not pay for first touching a second per-node table.
     let mut loc = counts.counts;
     let (mut gpu, mut cpu) = (Vec::new(), Vec::new());
     let max = loc.par_iter().copied().max().unwrap_or(0);

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, IoOptions, PAGE, ReadReq};
 use offgnn_shared::npy::{self, DType, Header};
 use offgnn_shared::store::Store;
-use offgnn_shared::store_dtype::StoreDType;
 
 use crate::error::{Error, Result};
+use crate::store_dtype::StoreDType;
 
 /// Bytes asked for at once when a partition comes from an object store
 /// (rounded down to whole rows).

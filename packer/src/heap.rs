@@ -9,13 +9,9 @@
 //! threads (loaders and rayon's workers decoding samples files, the plan's
 //! workers, the pass's reader and writers, the table writer beside it), so
 //! each arena kept its own high mark, and resident memory was about their
-//! sum rather than the most held at once. On the end-to-end test's 1M-node,
-//! 32-d graph (`--memory 1300M`, stated 1300 MiB) the packer held at most
-//! 750 MiB (allocated bytes, as `mallinfo2` counts them), yet peaked at
-//! 1115-1387 MiB, with 440 MiB freed but kept in the arenas while the table
-//! writer decoded the largest samples file: over the budget in most runs,
-//! by however much the threads' timing scattered over the arenas. One
-//! arena, trimmed between phases: 816-831 MiB, in the same time.
+//! sum rather than the most held at once: over the budget by however much
+//! the threads' timing scattered over the arenas. One arena, trimmed
+//! between phases, keeps resident memory near what the packer holds.
 
 /// One arena for every thread: what one thread frees, the next that
 /// allocates reuses. The packer allocates in large pieces (decoded samples,

@@ -3,13 +3,19 @@
 //! the features into an object-store layout described by a manifest.
 //! `main.rs` only parses flags and calls [`run`].
 
+mod address_tables;
 pub mod batched_pack;
+mod commit;
 pub mod crc;
 pub mod error;
 pub mod feature_source;
 pub mod heap;
+mod job;
+mod load;
+mod memory;
 pub mod pack;
 pub mod plan;
+mod region_writer;
 mod report;
 pub mod verify;
 
@@ -18,6 +24,7 @@ pub mod disk_pages;
 pub mod minhash;
 pub mod plan_error;
 pub mod segment_search;
+pub mod store_dtype;
 pub use offgnn_shared::sizes;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -195,9 +202,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     DiskCache::Global => pack::DiskCacheMode::Global,
                 },
                 store_dtype: a.store_dtype.map(|d| match d {
-                    StoreDtype::F32 => offgnn_shared::store_dtype::StoreDType::F32,
-                    StoreDtype::F16 => offgnn_shared::store_dtype::StoreDType::F16,
-                    StoreDtype::Bf16 => offgnn_shared::store_dtype::StoreDType::BF16,
+                    StoreDtype::F32 => crate::store_dtype::StoreDType::F32,
+                    StoreDtype::F16 => crate::store_dtype::StoreDType::F16,
+                    StoreDtype::Bf16 => crate::store_dtype::StoreDType::BF16,
                 }),
                 row_order: match a.row_order {
                     RowOrderArg::Bottom4 => minhash::RowOrder::DEFAULT,

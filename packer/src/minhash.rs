@@ -21,9 +21,8 @@ pub enum RowOrder {
     /// A row's signature is its `k` least batches under one random
     /// permutation, ascending (a bottom-k sketch): rows whose batch sets
     /// share their first members sit together, so the rows of a page share
-    /// more than one batch. On the near-uniform 1M-node bench graph at a 3x
-    /// disk budget, predicted read amplification 3.12 against Algorithm 1's
-    /// 4.09 (k = 4; k = 2 gives 3.92, 6 and 8 no better than 4).
+    /// more than one batch, and a batch reads fewer pages than under
+    /// Algorithm 1's independent minima.
     BottomK { k: usize },
 }
 
@@ -165,10 +164,8 @@ pub fn minhash_order(rows: &[u32], batches: &[&[u32]], order: RowOrder, seed: u6
 }
 
 /// Candidates a page's next row is chosen from: the next rows of the
-/// sorted order not placed yet. On the near-uniform 1M-node bench graph at
-/// a 3x disk budget: disk-cache amplification 3.17 unfilled, 2.95 with 32
-/// candidates, 2.90 with 64, 2.86 with 128 (planning time rising with
-/// the window: 64 took it from 1.9 s to 2.9 s).
+/// sorted order not placed yet. A wider window finds rows that share more
+/// batches with the page, at a planning cost that grows with it.
 const FILL_WINDOW: usize = 64;
 
 /// Fills a disk cache's pages greedily from its sorted order (`order`, from
@@ -192,126 +189,182 @@ pub fn fill_pages(order: Vec<u32>, batches: &[&[u32]], row_bytes: u64, phase: us
     if order.len() < 2 || row_bytes == 0 || row_bytes >= page || !page.is_multiple_of(row_bytes) {
         return order;
     }
-    let per_page = (page / row_bytes) as usize;
-    let n = order.len();
-    // Each row's batches, by position in `order` (CSR, batches ascending).
-    let mut by_node: Vec<(u32, u32)> = order
-        .iter()
-        .enumerate()
-        .map(|(p, &v)| (v, p as u32))
-        .collect();
-    by_node.sort_unstable();
-    let nodes: Vec<u32> = by_node.iter().map(|&(v, _)| v).collect();
-    let hits: Vec<Vec<u32>> = batches
-        .par_iter()
-        .map(|batch| {
-            let mut at = 0;
-            let mut out = Vec::new();
-            for &v in batch.iter() {
-                at = gallop(&nodes, at, v);
-                if nodes.get(at) == Some(&v) {
-                    out.push(by_node[at].1);
+    let pages = Pages {
+        per_page: (page / row_bytes) as usize,
+        phase,
+    };
+    let sets = BatchSets::of(&order, batches);
+    let Some(filled) = greedy_fill(&sets, pages, batches.len()) else {
+        return order;
+    };
+    let sorted: Vec<usize> = (0..order.len()).collect();
+    if pages.reads(&filled, &sets) < pages.reads(&sorted, &sets) {
+        filled.into_iter().map(|p| order[p]).collect()
+    } else {
+        order
+    }
+}
+
+/// Each row's batches, by the row's position in the sorted order (CSR,
+/// batches ascending).
+struct BatchSets {
+    start: Vec<usize>,
+    sets: Vec<u32>,
+}
+
+impl BatchSets {
+    fn of(order: &[u32], batches: &[&[u32]]) -> Self {
+        let n = order.len();
+        let mut by_node: Vec<(u32, u32)> = order
+            .iter()
+            .enumerate()
+            .map(|(p, &v)| (v, p as u32))
+            .collect();
+        by_node.sort_unstable();
+        let nodes: Vec<u32> = by_node.iter().map(|&(v, _)| v).collect();
+        let hits: Vec<Vec<u32>> = batches
+            .par_iter()
+            .map(|batch| {
+                let mut at = 0;
+                let mut out = Vec::new();
+                for &v in batch.iter() {
+                    at = gallop(&nodes, at, v);
+                    if nodes.get(at) == Some(&v) {
+                        out.push(by_node[at].1);
+                    }
                 }
-            }
-            out
-        })
-        .collect();
-    let mut start = vec![0usize; n + 1];
-    for &p in hits.iter().flatten() {
-        start[p as usize + 1] += 1;
-    }
-    for i in 0..n {
-        start[i + 1] += start[i];
-    }
-    let mut fill = start.clone();
-    let mut sets = vec![0u32; start[n]];
-    for (i, batch) in hits.iter().enumerate() {
-        for &p in batch {
-            sets[fill[p as usize]] = i as u32;
-            fill[p as usize] += 1;
+                out
+            })
+            .collect();
+        let mut start = vec![0usize; n + 1];
+        for &p in hits.iter().flatten() {
+            start[p as usize + 1] += 1;
         }
+        for i in 0..n {
+            start[i + 1] += start[i];
+        }
+        let mut fill = start.clone();
+        let mut sets = vec![0u32; start[n]];
+        for (i, batch) in hits.iter().enumerate() {
+            for &p in batch {
+                sets[fill[p as usize]] = i as u32;
+                fill[p as usize] += 1;
+            }
+        }
+        BatchSets { start, sets }
     }
-    let set = |p: usize| &sets[start[p]..start[p + 1]];
-    // The rows at `positions` in the pages they fill: the first page has
-    // `phase` slots taken.
-    let pages = |positions: &[usize]| -> Vec<std::ops::Range<usize>> {
-        let first = (per_page - phase % per_page).min(positions.len());
+
+    /// Rows in all.
+    fn len(&self) -> usize {
+        self.start.len() - 1
+    }
+
+    /// The batches reading the row at position `p`.
+    fn set(&self, p: usize) -> &[u32] {
+        &self.sets[self.start[p]..self.start[p + 1]]
+    }
+}
+
+/// How rows fill pages: `per_page` rows a page, the first page with
+/// `phase` slots taken already.
+#[derive(Clone, Copy)]
+struct Pages {
+    per_page: usize,
+    phase: usize,
+}
+
+impl Pages {
+    /// Slots free on the first page.
+    fn first_slots(self) -> usize {
+        self.per_page - self.phase % self.per_page
+    }
+
+    /// The ranges of `len` rows laid out in order that fill each page.
+    fn ranges(self, len: usize) -> Vec<std::ops::Range<usize>> {
+        let first = self.first_slots().min(len);
         std::iter::once(0..first)
             .chain(
-                (first..positions.len())
-                    .step_by(per_page)
-                    .map(|a| a..(a + per_page).min(positions.len())),
+                (first..len)
+                    .step_by(self.per_page)
+                    .map(|a| a..(a + self.per_page).min(len)),
             )
             .filter(|r| !r.is_empty())
             .collect()
-    };
-    // The batches reading each page, summed: the pages the batches read.
-    let reads = |positions: &[usize]| -> usize {
+    }
+
+    /// The batches reading each page, summed: the pages the batches read,
+    /// with the rows at `positions` laid out in that order.
+    fn reads(self, positions: &[usize], sets: &BatchSets) -> usize {
         let mut union: Vec<u32> = Vec::new();
-        pages(positions)
+        self.ranges(positions.len())
             .into_iter()
             .map(|r| {
                 union.clear();
                 for &p in &positions[r] {
-                    union.extend_from_slice(set(p));
+                    union.extend_from_slice(sets.set(p));
                 }
                 union.sort_unstable();
                 union.dedup();
                 union.len()
             })
             .sum()
-    };
-    // The page's batches as a bitset over the segment's batches: a row's
-    // cost is its batches not in it.
-    let words = batches.len().div_ceil(64);
-    let added = |s: &[u32], union: &[u64]| {
-        s.iter()
-            .filter(|&&b| union[b as usize / 64] & (1 << (b % 64)) == 0)
-            .count()
-    };
-    let insert = |s: &[u32], union: &mut [u64]| {
-        for &b in s {
-            union[b as usize / 64] |= 1 << (b % 64);
-        }
-    };
+    }
+}
 
+/// The page's batches as a bitset over the segment's batches.
+struct PageBatches(Vec<u64>);
+
+impl PageBatches {
+    /// A row's cost: its batches not in the page's set.
+    fn added(&self, s: &[u32]) -> usize {
+        s.iter()
+            .filter(|&&b| self.0[b as usize / 64] & (1 << (b % 64)) == 0)
+            .count()
+    }
+
+    fn insert(&mut self, s: &[u32]) {
+        for &b in s {
+            self.0[b as usize / 64] |= 1 << (b % 64);
+        }
+    }
+}
+
+/// The greedy fill of [`fill_pages`]: positions in the sorted order, page
+/// by page. `None` when SIGINT or SIGTERM came while filling.
+fn greedy_fill(sets: &BatchSets, pages: Pages, num_batches: usize) -> Option<Vec<usize>> {
+    let n = sets.len();
     let mut placed = vec![false; n];
     let mut out: Vec<usize> = Vec::with_capacity(n);
     let mut first = 0;
-    let mut union = vec![0u64; words];
+    let mut union = PageBatches(vec![0u64; num_batches.div_ceil(64)]);
     let mut candidates: Vec<usize> = Vec::with_capacity(FILL_WINDOW);
-    let mut slots = per_page - phase % per_page;
+    let mut slots = pages.first_slots();
     let mut pages_filled = 0u64;
     while out.len() < n {
         pages_filled += 1;
         if pages_filled.is_multiple_of(1024) && offgnn_shared::signals::received().is_some() {
-            return order;
+            return None;
         }
         while placed[first] {
             first += 1;
         }
         placed[first] = true;
         out.push(first);
-        union.fill(0);
-        insert(set(first), &mut union);
+        union.0.fill(0);
+        union.insert(sets.set(first));
         for _ in 1..slots {
             candidates.clear();
             candidates.extend((first + 1..n).filter(|&p| !placed[p]).take(FILL_WINDOW));
-            let Some(&best) = candidates.iter().min_by_key(|&&p| added(set(p), &union)) else {
+            let Some(&best) = candidates.iter().min_by_key(|&&p| union.added(sets.set(p))) else {
                 break;
             };
             placed[best] = true;
             out.push(best);
-            insert(set(best), &mut union);
+            union.insert(sets.set(best));
         }
-        slots = per_page;
+        slots = pages.per_page;
     }
-    let sorted: Vec<usize> = (0..n).collect();
-    if reads(&out) < reads(&sorted) {
-        out.into_iter().map(|p| order[p]).collect()
-    } else {
-        order
-    }
+    Some(out)
 }
 
 struct SortRecord {

@@ -1,12 +1,16 @@
 //! The segment size of the segmented disk cache: the approximate search
-//! under the disk budget (DiskGNN §5.1, Algorithm 2), and the exact bytes a
-//! given segment size lays out, to check the estimate against.
+//! under the disk budget (DiskGNN §5.1, Algorithm 2), the exact bytes a
+//! given segment size lays out, to check the estimate against, and the
+//! choice of the layout's size from the two ([`choose_segment_size`]).
 //!
-//! Both take the training batches in training order, each as the sorted,
+//! All three take the training batches in training order, each as the sorted,
 //! unique list of its cold input nodes: those the GPU and CPU caches do not
 //! hold (`access_rank::Location::Disk`).
 
+use offgnn_shared::address_table;
+
 use crate::disk_pages::round_up_to_page;
+use crate::error::Error;
 use crate::plan_error::PlanError;
 
 /// What the search chose, and the counts the choice came from.
@@ -146,6 +150,203 @@ pub fn exact_layout_bytes<'a>(
         total = total.saturating_add(segment_bytes(&segment, &mut reads, row_bytes));
     }
     Ok(total)
+}
+
+/// How the segment size is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SegmentSize {
+    /// One segment of every training batch (the global disk cache).
+    OneSegment,
+    /// The user's `--segment-size`.
+    Given(usize),
+    /// Algorithm 2's search, then the exact bytes fitted to the budget.
+    Search,
+}
+
+/// What the disk budget holds besides the training segments: the
+/// evaluation segments, the GPU and CPU caches, and the address tables'
+/// records with the evaluation segments' table footers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FixedBytes {
+    pub eval: u64,
+    pub caches: u64,
+    pub tables: u64,
+}
+
+/// The segment size chosen, and how it was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentChoice {
+    pub segment_size: usize,
+    /// Searched under the budget (no size was given).
+    pub searched: bool,
+    /// Algorithm 2's segment size and its estimate of the training
+    /// segments' bytes (searched runs), beside the exact outcome.
+    pub algorithm2_segment_size: Option<usize>,
+    pub estimated_bytes: Option<u64>,
+    /// Exact bytes of the training segments at `segment_size`, their
+    /// tables' footers included.
+    pub train_bytes: u64,
+}
+
+/// Chooses the training segments' size (DiskGNN §5.1) so that the whole
+/// layout fits `budget`, which holds the `fixed` bytes first. `train` are
+/// the `num_batches` training batches' cold lists, in training order.
+/// Whichever way the size was chosen, the layout must fit the budget.
+pub fn choose_segment_size<'a, I>(
+    how: SegmentSize,
+    train: I,
+    num_batches: usize,
+    num_nodes: u64,
+    row_bytes: u64,
+    budget: u64,
+    fixed: FixedBytes,
+) -> Result<SegmentChoice, Error>
+where
+    I: Iterator<Item = &'a [u32]> + Clone,
+{
+    let segments = TrainSegments {
+        train,
+        num_batches,
+        num_nodes,
+        row_bytes,
+        budget,
+        fixed,
+    };
+    let (segment_size, searched, estimated_bytes, algorithm2_segment_size) = match how {
+        SegmentSize::OneSegment => (num_batches.max(1), false, None, None),
+        SegmentSize::Given(0) => {
+            return Err(Error::InvalidArgument(
+                "--segment-size must be at least 1".into(),
+            ));
+        }
+        SegmentSize::Given(s) => (s, false, None, None),
+        SegmentSize::Search => {
+            let (size, found) = segments.search()?;
+            (
+                size,
+                true,
+                Some(found.estimated_bytes),
+                Some(found.segment_size),
+            )
+        }
+    };
+    let train_budget = segments.train_budget();
+    let train_bytes = segments.exact(segment_size)?;
+    if train_bytes > train_budget {
+        return Err(match how {
+            SegmentSize::Given(s) => Error::InvalidArgument(format!(
+                "--segment-size {s} lays out {} bytes of training segments, beyond the {} left of --disk-budget after caches, evaluation segments and address tables; raise the budget or drop --segment-size to search one",
+                train_bytes, train_budget
+            )),
+            _ => segments.too_small(train_bytes).into(),
+        });
+    }
+    Ok(SegmentChoice {
+        segment_size,
+        searched,
+        algorithm2_segment_size,
+        estimated_bytes,
+        train_bytes,
+    })
+}
+
+/// The training segments of a layout under a disk budget, at any size.
+struct TrainSegments<I> {
+    train: I,
+    num_batches: usize,
+    num_nodes: u64,
+    row_bytes: u64,
+    budget: u64,
+    fixed: FixedBytes,
+}
+
+impl<'a, I> TrainSegments<I>
+where
+    I: Iterator<Item = &'a [u32]> + Clone,
+{
+    /// What the budget leaves the training segments.
+    fn train_budget(&self) -> u64 {
+        let FixedBytes {
+            eval,
+            caches,
+            tables,
+        } = self.fixed;
+        self.budget.saturating_sub(eval + caches + tables)
+    }
+
+    /// The exact bytes the training segments take at segment size `s`
+    /// (their feature rows and their tables' footers): one pass over the
+    /// cold lists, cheap beside the packing itself.
+    fn exact(&self, s: usize) -> Result<u64, PlanError> {
+        exact_layout_bytes(self.train.clone(), s, self.num_nodes, self.row_bytes)
+            .map(|b| b + address_table::FOOTER * self.num_batches.div_ceil(s) as u64)
+    }
+
+    /// The error for a layout whose training segments take `train` bytes.
+    fn too_small(&self, train: u64) -> PlanError {
+        let FixedBytes {
+            eval,
+            caches,
+            tables,
+        } = self.fixed;
+        PlanError::LayoutTooSmall {
+            budget: self.budget,
+            minimum: train + eval + caches + tables,
+            train,
+            eval,
+            caches,
+            tables,
+        }
+    }
+
+    /// Algorithm 2's size, made exact: the smallest size whose exact bytes
+    /// fit, and the search's result it started from.
+    fn search(&self) -> Result<(usize, SearchResult), Error> {
+        let train_budget = self.train_budget();
+        let n = self.num_batches;
+        let found = search_segment_size(
+            self.train.clone(),
+            n,
+            self.num_nodes,
+            self.row_bytes,
+            train_budget,
+        )
+        .map_err(|e| match e {
+            // Algorithm 2's minimum counts rows, not the pages each chunk
+            // rounds up to: state the least layout, one segment of every
+            // batch, which fits.
+            PlanError::BudgetTooSmall { .. } => match self.exact(n.max(1)) {
+                Ok(least) => self.too_small(least),
+                Err(e) => e,
+            },
+            other => other,
+        })?;
+        // Algorithm 2 extrapolates from the first segment, so the real
+        // layout can come out larger or smaller than its estimate. Grow the
+        // segment until the exact bytes fit (the budget is a promise, not a
+        // hope), then shrink it to the smallest size that still fits:
+        // smaller segments share fewer rows per disk cache and read less
+        // they do not need.
+        let mut s = found.segment_size;
+        while s < n && self.exact(s)? > train_budget {
+            s = (s + s.div_ceil(4)).min(n);
+        }
+        if self.exact(s)? > train_budget {
+            return Err(self.too_small(self.exact(n)?).into());
+        }
+        // The bytes fall as segments grow, nearly monotonically; the
+        // bisection keeps `exact(hi) <= budget` whatever they do.
+        let (mut lo, mut hi) = (1, s);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.exact(mid)? <= train_budget {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        Ok((hi, found))
+    }
 }
 
 /// One segment's disk cache and packed chunks; `reads` is all zero on entry

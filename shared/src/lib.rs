@@ -16,7 +16,6 @@ pub mod samples;
 pub mod signals;
 pub mod sizes;
 pub mod store;
-pub mod store_dtype;
 pub mod store_faults;
 
 pub use error::{Error, Result};

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 
 use offgnn_manifests::MANIFEST;
 use offgnn_shared::npy::DType;
-use offgnn_shared::store_dtype::StoreDType;
 use packer::error::Error;
 use packer::pack::{DiskCacheMode, PackConfig, PackSummary, PackingMode, pack};
 use packer::plan_error::PlanError;
 use packer::sizes::Budget;
+use packer::store_dtype::StoreDType;
 use packer::verify::{open_layout, verify};
 use sampler::config::SampleConfig;
 use sampler::sample_run::run;

@@ -7,7 +7,7 @@ mod inference;
 use std::path::PathBuf;
 
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoOptions};
-use offgnn_shared::store_dtype::StoreDType;
+use packer::store_dtype::StoreDType;
 use packer::pack::{DiskCacheMode, PackConfig, PackingMode, pack};
 use packer::sizes::Budget;
 use sampler::config::SampleConfig;

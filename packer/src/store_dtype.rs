@@ -6,9 +6,8 @@
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
+use offgnn_shared::npy::DType;
 use rayon::prelude::*;
-
-use crate::npy::DType;
 
 /// How a layout stores each feature value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,0 +1,467 @@
+//! The output location and the manifest commit (DiskGNN §4's layout,
+//! published as `DESIGN.md`'s step 7 says): this run's objects under
+//! `pack/RUN/`, removed unless it commits; the staged objects uploaded to a
+//! remote store; the manifest that names every object, committed last by a
+//! conditional create; and the replaced layout's objects removed after.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use offgnn_manifests::{self as manifests, BatchRef, MANIFEST, Manifest, Object};
+use offgnn_shared::commit::{self, Previous, RunId};
+use offgnn_shared::report::human_bytes;
+use offgnn_shared::store::Store;
+
+use crate::error::{Error, Result};
+use crate::job::{DiskCacheMode, PackConfig, PackSummary, PackingMode};
+use crate::load::{Inputs, RowFormat};
+use crate::minhash::RowOrder;
+use crate::plan::{BatchInfo, SegmentPlan};
+
+/// Where this run writes: the output store, the layout committed there
+/// before (if any), and this run's id, prefix and local staging.
+pub(crate) struct Target {
+    pub out: Store,
+    pub previous: Option<Previous>,
+    pub run_id: RunId,
+    /// `pack/RUN`: this run's objects go under it; a committed layout's
+    /// stay as they are until this run has committed.
+    pub prefix: String,
+    /// The output directory, for a local output.
+    pub local_root: Option<PathBuf>,
+    /// Where objects are written: the output directory itself, or a
+    /// temporary directory they are uploaded from.
+    pub staging: PathBuf,
+}
+
+impl Target {
+    /// Opens the output location `location`: refused when it holds a
+    /// committed layout (unless `overwrite`) or files no packer wrote.
+    pub(crate) fn prepare(location: &str, overwrite: bool) -> Result<Target> {
+        let out = Store::open(location)?;
+        let previous = commit::read(&out, MANIFEST)?;
+        if previous.is_some() && !overwrite {
+            return Err(Error::Committed(out.url().to_string()));
+        }
+        check_pack_prefix(&out, previous.as_ref())?;
+        let run_id = RunId::new();
+        let prefix = format!("pack/{run_id}");
+        tracing::info!("run {run_id}");
+        let local_root = local_dir(location);
+        let staging = match &local_root {
+            Some(dir) => dir.clone(),
+            None => std::env::temp_dir().join(format!("offgnn-pack-{run_id}")),
+        };
+        Ok(Target {
+            out,
+            previous,
+            run_id,
+            prefix,
+            local_root,
+            staging,
+        })
+    }
+
+    /// This run's objects, removed when dropped before [`Target::commit`].
+    pub(crate) fn run_objects(&self) -> RunObjects<'_> {
+        RunObjects {
+            out: &self.out,
+            prefix: self.prefix.clone(),
+            local_dir: self.local_root.as_ref().map(|d| d.join(&self.prefix)),
+            temp: self.local_root.is_none().then(|| self.staging.clone()),
+            committed: false,
+        }
+    }
+
+    /// Refuses a disk that cannot hold the layout's `bytes` (feature rows
+    /// and address tables) before any is written.
+    pub(crate) fn check_room(&self, bytes: u64) -> Result<()> {
+        let staging = &self.staging;
+        std::fs::create_dir_all(staging).map_err(|e| Error::io(staging.display(), e))?;
+        let free = offgnn_shared::io_engine::free_bytes(staging)?;
+        if bytes > free {
+            return Err(Error::InvalidArgument(format!(
+                "{}: {} free, the layout (feature rows and address tables) needs {}; free some space, lower --disk-budget, or choose another --out",
+                staging.display(),
+                human_bytes(free),
+                human_bytes(bytes)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies the staged objects to a remote store (a local output holds
+    /// them where they were written).
+    pub(crate) fn upload_if_remote(&self, objects: &[Object], show: bool) -> Result<()> {
+        if self.local_root.is_none() {
+            upload(&self.out, &self.staging, objects, show)?;
+        }
+        Ok(())
+    }
+
+    /// Commits `manifest`: this run's objects stay, and the layout it
+    /// replaced goes. Another run that committed first wins, and this
+    /// run's objects are removed.
+    pub(crate) fn commit(&self, mut written: RunObjects<'_>, manifest: &Manifest) -> Result<()> {
+        manifest.validate().map_err(|e| {
+            Error::InvalidArgument(format!("internal: the manifest is invalid: {e}"))
+        })?;
+        let body = serde_json::to_vec_pretty(manifest).expect("manifests serialize");
+        let out = &self.out;
+        match commit::commit(out, MANIFEST, body, &self.run_id, self.previous.as_ref())? {
+            commit::Outcome::Committed => written.keep(),
+            commit::Outcome::Lost { winner } => {
+                drop(written);
+                let removed = manifest.objects.len();
+                return Err(commit::lost(&out.join(MANIFEST), &winner, removed).into());
+            }
+        }
+        if let Some(old) = &self.previous {
+            remove_replaced(out, self.local_root.as_deref(), old);
+            commit::fault_point(commit::REPLACED_REMOVED);
+        }
+        Ok(())
+    }
+
+    /// The committed manifest's URL.
+    pub(crate) fn manifest_url(&self) -> String {
+        format!("{}/{MANIFEST}", self.out.url().trim_end_matches('/'))
+    }
+}
+
+/// A packed layout, for its manifest: the plan's segments and batches, and
+/// the objects written.
+pub(crate) struct PackedLayout<'a> {
+    pub segments: &'a [SegmentPlan],
+    pub batches: &'a [BatchInfo],
+    pub gpu_object: Option<Object>,
+    pub cpu_object: Option<Object>,
+    /// Every object: the caches, the segments, the address tables.
+    pub objects: Vec<Object>,
+    /// CRC32C of every row of the feature file, when the pass read them all.
+    pub rows_crc32c: Option<u32>,
+    pub largest_batch: manifests::BatchShape,
+}
+
+/// The manifest of a packed layout: the dataset, the samples, the tiers,
+/// the packing, every segment and object, and the summary's figures.
+pub(crate) fn manifest(
+    cfg: &PackConfig,
+    inputs: &Inputs,
+    rows: RowFormat,
+    target: &Target,
+    packed: PackedLayout<'_>,
+    summary: &PackSummary,
+) -> Manifest {
+    Manifest {
+        format_version: manifests::FORMAT_VERSION,
+        run_id: target.run_id.to_string(),
+        created_by: format!("offgnn packer {}", env!("CARGO_PKG_VERSION")),
+        dataset: dataset_ref(inputs, rows, packed.rows_crc32c),
+        samples: samples_ref(inputs),
+        gpu_cache: manifests::Tier {
+            object: packed.gpu_object.map(|o| o.name),
+            rows: summary.gpu_rows,
+            budget_bytes: cfg.gpu_cache,
+        },
+        cpu_cache: manifests::Tier {
+            object: packed.cpu_object.map(|o| o.name),
+            rows: summary.cpu_rows,
+            budget_bytes: cfg.cpu_cache,
+        },
+        packing: packing_ref(cfg, summary),
+        segments: segment_refs(packed.segments, &target.prefix),
+        schedule: schedule(packed.segments, packed.batches),
+        objects: packed.objects,
+        disk_bytes: summary.disk_bytes,
+        feature_disk_bytes: summary.feature_disk_bytes,
+        blow_up: summary.blow_up,
+        predicted_read_amplification: summary.predicted_read_amplification,
+        access_shares: summary.access_shares.clone(),
+        largest_batch: Some(packed.largest_batch),
+    }
+}
+
+fn dataset_ref(
+    inputs: &Inputs,
+    rows: RowFormat,
+    rows_crc32c: Option<u32>,
+) -> manifests::DatasetRef {
+    let (run, features) = (&inputs.run, &inputs.features);
+    manifests::DatasetRef {
+        name: run.dataset.name.clone(),
+        num_nodes: features.num_rows(),
+        feature_dim: run.dataset.feature_dim,
+        feature_dtype: features.dtype().name().to_string(),
+        row_bytes: rows.source_row_bytes,
+        feature_file_bytes: features.file_bytes(),
+        // Absolute, so that `packer verify` and the trainer's
+        // baselines find it from any working directory.
+        feature_location: offgnn_shared::store::absolute_location(&features.describe()),
+        dataset_fingerprint: run.dataset.fingerprint.clone(),
+        feature_fingerprint: run.dataset.feature_fingerprint.clone(),
+        num_classes: run.dataset.num_classes,
+        feature_rows_crc32c: rows_crc32c,
+        store_dtype: rows.converted().then(|| rows.to.name().to_string()),
+    }
+}
+
+fn samples_ref(inputs: &Inputs) -> manifests::SamplesRef {
+    let run = &inputs.run;
+    manifests::SamplesRef {
+        location: offgnn_shared::store::absolute_location(inputs.samples.url()),
+        run_sha256: {
+            use sha2::Digest;
+            offgnn_shared::store::hex(&sha2::Sha256::digest(&inputs.run_bytes))
+        },
+        fanouts: run.params.fanouts.clone(),
+        batch_size: run.params.batch_size,
+        epochs: run.params.epochs,
+        seed: run.params.seed,
+    }
+}
+
+fn packing_ref(cfg: &PackConfig, summary: &PackSummary) -> manifests::Packing {
+    manifests::Packing {
+        mode: match cfg.packing {
+            PackingMode::Batched => "batched",
+            PackingMode::Individual => "individual",
+        }
+        .into(),
+        disk_cache: match cfg.disk_cache {
+            DiskCacheMode::Segmented => "segmented",
+            DiskCacheMode::Global => "global",
+        }
+        .into(),
+        segment_size: summary.segment_size,
+        searched: summary.searched,
+        estimated_bytes: summary.estimated_bytes,
+        partitions: summary.partitions,
+        minhash_functions: match cfg.row_order {
+            RowOrder::MinHash { functions } => functions,
+            RowOrder::BottomK { .. } => 1,
+        },
+        row_order: Some(cfg.row_order.name()),
+    }
+}
+
+fn segment_refs(segments: &[SegmentPlan], prefix: &str) -> Vec<manifests::Segment> {
+    segments
+        .iter()
+        .enumerate()
+        .map(|(i, s)| manifests::Segment {
+            object: format!("{prefix}/segment-{i:05}.bin"),
+            table: format!("{prefix}/table-{i:05}.bin"),
+            split: s.split.name().into(),
+            batches: s.batches.len() as u32,
+            disk_cache_rows: s.dc_rows.len() as u64,
+            disk_cache_bytes: s.dc_bytes,
+            packed_rows: s.packed_rows(),
+            chunk_bytes: s.chunk_bytes(),
+        })
+        .collect()
+}
+
+fn schedule(
+    segments: &[SegmentPlan],
+    batches: &[BatchInfo],
+) -> BTreeMap<String, Vec<Vec<BatchRef>>> {
+    let mut out: BTreeMap<String, Vec<Vec<BatchRef>>> = BTreeMap::new();
+    for (si, s) in segments.iter().enumerate() {
+        for (ri, &b) in s.batches.iter().enumerate() {
+            let info = &batches[b];
+            let epochs = out.entry(info.split.name().to_string()).or_default();
+            while epochs.len() <= info.epoch as usize {
+                epochs.push(Vec::new());
+            }
+            epochs[info.epoch as usize].push(BatchRef {
+                segment: si as u32,
+                record: ri as u32,
+            });
+        }
+    }
+    out
+}
+
+/// Whether `name` (relative to --out) is one of the objects a packer writes
+/// under `pack/`: the caches, segments and address tables, under a run's id
+/// (`pack/RUN/segment-00000.bin`) or as layouts from before run ids named
+/// them (`pack/segment-00000.bin`).
+fn packer_object(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("pack/") else {
+        return false;
+    };
+    let file = match rest.split_once('/') {
+        Some((run, file)) if RunId::is_run_id(run) => file,
+        Some(_) => return false,
+        None => rest,
+    };
+    let numbered = |prefix: &str| {
+        file.strip_prefix(prefix)
+            .and_then(|rest| rest.strip_suffix(".bin"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    file == "gpu_cache.bin" || file == "cpu_cache.bin" || numbered("segment-") || numbered("table-")
+}
+
+/// Refuses, naming it, an output location whose `pack/` holds a file no
+/// packer writes (a user's file, not a layout's): the packer removes what
+/// is there when it replaces a layout, and must never remove that.
+fn check_pack_prefix(out: &Store, previous: Option<&Previous>) -> Result<()> {
+    let listed = out.list("pack")?;
+    let foreign: Vec<&str> = listed
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .filter(|name| !packer_object(name))
+        .collect();
+    if let Some(first) = foreign.first() {
+        return Err(Error::InvalidArgument(format!(
+            "{}: holds {} that no packer wrote ({}{}); the packer replaces what is under pack/, so remove them or choose another --out",
+            out.url(),
+            if foreign.len() == 1 {
+                "a file".to_string()
+            } else {
+                format!("{} files", foreign.len())
+            },
+            first,
+            if foreign.len() > 1 { ", ..." } else { "" }
+        )));
+    }
+    let named: std::collections::HashSet<String> = previous
+        .and_then(|p| serde_json::from_slice::<Manifest>(&p.body).ok())
+        .map(|m| m.objects.into_iter().map(|o| o.name).collect())
+        .unwrap_or_default();
+    let loose = listed.iter().filter(|(n, _)| !named.contains(n)).count();
+    if loose > 0 {
+        tracing::info!(
+            "{}: pack/ holds {loose} objects that no manifest names: runs that were killed, or that are running now; they are left alone",
+            out.url()
+        );
+    }
+    Ok(())
+}
+
+/// This run's objects until it commits: removed when the run fails (or
+/// loses the commit); a remote store's local staging always goes.
+pub(crate) struct RunObjects<'a> {
+    out: &'a Store,
+    prefix: String,
+    /// `pack/RUN` in a local output directory.
+    local_dir: Option<PathBuf>,
+    /// The staging directory of a remote output.
+    temp: Option<PathBuf>,
+    committed: bool,
+}
+
+impl RunObjects<'_> {
+    /// The run committed: its objects stay.
+    fn keep(&mut self) {
+        self.committed = true;
+    }
+}
+
+impl Drop for RunObjects<'_> {
+    fn drop(&mut self) {
+        if let Some(dir) = self.temp.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        if self.committed {
+            return;
+        }
+        let removed = match &self.local_dir {
+            Some(dir) => match std::fs::remove_dir_all(dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
+                _ => Ok(()),
+            },
+            None => self
+                .out
+                .delete_prefix(&self.prefix)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        };
+        match removed {
+            Ok(()) => tracing::debug!("removed this run's objects ({})", self.prefix),
+            Err(e) => tracing::warn!(
+                "could not remove this run's objects under {}: {e}",
+                self.out.join(&self.prefix)
+            ),
+        }
+    }
+}
+
+/// After this run's commit replaced `old`, removes the objects the old
+/// manifest names (a local run's directory in one call).
+fn remove_replaced(out: &Store, local_root: Option<&Path>, old: &Previous) {
+    let removed = (|| -> Result<usize> {
+        if let (Some(root), Some(id)) = (local_root, &old.run_id) {
+            let dir = root.join("pack").join(id);
+            return match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(Error::io(dir.display(), e))
+                }
+                _ => Ok(1),
+            };
+        }
+        let manifest: Manifest = serde_json::from_slice(&old.body).map_err(|e| {
+            Error::InvalidArgument(format!("the replaced manifest is unreadable: {e}"))
+        })?;
+        for o in &manifest.objects {
+            out.delete(&o.name)?;
+        }
+        Ok(manifest.objects.len())
+    })();
+    if let Err(e) = removed {
+        tracing::warn!("could not remove all of the replaced layout's objects: {e}");
+    }
+}
+
+/// The local directory of an output location, or `None` for a remote store.
+fn local_dir(location: &str) -> Option<PathBuf> {
+    if let Some(path) = location.strip_prefix("file://") {
+        return Some(PathBuf::from(path));
+    }
+    (!location.contains("://")).then(|| PathBuf::from(location))
+}
+
+/// Copies the staged objects to a remote store.
+fn upload(out: &Store, staging: &Path, objects: &[Object], show: bool) -> Result<()> {
+    let total = objects.iter().map(|o| o.size).sum();
+    let pb = offgnn_shared::progress::bytes_bar_if(show, total, "uploading");
+    for o in objects {
+        let path = staging.join(&o.name);
+        // A multipart upload cannot resend one failed part: the whole object
+        // goes again, after a growing pause (the store's own requests were
+        // retried already).
+        let mut wait = UPLOAD_BACKOFF;
+        for attempt in 1..=UPLOAD_ATTEMPTS {
+            let sent = (|| -> Result<u64> {
+                let mut f = File::open(&path).map_err(|e| Error::io(path.display(), e))?;
+                let mut w = out.writer(&o.name);
+                let n =
+                    std::io::copy(&mut f, &mut w).map_err(|e| Error::io(out.join(&o.name), e))?;
+                w.finish()?;
+                Ok(n)
+            })();
+            match sent {
+                Ok(n) => {
+                    pb.inc(n);
+                    break;
+                }
+                Err(e) if attempt < UPLOAD_ATTEMPTS => {
+                    tracing::warn!("{e}; uploading {} again in {wait:?}", o.name);
+                    std::thread::sleep(wait);
+                    wait *= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    pb.finish_and_clear();
+    Ok(())
+}
+
+/// Tries of one object's upload.
+const UPLOAD_ATTEMPTS: u32 = 4;
+/// The pause before the first retry of an upload; each further one doubles.
+const UPLOAD_BACKOFF: std::time::Duration = std::time::Duration::from_millis(500);

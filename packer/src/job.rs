@@ -1,0 +1,101 @@
+//! What a packing job is asked ([`PackConfig`]) and what it reports
+//! ([`PackSummary`]): the types every step of `pack` reads or fills.
+
+use offgnn_manifests as manifests;
+use serde::Serialize;
+
+use crate::address_tables::AmplificationParts;
+use crate::memory::MemoryStatement;
+use crate::minhash::RowOrder;
+use crate::sizes::Budget;
+use crate::store_dtype::StoreDType;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PackingMode {
+    Batched,
+    Individual,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskCacheMode {
+    Segmented,
+    Global,
+}
+
+#[derive(Clone, Debug)]
+pub struct PackConfig {
+    pub samples: String,
+    pub features: String,
+    pub out: String,
+    pub gpu_cache: u64,
+    pub cpu_cache: u64,
+    pub disk_budget: Budget,
+    pub memory: u64,
+    pub segment_size: Option<usize>,
+    pub packing: PackingMode,
+    pub disk_cache: DiskCacheMode,
+    /// How the layout stores values; `None`: as the feature file.
+    pub store_dtype: Option<StoreDType>,
+    /// How each disk cache's rows are ordered.
+    pub row_order: RowOrder,
+    pub overwrite: bool,
+    pub show_progress: bool,
+}
+
+/// Phase timings and volumes of a packing job.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PackSummary {
+    pub manifest: String,
+    pub load_seconds: f64,
+    pub plan_seconds: f64,
+    pub pack_seconds: f64,
+    /// Of the packing phase: busy seconds reading the feature file, and
+    /// gathering and writing rows (batched packing overlaps the two).
+    pub pack_read_seconds: f64,
+    pub pack_write_seconds: f64,
+    /// Seconds building the address tables (beside the packing, on a
+    /// thread of their own).
+    pub table_seconds: f64,
+    pub commit_seconds: f64,
+    pub total_seconds: f64,
+    pub feature_bytes_read: u64,
+    pub bytes_written: u64,
+    pub segment_size: usize,
+    pub searched: bool,
+    /// Algorithm 2's segment size and its estimate of the training
+    /// segments' bytes (searched runs), beside the exact outcome below.
+    pub algorithm2_segment_size: Option<usize>,
+    pub estimated_bytes: Option<u64>,
+    /// Exact bytes of the training segments at the chosen size.
+    pub train_segment_bytes: u64,
+    pub disk_bytes: u64,
+    /// Caches and segments (feature rows), and the address tables (each
+    /// batch's compressed topology and addresses): the disk budget bounds
+    /// their sum, `disk_bytes`.
+    pub feature_disk_bytes: u64,
+    pub table_bytes: u64,
+    pub disk_budget: u64,
+    pub blow_up: f64,
+    pub predicted_read_amplification: f64,
+    /// Where it comes from, and the least this plan could read.
+    pub amplification: AmplificationParts,
+    /// Partitions of the node range (more than one only when the disk
+    /// caches outgrow the memory budget), the largest partition's staged
+    /// disk-cache bytes, and the size of each of the two read buffers.
+    pub partitions: u64,
+    pub staging_bytes: u64,
+    pub piece_bytes: u64,
+    pub plan_bytes: u64,
+    /// The memory this run stated (plan, read pieces, staging and the
+    /// baseline of buffers and runtime) against `--memory`.
+    pub memory: MemoryStatement,
+    pub gpu_rows: u64,
+    pub cpu_rows: u64,
+    /// How the layout stores values, and the feature file's type.
+    pub store_dtype: String,
+    pub feature_dtype: String,
+    pub segments: usize,
+    pub access_shares: manifests::AccessShares,
+}
