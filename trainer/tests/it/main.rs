@@ -7,9 +7,9 @@ mod inference;
 use std::path::PathBuf;
 
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoOptions};
-use packer::store_dtype::StoreDType;
 use packer::pack::{DiskCacheMode, PackConfig, PackingMode, pack};
 use packer::sizes::Budget;
+use packer::store_dtype::StoreDType;
 use sampler::config::SampleConfig;
 use sampler::sample_run::run;
 use sampler::synthetic::{GeneratorConfig, generate};
