@@ -39,8 +39,8 @@ const CRC_PER_CALL: usize = 8;
 
 /// CRC32C of a local file, read through `engine` in large requests, several
 /// in flight (O_DIRECT where the filesystem allows: a layout of gigabytes is
-/// checked at the disk's speed and leaves the page cache alone). Buffered
-/// reads of 8 MiB, one at a time, took 17 s for the 2.7 GB bench layout.
+/// checked at the disk's speed and leaves the page cache alone, where
+/// buffered reads one at a time are several times slower).
 /// An O_DIRECT read cannot take a short last page: those bytes are read
 /// buffered.
 pub fn file_crc(engine: &IoEngine, path: &Path) -> Result<(u64, u32)> {
