@@ -9,6 +9,8 @@
 //! shard an array job's task samples: [`array_job`]. The datasets it reads
 //! come from the [`synthetic`] generator or the [`parquet_import`] importer.
 
+#![forbid(unsafe_code)]
+
 pub mod array_job;
 pub mod cli;
 pub mod config;
