@@ -267,8 +267,9 @@ fn bucketed_edges(cfg: &InferConfig, model: &Model, run_plan: &RunPlan, n: u64) 
     let chunks = plan.chunks(n);
     (0..plan.groups.len())
         .map(|g| {
+            // A file shorter than its index is refused when it is loaded.
             std::fs::metadata(edge_file(&cfg.work_dir, g))
-                .map(|m| (m.len() - (chunks as u64 + 1) * 8) / 8)
+                .map(|m| m.len().saturating_sub((chunks as u64 + 1) * 8) / 8)
                 .unwrap_or(0)
         })
         .sum()

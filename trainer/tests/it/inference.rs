@@ -806,6 +806,24 @@ fn a_rerun_with_another_node_selection_starts_anew() {
     };
     assert!(!parquet_files().is_empty(), "the killed run wrote no part");
 
+    // Bucketed edges that are not what the run wrote (zeroed at the right
+    // length, or cut short) are refused, naming the file, not used.
+    let edges = work.join(format!("edges-{:06}.bin", probe.groups - 1));
+    let good = std::fs::read(&edges).unwrap();
+    let resume = InferConfig {
+        interrupt_after_groups: None,
+        ..cfg.clone()
+    };
+    for bad in [vec![0u8; good.len()], good[..good.len() - 4].to_vec()] {
+        std::fs::write(&edges, bad).unwrap();
+        let err = infer(&resume, &engine).unwrap_err().to_string();
+        assert!(
+            err.contains(&*edges.to_string_lossy()) && err.contains("not the edge buckets"),
+            "{err}"
+        );
+    }
+    std::fs::write(&edges, good).unwrap();
+
     // The same path now selects the other nodes.
     let second: Vec<u64> = (0..NODES).filter(|&v| v != 0).collect();
     offgnn_shared::npy::write_i64(&nodes, &second).unwrap();
