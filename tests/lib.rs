@@ -4,6 +4,8 @@
 //! test that cannot have one says it was skipped ([`skip`]); and the
 //! readiness waits a test signals or kills a program after.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -6,6 +6,8 @@
 //! A reader refuses a manifest of another format version instead of
 //! misreading it, and refuses object names that would leave the layout.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};

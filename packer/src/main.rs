@@ -1,3 +1,8 @@
+//! The `packer` binary: parses its flags, installs logging, runs the library's
+//! [`packer::run`] and maps an error to its exit code.
+
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -24,9 +24,10 @@ pub enum Error {
     /// SIGINT or SIGTERM stopped the run: what it kept.
     #[error("{0}")]
     Stopped(String),
-    /// The test hook `interrupt_after` fired: a stand-in for a kill.
-    #[error("interrupted after {0} training batches")]
-    Interrupted(u64),
+    /// A test hook (`interrupt_after`, `interrupt_after_groups`) fired: a
+    /// stand-in for a kill, after this many of these units of work.
+    #[error("interrupted after {0} {1}")]
+    Interrupted(u64, &'static str),
     /// A collective or the process group failed: another rank stopped,
     /// or the store cannot be reached.
     #[error("{0}")]

@@ -1,3 +1,8 @@
+//! The `trainer` binary: parses its flags, installs logging, runs the library's
+//! [`trainer::run`] and maps an error to its exit code.
+
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

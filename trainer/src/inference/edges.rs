@@ -127,12 +127,20 @@ pub(super) fn bucket_edges(ds: &Dataset, cfg: &InferConfig, plan: &Plan) -> Resu
             for o in &offsets {
                 bytes.extend_from_slice(&o.to_le_bytes());
             }
-            std::fs::write(&path, bytes).map_err(|e| Error::io(path.display(), e))?;
+            // On disk before the progress says the edges are ready: a crash
+            // must not leave a run resuming over a file the page cache lost.
+            File::create(&path)
+                .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
+                .map_err(|e| Error::io(path.display(), e))?;
             total += pairs.len() as u64;
             pb.inc(1);
         }
     }
     pb.finish_and_clear();
+    // The files' names too.
+    File::open(&cfg.work_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(cfg.work_dir.display(), e))?;
     Ok(total)
 }
 
@@ -314,27 +322,48 @@ impl Waiting {
     }
 }
 
-/// Reads group `g`'s bucketed edges; returns them and the file's size.
-pub(super) fn load_group_edges(work: &Path, g: usize, chunks: usize) -> Result<(GroupEdges, u64)> {
+/// Reads group `g`'s bucketed edges, the destinations `dsts`, whose
+/// sources lie in chunks of `chunk_rows`; returns them and the file's size.
+/// A file that is not what [`bucket_edges`] wrote (short, zeroed, or
+/// garbled) is refused, naming it.
+pub(super) fn load_group_edges(
+    work: &Path,
+    g: usize,
+    (chunks, chunk_rows): (usize, u64),
+    dsts: (u64, u64),
+) -> Result<(GroupEdges, u64)> {
     let path = edge_file(work, g);
     let bytes = std::fs::read(&path).map_err(|e| Error::io(path.display(), e))?;
+    let corrupt = |what: String| {
+        Error::InvalidArgument(format!(
+            "{}: {what}: not the edge buckets this run wrote; remove the work directory and run again",
+            path.display()
+        ))
+    };
     let index_bytes = (chunks + 1) * 8;
     if bytes.len() < index_bytes || !(bytes.len() - index_bytes).is_multiple_of(8) {
-        return Err(Error::InvalidArgument(format!(
-            "{}: truncated edge bucket file; remove the work directory and run again",
-            path.display()
-        )));
+        return Err(corrupt(format!("{} bytes", bytes.len())));
     }
     let (pairs, index) = bytes.split_at(bytes.len() - index_bytes);
-    let offsets = index
+    let offsets: Vec<u64> = index
         .chunks_exact(8)
         .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
         .collect();
-    let (mut src, mut dst) = (Vec::new(), Vec::new());
+    let edges = (pairs.len() / 8) as u64;
+    if offsets[0] != 0 || offsets[chunks] != edges || offsets.windows(2).any(|w| w[0] > w[1]) {
+        return Err(corrupt(format!(
+            "its bucket offsets do not run from 0 to its {edges} edges"
+        )));
+    }
+    let (mut src, mut dst) = (
+        Vec::with_capacity(edges as usize),
+        Vec::with_capacity(edges as usize),
+    );
     for b in pairs.chunks_exact(8) {
         src.push(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         dst.push(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
     }
+    check_buckets(&src, &dst, &offsets, chunk_rows, dsts).map_err(corrupt)?;
     Ok((
         GroupEdges {
             src,
@@ -345,6 +374,35 @@ pub(super) fn load_group_edges(work: &Path, g: usize, chunks: usize) -> Result<(
         },
         bytes.len() as u64,
     ))
+}
+
+/// Checks what [`bucket_edges`] guarantees of a group's edges: bucket `c`
+/// holds sources of chunk `c` only, sorted by destination, and every
+/// destination lies in the group's `[a, b)`.
+fn check_buckets(
+    src: &[u32],
+    dst: &[u32],
+    offsets: &[u64],
+    chunk_rows: u64,
+    (a, b): (u64, u64),
+) -> std::result::Result<(), String> {
+    for (c, w) in offsets.windows(2).enumerate() {
+        let (lo, hi) = (w[0] as usize, w[1] as usize);
+        let mut last = a;
+        for e in lo..hi {
+            let (s, d) = (src[e] as u64, dst[e] as u64);
+            if s / chunk_rows != c as u64 {
+                return Err(format!("edge {e} has source {s} in bucket {c}"));
+            }
+            if d < last || d >= b {
+                return Err(format!(
+                    "edge {e} has destination {d}, out of order or outside the group's [{a}, {b})"
+                ));
+            }
+            last = d;
+        }
+    }
+    Ok(())
 }
 
 /// Splits the destinations `[a, b)` into `parts` ranges and, for a bucket

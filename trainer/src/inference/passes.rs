@@ -242,7 +242,7 @@ impl<'a> Passes<'a> {
         bar.finish_and_clear();
         self.groups_here += 1;
         if cfg.interrupt_after_groups == Some(self.groups_here) {
-            return Err(Error::Interrupted(self.groups_here));
+            return Err(Error::Interrupted(self.groups_here, "groups"));
         }
         offgnn_shared::signals::check()?;
         Ok(())
@@ -266,7 +266,8 @@ impl<'a> Passes<'a> {
             _ => {
                 let t_edges = Instant::now();
                 let chunks = self.plan.chunks(self.features.rows);
-                let (edges, size) = load_group_edges(&cfg.work_dir, gi, chunks)?;
+                let (edges, size) =
+                    load_group_edges(&cfg.work_dir, gi, (chunks, self.plan.chunk_rows), (a, b))?;
                 tracing::debug!(
                     "layer {l} group {gi}: edges loaded in {:.2} s",
                     t_edges.elapsed().as_secs_f64()

@@ -47,13 +47,16 @@ pub(super) fn save_progress(work: &Path, p: &Progress) -> Result<()> {
 }
 
 /// The key of a run's progress: the model's weights, the dataset
-/// (`fingerprint`), the plan and the options that shape the work
-/// directory's files. A run resumes only progress with its key.
+/// (`fingerprint`), the plan, the nodes selected (`selection`'s bits: the
+/// contents of a `--nodes` file, not its path) and the options that shape
+/// the work directory's files or the values in them (device and where the
+/// aggregation runs). A run resumes only progress with its key.
 pub(super) fn run_key(
     cfg: &InferConfig,
     weights_sha256: &str,
     fingerprint: &str,
     plan: &Plan,
+    selection: &[u64],
 ) -> String {
     let mut h = sha2::Sha256::new();
     h.update(weights_sha256);
@@ -64,9 +67,12 @@ pub(super) fn run_key(
         cfg.keep_self_loops as u8,
         cfg.keep_duplicate_edges as u8,
     ]);
+    for word in selection {
+        h.update(word.to_le_bytes());
+    }
     h.update(format!(
-        "{:?}{:?}{}",
-        cfg.nodes, cfg.outputs, cfg.hidden_f16
+        "{:?}{}{:?}{:?}",
+        cfg.outputs, cfg.hidden_f16, cfg.device, cfg.aggregate
     ));
     offgnn_shared::store::hex(&h.finalize())
 }
@@ -74,24 +80,29 @@ pub(super) fn run_key(
 /// Where a run with `key` starts: where a run of the same key stopped, as
 /// its work directory says, unless that run committed (`previous`), else
 /// from the start; and the run's id, which a resumed run keeps. Figures of
-/// an earlier run are reported as resumed.
+/// an earlier run are reported as resumed. Also the output parts of an
+/// unfinished run of another key, which no commit will ever name: the
+/// caller removes them.
 pub(super) fn resume(
     cfg: &InferConfig,
     key: &str,
     previous: Option<&Previous>,
     (layers, groups): (usize, usize),
-) -> (Progress, RunId) {
-    let mut progress = std::fs::read(cfg.work_dir.join(PROGRESS))
+) -> (Progress, RunId, Vec<String>) {
+    let left = std::fs::read(cfg.work_dir.join(PROGRESS))
         .ok()
         .and_then(|b| serde_json::from_slice::<Progress>(&b).ok())
-        .filter(|p| p.key == key)
         // A run killed after its commit (before it cleared its work
         // directory) is done: the next run is a new one, not that one again.
-        .filter(|p| previous.is_none_or(|c| c.run_id.as_deref() != Some(p.run_id.as_str())))
-        .unwrap_or_else(|| Progress {
-            key: key.to_string(),
-            ..Default::default()
-        });
+        .filter(|p| previous.is_none_or(|c| c.run_id.as_deref() != Some(p.run_id.as_str())));
+    let (left, stale_parts) = match left {
+        Some(p) if p.key != key => (None, p.output_files),
+        p => (p, Vec::new()),
+    };
+    let mut progress = left.unwrap_or_else(|| Progress {
+        key: key.to_string(),
+        ..Default::default()
+    });
     let run_id = match RunId::parse(&progress.run_id) {
         Some(id) => id,
         None => {
@@ -114,7 +125,7 @@ pub(super) fn resume(
             groups
         );
     }
-    (progress, run_id)
+    (progress, run_id, stale_parts)
 }
 
 /// Forgets the run's progress: the next run starts anew.

@@ -69,13 +69,14 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let run_plan = plan_run(cfg, &model, &ds, &bits, &out)?;
     let plan = &run_plan.plan;
     // Resume where a run of the same model, data and plan stopped.
-    let key = run_key(cfg, &card.weights_sha256, &fingerprint, plan);
-    let (mut progress, run_id) = resume(
+    let key = run_key(cfg, &card.weights_sha256, &fingerprint, plan, &bits);
+    let (mut progress, run_id, stale_parts) = resume(
         cfg,
         &key,
         previous.as_ref(),
         (card.num_layers, plan.groups.len()),
     );
+    remove_stale_parts(&out, &stale_parts);
     let edges_bucketed = prepare_work_dir(cfg, &ds, &model, &run_plan, &mut progress)?;
     let features = Input {
         path: ds.features.path().to_path_buf(),
@@ -121,6 +122,24 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     // The work directory's files are ours; the result is committed.
     clear_work_dir(&cfg.work_dir, card.num_layers, plan.groups.len());
     Ok(summary)
+}
+
+/// Removes the output parts of an unfinished run that this run does not
+/// resume (another model, selection or plan): no commit names them.
+fn remove_stale_parts(out: &Store, parts: &[String]) {
+    if parts.is_empty() {
+        return;
+    }
+    tracing::info!(
+        "removing {} output parts of an unfinished run of other settings in {}",
+        parts.len(),
+        out.url()
+    );
+    for name in parts {
+        if let Err(e) = out.delete(name) {
+            tracing::warn!("could not remove {name}, left by an unfinished run: {e}");
+        }
+    }
 }
 
 /// Checks that the model was trained on this dataset and these features,
@@ -248,8 +267,9 @@ fn bucketed_edges(cfg: &InferConfig, model: &Model, run_plan: &RunPlan, n: u64) 
     let chunks = plan.chunks(n);
     (0..plan.groups.len())
         .map(|g| {
+            // A file shorter than its index is refused when it is loaded.
             std::fs::metadata(edge_file(&cfg.work_dir, g))
-                .map(|m| (m.len() - (chunks as u64 + 1) * 8) / 8)
+                .map(|m| m.len().saturating_sub((chunks as u64 + 1) * 8) / 8)
                 .unwrap_or(0)
         })
         .sum()

@@ -91,7 +91,7 @@ pub(super) fn step(
         checkpoint_step(job, model, run, ep, dir)?;
     }
     if cfg.interrupt_after == Some(run.trained_here) {
-        return Err(Error::Interrupted(run.trained_here));
+        return Err(Error::Interrupted(run.trained_here, "training batches"));
     }
     // SIGINT or SIGTERM (on any rank): stop at this step's
     // boundary, keeping a checkpoint of it when there is a

@@ -750,3 +750,95 @@ fn a_killed_inference_resumes_and_bad_input_is_refused() {
         "{err}"
     );
 }
+
+/// A `--nodes` file whose contents changed between a killed run and its
+/// rerun (same path) starts anew rather than mixing two selections, and the
+/// killed run's output parts, which no commit names, are removed.
+#[test]
+fn a_rerun_with_another_node_selection_starts_anew() {
+    let _serial = super::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ds_path = dataset(dir.path());
+    let ds = Dataset::open(&ds_path).unwrap();
+    let engine = IoEngine::new(IoOptions::default());
+    let (location, _, _) = exported(dir.path(), &ds, ModelKind::Sage);
+    let memory = least_memory(&location, &ds_path, dir.path(), &engine, &[Aggregate::Host]);
+    let (out, work) = (dir.path().join("out"), dir.path().join("work"));
+    let nodes = dir.path().join("nodes.npy");
+    // Nearly every node, so that the run needs as many groups as all nodes.
+    let first: Vec<u64> = (0..NODES).filter(|&v| v != 1).collect();
+    offgnn_shared::npy::write_i64(&nodes, &first).unwrap();
+    let mut cfg = config(&location, &ds_path, &out, &work);
+    cfg.memory = memory;
+    cfg.nodes = NodeSet::File(nodes.clone());
+
+    // Killed one group into the last layer, which has written parts.
+    let probe = infer(
+        &InferConfig {
+            out: dir.path().join("probe").to_str().unwrap().to_string(),
+            work_dir: dir.path().join("probe-w"),
+            ..cfg.clone()
+        },
+        &engine,
+    )
+    .unwrap();
+    let layers = probe.layers.len() as u64;
+    assert!(probe.groups >= 2, "{} groups", probe.groups);
+    cfg.interrupt_after_groups = Some((layers - 1) * probe.groups + 1);
+    let err = infer(&cfg, &engine).expect_err("interrupted");
+    assert!(err.to_string().contains("interrupted"), "{err}");
+    let parquet_files = || -> Vec<std::path::PathBuf> {
+        let mut found = vec![];
+        let mut dirs = vec![out.clone()];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if p.extension().is_some_and(|x| x == "parquet") {
+                    found.push(p);
+                }
+            }
+        }
+        found.sort();
+        found
+    };
+    assert!(!parquet_files().is_empty(), "the killed run wrote no part");
+
+    // Bucketed edges that are not what the run wrote (zeroed at the right
+    // length, or cut short) are refused, naming the file, not used.
+    let edges = work.join(format!("edges-{:06}.bin", probe.groups - 1));
+    let good = std::fs::read(&edges).unwrap();
+    let resume = InferConfig {
+        interrupt_after_groups: None,
+        ..cfg.clone()
+    };
+    for bad in [vec![0u8; good.len()], good[..good.len() - 4].to_vec()] {
+        std::fs::write(&edges, bad).unwrap();
+        let err = infer(&resume, &engine).unwrap_err().to_string();
+        assert!(
+            err.contains(&*edges.to_string_lossy()) && err.contains("not the edge buckets"),
+            "{err}"
+        );
+    }
+    std::fs::write(&edges, good).unwrap();
+
+    // The same path now selects the other nodes.
+    let second: Vec<u64> = (0..NODES).filter(|&v| v != 0).collect();
+    offgnn_shared::npy::write_i64(&nodes, &second).unwrap();
+    cfg.interrupt_after_groups = None;
+    let s = infer(&cfg, &engine).unwrap();
+    assert!(
+        s.layers.iter().all(|l| l.groups_resumed == 0),
+        "resumed another selection's progress: {:?}",
+        s.layers
+    );
+    let mut ids = read_output(&out, &s).ids;
+    ids.sort_unstable();
+    assert_eq!(ids, second);
+    let committed: Vec<_> = s.files.iter().map(|f| out.join(f)).collect();
+    let mut committed = committed;
+    committed.sort();
+    assert_eq!(parquet_files(), committed, "parts of the killed run stayed");
+}

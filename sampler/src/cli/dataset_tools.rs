@@ -11,7 +11,7 @@ use offgnn_shared::dataset::Dataset;
 use offgnn_shared::report::{human_bytes, print_summary};
 use offgnn_shared::{npy, progress};
 
-use crate::{GenerateArgs, ImportArgs, InspectArgs, Preset};
+use super::{GenerateArgs, ImportArgs, InspectArgs, Preset};
 
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let defaults = GeneratorConfig::default();
