@@ -11,11 +11,28 @@ pub enum Error {
     Committed(String),
     #[error(transparent)]
     Shared(#[from] offgnn_shared::Error),
+    /// Writing an output file failed; `kind` is the I/O failure at its root,
+    /// where there is one (a full disk).
     #[error("{file}: {fault}")]
-    Write { file: String, fault: String },
+    Write {
+        file: String,
+        fault: String,
+        kind: Option<std::io::ErrorKind>,
+    },
     /// The run ended early (a signal, a full disk): what it did about it.
     #[error("{0}")]
     Ended(String),
+}
+
+impl Error {
+    /// The kind of I/O failure behind this error, where it is one.
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            Error::Write { kind, .. } => *kind,
+            Error::Shared(e) => e.io_kind(),
+            _ => None,
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

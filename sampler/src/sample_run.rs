@@ -421,7 +421,7 @@ fn abandon(
             ),
         });
     }
-    if e.to_string().contains("os error 28") {
+    if e.io_kind() == Some(std::io::ErrorKind::StorageFull) {
         // A full disk: say how full, and what went.
         let free = store
             .local_file("")
@@ -480,7 +480,7 @@ fn write_unit_with_retry(
             Err(e @ (Error::Write { .. } | Error::Shared(_)))
                 if attempt < WRITE_ATTEMPTS
                     && offgnn_shared::signals::received().is_none()
-                    && !e.to_string().contains("os error 28") =>
+                    && e.io_kind() != Some(std::io::ErrorKind::StorageFull) =>
             {
                 tracing::warn!("{e}; writing the file again in {wait:?}");
                 bar.set_position(position);
@@ -507,9 +507,10 @@ fn write_unit(
     bar: &indicatif::ProgressBar,
 ) -> Result<SampleFile> {
     let name = samples::file_name(run_id.as_str(), unit.split, unit.epoch, unit.part);
-    let fail = |fault: String| Error::Write {
+    let fail = |e: parquet::errors::ParquetError| Error::Write {
         file: format!("{}/{name}", store.url().trim_end_matches('/')),
-        fault,
+        fault: e.to_string(),
+        kind: offgnn_shared::error::io_kind_in(&e),
     };
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(
@@ -524,8 +525,8 @@ fn write_unit(
         )
         .set_max_row_group_row_count(Some(1 << 20))
         .build();
-    let mut writer = ArrowWriter::try_new(store.writer(&name), samples::schema(), Some(props))
-        .map_err(|e| fail(e.to_string()))?;
+    let mut writer =
+        ArrowWriter::try_new(store.writer(&name), samples::schema(), Some(props)).map_err(fail)?;
 
     let window = (cfg.threads * 2).max(2);
     let (tx, rx) = sync_channel::<Vec<SampledBatch>>(1);
@@ -544,13 +545,13 @@ fn write_unit(
                 // the checksums, depend only on the samples.
                 for batch in &batches {
                     let rb = samples::to_record_batch(std::slice::from_ref(batch))?;
-                    writer.write(&rb).map_err(|e| fail(e.to_string()))?;
+                    writer.write(&rb).map_err(fail)?;
                     if writer.in_progress_size() > ROW_GROUP_BYTES {
-                        writer.flush().map_err(|e| fail(e.to_string()))?;
+                        writer.flush().map_err(fail)?;
                     }
                 }
             }
-            let object = writer.into_inner().map_err(|e| fail(e.to_string()))?;
+            let object = writer.into_inner().map_err(fail)?;
             Ok((edges, inputs, object.finish()?))
         });
         for (w, chunk) in unit.batches.chunks(window).enumerate() {
@@ -712,6 +713,7 @@ fn try_commit_shards(
             serde_json::from_slice(&store.get(&name)?).map_err(|e| Error::Write {
                 file: name.clone(),
                 fault: format!("malformed shard summary: {e}"),
+                kind: None,
             })?;
         if summary.params != cfg.params() || summary.dataset.fingerprint != ds.fingerprint()? {
             return Err(Error::InvalidArgument(format!(

@@ -331,6 +331,7 @@ struct Reader<'a> {
 impl Reader<'_> {
     fn fail(&self, what: &str) -> Error {
         Error::Store {
+            kind: None,
             url: self.origin.to_string(),
             fault: format!("corrupt address table: {what} at byte {}", self.at),
         }
@@ -404,6 +405,7 @@ const OLD_MAGIC: &[u8; 8] = b"OGATBL01";
 fn decompress(origin: &str, frame: &[u8]) -> Result<Vec<u8>> {
     use std::io::Read;
     let fail = |what: String| Error::Store {
+        kind: None,
         url: origin.to_string(),
         fault: format!("corrupt address table: topology {what}"),
     };
@@ -731,11 +733,13 @@ impl<W: std::io::Write> TableWriter<W> {
 /// offset and the record count.
 pub fn decode_footer(origin: &str, footer: &[u8], object_len: u64) -> Result<(u64, u64)> {
     let fail = |what: &str| Error::Store {
+        kind: None,
         url: origin.to_string(),
         fault: format!("corrupt address table object: {what}"),
     };
     if footer.len() == FOOTER as usize && &footer[16..] == OLD_MAGIC {
         return Err(Error::Store {
+ kind: None,
             url: origin.to_string(),
             fault: "address table of an older offgnn (format OGATBL01), which this build does not read; pack the layout again with this packer".to_string(),
         });
@@ -759,6 +763,7 @@ pub fn decode_footer(origin: &str, footer: &[u8], object_len: u64) -> Result<(u6
 /// every record lies before the index.
 pub fn decode_index(origin: &str, index: &[u8], index_offset: u64) -> Result<Vec<(u64, u64)>> {
     let fail = |what: &str| Error::Store {
+        kind: None,
         url: origin.to_string(),
         fault: format!("corrupt address table object: {what}"),
     };

@@ -340,6 +340,7 @@ fn describe(commit: &Previous) -> String {
 /// removing the `removed` objects it had written.
 pub fn lost(location: &str, winner: &str, removed: usize) -> Error {
     Error::Store {
+        kind: None,
         url: location.to_string(),
         fault: format!(
             "another run ({winner}) committed here first; this run removed the {removed} objects it wrote"

@@ -26,9 +26,15 @@ pub enum Error {
     /// A graph that cannot be represented (too many nodes, ids out of range).
     #[error("{0}")]
     Topology(String),
-    /// An object-store operation that failed (URL without credentials).
+    /// An object-store operation that failed (URL without credentials), with
+    /// the I/O kind at its root where there is one (a full disk, a missing
+    /// object), so that callers tell failures apart by kind, not by text.
     #[error("{url}: {fault}")]
-    Store { url: String, fault: String },
+    Store {
+        url: String,
+        fault: String,
+        kind: Option<std::io::ErrorKind>,
+    },
     /// A parameter out of its valid range.
     #[error("{0}")]
     InvalidArgument(String),
@@ -38,6 +44,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// The kind of I/O failure behind this error, where it is one.
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            Error::Io { cause, .. } => Some(cause.kind()),
+            Error::Store { kind, .. } => *kind,
+            _ => None,
+        }
+    }
+
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
@@ -64,5 +79,57 @@ impl Error {
             path: path.into(),
             fault: fault.into(),
         }
+    }
+}
+
+/// The kind of the first I/O failure in `e`'s chain of sources, if any. An
+/// `io::Error` of kind `Other` that wraps another error (object_store's
+/// writers wrap theirs so) has the kind of what it wraps, where that has one.
+pub fn io_kind_in(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut at = Some(e);
+    while let Some(err) = at {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            let wrapped = io.get_ref().and_then(|inner| io_kind_in(inner));
+            return match io.kind() {
+                std::io::ErrorKind::Other => wrapped.or(Some(std::io::ErrorKind::Other)),
+                kind => Some(kind),
+            };
+        }
+        if let Some(kind) = err.downcast_ref::<Error>().and_then(Error::io_kind) {
+            return Some(kind);
+        }
+        at = err.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A missing object and an I/O error wrapped by object_store's writers
+    /// keep their kinds, so callers match kinds, not messages.
+    #[test]
+    fn store_errors_keep_their_io_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path().to_str().unwrap()).unwrap();
+        let missing = store.get("no/such/object").unwrap_err();
+        assert_eq!(
+            missing.io_kind(),
+            Some(std::io::ErrorKind::NotFound),
+            "{missing}"
+        );
+
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        let wrapped = std::io::Error::other(Error::Store {
+            url: "file:///x".into(),
+            fault: full.to_string(),
+            kind: Some(full.kind()),
+        });
+        assert_eq!(io_kind_in(&wrapped), Some(std::io::ErrorKind::StorageFull));
+        let plain = std::io::Error::other("no kind inside");
+        assert_eq!(io_kind_in(&plain), Some(std::io::ErrorKind::Other));
+        let message = Error::InvalidArgument("a message".into());
+        assert_eq!(message.io_kind(), None);
     }
 }

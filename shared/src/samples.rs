@@ -178,6 +178,7 @@ struct Columns<'a> {
 impl<'a> Columns<'a> {
     fn bad(&self, fault: String) -> Error {
         Error::Store {
+            kind: None,
             url: self.origin.to_string(),
             fault,
         }
@@ -449,23 +450,26 @@ impl RunSummary {
     /// Reads and checks the run summary of a samples location.
     pub fn read(store: &Store) -> Result<RunSummary> {
         let bytes = store.get(RUN_SUMMARY).map_err(|e| match e {
-            Error::Store { url, fault }
-                if fault.contains("not found") || fault.contains("NotFound") =>
-            {
-                Error::Store {
-                    url,
-                    fault: "no run summary: the sampling run is missing or incomplete".into(),
-                }
-            }
+            Error::Store {
+                url,
+                kind: Some(std::io::ErrorKind::NotFound),
+                ..
+            } => Error::Store {
+                url,
+                fault: "no run summary: the sampling run is missing or incomplete".into(),
+                kind: Some(std::io::ErrorKind::NotFound),
+            },
             other => other,
         })?;
         let origin = format!("{}/{RUN_SUMMARY}", store.url().trim_end_matches('/'));
         let run: RunSummary = serde_json::from_slice(&bytes).map_err(|e| Error::Store {
+            kind: None,
             url: origin.clone(),
             fault: format!("malformed run summary: {e}"),
         })?;
         if run.format != FORMAT || run.format_version != FORMAT_VERSION {
             return Err(Error::Store {
+                kind: None,
                 url: origin,
                 fault: format!(
                     "format {} version {} is not {FORMAT} version {FORMAT_VERSION}",
@@ -515,6 +519,7 @@ fn fetch_checked(store: &Store, file: &SampleFile) -> Result<(String, bytes::Byt
     let sum = crate::store::hex(&sha2::Sha256::digest(&bytes));
     if bytes.len() as u64 != file.object.size || sum != file.object.sha256 {
         return Err(Error::Store {
+            kind: None,
             url: origin,
             fault:
                 "size or checksum differs from the run summary: the file is corrupt or was replaced"
@@ -528,6 +533,7 @@ fn fetch_checked(store: &Store, file: &SampleFile) -> Result<(String, bytes::Byt
 fn check_count<T>(origin: String, out: Vec<T>, file: &SampleFile) -> Result<Vec<T>> {
     if out.len() != file.batches as usize {
         return Err(Error::Store {
+            kind: None,
             url: origin,
             fault: format!(
                 "holds {} batches, the run summary says {}",
@@ -592,6 +598,7 @@ fn decode_columns<T>(
     use parquet::arrow::ProjectionMask;
     use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
     let fault = |e: &dyn std::fmt::Display| Error::Store {
+        kind: None,
         url: origin.to_string(),
         fault: format!("not a readable samples file: {e}"),
     };

@@ -134,6 +134,13 @@ fn a_sampler_whose_disk_fills_removes_what_it_wrote() {
         ],
     );
     assert_one_line(&r, "No space left on device");
+    // Told apart by its kind (not its text): the line says how full the
+    // disk is and what went.
+    assert!(
+        r.stderr.contains("free there") && r.stderr.contains("removed the"),
+        "{}",
+        r.stderr
+    );
     assert!(files(&out).is_empty(), "left behind: {:?}", files(&out));
 }
 

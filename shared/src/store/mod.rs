@@ -88,6 +88,7 @@ impl Store {
     pub fn open_with(location: &str, settings: &[(&str, &str)]) -> Result<Store> {
         let display = redact(location);
         let bad = |fault: String| Error::Store {
+            kind: None,
             url: display.clone(),
             fault,
         };
@@ -194,10 +195,27 @@ impl Store {
         }
     }
 
-    fn err(&self, rel: &str, e: impl std::fmt::Display) -> Error {
+    /// The error of an operation on `rel`: its message, and the I/O kind at
+    /// its root where `e` is an object-store or I/O error (a plain message
+    /// has none).
+    fn err<E: std::fmt::Display + 'static>(&self, rel: &str, e: E) -> Error {
+        let any: &dyn std::any::Any = &e;
+        let kind = if let Some(e) = any.downcast_ref::<object_store::Error>() {
+            match e {
+                object_store::Error::NotFound { .. } => Some(std::io::ErrorKind::NotFound),
+                object_store::Error::AlreadyExists { .. } => {
+                    Some(std::io::ErrorKind::AlreadyExists)
+                }
+                other => crate::error::io_kind_in(other),
+            }
+        } else {
+            any.downcast_ref::<std::io::Error>()
+                .and_then(|e| crate::error::io_kind_in(e))
+        };
         Error::Store {
             url: self.join(rel),
             fault: e.to_string(),
+            kind,
         }
     }
 
