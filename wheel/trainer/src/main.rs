@@ -129,7 +129,7 @@ fn ask_python(python: &OsStr) -> Result<Found, String> {
     if dir.is_empty() {
         return Err(format!(
             "no torch in the Python environment of {shown}: install it there with \
-             `{shown} -m pip install torch=={TORCH_SERIES}.*` (any CUDA variant, see offgnn's README)"
+             `{shown} -m pip install torch=={TORCH_SERIES}.*` (any CUDA variant: see docs/deploying.md in offgnn's repository)"
         ));
     }
     Ok(Found {
