@@ -12,6 +12,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+mod kinds;
+pub use kinds::{DiskCacheMode, Dtype, PackingMode, RowOrder, Split};
+
 /// The manifest format this build reads and writes. Format 2 added
 /// `dataset.store_dtype` (rows converted while packing); format 3 names
 /// address tables of format OGATBL02 (compressed topology, bit-packed
@@ -82,7 +85,7 @@ pub struct DatasetRef {
     pub num_nodes: u64,
     pub feature_dim: u64,
     /// The feature file's values: `float32` or `float16`.
-    pub feature_dtype: String,
+    pub feature_dtype: Dtype,
     /// Bytes of a row of the feature file.
     pub row_bytes: u64,
     pub feature_file_bytes: u64,
@@ -101,22 +104,13 @@ pub struct DatasetRef {
     /// `bfloat16` (rounded to nearest even), or `float32` widened from a
     /// `float16` file. Absent: as the feature file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub store_dtype: Option<String>,
-}
-
-/// Bytes of one value of a type a manifest names.
-fn dtype_size(name: &str) -> Option<u64> {
-    match name {
-        "float32" => Some(4),
-        "float16" | "bfloat16" => Some(2),
-        _ => None,
-    }
+    pub store_dtype: Option<Dtype>,
 }
 
 impl DatasetRef {
     /// How the layout's rows hold each value.
-    pub fn store_dtype(&self) -> &str {
-        self.store_dtype.as_deref().unwrap_or(&self.feature_dtype)
+    pub fn store_dtype(&self) -> Dtype {
+        self.store_dtype.unwrap_or(self.feature_dtype)
     }
 
     /// Bytes of a row in the layout: the stride of every cache, disk cache
@@ -124,7 +118,7 @@ impl DatasetRef {
     pub fn store_row_bytes(&self) -> u64 {
         match &self.store_dtype {
             // Saturates where a manifest that was never validated would wrap.
-            Some(d) => self.feature_dim.saturating_mul(dtype_size(d).unwrap_or(0)),
+            Some(d) => self.feature_dim.saturating_mul(d.size()),
             None => self.row_bytes,
         }
     }
@@ -155,8 +149,7 @@ pub struct Tier {
 pub struct Segment {
     pub object: String,
     pub table: String,
-    /// `train`, `valid` or `test`.
-    pub split: String,
+    pub split: Split,
     pub batches: u32,
     pub disk_cache_rows: u64,
     pub disk_cache_bytes: u64,
@@ -173,10 +166,8 @@ pub struct BatchRef {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Packing {
-    /// `batched` or `individual`.
-    pub mode: String,
-    /// `segmented` or `global`.
-    pub disk_cache: String,
+    pub mode: PackingMode,
+    pub disk_cache: DiskCacheMode,
     pub segment_size: usize,
     /// Whether the segment size came from the search (Algorithm 2).
     pub searched: bool,
@@ -186,11 +177,16 @@ pub struct Packing {
     pub partitions: u64,
     /// Random permutations of the batches the row order drew.
     pub minhash_functions: usize,
-    /// How the disk caches' rows are ordered: `minhash-K` (DiskGNN
-    /// Algorithm 1, K functions) or `bottom-K` (the K least batches under
-    /// one permutation). Absent in layouts from before: `minhash-2`.
+    /// How the disk caches' rows are ordered. Absent in layouts from
+    /// before: [`RowOrder::UNRECORDED`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub row_order: Option<String>,
+    pub row_order: Option<RowOrder>,
+}
+
+impl Packing {
+    pub fn row_order(&self) -> RowOrder {
+        self.row_order.unwrap_or(RowOrder::UNRECORDED)
+    }
 }
 
 /// Shares of training-batch row accesses served by each tier.
@@ -227,9 +223,10 @@ pub struct Manifest {
     pub cpu_cache: Tier,
     pub packing: Packing,
     pub segments: Vec<Segment>,
-    /// Batches of each split (`train`, `valid`, `test`) per sampled epoch,
-    /// in the order the trainer consumes them.
-    pub schedule: BTreeMap<String, Vec<Vec<BatchRef>>>,
+    /// Batches of each split per sampled epoch, in the order the trainer
+    /// consumes them.
+    #[serde(with = "schedule_by_name")]
+    pub schedule: BTreeMap<Split, Vec<Vec<BatchRef>>>,
     pub objects: Vec<Object>,
     /// Bytes of every object on disk (features, address tables, topology):
     /// what the disk budget bounds (format 3; before, only the features).
@@ -247,6 +244,28 @@ pub struct Manifest {
     /// bounds batches by the sampling fan-outs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub largest_batch: Option<BatchShape>,
+}
+
+/// The schedule's splits are written in the order of their names, as
+/// manifests have always been, so that a layout's bytes do not depend on
+/// the enum's order.
+mod schedule_by_name {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{BatchRef, Split};
+
+    type Schedule = BTreeMap<Split, Vec<Vec<BatchRef>>>;
+
+    pub fn serialize<S: Serializer>(schedule: &Schedule, s: S) -> Result<S::Ok, S::Error> {
+        let by_name: BTreeMap<&str, _> = schedule.iter().map(|(k, v)| (k.name(), v)).collect();
+        by_name.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Schedule, D::Error> {
+        Schedule::deserialize(d)
+    }
 }
 
 fn safe_name(name: &str) -> bool {
@@ -313,10 +332,7 @@ impl Manifest {
             named(&s.object)?;
             named(&s.table)?;
         }
-        for (split, epochs) in &self.schedule {
-            if !matches!(split.as_str(), "train" | "valid" | "test") {
-                return Err(format!("unknown split '{split}' in the schedule"));
-            }
+        for epochs in self.schedule.values() {
             for refs in epochs {
                 for r in refs {
                     let seg = self.segments.get(r.segment as usize).ok_or_else(|| {
@@ -335,32 +351,25 @@ impl Manifest {
                 }
             }
         }
-        if self.schedule.get("train").is_none_or(|e| e.is_empty()) {
+        if self
+            .schedule
+            .get(&Split::Train)
+            .is_none_or(|e| e.is_empty())
+        {
             return Err("the schedule has no training epochs".into());
         }
         if self.dataset.row_bytes == 0 || self.dataset.num_nodes == 0 {
             return Err("dataset shape is empty".into());
         }
         let d = &self.dataset;
-        if !matches!(d.feature_dtype.as_str(), "float32" | "float16") {
-            return Err(format!(
-                "feature_dtype '{}' is not float32 or float16",
-                d.feature_dtype
-            ));
+        if d.feature_dtype == Dtype::BF16 {
+            return Err("feature_dtype 'bfloat16' is not float32 or float16".into());
         }
         // A crafted feature_dim must be refused, not wrap a row's size.
-        let row_bytes = dtype_size(&d.feature_dtype).and_then(|s| d.feature_dim.checked_mul(s));
-        if row_bytes != Some(d.row_bytes) {
+        if d.feature_dtype.row_bytes(d.feature_dim) != Some(d.row_bytes) {
             return Err(format!(
                 "row_bytes {} is not feature_dim {} {} values",
                 d.row_bytes, d.feature_dim, d.feature_dtype
-            ));
-        }
-        if let Some(store) = &d.store_dtype
-            && dtype_size(store).is_none()
-        {
-            return Err(format!(
-                "store_dtype '{store}' is not float32, float16 or bfloat16"
             ));
         }
         let stored = d.store_row_bytes();
@@ -401,7 +410,7 @@ mod tests {
                 name: "d".into(),
                 num_nodes: 10,
                 feature_dim: 4,
-                feature_dtype: "float32".into(),
+                feature_dtype: Dtype::F32,
                 row_bytes: 16,
                 feature_file_bytes: 288,
                 feature_location: "feat.npy".into(),
@@ -430,8 +439,8 @@ mod tests {
                 budget_bytes: 0,
             },
             packing: Packing {
-                mode: "batched".into(),
-                disk_cache: "segmented".into(),
+                mode: PackingMode::Batched,
+                disk_cache: DiskCacheMode::Segmented,
                 segment_size: 1,
                 searched: false,
                 estimated_bytes: None,
@@ -442,7 +451,7 @@ mod tests {
             segments: vec![Segment {
                 object: "pack/segment-00000.bin".into(),
                 table: "pack/table-00000.bin".into(),
-                split: "train".into(),
+                split: Split::Train,
                 batches: 1,
                 disk_cache_rows: 0,
                 disk_cache_bytes: 0,
@@ -450,7 +459,7 @@ mod tests {
                 chunk_bytes: 4096,
             }],
             schedule: BTreeMap::from([(
-                "train".to_string(),
+                Split::Train,
                 vec![vec![BatchRef {
                     segment: 0,
                     record: 0,
@@ -506,18 +515,19 @@ mod tests {
         let mut m = sample();
         assert_eq!(
             (m.dataset.store_dtype(), m.dataset.store_row_bytes()),
-            ("float32", 16)
+            (Dtype::F32, 16)
         );
-        m.dataset.store_dtype = Some("bfloat16".into());
+        m.dataset.store_dtype = Some(Dtype::BF16);
         let bytes = serde_json::to_vec(&m).unwrap();
         let back = Manifest::parse("m.json", &bytes).unwrap();
         assert_eq!(
             (back.dataset.store_dtype(), back.dataset.store_row_bytes()),
-            ("bfloat16", 8)
+            (Dtype::BF16, 8)
         );
-        m.dataset.store_dtype = Some("int8".into());
-        let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
-        assert!(err.to_string().contains("store_dtype 'int8'"), "{err}");
+        let doc = String::from_utf8(serde_json::to_vec(&m).unwrap()).unwrap();
+        let doc = doc.replace(r#""store_dtype":"bfloat16""#, r#""store_dtype":"int8""#);
+        let err = Manifest::parse("m.json", doc.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("unknown variant `int8`"), "{err}");
         // Formats 1 and 2 name tables of raw arrays: refused, saying to re-pack.
         let mut m = sample();
         for old in [1, 2] {
@@ -550,8 +560,55 @@ mod tests {
         // A manifest never validated saturates instead of wrapping.
         let mut m = sample();
         m.dataset.feature_dim = u64::MAX / 2;
-        m.dataset.store_dtype = Some("float32".into());
+        m.dataset.store_dtype = Some(Dtype::F32);
         assert_eq!(m.dataset.store_row_bytes(), u64::MAX);
+    }
+
+    #[test]
+    fn names_outside_their_sets_are_refused_and_splits_keep_their_order() {
+        let mut m = sample();
+        m.schedule.insert(Split::Test, vec![vec![]]);
+        m.schedule.insert(Split::Valid, vec![vec![]]);
+        let doc = String::from_utf8(serde_json::to_vec(&m).unwrap()).unwrap();
+        // Written by name, as before the splits were an enum.
+        let at = |k: &str| doc.find(&format!(r#""{k}":[["#)).unwrap();
+        assert!(
+            at("test") < at("train") && at("train") < at("valid"),
+            "{doc}"
+        );
+        assert_eq!(Manifest::parse("m.json", doc.as_bytes()).unwrap(), m);
+        for (from, to, says) in [
+            (r#""valid":"#, r#""holdout":"#, "unknown variant `holdout`"),
+            (
+                r#""mode":"batched""#,
+                r#""mode":"packed""#,
+                "unknown variant `packed`",
+            ),
+            (
+                r#""disk_cache":"segmented""#,
+                r#""disk_cache":"none""#,
+                "unknown variant `none`",
+            ),
+            (
+                r#""feature_dtype":"float32""#,
+                r#""feature_dtype":"bfloat16""#,
+                "feature_dtype 'bfloat16'",
+            ),
+        ] {
+            let bad = doc.replacen(from, to, 1);
+            assert_ne!(bad, doc, "{from}");
+            let err = Manifest::parse("m.json", bad.as_bytes()).unwrap_err();
+            assert!(err.to_string().contains(says), "{from}: {err}");
+        }
+        m.packing.row_order = Some(RowOrder::DEFAULT);
+        let doc = String::from_utf8(serde_json::to_vec(&m).unwrap()).unwrap();
+        assert!(doc.contains(r#""row_order":"bottom-4""#), "{doc}");
+        let bad = doc.replace("bottom-4", "bottom-four");
+        let err = Manifest::parse("m.json", bad.as_bytes()).unwrap_err();
+        assert!(
+            err.to_string().contains("not minhash-K or bottom-K"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -595,7 +652,7 @@ mod tests {
             );
         }
         let mut m = sample();
-        m.schedule.get_mut("train").unwrap()[0][0].record = 5;
+        m.schedule.get_mut(&Split::Train).unwrap()[0][0].record = 5;
         let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
         assert!(err.to_string().contains("record 5"), "{err}");
         let mut m = sample();

@@ -66,7 +66,7 @@ fn config(samples: &str, features: &str, out: &Path) -> anyhow::Result<PackConfi
         packing: PackingMode::Batched,
         disk_cache: DiskCacheMode::Segmented,
         store_dtype: None,
-        row_order: packer::minhash::RowOrder::DEFAULT,
+        row_order: packer::pack::RowOrder::DEFAULT,
         overwrite: true,
         show_progress: true,
     })

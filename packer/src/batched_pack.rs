@@ -29,7 +29,8 @@ use crate::feature_source::{FeatureSource, PartitionBuf, PartitionReader};
 use crate::plan::{BatchInfo, SegmentPlan};
 use crate::region_writer::RegionWriter;
 pub use crate::region_writer::{MAX_STAGES, OutFile, STAGE_POOL_BYTES, WritePool};
-use crate::store_dtype::{self, StoreDType};
+use crate::store_dtype::{self, Values};
+use offgnn_manifests::Dtype;
 
 /// The feature file read front to back in pieces of equal rows by a thread
 /// of its own, up to `depth` pieces ahead of the packing pass (DiskGNN
@@ -177,8 +178,8 @@ pub struct PackCtx<'a> {
     pub row_bytes: u64,
     /// The feature file's values, and the layout's: rows are converted
     /// as they are read when the two differ.
-    pub from: StoreDType,
-    pub to: StoreDType,
+    pub from: Dtype,
+    pub to: Dtype,
     /// First node of each partition, `num_nodes` last (`plan::partition_bounds`).
     pub bounds: &'a [u64],
     pub num_nodes: u64,

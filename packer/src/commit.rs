@@ -8,15 +8,14 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use offgnn_manifests::{self as manifests, BatchRef, MANIFEST, Manifest, Object};
+use offgnn_manifests::{self as manifests, BatchRef, MANIFEST, Manifest, Object, RowOrder, Split};
 use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::report::human_bytes;
 use offgnn_shared::store::Store;
 
 use crate::error::{Error, Result};
-use crate::job::{DiskCacheMode, PackConfig, PackSummary, PackingMode};
+use crate::job::{PackConfig, PackSummary};
 use crate::load::{Inputs, RowFormat};
-use crate::minhash::RowOrder;
 use crate::plan::{BatchInfo, SegmentPlan};
 
 /// Where this run writes: the output store, the layout committed there
@@ -193,7 +192,7 @@ fn dataset_ref(
         name: run.dataset.name.clone(),
         num_nodes: features.num_rows(),
         feature_dim: run.dataset.feature_dim,
-        feature_dtype: features.dtype().name().to_string(),
+        feature_dtype: rows.from,
         row_bytes: rows.source_row_bytes,
         feature_file_bytes: features.file_bytes(),
         // Absolute, so that `packer verify` and the trainer's
@@ -203,7 +202,7 @@ fn dataset_ref(
         feature_fingerprint: run.dataset.feature_fingerprint.clone(),
         num_classes: run.dataset.num_classes,
         feature_rows_crc32c: rows_crc32c,
-        store_dtype: rows.converted().then(|| rows.to.name().to_string()),
+        store_dtype: rows.converted().then_some(rows.to),
     }
 }
 
@@ -224,16 +223,8 @@ fn samples_ref(inputs: &Inputs) -> manifests::SamplesRef {
 
 fn packing_ref(cfg: &PackConfig, summary: &PackSummary) -> manifests::Packing {
     manifests::Packing {
-        mode: match cfg.packing {
-            PackingMode::Batched => "batched",
-            PackingMode::Individual => "individual",
-        }
-        .into(),
-        disk_cache: match cfg.disk_cache {
-            DiskCacheMode::Segmented => "segmented",
-            DiskCacheMode::Global => "global",
-        }
-        .into(),
+        mode: cfg.packing,
+        disk_cache: cfg.disk_cache,
         segment_size: summary.segment_size,
         searched: summary.searched,
         estimated_bytes: summary.estimated_bytes,
@@ -242,7 +233,7 @@ fn packing_ref(cfg: &PackConfig, summary: &PackSummary) -> manifests::Packing {
             RowOrder::MinHash { functions } => functions,
             RowOrder::BottomK { .. } => 1,
         },
-        row_order: Some(cfg.row_order.name()),
+        row_order: Some(cfg.row_order),
     }
 }
 
@@ -253,7 +244,7 @@ fn segment_refs(segments: &[SegmentPlan], prefix: &str) -> Vec<manifests::Segmen
         .map(|(i, s)| manifests::Segment {
             object: format!("{prefix}/segment-{i:05}.bin"),
             table: format!("{prefix}/table-{i:05}.bin"),
-            split: s.split.name().into(),
+            split: s.split,
             batches: s.batches.len() as u32,
             disk_cache_rows: s.dc_rows.len() as u64,
             disk_cache_bytes: s.dc_bytes,
@@ -266,12 +257,12 @@ fn segment_refs(segments: &[SegmentPlan], prefix: &str) -> Vec<manifests::Segmen
 fn schedule(
     segments: &[SegmentPlan],
     batches: &[BatchInfo],
-) -> BTreeMap<String, Vec<Vec<BatchRef>>> {
-    let mut out: BTreeMap<String, Vec<Vec<BatchRef>>> = BTreeMap::new();
+) -> BTreeMap<Split, Vec<Vec<BatchRef>>> {
+    let mut out: BTreeMap<Split, Vec<Vec<BatchRef>>> = BTreeMap::new();
     for (si, s) in segments.iter().enumerate() {
         for (ri, &b) in s.batches.iter().enumerate() {
             let info = &batches[b];
-            let epochs = out.entry(info.split.name().to_string()).or_default();
+            let epochs = out.entry(info.split).or_default();
             while epochs.len() <= info.epoch as usize {
                 epochs.push(Vec::new());
             }

@@ -12,7 +12,7 @@ use offgnn_shared::npy::{self, DType, Header};
 use offgnn_shared::store::Store;
 
 use crate::error::{Error, Result};
-use crate::store_dtype::StoreDType;
+use offgnn_manifests::Dtype;
 
 /// Bytes asked for at once when a partition comes from an object store
 /// (rounded down to whole rows).
@@ -91,8 +91,8 @@ impl FeatureSource {
 
     /// The file's values as a layout can store them unconverted: float32
     /// or float16 (the sampler's dataset check admits nothing else).
-    pub fn store_dtype(&self) -> Result<StoreDType> {
-        StoreDType::of_feature(self.dtype()).ok_or_else(|| {
+    pub fn store_dtype(&self) -> Result<Dtype> {
+        crate::store_dtype::of_feature(self.dtype()).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "{}: features of type {} cannot be packed (float32 or float16)",
                 self.describe(),

@@ -2,27 +2,12 @@
 //! ([`PackSummary`]): the types every step of `pack` reads or fills.
 
 use offgnn_manifests as manifests;
+use offgnn_manifests::{DiskCacheMode, Dtype, PackingMode, RowOrder};
 use serde::Serialize;
 
 use crate::address_tables::AmplificationParts;
 use crate::memory::MemoryStatement;
-use crate::minhash::RowOrder;
 use crate::sizes::Budget;
-use crate::store_dtype::StoreDType;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PackingMode {
-    Batched,
-    Individual,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DiskCacheMode {
-    Segmented,
-    Global,
-}
 
 #[derive(Clone, Debug)]
 pub struct PackConfig {
@@ -37,7 +22,7 @@ pub struct PackConfig {
     pub packing: PackingMode,
     pub disk_cache: DiskCacheMode,
     /// How the layout stores values; `None`: as the feature file.
-    pub store_dtype: Option<StoreDType>,
+    pub store_dtype: Option<Dtype>,
     /// How each disk cache's rows are ordered.
     pub row_order: RowOrder,
     pub overwrite: bool,

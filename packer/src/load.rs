@@ -11,7 +11,7 @@ use offgnn_shared::store::Store;
 use crate::error::{Error, Result};
 use crate::feature_source::FeatureSource;
 use crate::plan::BatchInfo;
-use crate::store_dtype::StoreDType;
+use offgnn_manifests::Dtype;
 
 /// The sampler's run and the feature file of one packing job.
 pub(crate) struct Inputs {
@@ -44,8 +44,8 @@ impl Inputs {
 /// `--store-dtype` says): every size in the plan is the layout's.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowFormat {
-    pub from: StoreDType,
-    pub to: StoreDType,
+    pub from: Dtype,
+    pub to: Dtype,
     /// Bytes of a row of the feature file, and of the layout.
     pub source_row_bytes: u64,
     pub row_bytes: u64,
@@ -53,7 +53,7 @@ pub(crate) struct RowFormat {
 
 impl RowFormat {
     /// The feature file's rows stored as `store_dtype` (`None`: as they are).
-    pub(crate) fn of(features: &FeatureSource, store_dtype: Option<StoreDType>) -> Result<Self> {
+    pub(crate) fn of(features: &FeatureSource, store_dtype: Option<Dtype>) -> Result<Self> {
         let source_row_bytes = features.row_bytes();
         let from = features.store_dtype()?;
         let to = store_dtype.unwrap_or(from);

@@ -3,6 +3,7 @@
 //! segment's batches next to each other, so that each batch's rows share
 //! fewer pages.
 
+use offgnn_manifests::RowOrder;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_pcg::Pcg64Mcg;
@@ -11,33 +12,6 @@ use rayon::prelude::*;
 /// Rows per parallel task: each task walks every batch's slice of its id
 /// range, so a task should hold far more rows than there are batches.
 const ROWS_PER_TASK: usize = 1 << 14;
-
-/// How a disk cache's rows are ordered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RowOrder {
-    /// DiskGNN §5.1, Algorithm 1: a row's signature is its least batch under
-    /// each of `functions` independent random permutations of the batches.
-    MinHash { functions: usize },
-    /// A row's signature is its `k` least batches under one random
-    /// permutation, ascending (a bottom-k sketch): rows whose batch sets
-    /// share their first members sit together, so the rows of a page share
-    /// more than one batch, and a batch reads fewer pages than under
-    /// Algorithm 1's independent minima.
-    BottomK { k: usize },
-}
-
-impl RowOrder {
-    /// The packer's default.
-    pub const DEFAULT: RowOrder = RowOrder::BottomK { k: 4 };
-
-    /// Its name in a manifest: `minhash-2`, `bottom-4`.
-    pub fn name(self) -> String {
-        match self {
-            RowOrder::MinHash { functions } => format!("minhash-{functions}"),
-            RowOrder::BottomK { k } => format!("bottom-{k}"),
-        }
-    }
-}
 
 /// Reorders a disk cache's rows (DiskGNN §5.1, Algorithm 1, or the bottom-k
 /// variant of [`RowOrder`]).

@@ -23,8 +23,9 @@ use crate::plan::{self, BatchInfo, Scratch, SegmentPlan, align};
 use crate::segment_search::{FixedBytes, SegmentChoice, SegmentSize, choose_segment_size};
 
 pub use crate::address_tables::{AmplificationParts, batch_table};
-pub use crate::job::{DiskCacheMode, PackConfig, PackSummary, PackingMode};
+pub use crate::job::{PackConfig, PackSummary};
 pub use crate::memory::{BASELINE_BYTES, MemoryStatement};
+pub use offgnn_manifests::{DiskCacheMode, Dtype, PackingMode, RowOrder};
 
 /// Fixed seed of the MinHash permutations: layouts are reproducible.
 const MINHASH_SEED: u64 = 0x5EED_D15C;

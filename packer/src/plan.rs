@@ -18,7 +18,8 @@ use offgnn_shared::dataset::Split;
 use rayon::prelude::*;
 
 use crate::access_rank::{AccessCounts, Location, Tiers};
-use crate::minhash::{RowOrder, fill_pages, minhash_order};
+use crate::minhash::{fill_pages, minhash_order};
+use offgnn_manifests::RowOrder;
 
 pub const PAGE: u64 = 4096;
 

@@ -17,7 +17,8 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::feature_source::FeatureSource;
-use crate::store_dtype::{self, StoreDType};
+use crate::store_dtype;
+use offgnn_manifests::Dtype;
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct VerifySummary {
@@ -230,8 +231,8 @@ struct Rows {
     stored: usize,
     /// Bytes of a feature-file row (values of `from`).
     source: usize,
-    from: StoreDType,
-    to: StoreDType,
+    from: Dtype,
+    to: Dtype,
 }
 
 /// Compares row `i` of `got` with the feature file's row of `nodes[i]`
@@ -412,13 +413,11 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
     let samples = Store::open(&m.samples.location)?;
     let run = RunSummary::read(&samples)?;
     let d = &m.dataset;
-    let unknown =
-        |name: &str| Error::Verify(format!("the layout names an unknown value type {name}"));
     let rows = Rows {
         stored: d.store_row_bytes() as usize,
         source: d.row_bytes as usize,
-        from: StoreDType::from_name(&d.feature_dtype).ok_or_else(|| unknown(&d.feature_dtype))?,
-        to: StoreDType::from_name(d.store_dtype()).ok_or_else(|| unknown(d.store_dtype()))?,
+        from: d.feature_dtype,
+        to: d.store_dtype(),
     };
     if features.store_dtype()? != rows.from {
         return Err(Error::Mismatch(format!(

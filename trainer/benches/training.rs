@@ -144,7 +144,7 @@ fn main() -> anyhow::Result<()> {
     let m = &layout.manifest;
     let mut order = m
         .schedule
-        .get("train")
+        .get(&offgnn_manifests::Split::Train)
         .and_then(|e| e.first())
         .cloned()
         .context("the layout has no training batches")?;

@@ -6,7 +6,7 @@ mod report;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{minhash, pack, sizes, verify};
+use crate::{pack, sizes, verify};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -181,13 +181,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     DiskCache::Global => pack::DiskCacheMode::Global,
                 },
                 store_dtype: a.store_dtype.map(|d| match d {
-                    StoreDtype::F32 => crate::store_dtype::StoreDType::F32,
-                    StoreDtype::F16 => crate::store_dtype::StoreDType::F16,
-                    StoreDtype::Bf16 => crate::store_dtype::StoreDType::BF16,
+                    StoreDtype::F32 => pack::Dtype::F32,
+                    StoreDtype::F16 => pack::Dtype::F16,
+                    StoreDtype::Bf16 => pack::Dtype::BF16,
                 }),
                 row_order: match a.row_order {
-                    RowOrderArg::Bottom4 => minhash::RowOrder::DEFAULT,
-                    RowOrderArg::Minhash => minhash::RowOrder::MinHash { functions: 2 },
+                    RowOrderArg::Bottom4 => pack::RowOrder::DEFAULT,
+                    RowOrderArg::Minhash => pack::RowOrder::MinHash { functions: 2 },
                 },
                 overwrite: a.overwrite,
                 show_progress: true,

@@ -1,6 +1,6 @@
 //! What `packer` prints at the end of each command: a table, then JSON.
 
-use offgnn_manifests::Manifest;
+use offgnn_manifests::{Manifest, Split};
 use offgnn_shared::report::{human_bytes, print_summary};
 
 use crate::pack::{PackConfig, PackSummary};
@@ -151,7 +151,7 @@ pub fn verified(s: &VerifySummary) {
 }
 
 pub fn inspect(origin: &str, m: &Manifest) {
-    let train_epochs = m.schedule.get("train").map_or(0, Vec::len);
+    let train_epochs = m.schedule.get(&Split::Train).map_or(0, Vec::len);
     let mut rows = vec![
         ("manifest", origin.to_string()),
         (
@@ -184,7 +184,7 @@ pub fn inspect(origin: &str, m: &Manifest) {
                 "{}, disk cache {} in {} order, segment size {}",
                 m.packing.mode,
                 m.packing.disk_cache,
-                m.packing.row_order.as_deref().unwrap_or("minhash-2"),
+                m.packing.row_order(),
                 m.packing.segment_size
             ),
         ),

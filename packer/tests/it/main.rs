@@ -7,10 +7,9 @@ use std::path::{Path, PathBuf};
 use offgnn_manifests::MANIFEST;
 use offgnn_shared::npy::DType;
 use packer::error::Error;
-use packer::pack::{DiskCacheMode, PackConfig, PackSummary, PackingMode, pack};
+use packer::pack::{DiskCacheMode, Dtype, PackConfig, PackSummary, PackingMode, pack};
 use packer::plan_error::PlanError;
 use packer::sizes::Budget;
-use packer::store_dtype::StoreDType;
 use packer::verify::{open_layout, verify};
 use sampler::config::SampleConfig;
 use sampler::sample_run::run;
@@ -93,7 +92,7 @@ fn config(f: &Fixture, out: &str) -> PackConfig {
         packing: PackingMode::Batched,
         disk_cache: DiskCacheMode::Segmented,
         store_dtype: None,
-        row_order: packer::minhash::RowOrder::DEFAULT,
+        row_order: packer::pack::RowOrder::DEFAULT,
         overwrite: false,
         show_progress: false,
     }
@@ -243,24 +242,24 @@ fn verify_passes_on_f16_features() {
 fn half_precision_layouts_verify_and_halve_the_rows() {
     let f = fixture(DType::F32, 14);
     // No caches and a fixed segment size: one plan whatever the row size.
-    let cfg = |name: &str, store_dtype: Option<StoreDType>| PackConfig {
+    let cfg = |name: &str, store_dtype: Option<Dtype>| PackConfig {
         gpu_cache: 0,
         cpu_cache: 0,
         segment_size: Some(3),
         store_dtype,
         ..config(&f, name)
     };
-    let full = pack_and_verify(&cfg("f32", Some(StoreDType::F32)));
+    let full = pack_and_verify(&cfg("f32", Some(Dtype::F32)));
     let (_, m32, _) = open_layout(&f.root.join("f32").to_string_lossy()).unwrap();
     assert_eq!(m32.format_version, 3);
     assert_eq!(m32.dataset.store_dtype, None);
-    for d in [StoreDType::F16, StoreDType::BF16] {
+    for d in [Dtype::F16, Dtype::BF16] {
         let name = d.name();
         let s = pack_and_verify(&cfg(name, Some(d)));
         let (_, m, _) = open_layout(&f.root.join(name).to_string_lossy()).unwrap();
         assert_eq!(m.format_version, 3);
-        assert_eq!(m.dataset.store_dtype(), name);
-        assert_eq!(m.dataset.feature_dtype, "float32");
+        assert_eq!(m.dataset.store_dtype(), d);
+        assert_eq!(m.dataset.feature_dtype, Dtype::F32);
         assert_eq!(m.dataset.store_row_bytes(), m32.dataset.row_bytes / 2);
         assert_eq!(
             (s.store_dtype.as_str(), s.feature_dtype.as_str()),
@@ -296,7 +295,7 @@ fn half_precision_layouts_verify_and_halve_the_rows() {
     }
     // A corrupted half-precision row is caught by the exact comparison.
     let s = pack(&PackConfig {
-        store_dtype: Some(StoreDType::BF16),
+        store_dtype: Some(Dtype::BF16),
         ..config(&f, "bf16-cached")
     })
     .unwrap();
@@ -319,17 +318,14 @@ fn half_precision_layouts_verify_and_halve_the_rows() {
 fn float16_features_pass_through_or_widen() {
     let f = fixture(DType::F16, 15);
     let same = pack_and_verify(&PackConfig {
-        store_dtype: Some(StoreDType::F16),
+        store_dtype: Some(Dtype::F16),
         ..config(&f, "f16")
     });
     let (_, m, _) = open_layout(&f.root.join("f16").to_string_lossy()).unwrap();
-    assert_eq!(
-        (m.format_version, m.dataset.store_dtype.as_deref()),
-        (3, None)
-    );
+    assert_eq!((m.format_version, m.dataset.store_dtype), (3, None));
     assert_eq!(same.store_dtype, "float16");
     pack_and_verify(&PackConfig {
-        store_dtype: Some(StoreDType::F32),
+        store_dtype: Some(Dtype::F32),
         ..config(&f, "widened")
     });
     let (_, m, _) = open_layout(&f.root.join("widened").to_string_lossy()).unwrap();
@@ -360,7 +356,7 @@ fn a_value_beyond_float16_is_refused_by_name_and_bfloat16_packs_it() {
         },
     );
     let err = pack(&PackConfig {
-        store_dtype: Some(StoreDType::F16),
+        store_dtype: Some(Dtype::F16),
         ..config(&f, "f16")
     })
     .unwrap_err()
@@ -371,7 +367,7 @@ fn a_value_beyond_float16_is_refused_by_name_and_bfloat16_packs_it() {
     );
     assert!(!f.root.join("f16").join(MANIFEST).exists());
     pack_and_verify(&PackConfig {
-        store_dtype: Some(StoreDType::BF16),
+        store_dtype: Some(Dtype::BF16),
         ..config(&f, "bf16")
     });
 }

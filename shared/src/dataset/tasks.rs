@@ -4,45 +4,19 @@
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
 use super::checks::{check_labels, require_integer, resolve};
 use super::metadata::{Metadata, SetMeta, TaskMeta};
 use crate::error::{Error, Result};
 use crate::npy::NpyFile;
 
-/// The three seed splits of a node-classification task.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Split {
-    Train,
-    Valid,
-    Test,
-}
+pub use offgnn_manifests::Split;
 
-impl Split {
-    pub const ALL: [Split; 3] = [Split::Train, Split::Valid, Split::Test];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Split::Train => "train",
-            Split::Valid => "valid",
-            Split::Test => "test",
-        }
-    }
-
-    fn yaml_key(self) -> &'static str {
-        match self {
-            Split::Train => "train_set",
-            Split::Valid => "validation_set",
-            Split::Test => "test_set",
-        }
-    }
-}
-
-impl std::fmt::Display for Split {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+/// The key of a split's set in a task of `metadata.yaml`.
+fn yaml_key(split: Split) -> &'static str {
+    match split {
+        Split::Train => "train_set",
+        Split::Valid => "validation_set",
+        Split::Test => "test_set",
     }
 }
 
@@ -96,7 +70,7 @@ pub(super) fn load_sets(
         };
         let set = set
             .as_deref()
-            .ok_or_else(|| bad(format!("task '{}' has no {}", task.name, split.yaml_key())))?;
+            .ok_or_else(|| bad(format!("task '{}' has no {}", task.name, yaml_key(split))))?;
         sets.push(load_set(
             root,
             meta_path,
@@ -129,14 +103,14 @@ fn load_set(
     let [entry] = set else {
         return Err(bad(format!(
             "{} has {} entries; only homogeneous sets (one) are supported",
-            split.yaml_key(),
+            yaml_key(split),
             set.len()
         )));
     };
     if entry.node_type.is_some() {
         return Err(bad(format!(
             "{} is typed: only homogeneous graphs are supported",
-            split.yaml_key()
+            yaml_key(split)
         )));
     }
     let mut seeds = None;
@@ -145,7 +119,7 @@ fn load_set(
         if data.format != "numpy" {
             return Err(bad(format!(
                 "{} '{}' has format '{}'; only numpy is supported",
-                split.yaml_key(),
+                yaml_key(split),
                 data.name,
                 data.format
             )));
@@ -161,7 +135,7 @@ fn load_set(
     let seeds_path = seeds.ok_or_else(|| {
         bad(format!(
             "{} has no 'seeds' (or 'seed_nodes') data",
-            split.yaml_key()
+            yaml_key(split)
         ))
     })?;
     let f = NpyFile::open(&seeds_path)?;
@@ -211,7 +185,7 @@ fn load_set(
             None => {
                 return Err(bad(format!(
                     "{} has no 'labels' and there is no node feature 'label'",
-                    split.yaml_key()
+                    yaml_key(split)
                 )));
             }
         },

@@ -321,7 +321,7 @@ pub(super) fn save_checkpoint(
         history: history.to_vec(),
         tensors: tensors.clone(),
         best_epoch: best.map(|b| b.epoch),
-        feature_dtype: m.dataset.feature_dtype.clone(),
+        feature_dtype: m.dataset.feature_dtype.to_string(),
         hyper: Some(Hyper::of(cfg)),
         world_size: (world > 1).then_some(world),
     };

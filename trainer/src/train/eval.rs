@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use offgnn_manifests::BatchRef;
+use offgnn_manifests::{BatchRef, Split};
 use tch::Tensor;
 
 use super::context::Job;
@@ -16,13 +16,13 @@ use crate::pipeline::{self, Ready};
 /// The evaluation sets of a layout, validation then test: the batches of
 /// their first sampled epoch (none where the layout has none).
 pub(super) fn eval_sets(m: &offgnn_manifests::Manifest) -> Vec<(&'static str, Vec<BatchRef>)> {
-    ["valid", "test"]
+    [Split::Valid, Split::Test]
         .iter()
         .map(|s| {
             (
-                *s,
+                s.name(),
                 m.schedule
-                    .get(*s)
+                    .get(s)
                     .and_then(|e| e.first())
                     .cloned()
                     .unwrap_or_default(),

@@ -56,7 +56,7 @@ pub(super) fn finish(
         features: cfg.features,
         rows_dtype: match cfg.features {
             FeatureMode::Packed => layout.manifest.dataset.store_dtype(),
-            FeatureMode::Naive | FeatureMode::Memory => &layout.manifest.dataset.feature_dtype,
+            FeatureMode::Naive | FeatureMode::Memory => layout.manifest.dataset.feature_dtype,
         }
         .to_string(),
         pipelined: cfg.pipelined,
@@ -138,7 +138,7 @@ fn write_exports(
     history: &[EpochMetrics],
 ) -> Result<Vec<export::Written>> {
     let provenance = |which: &str, e: &EpochMetrics| export::Provenance {
-        feature_dtype: m.dataset.feature_dtype.clone(),
+        feature_dtype: m.dataset.feature_dtype.to_string(),
         dataset_fingerprint: m.dataset.dataset_fingerprint.clone(),
         feature_fingerprint: m.dataset.feature_fingerprint.clone(),
         samples_run_sha256: m.samples.run_sha256.clone(),

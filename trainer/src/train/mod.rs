@@ -33,7 +33,7 @@ mod step;
 
 use std::path::Path;
 
-use offgnn_manifests::BatchRef;
+use offgnn_manifests::{BatchRef, Split};
 use offgnn_shared::io_engine::IoEngine;
 
 pub use checkpoint::export_checkpoint;
@@ -114,7 +114,7 @@ pub fn train_ranks(
 /// The sampled epochs of training batches; a layout without any is refused.
 fn training_schedule(m: &offgnn_manifests::Manifest) -> Result<&[Vec<BatchRef>]> {
     m.schedule
-        .get("train")
+        .get(&Split::Train)
         .filter(|s| !s.is_empty())
         .map(Vec::as_slice)
         .ok_or_else(|| Error::Layout("the layout has no training batches".into()))

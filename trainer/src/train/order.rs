@@ -3,7 +3,7 @@
 //! sampled epochs; a data-parallel world deals each rank a share; and
 //! dropout draws are seeded by a batch's place in the epoch's order.
 
-use offgnn_manifests::BatchRef;
+use offgnn_manifests::{BatchRef, Split};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
@@ -67,15 +67,15 @@ pub fn segments_read(
 ) -> std::collections::BTreeSet<u32> {
     let mut read = std::collections::BTreeSet::new();
     for rank in ranks {
-        for epoch in m.schedule.get("train").into_iter().flatten() {
+        for epoch in m.schedule.get(&Split::Train).into_iter().flatten() {
             let n = max_batches.map_or(epoch.len(), |k| k.min(epoch.len()));
             // A share's set of batches, whatever order it trains them in.
             for pos in distributed::deal(n, world as usize, rank as usize) {
                 read.insert(epoch[pos].segment);
             }
         }
-        for split in ["valid", "test"] {
-            if let Some(refs) = m.schedule.get(split).and_then(|e| e.first()) {
+        for split in [Split::Valid, Split::Test] {
+            if let Some(refs) = m.schedule.get(&split).and_then(|e| e.first()) {
                 let part = distributed::eval_share(refs.len(), world as usize, rank as usize);
                 read.extend(refs[part].iter().map(|b| b.segment));
             }

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use offgnn_manifests::Dtype;
 use offgnn_shared::io_engine::IoEngine;
 use tch::{Device, Kind, Tensor};
 
@@ -21,19 +22,12 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
     // Either way the assembly stage widens the batch to float32 on the device.
     let (dtype, row_bytes) = match cfg.features {
         FeatureMode::Packed => (m.dataset.store_dtype(), m.dataset.store_row_bytes()),
-        FeatureMode::Naive | FeatureMode::Memory => {
-            (m.dataset.feature_dtype.as_str(), m.dataset.row_bytes)
-        }
+        FeatureMode::Naive | FeatureMode::Memory => (m.dataset.feature_dtype, m.dataset.row_bytes),
     };
     let kind = match dtype {
-        "float32" => Kind::Float,
-        "float16" => Kind::Half,
-        "bfloat16" => Kind::BFloat16,
-        other => {
-            return Err(Error::Layout(format!(
-                "feature dtype {other} is not supported"
-            )));
-        }
+        Dtype::F32 => Kind::Float,
+        Dtype::F16 => Kind::Half,
+        Dtype::BF16 => Kind::BFloat16,
     };
     let dim = m.dataset.feature_dim as i64;
     let on_cpu = cfg.device == Device::Cpu;

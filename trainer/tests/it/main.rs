@@ -7,9 +7,8 @@ mod inference;
 use std::path::PathBuf;
 
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoOptions};
-use packer::pack::{DiskCacheMode, PackConfig, PackingMode, pack};
+use packer::pack::{DiskCacheMode, Dtype, PackConfig, PackingMode, pack};
 use packer::sizes::Budget;
-use packer::store_dtype::StoreDType;
 use sampler::config::SampleConfig;
 use sampler::sample_run::run;
 use sampler::synthetic::{GeneratorConfig, generate};
@@ -92,7 +91,7 @@ fn fixture() -> Fixture {
 
 /// Packs the fixture's samples (`root/s`) into `out`, its rows stored as
 /// `store_dtype` says.
-fn pack_fixture(root: &std::path::Path, out: &std::path::Path, store_dtype: Option<StoreDType>) {
+fn pack_fixture(root: &std::path::Path, out: &std::path::Path, store_dtype: Option<Dtype>) {
     pack(&PackConfig {
         samples: root.join("s").to_str().unwrap().into(),
         features: root.join("g/data/feat.npy").to_str().unwrap().into(),
@@ -105,7 +104,7 @@ fn pack_fixture(root: &std::path::Path, out: &std::path::Path, store_dtype: Opti
         packing: PackingMode::Batched,
         disk_cache: DiskCacheMode::Segmented,
         store_dtype,
-        row_order: packer::minhash::RowOrder::DEFAULT,
+        row_order: packer::pack::RowOrder::DEFAULT,
         overwrite: false,
         show_progress: false,
     })
@@ -327,8 +326,8 @@ fn half_precision_layouts_feed_the_rounded_features_and_train() {
     let full = open(&f, &e);
     let full_src = sources_for(&full, &e, FeatureMode::Packed);
     for (store, kind) in [
-        (StoreDType::F16, tch::Kind::Half),
-        (StoreDType::BF16, tch::Kind::BFloat16),
+        (Dtype::F16, tch::Kind::Half),
+        (Dtype::BF16, tch::Kind::BFloat16),
     ] {
         let out = f.root.join(store.name());
         pack_fixture(&f.root, &out, Some(store));
