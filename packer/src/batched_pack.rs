@@ -188,13 +188,13 @@ pub struct PackCtx<'a> {
 impl PackCtx<'_> {
     /// Bytes of a row of the feature file.
     fn source_row_bytes(&self) -> u64 {
-        self.row_bytes / self.to.size() as u64 * self.from.size() as u64
+        self.row_bytes / self.to.size() * self.from.size()
     }
 
     /// The error for a value that converting made infinite: value `index`
     /// of the rows from node `first` on.
     fn out_of_range(&self, first: u64, o: store_dtype::OutOfRange) -> Error {
-        let cols = (self.row_bytes / self.to.size() as u64).max(1);
+        let cols = (self.row_bytes / self.to.size()).max(1);
         let (row, col) = (first + o.index as u64 / cols, o.index as u64 % cols);
         Error::InvalidArgument(format!(
             "{}: row {row}, column {col} is {}, beyond {}'s range (largest {}); pack with --store-dtype bf16 or f32",

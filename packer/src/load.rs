@@ -57,7 +57,7 @@ impl RowFormat {
         let source_row_bytes = features.row_bytes();
         let from = features.store_dtype()?;
         let to = store_dtype.unwrap_or(from);
-        let row_bytes = source_row_bytes / from.size() as u64 * to.size() as u64;
+        let row_bytes = source_row_bytes / from.size() * to.size();
         if to != from {
             tracing::info!("rows are stored as {to}, converted from the feature file's {from}");
         }

@@ -11,6 +11,15 @@ pub enum Error {
     Committed(String),
     #[error(transparent)]
     Shared(#[from] offgnn_shared::Error),
+    /// A Parquet table that cannot be imported.
+    #[error("{}: {fault}", path.display())]
+    Parquet {
+        path: std::path::PathBuf,
+        fault: String,
+    },
+    /// A graph that cannot be represented (too many nodes, ids out of range).
+    #[error("{0}")]
+    Topology(String),
     /// Writing an output file failed; `kind` is the I/O failure at its root,
     /// where there is one (a full disk).
     #[error("{file}: {fault}")]
@@ -25,6 +34,13 @@ pub enum Error {
 }
 
 impl Error {
+    pub fn parquet(path: impl Into<std::path::PathBuf>, fault: impl Into<String>) -> Self {
+        Error::Parquet {
+            path: path.into(),
+            fault: fault.into(),
+        }
+    }
+
     /// The kind of I/O failure behind this error, where it is one.
     pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
         match self {

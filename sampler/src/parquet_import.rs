@@ -19,8 +19,9 @@ use half::f16;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use offgnn_shared::dataset::{DatasetSpec, DatasetWriter, Split, layout, seeded_split};
-use offgnn_shared::error::{Error, Result};
 use offgnn_shared::npy::{self, DType, NpyWriter};
+
+use crate::error::{Error, Result};
 
 /// Where the tables are and which columns hold what.
 #[derive(Clone, Debug)]
@@ -83,7 +84,7 @@ pub struct ImportSummary {
 fn open_table(
     path: &Path,
 ) -> Result<(u64, parquet::arrow::arrow_reader::ParquetRecordBatchReader)> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = File::open(path).map_err(|e| offgnn_shared::Error::io(path, e))?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| Error::parquet(path, format!("not a readable Parquet file: {e}")))?;
     let rows = builder.metadata().file_metadata().num_rows().max(0) as u64;

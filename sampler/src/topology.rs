@@ -8,7 +8,8 @@
 use rayon::prelude::*;
 
 use offgnn_shared::dataset::EdgeList;
-use offgnn_shared::error::{Error, Result};
+
+use crate::error::{Error, Result};
 
 /// How to turn an edge list into the sampling graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -20,12 +20,6 @@ pub enum Error {
     /// A dataset whose metadata or contents break the format's rules.
     #[error("{}: {fault}", path.display())]
     Dataset { path: PathBuf, fault: String },
-    /// A Parquet table that cannot be imported.
-    #[error("{}: {fault}", path.display())]
-    Parquet { path: PathBuf, fault: String },
-    /// A graph that cannot be represented (too many nodes, ids out of range).
-    #[error("{0}")]
-    Topology(String),
     /// An object-store operation that failed (URL without credentials), with
     /// the I/O kind at its root where there is one (a full disk, a missing
     /// object), so that callers tell failures apart by kind, not by text.
@@ -69,13 +63,6 @@ impl Error {
 
     pub fn dataset(path: impl Into<PathBuf>, fault: impl Into<String>) -> Self {
         Error::Dataset {
-            path: path.into(),
-            fault: fault.into(),
-        }
-    }
-
-    pub fn parquet(path: impl Into<PathBuf>, fault: impl Into<String>) -> Self {
-        Error::Parquet {
             path: path.into(),
             fault: fault.into(),
         }

@@ -16,6 +16,5 @@ pub mod samples;
 pub mod signals;
 pub mod sizes;
 pub mod store;
-pub mod store_faults;
 
 pub use error::{Error, Result};

@@ -501,8 +501,7 @@ impl NpyFile {
         mut progress: impl FnMut(u64),
     ) -> Result<Option<(u64, u64, f64)>> {
         let size = match self.header.dtype {
-            DType::F32 => 4,
-            DType::F16 => 2,
+            d @ (DType::F32 | DType::F16) => d.size() as u64,
             _ => return Ok(None),
         };
         let total = self.header.data_bytes().unwrap_or(0);

@@ -85,12 +85,13 @@ impl EdgeList {
     }
 
     /// Streams the edges in chunks of at most `chunk` pairs, checking every
-    /// id against the node count. Memory stays at `O(chunk)`.
-    pub fn for_each_chunk(
+    /// id against the node count. Memory stays at `O(chunk)`. `f`'s errors
+    /// are the caller's own type, which this module's convert into.
+    pub fn for_each_chunk<E: From<Error>>(
         &self,
         chunk: usize,
-        mut f: impl FnMut(&[u64], &[u64]) -> Result<()>,
-    ) -> Result<()> {
+        mut f: impl FnMut(&[u64], &[u64]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
         let chunk = chunk.max(1);
         let check = |path: &Path, ids: &[u64], base: u64, what: &str| -> Result<()> {
             if let Some((i, &v)) = ids.iter().enumerate().find(|(_, v)| **v >= self.num_nodes) {
@@ -151,7 +152,8 @@ impl EdgeList {
                             format!(
                                 "line 1 '{line}' is a header; GraphBolt's edge CSV has none (one 'src,dst' pair of integer ids per line): remove it"
                             ),
-                        ));
+                        )
+                        .into());
                     }
                     let mut parts = line.split(',');
                     let (s, d) = (parse(parts.next())?, parse(parts.next())?);
@@ -159,7 +161,8 @@ impl EdgeList {
                         return Err(Error::dataset(
                             path,
                             format!("line {}: more than two columns", lineno + 1),
-                        ));
+                        )
+                        .into());
                     }
                     src.push(s);
                     dst.push(d);

@@ -116,20 +116,22 @@ where
 }
 
 /// The store as opened, wrapped for fault injection when
-/// [`crate::store_faults::ENV`] asks for it.
+/// [`crate::store::faults::ENV`] asks for it.
 pub(super) fn maybe_faulty(inner: Arc<dyn ObjectStore>) -> Result<Arc<dyn ObjectStore>> {
-    let Ok(text) = std::env::var(crate::store_faults::ENV) else {
+    let Ok(text) = std::env::var(crate::store::faults::ENV) else {
         return Ok(inner);
     };
-    let plan = crate::store_faults::FaultPlan::parse(&text).map_err(Error::InvalidArgument)?;
+    let plan = crate::store::faults::FaultPlan::parse(&text).map_err(Error::InvalidArgument)?;
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
         tracing::warn!(
             "fault injection is on ({}={text})",
-            crate::store_faults::ENV
+            crate::store::faults::ENV
         );
     }
-    Ok(Arc::new(crate::store_faults::FaultyStore::new(inner, plan)))
+    Ok(Arc::new(crate::store::faults::FaultyStore::new(
+        inner, plan,
+    )))
 }
 
 pub(super) fn runtime() -> &'static Runtime {

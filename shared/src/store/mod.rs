@@ -10,6 +10,7 @@
 //! requests; `object_writer` and `staged` hold the two writers.
 
 mod client;
+pub(crate) mod faults;
 mod object_writer;
 mod staged;
 
@@ -124,7 +125,7 @@ impl Store {
             );
             build_store(&url, options).map_err(|e| bad(e.to_string()))?
         };
-        let faulty = std::env::var_os(crate::store_faults::ENV).is_some();
+        let faulty = std::env::var_os(crate::store::faults::ENV).is_some();
         Ok(Store {
             inner: maybe_faulty(Arc::from(store))?,
             root,
@@ -621,9 +622,9 @@ mod tests {
         assert!(dir.path().join("z").exists());
     }
 
-    fn faulty(plan: &str) -> (Store, Arc<crate::store_faults::FaultCounts>) {
-        let plan = crate::store_faults::FaultPlan::parse(plan).unwrap();
-        let faulty = crate::store_faults::FaultyStore::new(Arc::new(InMemory::new()), plan);
+    fn faulty(plan: &str) -> (Store, Arc<crate::store::faults::FaultCounts>) {
+        let plan = crate::store::faults::FaultPlan::parse(plan).unwrap();
+        let faulty = crate::store::faults::FaultyStore::new(Arc::new(InMemory::new()), plan);
         let counts = faulty.counts();
         (
             Store::from_object_store(Arc::new(faulty), "faulty://"),

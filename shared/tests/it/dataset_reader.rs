@@ -4,6 +4,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use offgnn_shared::Error;
 use offgnn_shared::dataset::{Dataset, Split};
 use offgnn_shared::npy::{DType, encode_header};
 use sampler::topology::{Csr, CsrOptions};
@@ -123,14 +124,17 @@ fn tiny(dir: &Path) -> PathBuf {
 
 /// The error of opening (and fully validating) the dataset, as one line.
 fn open_err(root: &Path) -> String {
-    let err = match Dataset::open(root) {
+    let line = match Dataset::open(root) {
         Ok(ds) => Csr::from_edge_list(&ds.edges, CsrOptions::default(), |_| {})
             .err()
-            .or_else(|| ds.edges.for_each_chunk(4, |_, _| Ok(())).err())
+            .map(|e| e.to_string())
+            .or_else(|| {
+                let streamed = ds.edges.for_each_chunk(4, |_, _| Ok::<_, Error>(()));
+                streamed.err().map(|e| e.to_string())
+            })
             .expect("the dataset should have been refused"),
-        Err(e) => e,
+        Err(e) => e.to_string(),
     };
-    let line = err.to_string();
     assert!(!line.contains('\n'), "errors are one line: {line}");
     line
 }

@@ -98,7 +98,7 @@ fn full_graph_forward(ds: &Dataset, net: &dyn model::Gnn, cfg: &ModelConfig) -> 
     ds.edges
         .for_each_chunk(1 << 16, |s, d| {
             pairs.extend(s.iter().zip(d).map(|(&s, &d)| (s as u32, d as u32)));
-            Ok(())
+            Ok::<_, offgnn_shared::Error>(())
         })
         .unwrap();
     pairs.sort_by_key(|&(s, d)| (d, s));

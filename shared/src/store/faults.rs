@@ -150,6 +150,7 @@ impl FaultyStore {
     }
 
     /// What it has done so far.
+    #[cfg(test)]
     pub fn counts(&self) -> Arc<FaultCounts> {
         Arc::clone(&self.dice.counts)
     }
