@@ -329,7 +329,7 @@ impl<'a> Passes<'a> {
             if i + 1 == mlp.len() {
                 before_last = Some(to_vec(&h)?);
             }
-            h = h.matmul(&w.tr()) + bias;
+            h = h.f_matmul(&w.f_tr()?)?.f_add(bias)?;
             if i + 1 < mlp.len() {
                 h = act(ModelKind::Mlp, h);
             }

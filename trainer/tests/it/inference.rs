@@ -117,7 +117,7 @@ fn full_graph_forward(ds: &Dataset, net: &dyn model::Gnn, cfg: &ModelConfig) -> 
     let mut raw = vec![0u8; n * ds.features.row_bytes() as usize];
     ds.features.read_data_at(0, &mut raw).unwrap();
     let x = Tensor::from_data_size(&raw, &[n as i64, ds.feature_dim() as i64], Kind::Float);
-    tch::no_grad(|| net.forward(&x, &blocks, false))
+    tch::no_grad(|| net.forward(&x, &blocks, false)).unwrap()
 }
 
 struct Output {
