@@ -52,6 +52,24 @@ pub enum Error {
         // Shown in the message, not chained: `{:#}` would print it twice.
         cause: std::io::Error,
     },
+    /// A file this program wrote earlier is not what it wrote (cut short,
+    /// zeroed, garbled): `fault` says what is wrong and what to do.
+    #[error("{path}: {fault}")]
+    Corrupt { path: String, fault: String },
+    /// Encoding the Parquet output failed.
+    #[error("writing Parquet: {cause}")]
+    Parquet {
+        cause: parquet::errors::ParquetError,
+    },
+    /// A thread pool could not be started (the system refused threads).
+    #[error("{what}: {cause}")]
+    ThreadPool {
+        what: &'static str,
+        cause: rayon::ThreadPoolBuildError,
+    },
+    /// A broken invariant: a bug in this program, not bad input.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

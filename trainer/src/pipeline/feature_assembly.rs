@@ -159,7 +159,7 @@ pub fn assemble(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])>
 }
 
 fn missing(what: &str) -> Error {
-    Error::InvalidArgument(format!("{what} mode without its rows"))
+    Error::Internal(format!("{what} mode without its rows"))
 }
 
 /// Where a batch's parts sit in its staging buffer: `k` rows first, then

@@ -816,7 +816,12 @@ fn a_rerun_with_another_node_selection_starts_anew() {
     };
     for bad in [vec![0u8; good.len()], good[..good.len() - 4].to_vec()] {
         std::fs::write(&edges, bad).unwrap();
-        let err = infer(&resume, &engine).unwrap_err().to_string();
+        let err = infer(&resume, &engine).unwrap_err();
+        assert!(
+            matches!(err, trainer::error::Error::Corrupt { .. }),
+            "a corrupt file, by kind: {err:?}"
+        );
+        let err = err.to_string();
         assert!(
             err.contains(&*edges.to_string_lossy()) && err.contains("not the edge buckets"),
             "{err}"
