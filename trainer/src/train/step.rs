@@ -91,7 +91,7 @@ pub(super) fn step(
     ep.p.batches += 1;
     ep.pb.inc(1);
     run.trained_here += 1;
-    if let Some(dir) = job.trace {
+    if let Some(dir) = &job.hooks.trace_params {
         trace_params(dir, job.local[0], ep.t, ep.p.batches, &model.adam)?;
     }
     if let (Some(dir), Some(every)) = (&cfg.checkpoint_dir, cfg.checkpoint_every)
@@ -100,7 +100,7 @@ pub(super) fn step(
     {
         checkpoint_step(job, model, run, ep, dir)?;
     }
-    if cfg.interrupt_after == Some(run.trained_here) {
+    if job.hooks.interrupt_after == Some(run.trained_here) {
         return Err(Error::Interrupted(run.trained_here, "training batches"));
     }
     // SIGINT or SIGTERM (on any rank): stop at this step's
