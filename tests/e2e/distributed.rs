@@ -20,8 +20,8 @@ fn torchrun() -> PathBuf {
     t
 }
 
-/// `torchrun --nproc-per-node=N --no-python trainer ARGS`.
-fn launch(ranks: u32, args: &[&str]) -> Run {
+/// `torchrun --nproc-per-node=N --no-python trainer ARGS`, with `env` added.
+fn launch(ranks: u32, args: &[&str], env: &[(&str, &str)]) -> Run {
     let out = Command::new(torchrun())
         .arg(format!("--nproc-per-node={ranks}"))
         .args(["--master-addr", "127.0.0.1", "--master-port"])
@@ -30,6 +30,7 @@ fn launch(ranks: u32, args: &[&str]) -> Run {
         .arg(binary("trainer"))
         .args(args)
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .output()
         .expect("torchrun starts");
     Run {
@@ -101,9 +102,11 @@ fn two_gloo_ranks_agree_bit_for_bit_and_with_hand_averaged_gradients() {
         "--seed",
         "5",
     ];
-    let mut args = common.to_vec();
-    args.extend(["--trace-params", trace.to_str().unwrap()]);
-    let r = launch(2, &args);
+    let r = launch(
+        2,
+        &common,
+        &[("OFFGNN_TEST_TRACE_PARAMS", trace.to_str().unwrap())],
+    );
     assert!(r.status.success(), "{}", r.stderr);
     let s = r.json()["summary"].clone();
     assert_eq!(s["world_size"], 2);
@@ -111,18 +114,20 @@ fn two_gloo_ranks_agree_bit_for_bit_and_with_hand_averaged_gradients() {
     assert_eq!(r.stdout.matches("\"command\":\"train\"").count(), 1);
 
     let mut args = common.to_vec();
-    args.extend([
-        "--emulate-ranks",
-        "2",
-        "--trace-params",
-        hand.to_str().unwrap(),
-    ]);
+    args.extend(["--emulate-ranks", "2"]);
     // With the ranks' thread count: torchrun starts each rank with
     // OMP_NUM_THREADS=1, and with two threads libtorch rounds the
     // gradients otherwise on some machines (on one seen here,
     // convs.0.lin_r.weight was 9.4e-6 off after the first step; with one
     // thread, 0).
-    let h = run_with_env("trainer", &args, &[("OMP_NUM_THREADS", "1")]);
+    let h = run_with_env(
+        "trainer",
+        &args,
+        &[
+            ("OMP_NUM_THREADS", "1"),
+            ("OFFGNN_TEST_TRACE_PARAMS", hand.to_str().unwrap()),
+        ],
+    );
     assert!(h.status.success(), "{}", h.stderr);
 
     let steps = traced(&trace.join("rank0"));
@@ -173,7 +178,7 @@ fn ranks_learn_as_one_process_does() {
         "--seed",
         "1",
     ];
-    let two = launch(2, &common);
+    let two = launch(2, &common, &[]);
     assert!(two.status.success(), "{}", two.stderr);
     let one = run("trainer", &common);
     assert!(one.status.success(), "{}", one.stderr);
@@ -274,7 +279,7 @@ fn a_killed_rank_stops_the_other_and_the_run_resumes_under_torchrun() {
     assert!(r.stderr.contains("2 rank(s)"), "{}", r.stderr);
 
     // torchrun with two ranks continues it.
-    let r = launch(2, &resume);
+    let r = launch(2, &resume, &[]);
     assert!(r.status.success(), "{}", r.stderr);
     let s = &r.json()["summary"];
     assert_eq!(s["resumed_from"][0].as_u64(), Some(done), "{s}");

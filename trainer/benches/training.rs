@@ -176,7 +176,6 @@ fn main() -> anyhow::Result<()> {
         show_progress: false,
         max_batches: Some(order.len()),
         checkpoint_every: None,
-        interrupt_after: None,
         export: None,
         dump: None,
     };

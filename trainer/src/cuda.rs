@@ -59,7 +59,7 @@ pub(crate) fn take_error(err: *mut libc::c_char) -> String {
 }
 
 fn failed(what: &str, err: *mut libc::c_char) -> Error {
-    Error::InvalidArgument(format!("{what}: {}", take_error(err)))
+    Error::torch(what, tch::TchError::Torch(take_error(err)))
 }
 
 /// Runs a shim call that returns 0 on success.
@@ -84,9 +84,7 @@ fn object(
 fn cuda_index(device: Device) -> Result<libc::c_int> {
     match device {
         Device::Cuda(i) => Ok(i as libc::c_int),
-        other => Err(Error::InvalidArgument(format!(
-            "{other:?} has no CUDA streams"
-        ))),
+        other => Err(Error::Internal(format!("{other:?} has no CUDA streams"))),
     }
 }
 
@@ -231,7 +229,7 @@ pub fn staged_copy_check(device: Device) -> Result<()> {
                 .expect("the check does not panic")
             })?;
             if sum != 7 << 20 {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::Internal(format!(
                     "a staged copy summed to {sum}, not {}",
                     7 << 20
                 )));

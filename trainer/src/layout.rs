@@ -211,7 +211,15 @@ impl Layout {
             .get(segment as usize)
             .and_then(Option::as_ref)
             .ok_or_else(|| self.not_here(segment))?;
-        let (off, len) = records[record as usize];
+        // The manifest's schedule names the record; its table's index may
+        // not have it.
+        let &(off, len) = records.get(record as usize).ok_or_else(|| {
+            Error::Layout(format!(
+                "{}: the schedule names record {record} of segment {segment}, but its table holds {}",
+                path.display(),
+                records.len()
+            ))
+        })?;
         let mut buf = vec![0u8; len as usize];
         f.read_exact_at(&mut buf, off)
             .map_err(|e| Error::io(path.display(), e))?;

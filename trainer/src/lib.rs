@@ -15,6 +15,8 @@ pub mod model;
 pub mod pipeline;
 pub mod runtime;
 pub mod staging;
+#[doc(hidden)]
+pub mod test_hooks;
 pub mod train;
 
 pub use cli::{Cli, Command, ExportArgs, Features, InferArgs, Model, OnOff, TrainArgs, run};

@@ -8,8 +8,8 @@
 //! An MLP on the seeds' own features is the features-only baseline: what a
 //! GNN gains over it is what the graph contributes.
 
-use tch::nn::{self, Module};
-use tch::{Kind, Tensor};
+use tch::nn;
+use tch::{Kind, TchError, Tensor};
 
 /// One block as index tensors on the training device.
 pub struct BlockTensors {
@@ -25,9 +25,11 @@ pub struct BlockTensors {
     pub offsets: Tensor,
 }
 
-/// A GNN over a stack of blocks.
+/// A GNN over a stack of blocks. Its forward pass is fallible: on a GPU any
+/// of its allocations can run out of memory, which the caller reports.
 pub trait Gnn: Send {
-    fn forward(&self, x: &Tensor, blocks: &[BlockTensors], train: bool) -> Tensor;
+    fn forward(&self, x: &Tensor, blocks: &[BlockTensors], train: bool)
+    -> Result<Tensor, TchError>;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -80,12 +82,22 @@ pub fn activation(kind: ModelKind) -> &'static str {
 }
 
 /// Between two layers, as PyG's `BasicGNN` and `MLP` do: activation, then dropout.
-fn between_layers(h: Tensor, kind: ModelKind, dropout: f64, train: bool) -> Tensor {
+fn between_layers(
+    h: Tensor,
+    kind: ModelKind,
+    dropout: f64,
+    train: bool,
+) -> Result<Tensor, TchError> {
     let h = match kind {
-        ModelKind::Gat => h.elu(),
-        ModelKind::Sage | ModelKind::Mlp => h.relu(),
+        ModelKind::Gat => h.f_elu()?,
+        ModelKind::Sage | ModelKind::Mlp => h.f_relu()?,
     };
-    h.dropout(dropout, train)
+    h.f_dropout(dropout, train)
+}
+
+/// `lin`'s forward pass on `x`, as `nn::Linear` computes it, but fallible.
+fn linear(lin: &nn::Linear, x: &Tensor) -> Result<Tensor, TchError> {
+    x.f_linear(&lin.ws, lin.bs.as_ref())
 }
 
 /// A linear layer without bias, as PyG's `Linear(..., bias=False)`.
@@ -125,19 +137,24 @@ impl Mlp {
 }
 
 impl Gnn for Mlp {
-    fn forward(&self, x: &Tensor, blocks: &[BlockTensors], train: bool) -> Tensor {
+    fn forward(
+        &self,
+        x: &Tensor,
+        blocks: &[BlockTensors],
+        train: bool,
+    ) -> Result<Tensor, TchError> {
         let seeds = blocks.last().map_or(x.size()[0], |b| b.num_dst);
-        let mut h = x.narrow(0, 0, seeds);
+        let mut h = x.f_narrow(0, 0, seeds)?;
         let last = self.lin.len() - 1;
         for (l, lin) in self.lin.iter().enumerate() {
-            let out = lin.forward(&h);
+            let out = linear(lin, &h)?;
             h = if l == last {
                 out
             } else {
-                between_layers(out, ModelKind::Mlp, self.dropout, train)
+                between_layers(out, ModelKind::Mlp, self.dropout, train)?
             };
         }
-        h
+        Ok(h)
     }
 }
 
@@ -146,11 +163,11 @@ impl Gnn for Mlp {
 /// an `[edges, d]` matrix, and is several times faster on the CPU than
 /// gathering a row per edge and adding them up (`index_select` +
 /// `index_add`).
-fn mean_aggregate(h: &Tensor, b: &BlockTensors) -> Tensor {
+fn mean_aggregate(h: &Tensor, b: &BlockTensors) -> Result<Tensor, TchError> {
     const MEAN: i64 = 1;
     let (out, _, _, _) =
-        Tensor::embedding_bag::<Tensor>(h, &b.src, &b.offsets, false, MEAN, false, None, true);
-    out
+        Tensor::f_embedding_bag::<Tensor>(h, &b.src, &b.offsets, false, MEAN, false, None, true)?;
+    Ok(out)
 }
 
 /// GraphSAGE (Hamilton et al.) with mean aggregation, exactly PyG's
@@ -187,19 +204,25 @@ impl Sage {
 }
 
 impl Gnn for Sage {
-    fn forward(&self, x: &Tensor, blocks: &[BlockTensors], train: bool) -> Tensor {
+    fn forward(
+        &self,
+        x: &Tensor,
+        blocks: &[BlockTensors],
+        train: bool,
+    ) -> Result<Tensor, TchError> {
         let mut h = x.shallow_clone();
         let last = blocks.len() - 1;
         for (l, b) in blocks.iter().enumerate() {
-            let h_dst = h.narrow(0, 0, b.num_dst);
-            let out = self.lin_l[l].forward(&mean_aggregate(&h, b)) + self.lin_r[l].forward(&h_dst);
+            let h_dst = h.f_narrow(0, 0, b.num_dst)?;
+            let out = linear(&self.lin_l[l], &mean_aggregate(&h, b)?)?
+                .f_add(&linear(&self.lin_r[l], &h_dst)?)?;
             h = if l == last {
                 out
             } else {
-                between_layers(out, ModelKind::Sage, self.dropout, train)
+                between_layers(out, ModelKind::Sage, self.dropout, train)?
             };
         }
-        h
+        Ok(h)
     }
 }
 
@@ -272,29 +295,37 @@ impl Gat {
 }
 
 impl Gnn for Gat {
-    fn forward(&self, x: &Tensor, blocks: &[BlockTensors], train: bool) -> Tensor {
+    fn forward(
+        &self,
+        x: &Tensor,
+        blocks: &[BlockTensors],
+        train: bool,
+    ) -> Result<Tensor, TchError> {
         let mut h = x.shallow_clone();
         let last = blocks.len() - 1;
         for (l, b) in blocks.iter().enumerate() {
             let out = self.out_per_head[l];
-            let z = self.lin[l].forward(&h).view([-1, self.heads, out]);
-            let z_dst = z.narrow(0, 0, b.num_dst);
-            let sum_last = |t: Tensor| t.sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
-            let el = sum_last(&z * &self.att_src[l]);
-            let er = sum_last(&z_dst * &self.att_dst[l]);
-            let leaky_relu = |e: Tensor| e.maximum(&(&e * GAT_NEGATIVE_SLOPE));
+            let z = linear(&self.lin[l], &h)?.f_view([-1, self.heads, out])?;
+            let z_dst = z.f_narrow(0, 0, b.num_dst)?;
+            let sum_last = |t: Tensor| t.f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+            let el = sum_last(z.f_mul(&self.att_src[l])?)?;
+            let er = sum_last(z_dst.f_mul(&self.att_dst[l])?)?;
+            let leaky_relu = |e: Tensor| e.f_maximum(&e.f_mul_scalar(GAT_NEGATIVE_SLOPE)?);
             // Block edges from a destination to itself give way to the one
             // self-loop every destination gets (PyG: remove_self_loops, then
             // add_self_loops); their scores become -inf, their weights 0.
-            let self_edge = b.src.eq_tensor(&b.dst).unsqueeze(-1);
-            let e = leaky_relu(el.index_select(0, &b.src) + er.index_select(0, &b.dst))
-                .masked_fill(&self_edge, f64::NEG_INFINITY);
-            let e_self = leaky_relu(el.narrow(0, 0, b.num_dst) + &er);
+            let self_edge = b.src.f_eq_tensor(&b.dst)?.f_unsqueeze(-1)?;
+            let e = leaky_relu(
+                el.f_index_select(0, &b.src)?
+                    .f_add(&er.f_index_select(0, &b.dst)?)?,
+            )?
+            .f_masked_fill(&self_edge, f64::NEG_INFINITY)?;
+            let e_self = leaky_relu(el.f_narrow(0, 0, b.num_dst)?.f_add(&er)?)?;
             // Softmax over each destination's in-edges and its self-loop,
             // shifted by their maximum. Edges come sorted by destination: a
             // segment max per destination.
             let max = tch::no_grad(|| {
-                Tensor::segment_reduce(
+                Tensor::f_segment_reduce(
                     &e,
                     "max",
                     Some(&b.counts),
@@ -305,35 +336,41 @@ impl Gnn for Gat {
                     // from its sorted edges (checking them syncs a CUDA device).
                     true,
                     f64::NEG_INFINITY,
-                )
-                .maximum(&e_self)
-            });
-            let w = (e - max.index_select(0, &b.dst)).exp();
-            let w_self = (e_self - &max).exp();
+                )?
+                .f_maximum(&e_self)
+            })?;
+            let w = e.f_sub(&max.f_index_select(0, &b.dst)?)?.f_exp()?;
+            let w_self = e_self.f_sub(&max)?.f_exp()?;
             // PyG's softmax divides by the sum plus 1e-16.
-            let denom = Tensor::zeros([b.num_dst, self.heads], (w.kind(), w.device()))
-                .index_add(0, &b.dst, &w)
-                + &w_self
-                + 1e-16;
-            let alpha = (&w / denom.index_select(0, &b.dst)).dropout(self.dropout, train);
-            let alpha_self = (w_self / denom).dropout(self.dropout, train);
-            let msg = z.index_select(0, &b.src) * alpha.unsqueeze(-1);
-            let agg = Tensor::zeros([b.num_dst, self.heads, out], (msg.kind(), msg.device()))
-                .index_add(0, &b.dst, &msg)
-                + z_dst * alpha_self.unsqueeze(-1);
+            let denom = Tensor::f_zeros([b.num_dst, self.heads], (w.kind(), w.device()))?
+                .f_index_add(0, &b.dst, &w)?
+                .f_add(&w_self)?
+                .f_add_scalar(1e-16)?;
+            let alpha = w
+                .f_div(&denom.f_index_select(0, &b.dst)?)?
+                .f_dropout(self.dropout, train)?;
+            let alpha_self = w_self.f_div(&denom)?.f_dropout(self.dropout, train)?;
+            let msg = z
+                .f_index_select(0, &b.src)?
+                .f_mul(&alpha.f_unsqueeze(-1)?)?;
+            let agg = Tensor::f_zeros([b.num_dst, self.heads, out], (msg.kind(), msg.device()))?
+                .f_index_add(0, &b.dst, &msg)?
+                .f_add(&z_dst.f_mul(&alpha_self.f_unsqueeze(-1)?)?)?;
             let agg = if l == last {
-                agg.mean_dim([1i64].as_slice(), false, Kind::Float)
+                agg.f_mean_dim([1i64].as_slice(), false, Kind::Float)?
             } else {
-                agg.flatten(1, 2)
+                agg.f_flatten(1, 2)?
             };
-            let y = agg + self.res[l].forward(&h.narrow(0, 0, b.num_dst)) + &self.bias[l];
+            let y = agg
+                .f_add(&linear(&self.res[l], &h.f_narrow(0, 0, b.num_dst)?)?)?
+                .f_add(&self.bias[l])?;
             h = if l == last {
                 y
             } else {
-                between_layers(y, ModelKind::Gat, self.dropout, train)
+                between_layers(y, ModelKind::Gat, self.dropout, train)?
             };
         }
-        h
+        Ok(h)
     }
 }
 
@@ -374,7 +411,9 @@ impl Adam {
         }
     }
 
-    pub fn step(&mut self) {
+    /// One step over the gradients the backward pass left; on a GPU its
+    /// temporaries can run out of memory, which the caller reports.
+    pub fn step(&mut self) -> Result<(), TchError> {
         self.step += 1;
         let (b1, b2) = (self.beta1, self.beta2);
         let c1 = 1.0 - b1.powi(self.step as i32);
@@ -389,12 +428,18 @@ impl Adam {
                 if !g.defined() {
                     continue;
                 }
-                let _ = m.g_mul_scalar_(b1).g_add_(&(&g * (1.0 - b1)));
-                let _ = v.g_mul_scalar_(b2).g_add_(&(&g * &g * (1.0 - b2)));
-                let update = (&*m / c1) / ((&*v / c2).sqrt() + self.eps) * self.lr;
-                let _ = p.g_sub_(&update);
+                let _ = m.f_mul_scalar_(b1)?.f_add_(&g.f_mul_scalar(1.0 - b1)?)?;
+                let _ = v
+                    .f_mul_scalar_(b2)?
+                    .f_add_(&g.f_mul(&g)?.f_mul_scalar(1.0 - b2)?)?;
+                let update = m
+                    .f_div_scalar(c1)?
+                    .f_div(&v.f_div_scalar(c2)?.f_sqrt()?.f_add_scalar(self.eps)?)?
+                    .f_mul_scalar(self.lr)?;
+                let _ = p.f_sub_(&update)?;
             }
-        });
+            Ok(())
+        })
     }
 
     /// The parameters it updates, sorted by name (handles to the model's
@@ -436,10 +481,11 @@ impl Adam {
             if sm.size() != m.size() || sv.size() != v.size() {
                 return Err(format!("optimizer state for {name} has the wrong shape"));
             }
-            tch::no_grad(|| {
-                m.copy_(&sm.to_device(m.device()));
-                v.copy_(&sv.to_device(v.device()));
-            });
+            tch::no_grad(|| -> Result<(), TchError> {
+                m.f_copy_(&sm.f_to_device(m.device())?)?;
+                v.f_copy_(&sv.f_to_device(v.device())?)
+            })
+            .map_err(|e| format!("restoring the optimizer state for {name}: {e}"))?;
         }
         Ok(())
     }
@@ -481,7 +527,10 @@ mod tests {
             ..Default::default()
         };
         let x = Tensor::randn([5, 4], (Kind::Float, Device::Cpu));
-        let run = |t: &BatchTable| net.forward(&x, &graph(t, Device::Cpu).unwrap().0, false);
+        let run = |t: &BatchTable| {
+            net.forward(&x, &graph(t, Device::Cpu).unwrap().0, false)
+                .unwrap()
+        };
         // Destination 1 has no in-edges; destination 2 has one from itself.
         let plain = run(&block(vec![1, 4, 4, 3], vec![0, 0, 2, 2]));
         let with_self = run(&block(vec![1, 4, 4, 2, 3], vec![0, 0, 2, 2, 2]));
@@ -520,7 +569,7 @@ mod tests {
         let h = Tensor::arange(5 * 4, (Kind::Float, Device::Cpu))
             .reshape([5, 4])
             .set_requires_grad(true);
-        let got = mean_aggregate(&h, b);
+        let got = mean_aggregate(&h, b).unwrap();
         let deg = b.counts.clamp_min(1).to_kind(Kind::Float).unsqueeze(1);
         let want = Tensor::zeros([3, 4], (Kind::Float, Device::Cpu)).index_add(
             0,

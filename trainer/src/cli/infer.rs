@@ -167,7 +167,6 @@ fn infer_config(
         keep_duplicate_edges: a.keep_duplicate_edges,
         chunk_rows: a.chunk_rows,
         show_progress: true,
-        interrupt_after_groups: None,
         hidden_f16: match a.hidden_dtype.as_str() {
             "f32" | "float32" => false,
             "f16" | "float16" => true,

@@ -136,9 +136,6 @@ pub struct TrainArgs {
     /// of a torchrun run).
     #[arg(long, hide = true)]
     pub emulate_ranks: Option<u32>,
-    /// Write the parameters after every step under DIR/rank<R>/ (tests).
-    #[arg(long, hide = true)]
-    pub trace_params: Option<PathBuf>,
 }
 
 /// Trains as the flags say: alone, as one rank of a torchrun or srun
@@ -191,14 +188,7 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         (None, Some(n)) => train::Ranks::Emulated(n),
         (None, None) => train::Ranks::One,
     };
-    let mut summary = train::train_ranks(
-        &layout,
-        &engine,
-        &cfg,
-        ranks,
-        a.trace_params.as_deref(),
-        &mut report::epoch_row,
-    )?;
+    let mut summary = train::train_ranks(&layout, &engine, &cfg, ranks, &mut report::epoch_row)?;
     summary.machine_share = share;
     report_run(&summary, &memory, group.as_ref());
     Ok(())
@@ -350,7 +340,6 @@ fn train_config(
         show_progress: writer,
         max_batches: a.max_batches,
         checkpoint_every: a.checkpoint_every,
-        interrupt_after: None,
         export: a.export.clone().map(|location| train::ExportTarget {
             location,
             overwrite: a.overwrite,

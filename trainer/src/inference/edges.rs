@@ -334,11 +334,11 @@ pub(super) fn load_group_edges(
 ) -> Result<(GroupEdges, u64)> {
     let path = edge_file(work, g);
     let bytes = std::fs::read(&path).map_err(|e| Error::io(path.display(), e))?;
-    let corrupt = |what: String| {
-        Error::InvalidArgument(format!(
-            "{}: {what}: not the edge buckets this run wrote; remove the work directory and run again",
-            path.display()
-        ))
+    let corrupt = |what: String| Error::Corrupt {
+        path: path.display().to_string(),
+        fault: format!(
+            "{what}: not the edge buckets this run wrote; remove the work directory and run again"
+        ),
     };
     let index_bytes = (chunks + 1) * 8;
     if bytes.len() < index_bytes || !(bytes.len() - index_bytes).is_multiple_of(8) {

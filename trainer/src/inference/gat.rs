@@ -149,7 +149,7 @@ impl Push {
         let c0 = c as u64 * chunk_rows;
         let n_rows = chunk.rows;
         let c1 = c0 + n_rows as u64;
-        let x = chunk.tensor().to_device(device);
+        let x = chunk.tensor().f_to_device(device)?;
         let z = self.zs.product(&x, &self.lin_t)?;
         let mut el = vec![0f32; z.len() / c_out];
         head_scores(z, &self.a_src, c_out, &mut el);

@@ -129,8 +129,6 @@ pub struct InferConfig {
     /// Rows per source chunk (default: from --memory).
     pub chunk_rows: Option<u64>,
     pub show_progress: bool,
-    /// Fail as if killed after this many groups of this process (tests of resume).
-    pub interrupt_after_groups: Option<u64>,
     /// Store the hidden layers' outputs in the work directory as float16
     /// (half the disk and I/O; values rounded to nearest even).
     pub hidden_f16: bool,

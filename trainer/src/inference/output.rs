@@ -109,8 +109,9 @@ impl<'a> OutputWriter<'a> {
                     .num_threads(plan.encoders as usize)
                     .thread_name(|i| format!("infer-encode-{i}"))
                     .build()
-                    .map_err(|e| {
-                        Error::InvalidArgument(format!("starting the output's encoders: {e}"))
+                    .map_err(|cause| Error::ThreadPool {
+                        what: "starting the output's encoders",
+                        cause,
                     })
             })
             .transpose()?;
@@ -282,8 +283,8 @@ fn output_part<W: Write + Send>(
     w.into_inner().map_err(parquet_error)
 }
 
-fn parquet_error(e: ParquetError) -> Error {
-    Error::InvalidArgument(format!("writing Parquet: {e}"))
+fn parquet_error(cause: ParquetError) -> Error {
+    Error::Parquet { cause }
 }
 
 /// A batch's values of a list column, from its rows.
@@ -556,7 +557,7 @@ impl<'a> PartSink<'a> {
     /// Hands over the part's last piece; returns the part's size.
     pub(super) fn finish(mut self) -> Result<u64> {
         self.hand(true)
-            .map_err(|e| Error::InvalidArgument(format!("storing {}: {e}", self.name)))?;
+            .map_err(|e| Error::io(format!("storing {}", self.name), e))?;
         Ok(self.size)
     }
 }

@@ -115,7 +115,7 @@ fn push(
             return Ok(());
         }
         // The chunk's tensor as it is on the CPU (a view, no copy).
-        let x = chunk.tensor().to_device(device);
+        let x = chunk.tensor().f_to_device(device)?;
         job.keep_own_rows(&mut h_dst, chunk, c0);
         // The rows the scatter adds up, `stride` apart.
         let (rows, stride) = if project {
@@ -195,10 +195,10 @@ fn own_rows_apart(
 ) -> Result<()> {
     let d_out = lin_r_w.size()[0] as usize;
     let rows = x
-        .narrow(0, (lo - c0) as i64, (hi - lo) as i64)
-        .matmul(&lin_r_w.tr())
-        .to_device(Device::Cpu)
-        .contiguous();
+        .f_narrow(0, (lo - c0) as i64, (hi - lo) as i64)?
+        .f_matmul(&lin_r_w.f_tr()?)?
+        .f_to_device(Device::Cpu)?
+        .f_contiguous()?;
     let at = (lo - a) as usize * d_out;
     let n = rows.numel();
     rows.f_copy_data(&mut own[at..at + n], n)?;
@@ -281,9 +281,11 @@ fn finish_widened(
 ) -> Result<()> {
     let d_out = bias.len();
     let mut mean = tensor(&acc[..], g as i64, device);
-    let c = Tensor::from_slice(count).to_device(device).clamp_min(1.0);
-    let _ = mean.g_div_(&c.unsqueeze(1));
-    copy_into(&mean.matmul(&lin_l_w.tr()), acc)?;
+    let c = Tensor::from_slice(count)
+        .f_to_device(device)?
+        .f_clamp_min(1.0)?;
+    let _ = mean.f_div_(&c.f_unsqueeze(1)?)?;
+    copy_into(&mean.f_matmul(&lin_l_w.f_tr()?)?, acc)?;
     acc.par_chunks_mut(d_out)
         .zip(own.par_chunks(d_out))
         .for_each(|(row, own)| {

@@ -32,7 +32,83 @@ fn host_matrix(
     Ok(x)
 }
 
-/// Copies the rows `slots` of `from` to input positions `pos` of `out`.
+/// Checks every address of the batch against what it indexes, once,
+/// before any row is copied: input positions against the batch's rows,
+/// cache slots and node ids against their tier's rows, disk rows against
+/// the bytes read. A table that does not match the layout it is read with
+/// is then an error naming the batch, not a panic in the assembler's
+/// thread.
+fn check_addresses(src: &AssembleSources, l: &Loaded) -> Result<()> {
+    let t = &l.table;
+    let (n, rb) = (u64::from(t.num_inputs), src.row_bytes as u64);
+    let bad = |what: String| {
+        Error::Layout(format!(
+            "the address table of batch {} ({}epoch {}) does not match the layout: {what}",
+            t.index,
+            t.split.map_or(String::new(), |s| format!("{s}, ")),
+            t.epoch
+        ))
+    };
+    let rows_in = |bytes: &Option<std::sync::Arc<Vec<u8>>>| {
+        bytes.as_ref().map(|b| b.len() as u64 / rb.max(1))
+    };
+    // `what` #i of `values` must be below `bound`, the count of `of`.
+    let past = |what: &str, values: &[u32], bound: u64, of: &str| -> Result<()> {
+        match values
+            .iter()
+            .enumerate()
+            .find(|(_, v)| u64::from(**v) >= bound)
+        {
+            Some((i, v)) => Err(bad(format!("{what} #{i} is {v}, but {of} {bound}"))),
+            None => Ok(()),
+        }
+    };
+    if src.mode == FeatureMode::Packed {
+        let gpu_rows = match &src.gpu_cache {
+            Some(cache) => Some(cache.size()[0] as u64),
+            None => rows_in(&src.gpu_rows),
+        };
+        for (tier, pos, slots, rows) in [
+            ("GPU-cache", &t.gpu_pos, &t.gpu_slot, gpu_rows),
+            ("CPU-cache", &t.cpu_pos, &t.cpu_slot, rows_in(&src.cpu_rows)),
+        ] {
+            if pos.len() != slots.len() {
+                return Err(bad(format!(
+                    "{} {tier} positions but {} slots",
+                    pos.len(),
+                    slots.len()
+                )));
+            }
+            past(&format!("{tier} position"), pos, n, "the inputs are")?;
+            if let Some(rows) = rows {
+                past(&format!("{tier} slot"), slots, rows, "the tier's rows are")?;
+            }
+        }
+    }
+    if src.mode == FeatureMode::Memory
+        && let Some(rows) = rows_in(&src.all_rows)
+    {
+        if t.input_nodes.len() as u64 != n {
+            return Err(bad(format!(
+                "{} input nodes for {n} inputs",
+                t.input_nodes.len()
+            )));
+        }
+        past("input node", &t.input_nodes, rows, "the nodes are")?;
+    }
+    let read = l.buf.as_slice().len() as u64;
+    for (i, &(p, off)) in l.disk.iter().enumerate() {
+        if u64::from(p) >= n || off as u64 + rb > read {
+            return Err(bad(format!(
+                "disk row #{i} goes to input {p} of {n}, from byte {off} of the {read} read"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Copies the rows `slots` of `from` to input positions `pos` of `out`
+/// (checked by [`check_addresses`]).
 fn gather(out: &mut [u8], pos: &[u32], from: &[u8], slots: &[u32], rb: usize) {
     for (&p, &s) in pos.iter().zip(slots) {
         let (d, f) = (p as usize * rb, s as usize * rb);
@@ -48,6 +124,7 @@ pub fn assemble(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])>
     if src.device != Device::Cpu {
         return Ok((assemble_staged(src, l)?, tiers));
     }
+    check_addresses(src, l)?;
     let n = t.num_inputs as usize;
     let rb = src.row_bytes;
     let x = host_matrix(src, n, |out| {
@@ -82,7 +159,7 @@ pub fn assemble(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])>
 }
 
 fn missing(what: &str) -> Error {
-    Error::InvalidArgument(format!("{what} mode without its rows"))
+    Error::Internal(format!("{what} mode without its rows"))
 }
 
 /// Where a batch's parts sit in its staging buffer: `k` rows first, then
@@ -108,6 +185,7 @@ type HostTier<'a> = (Option<&'a [u8]>, &'a [u32], &'a [u32]);
 /// device. On the device an index scatter places both in input order.
 /// Public so that tests run this path on the CPU.
 pub fn assemble_staged(src: &AssembleSources, l: &Loaded) -> Result<Tensor> {
+    check_addresses(src, l)?;
     let t = &l.table;
     let (n, rb, device) = (t.num_inputs as usize, src.row_bytes, src.device);
     // The host tier: its rows and slots (memory mode: every input node,
@@ -256,4 +334,121 @@ fn place_rows(
         let _ = out.f_index_copy_(0, &indices_at(dev, idx_at, k)?, rows)?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use offgnn_shared::address_table::BatchTable;
+    use offgnn_shared::dataset::Split;
+    use offgnn_shared::io_engine::AlignedBuf;
+    use std::sync::Arc;
+
+    const DIM: usize = 2;
+    const RB: usize = DIM * 4;
+
+    /// Sources on the CPU with a GPU and a CPU cache of `rows` rows each,
+    /// and every node's rows (memory mode) for `rows` nodes.
+    fn sources(mode: FeatureMode, rows: usize) -> AssembleSources {
+        let tier = |first: f32| {
+            let values: Vec<f32> = (0..rows * DIM).map(|i| first + i as f32).collect();
+            Some(Arc::new(
+                values
+                    .iter()
+                    .flat_map(|v| v.to_ne_bytes())
+                    .collect::<Vec<u8>>(),
+            ))
+        };
+        AssembleSources {
+            mode,
+            device: Device::Cpu,
+            kind: Kind::Float,
+            dim: DIM as i64,
+            row_bytes: RB,
+            gpu_cache: None,
+            gpu_rows: tier(100.0),
+            cpu_rows: tier(200.0),
+            all_rows: tier(300.0),
+        }
+    }
+
+    /// A batch of three inputs: input 0 from the GPU cache's slot
+    /// `gpu_slot`, input 1 from the CPU cache's slot 1, input 2 read from
+    /// disk at byte `disk_at` of a one-row read.
+    fn batch(gpu_slot: u32, disk_at: usize) -> Loaded {
+        let mut buf = AlignedBuf::new(RB);
+        buf.as_mut_slice().fill(0);
+        Loaded {
+            table: BatchTable {
+                split: Some(Split::Train),
+                epoch: 2,
+                index: 7,
+                num_inputs: 3,
+                input_nodes: vec![0, 1, 2],
+                gpu_pos: vec![0],
+                gpu_slot: vec![gpu_slot],
+                cpu_pos: vec![1],
+                cpu_slot: vec![1],
+                ..Default::default()
+            },
+            buf,
+            disk: vec![(2, disk_at)],
+            disk_bytes: RB as u64,
+            disk_rows: 1,
+        }
+    }
+
+    fn refused(src: &AssembleSources, l: &Loaded) -> (String, String) {
+        let host = assemble(src, l).map(|_| ()).unwrap_err().to_string();
+        let staged = assemble_staged(src, l).map(|_| ()).unwrap_err().to_string();
+        (host, staged)
+    }
+
+    #[test]
+    fn a_table_that_matches_its_sources_assembles() {
+        let src = sources(FeatureMode::Packed, 4);
+        let (x, tiers) = assemble(&src, &batch(3, 0)).unwrap();
+        assert_eq!(tiers, [1, 1, 1]);
+        let got = Vec::<f32>::try_from(x.view([-1])).unwrap();
+        assert_eq!(got, [106.0, 107.0, 202.0, 203.0, 0.0, 0.0]);
+        let staged = assemble_staged(&src, &batch(3, 0)).unwrap();
+        assert!(staged.equal(&Tensor::from_slice(&got).view([3, 2])));
+    }
+
+    /// A cache slot past the tier, a disk row past the bytes read, a node
+    /// past the features: an error naming the batch, the entry and the
+    /// bound, on both assembly paths, not a panic.
+    #[test]
+    fn an_address_out_of_range_is_an_error_naming_the_batch() {
+        let src = sources(FeatureMode::Packed, 4);
+        let (host, staged) = refused(&src, &batch(4, 0));
+        assert_eq!(
+            host,
+            "the address table of batch 7 (train, epoch 2) does not match the layout: GPU-cache slot #0 is 4, but the tier's rows are 4"
+        );
+        assert_eq!(staged, host);
+
+        let (host, staged) = refused(&src, &batch(3, 4));
+        assert!(
+            host.ends_with("disk row #0 goes to input 2 of 3, from byte 4 of the 8 read"),
+            "{host}"
+        );
+        assert_eq!(staged, host);
+
+        let mut cpu = batch(3, 0);
+        cpu.table.cpu_pos = vec![3];
+        let (host, _) = refused(&src, &cpu);
+        assert!(
+            host.ends_with("CPU-cache position #0 is 3, but the inputs are 3"),
+            "{host}"
+        );
+
+        let src = sources(FeatureMode::Memory, 2);
+        let (host, staged) = refused(&src, &batch(0, 0));
+        assert!(
+            host.ends_with("input node #2 is 2, but the nodes are 2"),
+            "{host}"
+        );
+        assert_eq!(staged, host);
+    }
 }

@@ -109,7 +109,7 @@ fn load_naive(
     let (file, data_offset) = src
         .raw
         .as_ref()
-        .ok_or_else(|| Error::InvalidArgument("naive mode without a feature file".into()))?;
+        .ok_or_else(|| Error::Internal("naive mode without a feature file".into()))?;
     let file_len = file.len();
     // One aligned read per needed row: the pages that hold it.
     let n = table.input_nodes.len();
@@ -141,7 +141,7 @@ fn load_naive(
         let tail = src
             .raw_tail
             .as_ref()
-            .ok_or_else(|| Error::InvalidArgument("naive mode without a feature file".into()))?;
+            .ok_or_else(|| Error::Internal("naive mode without a feature file".into()))?;
         for (k, (i, start)) in tail_rows.into_iter().enumerate() {
             let off = at + k * rb;
             std::os::unix::fs::FileExt::read_exact_at(

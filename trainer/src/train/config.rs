@@ -33,9 +33,6 @@ pub struct TrainConfig {
     pub max_batches: Option<usize>,
     /// Also checkpoint after every this many batches inside an epoch.
     pub checkpoint_every: Option<u64>,
-    /// Fail as if killed after this many training batches of this process,
-    /// just after any checkpoint due there (tests of resume).
-    pub interrupt_after: Option<u64>,
     /// Where the trained model goes as safetensors + model.json.
     pub export: Option<ExportTarget>,
     /// Write a few test batches' blocks, input rows and logits of the

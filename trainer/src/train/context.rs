@@ -2,8 +2,6 @@
 //! layout, the I/O engine, the feature sources, the configuration, the
 //! ranks), the model being trained, and the record of the run so far.
 
-use std::path::Path;
-
 use offgnn_shared::io_engine::IoEngine;
 use tch::nn;
 
@@ -14,6 +12,7 @@ use super::ranks::Ranks;
 use crate::layout::Layout;
 use crate::model::{self, Adam, Gnn};
 use crate::pipeline::Sources;
+use crate::test_hooks::TestHooks;
 
 /// What every part of a run reads and none changes.
 pub(super) struct Job<'a> {
@@ -24,8 +23,8 @@ pub(super) struct Job<'a> {
     pub(super) ranks: Ranks<'a>,
     /// The ranks whose batches this process trains.
     pub(super) local: Vec<u32>,
-    /// Every step's parameters are written here (tests).
-    pub(super) trace: Option<&'a Path>,
+    /// The tests' hooks, read as the run starts.
+    pub(super) hooks: TestHooks,
 }
 
 impl Job<'_> {

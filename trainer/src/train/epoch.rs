@@ -65,11 +65,17 @@ pub(super) fn train_epoch(
             let j = k % ranks_here;
             let position = mine[k].1;
             k += 1;
-            train_batch(job, model, &mut ep, r, j == 0, position);
-            if j + 1 < ranks_here {
-                return Ok(());
-            }
-            step(job, model, run, &mut ep)
+            let batch = ep.p.batches;
+            train_batch(job, model, &mut ep, r, j == 0, position)
+                .and_then(|()| {
+                    if j + 1 < ranks_here {
+                        return Ok(());
+                    }
+                    step(job, model, run, &mut ep)
+                })
+                // The one place a libtorch failure of the step (on a GPU,
+                // most often out of memory) learns where it happened.
+                .map_err(|e| e.during(|| format!("training at epoch {t}, batch {batch}")))
         },
     )?;
     ep.pb.finish_and_clear();

@@ -41,7 +41,7 @@ pub(super) fn evaluate(
 ) -> Result<()> {
     let eval_started = Instant::now();
     for (name, refs) in eval_sets {
-        let acc = accuracy(job, net, refs)?;
+        let acc = accuracy(job, net, name, refs)?;
         if *name == "valid" {
             e.valid_acc = acc
         } else {
@@ -53,12 +53,12 @@ pub(super) fn evaluate(
     Ok(())
 }
 
-/// The share of `refs`' seeds that `net` classifies right, over every
-/// rank's part.
-fn accuracy(job: &Job, net: &dyn Gnn, refs: &[BatchRef]) -> Result<f64> {
+/// The share of `refs`' seeds (the set `name`) that `net` classifies
+/// right, over every rank's part.
+fn accuracy(job: &Job, net: &dyn Gnn, name: &str, refs: &[BatchRef]) -> Result<f64> {
     let cfg = job.cfg;
     let world = job.world();
-    let (mut right, mut n) = (Tensor::from(0i64).to_device(cfg.device), 0i64);
+    let (mut right, mut n) = (Tensor::from(0i64).f_to_device(cfg.device)?, 0i64);
     // Each rank evaluates its part; one process all of them.
     let part = match job.ranks.group() {
         Some(g) => &refs[distributed::eval_share(refs.len(), world as usize, g.rank as usize)],
@@ -72,13 +72,16 @@ fn accuracy(job: &Job, net: &dyn Gnn, refs: &[BatchRef]) -> Result<f64> {
             part,
             cfg.pipeline_options(),
             |r: Ready| {
-                let logits = net.forward(&r.x, &r.blocks, false);
-                let _ = right.g_add_(&correct(&logits, &r.labels));
+                let logits = net.forward(&r.x, &r.blocks, false)?;
+                let _ = right.f_add_(&correct(&logits, &r.labels)?)?;
                 n += r.labels.size()[0];
                 Ok(())
             },
         )
-    })?;
+    })
+    // A libtorch failure of the model (on a GPU, most often out of
+    // memory) learns here where it happened.
+    .map_err(|e| e.during(|| format!("evaluating the {name} batches")))?;
     let mut c = right.int64_value(&[]);
     if let Some(g) = job.ranks.group() {
         let v = g.sum_f64(&[c as f64, n as f64], cfg.device)?;

@@ -195,23 +195,31 @@ fn dump_batches(
             cfg.pipeline_options(),
             |r: Ready| {
                 let k = named.len();
-                let logits = net.forward(&r.x, &r.blocks, false);
-                let mut add =
-                    |name: String, t: Tensor| named.push((name, t.to_device(Device::Cpu)));
-                add(format!("batch{k}.x"), r.x.to_kind(Kind::Float));
+                let logits = net.forward(&r.x, &r.blocks, false)?;
+                let mut add = |name: String, t: Tensor| -> Result<()> {
+                    named.push((name, t.f_to_device(Device::Cpu)?));
+                    Ok(())
+                };
+                add(format!("batch{k}.x"), r.x.f_to_kind(Kind::Float)?)?;
                 for (l, b) in r.blocks.iter().enumerate() {
-                    add(format!("batch{k}.block{l}.src"), b.src.to_kind(Kind::Int64));
-                    add(format!("batch{k}.block{l}.dst"), b.dst.to_kind(Kind::Int64));
+                    add(
+                        format!("batch{k}.block{l}.src"),
+                        b.src.f_to_kind(Kind::Int64)?,
+                    )?;
+                    add(
+                        format!("batch{k}.block{l}.dst"),
+                        b.dst.f_to_kind(Kind::Int64)?,
+                    )?;
                     add(
                         format!("batch{k}.block{l}.size"),
                         Tensor::from_slice(&[b.num_src, b.num_dst]),
-                    );
+                    )?;
                 }
-                add(format!("batch{k}.logits"), logits);
-                add(format!("batch{k}.labels"), r.labels.to_kind(Kind::Int64));
-                Ok(())
+                add(format!("batch{k}.logits"), logits)?;
+                add(format!("batch{k}.labels"), r.labels.f_to_kind(Kind::Int64)?)
             },
         )
-    })?;
+    })
+    .map_err(|e| e.during(|| format!("dumping batches to {}", target.path.display())))?;
     export::write_tensors(&target.path, &named)
 }

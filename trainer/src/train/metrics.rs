@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind, TchError, Tensor};
 
 use super::config::TrainConfig;
 use crate::error::{Error, Result};
@@ -137,8 +137,11 @@ pub(super) struct EpochProgress {
 
 /// The batch's correct predictions, as an int64 scalar on the device (read
 /// back once per epoch, not once per batch: on CUDA a read is a sync).
-pub(super) fn correct(logits: &Tensor, labels: &Tensor) -> Tensor {
-    logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64)
+pub(super) fn correct(logits: &Tensor, labels: &Tensor) -> Result<Tensor, TchError> {
+    logits
+        .f_argmax(-1, false)?
+        .f_eq_tensor(labels)?
+        .f_sum(Kind::Int64)
 }
 
 /// An epoch's loss sum and correct count, kept on the device so that a step
@@ -160,13 +163,19 @@ impl DeviceSums {
         }
     }
 
-    pub(super) fn add(&mut self, loss: &Tensor, logits: &Tensor, labels: &Tensor) {
+    pub(super) fn add(
+        &mut self,
+        loss: &Tensor,
+        logits: &Tensor,
+        labels: &Tensor,
+    ) -> Result<(), TchError> {
         tch::no_grad(|| {
-            let loss = loss.detach();
-            let _ = self.loss.g_add_(&loss.to_kind(Kind::Double));
-            let _ = self.correct.g_add_(&correct(logits, labels));
+            let loss = loss.f_detach()?;
+            let _ = self.loss.f_add_(&loss.f_to_kind(Kind::Double)?)?;
+            let _ = self.correct.f_add_(&correct(logits, labels)?)?;
             // Where the loss is finite keep the last bad one, else take it.
-            self.bad_loss = self.bad_loss.where_self(&loss.isfinite(), &loss);
+            self.bad_loss = self.bad_loss.f_where_self(&loss.f_isfinite()?, &loss)?;
+            Ok(())
         })
     }
 
@@ -224,7 +233,7 @@ mod tests {
         let labels = Tensor::from_slice(&[1i64, 1]);
         let mut host = start.loss_sum;
         for v in [0.3f32, 1.7, 2.9e-3] {
-            sums.add(&Tensor::from(v), &logits, &labels);
+            sums.add(&Tensor::from(v), &logits, &labels).unwrap();
             host += v as f64;
         }
         let mut p = EpochProgress::default();
@@ -232,8 +241,9 @@ mod tests {
         assert_eq!(p.loss_sum.to_bits(), host.to_bits());
         assert_eq!(p.correct, 7 + 3, "one of two right, three times");
         assert!(!bool::try_from(sums.loss_diverged()).unwrap());
-        sums.add(&Tensor::from(f32::INFINITY), &logits, &labels);
-        sums.add(&Tensor::from(0.5f32), &logits, &labels);
+        sums.add(&Tensor::from(f32::INFINITY), &logits, &labels)
+            .unwrap();
+        sums.add(&Tensor::from(0.5f32), &logits, &labels).unwrap();
         assert!(bool::try_from(sums.loss_diverged()).unwrap());
         assert_eq!(sums.bad_loss.double_value(&[]), f64::INFINITY);
     }

@@ -31,8 +31,6 @@ mod sources;
 mod start;
 mod step;
 
-use std::path::Path;
-
 use offgnn_manifests::{BatchRef, Split};
 use offgnn_shared::io_engine::IoEngine;
 
@@ -49,7 +47,7 @@ use crate::layout::Layout;
 
 /// Trains as configured on an opened layout, as one process.
 pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<TrainSummary> {
-    train_ranks(layout, engine, cfg, Ranks::One, None, &mut |_| {})
+    train_ranks(layout, engine, cfg, Ranks::One, &mut |_| {})
 }
 
 /// Trains as configured on an opened layout, as `ranks` says: one process,
@@ -61,7 +59,6 @@ pub fn train_ranks(
     engine: &IoEngine,
     cfg: &TrainConfig,
     ranks: Ranks,
-    trace: Option<&Path>,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<TrainSummary> {
     let m = &layout.manifest;
@@ -84,7 +81,7 @@ pub fn train_ranks(
         cfg,
         ranks,
         local: ranks.local(),
-        trace,
+        hooks: crate::test_hooks::current(),
     };
     let mut run = RunState {
         history: start.history,

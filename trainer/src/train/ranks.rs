@@ -3,7 +3,7 @@
 //! averaged over the ranks before each step, and the running sums they add
 //! up.
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind, TchError, Tensor};
 
 use super::metrics::EpochProgress;
 use crate::distributed::Group;
@@ -60,20 +60,20 @@ impl Ranks<'_> {
 
 /// The flattened gradients of `params` (zeros where a parameter has none),
 /// with `flags` after them.
-fn flat_grads(params: &[(String, Tensor)], flags: &Tensor) -> Tensor {
-    let mut parts: Vec<Tensor> = params
+fn flat_grads(params: &[(String, Tensor)], flags: &Tensor) -> Result<Tensor, TchError> {
+    let mut parts = params
         .iter()
         .map(|(_, p)| {
             let g = p.grad();
             if g.defined() {
-                g.flatten(0, -1)
+                g.f_flatten(0, -1)
             } else {
-                p.zeros_like().flatten(0, -1)
+                p.f_zeros_like()?.f_flatten(0, -1)
             }
         })
-        .collect();
+        .collect::<Result<Vec<Tensor>, TchError>>()?;
     parts.push(flags.shallow_clone());
-    Tensor::cat(&parts, 0)
+    Tensor::f_cat(&parts, 0)
 }
 
 /// Running sums that ranks add up: an epoch's figures, or a checkpoint's.
@@ -109,14 +109,15 @@ pub(super) fn summed(p: &EpochProgress, ranks: Ranks, device: Device) -> Result<
 
 /// One process standing in for `n` ranks: the summed gradients of every
 /// rank's batch of the step, divided by `n`.
-pub(super) fn divide_gradients(adam: &Adam, n: u32) {
+pub(super) fn divide_gradients(adam: &Adam, n: u32) -> Result<(), TchError> {
     tch::no_grad(|| {
         for (_, w) in adam.params() {
             let mut g = w.grad();
             if g.defined() {
-                let _ = g.divide_scalar_(n as f64);
+                let _ = g.f_divide_scalar_(n as f64)?;
             }
         }
+        Ok(())
     })
 }
 
@@ -134,29 +135,30 @@ pub(super) fn all_reduce_gradients(
     let params = adam.params();
     let device = params[0].1.device();
     let signalled = Tensor::from_slice(&[f32::from(u8::from(stop))]);
-    let mine = Tensor::cat(
+    let mine = Tensor::f_cat(
         &[
-            flags[0].to_kind(Kind::Float).reshape([1]),
-            signalled.to_device(device),
+            flags[0].f_to_kind(Kind::Float)?.f_reshape([1])?,
+            signalled.f_to_device(device)?,
         ],
         0,
-    );
-    let flat = flat_grads(params, &mine);
+    )?;
+    let flat = flat_grads(params, &mine)?;
     g.all_reduce_sum(&flat)?;
     let n = flat.size()[0];
-    flags.push(flat.narrow(0, n - 2, 1).gt(0.0));
-    flags.push(flat.narrow(0, n - 1, 1).gt(0.0));
-    tch::no_grad(|| {
-        let flat = flat.divide_scalar(world as f64);
+    flags.push(flat.f_narrow(0, n - 2, 1)?.f_gt(0.0)?);
+    flags.push(flat.f_narrow(0, n - 1, 1)?.f_gt(0.0)?);
+    tch::no_grad(|| -> Result<(), TchError> {
+        let flat = flat.f_divide_scalar(world as f64)?;
         let mut offset = 0;
         for (_, w) in params {
             let len = w.numel() as i64;
             let mut g = w.grad();
             if g.defined() {
-                g.copy_(&flat.narrow(0, offset, len).view_as(&g));
+                g.f_copy_(&flat.f_narrow(0, offset, len)?.f_view_as(&g)?)?;
             }
             offset += len;
         }
-    });
+        Ok(())
+    })?;
     Ok((n as u64) * 4)
 }

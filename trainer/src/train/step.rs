@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind, Reduction, TchError, Tensor};
 
 use super::checkpoint::{META, save_checkpoint};
 use super::context::{Job, ModelState, RunState};
@@ -15,7 +15,7 @@ use super::metrics::{DeviceSums, EpochProgress};
 use super::order::batch_seed;
 use super::ranks::{Ranks, all_reduce_gradients, divide_gradients, summed};
 use crate::error::{Error, Result};
-use crate::model::Adam;
+use crate::model::{Adam, Gnn};
 use crate::pipeline::Ready;
 
 /// An epoch in progress on this process: where it is and its running sums.
@@ -43,19 +43,14 @@ pub(super) fn train_batch(
     r: Ready,
     first: bool,
     position: usize,
-) {
+) -> Result<()> {
     if first {
         model.adam.zero_grad();
     }
     // Dropout draws follow the batch's place in the epoch's
     // order, whichever rank trains it.
     tch::manual_seed(batch_seed(job.cfg.seed, ep.t, position as u64));
-    let logits = model.net.forward(&r.x, &r.blocks, true);
-    let loss = logits.cross_entropy_for_logits(&r.labels);
-    // No read-back here: a NaN or infinite loss is caught with
-    // the gradients, once per step, before the optimizer runs.
-    loss.backward();
-    ep.sums.add(&loss, &logits, &r.labels);
+    forward_backward(model.net.as_ref(), &r, &mut ep.sums)?;
     let p = &mut ep.p;
     p.seen += r.labels.size()[0];
     p.disk_bytes += r.disk_bytes;
@@ -63,6 +58,21 @@ pub(super) fn train_batch(
     for (a, b) in p.tiers.iter_mut().zip(r.tiers) {
         *a += b;
     }
+    Ok(())
+}
+
+/// The batch's forward pass, cross-entropy loss and backward pass, its
+/// loss and hits added to `sums`. Every libtorch call here is fallible:
+/// on a GPU each can run out of memory.
+fn forward_backward(net: &dyn Gnn, r: &Ready, sums: &mut DeviceSums) -> Result<(), TchError> {
+    let logits = net.forward(&r.x, &r.blocks, true)?;
+    let loss = logits
+        .f_log_softmax(-1, Kind::Float)?
+        .f_nll_loss::<Tensor>(&r.labels, None, Reduction::Mean, -100)?;
+    // No read-back here: a NaN or infinite loss is caught with
+    // the gradients, once per step, before the optimizer runs.
+    loss.f_backward()?;
+    sums.add(&loss, &logits, &r.labels)
 }
 
 /// The step, once every local rank's batch of it is through its backward
@@ -77,11 +87,11 @@ pub(super) fn step(
     let cfg = job.cfg;
     let signal = offgnn_shared::signals::received();
     let stop = average_and_check(job, model, ep, signal.is_some())?;
-    model.adam.step();
+    model.adam.step()?;
     ep.p.batches += 1;
     ep.pb.inc(1);
     run.trained_here += 1;
-    if let Some(dir) = job.trace {
+    if let Some(dir) = &job.hooks.trace_params {
         trace_params(dir, job.local[0], ep.t, ep.p.batches, &model.adam)?;
     }
     if let (Some(dir), Some(every)) = (&cfg.checkpoint_dir, cfg.checkpoint_every)
@@ -90,7 +100,7 @@ pub(super) fn step(
     {
         checkpoint_step(job, model, run, ep, dir)?;
     }
-    if cfg.interrupt_after == Some(run.trained_here) {
+    if job.hooks.interrupt_after == Some(run.trained_here) {
         return Err(Error::Interrupted(run.trained_here, "training batches"));
     }
     // SIGINT or SIGTERM (on any rank): stop at this step's
@@ -137,7 +147,7 @@ fn average_and_check(
     let mut flags = vec![ep.sums.loss_diverged()];
     match job.ranks {
         Ranks::One => {}
-        Ranks::Emulated(n) => divide_gradients(&model.adam, n),
+        Ranks::Emulated(n) => divide_gradients(&model.adam, n)?,
         Ranks::Group(g) => {
             let reduce_started = Instant::now();
             let bytes = all_reduce_gradients(g, &model.adam, job.world(), stop, &mut flags)?;
@@ -205,20 +215,29 @@ fn checkpoint_step(
 /// The boolean device scalars `flags`, and whether any gradient is NaN or
 /// infinite, read back in one copy (on CUDA the step's one sync).
 fn read_flags(params: &[(String, Tensor)], flags: &[Tensor]) -> Result<(Vec<bool>, bool)> {
-    let all = tch::no_grad(|| {
-        let bad_grads = params
-            .iter()
-            .map(|(_, p)| p.grad())
-            .filter(Tensor::defined)
-            .map(|g| g.isfinite().logical_not().any())
-            .reduce(|a, b| a.logical_or(&b));
-        let mut all: Vec<Tensor> = flags.iter().map(|f| f.reshape([1])).collect();
-        if let Some(b) = bad_grads {
-            all.push(b.reshape([1]));
+    let all = tch::no_grad(|| -> Result<Tensor, TchError> {
+        let mut bad_grads: Option<Tensor> = None;
+        for (_, p) in params {
+            let g = p.grad();
+            if !g.defined() {
+                continue;
+            }
+            let bad = g.f_isfinite()?.f_logical_not()?.f_any()?;
+            bad_grads = Some(match bad_grads {
+                Some(a) => a.f_logical_or(&bad)?,
+                None => bad,
+            });
         }
-        Tensor::cat(&all, 0).to_kind(Kind::Uint8)
-    });
-    let mut read: Vec<bool> = Vec::<u8>::try_from(all.to_device(Device::Cpu))?
+        let mut all = flags
+            .iter()
+            .map(|f| f.f_reshape([1]))
+            .collect::<Result<Vec<Tensor>, TchError>>()?;
+        if let Some(b) = bad_grads {
+            all.push(b.f_reshape([1])?);
+        }
+        Tensor::f_cat(&all, 0)?.f_to_kind(Kind::Uint8)
+    })?;
+    let mut read: Vec<bool> = Vec::<u8>::try_from(all.f_to_device(Device::Cpu)?)?
         .into_iter()
         .map(|v| v != 0)
         .collect();
@@ -233,11 +252,11 @@ fn trace_params(dir: &Path, rank: u32, epoch: u32, step: u64, adam: &Adam) -> Re
     let dir = dir.join(format!("rank{rank}"));
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(dir.display(), e))?;
     let path = dir.join(format!("e{epoch:03}-s{step:06}.safetensors"));
-    let named: Vec<(String, Tensor)> = adam
+    let named = adam
         .params()
         .iter()
-        .map(|(k, v)| (k.clone(), v.to_device(Device::Cpu)))
-        .collect();
+        .map(|(k, v)| Ok((k.clone(), v.f_to_device(Device::Cpu)?)))
+        .collect::<Result<Vec<(String, Tensor)>>>()?;
     Tensor::write_safetensors(&named, &path)
         .map_err(|e| Error::Checkpoint(format!("writing {}: {e}", path.display())))
 }
@@ -245,7 +264,43 @@ fn trace_params(dir: &Path, rank: u32, epoch: u32, step: u64, adam: &Adam) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{ModelConfig, ModelKind};
     use tch::nn;
+
+    /// A libtorch op that fails in the step (here a label past the
+    /// classes; on a GPU, most often an allocation) comes back as an
+    /// error, where the panicking calls aborted the thread.
+    #[test]
+    fn a_failing_libtorch_op_in_the_step_is_an_error() {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let cfg = ModelConfig {
+            kind: ModelKind::Mlp,
+            in_dim: 4,
+            hidden: 8,
+            classes: 3,
+            layers: 2,
+            heads: 1,
+            dropout: 0.0,
+        };
+        let net = crate::model::build(&vs.root(), &cfg);
+        let mut sums = DeviceSums::new(&EpochProgress::default(), Device::Cpu);
+        let batch = |labels: &[i64]| Ready {
+            x: Tensor::randn([2, 4], (Kind::Float, Device::Cpu)),
+            blocks: vec![],
+            labels: Tensor::from_slice(labels),
+            disk_bytes: 0,
+            disk_rows: 0,
+            tiers: [0; 3],
+        };
+        forward_backward(net.as_ref(), &batch(&[0, 2]), &mut sums).unwrap();
+        let err = forward_backward(net.as_ref(), &batch(&[0, 9]), &mut sums).unwrap_err();
+        let line = Error::from(err).during(|| "training at epoch 0, batch 1".into());
+        let line = line.to_string();
+        assert!(
+            line.starts_with("training at epoch 0, batch 1: libtorch: ") && !line.contains('\n'),
+            "{line}"
+        );
+    }
 
     #[test]
     fn an_infinite_or_nan_gradient_and_the_flags_come_back_in_one_read() {

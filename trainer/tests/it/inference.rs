@@ -117,7 +117,16 @@ fn full_graph_forward(ds: &Dataset, net: &dyn model::Gnn, cfg: &ModelConfig) -> 
     let mut raw = vec![0u8; n * ds.features.row_bytes() as usize];
     ds.features.read_data_at(0, &mut raw).unwrap();
     let x = Tensor::from_data_size(&raw, &[n as i64, ds.feature_dim() as i64], Kind::Float);
-    tch::no_grad(|| net.forward(&x, &blocks, false))
+    tch::no_grad(|| net.forward(&x, &blocks, false)).unwrap()
+}
+
+/// `run` as if this process were killed after `groups` groups.
+fn killed_after<R>(groups: u64, run: impl FnOnce() -> R) -> R {
+    let hooks = trainer::test_hooks::TestHooks {
+        interrupt_after_groups: Some(groups),
+        ..Default::default()
+    };
+    trainer::test_hooks::with(hooks, run)
 }
 
 struct Output {
@@ -182,7 +191,6 @@ fn config(model: &str, ds: &Path, out: &Path, work: &Path) -> InferConfig {
         keep_self_loops: true,
         chunk_rows: Some(1024),
         show_progress: false,
-        interrupt_after_groups: None,
         hidden_f16: false,
         aggregate: Aggregate::Host,
     }
@@ -680,11 +688,9 @@ fn a_killed_inference_resumes_and_bad_input_is_refused() {
     // Killed after 4 groups (inside layer 2), then resumed.
     let mut cfg = config(&location, &ds_path, &out, &work);
     cfg.memory = memory;
-    cfg.interrupt_after_groups = Some(4);
-    let err = infer(&cfg, &engine).expect_err("interrupted");
+    let err = killed_after(4, || infer(&cfg, &engine)).expect_err("interrupted");
     assert!(err.to_string().contains("interrupted"), "{err}");
     assert!(!out.join(trainer::inference::COMMIT).exists());
-    cfg.interrupt_after_groups = None;
     let resumed = infer(&cfg, &engine).unwrap();
     assert!(
         resumed.layers.iter().any(|l| l.groups_resumed > 0),
@@ -785,8 +791,8 @@ fn a_rerun_with_another_node_selection_starts_anew() {
     .unwrap();
     let layers = probe.layers.len() as u64;
     assert!(probe.groups >= 2, "{} groups", probe.groups);
-    cfg.interrupt_after_groups = Some((layers - 1) * probe.groups + 1);
-    let err = infer(&cfg, &engine).expect_err("interrupted");
+    let err = killed_after((layers - 1) * probe.groups + 1, || infer(&cfg, &engine))
+        .expect_err("interrupted");
     assert!(err.to_string().contains("interrupted"), "{err}");
     let parquet_files = || -> Vec<std::path::PathBuf> {
         let mut found = vec![];
@@ -810,13 +816,15 @@ fn a_rerun_with_another_node_selection_starts_anew() {
     // length, or cut short) are refused, naming the file, not used.
     let edges = work.join(format!("edges-{:06}.bin", probe.groups - 1));
     let good = std::fs::read(&edges).unwrap();
-    let resume = InferConfig {
-        interrupt_after_groups: None,
-        ..cfg.clone()
-    };
+    let resume = cfg.clone();
     for bad in [vec![0u8; good.len()], good[..good.len() - 4].to_vec()] {
         std::fs::write(&edges, bad).unwrap();
-        let err = infer(&resume, &engine).unwrap_err().to_string();
+        let err = infer(&resume, &engine).unwrap_err();
+        assert!(
+            matches!(err, trainer::error::Error::Corrupt { .. }),
+            "a corrupt file, by kind: {err:?}"
+        );
+        let err = err.to_string();
         assert!(
             err.contains(&*edges.to_string_lossy()) && err.contains("not the edge buckets"),
             "{err}"
@@ -827,7 +835,6 @@ fn a_rerun_with_another_node_selection_starts_anew() {
     // The same path now selects the other nodes.
     let second: Vec<u64> = (0..NODES).filter(|&v| v != 0).collect();
     offgnn_shared::npy::write_i64(&nodes, &second).unwrap();
-    cfg.interrupt_after_groups = None;
     let s = infer(&cfg, &engine).unwrap();
     assert!(
         s.layers.iter().all(|l| l.groups_resumed == 0),

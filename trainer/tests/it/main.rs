@@ -17,6 +17,7 @@ use trainer::layout::Layout;
 use trainer::model::{ModelConfig, ModelKind};
 use trainer::pipeline::{self, FeatureMode};
 use trainer::staging;
+use trainer::test_hooks::{self, TestHooks};
 use trainer::train::{TrainConfig, train};
 
 struct Fixture {
@@ -170,7 +171,6 @@ fn config(kind: ModelKind) -> TrainConfig {
         show_progress: false,
         max_batches: None,
         checkpoint_every: None,
-        interrupt_after: None,
         export: None,
         dump: None,
     }
@@ -477,10 +477,9 @@ fn an_interrupted_run_resumes_where_it_stopped() {
     // batch 3, re-trains batches 3..8 from that state, and every epoch's
     // figures come out as in the run that never stopped.
     let mid = f.root.join("ckpt-mid");
-    let mid_cfg = |resume, interrupt_after| TrainConfig {
+    let mid_cfg = |resume| TrainConfig {
         epochs: 3,
         resume,
-        interrupt_after,
         checkpoint_every: Some(3),
         checkpoint_dir: Some(mid.clone()),
         export: if resume {
@@ -490,14 +489,18 @@ fn an_interrupted_run_resumes_where_it_stopped() {
         },
         ..config(ModelKind::Gat)
     };
-    let err = train(&layout, &e, &mid_cfg(false, Some(11)))
+    let killed = TestHooks {
+        interrupt_after: Some(11),
+        ..Default::default()
+    };
+    let err = test_hooks::with(killed, || train(&layout, &e, &mid_cfg(false)))
         .err()
         .map(|e| e.to_string());
     assert_eq!(
         err.as_deref(),
         Some("interrupted after 11 training batches")
     );
-    let resumed = train(&layout, &e, &mid_cfg(true, None)).unwrap();
+    let resumed = train(&layout, &e, &mid_cfg(true)).unwrap();
     assert_eq!(resumed.resumed_from, Some((1, 3)));
     let losses = |s: &trainer::train::TrainSummary| -> Vec<(u64, f64, f64)> {
         s.epochs
