@@ -425,4 +425,24 @@ mod tests {
         let now = read(store, "c.json").unwrap().unwrap();
         assert_eq!(now.run_id.as_deref(), Some(b.as_str()));
     }
+
+    #[test]
+    fn a_held_directory_is_refused_to_a_second_holder_until_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        let held = hold_dir(&work, "another run works there").unwrap();
+        // flock locks belong to the open file, so a second open conflicts
+        // even within this process.
+        let err = hold_dir(&work, "another run works there")
+            .err()
+            .expect("a held directory is refused");
+        let message = err.to_string();
+        assert!(
+            message.contains("another run works there")
+                && message.contains(&format!("process {}", std::process::id())),
+            "{message}"
+        );
+        drop(held);
+        hold_dir(&work, "another run works there").expect("released with its holder");
+    }
 }

@@ -79,3 +79,17 @@ impl MappedFile {
         self.map.as_deref().unwrap_or(&[])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_bytes_reads_the_filesystem_or_names_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(free_bytes(dir.path()).unwrap() > 0);
+        let absent = dir.path().join("absent");
+        let err = free_bytes(&absent).unwrap_err();
+        assert!(err.to_string().contains("absent"), "{err}");
+    }
+}
