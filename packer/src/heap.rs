@@ -16,14 +16,25 @@
 /// One arena for every thread: what one thread frees, the next that
 /// allocates reuses. The packer allocates in large pieces (decoded samples,
 /// plan lists, buffers), not in hot loops, so its threads seldom wait on
-/// the arena's lock. `main` calls this first, before any thread runs.
-pub fn share_one_arena() {
+/// the arena's lock. glibc's `mallopt` must not run beside threads that
+/// allocate, so this takes effect only while the calling thread is the
+/// process's only one (`main` calls it first); returns whether it did.
+pub fn share_one_arena() -> bool {
     #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets an allocator parameter; `main` calls this
-    // before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
+    if only_thread() {
+        // SAFETY: mallopt only sets an allocator parameter, and no other
+        // thread allocates meanwhile: this is the process's only thread
+        // (just counted), and only it could start another.
+        return unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) } == 1;
     }
+    false
+}
+
+/// Whether the calling thread is the process's only one, as Linux lists
+/// them; no where the list cannot be read.
+#[cfg(target_env = "gnu")]
+fn only_thread() -> bool {
+    std::fs::read_dir("/proc/self/task").is_ok_and(|tasks| tasks.count() == 1)
 }
 
 /// Returns the heap's free pages to the system (glibc trims only the
@@ -36,5 +47,21 @@ pub fn release_freed() {
     // arenas back to the system; any thread may call it.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_arena_is_left_alone_beside_other_threads() {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || {
+            let _ = stopped.recv();
+        });
+        assert!(!share_one_arena(), "mallopt ran beside another thread");
+        drop(stop);
+        other.join().expect("the other thread ends");
     }
 }

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // Nothing runs beside `main` yet, so this takes effect.
     packer::heap::share_one_arena();
     let cli = packer::Cli::parse();
     offgnn_shared::report::init_logging();

@@ -248,11 +248,10 @@ pub fn fault_point(phase: &str) {
     let at = AT.get_or_init(|| std::env::var(FAULT_AT).ok());
     if at.as_deref() == Some(phase) {
         eprintln!("{FAULT_AT}={phase}: aborting here (an injected crash)");
-        // SAFETY: prctl with integer arguments only. Not dumpable: the
-        // injected crash leaves no core file behind.
-        unsafe {
-            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
-        }
+        // Not dumpable: the injected crash leaves no core file behind; were
+        // that refused, a core file is the only harm.
+        let _ =
+            rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
         std::process::abort();
     }
 }
@@ -269,7 +268,6 @@ pub struct HeldDir {
 /// checkpoints, an inference run's work), which two runs would corrupt.
 pub fn hold_dir(dir: &std::path::Path, why: &str) -> Result<HeldDir> {
     use std::io::Write;
-    use std::os::fd::AsRawFd;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let path = dir.join(".lock");
     let mut file = std::fs::OpenOptions::new()
@@ -279,8 +277,7 @@ pub fn hold_dir(dir: &std::path::Path, why: &str) -> Result<HeldDir> {
         .truncate(false)
         .open(&path)
         .map_err(|e| Error::io(&path, e))?;
-    // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
         let holder = std::fs::read_to_string(&path).unwrap_or_default();
         let holder = match holder.trim() {
             "" => "a process".to_string(),
@@ -303,7 +300,6 @@ const SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
 /// For a local store, an exclusive lock on `.NAME.lock` beside the commit
 /// object, held until the returned file is dropped; `None` elsewhere.
 fn local_lock(store: &Store, name: &str) -> Result<Option<std::fs::File>> {
-    use std::os::fd::AsRawFd;
     let Some(path) = store.local_file(name) else {
         return Ok(None);
     };
@@ -321,11 +317,9 @@ fn local_lock(store: &Store, name: &str) -> Result<Option<std::fs::File>> {
         .write(true)
         .open(&lock_path)
         .map_err(|e| Error::io(&lock_path, e))?;
-    // SAFETY: flock on a descriptor this function owns; blocks only while
-    // another run is between reading and writing the commit.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(Error::io(&lock_path, std::io::Error::last_os_error()));
-    }
+    // Blocks only while another run is between reading and writing the commit.
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| Error::io(&lock_path, e.into()))?;
     Ok(Some(file))
 }
 
@@ -430,5 +424,25 @@ mod tests {
         );
         let now = read(store, "c.json").unwrap().unwrap();
         assert_eq!(now.run_id.as_deref(), Some(b.as_str()));
+    }
+
+    #[test]
+    fn a_held_directory_is_refused_to_a_second_holder_until_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        let held = hold_dir(&work, "another run works there").unwrap();
+        // flock locks belong to the open file, so a second open conflicts
+        // even within this process.
+        let err = hold_dir(&work, "another run works there")
+            .err()
+            .expect("a held directory is refused");
+        let message = err.to_string();
+        assert!(
+            message.contains("another run works there")
+                && message.contains(&format!("process {}", std::process::id())),
+            "{message}"
+        );
+        drop(held);
+        hold_dir(&work, "another run works there").expect("released with its holder");
     }
 }

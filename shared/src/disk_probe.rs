@@ -6,7 +6,6 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Instant;
@@ -90,12 +89,8 @@ pub fn sequential_write(path: &Path, bytes: u64) -> Result<Bandwidth> {
 pub fn evict_from_page_cache(path: &Path) -> Result<()> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     file.sync_all().map_err(|e| Error::io(path, e))?;
-    // SAFETY: a plain system call on a descriptor this function owns; it
-    // touches no memory of this process.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        return Err(Error::io(path, io::Error::from_raw_os_error(rc)));
-    }
+    rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed)
+        .map_err(|e| Error::io(path, e.into()))?;
     Ok(())
 }
 

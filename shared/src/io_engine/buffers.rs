@@ -81,6 +81,12 @@ impl AlignedBuf {
     pub(super) fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
     }
+
+    /// The start of the bytes, for writes that read them from other threads
+    /// after this borrow ends.
+    pub(super) fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
 }
 
 impl Drop for AlignedBuf {

@@ -228,11 +228,7 @@ impl IoEngine {
     /// is in flight, also on error; the first error is returned and the
     /// buffer's contents are then unspecified.
     pub fn read(&self, file: &IoFile, reqs: &[ReadReq], buf: &mut AlignedBuf) -> Result<u64> {
-        check_requests(file, reqs, buf.as_slice())?;
-        let base = buf.as_mut_ptr();
-        // `buf` stays borrowed mutably until `submit` returns, after the last
-        // read into it.
-        self.submit(file, reqs, base, false)
+        self.submit(file, reqs, Memory::ReadInto(buf.as_mut_slice()))
     }
 
     /// Reads `file`'s bytes `[0, end)` front to back in requests of
@@ -279,7 +275,7 @@ impl IoEngine {
         let reqs_at = |at: u64, half: usize| -> Vec<ReadReq> {
             ReadReq::span((at, end.min(at + call as u64)), request, half * call)
         };
-        let base = buf.as_mut_ptr();
+        let (base, buf_len) = (buf.as_mut_ptr(), buf.len());
         // Calls in flight, in file order; dropped (on an error, an early
         // stop or a panic in `each`), it waits for them: `buf` stays
         // borrowed mutably until this returns, after the last read into it.
@@ -288,8 +284,14 @@ impl IoEngine {
         loop {
             while in_flight.0.len() < halves && next < end {
                 let reqs = reqs_at(next, k % halves);
-                check_requests(file, &reqs, buf.as_slice())?;
-                let (batch, total) = self.queue.enqueue(file, &reqs, base, false);
+                check_requests(file, &reqs, base, buf_len)?;
+                // SAFETY: the requests fit `buf` (just checked) and lie in
+                // half `k % halves`, which no call in flight reads into and
+                // `each` no longer reads (its slice ended with its call).
+                // `buf` and `file` stay borrowed until this returns, and
+                // `in_flight` waits for every queued call when dropped, also
+                // on an early return or a panic.
+                let (batch, total) = unsafe { self.queue.enqueue(file, &reqs, base, false) };
                 in_flight.0.push_back((batch, total, (k % halves) * call));
                 next += total;
                 k += 1;
@@ -322,9 +324,16 @@ impl IoEngine {
         mut into: T,
     ) -> Result<PendingRead<'f, T>> {
         let dst = into.target();
-        check_requests(file, reqs, dst)?;
-        let base = dst.as_mut_ptr();
-        let (batch, total) = self.queue.enqueue(file, reqs, base, false);
+        let (base, len) = (dst.as_mut_ptr(), dst.len());
+        check_requests(file, reqs, base, len)?;
+        // SAFETY: the requests fit `into`'s memory (just checked), which by
+        // `ReadTarget`'s contract stays where it is, allocated and touched
+        // only through `target`, while `into` lives. The `PendingRead` owns
+        // `into` and gives it back or drops it only once the batch is
+        // finished, and borrows `file` as long. A leaked one frees nothing,
+        // and were `file` closed, a read through its descriptor would fail
+        // or land only in that leaked memory.
+        let (batch, total) = unsafe { self.queue.enqueue(file, reqs, base, false) };
         Ok(PendingRead {
             batch,
             total,
@@ -343,11 +352,7 @@ impl IoEngine {
         if !file.writable {
             return Err(invalid(file, "was not opened for writing".into()));
         }
-        check_requests(file, reqs, buf.as_slice())?;
-        // The workers only read through this pointer for a write; `buf` stays
-        // borrowed until `submit` returns, after the last write from it.
-        let base = buf.as_slice().as_ptr().cast_mut();
-        self.submit(file, reqs, base, true)
+        self.submit(file, reqs, Memory::WriteFrom(buf.as_slice()))
     }
 
     /// Starts writing the requests from `buf` (as [`IoEngine::write`]) and
@@ -364,9 +369,13 @@ impl IoEngine {
         if !file.writable {
             return Err(invalid(file, "was not opened for writing".into()));
         }
-        check_requests(file, reqs, buf.as_slice())?;
-        let base = buf.as_slice().as_ptr().cast_mut();
-        let (batch, total) = self.queue.enqueue(file, reqs, base, true);
+        let base = buf.as_ptr().cast_mut();
+        check_requests(file, reqs, base, buf.len())?;
+        // SAFETY: the requests fit `buf` (just checked) and the workers only
+        // read it. Its pages stay where they are as it moves into the
+        // `PendingWrite`, which holds it and `file` until the batch is
+        // finished (`wait` and its drop wait; a leaked one frees neither).
+        let (batch, total) = unsafe { self.queue.enqueue(file, reqs, base, true) };
         Ok(PendingWrite {
             batch,
             total,
@@ -375,13 +384,29 @@ impl IoEngine {
         })
     }
 
-    /// Cuts the requests into pieces, queues them and waits for the last.
-    fn submit(&self, file: &IoFile, reqs: &[ReadReq], base: *mut u8, write: bool) -> Result<u64> {
-        let (batch, total) = self.queue.enqueue(file, reqs, base, write);
-        // The buffer and `file` stay borrowed until every piece has finished:
-        // the kernel and the workers use `dst` only before that.
+    /// Checks the requests against `memory`, queues their pieces and waits
+    /// for the last, so that the borrow of `memory` outlasts every use.
+    fn submit(&self, file: &IoFile, reqs: &[ReadReq], memory: Memory<'_>) -> Result<u64> {
+        let (base, len, write) = match memory {
+            Memory::ReadInto(buf) => (buf.as_mut_ptr(), buf.len(), false),
+            Memory::WriteFrom(buf) => (buf.as_ptr().cast_mut(), buf.len(), true),
+        };
+        check_requests(file, reqs, base, len)?;
+        // SAFETY: the requests fit the memory (just checked), which is
+        // borrowed, mutably for a read, as `file` is, until this returns;
+        // `outcome` returns only once every piece has finished. A write's
+        // workers only read through `base`.
+        let (batch, total) = unsafe { self.queue.enqueue(file, reqs, base, write) };
         batch.outcome(total)
     }
+}
+
+/// The memory of a call that waits for its pieces.
+enum Memory<'b> {
+    /// Read into: the workers write it.
+    ReadInto(&'b mut [u8]),
+    /// Written from: the workers only read it.
+    WriteFrom(&'b [u8]),
 }
 
 impl Drop for IoEngine {

@@ -6,7 +6,6 @@
 //! [`IoEngine::open_write`]: super::IoEngine::open_write
 
 use std::fs::File;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
@@ -46,19 +45,7 @@ impl IoFile {
 /// Bytes an unprivileged writer may still put on the filesystem that holds
 /// `path` (`statvfs`: available blocks times the fragment size).
 pub fn free_bytes(path: &Path) -> Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| Error::io(path, io::Error::other("a path with a NUL byte")))?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c` is a NUL-terminated path that outlives the call, and `st`
-    // points to writable memory of the struct's size; statvfs fills it
-    // whole when it returns 0, and only then is it read.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(Error::io(path, io::Error::last_os_error()));
-    }
-    // SAFETY: statvfs returned 0, so it initialised the struct.
-    let st = unsafe { st.assume_init() };
+    let st = rustix::fs::statvfs(path).map_err(|e| Error::io(path, e.into()))?;
     Ok(st.f_bavail * st.f_frsize)
 }
 
@@ -90,5 +77,19 @@ impl MappedFile {
 
     pub fn bytes(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_bytes_reads_the_filesystem_or_names_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(free_bytes(dir.path()).unwrap() > 0);
+        let absent = dir.path().join("absent");
+        let err = free_bytes(&absent).unwrap_err();
+        assert!(err.to_string().contains("absent"), "{err}");
     }
 }

@@ -100,14 +100,10 @@ pub(super) struct Piece {
     pub(super) batch: Arc<Batch>,
 }
 
-// SAFETY: `dst` points into the buffer of the `read` (or `write`) call that
-// made the piece. That call holds the buffer (`&mut` for a read, `&` for a
-// write, which only reads through `dst`) and the `&IoFile` behind `fd`, and
-// does not return before the piece is finished, so the memory and the
-// descriptor outlive every use on the worker thread. A `write_behind` piece's
-// buffer and file are owned by its `PendingWrite`, which frees neither before
-// the piece is finished (its drop waits; a leaked one frees nothing), and the
-// workers only read through `dst`; `check_requests` makes
+// SAFETY: `dst` points into memory that the caller of `enqueue` keeps
+// alive, and lets no one else touch, until the piece's batch is finished, and
+// it keeps the file behind `fd` open as long (`enqueue`'s contract); the
+// workers use both only before they finish the piece. `check_requests` makes
 // the pieces' ranges of the buffer disjoint, so no two threads write the
 // same bytes.
 unsafe impl Send for Piece {}
@@ -223,9 +219,16 @@ impl WorkQueue {
     }
 
     /// Cuts the requests into pieces and queues them; the batch is finished
-    /// once every piece is (at once when there are none). The caller keeps
-    /// the buffer behind `base` and the file alive until then.
-    pub(super) fn enqueue(
+    /// once every piece is (at once when there are none).
+    ///
+    /// # Safety
+    /// [`check_requests`](super::requests::check_requests) has accepted
+    /// `reqs` for a buffer at `base`, and every request's bytes of that
+    /// buffer are valid for writes (for reads only, with `write`). Until the
+    /// returned batch is finished, that memory and `file` stay alive and
+    /// nothing else reads or writes those bytes (nothing else writes them,
+    /// with `write`): the workers and the kernel use them from other threads.
+    pub(super) unsafe fn enqueue(
         &self,
         file: &IoFile,
         reqs: &[ReadReq],
@@ -243,7 +246,7 @@ impl WorkQueue {
                 pieces.push(Piece {
                     fd,
                     offset: req.offset + start as u64,
-                    // In bounds: `check_requests` saw `buf_offset + len <= buf.len()`.
+                    // In bounds: `check_requests` saw `buf_offset + len <= buf_len`.
                     dst: base.wrapping_add(req.buf_offset + start),
                     len,
                     done: 0,

@@ -35,17 +35,24 @@ pub(super) fn invalid(file: &IoFile, what: String) -> Error {
     Error::InvalidArgument(format!("{}: {what}", file.path.display()))
 }
 
-/// Refuses requests that do not fit the buffer, overlap there, reach past
-/// what `pread` can address, or break O_DIRECT's alignment.
-pub(super) fn check_requests(file: &IoFile, reqs: &[ReadReq], buf: &[u8]) -> Result<()> {
-    let base = buf.as_ptr() as usize;
+/// Refuses requests that do not fit the `buf_len` bytes at `base`, overlap
+/// there, reach past what `pread` can address, or break O_DIRECT's alignment.
+/// Takes the buffer's address, not a slice: a buffer whose other part the
+/// workers are writing must not be borrowed as a whole.
+pub(super) fn check_requests(
+    file: &IoFile,
+    reqs: &[ReadReq],
+    base: *const u8,
+    buf_len: usize,
+) -> Result<()> {
+    let base = base as usize;
     let mut dests = Vec::with_capacity(reqs.len());
     let mut sorted = true;
     for (i, req) in reqs.iter().enumerate() {
         let end = req
             .buf_offset
             .checked_add(req.len)
-            .filter(|&end| end <= buf.len())
+            .filter(|&end| end <= buf_len)
             .ok_or_else(|| {
                 invalid(
                     file,
@@ -53,7 +60,7 @@ pub(super) fn check_requests(file: &IoFile, reqs: &[ReadReq], buf: &[u8]) -> Res
                         "read request {i} (buffer offset {}, length {}) does not fit the {}-byte buffer",
                         req.buf_offset,
                         req.len,
-                        buf.len()
+                        buf_len
                     ),
                 )
             })?;

@@ -21,8 +21,9 @@ use crate::error::{Error, Result};
 pub(super) struct Chunk {
     /// Flat float32 memory: the capacity's values and three pages more
     /// (to start a direct read on a page, and for the partial pages at
-    /// either end of its rows).
-    pub(super) raw: Tensor,
+    /// either end of its rows). Private: the soundness of `values` and
+    /// `target` rests on what shares this memory.
+    raw: Tensor,
     /// Where the rows start in `raw`, in values.
     pub(super) start: usize,
     pub(super) rows: usize,
@@ -54,7 +55,14 @@ impl Chunk {
     }
 
     /// The chunk's rows, a view of its memory (no copy).
-    pub(super) fn tensor(&self) -> Tensor {
+    ///
+    /// # Safety
+    /// The view shares the chunk's memory, which `values` lends out and the
+    /// reader writes again once the chunk is handed back: the caller only
+    /// reads the view and what it makes of it that shares the memory (a CPU
+    /// `to_device` is the view itself), and drops them all before its
+    /// borrow of the chunk ends.
+    pub(super) unsafe fn tensor(&self) -> Tensor {
         self.raw
             .narrow(0, self.start as i64, (self.rows * self.width) as i64)
             .view([self.rows as i64, self.width as i64])
@@ -62,9 +70,11 @@ impl Chunk {
 
     /// The chunk's rows' values.
     pub(super) fn values(&self) -> &[f32] {
-        // Only `&mut self` methods write the memory; the views `tensor`
-        // hands out are only read.
-        &cpu_values(&self.raw, self.start + self.rows * self.width)[self.start..]
+        // SAFETY: only `&mut self` methods, which this borrow rules out
+        // while the slice lives, write the memory; `raw` is private, and the
+        // views `tensor` hands out are only read (its contract).
+        let all = unsafe { cpu_values(&self.raw, self.start + self.rows * self.width) };
+        &all[self.start..]
     }
 
     /// The capacity's bytes from the memory's start, for the converting
@@ -87,7 +97,8 @@ impl Chunk {
 // SAFETY: `raw` owns its memory (a CPU or page-locked allocation that
 // moving the struct does not move), freed only when the chunk is dropped;
 // `target` always returns the same window of it, and nothing else touches
-// the memory while the engine holds the chunk.
+// the memory while the engine holds the chunk: `raw` is private, and the
+// views `tensor` handed out were dropped with the borrow they came from.
 unsafe impl ReadTarget for Chunk {
     /// From the memory's first page boundary: the capacity's bytes and two
     /// pages (a span's partial first and last page).

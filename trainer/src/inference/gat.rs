@@ -149,7 +149,9 @@ impl Push {
         let c0 = c as u64 * chunk_rows;
         let n_rows = chunk.rows;
         let c1 = c0 + n_rows as u64;
-        let x = chunk.tensor().f_to_device(device)?;
+        // SAFETY: `x` (on the CPU, the view itself) is only read, by the
+        // products below, and dropped when this returns.
+        let x = unsafe { chunk.tensor() }.f_to_device(device)?;
         let z = self.zs.product(&x, &self.lin_t)?;
         let mut el = vec![0f32; z.len() / c_out];
         head_scores(z, &self.a_src, c_out, &mut el);
@@ -501,10 +503,13 @@ fn gat_finish_row(
 /// scalar, a sizable share of a GAT layer's time.
 fn elu_in_place(rows: &mut [f32]) -> Result<()> {
     let n = rows.len() as i64;
-    on_values(rows, &[n], |t| {
-        let _ = t.f_elu_()?;
-        Ok(())
-    })
+    // SAFETY: the closure drops `f_elu_`'s result, the tensor again, at once.
+    unsafe {
+        on_values(rows, &[n], |t| {
+            let _ = t.f_elu_()?;
+            Ok(())
+        })
+    }
 }
 
 /// GAT for a group that holds every node, pulled: the stream projects

@@ -8,9 +8,13 @@ use tch::{Device, Kind, Tensor};
 use crate::error::Result;
 
 /// The first `len` values of a contiguous CPU float32 tensor, borrowed
-/// with it. Callers hold the tensor alone and write it only through
-/// `&mut` (or not while the slice lives).
-pub(super) fn cpu_values(t: &Tensor, len: usize) -> &[f32] {
+/// with it.
+///
+/// # Safety
+/// Nothing writes those values while the slice lives: neither `t` nor any
+/// tensor that shares its memory (a view, a shallow clone, a CPU
+/// `to_device` of it), which the borrow of `t` does not rule out.
+pub(super) unsafe fn cpu_values(t: &Tensor, len: usize) -> &[f32] {
     assert!(
         t.device() == Device::Cpu
             && t.kind() == Kind::Float
@@ -23,7 +27,7 @@ pub(super) fn cpu_values(t: &Tensor, len: usize) -> &[f32] {
     }
     // SAFETY: checked just above: `len` float32 values lie contiguously
     // from the tensor's data pointer, in memory the tensor keeps alive
-    // while `t` is borrowed.
+    // while `t` is borrowed; the caller keeps them unwritten meanwhile.
     unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<f32>(), len) }
 }
 
@@ -45,7 +49,10 @@ impl Scratch {
         }
         let t = self.t.as_ref().expect("allocated above");
         matmul_into(x, w, &mut t.narrow(0, 0, n).view([rows, width]))?;
-        Ok(cpu_values(t, n as usize))
+        // SAFETY: `self.t` is this scratch's own, never handed out; the view
+        // above, the only other tensor over its memory, is dropped, and the
+        // values keep `self` borrowed mutably, so no product writes them.
+        Ok(unsafe { cpu_values(t, n as usize) })
     }
 }
 
@@ -67,13 +74,19 @@ pub(super) fn product_into(x: &Tensor, w: &Tensor, dst: &mut [f32]) -> Result<()
     if dst.is_empty() {
         return Ok(());
     }
-    on_values(dst, &[rows, width], |out| matmul_into(x, w, out))
+    // SAFETY: `matmul_into` writes the tensor and keeps nothing over it.
+    unsafe { on_values(dst, &[rows, width], |out| matmul_into(x, w, out)) }
 }
 
 /// Runs `f` on a CPU float32 tensor of `shape` (row-major) over `values`,
 /// with no copy: where a group's rows are gigabytes, torch's ops write
-/// straight into buffers already paged in. `f` must not keep the tensor.
-pub(super) fn on_values<T>(
+/// straight into buffers already paged in.
+///
+/// # Safety
+/// `f` keeps no tensor over `values` past its return: neither the tensor
+/// (a shallow clone of it) nor a view or a CPU `to_device` of it, nor the
+/// result of an in-place op, which is the tensor again.
+pub(super) unsafe fn on_values<T>(
     values: &mut [f32],
     shape: &[i64],
     f: impl FnOnce(&mut Tensor) -> Result<T>,
@@ -89,8 +102,8 @@ pub(super) fn on_values<T>(
     }
     // SAFETY: `values` holds exactly the shape's float32 values (checked
     // above), contiguously in row-major order, and is borrowed mutably for
-    // this call: the tensor, dropped at its end (`f` keeps none), is the
-    // only access to them meanwhile.
+    // this call: the tensor, dropped at its end (`f` keeps none, by the
+    // caller's word), is the only access to them meanwhile.
     let mut t = unsafe {
         Tensor::f_from_blob(
             values.as_mut_ptr().cast::<u8>(),

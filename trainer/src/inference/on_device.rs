@@ -243,7 +243,10 @@ fn sage(
             return Ok(());
         }
         job.keep_own_rows(h_dst, chunk, c0);
-        let x = chunk.tensor().f_to_device(device)?;
+        // SAFETY: `x` (on the CPU, the view itself, and then perhaps
+        // `rows`) is only read, by matmuls and index_select, and dropped
+        // when this closure returns.
+        let x = unsafe { chunk.tensor() }.f_to_device(device)?;
         let (at, len) = ((lo - c0) as i64, hi.saturating_sub(lo) as i64);
         let rows = if project {
             let y = x.f_matmul(if lo < hi { &w_lr } else { &w_l })?;
@@ -374,7 +377,9 @@ fn gat(
             }
             let c0 = c as u64 * chunk_rows;
             let c1 = c0 + chunk.rows as u64;
-            let x = chunk.tensor().f_to_device(device)?;
+            // SAFETY: `x` (on the CPU, the view itself) is only read, by
+            // matmuls, and dropped when this closure returns.
+            let x = unsafe { chunk.tensor() }.f_to_device(device)?;
             let z = x.f_matmul(&lin_t)?;
             let el = scores(&z, &att_s)?;
             let seen = if in_span { b.min(c1) } else { b };
@@ -427,10 +432,13 @@ fn rows_to_host(job: &GroupJob, out: &Tensor, spares: &mut Spares) -> Result<Vec
     .max(1);
     for (p, values) in rows.chunks_mut(piece).enumerate() {
         let len = values.len() as i64;
-        on_values(values, &[len], |host| {
-            host.f_copy_(&flat.narrow(0, (p * piece) as i64, len))?;
-            Ok(())
-        })?;
+        // SAFETY: the closure copies into the tensor and keeps nothing.
+        unsafe {
+            on_values(values, &[len], |host| {
+                host.f_copy_(&flat.narrow(0, (p * piece) as i64, len))?;
+                Ok(())
+            })?;
+        }
         if let Some(writer) = job.rows_to {
             writer
                 .lock()

@@ -115,7 +115,9 @@ fn push(
             return Ok(());
         }
         // The chunk's tensor as it is on the CPU (a view, no copy).
-        let x = chunk.tensor().f_to_device(device)?;
+        // SAFETY: `x` is only read, by the products below, and dropped when
+        // this closure returns.
+        let x = unsafe { chunk.tensor() }.f_to_device(device)?;
         job.keep_own_rows(&mut h_dst, chunk, c0);
         // The rows the scatter adds up, `stride` apart.
         let (rows, stride) = if project {

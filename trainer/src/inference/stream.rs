@@ -500,7 +500,9 @@ mod tests {
                         chunk.values() == want,
                         "offset {offset}, first {first}: chunk {c}"
                     );
-                    let t = chunk.tensor();
+                    // SAFETY: `t` is only read, and dropped when this
+                    // closure returns.
+                    let t = unsafe { chunk.tensor() };
                     assert_eq!(t.size(), [(want.len() / width) as i64, width as i64]);
                     assert_eq!(t.double_value(&[0, 0]), want[0] as f64);
                     seen.push(c);

@@ -6,7 +6,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::feature_loading::Loaded;
 use super::sources::{AssembleSources, FeatureMode};
-use super::staging_buffer::{indices_at, put_indices, staged_bytes, staging, upload};
+use super::staging_buffer::{Staging, indices_at, put_indices};
 use crate::error::{Error, Result};
 
 /// A dense `[n, d]` CPU tensor whose rows `fill` writes, every one of them
@@ -244,9 +244,9 @@ pub fn assemble_staged(src: &AssembleSources, l: &Loaded) -> Result<Tensor> {
         placed,
         g,
     };
-    let mut staged = staging(idx_at + (placed + 2 * g) * 8, device)?;
-    write_staged(staged_bytes(&mut staged), parts, rb, &hosted, l);
-    let dev = upload(&staged, device)?;
+    let mut staged = Staging::new(idx_at + (placed + 2 * g) * 8, device)?;
+    write_staged(staged.bytes_mut(), parts, rb, &hosted, l);
+    let dev = staged.upload(device)?;
     let rows = dev
         .f_narrow(0, 0, rows_len as i64)?
         .f_view_dtype(src.kind)?

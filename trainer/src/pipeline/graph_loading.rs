@@ -4,7 +4,7 @@
 use offgnn_shared::address_table::BatchTable;
 use tch::{Device, Tensor};
 
-use super::staging_buffer::{indices_at, put_indices, staged_bytes, staging, upload};
+use super::staging_buffer::{Staging, indices_at, put_indices};
 use crate::error::Result;
 use crate::model::BlockTensors;
 
@@ -46,9 +46,9 @@ pub fn graph(t: &BatchTable, device: Device) -> Result<(Vec<BlockTensors>, Tenso
         .map(|(b, (c, o))| 2 * b.src.len() + c.len() + o.len())
         .sum::<usize>()
         + t.labels.len();
-    let mut staged = staging(parts * 8, device)?;
+    let mut staged = Staging::new(parts * 8, device)?;
     {
-        let mut out = staged_bytes(&mut staged);
+        let mut out = staged.bytes_mut();
         let mut put = |v: &mut dyn Iterator<Item = i64>, len: usize| {
             let (head, rest) = std::mem::take(&mut out).split_at_mut(len * 8);
             put_indices(head, v);
@@ -62,7 +62,7 @@ pub fn graph(t: &BatchTable, device: Device) -> Result<(Vec<BlockTensors>, Tenso
         }
         put(&mut t.labels.iter().map(|&x| x as i64), t.labels.len());
     }
-    let dev = upload(&staged, device)?;
+    let dev = staged.upload(device)?;
     let mut at = 0usize;
     let mut next = |len: usize| -> Result<Tensor> {
         let v = indices_at(&dev, at * 8, len)?;

@@ -9,23 +9,43 @@ use crate::error::Result;
 /// Host memory for one batch's upload: page-locked on CUDA, where a
 /// non-blocking copy from it leaves the host free and libtorch's caching
 /// host allocator reuses the block once that copy is done; plain memory on
-/// the CPU, where the same code runs in tests.
-pub(super) fn staging(bytes: usize, device: Device) -> Result<Tensor> {
-    // Never empty: a zero-byte tensor has no memory to point at.
-    let bytes = bytes.max(8);
-    match device {
-        Device::Cuda(_) => crate::cuda::pinned(bytes),
-        _ => Ok(Tensor::f_empty([bytes as i64], (Kind::Uint8, Device::Cpu))?),
-    }
-}
+/// the CPU, where the same code runs in tests. Its tensor is private, so
+/// that no other tensor shares the memory until [`Staging::upload`] takes it.
+pub(super) struct Staging(Tensor);
 
-/// The bytes of a staging tensor, to write the batch into.
-pub(super) fn staged_bytes(t: &mut Tensor) -> &mut [u8] {
-    let len = t.numel();
-    debug_assert_eq!(t.kind(), Kind::Uint8);
-    // SAFETY: a new contiguous uint8 host tensor of `len` bytes, owned by
-    // the caller and borrowed mutably for the slice's life.
-    unsafe { std::slice::from_raw_parts_mut(t.data_ptr().cast::<u8>(), len) }
+impl Staging {
+    pub(super) fn new(bytes: usize, device: Device) -> Result<Staging> {
+        // Never empty: a zero-byte tensor has no memory to point at.
+        let bytes = bytes.max(8);
+        let t = match device {
+            Device::Cuda(_) => crate::cuda::pinned(bytes)?,
+            _ => Tensor::f_empty([bytes as i64], (Kind::Uint8, Device::Cpu))?,
+        };
+        assert!(
+            t.kind() == Kind::Uint8
+                && t.device() == Device::Cpu
+                && t.is_contiguous()
+                && t.numel() == bytes,
+            "staging memory is {bytes} contiguous host bytes"
+        );
+        Ok(Staging(t))
+    }
+
+    /// The bytes, to write the batch into.
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.0.numel();
+        // SAFETY: `new` made the tensor, `len` contiguous host bytes (it
+        // checked), and no other tensor shares them until `upload` consumes
+        // `self`; `&mut self` makes the slice the only access meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(self.0.data_ptr().cast::<u8>(), len) }
+    }
+
+    /// The bytes on `device`: on CUDA a copy queued on the calling
+    /// thread's current stream, the host going on at once. Consumes the
+    /// staging memory, which on the CPU is the tensor returned.
+    pub(super) fn upload(self, device: Device) -> Result<Tensor> {
+        Ok(self.0.f_to_device_(device, Kind::Uint8, true, false)?)
+    }
 }
 
 /// Writes `v` widened to int64 into `out`, 8 bytes each.
@@ -33,12 +53,6 @@ pub(super) fn put_indices(out: &mut [u8], v: impl IntoIterator<Item = i64>) {
     for (o, x) in out.chunks_exact_mut(8).zip(v) {
         o.copy_from_slice(&x.to_ne_bytes());
     }
-}
-
-/// The staging tensor on `device`: on CUDA a copy queued on the calling
-/// thread's current stream, the host going on at once.
-pub(super) fn upload(staged: &Tensor, device: Device) -> Result<Tensor> {
-    Ok(staged.f_to_device_(device, Kind::Uint8, true, false)?)
 }
 
 /// `[offset, offset + len)` of an uploaded staging tensor, as `len / 8`
