@@ -170,7 +170,14 @@ fn main() {
         test_acc: 0.0,
     };
     let model_loc = model_dir.to_str().unwrap().to_string();
-    export::write(&model_loc, &cfg, &export::snapshot(&vs), &from, true).unwrap();
+    export::write(
+        &model_loc,
+        &cfg,
+        &export::snapshot(&vs).unwrap(),
+        &from,
+        true,
+    )
+    .unwrap();
 
     let engine = IoEngine::new(IoOptions::default());
     let probe = |tag: &str| {

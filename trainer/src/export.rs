@@ -226,14 +226,14 @@ fn aggregation(kind: ModelKind) -> &'static str {
 
 /// Copies of named parameters on the CPU, detached: a snapshot that later
 /// optimizer steps do not touch.
-pub fn snapshot(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+pub fn snapshot(vs: &nn::VarStore) -> Result<Vec<(String, Tensor)>> {
     let mut named: Vec<(String, Tensor)> = vs
         .variables()
         .into_iter()
-        .map(|(k, v)| (k, v.detach().to_device(Device::Cpu).copy()))
-        .collect();
+        .map(|(k, v)| Ok((k, v.f_detach()?.f_to_device(Device::Cpu)?.f_detach_copy()?)))
+        .collect::<Result<_>>()?;
     named.sort_by(|a, b| a.0.cmp(&b.0));
-    named
+    Ok(named)
 }
 
 /// Copies `named` into the store's variables; every variable must be there
@@ -251,7 +251,7 @@ pub fn load_into(vs: &nn::VarStore, named: &HashMap<String, Tensor>, what: &str)
                     var.size()
                 )));
             }
-            var.copy_(&saved.to_device(var.device()).to_kind(var.kind()));
+            var.f_copy_(&saved.f_to_device(var.device())?.f_to_kind(var.kind())?)?;
         }
         if named.len() != vs.variables().len() {
             let mut extra: Vec<&String> = named
@@ -273,13 +273,13 @@ fn encode(named: &[(String, Tensor)]) -> Result<Vec<u8>> {
     let mut bufs = Vec::with_capacity(named.len());
     for (name, t) in named {
         let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
-        let t = t.to_device(Device::Cpu).contiguous().view([-1]);
+        let t = t.f_to_device(Device::Cpu)?.f_contiguous()?.f_view([-1])?;
         let (dtype, bytes): (safetensors::Dtype, Vec<u8>) = if t.is_floating_point() {
-            let values = Vec::<f32>::try_from(&t.to_kind(Kind::Float))?;
+            let values = Vec::<f32>::try_from(&t.f_to_kind(Kind::Float)?)?;
             let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             (safetensors::Dtype::F32, bytes)
         } else {
-            let values = Vec::<i64>::try_from(&t.to_kind(Kind::Int64))?;
+            let values = Vec::<i64>::try_from(&t.f_to_kind(Kind::Int64)?)?;
             let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             (safetensors::Dtype::I64, bytes)
         };
@@ -488,7 +488,7 @@ mod tests {
             let loc = dir.path().to_str().unwrap();
             let vs = nn::VarStore::new(Device::Cpu);
             let _net = model::build(&vs.root(), &cfg(kind));
-            let named = snapshot(&vs);
+            let named = snapshot(&vs).unwrap();
             let w = write(loc, &cfg(kind), &named, &provenance(), false).unwrap();
             let (card, back) = read(loc, Device::Cpu).unwrap();
             assert_eq!(card, w.card);
@@ -522,7 +522,7 @@ mod tests {
         let c = cfg(ModelKind::Sage);
         let vs = nn::VarStore::new(Device::Cpu);
         let _net = model::build(&vs.root(), &c);
-        let named = snapshot(&vs);
+        let named = snapshot(&vs).unwrap();
         write(loc, &c, &named, &provenance(), false).unwrap();
         let again = write(loc, &c, &named, &provenance(), false).unwrap_err();
         assert!(again.to_string().contains("--overwrite"), "{again}");
@@ -559,7 +559,7 @@ mod tests {
         let c = cfg(ModelKind::Gat);
         let vs = nn::VarStore::new(Device::Cpu);
         let _net = model::build(&vs.root(), &c);
-        write(loc, &c, &snapshot(&vs), &provenance(), false).unwrap();
+        write(loc, &c, &snapshot(&vs).unwrap(), &provenance(), false).unwrap();
         let card_path = dir.path().join(CARD);
         let good: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&card_path).unwrap()).unwrap();

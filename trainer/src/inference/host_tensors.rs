@@ -117,19 +117,22 @@ pub(super) unsafe fn on_values<T>(
 }
 
 pub(super) fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(Vec::<f32>::try_from(
-        &t.to_device(Device::Cpu)
-            .to_kind(Kind::Float)
-            .contiguous()
-            .view([-1]),
-    )?)
+    let flat = t
+        .f_to_device(Device::Cpu)?
+        .f_to_kind(Kind::Float)?
+        .f_contiguous()?
+        .f_view([-1])?;
+    Ok(Vec::<f32>::try_from(&flat)?)
 }
 
 /// `t`'s values into `buf`, reusing its memory: a group's rows are
 /// gigabytes, and fresh pages cost more than the copy (the kernel clears
 /// each one on first touch).
 pub(super) fn copy_into(t: &Tensor, buf: &mut Vec<f32>) -> Result<()> {
-    let t = t.to_device(Device::Cpu).to_kind(Kind::Float).contiguous();
+    let t = t
+        .f_to_device(Device::Cpu)?
+        .f_to_kind(Kind::Float)?
+        .f_contiguous()?;
     let n = t.numel();
     buf.clear();
     buf.resize(n, 0.0);
@@ -137,8 +140,9 @@ pub(super) fn copy_into(t: &Tensor, buf: &mut Vec<f32>) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn tensor(values: &[f32], rows: i64, device: Device) -> Tensor {
-    Tensor::from_slice(values)
-        .view([rows, -1])
-        .to_device(device)
+/// `values` as `rows` rows on `device` (copied).
+pub(super) fn tensor(values: &[f32], rows: i64, device: Device) -> Result<Tensor> {
+    Ok(Tensor::f_from_slice(values)?
+        .f_view([rows, -1])?
+        .f_to_device(device)?)
 }

@@ -326,7 +326,7 @@ impl<'a> Passes<'a> {
         let mlp = &self.model.mlp;
         let mut x = Vec::new();
         figures.read += input.read_rows(a, b, &mut x)?;
-        let mut h = tensor(&x, (b - a) as i64, self.cfg.device);
+        let mut h = tensor(&x, (b - a) as i64, self.cfg.device)?;
         let mut before_last = None;
         for (i, (w, bias)) in mlp.iter().enumerate() {
             if i + 1 == mlp.len() {

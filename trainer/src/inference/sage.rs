@@ -282,7 +282,7 @@ fn finish_widened(
     activate: bool,
 ) -> Result<()> {
     let d_out = bias.len();
-    let mut mean = tensor(&acc[..], g as i64, device);
+    let mut mean = tensor(&acc[..], g as i64, device)?;
     let c = Tensor::from_slice(count)
         .f_to_device(device)?
         .f_clamp_min(1.0)?;

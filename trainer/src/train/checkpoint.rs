@@ -143,8 +143,8 @@ pub(super) fn best_of(
         })?;
     let mut params: Vec<(String, Tensor)> = with_prefix(named, "best.model.")
         .into_iter()
-        .map(|(k, v)| (k, v.to_device(Device::Cpu)))
-        .collect();
+        .map(|(k, v)| Ok((k, v.f_to_device(Device::Cpu)?)))
+        .collect::<Result<_>>()?;
     params.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(Some(Best {
         epoch,
@@ -236,7 +236,7 @@ pub fn export_checkpoint(
     export::write(
         out,
         &meta.model,
-        &export::snapshot(&vs),
+        &export::snapshot(&vs)?,
         &provenance,
         overwrite,
     )

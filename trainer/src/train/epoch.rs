@@ -143,7 +143,7 @@ pub(super) fn record(
         run.best = Some(Best {
             epoch: e.epoch,
             valid_acc: e.valid_acc,
-            params: export::snapshot(&model.vs),
+            params: export::snapshot(&model.vs)?,
         });
     }
     run.history.push(e);

@@ -95,7 +95,7 @@ fn write_outputs(
     eval_sets: &[(&str, Vec<BatchRef>)],
 ) -> Result<(Vec<export::Written>, Option<PathBuf>)> {
     let cfg = job.cfg;
-    let last = export::snapshot(&model.vs);
+    let last = export::snapshot(&model.vs)?;
     let mut dump = None;
     if let Some(target) = &cfg.dump {
         let params: HashMap<String, Tensor> = best

@@ -85,7 +85,14 @@ fn exported_with(
         test_acc: 0.0,
     };
     let location = location.to_str().unwrap().to_string();
-    export::write(&location, &cfg, &export::snapshot(&vs), &from, false).unwrap();
+    export::write(
+        &location,
+        &cfg,
+        &export::snapshot(&vs).unwrap(),
+        &from,
+        false,
+    )
+    .unwrap();
     (location, net, cfg)
 }
 
