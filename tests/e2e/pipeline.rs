@@ -5,7 +5,7 @@
 use offgnn_e2e::{cora_pack_args, cora_samples, run};
 
 /// `packer --store-dtype bf16`: the layout verifies, records both types in
-/// a format 2 manifest, takes fewer bytes than float32's, and trains.
+/// its manifest, takes fewer bytes than float32's, and trains.
 #[test]
 fn cora_packs_and_trains_on_bfloat16_rows_through_the_binary() {
     let dir = tempfile::tempdir().unwrap();

@@ -425,6 +425,11 @@ pub fn read(location: &str, device: Device) -> Result<(ModelCard, nn::VarStore)>
             "{card_url}: format version {version} is newer than this trainer reads ({FORMAT_VERSION}); use a newer offgnn"
         )));
     }
+    if version == 0 {
+        return Err(Error::Checkpoint(format!(
+            "{card_url}: format version 0 was never written; not an offgnn model card"
+        )));
+    }
     let card: ModelCard = serde_json::from_value(raw)
         .map_err(|e| Error::Checkpoint(format!("{card_url}: malformed model card: {e}")))?;
     card.check_function(&card_url)?;
@@ -538,6 +543,10 @@ mod tests {
         std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
         let newer = read(loc, Device::Cpu).unwrap_err().to_string();
         assert!(newer.contains("format version 2 is newer"), "{newer}");
+        card["format_version"] = 0.into();
+        std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
+        let zero = read(loc, Device::Cpu).unwrap_err().to_string();
+        assert!(zero.contains("format version 0 was never written"), "{zero}");
 
         card["format_version"] = 1.into();
         std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
