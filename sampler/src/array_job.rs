@@ -49,6 +49,9 @@ pub struct Assignment {
     /// The flags and variables the two numbers came from, as
     /// `NAME=value`, `--flag value`; empty when nothing was given.
     pub sources: Vec<String>,
+    /// Where `--shard` chose another shard than the engine's index says:
+    /// the line that warns of it.
+    pub overridden: Option<String>,
 }
 
 impl Assignment {
@@ -191,6 +194,18 @@ fn slurm(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<EngineIndex>> {
     }))
 }
 
+/// The warning for `--shard` given where an engine's index says another.
+fn overridden(shard: u32, engine: Option<&EngineIndex>) -> Option<String> {
+    engine.filter(|e| e.index != shard).map(|e| {
+        format!(
+            "--shard {shard} wins over {} of this {}, which names shard {}",
+            e.index_source,
+            e.engine.name(),
+            e.index
+        )
+    })
+}
+
 /// This process's shard and shard count. Flags win: both given, the
 /// environment is not read. Otherwise the missing number comes from the
 /// environment, and a flag that disagrees with it, an index without a count
@@ -202,6 +217,12 @@ pub fn resolve(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Assignment> {
     if let (Some(shard), Some(num_shards)) = (shard, num_shards) {
+        // The environment does not choose here, but a flag that disagrees
+        // with the engine's index is worth a warning; what it holds is not
+        // checked further.
+        let engine = [kubernetes, aws_batch, slurm]
+            .into_iter()
+            .find_map(|engine| engine(env).ok().flatten());
         return Ok(Assignment {
             shard,
             num_shards,
@@ -210,6 +231,7 @@ pub fn resolve(
                 format!("--shard {shard}"),
                 format!("--num-shards {num_shards}"),
             ],
+            overridden: overridden(shard, engine.as_ref()),
         });
     }
 
@@ -260,6 +282,7 @@ pub fn resolve(
         (None, None, None) => (None, String::new()),
     };
 
+    let overridden = shard.and_then(|s| overridden(s, engine.as_ref()));
     let (shard, shard_source) = match (shard, &engine) {
         (Some(s), _) => (s, format!("--shard {s}")),
         (None, Some(e)) => (e.index, e.index_source.clone()),
@@ -289,6 +312,7 @@ pub fn resolve(
                     .into_iter()
                     .filter(|s| !s.is_empty())
                     .collect(),
+                overridden,
             }),
         };
     };
@@ -299,7 +323,8 @@ pub fn resolve(
     }
     if shard >= count {
         return Err(bad(format!(
-            "{shard_source} gives shard {shard}, out of range for {count} shards ({count_source}; shards are 0..{count})"
+            "{shard_source} gives shard {shard}, out of range for {count} shards ({count_source}; shards are 0 to {})",
+            count - 1
         )));
     }
     Ok(Assignment {
@@ -310,6 +335,7 @@ pub fn resolve(
             .into_iter()
             .filter(|s| !s.is_empty())
             .collect(),
+        overridden,
     })
 }
 
@@ -454,6 +480,31 @@ mod tests {
             &[("JOB_COMPLETION_INDEX", "2"), ("OFFGNN_NUM_SHARDS", "9")],
         );
         assert_eq!((a.shard, a.num_shards), (2, 3));
+        assert_eq!(a.overridden, None);
+    }
+
+    #[test]
+    fn a_shard_flag_that_overrides_the_engine_warns() {
+        let k8s = &[("JOB_COMPLETION_INDEX", "2"), ("OFFGNN_NUM_SHARDS", "4")];
+        for num_shards in [None, Some(4)] {
+            let a = ok(Some(1), num_shards, k8s);
+            assert_eq!(a.shard, 1);
+            assert_eq!(
+                a.overridden.as_deref(),
+                Some(
+                    "--shard 1 wins over JOB_COMPLETION_INDEX=2 of this Kubernetes Indexed Job, which names shard 2"
+                )
+            );
+        }
+        assert_eq!(ok(Some(2), None, k8s).overridden, None);
+        assert_eq!(ok(Some(1), Some(4), &[]).overridden, None);
+        // The range names the last shard, not one past it.
+        refused(
+            None,
+            None,
+            &[("JOB_COMPLETION_INDEX", "4"), ("OFFGNN_NUM_SHARDS", "4")],
+            &["shards are 0 to 3"],
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod memory;
 pub mod neighbor_sampling;
 pub mod parquet_import;
 pub mod sample_run;
+mod shards;
 pub mod synthetic;
 pub mod topology;
 

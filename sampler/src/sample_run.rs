@@ -32,6 +32,7 @@ use crate::config::SampleConfig;
 use crate::error::{Error, Result};
 use crate::memory::MemoryEstimate;
 use crate::neighbor_sampling::{Scratch, batch_rng, mix, sample_blocks};
+use crate::shards;
 use crate::topology::Csr;
 use offgnn_shared::report::human_bytes;
 
@@ -451,7 +452,7 @@ fn commit_shard(
     } else {
         let body = serde_json::to_vec_pretty(shard).expect("summaries serialize");
         store.put(&shard_name(run_id, cfg.shard, cfg.num_shards), body)?;
-        try_commit_shards(store, ds, cfg, run_id, previous)
+        try_commit_shards(store, ds, cfg, run_id, shard, previous)
     }
 }
 
@@ -691,24 +692,38 @@ fn commit_run(
 
 /// In a sharded run, the shard that finds every shard's summary present
 /// writes the run summary. Shards of another run (different dataset or
-/// parameters) are refused rather than mixed.
+/// parameters) are refused rather than mixed; where a shard this run lacks
+/// was run under other settings, the run can never complete, and this
+/// shard says so.
 fn try_commit_shards(
     store: &Store,
     ds: &Dataset,
     cfg: &SampleConfig,
     run_id: &RunId,
+    own: &ShardSummary,
     previous: Option<&Previous>,
 ) -> Result<Option<RunSummary>> {
+    let mut missing = Vec::new();
+    for i in 0..cfg.num_shards {
+        if !store.exists(&shard_name(run_id, i, cfg.num_shards))? {
+            missing.push(i);
+        }
+    }
+    if !missing.is_empty() {
+        if let Some(conflict) = shards::conflict(store, own, &missing)? {
+            return Err(conflict);
+        }
+        tracing::info!(
+            "{} of {} shards have not finished (first: shard {}): not committing yet",
+            missing.len(),
+            cfg.num_shards,
+            missing[0]
+        );
+        return Ok(None);
+    }
     let mut shards = Vec::with_capacity(cfg.num_shards as usize);
     for i in 0..cfg.num_shards {
         let name = shard_name(run_id, i, cfg.num_shards);
-        if !store.exists(&name)? {
-            tracing::info!(
-                "shard {i} of {} has not finished: not committing yet",
-                cfg.num_shards
-            );
-            return Ok(None);
-        }
         let summary: ShardSummary =
             serde_json::from_slice(&store.get(&name)?).map_err(|e| Error::Write {
                 file: name.clone(),

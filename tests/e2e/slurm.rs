@@ -244,7 +244,7 @@ fn each_task_took_its_shard(logs: &TaskLogs) {
         } else {
             assert!(
                 logs.read(task, "err")
-                    .contains("has not finished: not committing yet"),
+                    .contains("have not finished (first: shard"),
                 "task {task} neither committed nor waited:\n{}",
                 logs.all()
             );

@@ -546,7 +546,10 @@ mod tests {
         card["format_version"] = 0.into();
         std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
         let zero = read(loc, Device::Cpu).unwrap_err().to_string();
-        assert!(zero.contains("format version 0 was never written"), "{zero}");
+        assert!(
+            zero.contains("format version 0 was never written"),
+            "{zero}"
+        );
 
         card["format_version"] = 1.into();
         std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();

@@ -302,6 +302,9 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
     if let Some(line) = shards.log_line() {
         tracing::info!("{line}");
     }
+    if let Some(line) = &shards.overridden {
+        tracing::warn!("{line}");
+    }
     let cfg = config::SampleConfig {
         dataset,
         out,

@@ -136,6 +136,41 @@ fn shards_add_up_to_the_single_run() {
     assert_eq!(run.counts, RunSummary::read(&single).unwrap().counts);
 }
 
+/// Shards launched with another seed or shard count than the rest of their
+/// run: the shard that finds the gap says which setting differs, and the
+/// run commits once the shard is run again as the others were.
+#[test]
+fn shards_that_disagree_say_why_the_run_cannot_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds_path = dataset(dir.path());
+    let ds = Dataset::open(&ds_path).unwrap();
+    let store = Store::memory();
+    let shard = |shard: u32, num_shards: u32, seed: u64| SampleConfig {
+        shard,
+        num_shards,
+        seed,
+        ..config(&ds_path, "memory://")
+    };
+    for i in 0..3 {
+        assert!(run_in(&shard(i, 4, 5), &ds, &store).unwrap().run.is_none());
+    }
+    let err = run_in(&shard(3, 4, 6), &ds, &store)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cannot complete") && err.contains("seed 5 (this shard: 6)"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let err = run_in(&shard(2, 3, 5), &ds, &store)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--num-shards 4 (this shard: 3)"), "{err}");
+    assert!(!store.exists(RUN_SUMMARY).unwrap());
+    let outcome = run_in(&shard(3, 4, 5), &ds, &store).unwrap();
+    assert!(outcome.run.is_some(), "the run's own last shard commits");
+}
+
 #[test]
 fn round_trip_through_the_memory_store_checks_every_batch() {
     let dir = tempfile::tempdir().unwrap();
