@@ -211,10 +211,42 @@ pub(super) fn selection(ds: &Dataset, nodes: &NodeSet) -> Result<Vec<u64>> {
                     path.display()
                 )));
             }
+            if let Some(line) = merged(path, &ids) {
+                tracing::warn!("{line}");
+            }
             ids.into_iter().for_each(set);
         }
     }
     Ok(bits)
+}
+
+/// What selecting `ids` as a set does to the file's list, where it changes
+/// it: repeated ids are written once and every row in node id order.
+fn merged(path: &std::path::Path, ids: &[u64]) -> Option<String> {
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable();
+    let repeats = sorted.windows(2).filter(|w| w[0] == w[1]).count();
+    let in_order = ids.windows(2).all(|w| w[0] < w[1]);
+    if in_order {
+        return None;
+    }
+    let first = (repeats > 0)
+        .then(|| {
+            let mut seen = std::collections::HashSet::new();
+            ids.iter().find(|&&v| !seen.insert(v))
+        })
+        .flatten();
+    Some(match first {
+        Some(v) => format!(
+            "{}: {repeats} of its {} ids are repeats (the first: node {v}); each node is written once, the rows in node id order",
+            path.display(),
+            ids.len()
+        ),
+        None => format!(
+            "{}: its ids are not ascending; the rows are written in node id order",
+            path.display()
+        ),
+    })
 }
 
 fn selected(bits: &[u64], v: u64) -> bool {
@@ -615,6 +647,19 @@ fn store_pieces(out: &Store, pieces: Receiver<Piece>, pool: &Mutex<Vec<AlignedBu
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_node_list_that_selection_changes_is_said_to() {
+        let p = std::path::Path::new("n.npy");
+        assert_eq!(super::merged(p, &[1, 3, 7]), None);
+        let line = super::merged(p, &[7, 7, 3, 7]).unwrap();
+        assert!(
+            line.contains("2 of its 4 ids are repeats") && line.contains("node 7"),
+            "{line}"
+        );
+        let line = super::merged(p, &[7, 3]).unwrap();
+        assert!(line.contains("not ascending"), "{line}");
+    }
+
     use super::*;
     use std::fs::File;
 
