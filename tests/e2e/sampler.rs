@@ -392,3 +392,38 @@ fn inspect_refuses_non_finite_features() {
         .unwrap_or(0);
     assert_eq!(left, 0, "the refused run left objects");
 }
+
+/// A server that cannot take writes (a read-only file server answers PUT
+/// with 501 Not Implemented) is refused at once, in one line that names the
+/// method, not retried ten times and then dumped as its HTML page.
+#[test]
+fn a_read_only_http_server_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ds, _) = offgnn_e2e::cora_samples(dir.path());
+    let (mut server, port) = offgnn_e2e::http_server(dir.path());
+    let out = format!("http://127.0.0.1:{port}/samples-over-http");
+    let started = std::time::Instant::now();
+    let r = run(
+        "sampler",
+        &[
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            &out,
+            "--epochs",
+            "1",
+        ],
+    );
+    let took = started.elapsed();
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert!(!r.status.success());
+    let err = r.stderr.trim();
+    assert!(
+        err.contains("the server does not support") && err.contains("(HTTP 501)"),
+        "{err}"
+    );
+    assert!(!err.to_lowercase().contains("<html"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(took < std::time::Duration::from_secs(15), "{took:?}");
+}

@@ -402,10 +402,27 @@ pub fn write(
     })
 }
 
+/// An export is a directory: a location that names its card, or any local
+/// file, is refused with the directory to pass instead.
+fn refuse_a_file(location: &str) -> Result<()> {
+    let trimmed = location.trim_end_matches('/');
+    let is_file = !trimmed.contains("://") && std::path::Path::new(trimmed).is_file();
+    if trimmed.ends_with(CARD) || is_file {
+        let dir = trimmed
+            .rsplit_once('/')
+            .map_or(".", |(dir, _)| if dir.is_empty() { "/" } else { dir });
+        return Err(Error::InvalidArgument(format!(
+            "{location} is a file; a model is the export's directory (the one holding {CARD}): pass {dir}"
+        )));
+    }
+    Ok(())
+}
+
 /// Reads an export: the card (refusing a newer format), then the weights,
 /// checked against the card's checksum and loaded into a fresh model of
 /// the card's shape on `device`.
 pub fn read(location: &str, device: Device) -> Result<(ModelCard, nn::VarStore)> {
+    refuse_a_file(location)?;
     let store = Store::open(location)?;
     let card_url = store.join(CARD);
     if !store.exists(CARD)? {
@@ -543,6 +560,14 @@ mod tests {
         std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
         let newer = read(loc, Device::Cpu).unwrap_err().to_string();
         assert!(newer.contains("format version 2 is newer"), "{newer}");
+        let card_given = read(&format!("{loc}/{CARD}"), Device::Cpu)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            card_given.contains("is a file; a model is the export's directory")
+                && card_given.ends_with(&format!("pass {loc}")),
+            "{card_given}"
+        );
         card["format_version"] = 0.into();
         std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
         let zero = read(loc, Device::Cpu).unwrap_err().to_string();

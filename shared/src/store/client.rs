@@ -82,7 +82,7 @@ pub(super) fn build_store(
             if url.scheme() == "http" {
                 options.push(("allow_http".into(), "true".into()));
             }
-            return object_store::parse_url_opts(url, options);
+            return super::http::build(url, options);
         }
         _ => return object_store::parse_url_opts(url, options),
     };

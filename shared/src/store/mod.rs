@@ -11,6 +11,7 @@
 
 mod client;
 pub(crate) mod faults;
+mod http;
 mod object_writer;
 mod staged;
 
