@@ -347,3 +347,48 @@ fn each_machine_stages_only_the_segments_its_ranks_read() {
         "{share}"
     );
 }
+
+/// Ranks launched with another --lr or another --model stop before they
+/// train, each in one line: the one that differs names the setting and
+/// both values, rank 0 says another rank differs. Different models would
+/// otherwise abort in Gloo (tensors of other shapes), other rates train
+/// other models silently.
+#[test]
+fn ranks_launched_with_other_settings_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = offgnn_e2e::cora_pack(dir.path());
+    let port = free_port().to_string();
+    for (flag, rank0, rank1, says) in [
+        ("--lr", "0.01", "0.001", "--lr 0.001 here, 0.01 on rank 0"),
+        ("--model", "sage", "gat", "--model gat here, sage on rank 0"),
+    ] {
+        let ranks: Vec<_> = [rank0, rank1]
+            .iter()
+            .enumerate()
+            .map(|(rank, value)| {
+                rank_of_two(rank as u32, rank as u32, 2, &port)
+                    .args(["--manifest", manifest.to_str().unwrap(), "--epochs", "1"])
+                    .args(["--hidden", "16", flag, value])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let outs: Vec<_> = ranks
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect();
+        let err = |k: usize| String::from_utf8_lossy(&outs[k].stderr).trim().to_string();
+        assert!(!outs[0].status.success() && !outs[1].status.success());
+        assert!(err(1).contains(says), "{flag}: {}", err(1));
+        assert!(
+            err(0).contains("other rank(s) were launched"),
+            "{flag}: {}",
+            err(0)
+        );
+        for k in 0..2 {
+            assert_eq!(err(k).lines().count(), 1, "rank {k}: {}", err(k));
+        }
+    }
+}

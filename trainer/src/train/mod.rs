@@ -18,6 +18,7 @@
 //! (`eval`) and the epoch's record and checkpoint (`checkpoint`), then the
 //! exports and summary (`finish`).
 
+mod agreement;
 mod checkpoint;
 mod config;
 mod context;

@@ -258,7 +258,11 @@ pub(super) fn start_run(
         Ok(Start::fresh())
     };
     match ranks.group() {
-        Some(g) => share_start(g, decided, adam, cfg.device),
+        Some(g) => {
+            // Before the first collective that the model's shape sizes.
+            super::agreement::check(g, &super::agreement::settings(cfg, m), cfg.device)?;
+            share_start(g, decided, adam, cfg.device)
+        }
         None => decided,
     }
 }
