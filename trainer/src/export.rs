@@ -320,6 +320,15 @@ fn decode(bytes: &[u8], what: &str) -> Result<HashMap<String, Tensor>> {
                 view.dtype()
             )));
         }
+        // A NaN or an infinity would turn every prediction it reaches into
+        // NaN, which a checksum over the weights does not catch.
+        if let Some((i, value)) =
+            offgnn_shared::npy::first_non_finite_in(view.data(), offgnn_shared::npy::DType::F32)
+        {
+            return Err(Error::Checkpoint(format!(
+                "{what}: parameter {name} holds {value} (element {i}): the weights are not finite; export a checkpoint of a run that did not diverge"
+            )));
+        }
         let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
         let t = Tensor::f_from_data_size(view.data(), &shape, Kind::Float)?;
         out.insert(name, t);
@@ -546,7 +555,10 @@ mod tests {
         card["format_version"] = 0.into();
         std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
         let zero = read(loc, Device::Cpu).unwrap_err().to_string();
-        assert!(zero.contains("format version 0 was never written"), "{zero}");
+        assert!(
+            zero.contains("format version 0 was never written"),
+            "{zero}"
+        );
 
         card["format_version"] = 1.into();
         std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
@@ -557,6 +569,27 @@ mod tests {
         std::fs::write(&weights_path, weights).unwrap();
         let changed = read(loc, Device::Cpu).unwrap_err().to_string();
         assert!(changed.contains("SHA-256"), "{changed}");
+    }
+
+    /// Weights holding a NaN, with a card whose SHA-256 matches them, are
+    /// refused on read, naming the parameter.
+    #[test]
+    fn non_finite_weights_are_refused_naming_the_parameter() {
+        let dir = tempfile::tempdir().unwrap();
+        let loc = dir.path().to_str().unwrap();
+        let c = cfg(ModelKind::Sage);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _net = model::build(&vs.root(), &c);
+        let mut named = snapshot(&vs).unwrap();
+        let (name, t) = &mut named[1];
+        let _ = t.view([-1]).get(2).fill_(f64::NAN);
+        let name = name.clone();
+        write(loc, &c, &named, &provenance(), false).unwrap();
+        let err = read(loc, Device::Cpu).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("parameter {name} holds NaN (element 2)")),
+            "{err}"
+        );
     }
 
     /// A card whose activation, residual or self-loops are not what the

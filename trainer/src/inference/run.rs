@@ -85,6 +85,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         width: ds.feature_dim() as usize,
         dtype: ds.features.dtype(),
         pinned: cfg.device.is_cuda(),
+        features: true,
     };
     let classes = card.out_channels as usize;
     let output = OutputWriter::new(&out, &run_id, cfg.outputs, classes, &run_plan.output)?;
