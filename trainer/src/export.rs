@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use offgnn_manifests::GraphOptions;
 use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::store::Store;
 use serde::{Deserialize, Serialize};
@@ -77,6 +78,11 @@ pub struct ModelCard {
     #[serde(default)]
     pub feature_fingerprint: String,
     pub samples_run_sha256: String,
+    /// The graph the model was trained on, as the sampler built it from
+    /// the edges; inference builds the same unless told otherwise. Absent
+    /// in exports of older trainers, or of layouts that do not record it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<GraphOptions>,
     pub offgnn_version: String,
     /// Which epoch's parameters these are: `best` (best validation) or `last`.
     pub which: String,
@@ -95,6 +101,7 @@ pub struct Provenance {
     pub dataset_fingerprint: String,
     pub feature_fingerprint: String,
     pub samples_run_sha256: String,
+    pub graph: Option<GraphOptions>,
     pub which: String,
     pub epoch: u32,
     pub valid_acc: f64,
@@ -160,6 +167,7 @@ impl ModelCard {
             dataset_fingerprint: from.dataset_fingerprint.clone(),
             feature_fingerprint: from.feature_fingerprint.clone(),
             samples_run_sha256: from.samples_run_sha256.clone(),
+            graph: from.graph,
             offgnn_version: env!("CARGO_PKG_VERSION").into(),
             which: from.which.clone(),
             epoch: from.epoch,
@@ -486,6 +494,11 @@ mod tests {
             dataset_fingerprint: "fp".into(),
             feature_fingerprint: "ffp".into(),
             samples_run_sha256: "run".into(),
+            graph: Some(GraphOptions {
+                add_reverse_edges: true,
+                dedup_edges: true,
+                keep_self_loops: false,
+            }),
             which: "best".into(),
             epoch: 3,
             valid_acc: 0.5,

@@ -52,6 +52,10 @@ pub(super) struct CheckpointMeta {
     /// The data-parallel ranks that trained it (absent: one process).
     #[serde(default)]
     pub(super) world_size: Option<u32>,
+    /// The graph the layout's samples were drawn from, for exports. Absent
+    /// in checkpoints of older trainers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) graph: Option<offgnn_manifests::GraphOptions>,
 }
 
 /// The settings besides the model's shape that a resumed run must share
@@ -285,6 +289,7 @@ pub fn export_checkpoint(
         dataset_fingerprint: meta.dataset_fingerprint.clone(),
         feature_fingerprint: meta.feature_fingerprint.clone(),
         samples_run_sha256: meta.manifest_run_sha256.clone(),
+        graph: meta.graph.or(manifest.and_then(|m| m.samples.graph)),
         which: which.into(),
         epoch,
         valid_acc: figures.valid_acc,
@@ -389,6 +394,7 @@ pub(super) fn save_checkpoint(
         feature_dtype: m.dataset.feature_dtype.to_string(),
         hyper: Some(Hyper::of(cfg)),
         world_size: (world > 1).then_some(world),
+        graph: m.samples.graph,
     };
     let meta_tmp = dir.join(format!("{META}.partial"));
     let body = serde_json::to_vec_pretty(&meta).expect("checkpoint metadata serializes");
