@@ -133,6 +133,22 @@ pub struct SamplesRef {
     pub batch_size: usize,
     pub epochs: u32,
     pub seed: u64,
+    /// The graph the sampler built from the dataset's edges, which
+    /// inference must build the same. Absent in layouts of older packers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<GraphOptions>,
+}
+
+/// How the sampler turned the dataset's edge list into its graph, under the
+/// names of its run summary's `params`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphOptions {
+    /// The reverse of every edge added (an undirected graph).
+    pub add_reverse_edges: bool,
+    /// Each (source, destination) pair kept once.
+    pub dedup_edges: bool,
+    /// `v -> v` edges kept.
+    pub keep_self_loops: bool,
 }
 
 /// One cache tier: rows in slot order in one object.
@@ -427,6 +443,7 @@ mod tests {
                 batch_size: 4,
                 epochs: 1,
                 seed: 0,
+                graph: None,
             },
             gpu_cache: Tier {
                 object: Some("pack/gpu_cache.bin".into()),

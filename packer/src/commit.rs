@@ -218,6 +218,11 @@ fn samples_ref(inputs: &Inputs) -> manifests::SamplesRef {
         batch_size: run.params.batch_size,
         epochs: run.params.epochs,
         seed: run.params.seed,
+        graph: Some(manifests::GraphOptions {
+            add_reverse_edges: run.params.add_reverse_edges,
+            dedup_edges: run.params.dedup_edges,
+            keep_self_loops: run.params.keep_self_loops,
+        }),
     }
 }
 

@@ -75,6 +75,8 @@ fn export_refuses_bad_input_in_one_line() {
     an_occupied_target_is_refused(&t);
     export_last_checks_both_targets_first(&t);
     a_checkpoint_of_another_layout_is_refused(&t);
+    a_corrupted_checkpoint_is_refused(&t);
+    non_finite_weights_are_refused(&t);
     a_model_of_a_newer_format_is_refused(&t);
     gat_widths_split_over_heads(&t);
 }
@@ -102,6 +104,12 @@ impl Trained {
         let exported = &r.json()["summary"]["exports"][0];
         assert_eq!(exported["card"]["which"], "best");
         assert_eq!(exported["card"]["pyg"]["class"], "GraphSAGE");
+        // The graph as the sampler built it (Cora's import wrote the
+        // reverse edges; the sampler added none).
+        let graph = &exported["card"]["graph"];
+        assert_eq!(graph["add_reverse_edges"], false, "{graph}");
+        assert_eq!(graph["dedup_edges"], true, "{graph}");
+        assert_eq!(graph["keep_self_loops"], true, "{graph}");
         t
     }
 
@@ -227,6 +235,96 @@ fn a_checkpoint_of_another_layout_is_refused(t: &Trained) {
         "another layout",
     );
     assert!(!fresh.join("model.json").exists());
+}
+
+/// A copy of directory `from` (files only) at `to`.
+fn copy_files(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+/// A checkpoint whose tensor file changed since it was written (a byte
+/// flipped every 100 KB, or cut short) is refused by `trainer export` and
+/// by `--resume`, in one line naming the file; nothing is exported.
+fn a_corrupted_checkpoint_is_refused(t: &Trained) {
+    let copy = t.dir.join("ckpt-corrupt");
+    copy_files(Path::new(&t.ckpt), &copy);
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(copy.join("checkpoint.json")).unwrap()).unwrap();
+    let name = meta["tensors"].as_str().unwrap();
+    let tensors = copy.join(name);
+    let whole = std::fs::read(&tensors).unwrap();
+    let mut flipped = whole.clone();
+    for at in (1000..whole.len()).step_by(100 << 10) {
+        flipped[at] ^= 0x40;
+    }
+    std::fs::write(&tensors, &flipped).unwrap();
+    let c = copy.to_str().unwrap();
+    let fresh = t.dir.join("fresh-corrupt");
+    let out = fresh.to_str().unwrap();
+    let export = || run("trainer", &["export", "--checkpoint-dir", c, "--out", out]);
+    let r = export();
+    offgnn_e2e::assert_one_line(&r, "CRC32C");
+    assert!(r.stderr.contains(name), "{}", r.stderr);
+    assert!(!fresh.join("model.json").exists());
+    let r = t.train(&["--checkpoint-dir", c, "--resume"]);
+    offgnn_e2e::assert_one_line(&r, "CRC32C");
+    assert!(r.stderr.contains(name), "{}", r.stderr);
+    std::fs::write(&tensors, &whole[..whole.len() / 3]).unwrap();
+    offgnn_e2e::assert_one_line(&export(), "cut short");
+    assert!(!fresh.join("model.json").exists());
+}
+
+/// Weights holding a NaN, under a card whose SHA-256 names them, are
+/// refused by `show-model` and `infer`, naming the parameter.
+fn non_finite_weights_are_refused(t: &Trained) {
+    use sha2::Digest;
+    let copy = t.dir.join("export-nan");
+    copy_files(&t.export, &copy);
+    let card_path = copy.join("model.json");
+    let mut card: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&card_path).unwrap()).unwrap();
+    let weights = copy.join(card["weights"].as_str().unwrap());
+    let mut bytes = std::fs::read(&weights).unwrap();
+    // safetensors: an 8-byte header length, the JSON header, the data.
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let data = 8 + header;
+    bytes[data..data + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let sha: String = sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    std::fs::write(&weights, &bytes).unwrap();
+    card["weights_sha256"] = sha.into();
+    std::fs::write(&card_path, serde_json::to_vec_pretty(&card).unwrap()).unwrap();
+    let x = copy.to_str().unwrap();
+    offgnn_e2e::assert_one_line(
+        &run("trainer", &["show-model", "--model", x]),
+        "holds NaN (element 0): the weights are not finite",
+    );
+    let out = t.dir.join("preds-nan");
+    let ds = t.dir.join("cora");
+    offgnn_e2e::assert_one_line(
+        &run(
+            "trainer",
+            &[
+                "infer",
+                "--model",
+                x,
+                "--dataset",
+                ds.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        ),
+        "holds NaN (element 0): the weights are not finite",
+    );
+    assert!(!out.join("_SUCCESS.json").exists());
 }
 
 /// A model.json of a newer format version.
@@ -365,6 +463,56 @@ fn infer_writes_parquet_and_refuses_bad_input_in_one_line() {
     one_line(
         &infer(&narrow, "1G"),
         "features are 10 wide, the model takes 1433",
+    );
+    // The graph the model was trained on is built by default; a flag that
+    // contradicts it is refused, unless forced, which the summary states.
+    std::fs::remove_file(out.join("_SUCCESS.json")).ok();
+    let plain = infer_with(&ds, "1G", &["--overwrite"]);
+    assert!(plain.status.success(), "{}", plain.stderr);
+    assert!(plain.json()["summary"].get("graph_override").is_none());
+    let r = infer_with(&ds, "1G", &["--overwrite", "--add-reverse-edges"]);
+    one_line(&r, "--add-reverse-edges: the model in");
+    assert!(r.stderr.contains("no reverse edges added"), "{}", r.stderr);
+    one_line(
+        &infer_with(&ds, "1G", &["--overwrite", "--keep-duplicate-edges"]),
+        "--keep-duplicate-edges: the model in",
+    );
+    let forced = infer_with(
+        &ds,
+        "1G",
+        &["--overwrite", "--add-reverse-edges", "--graph-override"],
+    );
+    assert!(forced.status.success(), "{}", forced.stderr);
+    let note = forced.json()["summary"]["graph_override"].clone();
+    assert!(
+        note.as_str()
+            .is_some_and(|n| n.contains("(reverse edges added,")),
+        "{note}"
+    );
+    // NaN features, outside the blocks the feature fingerprint samples:
+    // refused as they stream, naming the node and column.
+    let nan = dir.path().join("nan");
+    let status = std::process::Command::new("cp")
+        .args(["-r", ds.to_str().unwrap(), nan.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let feat_path = nan.join("data/feat.npy");
+    let mut feat = std::fs::read(&feat_path).unwrap();
+    let data = match feat[6] {
+        1 => 10 + u16::from_le_bytes([feat[8], feat[9]]) as usize,
+        _ => 12 + u32::from_le_bytes(feat[8..12].try_into().unwrap()) as usize,
+    };
+    // Cora: 1433 float32 values a row; node 84 lies between the
+    // fingerprint's first two 64 KiB samples (~1 MB apart).
+    for (node, col) in [(84usize, 2usize), (86, 7)] {
+        let at = data + (node * 1433 + col) * 4;
+        feat[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    }
+    std::fs::write(&feat_path, feat).unwrap();
+    one_line(
+        &infer_with(&nan, "1G", &["--overwrite"]),
+        "node 84, column 2 is NaN",
     );
     // A model of another dataset: Cora with another split.
     let other = dir.path().join("other");

@@ -164,6 +164,7 @@ fn main() {
         dataset_fingerprint: ds.fingerprint().unwrap(),
         feature_fingerprint: offgnn_shared::dataset::file_fingerprint(ds.features.path()).unwrap(),
         samples_run_sha256: "random".into(),
+        graph: None,
         which: "best".into(),
         epoch: 0,
         valid_acc: 0.0,

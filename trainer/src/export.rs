@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use offgnn_manifests::GraphOptions;
 use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::store::Store;
 use serde::{Deserialize, Serialize};
@@ -77,6 +78,11 @@ pub struct ModelCard {
     #[serde(default)]
     pub feature_fingerprint: String,
     pub samples_run_sha256: String,
+    /// The graph the model was trained on, as the sampler built it from
+    /// the edges; inference builds the same unless told otherwise. Absent
+    /// in exports of older trainers, or of layouts that do not record it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<GraphOptions>,
     pub offgnn_version: String,
     /// Which epoch's parameters these are: `best` (best validation) or `last`.
     pub which: String,
@@ -95,6 +101,7 @@ pub struct Provenance {
     pub dataset_fingerprint: String,
     pub feature_fingerprint: String,
     pub samples_run_sha256: String,
+    pub graph: Option<GraphOptions>,
     pub which: String,
     pub epoch: u32,
     pub valid_acc: f64,
@@ -160,6 +167,7 @@ impl ModelCard {
             dataset_fingerprint: from.dataset_fingerprint.clone(),
             feature_fingerprint: from.feature_fingerprint.clone(),
             samples_run_sha256: from.samples_run_sha256.clone(),
+            graph: from.graph,
             offgnn_version: env!("CARGO_PKG_VERSION").into(),
             which: from.which.clone(),
             epoch: from.epoch,
@@ -318,6 +326,15 @@ fn decode(bytes: &[u8], what: &str) -> Result<HashMap<String, Tensor>> {
             return Err(Error::Checkpoint(format!(
                 "{what}: tensor {name} is {:?}, not F32",
                 view.dtype()
+            )));
+        }
+        // A NaN or an infinity would turn every prediction it reaches into
+        // NaN, which a checksum over the weights does not catch.
+        if let Some((i, value)) =
+            offgnn_shared::npy::first_non_finite_in(view.data(), offgnn_shared::npy::DType::F32)
+        {
+            return Err(Error::Checkpoint(format!(
+                "{what}: parameter {name} holds {value} (element {i}): the weights are not finite; export a checkpoint of a run that did not diverge"
             )));
         }
         let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
@@ -494,6 +511,11 @@ mod tests {
             dataset_fingerprint: "fp".into(),
             feature_fingerprint: "ffp".into(),
             samples_run_sha256: "run".into(),
+            graph: Some(GraphOptions {
+                add_reverse_edges: true,
+                dedup_edges: true,
+                keep_self_loops: false,
+            }),
             which: "best".into(),
             epoch: 3,
             valid_acc: 0.5,
@@ -585,6 +607,27 @@ mod tests {
         std::fs::write(&weights_path, weights).unwrap();
         let changed = read(loc, Device::Cpu).unwrap_err().to_string();
         assert!(changed.contains("SHA-256"), "{changed}");
+    }
+
+    /// Weights holding a NaN, with a card whose SHA-256 matches them, are
+    /// refused on read, naming the parameter.
+    #[test]
+    fn non_finite_weights_are_refused_naming_the_parameter() {
+        let dir = tempfile::tempdir().unwrap();
+        let loc = dir.path().to_str().unwrap();
+        let c = cfg(ModelKind::Sage);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _net = model::build(&vs.root(), &c);
+        let mut named = snapshot(&vs).unwrap();
+        let (name, t) = &mut named[1];
+        let _ = t.view([-1]).get(2).fill_(f64::NAN);
+        let name = name.clone();
+        write(loc, &c, &named, &provenance(), false).unwrap();
+        let err = read(loc, Device::Cpu).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("parameter {name} holds NaN (element 2)")),
+            "{err}"
+        );
     }
 
     /// A card whose activation, residual or self-loops are not what the

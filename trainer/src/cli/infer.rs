@@ -45,7 +45,9 @@ pub struct InferArgs {
     /// Replace a committed result at --out.
     #[arg(long)]
     pub overwrite: bool,
-    /// The graph as the sampler built it: with --add-reverse-edges.
+    /// The graph as the sampler built it: with --add-reverse-edges. The
+    /// model's card records its graph, which is built by default; a flag
+    /// that contradicts it is refused (see --graph-override).
     #[arg(long)]
     pub add_reverse_edges: bool,
     /// The graph as the sampler built it: with --drop-self-loops.
@@ -55,6 +57,10 @@ pub struct InferArgs {
     /// (a repeated edge counts once per repeat in the aggregation).
     #[arg(long)]
     pub keep_duplicate_edges: bool,
+    /// Build the graph as the three flags above give it, even where the
+    /// model was trained on another (the summary says so).
+    #[arg(long)]
+    pub graph_override: bool,
     /// Rows per source chunk (default: from --memory).
     #[arg(long, hide = true)]
     pub chunk_rows: Option<u64>,
@@ -165,6 +171,7 @@ fn infer_config(
         add_reverse_edges: a.add_reverse_edges,
         keep_self_loops: !a.drop_self_loops,
         keep_duplicate_edges: a.keep_duplicate_edges,
+        graph_override: a.graph_override,
         chunk_rows: a.chunk_rows,
         show_progress: true,
         hidden_f16: match a.hidden_dtype.as_str() {

@@ -186,6 +186,9 @@ pub fn infer_summary(s: &InferSummary) {
             format!("{:.2} s", s.edge_bucketing_seconds),
         ),
     ];
+    if let Some(note) = &s.graph_override {
+        rows.push(("graph", note.clone()));
+    }
     let names: Vec<String> = s
         .layers
         .iter()

@@ -126,6 +126,10 @@ pub struct InferConfig {
     pub keep_self_loops: bool,
     /// Keep repeated edges (the sampler's --keep-duplicate-edges).
     pub keep_duplicate_edges: bool,
+    /// Build the graph as the three flags above say even where the model's
+    /// card records another one (by default the card's graph is built, and
+    /// a flag that contradicts it is refused).
+    pub graph_override: bool,
     /// Rows per source chunk (default: from --memory).
     pub chunk_rows: Option<u64>,
     pub show_progress: bool,
@@ -193,4 +197,8 @@ pub struct InferSummary {
     /// choice existed).
     #[serde(default)]
     pub aggregate: Aggregate,
+    /// Where `--graph-override` built another graph than the model was
+    /// trained on: which, and which the model's card records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_override: Option<String>,
 }

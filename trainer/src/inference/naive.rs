@@ -74,6 +74,7 @@ pub fn naive_first_layer(
         width,
         dtype: ds.features.dtype(),
         pinned: false,
+        features: true,
     };
     let span = |u: u32| -> (u64, u64) {
         let start = data_offset + u as u64 * rb;

@@ -137,6 +137,7 @@ impl<'a> Passes<'a> {
                     DType::F32
                 },
                 pinned: self.features.pinned,
+                features: false,
             }
         };
         let out_width = if model.mlp.is_empty() {

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use offgnn_manifests::GraphOptions;
 use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::dataset::Dataset;
 use offgnn_shared::io_engine::IoEngine;
@@ -53,6 +54,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let started = Instant::now();
     let model = Model::load(&cfg.model, cfg.device)?;
     let card = &model.card;
+    let (cfg, graph_override) = &graph_of(cfg, card)?;
     let ds = Dataset::open(&local_dataset(cfg)?)?;
     let fingerprint = ds.fingerprint()?;
     check_dataset(cfg, card, &ds, &fingerprint)?;
@@ -85,6 +87,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         width: ds.feature_dim() as usize,
         dtype: ds.features.dtype(),
         pinned: cfg.device.is_cuda(),
+        features: true,
     };
     let classes = card.out_channels as usize;
     let output = OutputWriter::new(&out, &run_id, cfg.outputs, classes, &run_plan.output)?;
@@ -117,6 +120,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         seconds: started.elapsed().as_secs_f64(),
         device: format!("{:?}", cfg.device),
         aggregate: cfg.aggregate,
+        graph_override: graph_override.clone(),
     };
     commit_result(cfg, &out, &summary, &run_id, previous.as_ref())?;
     // The work directory's files are ours; the result is committed.
@@ -140,6 +144,89 @@ fn remove_stale_parts(out: &Store, parts: &[String]) {
             tracing::warn!("could not remove {name}, left by an unfinished run: {e}");
         }
     }
+}
+
+/// The configuration to run with: the graph the model was trained on, as
+/// its card records it, built from the edges unless the flags contradict
+/// it (refused in one line) or `graph_override` makes the flags win (then
+/// the second value says so). A card that records no graph (an older
+/// trainer's) leaves the flags as given.
+fn graph_of(cfg: &InferConfig, card: &ModelCard) -> Result<(InferConfig, Option<String>)> {
+    let Some(trained) = card.graph else {
+        return Ok((cfg.clone(), None));
+    };
+    let given = GraphOptions {
+        add_reverse_edges: cfg.add_reverse_edges,
+        dedup_edges: !cfg.keep_duplicate_edges,
+        keep_self_loops: cfg.keep_self_loops,
+    };
+    if cfg.graph_override {
+        let note = (given != trained).then(|| {
+            format!(
+                "built the graph as the flags give it ({}), not as the model was trained ({}), by --graph-override",
+                describe_graph(given),
+                describe_graph(trained)
+            )
+        });
+        if let Some(note) = &note {
+            tracing::warn!("{note}");
+        }
+        return Ok((cfg.clone(), note));
+    }
+    // Each flag asks for what the sampler does not do by default, so a
+    // flag left out takes the card's choice, and a flag given contradicts
+    // a card that records the default.
+    let flags = [
+        (
+            "--add-reverse-edges",
+            given.add_reverse_edges,
+            trained.add_reverse_edges,
+        ),
+        (
+            "--drop-self-loops",
+            !given.keep_self_loops,
+            !trained.keep_self_loops,
+        ),
+        (
+            "--keep-duplicate-edges",
+            !given.dedup_edges,
+            !trained.dedup_edges,
+        ),
+    ];
+    if let Some((flag, _, _)) = flags.iter().find(|(_, given, trained)| *given && !*trained) {
+        return Err(Error::InvalidArgument(format!(
+            "{flag}: the model in {} was trained on the graph without it ({}); leave the flag out to build that graph, or pass --graph-override to build another",
+            cfg.model,
+            describe_graph(trained)
+        )));
+    }
+    let mut resolved = cfg.clone();
+    resolved.add_reverse_edges = trained.add_reverse_edges;
+    resolved.keep_self_loops = trained.keep_self_loops;
+    resolved.keep_duplicate_edges = !trained.dedup_edges;
+    Ok((resolved, None))
+}
+
+/// A graph's options in words.
+fn describe_graph(g: GraphOptions) -> String {
+    [
+        if g.add_reverse_edges {
+            "reverse edges added"
+        } else {
+            "no reverse edges added"
+        },
+        if g.keep_self_loops {
+            "self-loops kept"
+        } else {
+            "self-loops dropped"
+        },
+        if g.dedup_edges {
+            "duplicate edges merged"
+        } else {
+            "duplicate edges kept"
+        },
+    ]
+    .join(", ")
 }
 
 /// Checks that the model was trained on this dataset and these features,
@@ -332,4 +419,114 @@ fn commit_result(
 
 fn short(s: &str) -> &str {
     &s[..s.len().min(12)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export;
+    use crate::inference::{Aggregate, NodeSet};
+    use crate::model::{self, ModelConfig, ModelKind};
+
+    /// The card of a small export trained on `graph`.
+    fn card(graph: Option<GraphOptions>) -> ModelCard {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ModelConfig {
+            kind: ModelKind::Sage,
+            in_dim: 4,
+            hidden: 4,
+            classes: 2,
+            layers: 1,
+            heads: 1,
+            dropout: 0.0,
+        };
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let _net = model::build(&vs.root(), &cfg);
+        let from = export::Provenance {
+            feature_dtype: "float32".into(),
+            dataset_fingerprint: "d".into(),
+            feature_fingerprint: "f".into(),
+            samples_run_sha256: "s".into(),
+            graph,
+            which: "best".into(),
+            epoch: 0,
+            valid_acc: 0.0,
+            test_acc: 0.0,
+        };
+        let named = export::snapshot(&vs).unwrap();
+        export::write(dir.path().to_str().unwrap(), &cfg, &named, &from, false)
+            .unwrap()
+            .card
+    }
+
+    /// `--add-reverse-edges`, `--drop-self-loops`, `--keep-duplicate-edges`
+    /// and `--graph-override` as given.
+    fn flags(reverse: bool, drop_loops: bool, keep_dups: bool, force: bool) -> InferConfig {
+        InferConfig {
+            model: "m".into(),
+            dataset: "d".into(),
+            out: "o".into(),
+            nodes: NodeSet::All,
+            outputs: Default::default(),
+            device: tch::Device::Cpu,
+            memory: 0,
+            work_dir: PathBuf::new(),
+            overwrite: false,
+            add_reverse_edges: reverse,
+            keep_self_loops: !drop_loops,
+            keep_duplicate_edges: keep_dups,
+            graph_override: force,
+            chunk_rows: None,
+            show_progress: false,
+            hidden_f16: false,
+            aggregate: Aggregate::Host,
+        }
+    }
+
+    /// The card's graph is built where no flag is given or the flags agree
+    /// with it; a contradicting flag is refused naming it and the graph the
+    /// model was trained on; --graph-override builds the flags' graph and
+    /// says so; a card without a graph takes the flags as given.
+    #[test]
+    fn inference_builds_the_graph_the_model_was_trained_on() {
+        let trained = GraphOptions {
+            add_reverse_edges: true,
+            dedup_edges: true,
+            keep_self_loops: false,
+        };
+        let c = card(Some(trained));
+        let built = |cfg: &InferConfig| {
+            (
+                cfg.add_reverse_edges,
+                cfg.keep_self_loops,
+                cfg.keep_duplicate_edges,
+            )
+        };
+        for agreeing in [
+            flags(false, false, false, false),
+            flags(true, true, false, false),
+        ] {
+            let (cfg, note) = graph_of(&agreeing, &c).unwrap();
+            assert_eq!(built(&cfg), (true, false, false));
+            assert_eq!(note, None);
+        }
+        let err = graph_of(&flags(true, false, true, false), &c)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "--keep-duplicate-edges: the model in m was trained on the graph without it (reverse edges added, self-loops dropped, duplicate edges merged); leave the flag out to build that graph, or pass --graph-override to build another"
+        );
+        let (cfg, note) = graph_of(&flags(false, false, true, true), &c).unwrap();
+        assert_eq!(built(&cfg), (false, true, true));
+        let note = note.expect("the override is stated");
+        assert!(
+            note.contains("(no reverse edges added, self-loops kept, duplicate edges kept), not as the model was trained (reverse edges added, self-loops dropped,"),
+            "{note}"
+        );
+        let older = card(None);
+        let (cfg, note) = graph_of(&flags(true, false, true, false), &older).unwrap();
+        assert_eq!(built(&cfg), (true, true, true));
+        assert_eq!(note, None);
+    }
 }

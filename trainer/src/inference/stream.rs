@@ -37,6 +37,11 @@ pub(super) struct Input {
     /// Chunks in page-locked memory (CUDA): their copies to the device go
     /// at the DMA engine's rate, without a bounce through a staging buffer.
     pub(super) pinned: bool,
+    /// The dataset's features, whose rows are node ids: a NaN or infinity
+    /// among them is refused as it streams, since it would turn every
+    /// prediction it reaches into NaN (a hidden layer's output is not
+    /// checked).
+    pub(super) features: bool,
 }
 
 impl Input {
@@ -110,6 +115,7 @@ impl Input {
                     // SIGINT or SIGTERM: the group ends here, unfinished.
                     outcome = offgnn_shared::signals::check()
                         .map_err(Error::from)
+                        .and_then(|()| self.check_finite(c as u64 * chunk_rows, &chunk))
                         .and_then(|()| each(c, &chunk));
                     if outcome.is_err() {
                         stop.store(true, Ordering::Relaxed);
@@ -124,6 +130,34 @@ impl Input {
             let read = reader.join().expect("the reader thread does not panic")?;
             outcome.map(|()| read)
         })
+    }
+
+    /// Refuses a chunk of the features, its first row node `first_row`,
+    /// that holds a NaN or an infinity, naming the node and column.
+    fn check_finite(&self, first_row: u64, chunk: &Chunk) -> Result<()> {
+        if !self.features {
+            return Ok(());
+        }
+        // Blocks tested without an early exit vectorize; only a block that
+        // holds one is searched.
+        let values = chunk.values();
+        let bad = values
+            .chunks(1024)
+            .enumerate()
+            .find(|(_, block)| block.iter().fold(false, |acc, v| acc | !v.is_finite()))
+            .and_then(|(k, block)| {
+                let i = block.iter().position(|v| !v.is_finite())?;
+                Some((k * 1024 + i, block[i]))
+            });
+        match bad {
+            None => Ok(()),
+            Some((i, value)) => Err(Error::InvalidArgument(format!(
+                "{}: node {}, column {} is {value}: the features hold NaN or infinity, which would make NaN predictions; fix the file (`sampler inspect` names the first)",
+                self.path.display(),
+                first_row + (i / self.width) as u64,
+                i % self.width
+            ))),
+        }
     }
 
     /// Whether the stream reads straight into the chunks' memory: float32
@@ -479,6 +513,7 @@ mod tests {
             width,
             dtype: DType::F32,
             pinned: false,
+            features: true,
         };
         let chunk_rows = ALIGN_NODES;
         let chunks = rows.div_ceil(chunk_rows) as usize;
@@ -537,6 +572,7 @@ mod tests {
                         width: 3,
                         dtype: DType::F32,
                         pinned: false,
+                        features: true,
                     }
                     .reads_in_place(),
                     offset % 4 == 0
@@ -550,6 +586,55 @@ mod tests {
                         "direct {direct}, offset {offset}, first {first}"
                     );
                 }
+            }
+        }
+    }
+
+    /// A NaN in the features stops the stream at its chunk, naming the
+    /// node and column; a hidden layer's output is streamed as it is.
+    #[test]
+    fn a_non_finite_feature_is_refused_naming_node_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("feat.bin");
+        let (rows, width) = (3 * ALIGN_NODES, 5usize);
+        let mut values = vec![0.5f32; rows as usize * width];
+        let node = ALIGN_NODES + 7;
+        values[node as usize * width + 3] = f32::NAN;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(&path, bytes).unwrap();
+        let engine = IoEngine::new(Default::default());
+        for features in [true, false] {
+            let input = Input {
+                path: path.clone(),
+                data_offset: 0,
+                rows,
+                width,
+                dtype: DType::F32,
+                pinned: false,
+                features,
+            };
+            let mut seen = 0;
+            let outcome = input.stream(
+                &engine,
+                ALIGN_NODES,
+                0,
+                &mut StreamTimes::default(),
+                &indicatif::ProgressBar::hidden(),
+                |_, _| {
+                    seen += 1;
+                    Ok(())
+                },
+            );
+            if features {
+                let err = outcome.unwrap_err().to_string();
+                assert!(
+                    err.contains(&format!("node {node}, column 3 is NaN")),
+                    "{err}"
+                );
+                assert_eq!(seen, 1);
+            } else {
+                outcome.unwrap();
+                assert_eq!(seen, 3);
             }
         }
     }

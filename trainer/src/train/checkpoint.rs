@@ -35,6 +35,11 @@ pub(super) struct CheckpointMeta {
     pub(super) history: Vec<EpochMetrics>,
     /// The tensor file (model and optimizer) of this checkpoint.
     pub(super) tensors: String,
+    /// The tensor file's size and CRC32C as written, checked before it is
+    /// read: libtorch reads a file with flipped bytes as other numbers.
+    /// Absent in checkpoints of older trainers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) tensors_digest: Option<FileDigest>,
     /// The epoch whose parameters the tensor file also holds as `best.*`:
     /// the best validation so far. Absent in checkpoints of older trainers.
     #[serde(default)]
@@ -47,6 +52,10 @@ pub(super) struct CheckpointMeta {
     /// The data-parallel ranks that trained it (absent: one process).
     #[serde(default)]
     pub(super) world_size: Option<u32>,
+    /// The graph the layout's samples were drawn from, for exports. Absent
+    /// in checkpoints of older trainers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) graph: Option<offgnn_manifests::GraphOptions>,
 }
 
 /// The settings besides the model's shape that a resumed run must share
@@ -64,6 +73,22 @@ impl Hyper {
             lr: cfg.lr,
             seed: cfg.seed,
             max_batches: cfg.max_batches,
+        }
+    }
+}
+
+/// A file's size and CRC32C (Castagnoli), as the manifest records objects.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub(super) struct FileDigest {
+    pub(super) bytes: u64,
+    pub(super) crc32c: u32,
+}
+
+impl FileDigest {
+    fn of(bytes: &[u8]) -> Self {
+        FileDigest {
+            bytes: bytes.len() as u64,
+            crc32c: crc32c::crc32c(bytes),
         }
     }
 }
@@ -100,12 +125,48 @@ pub(super) fn tensor_file(dir: &Path, meta: &CheckpointMeta) -> Result<PathBuf> 
     Ok(tensors)
 }
 
-/// A checkpoint's tensor file, by name.
-pub(super) fn load_tensors(path: &Path, device: Device) -> Result<HashMap<String, Tensor>> {
-    Ok(Tensor::load_multi_with_device(path, device)
-        .map_err(|e| Error::Checkpoint(format!("{}: {e}", path.display())))?
-        .into_iter()
-        .collect())
+/// A checkpoint's tensor file, by name, after checking it against the
+/// digest its metadata records (checkpoints of older trainers record none:
+/// read unchecked, with a warning).
+pub(super) fn load_tensors(
+    path: &Path,
+    digest: Option<FileDigest>,
+    device: Device,
+) -> Result<HashMap<String, Tensor>> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path.display(), e))?;
+    match digest {
+        Some(want) => {
+            let found = FileDigest::of(&bytes);
+            if found.bytes != want.bytes {
+                return Err(Error::Corrupt {
+                    path: path.display().to_string(),
+                    fault: format!(
+                        "{} bytes where the checkpoint wrote {}: cut short or altered since; resume from another checkpoint or train again",
+                        found.bytes, want.bytes
+                    ),
+                });
+            }
+            if found.crc32c != want.crc32c {
+                return Err(Error::Corrupt {
+                    path: path.display().to_string(),
+                    fault: format!(
+                        "CRC32C {:08x} where the checkpoint wrote {:08x}: its bytes changed since it was written; resume from another checkpoint or train again",
+                        found.crc32c, want.crc32c
+                    ),
+                });
+            }
+        }
+        None => tracing::warn!(
+            "{}: an older trainer wrote this checkpoint without a digest of its tensors; they are read unchecked",
+            path.display()
+        ),
+    }
+    Ok(
+        Tensor::load_multi_from_stream_with_device(std::io::Cursor::new(bytes), device)
+            .map_err(|e| Error::torch(format!("reading checkpoint {}", path.display()), e))?
+            .into_iter()
+            .collect(),
+    )
 }
 
 /// The tensors named `prefix` + name, by name.
@@ -191,7 +252,7 @@ pub fn export_checkpoint(
     }
     export::check_target(out, overwrite)?;
     let tensors = tensor_file(dir, &meta)?;
-    let named = load_tensors(&tensors, Device::Cpu)?;
+    let named = load_tensors(&tensors, meta.tensors_digest, Device::Cpu)?;
     let (which, epoch, prefix) = if last {
         if meta.in_epoch.is_some() {
             tracing::warn!(
@@ -228,6 +289,7 @@ pub fn export_checkpoint(
         dataset_fingerprint: meta.dataset_fingerprint.clone(),
         feature_fingerprint: meta.feature_fingerprint.clone(),
         samples_run_sha256: meta.manifest_run_sha256.clone(),
+        graph: meta.graph.or(manifest.and_then(|m| m.samples.graph)),
         which: which.into(),
         epoch,
         valid_acc: figures.valid_acc,
@@ -295,22 +357,29 @@ pub(super) fn save_checkpoint(
         .and_then(|()| {
             std::fs::File::open(&tmp)
                 .and_then(|f| f.sync_all())
+                .and_then(|()| std::fs::read(&tmp))
+                .map(|bytes| FileDigest::of(&bytes))
                 .map_err(|e| Error::io(tmp.display(), e))
         })
-        .and_then(|()| {
-            std::fs::rename(&tmp, dir.join(&tensors)).map_err(|e| Error::io(dir.display(), e))
+        .and_then(|digest| {
+            std::fs::rename(&tmp, dir.join(&tensors))
+                .map(|()| digest)
+                .map_err(|e| Error::io(dir.display(), e))
         });
-    if let Err(e) = written {
-        // A full disk, most likely: the partial file goes, the previous
-        // checkpoint stays.
-        let _ = std::fs::remove_file(&tmp);
-        let free = offgnn_shared::io_engine::free_bytes(dir).unwrap_or(0);
-        return Err(Error::Checkpoint(format!(
-            "{e} ({} free in {}); the previous checkpoint is kept",
-            offgnn_shared::report::human_bytes(free),
-            dir.display()
-        )));
-    }
+    let digest = match written {
+        Ok(digest) => digest,
+        Err(e) => {
+            // A full disk, most likely: the partial file goes, the previous
+            // checkpoint stays.
+            let _ = std::fs::remove_file(&tmp);
+            let free = offgnn_shared::io_engine::free_bytes(dir).unwrap_or(0);
+            return Err(Error::Checkpoint(format!(
+                "{e} ({} free in {}); the previous checkpoint is kept",
+                offgnn_shared::report::human_bytes(free),
+                dir.display()
+            )));
+        }
+    };
     let meta = CheckpointMeta {
         model: cfg.model.clone(),
         manifest_run_sha256: m.samples.run_sha256.clone(),
@@ -320,10 +389,12 @@ pub(super) fn save_checkpoint(
         in_epoch: in_epoch.cloned(),
         history: history.to_vec(),
         tensors: tensors.clone(),
+        tensors_digest: Some(digest),
         best_epoch: best.map(|b| b.epoch),
         feature_dtype: m.dataset.feature_dtype.to_string(),
         hyper: Some(Hyper::of(cfg)),
         world_size: (world > 1).then_some(world),
+        graph: m.samples.graph,
     };
     let meta_tmp = dir.join(format!("{META}.partial"));
     let body = serde_json::to_vec_pretty(&meta).expect("checkpoint metadata serializes");

@@ -142,6 +142,7 @@ fn write_exports(
         dataset_fingerprint: m.dataset.dataset_fingerprint.clone(),
         feature_fingerprint: m.dataset.feature_fingerprint.clone(),
         samples_run_sha256: m.samples.run_sha256.clone(),
+        graph: m.samples.graph,
         which: which.into(),
         epoch: e.epoch,
         valid_acc: e.valid_acc,

@@ -110,7 +110,7 @@ fn resume(
         }
     }
     let tensors = tensor_file(dir, &meta)?;
-    let named = load_tensors(&tensors, cfg.device)?;
+    let named = load_tensors(&tensors, meta.tensors_digest, cfg.device)?;
     export::load_into(
         vs,
         &with_prefix(&named, "model."),

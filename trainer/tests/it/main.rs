@@ -542,6 +542,67 @@ fn an_interrupted_run_resumes_where_it_stopped() {
     assert!(err.to_string().contains("another model"), "{err}");
 }
 
+/// A checkpoint whose tensor file changed after it was written (bytes
+/// flipped, or cut short) is refused by `trainer export` and by a resume,
+/// in one line naming the file, before libtorch reads it; a checkpoint of
+/// an older trainer (no digest) is read unchecked, and libtorch's failure
+/// on a truncated one is one line too.
+#[test]
+fn a_corrupted_checkpoint_is_refused_naming_its_file() {
+    let _serial = serial();
+    let f = fixture();
+    let e = engine();
+    let layout = open(&f, &e);
+    let ckpt = f.root.join("ckpt-corrupt");
+    let cfg = |epochs, resume| TrainConfig {
+        epochs,
+        resume,
+        checkpoint_dir: Some(ckpt.clone()),
+        ..config(ModelKind::Sage)
+    };
+    train(&layout, &e, &cfg(1, false)).unwrap();
+    let meta_path = ckpt.join("checkpoint.json");
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&meta_path).unwrap()).unwrap();
+    let name = meta["tensors"].as_str().unwrap().to_string();
+    let tensors = ckpt.join(&name);
+    let whole = std::fs::read(&tensors).unwrap();
+    let export = |to: &str| {
+        let out = f.root.join(to);
+        trainer::train::export_checkpoint(&ckpt, out.to_str().unwrap(), true, false, None)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let one_line = |err: String, want: &str| {
+        assert!(err.contains(&name) && err.contains(want), "{err}");
+        assert!(!err.contains('\n') && !err.contains("frame #"), "{err}");
+    };
+
+    // A byte flipped every 100 KB (and at least once).
+    let mut flipped = whole.clone();
+    for at in (whole.len() / 2..whole.len()).step_by(100 << 10) {
+        flipped[at] ^= 0x40;
+    }
+    std::fs::write(&tensors, &flipped).unwrap();
+    one_line(export("x-flipped").unwrap_err(), "CRC32C");
+    assert!(!f.root.join("x-flipped/model.json").exists());
+    let resumed = train(&layout, &e, &cfg(2, true)).unwrap_err().to_string();
+    one_line(resumed, "CRC32C");
+
+    // Cut short.
+    std::fs::write(&tensors, &whole[..whole.len() / 2]).unwrap();
+    one_line(export("x-short").unwrap_err(), "cut short");
+
+    // An older trainer's checkpoint, without a digest: libtorch reads the
+    // truncated file and fails, on one line; the whole file is exported.
+    let mut old = meta.clone();
+    old.as_object_mut().unwrap().remove("tensors_digest");
+    std::fs::write(&meta_path, serde_json::to_vec(&old).unwrap()).unwrap();
+    one_line(export("x-old-short").unwrap_err(), "libtorch");
+    std::fs::write(&tensors, &whole).unwrap();
+    export("x-old").unwrap();
+}
+
 #[test]
 fn corrupt_objects_and_unknown_versions_are_refused() {
     let _serial = serial();
