@@ -206,6 +206,25 @@ fn overridden(shard: u32, engine: Option<&EngineIndex>) -> Option<String> {
     })
 }
 
+/// Both numbers given as flags: the environment does not choose, but a
+/// flag that disagrees with the engine's index is worth a warning (what
+/// the environment holds is not checked further).
+fn by_flags(shard: u32, num_shards: u32, env: &dyn Fn(&str) -> Option<String>) -> Assignment {
+    let engine = [kubernetes, aws_batch, slurm]
+        .into_iter()
+        .find_map(|engine| engine(env).ok().flatten());
+    Assignment {
+        shard,
+        num_shards,
+        engine: None,
+        sources: vec![
+            format!("--shard {shard}"),
+            format!("--num-shards {num_shards}"),
+        ],
+        overridden: overridden(shard, engine.as_ref()),
+    }
+}
+
 /// This process's shard and shard count. Flags win: both given, the
 /// environment is not read. Otherwise the missing number comes from the
 /// environment, and a flag that disagrees with it, an index without a count
@@ -217,22 +236,7 @@ pub fn resolve(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Assignment> {
     if let (Some(shard), Some(num_shards)) = (shard, num_shards) {
-        // The environment does not choose here, but a flag that disagrees
-        // with the engine's index is worth a warning; what it holds is not
-        // checked further.
-        let engine = [kubernetes, aws_batch, slurm]
-            .into_iter()
-            .find_map(|engine| engine(env).ok().flatten());
-        return Ok(Assignment {
-            shard,
-            num_shards,
-            engine: None,
-            sources: vec![
-                format!("--shard {shard}"),
-                format!("--num-shards {num_shards}"),
-            ],
-            overridden: overridden(shard, engine.as_ref()),
-        });
+        return Ok(by_flags(shard, num_shards, env));
     }
 
     let mut found = Vec::new();
