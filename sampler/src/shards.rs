@@ -54,21 +54,21 @@ pub(crate) fn conflict(
     ours: &ShardSummary,
     missing: &[u32],
 ) -> Result<Option<Error>> {
-    let mut names: Vec<String> = store
+    let mut others: Vec<(String, u32, u32)> = store
         .list(SHARDS)?
         .into_iter()
-        .map(|(name, _)| name)
-        .filter(|name| parse_name(name).is_some_and(|(run, _, _)| run != ours.run_id))
+        .filter_map(|(name, _)| {
+            let (run, shard, count) = parse_name(&name)?;
+            (run != ours.run_id).then_some((name.clone(), shard, count))
+        })
         .collect();
-    names.sort();
     // A summary for a shard this run lacks comes first; then any of another
     // shard count, which stands in for a shard by another numbering.
-    names.sort_by_key(|name| {
-        let (_, shard, count) = parse_name(name).expect("filtered above");
-        !(count == ours.num_shards && missing.contains(&shard))
+    others.sort_by_key(|(name, shard, count)| {
+        let stands_in = *count == ours.num_shards && missing.contains(shard);
+        (!stands_in, name.clone())
     });
-    for name in names {
-        let (_, shard, count) = parse_name(&name).expect("filtered above");
+    for (name, shard, count) in others {
         if count == ours.num_shards && !missing.contains(&shard) {
             continue;
         }

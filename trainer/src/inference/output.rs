@@ -223,13 +223,12 @@ pub(super) fn selection(ds: &Dataset, nodes: &NodeSet) -> Result<Vec<u64>> {
 /// What selecting `ids` as a set does to the file's list, where it changes
 /// it: repeated ids are written once and every row in node id order.
 fn merged(path: &std::path::Path, ids: &[u64]) -> Option<String> {
+    if ids.windows(2).all(|w| w[0] < w[1]) {
+        return None;
+    }
     let mut sorted = ids.to_vec();
     sorted.sort_unstable();
     let repeats = sorted.windows(2).filter(|w| w[0] == w[1]).count();
-    let in_order = ids.windows(2).all(|w| w[0] < w[1]);
-    if in_order {
-        return None;
-    }
     let first = (repeats > 0)
         .then(|| {
             let mut seen = std::collections::HashSet::new();
