@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use offgnn_manifests::{self as manifests, BatchRef, MANIFEST, Manifest, Object, RowOrder, Split};
 use offgnn_shared::commit::{self, Previous, RunId};
+use offgnn_shared::lease::{self, LEASE, Lease, Swept};
 use offgnn_shared::report::human_bytes;
 use offgnn_shared::store::Store;
 
@@ -27,6 +28,11 @@ pub(crate) struct Target {
     /// `pack/RUN`: this run's objects go under it; a committed layout's
     /// stay as they are until this run has committed.
     pub prefix: String,
+    /// This run's claim on `prefix` while it lives, taken before anything
+    /// is written under it.
+    lease: Lease,
+    /// What this run removed of runs that ended before committing.
+    pub swept: Swept,
     /// The output directory, for a local output.
     pub local_root: Option<PathBuf>,
     /// Where objects are written: the output directory itself, or a
@@ -43,10 +49,12 @@ impl Target {
         if previous.is_some() && !overwrite {
             return Err(Error::Committed(out.url().to_string()));
         }
-        check_pack_prefix(&out, previous.as_ref())?;
+        check_pack_prefix(&out)?;
         let run_id = RunId::new();
         let prefix = format!("pack/{run_id}");
         tracing::info!("run {run_id}");
+        let lease = Lease::take(&out, &format!("{prefix}/{LEASE}"), &run_id)?;
+        let swept = lease::sweep(&out, &PACKER_RUNS, &lease);
         let local_root = local_dir(location);
         let staging = match &local_root {
             Some(dir) => dir.clone(),
@@ -57,6 +65,8 @@ impl Target {
             previous,
             run_id,
             prefix,
+            lease,
+            swept,
             local_root,
             staging,
         })
@@ -109,7 +119,10 @@ impl Target {
         let body = serde_json::to_vec_pretty(manifest).expect("manifests serialize");
         let out = &self.out;
         match commit::commit(out, MANIFEST, body, &self.run_id, self.previous.as_ref())? {
-            commit::Outcome::Committed => written.keep(),
+            commit::Outcome::Committed => {
+                written.keep();
+                self.lease.release();
+            }
             commit::Outcome::Lost { winner } => {
                 drop(written);
                 let removed = manifest.objects.len();
@@ -280,19 +293,30 @@ fn schedule(
     out
 }
 
+/// The packer's runs, for the removal of those killed before committing.
+const PACKER_RUNS: lease::Kind = lease::Kind {
+    what: "packer runs",
+    roots: &["pack"],
+    owns: &packer_object,
+    commit: MANIFEST,
+};
+
 /// Whether `name` (relative to --out) is one of the objects a packer writes
 /// under `pack/`: the caches, segments and address tables, under a run's id
 /// (`pack/RUN/segment-00000.bin`) or as layouts from before run ids named
-/// them (`pack/segment-00000.bin`).
+/// them (`pack/segment-00000.bin`), and a run's lease (`pack/RUN/_live`).
 fn packer_object(name: &str) -> bool {
     let Some(rest) = name.strip_prefix("pack/") else {
         return false;
     };
-    let file = match rest.split_once('/') {
-        Some((run, file)) if RunId::is_run_id(run) => file,
+    let (in_run, file) = match rest.split_once('/') {
+        Some((run, file)) if RunId::is_run_id(run) => (true, file),
         Some(_) => return false,
-        None => rest,
+        None => (false, rest),
     };
+    if in_run && lease::is_lease(file) {
+        return true;
+    }
     let numbered = |prefix: &str| {
         file.strip_prefix(prefix)
             .and_then(|rest| rest.strip_suffix(".bin"))
@@ -304,7 +328,7 @@ fn packer_object(name: &str) -> bool {
 /// Refuses, naming it, an output location whose `pack/` holds a file no
 /// packer writes (a user's file, not a layout's): the packer removes what
 /// is there when it replaces a layout, and must never remove that.
-fn check_pack_prefix(out: &Store, previous: Option<&Previous>) -> Result<()> {
+fn check_pack_prefix(out: &Store) -> Result<()> {
     let listed = out.list("pack")?;
     let foreign: Vec<&str> = listed
         .iter()
@@ -323,17 +347,6 @@ fn check_pack_prefix(out: &Store, previous: Option<&Previous>) -> Result<()> {
             first,
             if foreign.len() > 1 { ", ..." } else { "" }
         )));
-    }
-    let named: std::collections::HashSet<String> = previous
-        .and_then(|p| serde_json::from_slice::<Manifest>(&p.body).ok())
-        .map(|m| m.objects.into_iter().map(|o| o.name).collect())
-        .unwrap_or_default();
-    let loose = listed.iter().filter(|(n, _)| !named.contains(n)).count();
-    if loose > 0 {
-        tracing::info!(
-            "{}: pack/ holds {loose} objects that no manifest names: runs that were killed, or that are running now; they are left alone",
-            out.url()
-        );
     }
     Ok(())
 }
@@ -404,6 +417,10 @@ fn remove_replaced(out: &Store, local_root: Option<&Path>, old: &Previous) {
         })?;
         for o in &manifest.objects {
             out.delete(&o.name)?;
+        }
+        // A lease its run had no time to remove after committing.
+        if let Some(id) = &old.run_id {
+            out.delete(&format!("pack/{id}/{LEASE}"))?;
         }
         Ok(manifest.objects.len())
     })();

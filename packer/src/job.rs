@@ -83,4 +83,6 @@ pub struct PackSummary {
     pub feature_dtype: String,
     pub segments: usize,
     pub access_shares: manifests::AccessShares,
+    /// The objects of runs killed before committing, removed at start.
+    pub leftovers_removed: offgnn_shared::lease::Swept,
 }

@@ -58,6 +58,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         disk_budget: budget,
         store_dtype: rows.to.name().to_string(),
         feature_dtype: rows.from.name().to_string(),
+        leftovers_removed: target.swept.clone(),
         ..Default::default()
     };
     let loading = Loading::plan(cfg.memory, &inputs.run);

@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::dataset::{Dataset, Split, file_fingerprint};
+use offgnn_shared::lease::{self, LEASE, Lease, Swept};
 use offgnn_shared::samples::{
     self, DatasetInfo, FORMAT, FORMAT_VERSION, RUN_SUMMARY, RunSummary, SampleFile, SampledBatch,
     ShardFiles, ShardSummary, SplitCounts,
@@ -105,12 +106,22 @@ pub struct Outcome {
     /// Repeated edges the topology dropped (0 with --keep-duplicate-edges).
     pub duplicate_edges_dropped: u64,
     pub memory: MemoryEstimate,
+    /// The objects of runs killed before committing, removed at start.
+    pub leftovers_removed: Swept,
 }
+
+/// The sampler's runs, for the removal of those killed before committing.
+const SAMPLER_RUNS: lease::Kind = lease::Kind {
+    what: "sampler runs",
+    roots: &["samples", "_shards"],
+    owns: &sampler_object,
+    commit: RUN_SUMMARY,
+};
 
 /// Whether `name` is one of the objects a sampler writes: a samples file
 /// (`samples/RUN/split=S/epoch=NNNN/part-NNNNN.parquet`) or a shard summary
 /// (`_shards/RUN/shard-NNNNN-of-NNNNN.json`), or either as runs from before
-/// run ids named them (without `RUN/`).
+/// run ids named them (without `RUN/`), or a run's lease (`samples/RUN/_live`).
 fn sampler_object(name: &str) -> bool {
     let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
     let parts: Vec<&str> = name.split('/').collect();
@@ -130,6 +141,7 @@ fn sampler_object(name: &str) -> bool {
             .is_some_and(|(a, b)| digits(a, 5) && digits(b, 5))
     };
     match parts.as_slice() {
+        ["samples", run, file] => RunId::is_run_id(run) && lease::is_lease(file),
         ["samples", run, split, epoch, part] => {
             RunId::is_run_id(run) && samples_file(split, epoch, part)
         }
@@ -234,6 +246,13 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     // as they are until this one has committed.
     let run_id = run_id(ds, cfg)?;
     tracing::info!("run {run_id}");
+    // Each shard of a sharded run holds a lease of its own.
+    let lease_name = match cfg.num_shards {
+        1 => format!("samples/{run_id}/{LEASE}"),
+        _ => format!("samples/{run_id}/{LEASE}-{:05}", cfg.shard),
+    };
+    let lease = Lease::take(store, &lease_name, &run_id)?;
+    let leftovers_removed = lease::sweep(store, &SAMPLER_RUNS, &lease);
     let dataset = dataset_info(ds, &csr)?;
 
     let units = plan(ds, cfg, true);
@@ -255,6 +274,8 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         seconds: started.elapsed().as_secs_f64(),
     };
     let run = commit_shard(store, ds, cfg, &run_id, &shard, previous.as_ref())?;
+    // Committed, or a finished shard of a run whose other shards commit it.
+    lease.release();
     Ok(Outcome {
         shard,
         run,
@@ -264,6 +285,7 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         csr_seconds,
         duplicate_edges_dropped: csr.duplicates_dropped(),
         memory,
+        leftovers_removed,
     })
 }
 

@@ -8,6 +8,7 @@ pub mod dataset;
 pub mod disk_probe;
 pub mod error;
 pub mod io_engine;
+pub mod lease;
 pub mod npy;
 pub mod prefetch;
 pub mod progress;

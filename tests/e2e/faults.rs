@@ -659,3 +659,156 @@ fn a_crash_at_each_commit_phase_leaves_exports_and_predictions_whole() {
         whole: &preds_whole,
     });
 }
+
+/// The run directories (named by run ids) under `dir`, sorted.
+fn run_dirs(dir: &Path) -> Vec<String> {
+    let mut runs: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.path().is_dir())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| offgnn_shared::commit::RunId::is_run_id(n))
+                .collect()
+        })
+        .unwrap_or_default();
+    runs.sort();
+    runs
+}
+
+/// The runs a summary's `leftovers_removed` names.
+fn removed_runs(leftovers: &serde_json::Value) -> Vec<String> {
+    leftovers["runs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no runs in {leftovers}"))
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Issue 40: a run killed before its commit leaves its objects (samples,
+/// a layout's segments, inference parts); the next run of the same kind at
+/// that location removes them, since no process holds the killed run's
+/// lease, and says so in its summary. A killed inference run whose parts
+/// went that way starts over when it is run again.
+#[test]
+fn what_a_run_killed_before_its_commit_wrote_goes_with_the_next_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = generate(dir.path(), "3000");
+    let crash = [("OFFGNN_FAULT_AT".to_string(), "objects-written".to_string())];
+    // Crashes `program args` before its commit, runs it again, and checks
+    // that the rerun removed the crashed run's directory under `runs`.
+    let crash_then_run = |program: &str, args: &[&str], runs: &Path| -> offgnn_e2e::Run {
+        let r = run_env(program, args, &crash);
+        assert!(aborted(&r), "{program}: no crash: {}", r.stderr);
+        let killed = run_dirs(runs);
+        assert_eq!(killed.len(), 1, "{program}: {killed:?}");
+        let r = run(program, args);
+        assert!(r.status.success(), "{program}: {}", r.stderr);
+        let left = run_dirs(runs);
+        assert!(
+            left.len() == 1 && left != killed,
+            "{program}: {left:?} left, {killed:?} crashed"
+        );
+        let json = r.json();
+        let leftovers = json
+            .get("leftovers_removed")
+            .unwrap_or(&json["summary"]["leftovers_removed"]);
+        assert_eq!(removed_runs(leftovers), killed, "{program}: {}", r.stderr);
+        r
+    };
+
+    let samples = dir.path().join("samples");
+    let s = samples.to_str().unwrap();
+    crash_then_run("sampler", &sample_args(&ds, s), &samples.join("samples"));
+
+    let feat = ds.join("data/feat.npy");
+    let pack = dir.path().join("pack");
+    let args = pack_args(s, feat.to_str().unwrap(), pack.to_str().unwrap());
+    crash_then_run("packer", &args, &pack.join("pack"));
+
+    let ckpt = dir.path().join("ckpt");
+    let manifest = pack.join("manifest.json");
+    let r = run(
+        "trainer",
+        &[
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--epochs",
+            "1",
+            "--hidden",
+            "16",
+            "--max-batches",
+            "2",
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let export = dir.path().join("export");
+    let x = export.to_str().unwrap();
+    let r = run(
+        "trainer",
+        &[
+            "export",
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+            "--out",
+            x,
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+
+    // The issue's case: the crashed run's parts, then a run of other
+    // outputs in another work directory.
+    let preds = dir.path().join("preds");
+    let p = preds.to_str().unwrap();
+    let infer = |work: &str, more: &[&str]| -> Vec<String> {
+        let work = dir.path().join(work);
+        let mut args = vec![
+            "infer",
+            "--model",
+            x,
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            p,
+            "--nodes",
+            "test",
+        ];
+        args.extend_from_slice(&["--work-dir", work.to_str().unwrap()]);
+        args.extend_from_slice(more);
+        args.into_iter().map(str::to_string).collect()
+    };
+    let first = infer("work-1", &[]);
+    let first: Vec<&str> = first.iter().map(String::as_str).collect();
+    let r = run_env("trainer", &first, &crash);
+    assert!(aborted(&r), "no crash: {}", r.stderr);
+    let killed = run_dirs(&preds);
+    assert_eq!(killed.len(), 1, "{killed:?}");
+    let other = infer("work-2", &["--outputs", "class,probabilities"]);
+    let other: Vec<&str> = other.iter().map(String::as_str).collect();
+    let r = run("trainer", &other);
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(
+        removed_runs(&r.json()["summary"]["leftovers_removed"]),
+        killed
+    );
+    let committed = r.json()["summary"]["run_id"].as_str().unwrap().to_string();
+    assert_eq!(run_dirs(&preds), vec![committed]);
+
+    // The crashed run again, in its own work directory: its progress names
+    // parts that are gone, so it starts over, and commits them all.
+    let mut again = first.clone();
+    again.push("--overwrite");
+    let r = run("trainer", &again);
+    assert!(r.status.success(), "{}", r.stderr);
+    assert!(r.stderr.contains("starting over"), "{}", r.stderr);
+    let summary = &r.json()["summary"];
+    let files = summary["files"].as_array().unwrap();
+    assert!(!files.is_empty());
+    for f in files {
+        assert!(preds.join(f.as_str().unwrap()).is_file(), "{f} is missing");
+    }
+    assert_ne!(summary["run_id"].as_str(), Some(killed[0].as_str()));
+}

@@ -65,6 +65,7 @@ pub fn print(cfg: &SampleConfig, o: &Outcome) {
         "sample_seconds": o.sample_seconds,
         "batches_per_second": per_sec,
         "memory": &o.memory,
+        "leftovers_removed": &o.leftovers_removed,
         "shard": &o.shard,
         "run": &o.run,
     });

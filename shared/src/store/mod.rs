@@ -385,13 +385,34 @@ impl Store {
 
     /// Every object under `rel_prefix`, as (name relative to this store, size), sorted.
     pub fn list(&self, rel_prefix: &str) -> Result<Vec<(String, u64)>> {
+        Ok(self
+            .list_entries(rel_prefix)?
+            .into_iter()
+            .map(|e| (e.name, e.size))
+            .collect())
+    }
+
+    /// When the object was last written, by the store's clock; `None` when
+    /// there is none.
+    pub fn modified(&self, rel: &str) -> Result<Option<std::time::SystemTime>> {
+        let path = self.path(rel);
+        match with_retry(rel, || self.inner.head(&path)) {
+            Ok(meta) => Ok(Some(meta.last_modified.into())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(rel, e)),
+        }
+    }
+
+    /// Every object under `rel_prefix`, with its size and when it was last
+    /// written, sorted by name.
+    pub fn list_entries(&self, rel_prefix: &str) -> Result<Vec<Entry>> {
         let prefix = self.path(rel_prefix);
         let metas: Vec<_> = with_retry(rel_prefix, || {
             self.inner.list(Some(&prefix)).try_collect::<Vec<_>>()
         })
         .map_err(|e| self.err(rel_prefix, e))?;
         let root_parts = self.root.parts().count();
-        let mut out: Vec<(String, u64)> = metas
+        let mut out: Vec<Entry> = metas
             .into_iter()
             .map(|m| {
                 let rel: Vec<String> = m
@@ -400,10 +421,14 @@ impl Store {
                     .skip(root_parts)
                     .map(|p| p.as_ref().to_string())
                     .collect();
-                (rel.join("/"), m.size)
+                Entry {
+                    name: rel.join("/"),
+                    size: m.size,
+                    modified: m.last_modified.into(),
+                }
             })
             .collect();
-        out.sort();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
     }
 
@@ -437,6 +462,16 @@ impl Store {
         }
         Ok(objects.len())
     }
+}
+
+/// An object as [`Store::list_entries`] lists it.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// Its name relative to the store.
+    pub name: String,
+    pub size: u64,
+    /// When it was last written, by the store's clock.
+    pub modified: std::time::SystemTime,
 }
 
 /// Lower-case hex of a digest.

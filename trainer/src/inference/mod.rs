@@ -201,4 +201,7 @@ pub struct InferSummary {
     /// trained on: which, and which the model's card records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graph_override: Option<String>,
+    /// The parts of runs killed before committing, removed at start.
+    #[serde(default)]
+    pub leftovers_removed: offgnn_shared::lease::Swept,
 }

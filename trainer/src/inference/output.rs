@@ -24,6 +24,25 @@ use super::layers::Model;
 use super::{InferConfig, NodeSet, Outputs, PAGE};
 use crate::error::{Error, Result};
 
+/// The name of part `k` of group `gi`, under the run's directory.
+fn part_name(run_id: &RunId, gi: usize, k: usize) -> String {
+    format!("{run_id}/part-{gi:06}-{k:04}.parquet")
+}
+
+/// Whether `name` (relative to `--out`) is an output part of a run, as
+/// [`part_name`] names them.
+pub(super) fn is_part(name: &str) -> bool {
+    let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
+    let Some((run, file)) = name.split_once('/') else {
+        return false;
+    };
+    let numbers = file
+        .strip_prefix("part-")
+        .and_then(|f| f.strip_suffix(".parquet"))
+        .and_then(|f| f.split_once('-'));
+    RunId::is_run_id(run) && numbers.is_some_and(|(g, k)| digits(g, 6) && digits(k, 4))
+}
+
 /// Rows per output Parquet file.
 const PART_ROWS: usize = 1 << 18;
 
@@ -157,7 +176,7 @@ impl<'a> OutputWriter<'a> {
                 parts
                     .into_par_iter()
                     .map_with(tx, |tx, (k, rows)| {
-                        let name = format!("{}/part-{gi:06}-{k:04}.parquet", self.run_id);
+                        let name = part_name(self.run_id, gi, k);
                         let sink = PartSink::new(&name, self.plan.piece, tx.clone(), pool);
                         let sink = output_part(
                             rows,

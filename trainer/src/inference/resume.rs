@@ -1,19 +1,22 @@
 //! Where a run stands, in its work directory: the progress a killed run
 //! left (layers and groups finished, figures, parts written), which the
-//! same command resumes, and the work directory's clearing once the
-//! result is committed.
+//! same command resumes, the run's lease on its parts in `--out`, and the
+//! work directory's clearing once the result is committed.
 
 use std::fs::File;
 use std::path::Path;
 
 use offgnn_shared::commit::{Previous, RunId};
+use offgnn_shared::lease::{self, LEASE, Lease, Swept};
+use offgnn_shared::store::Store;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
 use super::edges::edge_file;
 use super::hidden_rows::hidden_file;
+use super::output::is_part;
 use super::plan::Plan;
-use super::{InferConfig, LayerFigures};
+use super::{COMMIT, InferConfig, LayerFigures};
 use crate::error::{Error, Result};
 
 /// Where an interrupted run stands; `key` says which run it belongs to.
@@ -126,6 +129,89 @@ pub(super) fn resume(
         );
     }
     (progress, run_id, stale_parts)
+}
+
+/// Inference runs, for the removal of those killed before committing.
+const INFER_RUNS: lease::Kind = lease::Kind {
+    what: "inference runs",
+    roots: &[""],
+    owns: &is_part,
+    commit: COMMIT,
+};
+
+/// A run's start: where it stands, its id, its lease on its parts in
+/// `--out`, and what it removed of runs killed before committing.
+pub(super) struct Claim {
+    pub(super) progress: Progress,
+    pub(super) run_id: RunId,
+    pub(super) lease: Lease,
+    pub(super) swept: Swept,
+}
+
+/// Where the run with `key` starts ([`resume`]), holding the lease on its
+/// parts; then removes the parts of runs that ended without committing.
+/// Progress whose parts are not all in `out` (another `--out`, or removed
+/// as a dead run's) is dropped: the run starts over.
+pub(super) fn claim(
+    cfg: &InferConfig,
+    out: &Store,
+    key: &str,
+    previous: Option<&Previous>,
+    dims: (usize, usize),
+) -> Result<Claim> {
+    let (mut progress, mut run_id, stale_parts) = resume(cfg, key, previous, dims);
+    remove_parts(out, &stale_parts, "an unfinished run of other settings");
+    let mut lease = take_lease(out, &run_id)?;
+    let there: std::collections::HashSet<String> = out
+        .list(run_id.as_str())?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    let missing = progress
+        .output_files
+        .iter()
+        .filter(|f| !there.contains(*f))
+        .count();
+    if missing > 0 {
+        tracing::warn!(
+            "{missing} of the {} output parts this run wrote before it stopped are not in {}; starting over",
+            progress.output_files.len(),
+            out.url()
+        );
+        remove_parts(out, &progress.output_files, "the run stopped before");
+        drop(lease);
+        forget_progress(&cfg.work_dir);
+        (progress, run_id, _) = resume(cfg, key, previous, dims);
+        lease = take_lease(out, &run_id)?;
+    }
+    let swept = lease::sweep(out, &INFER_RUNS, &lease);
+    Ok(Claim {
+        progress,
+        run_id,
+        lease,
+        swept,
+    })
+}
+
+fn take_lease(out: &Store, run_id: &RunId) -> Result<Lease> {
+    Ok(Lease::take(out, &format!("{run_id}/{LEASE}"), run_id)?)
+}
+
+/// Removes the output parts `parts`, left by `whom`: no commit names them.
+fn remove_parts(out: &Store, parts: &[String], whom: &str) {
+    if parts.is_empty() {
+        return;
+    }
+    tracing::info!(
+        "removing {} output parts of {whom} in {}",
+        parts.len(),
+        out.url()
+    );
+    for name in parts {
+        if let Err(e) = out.delete(name) {
+            tracing::warn!("could not remove {name}, left by {whom}: {e}");
+        }
+    }
 }
 
 /// Forgets the run's progress: the next run starts anew.

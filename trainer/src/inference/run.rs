@@ -11,6 +11,7 @@ use offgnn_manifests::GraphOptions;
 use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::dataset::Dataset;
 use offgnn_shared::io_engine::IoEngine;
+use offgnn_shared::lease::Lease;
 use offgnn_shared::report::human_bytes;
 use offgnn_shared::store::Store;
 
@@ -20,7 +21,9 @@ use super::layers::{Model, graph_layers_of};
 use super::output::{OutputWriter, selection};
 use super::passes::Passes;
 use super::plan::{RunPlan, plan_run};
-use super::resume::{Progress, clear_work_dir, forget_progress, resume, run_key, save_progress};
+use super::resume::{
+    Claim, Progress, claim, clear_work_dir, forget_progress, run_key, save_progress,
+};
 use super::stream::Input;
 use super::{COMMIT, InferConfig, InferSummary, PAGE};
 use crate::error::{Error, Result};
@@ -72,13 +75,18 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let plan = &run_plan.plan;
     // Resume where a run of the same model, data and plan stopped.
     let key = run_key(cfg, &card.weights_sha256, &fingerprint, plan, &bits);
-    let (mut progress, run_id, stale_parts) = resume(
+    let Claim {
+        mut progress,
+        run_id,
+        lease,
+        swept,
+    } = claim(
         cfg,
+        &out,
         &key,
         previous.as_ref(),
         (card.num_layers, plan.groups.len()),
-    );
-    remove_stale_parts(&out, &stale_parts);
+    )?;
     let edges_bucketed = prepare_work_dir(cfg, &ds, &model, &run_plan, &mut progress)?;
     let features = Input {
         path: ds.features.path().to_path_buf(),
@@ -121,29 +129,12 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         device: format!("{:?}", cfg.device),
         aggregate: cfg.aggregate,
         graph_override: graph_override.clone(),
+        leftovers_removed: swept,
     };
-    commit_result(cfg, &out, &summary, &run_id, previous.as_ref())?;
+    commit_result(cfg, &out, &summary, (&run_id, &lease), previous.as_ref())?;
     // The work directory's files are ours; the result is committed.
     clear_work_dir(&cfg.work_dir, card.num_layers, plan.groups.len());
     Ok(summary)
-}
-
-/// Removes the output parts of an unfinished run that this run does not
-/// resume (another model, selection or plan): no commit names them.
-fn remove_stale_parts(out: &Store, parts: &[String]) {
-    if parts.is_empty() {
-        return;
-    }
-    tracing::info!(
-        "removing {} output parts of an unfinished run of other settings in {}",
-        parts.len(),
-        out.url()
-    );
-    for name in parts {
-        if let Err(e) = out.delete(name) {
-            tracing::warn!("could not remove {name}, left by an unfinished run: {e}");
-        }
-    }
 }
 
 /// The configuration to run with: the graph the model was trained on, as
@@ -384,18 +375,20 @@ fn commit_result(
     cfg: &InferConfig,
     out: &Store,
     summary: &InferSummary,
-    run_id: &RunId,
+    (run_id, lease): (&RunId, &Lease),
     previous: Option<&Previous>,
 ) -> Result<()> {
+    check_parts(out, run_id, &summary.files)?;
     let json = serde_json::to_vec_pretty(summary).expect("summary serializes");
     match commit::commit(out, COMMIT, json, run_id, previous)? {
-        commit::Outcome::Committed => {}
+        commit::Outcome::Committed => lease.release(),
         commit::Outcome::Lost { winner } => {
             let removed = summary
                 .files
                 .iter()
                 .filter(|f| out.delete(f).is_ok())
                 .count();
+            lease.release();
             forget_progress(&cfg.work_dir);
             return Err(commit::lost(&out.join(COMMIT), &winner, removed).into());
         }
@@ -415,6 +408,23 @@ fn commit_result(
         commit::fault_point(commit::REPLACED_REMOVED);
     }
     Ok(())
+}
+
+/// Refuses to commit `files` unless every one is in `out`: a process that
+/// took this run for dead (its lease lost) may have removed some.
+fn check_parts(out: &Store, run_id: &RunId, files: &[String]) -> Result<()> {
+    let there: HashSet<String> = out
+        .list(run_id.as_str())?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    match files.iter().find(|f| !there.contains(*f)) {
+        Some(gone) => Err(Error::InvalidArgument(format!(
+            "{}: this run's part {gone} is gone (another process removed it while this run went on); nothing was committed, run again",
+            out.url()
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn short(s: &str) -> &str {
