@@ -278,6 +278,17 @@ fn a_corrupted_checkpoint_is_refused(t: &Trained) {
     std::fs::write(&tensors, &whole[..whole.len() / 3]).unwrap();
     offgnn_e2e::assert_one_line(&export(), "cut short");
     assert!(!fresh.join("model.json").exists());
+    // An older trainer's checkpoint (no digest) cut short: libtorch's
+    // failure, in one line, with no warning before it.
+    let mut old = meta.clone();
+    old.as_object_mut().unwrap().remove("tensors_digest");
+    std::fs::write(
+        copy.join("checkpoint.json"),
+        serde_json::to_vec(&old).unwrap(),
+    )
+    .unwrap();
+    offgnn_e2e::assert_one_line(&export(), name);
+    assert!(!fresh.join("model.json").exists());
 }
 
 /// Weights holding a NaN, under a card whose SHA-256 names them, are

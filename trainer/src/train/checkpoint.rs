@@ -134,39 +134,39 @@ pub(super) fn load_tensors(
     device: Device,
 ) -> Result<HashMap<String, Tensor>> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path.display(), e))?;
-    match digest {
-        Some(want) => {
-            let found = FileDigest::of(&bytes);
-            if found.bytes != want.bytes {
-                return Err(Error::Corrupt {
-                    path: path.display().to_string(),
-                    fault: format!(
-                        "{} bytes where the checkpoint wrote {}: cut short or altered since; resume from another checkpoint or train again",
-                        found.bytes, want.bytes
-                    ),
-                });
-            }
-            if found.crc32c != want.crc32c {
-                return Err(Error::Corrupt {
-                    path: path.display().to_string(),
-                    fault: format!(
-                        "CRC32C {:08x} where the checkpoint wrote {:08x}: its bytes changed since it was written; resume from another checkpoint or train again",
-                        found.crc32c, want.crc32c
-                    ),
-                });
-            }
+    if let Some(want) = digest {
+        let found = FileDigest::of(&bytes);
+        if found.bytes != want.bytes {
+            return Err(Error::Corrupt {
+                path: path.display().to_string(),
+                fault: format!(
+                    "{} bytes where the checkpoint wrote {}: cut short or altered since; resume from another checkpoint or train again",
+                    found.bytes, want.bytes
+                ),
+            });
         }
-        None => tracing::warn!(
-            "{}: an older trainer wrote this checkpoint without a digest of its tensors; they are read unchecked",
-            path.display()
-        ),
+        if found.crc32c != want.crc32c {
+            return Err(Error::Corrupt {
+                path: path.display().to_string(),
+                fault: format!(
+                    "CRC32C {:08x} where the checkpoint wrote {:08x}: its bytes changed since it was written; resume from another checkpoint or train again",
+                    found.crc32c, want.crc32c
+                ),
+            });
+        }
     }
-    Ok(
-        Tensor::load_multi_from_stream_with_device(std::io::Cursor::new(bytes), device)
-            .map_err(|e| Error::torch(format!("reading checkpoint {}", path.display()), e))?
-            .into_iter()
-            .collect(),
-    )
+    let named = Tensor::load_multi_from_stream_with_device(std::io::Cursor::new(bytes), device)
+        .map_err(|e| Error::torch(format!("reading checkpoint {}", path.display()), e))?
+        .into_iter()
+        .collect();
+    // Said once the tensors are read: an unreadable file gets its one line.
+    if digest.is_none() {
+        tracing::warn!(
+            "{}: an older trainer wrote this checkpoint without a digest of its tensors; they were read unchecked",
+            path.display()
+        );
+    }
+    Ok(named)
 }
 
 /// The tensors named `prefix` + name, by name.
