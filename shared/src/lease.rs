@@ -208,10 +208,9 @@ pub fn sweep(store: &Store, kind: &Kind, lease: &Lease) -> Swept {
     });
     if !swept.runs.is_empty() {
         tracing::info!(
-            "removed {} objects ({}) left by {} {} that ended before committing ({})",
+            "removed {} objects ({}) of {} that ended before committing: {}",
             swept.objects,
             crate::report::human_bytes(swept.bytes),
-            swept.runs.len(),
             kind.what,
             swept.runs.join(", ")
         );
