@@ -67,7 +67,8 @@ fn exports_compute_the_same_logits_in_pytorch_geometric() {
 
 /// Bad export input, each refused with one line and a failing exit, and
 /// nothing written: an occupied target, a checkpoint of another manifest, a
-/// model.json of a newer format, GAT widths PyG cannot split over heads.
+/// corrupted checkpoint, non-finite weights, a model.json of a newer format
+/// or given for its directory, GAT widths PyG cannot split over heads.
 #[test]
 fn export_refuses_bad_input_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -78,6 +79,7 @@ fn export_refuses_bad_input_in_one_line() {
     a_corrupted_checkpoint_is_refused(&t);
     non_finite_weights_are_refused(&t);
     a_model_of_a_newer_format_is_refused(&t);
+    a_card_given_for_its_export_is_refused(&t);
     gat_widths_split_over_heads(&t);
 }
 
@@ -336,6 +338,18 @@ fn non_finite_weights_are_refused(t: &Trained) {
         "holds NaN (element 0): the weights are not finite",
     );
     assert!(!out.join("_SUCCESS.json").exists());
+}
+
+/// `--model` given the export's model.json, not its directory: one line
+/// saying which directory to pass (it said "File exists (os error 17)").
+fn a_card_given_for_its_export_is_refused(t: &Trained) {
+    let card = t.export.join("model.json");
+    let r = run(
+        "trainer",
+        &["show-model", "--model", card.to_str().unwrap()],
+    );
+    let dir = format!("pass {}", t.export.display());
+    offgnn_e2e::assert_one_line(&r, &dir);
 }
 
 /// A model.json of a newer format version.
