@@ -192,3 +192,52 @@ fn a_layout_served_over_http_stages_and_trains() {
     assert!(stage.join("manifest.json").exists());
     assert_eq!(r.json()["summary"]["epochs"].as_array().unwrap().len(), 1);
 }
+
+/// `--io-depth auto` (GIDS §3.2): the first run measures the curve of the
+/// disk holding the layout and keeps it in the cache directory; the next
+/// run takes it from there. A depth that is neither is refused.
+#[test]
+fn io_depth_auto_measures_the_disk_once_and_keeps_its_curve() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = cora_pack(dir.path());
+    let cache = dir.path().join("cache");
+    let env = [
+        ("XDG_CACHE_HOME", cache.to_str().unwrap()),
+        ("RUST_LOG", "info"),
+    ];
+    let train = |depth: &str| {
+        let args = [
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--epochs",
+            "1",
+            "--max-batches",
+            "2",
+            "--hidden",
+            "16",
+            "--io-depth",
+            depth,
+        ];
+        offgnn_e2e::run_with_env("trainer", &args, &env)
+    };
+    let r = train("auto");
+    assert!(r.status.success(), "{}", r.stderr);
+    assert!(r.stderr.contains("probing the read depth"), "{}", r.stderr);
+    assert!(r.stderr.contains("--io-depth auto: "), "{}", r.stderr);
+    let kept: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cache.join("offgnn/io-depth.json")).unwrap())
+            .unwrap();
+    let disks = kept.as_object().unwrap();
+    assert_eq!(disks.len(), 1, "{kept}");
+    let probe = disks.values().next().unwrap();
+    assert_eq!(probe["points"].as_array().unwrap().len(), 9, "{probe}");
+    let r = train("auto");
+    assert!(r.status.success(), "{}", r.stderr);
+    assert!(!r.stderr.contains("probing the read depth"), "{}", r.stderr);
+    assert!(r.stderr.contains("(measured before)"), "{}", r.stderr);
+    for bad in ["0", "deep"] {
+        let r = train(bad);
+        assert!(!r.status.success());
+        assert!(r.stderr.contains("--io-depth"), "{}", r.stderr);
+    }
+}

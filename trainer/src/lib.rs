@@ -9,6 +9,7 @@ pub mod distributed;
 pub mod error;
 pub mod export;
 pub mod inference;
+pub mod io_depth;
 pub mod layout;
 pub mod memory;
 pub mod model;

@@ -1,6 +1,7 @@
 //! `trainer info`: the libtorch this binary runs with (which torch, built
 //! for which CUDA), the NVIDIA driver, the devices libtorch sees, and a
-//! small computation on each that proves the backend works.
+//! small computation on each that proves the backend works; and `trainer
+//! probe-disk`: the random-read curve of a disk.
 
 use offgnn_shared::report::print_summary;
 use tch::Device;
@@ -87,6 +88,53 @@ pub(super) fn print_info() -> anyhow::Result<()> {
             "c10d": { "gloo": crate::distributed::support().0, "nccl": crate::distributed::support().1 },
             "checks": checks,
         }),
+    );
+    Ok(())
+}
+
+/// `trainer probe-disk`: the curve of the disk holding `file` (kept, or
+/// measured now) and the depth `--io-depth auto` takes from it.
+pub(super) fn probe_disk(file: &std::path::Path, fresh: bool) -> anyhow::Result<()> {
+    let found = crate::io_depth::resolve(file, fresh)?;
+    let p = &found.probe;
+    let best = p.points.iter().map(|x| x.iops).fold(0.0, f64::max);
+    let mut rows: Vec<(&str, String)> = vec![
+        ("disk", p.disk.clone()),
+        (
+            "curve",
+            if found.cached {
+                "kept from an earlier probe (--fresh measures again)".into()
+            } else {
+                format!("measured now on {}", p.file)
+            },
+        ),
+    ];
+    let lines: Vec<String> = p
+        .points
+        .iter()
+        .map(|x| {
+            format!(
+                "{:>4} in flight: {:>9.0} IOPS ({:>5.1}% of the best), {:>8.1} us a read",
+                x.depth,
+                x.iops,
+                100.0 * x.iops / best.max(1e-9),
+                x.latency_us
+            )
+        })
+        .collect();
+    rows.extend(lines.iter().map(|l| ("", l.clone())));
+    rows.push((
+        "chosen",
+        format!(
+            "{} in flight (the fewest within {:.0}% of the best)",
+            p.chosen,
+            100.0 * crate::io_depth::KNEE_SHARE
+        ),
+    ));
+    print_summary(
+        "disk probe",
+        &rows,
+        &serde_json::json!({ "command": "probe-disk", "cached": found.cached, "probe": p }),
     );
     Ok(())
 }

@@ -71,6 +71,18 @@ pub enum Command {
         #[arg(long)]
         model: String,
     },
+    /// Measure the random-read rate of the disk holding FILE at 1 to 256
+    /// reads in flight, and the depth `--io-depth auto` takes from it (the
+    /// knee: the fewest in flight within 95% of the best). Kept per machine.
+    ProbeDisk {
+        /// A file of at least a few MiB on the disk to measure (a layout's
+        /// segment).
+        #[arg(long)]
+        file: std::path::PathBuf,
+        /// Measure again even where a curve of this disk is kept.
+        #[arg(long)]
+        fresh: bool,
+    },
 }
 
 /// Runs the parsed command line.
@@ -80,6 +92,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Export(a)) => export::export_command(a),
         Some(Command::Infer(a)) => infer::infer_command(*a),
         Some(Command::ShowModel { model }) => export::show_model(&model),
+        Some(Command::ProbeDisk { file, fresh }) => info::probe_disk(&file, fresh),
         None => {
             // Training stops at its next batch on SIGINT or SIGTERM, with a
             // checkpoint when --checkpoint-dir is set.

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use offgnn_manifests::Manifest;
-use offgnn_shared::io_engine::IoEngine;
+use offgnn_shared::io_engine::{IoEngine, IoOptions};
 use offgnn_shared::report::human_bytes;
 
 use super::report;
@@ -41,6 +41,28 @@ pub enum Features {
     Naive,
     /// Baseline: all features in RAM.
     Memory,
+}
+
+/// `--io-depth`: reads in flight per ring, or chosen from the disk's curve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoDepth {
+    Auto,
+    PerRing(u32),
+}
+
+impl std::str::FromStr for IoDepth {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(IoDepth::Auto),
+            n => match n.parse::<u32>() {
+                Ok(0) => Err("must be at least 1".into()),
+                Ok(n) => Ok(IoDepth::PerRing(n)),
+                Err(_) => Err(format!("{n:?} is neither auto nor a number of requests")),
+            },
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -94,9 +116,12 @@ pub struct TrainArgs {
     /// io_uring rings.
     #[arg(long, default_value_t = 4)]
     pub io_rings: usize,
-    /// Requests in flight per ring.
-    #[arg(long, default_value_t = 64)]
-    pub io_depth: u32,
+    /// Requests in flight per ring, or `auto`: as many in all as the disk
+    /// holding the layout needs to reach 95% of its best random-read rate,
+    /// from its measured curve (probed once per machine; see
+    /// `trainer probe-disk`).
+    #[arg(long, default_value = "64")]
+    pub io_depth: IoDepth,
     /// Use the pread thread pool even where io_uring works.
     #[arg(long)]
     pub pread: bool,
@@ -168,7 +193,10 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     tracing::info!("training on {device:?}");
     let engine = IoEngine::new(offgnn_shared::io_engine::IoOptions {
         rings: a.io_rings,
-        queue_depth: a.io_depth,
+        queue_depth: match a.io_depth {
+            IoDepth::PerRing(n) => n,
+            IoDepth::Auto => IoOptions::default().queue_depth,
+        },
         force_pread: a.pread,
         ..Default::default()
     });
@@ -180,6 +208,10 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         &engine,
         writer,
     )?;
+    let engine = match a.io_depth {
+        IoDepth::Auto => engine_for_disk(&layout, engine)?,
+        IoDepth::PerRing(_) => engine,
+    };
     let m = &layout.manifest;
     let cfg = train_config(&a, kind, hidden, device, m, writer);
     let memory = state_memory(m, &cfg, memory_limit)?;
@@ -192,6 +224,55 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     summary.machine_share = share;
     report_run(&summary, &memory, group.as_ref());
     Ok(())
+}
+
+/// `--io-depth auto`: the engine again, keeping as many reads in flight as
+/// the disk holding the layout needs (GIDS §3.2), from the curve of its
+/// largest object's disk. The `pread` pool keeps its depth: it has no queue.
+fn engine_for_disk(layout: &Layout, engine: IoEngine) -> anyhow::Result<IoEngine> {
+    let largest = layout
+        .manifest
+        .objects
+        .iter()
+        .map(|o| (o.size, layout.dir.join(&o.name)))
+        .filter(|(_, path)| path.is_file())
+        .max();
+    let Some((_, path)) = largest else {
+        return Ok(engine);
+    };
+    if engine.backend() != offgnn_shared::io_engine::Backend::IoUring {
+        tracing::info!(
+            "--io-depth auto: the pread pool reads one request per thread; depth unchanged"
+        );
+        return Ok(engine);
+    }
+    let opts = engine.options();
+    let found = match crate::io_depth::resolve(&path, false) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(
+                "--io-depth auto: {e}; keeping {} per ring",
+                opts.queue_depth
+            );
+            return Ok(engine);
+        }
+    };
+    let per_ring = crate::io_depth::per_ring(found.probe.chosen, opts.rings);
+    tracing::info!(
+        "--io-depth auto: {} reads in flight ({} rings x {per_ring}), the knee of {}'s curve{}",
+        found.probe.chosen,
+        opts.rings,
+        found.probe.disk,
+        if found.cached {
+            " (measured before)"
+        } else {
+            ""
+        }
+    );
+    Ok(IoEngine::new(IoOptions {
+        queue_depth: per_ring,
+        ..opts
+    }))
 }
 
 /// The model's kind and hidden width, after the flags' checks: each a
@@ -210,7 +291,6 @@ fn model_shape(a: &TrainArgs) -> anyhow::Result<(ModelKind, i64)> {
         ("--queue-depth", a.queue_depth),
         ("--loaders", a.loaders),
         ("--io-rings", a.io_rings),
-        ("--io-depth", a.io_depth as usize),
     ] {
         if value == 0 {
             anyhow::bail!("{flag} must be at least 1");

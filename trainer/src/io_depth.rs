@@ -1,0 +1,260 @@
+//! How many reads to keep in flight on the disk that holds a layout, from
+//! the disk's own measured curve (GIDS §3.2, the dynamic storage access
+//! accumulator): random page reads at 1, 2, 4, … 256 in flight give each
+//! depth's IOPS, and Little's law its latency (in flight / IOPS). The depth
+//! chosen is the knee, the fewest reads in flight that reach 95% of the
+//! best IOPS measured: past it more reads in flight only queue. A disk is
+//! probed once per machine and the curve kept in the user's cache
+//! directory (`~/.cache/offgnn/io-depth.json`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use offgnn_shared::io_engine::{AlignedBuf, Backend, IoEngine, IoFile, IoOptions, PAGE, ReadReq};
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The depths probed: powers of two.
+const DEPTHS: [u32; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
+
+/// Seconds each depth is measured for.
+const SECONDS_PER_DEPTH: f64 = 0.3;
+
+/// The share of the best IOPS the chosen depth reaches.
+pub const KNEE_SHARE: f64 = 0.95;
+
+/// One depth's figures.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DepthPoint {
+    pub depth: u32,
+    pub iops: f64,
+    /// Mean time a read spent in flight, by Little's law (depth / IOPS).
+    pub latency_us: f64,
+}
+
+/// A disk's measured curve and the depth chosen from it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DepthProbe {
+    /// The machine and block device it was measured on.
+    pub disk: String,
+    /// The file read (random 4 KiB pages, O_DIRECT).
+    pub file: String,
+    pub points: Vec<DepthPoint>,
+    /// Reads in flight: IOPS × latency at the knee.
+    pub chosen: u32,
+}
+
+/// What [`resolve`] found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Resolved {
+    pub probe: DepthProbe,
+    /// Whether it came from the cache (else it was measured now).
+    pub cached: bool,
+}
+
+/// The knee of `points`: the fewest reads in flight whose IOPS reach
+/// `share` of the best.
+pub fn knee(points: &[DepthPoint], share: f64) -> u32 {
+    let best = points.iter().map(|p| p.iops).fold(0.0, f64::max);
+    points
+        .iter()
+        .filter(|p| p.iops >= share * best)
+        .map(|p| p.depth)
+        .min()
+        .unwrap_or(1)
+}
+
+/// Measures the curve of the disk that holds `path` (a file of at least a
+/// few MiB), reading random pages for `seconds` per depth.
+pub fn probe(path: &Path, seconds: f64) -> Result<DepthProbe> {
+    let mut points = Vec::with_capacity(DEPTHS.len());
+    for depth in DEPTHS {
+        let engine = IoEngine::new(IoOptions {
+            rings: 1,
+            queue_depth: depth,
+            ..Default::default()
+        });
+        let file = engine.open(path)?;
+        if engine.backend() != Backend::IoUring || !file.is_direct() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: the read depth is probed with io_uring and O_DIRECT, which this {} does not give",
+                path.display(),
+                if engine.backend() != Backend::IoUring {
+                    "kernel"
+                } else {
+                    "filesystem"
+                }
+            )));
+        }
+        let iops = random_reads(&engine, &file, depth, seconds)?;
+        points.push(DepthPoint {
+            depth,
+            iops,
+            latency_us: depth as f64 / iops.max(1e-9) * 1e6,
+        });
+    }
+    let chosen = knee(&points, KNEE_SHARE);
+    Ok(DepthProbe {
+        disk: disk_of(path),
+        file: path.display().to_string(),
+        points,
+        chosen,
+    })
+}
+
+/// IOPS of random page reads of `file` with `depth` in flight, for
+/// `seconds`: calls of 16 × depth requests, so that the drain at the end
+/// of a call is a small share of it.
+fn random_reads(engine: &IoEngine, file: &IoFile, depth: u32, seconds: f64) -> Result<f64> {
+    let pages = (file.len() / PAGE as u64).max(1);
+    let per_call = 16 * depth as usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(depth as u64);
+    let mut buf = AlignedBuf::new(per_call * PAGE);
+    let mut reqs = Vec::with_capacity(per_call);
+    let mut ios = 0u64;
+    let started = Instant::now();
+    while started.elapsed().as_secs_f64() < seconds {
+        reqs.clear();
+        reqs.extend((0..per_call).map(|i| ReadReq {
+            offset: rng.random_range(0..pages) * PAGE as u64,
+            len: PAGE,
+            buf_offset: i * PAGE,
+        }));
+        engine.read(file, &reqs, &mut buf)?;
+        ios += per_call as u64;
+    }
+    Ok(ios as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The machine and the block device that hold `path`: the cache's key.
+fn disk_of(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let dev = std::fs::metadata(path).map(|m| m.dev()).unwrap_or(0);
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    // The device's name (`nvme0n1p1`), where sysfs has one.
+    let name = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}"))
+        .ok()
+        .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| format!("{major}:{minor}"));
+    format!("{host}:{name}")
+}
+
+/// Where the measured curves are kept.
+fn cache_file() -> Option<PathBuf> {
+    let dir = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(dir.join("offgnn").join("io-depth.json"))
+}
+
+/// The curve of the disk holding `path`: the cached one, unless `fresh`;
+/// else measured now (and cached).
+pub fn resolve(path: &Path, fresh: bool) -> Result<Resolved> {
+    let disk = disk_of(path);
+    let cache = cache_file();
+    let mut known: BTreeMap<String, DepthProbe> = cache
+        .as_ref()
+        .and_then(|f| std::fs::read(f).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    if !fresh && let Some(probe) = known.get(&disk) {
+        return Ok(Resolved {
+            probe: probe.clone(),
+            cached: true,
+        });
+    }
+    tracing::info!(
+        "probing the read depth of {disk} ({} depths, {SECONDS_PER_DEPTH} s each)",
+        DEPTHS.len()
+    );
+    let probe = probe(path, SECONDS_PER_DEPTH)?;
+    known.insert(disk, probe.clone());
+    if let Some(file) = cache
+        && let Err(e) = save(&file, &known)
+    {
+        tracing::warn!(
+            "could not keep the measured read depth in {}: {e}",
+            file.display()
+        );
+    }
+    Ok(Resolved {
+        probe,
+        cached: false,
+    })
+}
+
+/// Writes `known` to `file` whole (a temporary file renamed over it).
+fn save(file: &Path, known: &BTreeMap<String, DepthProbe>) -> std::io::Result<()> {
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = file.with_extension(format!("json.{}", std::process::id()));
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec_pretty(known).expect("curves serialize"),
+    )?;
+    std::fs::rename(&tmp, file)
+}
+
+/// Reads in flight per ring for `rings` rings to keep `total` in flight.
+pub fn per_ring(total: u32, rings: usize) -> u32 {
+    total.div_ceil(rings.max(1) as u32).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn curve(iops: &[f64]) -> Vec<DepthPoint> {
+        DEPTHS
+            .iter()
+            .zip(iops)
+            .map(|(&depth, &iops)| DepthPoint {
+                depth,
+                iops,
+                latency_us: depth as f64 / iops * 1e6,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_knee_is_the_fewest_in_flight_within_the_share_of_the_best() {
+        // A disk that saturates at 32 in flight.
+        let nvme = curve(&[10e3, 20e3, 39e3, 75e3, 140e3, 196e3, 200e3, 201e3, 199e3]);
+        assert_eq!(knee(&nvme, KNEE_SHARE), 32);
+        // A flat one (a page cache, a RAM disk): one read in flight.
+        assert_eq!(knee(&curve(&[5e5; 9]), KNEE_SHARE), 1);
+        // Noise past the knee does not move it.
+        let noisy = curve(&[1e3, 2e3, 4e3, 8e3, 9.6e3, 10e3, 9.7e3, 10e3, 9.9e3]);
+        assert_eq!(knee(&noisy, KNEE_SHARE), 16);
+        assert_eq!(per_ring(32, 4), 8);
+        assert_eq!(per_ring(1, 4), 1);
+        assert_eq!(per_ring(33, 4), 9);
+    }
+
+    #[test]
+    fn a_probe_measures_every_depth_and_chooses_one_of_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("probe.bin");
+        std::fs::write(&path, vec![7u8; 8 << 20]).unwrap();
+        let probe = match probe(&path, 0.02) {
+            Ok(p) => p,
+            // Where the target directory refuses O_DIRECT there is no curve.
+            Err(e) => {
+                eprintln!("SKIPPED: a_probe_measures_every_depth_and_chooses_one_of_them: {e}");
+                return;
+            }
+        };
+        let depths: Vec<u32> = probe.points.iter().map(|p| p.depth).collect();
+        assert_eq!(depths, DEPTHS);
+        assert!(probe.points.iter().all(|p| p.iops > 0.0), "{probe:?}");
+        assert!(DEPTHS.contains(&probe.chosen));
+        assert_eq!(probe.chosen, knee(&probe.points, KNEE_SHARE));
+    }
+}
