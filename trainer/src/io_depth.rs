@@ -20,8 +20,13 @@ use crate::error::{Error, Result};
 /// The depths probed: powers of two.
 const DEPTHS: [u32; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 
-/// Seconds each depth is measured for.
-const SECONDS_PER_DEPTH: f64 = 0.3;
+/// Seconds each depth is measured for in one round.
+const SECONDS_PER_DEPTH: f64 = 0.2;
+
+/// Rounds over all the depths; a depth's IOPS is its median over them. A
+/// shared disk's rate drifts within seconds: rounds spread each depth's
+/// measurement over the whole probe, as alternating runs do.
+const ROUNDS: usize = 3;
 
 /// The share of the best IOPS the chosen depth reaches.
 pub const KNEE_SHARE: f64 = 0.95;
@@ -68,9 +73,9 @@ pub fn knee(points: &[DepthPoint], share: f64) -> u32 {
 }
 
 /// Measures the curve of the disk that holds `path` (a file of at least a
-/// few MiB), reading random pages for `seconds` per depth.
+/// few MiB), reading random pages for `seconds` per depth and round.
 pub fn probe(path: &Path, seconds: f64) -> Result<DepthProbe> {
-    let mut points = Vec::with_capacity(DEPTHS.len());
+    let mut engines = Vec::with_capacity(DEPTHS.len());
     for depth in DEPTHS {
         let engine = IoEngine::new(IoOptions {
             rings: 1,
@@ -89,13 +94,27 @@ pub fn probe(path: &Path, seconds: f64) -> Result<DepthProbe> {
                 }
             )));
         }
-        let iops = random_reads(&engine, &file, depth, seconds)?;
-        points.push(DepthPoint {
-            depth,
-            iops,
-            latency_us: depth as f64 / iops.max(1e-9) * 1e6,
-        });
+        engines.push((depth, engine, file));
     }
+    let mut rates = vec![Vec::with_capacity(ROUNDS); DEPTHS.len()];
+    for _ in 0..ROUNDS {
+        for ((depth, engine, file), rates) in engines.iter().zip(&mut rates) {
+            rates.push(random_reads(engine, file, *depth, seconds)?);
+        }
+    }
+    let points: Vec<DepthPoint> = DEPTHS
+        .iter()
+        .zip(rates)
+        .map(|(&depth, mut rates)| {
+            rates.sort_by(f64::total_cmp);
+            let iops = rates[rates.len() / 2];
+            DepthPoint {
+                depth,
+                iops,
+                latency_us: depth as f64 / iops.max(1e-9) * 1e6,
+            }
+        })
+        .collect();
     let chosen = knee(&points, KNEE_SHARE);
     Ok(DepthProbe {
         disk: disk_of(path),
@@ -170,7 +189,7 @@ pub fn resolve(path: &Path, fresh: bool) -> Result<Resolved> {
         });
     }
     tracing::info!(
-        "probing the read depth of {disk} ({} depths, {SECONDS_PER_DEPTH} s each)",
+        "probing the read depth of {disk} ({} depths, {ROUNDS} rounds of {SECONDS_PER_DEPTH} s each)",
         DEPTHS.len()
     );
     let probe = probe(path, SECONDS_PER_DEPTH)?;
