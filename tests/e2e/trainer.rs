@@ -231,10 +231,25 @@ fn io_depth_auto_measures_the_disk_once_and_keeps_its_curve() {
     assert_eq!(disks.len(), 1, "{kept}");
     let probe = disks.values().next().unwrap();
     assert_eq!(probe["points"].as_array().unwrap().len(), 9, "{probe}");
+    // The summary states the depth taken, and the curve it came from.
+    let s = &r.json()["summary"];
+    assert_eq!(s["io_depth_probe"]["probe"], *probe, "{s}");
+    assert_eq!(s["io_depth_probe"]["cached"], false);
+    let chosen = probe["chosen"].as_u64().unwrap();
+    let rings = s["io_rings"].as_u64().unwrap();
+    assert_eq!(
+        s["io_depth"].as_u64().unwrap(),
+        chosen.div_ceil(rings).max(1)
+    );
     let r = train("auto");
     assert!(r.status.success(), "{}", r.stderr);
     assert!(!r.stderr.contains("probing the read depth"), "{}", r.stderr);
     assert!(r.stderr.contains("(measured before)"), "{}", r.stderr);
+    assert_eq!(r.json()["summary"]["io_depth_probe"]["cached"], true);
+    let r = train("3");
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(r.json()["summary"]["io_depth"], 3);
+    assert!(r.json()["summary"]["io_depth_probe"].is_null());
     for bad in ["0", "deep"] {
         let r = train(bad);
         assert!(!r.status.success());

@@ -37,7 +37,20 @@ pub fn epoch_row(e: &EpochMetrics) {
 
 pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
     let rows = vec![
-        ("device", format!("{} (I/O: {})", s.device, s.io_backend)),
+        (
+            "device",
+            format!(
+                "{} (I/O: {}, {} x {} reads in flight{})",
+                s.device,
+                s.io_backend,
+                s.io_rings,
+                s.io_depth,
+                match &s.io_depth_probe {
+                    Some(p) => format!(", the knee of {}'s curve", p.probe.disk),
+                    None => String::new(),
+                }
+            ),
+        ),
         (
             "features / pipeline",
             format!(

@@ -13,6 +13,7 @@ use offgnn_shared::report::human_bytes;
 
 use super::report;
 use crate::distributed::{Group, Launch};
+use crate::io_depth::Resolved;
 use crate::layout::Layout;
 use crate::memory::{self, MemoryEstimate};
 use crate::model::{self, ModelKind};
@@ -208,9 +209,9 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         &engine,
         writer,
     )?;
-    let engine = match a.io_depth {
-        IoDepth::Auto => engine_for_disk(&layout, engine)?,
-        IoDepth::PerRing(_) => engine,
+    let (engine, probe) = match a.io_depth {
+        IoDepth::Auto => engine_for_disk(&layout, engine),
+        IoDepth::PerRing(_) => (engine, None),
     };
     let m = &layout.manifest;
     let cfg = train_config(&a, kind, hidden, device, m, writer);
@@ -222,6 +223,7 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     };
     let mut summary = train::train_ranks(&layout, &engine, &cfg, ranks, &mut report::epoch_row)?;
     summary.machine_share = share;
+    summary.io_depth_probe = probe;
     report_run(&summary, &memory, group.as_ref());
     Ok(())
 }
@@ -229,7 +231,7 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
 /// `--io-depth auto`: the engine again, keeping as many reads in flight as
 /// the disk holding the layout needs (GIDS §3.2), from the curve of its
 /// largest object's disk. The `pread` pool keeps its depth: it has no queue.
-fn engine_for_disk(layout: &Layout, engine: IoEngine) -> anyhow::Result<IoEngine> {
+fn engine_for_disk(layout: &Layout, engine: IoEngine) -> (IoEngine, Option<Resolved>) {
     let largest = layout
         .manifest
         .objects
@@ -238,13 +240,13 @@ fn engine_for_disk(layout: &Layout, engine: IoEngine) -> anyhow::Result<IoEngine
         .filter(|(_, path)| path.is_file())
         .max();
     let Some((_, path)) = largest else {
-        return Ok(engine);
+        return (engine, None);
     };
     if engine.backend() != offgnn_shared::io_engine::Backend::IoUring {
         tracing::info!(
             "--io-depth auto: the pread pool reads one request per thread; depth unchanged"
         );
-        return Ok(engine);
+        return (engine, None);
     }
     let opts = engine.options();
     let found = match crate::io_depth::resolve(&path, false) {
@@ -254,7 +256,7 @@ fn engine_for_disk(layout: &Layout, engine: IoEngine) -> anyhow::Result<IoEngine
                 "--io-depth auto: {e}; keeping {} per ring",
                 opts.queue_depth
             );
-            return Ok(engine);
+            return (engine, None);
         }
     };
     let per_ring = crate::io_depth::per_ring(found.probe.chosen, opts.rings);
@@ -269,10 +271,11 @@ fn engine_for_disk(layout: &Layout, engine: IoEngine) -> anyhow::Result<IoEngine
             ""
         }
     );
-    Ok(IoEngine::new(IoOptions {
+    let engine = IoEngine::new(IoOptions {
         queue_depth: per_ring,
         ..opts
-    }))
+    });
+    (engine, Some(found))
 }
 
 /// The model's kind and hidden width, after the flags' checks: each a

@@ -53,6 +53,9 @@ pub(super) fn finish(
         epochs: history,
         device: format!("{:?}", cfg.device),
         io_backend: job.engine.backend().to_string(),
+        io_rings: job.engine.options().rings,
+        io_depth: job.engine.options().queue_depth,
+        io_depth_probe: None,
         features: cfg.features,
         rows_dtype: match cfg.features {
             FeatureMode::Packed => layout.manifest.dataset.store_dtype(),

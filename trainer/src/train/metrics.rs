@@ -78,6 +78,11 @@ pub struct TrainSummary {
     pub mean_epoch_seconds_excl_first: f64,
     pub device: String,
     pub io_backend: String,
+    /// io_uring rings (or pread threads), and reads in flight on each.
+    pub io_rings: usize,
+    pub io_depth: u32,
+    /// `--io-depth auto`: the disk's curve the depth came from.
+    pub io_depth_probe: Option<crate::io_depth::Resolved>,
     pub features: FeatureMode,
     /// How the rows read are stored (the layout's `store_dtype`, or the
     /// feature file's type for the baselines); batches are widened to
