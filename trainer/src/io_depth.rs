@@ -2,8 +2,9 @@
 //! the disk's own measured curve (GIDS §3.2, the dynamic storage access
 //! accumulator): random page reads at 1, 2, 4, … 256 in flight give each
 //! depth's IOPS, and Little's law its latency (in flight / IOPS). The depth
-//! chosen is the knee, the fewest reads in flight that reach 95% of the
-//! best IOPS measured: past it more reads in flight only queue. A disk is
+//! chosen is the knee, the fewest reads in flight from which every deeper
+//! point reaches 95% of the best IOPS measured: past it more reads in
+//! flight only queue. A disk is
 //! probed once per machine and the curve kept in the user's cache
 //! directory (`~/.cache/offgnn/io-depth.json`).
 
@@ -60,16 +61,17 @@ pub struct Resolved {
     pub cached: bool,
 }
 
-/// The knee of `points`: the fewest reads in flight whose IOPS reach
-/// `share` of the best.
+/// The knee of `points` (in depth order): the fewest reads in flight from
+/// which every deeper point reaches `share` of the best. A shallow point
+/// that reaches it while deeper ones fall short is a drift of the disk, not
+/// a knee, and a depth chosen there starves a random-read workload.
 pub fn knee(points: &[DepthPoint], share: f64) -> u32 {
     let best = points.iter().map(|p| p.iops).fold(0.0, f64::max);
-    points
-        .iter()
-        .filter(|p| p.iops >= share * best)
-        .map(|p| p.depth)
-        .min()
-        .unwrap_or(1)
+    let short = points.iter().rposition(|p| p.iops < share * best);
+    match short {
+        Some(i) => points.get(i + 1).map_or(1, |p| p.depth),
+        None => points.first().map_or(1, |p| p.depth),
+    }
 }
 
 /// Measures the curve of the disk that holds `path` (a file of at least a
@@ -252,6 +254,12 @@ mod tests {
         // Noise past the knee does not move it.
         let noisy = curve(&[1e3, 2e3, 4e3, 8e3, 9.6e3, 10e3, 9.7e3, 10e3, 9.9e3]);
         assert_eq!(knee(&noisy, KNEE_SHARE), 16);
+        // A shallow point that reaches the share while deeper ones dip
+        // below it (the curve measured on this VM) is not the knee.
+        let drift = curve(&[
+            23.6e3, 33.7e3, 46.2e3, 59.4e3, 51.4e3, 56.0e3, 47.9e3, 61.1e3, 59.0e3,
+        ]);
+        assert_eq!(knee(&drift, KNEE_SHARE), 128);
         assert_eq!(per_ring(32, 4), 8);
         assert_eq!(per_ring(1, 4), 1);
         assert_eq!(per_ring(33, 4), 9);
