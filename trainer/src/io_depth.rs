@@ -2,9 +2,9 @@
 //! the disk's own measured curve (GIDS §3.2, the dynamic storage access
 //! accumulator): random page reads at 1, 2, 4, … 256 in flight give each
 //! depth's IOPS, and Little's law its latency (in flight / IOPS). The depth
-//! chosen is the knee, the fewest reads in flight from which every deeper
-//! point reaches 95% of the best IOPS measured: past it more reads in
-//! flight only queue. A disk is
+//! chosen is the knee, the fewest reads in flight from which every point
+//! up to the best reaches 95% of the best IOPS measured: past it more
+//! reads in flight only queue. A disk is
 //! probed once per machine and the curve kept in the user's cache
 //! directory (`~/.cache/offgnn/io-depth.json`).
 
@@ -62,16 +62,26 @@ pub struct Resolved {
 }
 
 /// The knee of `points` (in depth order): the fewest reads in flight from
-/// which every deeper point reaches `share` of the best. A shallow point
-/// that reaches it while deeper ones fall short is a drift of the disk, not
-/// a knee, and a depth chosen there starves a random-read workload.
+/// which every point up to the best reaches `share` of it. A shallow point
+/// that reaches the share while deeper ones fall short is a drift of the
+/// disk, not a knee, and a depth chosen there starves a random-read
+/// workload; points past the best are queueing, and do not count.
 pub fn knee(points: &[DepthPoint], share: f64) -> u32 {
-    let best = points.iter().map(|p| p.iops).fold(0.0, f64::max);
-    let short = points.iter().rposition(|p| p.iops < share * best);
-    match short {
-        Some(i) => points.get(i + 1).map_or(1, |p| p.depth),
-        None => points.first().map_or(1, |p| p.depth),
-    }
+    let Some(best) = points
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.iops.total_cmp(&b.1.iops))
+        .map(|(i, _)| i)
+    else {
+        return 1;
+    };
+    let floor = share * points[best].iops;
+    let rising = &points[..=best];
+    let from = rising
+        .iter()
+        .rposition(|p| p.iops < floor)
+        .map_or(0, |short| short + 1);
+    rising[from].depth
 }
 
 /// Measures the curve of the disk that holds `path` (a file of at least a
@@ -260,6 +270,12 @@ mod tests {
             23.6e3, 33.7e3, 46.2e3, 59.4e3, 51.4e3, 56.0e3, 47.9e3, 61.1e3, 59.0e3,
         ]);
         assert_eq!(knee(&drift, KNEE_SHARE), 128);
+        // The deepest point falling short of the best does not count.
+        let past = curve(&[
+            26.8e3, 41.9e3, 50.8e3, 61.1e3, 66.5e3, 67.5e3, 78.0e3, 90.5e3, 84.4e3,
+        ]);
+        assert_eq!(knee(&past, KNEE_SHARE), 128);
+        assert_eq!(knee(&[], KNEE_SHARE), 1);
         assert_eq!(per_ring(32, 4), 8);
         assert_eq!(per_ring(1, 4), 1);
         assert_eq!(per_ring(33, 4), 9);

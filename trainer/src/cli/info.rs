@@ -126,7 +126,7 @@ pub(super) fn probe_disk(file: &std::path::Path, fresh: bool) -> anyhow::Result<
     rows.push((
         "chosen",
         format!(
-            "{} in flight (the fewest from which every deeper depth is within {:.0}% of the best)",
+            "{} in flight (the fewest from which every depth up to the best is within {:.0}% of it)",
             p.chosen,
             100.0 * crate::io_depth::KNEE_SHARE
         ),

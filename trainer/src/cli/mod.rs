@@ -73,8 +73,8 @@ pub enum Command {
     },
     /// Measure the random-read rate of the disk holding FILE at 1 to 256
     /// reads in flight, and the depth `--io-depth auto` takes from it (the
-    /// knee: the fewest in flight from which every deeper depth is within
-    /// 95% of the best). Kept per machine.
+    /// knee: the fewest in flight from which every depth up to the best is
+    /// within 95% of it). Kept per machine.
     ProbeDisk {
         /// A file of at least a few MiB on the disk to measure (a layout's
         /// segment).
