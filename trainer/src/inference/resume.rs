@@ -162,16 +162,7 @@ pub(super) fn claim(
     let (mut progress, mut run_id, stale_parts) = resume(cfg, key, previous, dims);
     remove_parts(out, &stale_parts, "an unfinished run of other settings");
     let mut lease = take_lease(out, &run_id)?;
-    let there: std::collections::HashSet<String> = out
-        .list(run_id.as_str())?
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
-    let missing = progress
-        .output_files
-        .iter()
-        .filter(|f| !there.contains(*f))
-        .count();
+    let missing = missing_parts(out, &run_id, &progress.output_files)?.len();
     if missing > 0 {
         tracing::warn!(
             "{missing} of the {} output parts this run wrote before it stopped are not in {}; starting over",
@@ -191,6 +182,20 @@ pub(super) fn claim(
         lease,
         swept,
     })
+}
+
+/// The parts among `files` that are not in `out` under `run_id`'s directory.
+pub(super) fn missing_parts<'a>(
+    out: &Store,
+    run_id: &RunId,
+    files: &'a [String],
+) -> Result<Vec<&'a String>> {
+    let there: std::collections::HashSet<String> = out
+        .list(run_id.as_str())?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    Ok(files.iter().filter(|f| !there.contains(*f)).collect())
 }
 
 fn take_lease(out: &Store, run_id: &RunId) -> Result<Lease> {

@@ -22,7 +22,7 @@ use super::output::{OutputWriter, selection};
 use super::passes::Passes;
 use super::plan::{RunPlan, plan_run};
 use super::resume::{
-    Claim, Progress, claim, clear_work_dir, forget_progress, run_key, save_progress,
+    Claim, Progress, claim, clear_work_dir, forget_progress, missing_parts, run_key, save_progress,
 };
 use super::stream::Input;
 use super::{COMMIT, InferConfig, InferSummary, PAGE};
@@ -413,12 +413,7 @@ fn commit_result(
 /// Refuses to commit `files` unless every one is in `out`: a process that
 /// took this run for dead (its lease lost) may have removed some.
 fn check_parts(out: &Store, run_id: &RunId, files: &[String]) -> Result<()> {
-    let there: HashSet<String> = out
-        .list(run_id.as_str())?
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
-    match files.iter().find(|f| !there.contains(*f)) {
+    match missing_parts(out, run_id, files)?.first() {
         Some(gone) => Err(Error::InvalidArgument(format!(
             "{}: this run's part {gone} is gone (another process removed it while this run went on); nothing was committed, run again",
             out.url()
