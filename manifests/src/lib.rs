@@ -20,8 +20,13 @@ pub use kinds::{DiskCacheMode, Dtype, PackingMode, RowOrder, Split};
 /// address tables of format OGATBL02 (compressed topology, bit-packed
 /// addresses), which builds before it cannot read. Formats 1 and 2 name
 /// tables of raw arrays, which this build no longer reads: such a layout
-/// is refused with a line that says to pack it again.
-pub const FORMAT_VERSION: u32 = 3;
+/// is refused with a line that says to pack it again. Format 4 is a
+/// layout whose CPU cache follows the batch order (`cpu_cache.policy`
+/// `belady`; its address tables carry admissions): the packer writes 4
+/// only for those, so builds that read format 3 still read static layouts.
+pub const FORMAT_VERSION: u32 = 4;
+/// The format of a layout whose CPU cache is static.
+pub const STATIC_FORMAT_VERSION: u32 = 3;
 /// The oldest manifest format this build reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 3;
 /// The manifest's own name inside a layout.
@@ -157,6 +162,36 @@ pub struct Tier {
     pub object: Option<String>,
     pub rows: u64,
     pub budget_bytes: u64,
+    /// How the tier's rows change while training (the CPU cache's; the
+    /// GPU cache is static).
+    #[serde(default, skip_serializing_if = "CachePolicy::is_static")]
+    pub policy: CachePolicy,
+}
+
+/// What a cache tier holds as training goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CachePolicy {
+    /// The most frequently read rows, the same for every batch (DiskGNN §4).
+    #[default]
+    Static,
+    /// Starts as the static rows each epoch; each training batch's table
+    /// admits rows it read from disk in place of the rows read again
+    /// furthest ahead (Belady's policy, as Ginex computes it, §3.4).
+    Belady,
+}
+
+impl CachePolicy {
+    pub fn is_static(&self) -> bool {
+        *self == CachePolicy::Static
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CachePolicy::Static => "static",
+            CachePolicy::Belady => "belady",
+        }
+    }
 }
 
 /// A segment: its object holds the disk cache, then each batch's packed
@@ -320,6 +355,16 @@ impl Manifest {
                 self.samples.fanouts.len()
             ));
         }
+        if !self.gpu_cache.policy.is_static() {
+            return Err("the GPU cache is static; its policy cannot be another".into());
+        }
+        if !self.cpu_cache.policy.is_static() && self.format_version < FORMAT_VERSION {
+            return Err(format!(
+                "a {} CPU cache in a manifest of format {}",
+                self.cpu_cache.policy.name(),
+                self.format_version
+            ));
+        }
         let mut names = std::collections::HashSet::new();
         for o in &self.objects {
             if !safe_name(&o.name) {
@@ -449,11 +494,13 @@ mod tests {
                 object: Some("pack/gpu_cache.bin".into()),
                 rows: 1,
                 budget_bytes: 16,
+                policy: CachePolicy::Static,
             },
             cpu_cache: Tier {
                 object: None,
                 rows: 0,
                 budget_bytes: 0,
+                policy: CachePolicy::Static,
             },
             packing: Packing {
                 mode: PackingMode::Batched,

@@ -67,6 +67,7 @@ fn config(samples: &str, features: &str, out: &Path) -> anyhow::Result<PackConfi
         disk_cache: DiskCacheMode::Segmented,
         store_dtype: None,
         row_order: packer::pack::RowOrder::DEFAULT,
+        cpu_cache_policy: packer::pack::CpuCachePolicy::Static,
         overwrite: true,
         show_progress: true,
     })

@@ -147,6 +147,11 @@ const ON_DISK: u32 = u32::MAX;
 const CPU_FLAG: u32 = 1 << 31;
 
 impl Tiers {
+    /// Nodes of the graph the tiers were built for.
+    pub fn num_nodes(&self) -> u64 {
+        self.loc.len() as u64
+    }
+
     /// Where node `v`'s row lives.
     ///
     /// # Panics

@@ -18,8 +18,9 @@ use offgnn_shared::store::Store;
 use serde::Serialize;
 
 use crate::access_rank::{Location, Tiers};
+use crate::belady::BatchCpu;
 use crate::error::{Error, Result};
-use crate::plan::{self, BatchInfo, SegmentPlan};
+use crate::plan::{self, BatchInfo, CpuPlan, SegmentPlan};
 
 /// The write buffer of each segment's table object (all are open at once).
 pub(crate) const TABLE_BUFFER: usize = 16 << 10;
@@ -125,11 +126,13 @@ impl<W: Write> Write for CrcWriter<W> {
 /// Builds one batch's address table (DiskGNN §6). The batch's labels,
 /// input nodes and blocks move into the table: they are its largest part,
 /// and copying them cost the table writer fresh memory beside the packing.
+/// Under Belady (`cpu`), the CPU-cache rows are the batch's hits, and
+/// the rows it admits follow its addresses.
 pub fn batch_table(
     b: SampledBatch,
     seg: &SegmentPlan,
     record: usize,
-    cache: &Tiers,
+    (cache, cpu): (&Tiers, Option<&BatchCpu>),
     row_bytes: u64,
 ) -> Result<BatchTable> {
     let mut t = BatchTable {
@@ -146,7 +149,15 @@ pub fn batch_table(
     };
     let mut on_disk: Vec<(u32, u32)> = Vec::new(); // (node, input position)
     for (i, &v) in t.input_nodes.iter().enumerate() {
-        match cache.locate(v) {
+        let at = match (cache.locate(v), cpu) {
+            (Location::Gpu(slot), _) => Location::Gpu(slot),
+            (_, Some(u)) => match u.hits.binary_search_by_key(&v, |h| h.0) {
+                Ok(h) => Location::Cpu(u.hits[h].1),
+                Err(_) => Location::Disk,
+            },
+            (at, None) => at,
+        };
+        match at {
             Location::Gpu(slot) => {
                 t.gpu_pos.push(i as u32);
                 t.gpu_slot.push(slot);
@@ -179,6 +190,9 @@ pub fn batch_table(
             }
         }
     }
+    if let Some(u) = cpu {
+        admissions(&mut t, &on_disk, u)?;
+    }
     // The packed rows in input order, as the table has always listed them.
     packed.sort_unstable();
     (t.packed_pos, t.packed_row) = packed.into_iter().unzip();
@@ -196,6 +210,27 @@ pub fn batch_table(
             .push(page_index * plan::PAGE + byte % plan::PAGE);
     }
     Ok(t)
+}
+
+/// The batch's admissions into the CPU cache, in input order: each admits
+/// a row it reads from disk (`on_disk`: `(node, input position)` sorted
+/// by node).
+fn admissions(t: &mut BatchTable, on_disk: &[(u32, u32)], u: &BatchCpu) -> Result<()> {
+    let mut admit = Vec::with_capacity(u.admits.len());
+    for &(v, slot) in &u.admits {
+        let k = on_disk
+            .binary_search_by_key(&v, |d| d.0)
+            .map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "internal: batch {} admits node {v}, which it does not read from disk",
+                    t.index
+                ))
+            })?;
+        admit.push((on_disk[k].1, slot));
+    }
+    admit.sort_unstable();
+    (t.admit_pos, t.admit_slot) = admit.into_iter().unzip();
+    Ok(())
 }
 
 /// A batch's table, encoded, with its place (segment and record) and the
@@ -222,7 +257,7 @@ impl Built {
         b: SampledBatch,
         (si, ri): (usize, usize),
         seg: &SegmentPlan,
-        cache: &Tiers,
+        cache: (&Tiers, Option<&BatchCpu>),
         row_bytes: u64,
         num_nodes: u64,
         scratch: &mut Vec<u8>,
@@ -307,7 +342,7 @@ fn build_window(
     window: Vec<SampledBatch>,
     place: &Places,
     segments: &[SegmentPlan],
-    cache: &Tiers,
+    (cache, cpu): (&Tiers, &CpuPlan),
     row_bytes: u64,
     num_nodes: u64,
 ) -> Result<Vec<Option<Built>>> {
@@ -318,11 +353,12 @@ fn build_window(
             let Some(&(si, ri)) = place.get(&(b.split, b.epoch, b.index)) else {
                 return Ok(None);
             };
+            let used = cpu.of(segments[si].batches[ri]);
             let built = Built::new(
                 b,
                 (si, ri),
                 &segments[si],
-                cache,
+                (cache, used),
                 row_bytes,
                 num_nodes,
                 scratch,
@@ -424,7 +460,7 @@ pub(crate) fn write_tables(
     prefix: &str,
     segments: &[SegmentPlan],
     batches: &[BatchInfo],
-    cache: &Tiers,
+    cache: (&Tiers, &CpuPlan),
     row_bytes: u64,
     num_nodes: u64,
     show: bool,

@@ -167,7 +167,13 @@ pub(crate) fn manifest(
     summary: &PackSummary,
 ) -> Manifest {
     Manifest {
-        format_version: manifests::FORMAT_VERSION,
+        // A static layout keeps format 3, which builds before the Belady
+        // policy read.
+        format_version: if summary.cpu_cache_policy.is_static() {
+            manifests::STATIC_FORMAT_VERSION
+        } else {
+            manifests::FORMAT_VERSION
+        },
         run_id: target.run_id.to_string(),
         created_by: format!("offgnn packer {}", env!("CARGO_PKG_VERSION")),
         dataset: dataset_ref(inputs, rows, packed.rows_crc32c),
@@ -176,11 +182,13 @@ pub(crate) fn manifest(
             object: packed.gpu_object.map(|o| o.name),
             rows: summary.gpu_rows,
             budget_bytes: cfg.gpu_cache,
+            policy: manifests::CachePolicy::Static,
         },
         cpu_cache: manifests::Tier {
             object: packed.cpu_object.map(|o| o.name),
             rows: summary.cpu_rows,
             budget_bytes: cfg.cpu_cache,
+            policy: summary.cpu_cache_policy,
         },
         packing: packing_ref(cfg, summary),
         segments: segment_refs(packed.segments, &target.prefix),

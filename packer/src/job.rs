@@ -25,8 +25,20 @@ pub struct PackConfig {
     pub store_dtype: Option<Dtype>,
     /// How each disk cache's rows are ordered.
     pub row_order: RowOrder,
+    /// How the CPU cache's rows change from batch to batch.
+    pub cpu_cache_policy: CpuCachePolicy,
     pub overwrite: bool,
     pub show_progress: bool,
+}
+
+/// How the CPU cache's rows change as training goes: the same most-read
+/// rows throughout (DiskGNN), Belady's policy over the known batch order
+/// (Ginex), or whichever of the two reads fewer rows from disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuCachePolicy {
+    Static,
+    Belady,
+    Auto,
 }
 
 /// Phase timings and volumes of a packing job.
@@ -49,6 +61,11 @@ pub struct PackSummary {
     pub bytes_written: u64,
     pub segment_size: usize,
     pub searched: bool,
+    /// The CPU cache's policy, `static` or `belady`, and the rows each
+    /// policy would read from disk over the sampled training batches
+    /// (where the CPU cache holds rows and a choice was weighed).
+    pub cpu_cache_policy: manifests::CachePolicy,
+    pub cpu_cache_forecast: Option<crate::belady::Forecast>,
     /// Algorithm 2's segment size and its estimate of the training
     /// segments' bytes (searched runs), beside the exact outcome below.
     pub algorithm2_segment_size: Option<usize>,

@@ -5,6 +5,7 @@
 
 mod address_tables;
 pub mod batched_pack;
+pub mod belady;
 pub mod cli;
 mod commit;
 pub mod crc;

@@ -23,7 +23,7 @@ use crate::plan::{self, BatchInfo, Scratch, SegmentPlan, align};
 use crate::segment_search::{FixedBytes, SegmentChoice, SegmentSize, choose_segment_size};
 
 pub use crate::address_tables::{AmplificationParts, batch_table};
-pub use crate::job::{PackConfig, PackSummary};
+pub use crate::job::{CpuCachePolicy, PackConfig, PackSummary};
 pub use crate::memory::{BASELINE_BYTES, MemoryStatement};
 pub use offgnn_manifests::{DiskCacheMode, Dtype, PackingMode, RowOrder};
 
@@ -140,6 +140,8 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
 /// validation and test) with its partitions, and what the plan holds.
 struct Layout {
     cache: Tiers,
+    /// The CPU cache's policy and, under Belady, each batch's use of it.
+    cpu: plan::CpuPlan,
     segments: Vec<SegmentPlan>,
     /// First node of each partition, `num_nodes` last.
     bounds: Vec<u64>,
@@ -178,6 +180,8 @@ impl Layout {
         summary.segments = self.segments.len();
         summary.gpu_rows = self.cache.gpu_nodes().len() as u64;
         summary.cpu_rows = self.cache.cpu_nodes().len() as u64;
+        summary.cpu_cache_policy = self.cpu.policy;
+        summary.cpu_cache_forecast = self.cpu.forecast;
     }
 }
 
@@ -196,7 +200,13 @@ fn plan_layout(
 ) -> Result<Layout> {
     let num_nodes = inputs.features.num_rows();
     let row_bytes = rows.row_bytes;
-    let cache = plan::rank_and_split(batches, num_nodes, row_bytes, cfg.gpu_cache, cfg.cpu_cache)?;
+    let (cache, cpu) = plan::rank_and_split(
+        batches,
+        num_nodes,
+        row_bytes,
+        (cfg.gpu_cache, cfg.cpu_cache),
+        cfg.cpu_cache_policy,
+    )?;
     // Memory: the plan, the pieces read ahead, and the staging of
     // disk-cache runs.
     let held = PlanMemory::check(cfg.memory, &inputs.run, batches, num_nodes, pieces)?;
@@ -268,6 +278,7 @@ fn plan_layout(
         memory: held.statement(loading, staging_bytes, cfg.memory),
         plan_bytes: held.plan_bytes,
         cache,
+        cpu,
         segments,
         bounds,
         choice,
@@ -381,7 +392,7 @@ fn pack_layout(
                 prefix,
                 segments,
                 batches,
-                cache,
+                (cache, &layout.cpu),
                 row_bytes,
                 num_nodes,
                 false,

@@ -18,6 +18,9 @@ use offgnn_shared::dataset::Split;
 use rayon::prelude::*;
 
 use crate::access_rank::{AccessCounts, Location, Tiers};
+use crate::belady::{BatchCpu, Forecast};
+use crate::job::CpuCachePolicy;
+use offgnn_manifests::CachePolicy;
 use crate::minhash::{fill_pages, minhash_order};
 use offgnn_manifests::RowOrder;
 
@@ -318,9 +321,9 @@ pub fn rank_and_split(
     batches: &mut [BatchInfo],
     num_nodes: u64,
     row_bytes: u64,
-    gpu_bytes: u64,
-    cpu_bytes: u64,
-) -> Result<Tiers, crate::error::Error> {
+    (gpu_bytes, cpu_bytes): (u64, u64),
+    policy: CpuCachePolicy,
+) -> Result<(Tiers, CpuPlan), crate::error::Error> {
     let train: Vec<&[u32]> = batches
         .iter()
         .filter(|b| b.split == Split::Train)
@@ -328,18 +331,79 @@ pub fn rank_and_split(
         .collect();
     let counts = AccessCounts::from_batches(num_nodes, &train)?;
     let tiers = crate::access_rank::assign_tiers(counts, row_bytes, gpu_bytes, cpu_bytes)?;
-    batches.par_iter_mut().for_each(|b| {
-        let mut cold: Vec<u32> = b
-            .inputs
-            .iter()
-            .copied()
-            .filter(|&v| tiers.locate(v) == Location::Disk)
-            .collect();
+    let cpu = CpuPlan::choose(batches, &tiers, policy);
+    batches.par_iter_mut().enumerate().for_each(|(i, b)| {
+        let mut cold: Vec<u32> = match cpu.of(i) {
+            // Under Belady: what the GPU cache and the cache's state then
+            // do not hold.
+            Some(u) => b
+                .inputs
+                .iter()
+                .copied()
+                .filter(|&v| {
+                    !matches!(tiers.locate(v), Location::Gpu(_))
+                        && u.hits.binary_search_by_key(&v, |h| h.0).is_err()
+                })
+                .collect(),
+            None => b
+                .inputs
+                .iter()
+                .copied()
+                .filter(|&v| tiers.locate(v) == Location::Disk)
+                .collect(),
+        };
         cold.sort_unstable();
+        if let Some(u) = cpu.of(i) {
+            b.table_bytes += offgnn_shared::address_table::admission_bytes(
+                u.admits.len() as u64,
+                b.inputs.len() as u64,
+                num_nodes,
+            );
+        }
         b.cold = cold;
         b.inputs = Vec::new();
     });
-    Ok(tiers)
+    Ok((tiers, cpu))
+}
+
+/// The CPU cache's policy and, under Belady, each batch's use of it.
+#[derive(Debug, Default)]
+pub struct CpuPlan {
+    pub policy: CachePolicy,
+    /// Per batch of the plan (under Belady; evaluation batches `None`).
+    batches: Vec<Option<BatchCpu>>,
+    /// Both policies' rows read from disk, where a choice was weighed.
+    pub forecast: Option<Forecast>,
+}
+
+impl CpuPlan {
+    /// Weighs the policies as `policy` asks over `batches` (which still
+    /// hold their inputs): Belady where asked, or under `auto` where it
+    /// reads fewer rows from disk, restores included. Without CPU-cache
+    /// rows or training batches the cache has nothing to follow: static.
+    fn choose(batches: &[BatchInfo], tiers: &Tiers, policy: CpuCachePolicy) -> CpuPlan {
+        let trains = batches.iter().any(|b| b.split == Split::Train);
+        if policy == CpuCachePolicy::Static || tiers.cpu_nodes().is_empty() || !trains {
+            return CpuPlan::default();
+        }
+        let (used, forecast) = crate::belady::simulate(batches, tiers);
+        let belady = policy == CpuCachePolicy::Belady
+            || forecast.belady_total() < forecast.static_rows;
+        CpuPlan {
+            policy: if belady {
+                CachePolicy::Belady
+            } else {
+                CachePolicy::Static
+            },
+            batches: if belady { used } else { Vec::new() },
+            forecast: Some(forecast),
+        }
+    }
+
+    /// Batch `i`'s hits and admissions, under Belady.
+    pub fn of(&self, i: usize) -> Option<&BatchCpu> {
+        self.batches.get(i).and_then(Option::as_ref)
+    }
 }
 
 #[cfg(test)]

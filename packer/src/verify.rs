@@ -277,13 +277,14 @@ fn compare_with_features(
 }
 
 /// Assembles a batch's input matrix from the layout (what the trainer does)
-/// into `scratch.got`.
+/// into `scratch.got`; a CPU cache that follows the batch order gives its
+/// rows as they are now (`cpu`).
 fn assemble(
     store: &Store,
     maps: &Maps,
     m: &Manifest,
-    segment: usize,
-    t: &BatchTable,
+    (segment, t): (usize, &BatchTable),
+    cpu: Option<&[u8]>,
     scratch: &mut Scratch,
 ) -> Result<()> {
     let rb = m.dataset.store_row_bytes();
@@ -292,11 +293,20 @@ fn assemble(
     } = scratch;
     got.resize(t.num_inputs as usize * rb as usize, 0);
     let out = got.as_mut_slice();
+    if let Some(rows) = cpu {
+        let rb = rb as usize;
+        for (&p, &s) in t.cpu_pos.iter().zip(&t.cpu_slot) {
+            let row = rows.get(s as usize * rb..(s as usize + 1) * rb).ok_or_else(|| {
+                Error::Verify(format!("CPU slot {s} beyond the CPU cache's rows"))
+            })?;
+            out[p as usize * rb..(p as usize + 1) * rb].copy_from_slice(row);
+        }
+    }
     for (tier, object, pos, slots) in [
         ("GPU", &m.gpu_cache.object, &t.gpu_pos, &t.gpu_slot),
         ("CPU", &m.cpu_cache.object, &t.cpu_pos, &t.cpu_slot),
     ] {
-        if pos.is_empty() {
+        if pos.is_empty() || (tier == "CPU" && cpu.is_some()) {
             continue;
         }
         let object = object
@@ -428,22 +438,13 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
         )));
     }
 
-    let mut tables: HashMap<(Split, u32, u32), (usize, BatchTable)> = HashMap::new();
-    for (si, seg) in m.segments.iter().enumerate() {
-        for t in read_table(&store, &seg.table)? {
-            let split = t
-                .split
-                .ok_or_else(|| Error::Verify(format!("{}: a record without a split", seg.table)))?;
-            tables.insert((split, t.epoch, t.index), (si, t));
-        }
-    }
+    let tables: Vec<Vec<BatchTable>> = m
+        .segments
+        .iter()
+        .map(|seg| read_table(&store, &seg.table))
+        .collect::<Result<_>>()?;
+    check_topology(&m, &tables, &samples, &run)?;
     let scheduled: usize = m.schedule.values().flatten().map(Vec::len).sum();
-    if tables.len() != scheduled {
-        return Err(Error::Verify(format!(
-            "{} table records for {scheduled} scheduled batches",
-            tables.len()
-        )));
-    }
     let pb = offgnn_shared::progress::bar_if(show, scheduled as u64, "verifying", "batches");
     let mut summary = VerifySummary {
         manifest: origin,
@@ -453,46 +454,98 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
     };
     let maps = Maps::open(&store, &m, &features)?;
     let mut scratch = Scratch::default();
+    // A CPU cache that follows the batch order is replayed as the trainer
+    // applies it: from the tier's rows at each epoch's start, each
+    // training batch's admissions after it.
+    let dynamic = !m.cpu_cache.policy.is_static();
+    let mut cpu: Vec<u8> = Vec::new();
+    for (split, epochs) in &m.schedule {
+        for refs in epochs {
+            let follow = dynamic && *split == Split::Train;
+            if follow && let Some(object) = &m.cpu_cache.object {
+                cpu = store.get(object)?.to_vec();
+            }
+            for r in refs {
+                let t = &tables[r.segment as usize][r.record as usize];
+                let name = format!("{split} epoch {} batch {}", t.epoch, t.index);
+                let live = follow.then_some(cpu.as_slice());
+                assemble(&store, &maps, &m, (r.segment as usize, t), live, &mut scratch)?;
+                compare_with_features(&features, &maps, &t.input_nodes, &scratch.got, rows, &mut scratch.span)
+                    .map_err(|e| match e {
+                        Error::Verify(fault) => Error::Verify(format!("{name}: {fault}")),
+                        other => other,
+                    })?;
+                if follow {
+                    admit(&mut cpu, t, &scratch.got, rows.stored)
+                        .map_err(|fault| Error::Verify(format!("{name}: {fault}")))?;
+                }
+                summary.batches += 1;
+                summary.rows += u64::from(t.num_inputs);
+                pb.inc(1);
+            }
+        }
+    }
+    pb.finish_and_clear();
+    summary.seconds = started.elapsed().as_secs_f64();
+    Ok(summary)
+}
+
+/// Copies a batch's admitted rows from its assembled matrix `got` into
+/// the CPU cache's rows.
+fn admit(cpu: &mut [u8], t: &BatchTable, got: &[u8], rb: usize) -> std::result::Result<(), String> {
+    for (&p, &s) in t.admit_pos.iter().zip(&t.admit_slot) {
+        let (d, f) = (s as usize * rb, p as usize * rb);
+        let slot = cpu
+            .get_mut(d..d + rb)
+            .ok_or_else(|| format!("admission into CPU slot {s}, beyond the CPU cache's rows"))?;
+        slot.copy_from_slice(&got[f..f + rb]);
+    }
+    Ok(())
+}
+
+/// Every scheduled batch's table against its batch in the samples: the
+/// same input nodes, labels and blocks, and no batch on one side only.
+fn check_topology(
+    m: &Manifest,
+    tables: &[Vec<BatchTable>],
+    samples: &Store,
+    run: &RunSummary,
+) -> Result<()> {
+    let mut place: HashMap<(Split, u32, u32), &BatchTable> = HashMap::new();
+    for (seg, ts) in m.segments.iter().zip(tables) {
+        for t in ts {
+            let split = t
+                .split
+                .ok_or_else(|| Error::Verify(format!("{}: a record without a split", seg.table)))?;
+            place.insert((split, t.epoch, t.index), t);
+        }
+    }
+    let scheduled: usize = m.schedule.values().flatten().map(Vec::len).sum();
+    if place.len() != scheduled {
+        return Err(Error::Verify(format!(
+            "{} table records for {scheduled} scheduled batches",
+            place.len()
+        )));
+    }
     for file in &run.files {
-        for b in offgnn_shared::samples::read_file(&samples, file)? {
+        for b in offgnn_shared::samples::read_file(samples, file)? {
             let name = format!("{} epoch {} batch {}", b.split, b.epoch, b.index);
-            let (si, t) = tables
+            let t = place
                 .remove(&(b.split, b.epoch, b.index))
                 .ok_or_else(|| Error::Verify(format!("{name}: not in the layout")))?;
-            if t.num_inputs as usize != b.input_nodes.len()
-                || t.labels != b.labels
-                || t.blocks != b.blocks
-            {
+            if t.input_nodes != b.input_nodes || t.labels != b.labels || t.blocks != b.blocks {
                 return Err(Error::Verify(format!(
                     "{name}: topology or labels differ from the samples"
                 )));
             }
-            assemble(&store, &maps, &m, si, &t, &mut scratch)?;
-            compare_with_features(
-                &features,
-                &maps,
-                &b.input_nodes,
-                &scratch.got,
-                rows,
-                &mut scratch.span,
-            )
-            .map_err(|e| match e {
-                Error::Verify(fault) => Error::Verify(format!("{name}: {fault}")),
-                other => other,
-            })?;
-            summary.batches += 1;
-            summary.rows += b.input_nodes.len() as u64;
-            pb.inc(1);
         }
     }
-    pb.finish_and_clear();
-    if let Some(((split, epoch, index), _)) = tables.iter().next() {
+    if let Some(((split, epoch, index), _)) = place.iter().next() {
         return Err(Error::Verify(format!(
             "{split} epoch {epoch} batch {index} is in the layout but not in the samples"
         )));
     }
-    summary.seconds = started.elapsed().as_secs_f64();
-    Ok(summary)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 //! ```text
 //! topology_len: u32 | topology: zstd frame | chunk_offset: u64 | chunk_len: u64
 //!   | row_bytes: u32 | index_bits: u8 | one address per input row, bit-packed
+//!   [ | admissions: u32 | one (input position, CPU slot) per admission, bit-packed ]
 //! ```
 //!
 //! The topology (split, epoch, index, labels, input nodes, blocks) is LEB128
@@ -31,6 +32,13 @@
 //! so a table's bytes are known before the plan is; the disk-cache pages and
 //! offsets follow from the positions and the row size on decoding. Fixed
 //! numbers are little-endian; offsets are from the start of the object.
+//!
+//! Only a layout whose CPU cache follows the batch order (Ginex's Belady
+//! policy, manifest format 4) has admissions: after the batch is
+//! assembled, rows it read from disk go into CPU-cache slots, each an
+//! input position of [`index_bits`]`(inputs)` bits and a slot of the
+//! addresses' width. A record without admissions ends at its addresses,
+//! as every record of a format-3 layout does.
 
 use crate::dataset::Split;
 use crate::error::{Error, Result};
@@ -73,6 +81,11 @@ pub struct BatchTable {
     /// `out[packed_pos[i]]` is row `packed_row[i]` of the chunk.
     pub packed_pos: Vec<u32>,
     pub packed_row: Vec<u32>,
+    /// After assembly, `cpu_cache[admit_slot[i]] = out[admit_pos[i]]`:
+    /// rows read from disk that the CPU cache keeps for later batches
+    /// (only where it follows the batch order; ascending positions).
+    pub admit_pos: Vec<u32>,
+    pub admit_slot: Vec<u32>,
     /// The batch's blocks, input layer first.
     pub blocks: Vec<Block>,
 }
@@ -116,9 +129,54 @@ pub fn address_bytes(num_inputs: u64, num_nodes: u64) -> u64 {
 }
 
 /// Bytes of a whole record whose compressed topology takes `topology`
-/// bytes ([`topology_frame`]): exact, whatever the plan.
+/// bytes ([`topology_frame`]), without admissions: exact, whatever the
+/// plan.
 pub fn record_bytes(topology: u64, num_inputs: u64, num_nodes: u64) -> u64 {
     RECORD_FIXED_BYTES + topology + address_bytes(num_inputs, num_nodes)
+}
+
+/// Bytes that `admissions` CPU-cache admissions add to a record of
+/// `num_inputs` inputs in a layout of `num_nodes` nodes (none: 0).
+pub fn admission_bytes(admissions: u64, num_inputs: u64, num_nodes: u64) -> u64 {
+    if admissions == 0 {
+        return 0;
+    }
+    let width = index_bits(num_inputs) + index_bits(num_nodes);
+    4 + (admissions * u64::from(width)).div_ceil(8)
+}
+
+/// Appends `values` of `width` bits each, LSB first, to `out`.
+fn put_bits(out: &mut Vec<u8>, values: impl Iterator<Item = u64>, width: u32) {
+    let (mut acc, mut held) = (0u128, 0u32);
+    for e in values {
+        acc |= u128::from(e) << held;
+        held += width;
+        while held >= 8 {
+            out.push(acc as u8);
+            acc >>= 8;
+            held -= 8;
+        }
+    }
+    if held > 0 {
+        out.push(acc as u8);
+    }
+}
+
+/// `count` values of `width` bits each from `bytes`, as [`put_bits`] wrote them.
+fn get_bits(bytes: &[u8], count: usize, width: u32) -> impl Iterator<Item = u64> + '_ {
+    let mask = (1u64 << width) - 1;
+    let (mut acc, mut held, mut next) = (0u128, 0u32, 0usize);
+    (0..count).map(move |_| {
+        while held < width {
+            acc |= u128::from(bytes[next]) << held;
+            next += 1;
+            held += 8;
+        }
+        let e = acc as u64 & mask;
+        acc >>= width;
+        held -= width;
+        e
+    })
 }
 
 /// Bytes of a table object's index and footer beside its `records`.
@@ -279,6 +337,11 @@ pub fn encode_into(
     if entries.contains(&u64::MAX) {
         return Err(unencodable("an input row has no address".into()));
     }
+    let entries_tags: Vec<u8> = if t.admit_pos.is_empty() {
+        Vec::new()
+    } else {
+        entries.iter().map(|&e| (e & ((1 << TAG_BITS) - 1)) as u8).collect()
+    };
     topology_frame(t, &mut Vec::new(), scratch)
         .map_err(|e| unencodable(format!("compressing the topology: {e}")))?;
     out.clear();
@@ -293,24 +356,41 @@ pub fn encode_into(
             .to_le_bytes(),
     );
     out.push(bits as u8);
-    // LSB-first bit packing of (bits + 2)-bit entries.
-    let width = bits + TAG_BITS;
-    let (mut acc, mut held) = (0u128, 0u32);
-    for e in entries {
-        acc |= u128::from(e) << held;
-        held += width;
-        while held >= 8 {
-            out.push(acc as u8);
-            acc >>= 8;
-            held -= 8;
-        }
-    }
-    if held > 0 {
-        out.push(acc as u8);
-    }
+    put_bits(out, entries.into_iter(), bits + TAG_BITS);
+    put_admissions(t, bits, &entries_tags, out)?;
     debug_assert_eq!(
         out.len() as u64,
         record_bytes(scratch.len() as u64, n as u64, num_nodes)
+            + admission_bytes(t.admit_pos.len() as u64, n as u64, num_nodes)
+    );
+    Ok(())
+}
+
+/// Appends the record's admissions, if any: each admitted position must
+/// be a row the batch reads from disk (`tags` of its addresses), each
+/// slot an index of `bits` bits.
+fn put_admissions(t: &BatchTable, bits: u32, tags: &[u8], out: &mut Vec<u8>) -> Result<()> {
+    if t.admit_pos.is_empty() {
+        return Ok(());
+    }
+    if t.admit_pos.len() != t.admit_slot.len() {
+        return Err(unencodable("admissions without their slots".into()));
+    }
+    for (&p, &s) in t.admit_pos.iter().zip(&t.admit_slot) {
+        let tag = tags.get(p as usize).map(|&g| u64::from(g));
+        if !matches!(tag, Some(TAG_DISK | TAG_PACKED)) || u64::from(s) >= 1u64 << bits {
+            return Err(unencodable(format!(
+                "admission of input {p} into CPU slot {s}, not a row read from disk"
+            )));
+        }
+    }
+    let pos_bits = index_bits(u64::from(t.num_inputs));
+    out.extend_from_slice(&(t.admit_pos.len() as u32).to_le_bytes());
+    let pairs = t.admit_pos.iter().zip(&t.admit_slot);
+    put_bits(
+        out,
+        pairs.map(|(&p, &s)| u64::from(p) | u64::from(s) << pos_bits),
+        pos_bits + bits,
     );
     Ok(())
 }
@@ -445,12 +525,13 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
     }
     let width = head.bits + TAG_BITS;
     let need = (u64::from(num_inputs) * u64::from(width)).div_ceil(8);
-    if head.addresses.len() as u64 != need {
+    if (head.addresses.len() as u64) < need {
         return Err(r.fail(&format!(
             "{} bytes of addresses, {num_inputs} inputs need {need}",
             head.addresses.len()
         )));
     }
+    let (addresses, admissions) = head.addresses.split_at(need as usize);
     let mut out = BatchTable {
         split: topology.split,
         epoch: topology.epoch,
@@ -463,10 +544,60 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
         blocks: topology.blocks,
         ..Default::default()
     };
-    let disk_rows = sort_addresses(&mut out, head.addresses, width);
+    let disk_rows = sort_addresses(&mut out, addresses, width);
     check_packed_rows(&r, &out, head.row_bytes, head.chunk_len)?;
+    read_admissions(&r, &mut out, admissions, head.bits, &disk_rows)?;
     place_disk_rows(&r, &mut out, disk_rows, head.row_bytes)?;
     Ok(out)
+}
+
+/// Reads the admissions after a record's addresses (none where nothing
+/// follows them), checking that each admits a row the batch reads from
+/// disk (`dc`: its disk-cache rows; the packed rows are in `out`) into a
+/// slot of `bits` bits, at most once per slot.
+fn read_admissions(
+    r: &Reader,
+    out: &mut BatchTable,
+    bytes: &[u8],
+    bits: u32,
+    dc: &[(u64, u32)],
+) -> Result<()> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let (count, packed) = bytes
+        .split_first_chunk::<4>()
+        .ok_or_else(|| r.fail("admissions cut short"))?;
+    let count = u32::from_le_bytes(*count) as usize;
+    let pos_bits = index_bits(u64::from(out.num_inputs));
+    let width = pos_bits + bits;
+    if count == 0 || packed.len() as u64 != (count as u64 * u64::from(width)).div_ceil(8) {
+        return Err(r.fail(&format!(
+            "{} bytes of admissions for {count} of them",
+            packed.len()
+        )));
+    }
+    let mut from_disk = vec![false; out.num_inputs as usize];
+    for &p in out.packed_pos.iter().chain(dc.iter().map(|d| &d.1)) {
+        from_disk[p as usize] = true;
+    }
+    let pos_mask = (1u64 << pos_bits) - 1;
+    for e in get_bits(packed, count, width) {
+        let (p, slot) = ((e & pos_mask) as u32, (e >> pos_bits) as u32);
+        if !from_disk.get(p as usize).copied().unwrap_or(false) {
+            return Err(r.fail(&format!(
+                "admission of input {p}, which the batch does not read from disk"
+            )));
+        }
+        out.admit_pos.push(p);
+        out.admit_slot.push(slot);
+    }
+    let mut slots = out.admit_slot.clone();
+    slots.sort_unstable();
+    if slots.windows(2).any(|w| w[0] == w[1]) {
+        return Err(r.fail("two admissions into one CPU slot"));
+    }
+    Ok(())
 }
 
 /// The fixed fields of a record around its topology frame, and its
@@ -806,6 +937,8 @@ mod tests {
             chunk_len: 4096,
             packed_pos: vec![3],
             packed_row: vec![0],
+            admit_pos: Vec::new(),
+            admit_slot: Vec::new(),
             blocks: vec![Block {
                 num_src: 5,
                 num_dst: 1,
@@ -857,6 +990,40 @@ mod tests {
             t
         );
         assert_eq!(t.disk_bytes(), 2 * 4096 + 4096);
+    }
+
+    /// A CPU cache that follows the batch order: rows read from disk (a
+    /// disk-cache row and a packed one) admitted into slots; the record
+    /// grows by exactly [`admission_bytes`], and an admission of a row
+    /// that is not read from disk is refused both ways.
+    #[test]
+    fn admissions_round_trip_and_name_rows_read_from_disk_only() {
+        let mut t = table();
+        (t.admit_pos, t.admit_slot) = (vec![2, 3], vec![15, 0]);
+        let rec = encode(&t, ROW, NODES).unwrap();
+        let topology = u32::from_le_bytes(rec[..4].try_into().unwrap()) as u64;
+        assert_eq!(
+            rec.len() as u64,
+            record_bytes(topology, 5, NODES) + admission_bytes(2, 5, NODES)
+        );
+        // A count and two entries of 3 + 4 bits.
+        assert_eq!(admission_bytes(2, 5, NODES), 4 + 2);
+        assert_eq!(admission_bytes(0, 5, NODES), 0);
+        assert_eq!(decode("t", &rec).unwrap(), t);
+
+        let mut bad = table();
+        (bad.admit_pos, bad.admit_slot) = (vec![4], vec![1]);
+        let e = encode(&bad, ROW, NODES).unwrap_err().to_string();
+        assert!(e.contains("admission of input 4 into CPU slot 1"), "{e}");
+        // The same record with its admission's position rewritten to the
+        // CPU-cache row 4: the decoder refuses it.
+        let mut forged = rec.clone();
+        let entries = forged.len() - 2;
+        forged[entries] = (forged[entries] & !0b111) | 4;
+        let e = decode("t", &forged).unwrap_err().to_string();
+        assert!(e.contains("admission of input 4, which the batch does not read from disk"), "{e}");
+        let e = decode("t", &rec[..rec.len() - 1]).unwrap_err().to_string();
+        assert!(e.contains("bytes of admissions"), "{e}");
     }
 
     #[test]
@@ -957,7 +1124,7 @@ mod tests {
             decode("t", &long)
                 .unwrap_err()
                 .to_string()
-                .contains("addresses")
+                .contains("admissions cut short")
         );
         // A flipped byte in the compressed topology, and a frame length past
         // the record.

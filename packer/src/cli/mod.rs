@@ -76,6 +76,18 @@ pub enum RowOrderArg {
     Minhash,
 }
 
+/// How the CPU cache's rows change from batch to batch.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum CpuCachePolicyArg {
+    /// The most-read rows, the same for every batch (DiskGNN).
+    Static,
+    /// Belady's policy over the sampled batch order (Ginex): one process
+    /// trains it, in the sampled order.
+    Belady,
+    /// Whichever of the two reads fewer rows from disk.
+    Auto,
+}
+
 /// How the layout stores feature values.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum StoreDtype {
@@ -131,6 +143,13 @@ pub struct PackArgs {
     /// pages: bottom4 (default) or DiskGNN's Algorithm 1 (the baseline).
     #[arg(long, value_enum, default_value_t = RowOrderArg::Bottom4)]
     pub row_order: RowOrderArg,
+    /// How the CPU cache's rows change: static (the most-read rows
+    /// throughout), belady (rows a batch read from disk replace those read
+    /// again furthest ahead, over the sampled order; restored each epoch;
+    /// data-parallel training refuses such a layout) or auto (whichever
+    /// reads fewer rows from disk, said in the summary).
+    #[arg(long, value_enum, default_value_t = CpuCachePolicyArg::Auto)]
+    pub cpu_cache_policy: CpuCachePolicyArg,
     #[arg(long)]
     pub overwrite: bool,
 }
@@ -188,6 +207,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 row_order: match a.row_order {
                     RowOrderArg::Bottom4 => pack::RowOrder::DEFAULT,
                     RowOrderArg::Minhash => pack::RowOrder::MinHash { functions: 2 },
+                },
+                cpu_cache_policy: match a.cpu_cache_policy {
+                    CpuCachePolicyArg::Static => pack::CpuCachePolicy::Static,
+                    CpuCachePolicyArg::Belady => pack::CpuCachePolicy::Belady,
+                    CpuCachePolicyArg::Auto => pack::CpuCachePolicy::Auto,
                 },
                 overwrite: a.overwrite,
                 show_progress: true,

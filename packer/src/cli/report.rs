@@ -30,6 +30,7 @@ pub fn packed(cfg: &PackConfig, s: &PackSummary) {
             "tiers",
             format!("GPU {} rows, CPU {} rows", s.gpu_rows, s.cpu_rows),
         ),
+        ("CPU cache policy", cpu_policy(s)),
         (
             "segment size",
             match (s.algorithm2_segment_size, s.estimated_bytes) {
@@ -177,7 +178,10 @@ pub fn inspect(origin: &str, m: &Manifest) {
             ),
         ),
         ("GPU cache", format!("{} rows", m.gpu_cache.rows)),
-        ("CPU cache", format!("{} rows", m.cpu_cache.rows)),
+        (
+            "CPU cache",
+            format!("{} rows, {}", m.cpu_cache.rows, m.cpu_cache.policy.name()),
+        ),
         (
             "packing",
             format!(
@@ -236,4 +240,17 @@ pub fn inspect(origin: &str, m: &Manifest) {
         &rows,
         &serde_json::json!({ "command": "inspect", "manifest": m }),
     );
+}
+
+/// The CPU cache's policy and, where both were weighed, the rows from disk
+/// each would read over the sampled training batches.
+fn cpu_policy(s: &PackSummary) -> String {
+    let chosen = s.cpu_cache_policy.name();
+    match s.cpu_cache_forecast {
+        Some(f) => format!(
+            "{chosen}: rows read from disk over the sampled epochs, static {}, belady {} (+{} restored at epoch ends)",
+            f.static_rows, f.belady_rows, f.restore_rows
+        ),
+        None => chosen.to_string(),
+    }
 }

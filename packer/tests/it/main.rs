@@ -93,6 +93,7 @@ fn config(f: &Fixture, out: &str) -> PackConfig {
         disk_cache: DiskCacheMode::Segmented,
         store_dtype: None,
         row_order: packer::pack::RowOrder::DEFAULT,
+        cpu_cache_policy: packer::pack::CpuCachePolicy::Static,
         overwrite: false,
         show_progress: false,
     }

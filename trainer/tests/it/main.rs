@@ -106,6 +106,7 @@ fn pack_fixture(root: &std::path::Path, out: &std::path::Path, store_dtype: Opti
         disk_cache: DiskCacheMode::Segmented,
         store_dtype,
         row_order: packer::pack::RowOrder::DEFAULT,
+        cpu_cache_policy: packer::pack::CpuCachePolicy::Static,
         overwrite: false,
         show_progress: false,
     })
