@@ -218,14 +218,12 @@ pub fn batch_table(
 fn admissions(t: &mut BatchTable, on_disk: &[(u32, u32)], u: &BatchCpu) -> Result<()> {
     let mut admit = Vec::with_capacity(u.admits.len());
     for &(v, slot) in &u.admits {
-        let k = on_disk
-            .binary_search_by_key(&v, |d| d.0)
-            .map_err(|_| {
-                Error::InvalidArgument(format!(
-                    "internal: batch {} admits node {v}, which it does not read from disk",
-                    t.index
-                ))
-            })?;
+        let k = on_disk.binary_search_by_key(&v, |d| d.0).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "internal: batch {} admits node {v}, which it does not read from disk",
+                t.index
+            ))
+        })?;
         admit.push((on_disk[k].1, slot));
     }
     admit.sort_unstable();

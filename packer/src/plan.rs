@@ -20,8 +20,8 @@ use rayon::prelude::*;
 use crate::access_rank::{AccessCounts, Location, Tiers};
 use crate::belady::{BatchCpu, Forecast};
 use crate::job::CpuCachePolicy;
-use offgnn_manifests::CachePolicy;
 use crate::minhash::{fill_pages, minhash_order};
+use offgnn_manifests::CachePolicy;
 use offgnn_manifests::RowOrder;
 
 pub const PAGE: u64 = 4096;
@@ -387,8 +387,8 @@ impl CpuPlan {
             return CpuPlan::default();
         }
         let (used, forecast) = crate::belady::simulate(batches, tiers);
-        let belady = policy == CpuCachePolicy::Belady
-            || forecast.belady_total() < forecast.static_rows;
+        let belady =
+            policy == CpuCachePolicy::Belady || forecast.belady_total() < forecast.static_rows;
         CpuPlan {
             policy: if belady {
                 CachePolicy::Belady

@@ -296,9 +296,11 @@ fn assemble(
     if let Some(rows) = cpu {
         let rb = rb as usize;
         for (&p, &s) in t.cpu_pos.iter().zip(&t.cpu_slot) {
-            let row = rows.get(s as usize * rb..(s as usize + 1) * rb).ok_or_else(|| {
-                Error::Verify(format!("CPU slot {s} beyond the CPU cache's rows"))
-            })?;
+            let row = rows
+                .get(s as usize * rb..(s as usize + 1) * rb)
+                .ok_or_else(|| {
+                    Error::Verify(format!("CPU slot {s} beyond the CPU cache's rows"))
+                })?;
             out[p as usize * rb..(p as usize + 1) * rb].copy_from_slice(row);
         }
     }
@@ -469,12 +471,26 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
                 let t = &tables[r.segment as usize][r.record as usize];
                 let name = format!("{split} epoch {} batch {}", t.epoch, t.index);
                 let live = follow.then_some(cpu.as_slice());
-                assemble(&store, &maps, &m, (r.segment as usize, t), live, &mut scratch)?;
-                compare_with_features(&features, &maps, &t.input_nodes, &scratch.got, rows, &mut scratch.span)
-                    .map_err(|e| match e {
-                        Error::Verify(fault) => Error::Verify(format!("{name}: {fault}")),
-                        other => other,
-                    })?;
+                assemble(
+                    &store,
+                    &maps,
+                    &m,
+                    (r.segment as usize, t),
+                    live,
+                    &mut scratch,
+                )?;
+                compare_with_features(
+                    &features,
+                    &maps,
+                    &t.input_nodes,
+                    &scratch.got,
+                    rows,
+                    &mut scratch.span,
+                )
+                .map_err(|e| match e {
+                    Error::Verify(fault) => Error::Verify(format!("{name}: {fault}")),
+                    other => other,
+                })?;
                 if follow {
                     admit(&mut cpu, t, &scratch.got, rows.stored)
                         .map_err(|fault| Error::Verify(format!("{name}: {fault}")))?;

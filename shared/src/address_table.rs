@@ -340,7 +340,10 @@ pub fn encode_into(
     let entries_tags: Vec<u8> = if t.admit_pos.is_empty() {
         Vec::new()
     } else {
-        entries.iter().map(|&e| (e & ((1 << TAG_BITS) - 1)) as u8).collect()
+        entries
+            .iter()
+            .map(|&e| (e & ((1 << TAG_BITS) - 1)) as u8)
+            .collect()
     };
     topology_frame(t, &mut Vec::new(), scratch)
         .map_err(|e| unencodable(format!("compressing the topology: {e}")))?;
@@ -1021,7 +1024,10 @@ mod tests {
         let entries = forged.len() - 2;
         forged[entries] = (forged[entries] & !0b111) | 4;
         let e = decode("t", &forged).unwrap_err().to_string();
-        assert!(e.contains("admission of input 4, which the batch does not read from disk"), "{e}");
+        assert!(
+            e.contains("admission of input 4, which the batch does not read from disk"),
+            "{e}"
+        );
         let e = decode("t", &rec[..rec.len() - 1]).unwrap_err().to_string();
         assert!(e.contains("bytes of admissions"), "{e}");
     }

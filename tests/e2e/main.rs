@@ -4,6 +4,7 @@
 
 mod bad_input;
 mod concurrency;
+mod cpu_cache;
 mod distributed;
 mod export;
 mod faults;

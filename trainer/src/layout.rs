@@ -226,6 +226,11 @@ impl Layout {
         Ok(address_table::decode(&path.display().to_string(), &buf)?)
     }
 
+    /// Where an object of the layout is on this machine.
+    pub fn object_path(&self, object: &str) -> PathBuf {
+        self.dir.join(object)
+    }
+
     /// Bytes of a cache object's rows (row-major, `rows x store_row_bytes`).
     pub fn read_cache(&self, object: &str, rows: u64) -> Result<Vec<u8>> {
         let path = self.dir.join(object);

@@ -54,9 +54,10 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
         (
             "features / pipeline",
             format!(
-                "{} ({} rows) / {}",
+                "{} ({} rows, {} CPU cache) / {}",
                 format!("{:?}", s.features).to_lowercase(),
                 s.rows_dtype,
+                s.cpu_cache_policy.name(),
                 if s.pipelined { "on" } else { "off" }
             ),
         ),

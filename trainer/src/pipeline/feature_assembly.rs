@@ -68,9 +68,11 @@ fn check_addresses(src: &AssembleSources, l: &Loaded) -> Result<()> {
             Some(cache) => Some(cache.size()[0] as u64),
             None => rows_in(&src.gpu_rows),
         };
+        let cpu_rows = src.cpu_rows.as_ref().map(|c| c.num_rows());
         for (tier, pos, slots, rows) in [
             ("GPU-cache", &t.gpu_pos, &t.gpu_slot, gpu_rows),
-            ("CPU-cache", &t.cpu_pos, &t.cpu_slot, rows_in(&src.cpu_rows)),
+            ("CPU-cache", &t.cpu_pos, &t.cpu_slot, cpu_rows),
+            ("CPU-cache admission", &t.admit_pos, &t.admit_slot, cpu_rows),
         ] {
             if pos.len() != slots.len() {
                 return Err(bad(format!(
@@ -136,14 +138,13 @@ pub fn assemble(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])>
                 }
             }
             FeatureMode::Packed => {
-                for (rows, pos, slots) in [
-                    (&src.gpu_rows, &t.gpu_pos, &t.gpu_slot),
-                    (&src.cpu_rows, &t.cpu_pos, &t.cpu_slot),
-                ] {
-                    if !pos.is_empty() {
-                        let rows = rows.as_ref().ok_or_else(|| missing("cache"))?;
-                        gather(out, pos, rows, slots, rb);
-                    }
+                if !t.gpu_pos.is_empty() {
+                    let rows = src.gpu_rows.as_ref().ok_or_else(|| missing("cache"))?;
+                    gather(out, &t.gpu_pos, rows, &t.gpu_slot, rb);
+                }
+                if !t.cpu_pos.is_empty() {
+                    let cache = src.cpu_rows.as_ref().ok_or_else(|| missing("cache"))?;
+                    gather(out, &t.cpu_pos, cache.rows().as_slice(), &t.cpu_slot, rb);
                 }
             }
             FeatureMode::Naive => {}
@@ -155,7 +156,17 @@ pub fn assemble(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])>
         }
         Ok(())
     })?;
+    admit(src, l)?;
     Ok((x.to_kind(Kind::Float), tiers))
+}
+
+/// After a batch is gathered: the rows it admits into a CPU cache that
+/// follows the batch order.
+fn admit(src: &AssembleSources, l: &Loaded) -> Result<()> {
+    match (&src.cpu_rows, src.mode) {
+        (Some(cache), FeatureMode::Packed) => cache.admit(l),
+        _ => Ok(()),
+    }
 }
 
 fn missing(what: &str) -> Error {
@@ -188,6 +199,16 @@ pub fn assemble_staged(src: &AssembleSources, l: &Loaded) -> Result<Tensor> {
     check_addresses(src, l)?;
     let t = &l.table;
     let (n, rb, device) = (t.num_inputs as usize, src.row_bytes, src.device);
+    // The CPU cache's rows, held while they are copied.
+    let cpu = match src.mode {
+        FeatureMode::Packed if !t.cpu_pos.is_empty() => Some(
+            src.cpu_rows
+                .as_ref()
+                .ok_or_else(|| missing("cache"))?
+                .rows(),
+        ),
+        _ => None,
+    };
     // The host tier: its rows and slots (memory mode: every input node,
     // already in input order, so no positions to place them by).
     let (host_rows, host_slot): (Option<&[u8]>, &[u32]) = match src.mode {
@@ -196,8 +217,7 @@ pub fn assemble_staged(src: &AssembleSources, l: &Loaded) -> Result<Tensor> {
             (Some(all.as_slice()), &t.input_nodes)
         }
         FeatureMode::Packed if !t.cpu_pos.is_empty() => {
-            let rows = src.cpu_rows.as_ref().ok_or_else(|| missing("cache"))?;
-            (Some(rows.as_slice()), &t.cpu_slot)
+            (cpu.as_ref().map(|r| r.as_slice()), &t.cpu_slot)
         }
         FeatureMode::Packed | FeatureMode::Naive => (None, &[]),
     };
@@ -246,6 +266,8 @@ pub fn assemble_staged(src: &AssembleSources, l: &Loaded) -> Result<Tensor> {
     };
     let mut staged = Staging::new(idx_at + (placed + 2 * g) * 8, device)?;
     write_staged(staged.bytes_mut(), parts, rb, &hosted, l);
+    drop(cpu);
+    admit(src, l)?;
     let dev = staged.upload(device)?;
     let rows = dev
         .f_narrow(0, 0, rows_len as i64)?
@@ -339,6 +361,7 @@ fn place_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::CpuCache;
     use offgnn_shared::address_table::BatchTable;
     use offgnn_shared::dataset::Split;
     use offgnn_shared::io_engine::AlignedBuf;
@@ -367,7 +390,10 @@ mod tests {
             row_bytes: RB,
             gpu_cache: None,
             gpu_rows: tier(100.0),
-            cpu_rows: tier(200.0),
+            cpu_rows: tier(200.0).map(|rows| {
+                let rows = Arc::try_unwrap(rows).expect("one owner");
+                Arc::new(CpuCache::new(Default::default(), rows, RB, false))
+            }),
             all_rows: tier(300.0),
         }
     }
@@ -413,6 +439,55 @@ mod tests {
         assert_eq!(got, [106.0, 107.0, 202.0, 203.0, 0.0, 0.0]);
         let staged = assemble_staged(&src, &batch(3, 0)).unwrap();
         assert!(staged.equal(&Tensor::from_slice(&got).view([3, 2])));
+    }
+
+    /// A CPU cache that follows the batch order: after either assembly
+    /// path, the slot a batch admits into holds the row it read from disk,
+    /// and the cache's rows restore from its object.
+    #[test]
+    fn an_admitted_row_replaces_its_slot_on_both_paths_and_restores() {
+        let dir = tempfile::tempdir().unwrap();
+        let object = dir.path().join("cpu_cache.bin");
+        let rows: Vec<u8> = (0..4 * DIM)
+            .flat_map(|i| (200.0 + i as f32).to_ne_bytes())
+            .collect();
+        std::fs::write(&object, &rows).unwrap();
+        for staged in [false, true] {
+            let mut src = sources(FeatureMode::Packed, 4);
+            let cache = Arc::new(CpuCache::new(object.clone(), rows.clone(), RB, true));
+            src.cpu_rows = Some(cache.clone());
+            let mut l = batch(3, 0);
+            l.buf.as_mut_slice()[..RB].copy_from_slice(
+                &[7.0f32, 8.0]
+                    .iter()
+                    .flat_map(|v| v.to_ne_bytes())
+                    .collect::<Vec<u8>>(),
+            );
+            (l.table.admit_pos, l.table.admit_slot) = (vec![2], vec![1]);
+            // The batch itself reads slot 1 as it was.
+            let x = if staged {
+                assemble_staged(&src, &l).unwrap()
+            } else {
+                assemble(&src, &l).unwrap().0
+            };
+            let got = Vec::<f32>::try_from(x.view([-1])).unwrap();
+            assert_eq!(got, [106.0, 107.0, 202.0, 203.0, 7.0, 8.0]);
+            let now = cache.rows().as_slice()[RB..2 * RB].to_vec();
+            assert_eq!(now, l.buf.as_slice()[..RB].to_vec(), "staged: {staged}");
+            assert_eq!(cache.restore().unwrap(), RB as u64);
+            assert_eq!(cache.rows().as_slice(), rows.as_slice());
+            assert_eq!(cache.restore().unwrap(), 0);
+        }
+        // An admission into a slot past the tier is refused before a copy.
+        let src = sources(FeatureMode::Packed, 4);
+        let mut l = batch(3, 0);
+        (l.table.admit_pos, l.table.admit_slot) = (vec![2], vec![4]);
+        let (host, staged) = refused(&src, &l);
+        assert!(
+            host.ends_with("CPU-cache admission slot #0 is 4, but the tier's rows are 4"),
+            "{host}"
+        );
+        assert_eq!(staged, host);
     }
 
     /// A cache slot past the tier, a disk row past the bytes read, a node

@@ -11,6 +11,7 @@
 //! queues always belong to the same batch. With the pipeline off, one thread
 //! runs the same stage functions in sequence — same inputs, same results.
 
+mod cpu_cache;
 mod feature_assembly;
 mod feature_loading;
 mod graph_loading;
@@ -25,6 +26,7 @@ use std::time::Instant;
 use offgnn_manifests::BatchRef;
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
 
+pub use cpu_cache::CpuCache;
 pub use feature_assembly::{assemble, assemble_staged};
 pub use feature_loading::{Loaded, load};
 pub use graph_loading::graph;

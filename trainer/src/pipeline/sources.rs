@@ -4,6 +4,8 @@
 use std::sync::Arc;
 
 use offgnn_shared::io_engine::IoFile;
+
+use super::cpu_cache::CpuCache;
 use tch::{Device, Kind, Tensor};
 
 /// Where input rows come from.
@@ -47,7 +49,7 @@ pub struct AssembleSources {
     /// Host rows of the GPU cache (on the CPU device), the CPU cache and
     /// (memory mode) every node.
     pub gpu_rows: Option<Arc<Vec<u8>>>,
-    pub cpu_rows: Option<Arc<Vec<u8>>>,
+    pub cpu_rows: Option<Arc<CpuCache>>,
     pub all_rows: Option<Arc<Vec<u8>>>,
 }
 

@@ -36,6 +36,16 @@ impl Job<'_> {
         self.ranks.world()
     }
 
+    /// Whether the CPU cache follows the batch order (a layout packed with
+    /// Belady's policy, read through the layout).
+    pub(super) fn cpu_cache_follows(&self) -> bool {
+        self.src
+            .assemble
+            .cpu_rows
+            .as_ref()
+            .is_some_and(|c| c.follows)
+    }
+
     /// Whether this process writes metrics, checkpoints and exports.
     pub(super) fn writer(&self) -> bool {
         self.ranks.writer()

@@ -29,9 +29,13 @@ pub(super) fn train_epoch(
     resumed: Option<EpochProgress>,
 ) -> Result<EpochMetrics> {
     let started = Instant::now();
-    let plan = EpochPlan::of(schedule, t, job.cfg, job.world(), &job.local);
+    let follows = job.cpu_cache_follows();
+    let plan = EpochPlan::of(schedule, t, job.cfg, (job.world(), &job.local), follows);
     let p = resumed.unwrap_or_default();
     let skip = (p.batches as usize).min(plan.steps);
+    if follows && skip > 0 {
+        rebuild_cpu_cache(job, &plan.order[..skip], t)?;
+    }
     let mine = plan.batches_from(skip);
     let refs: Vec<BatchRef> = mine.iter().map(|(b, _)| *b).collect();
     let pb = if job.cfg.show_progress && job.writer() {
@@ -82,6 +86,34 @@ pub(super) fn train_epoch(
     ep.sums.store(&mut ep.p);
     let all = summed(&ep.p, job.ranks, job.cfg.device)?;
     Ok(figures(job, &plan, &ep, &all, times_before.plus(&times)))
+}
+
+/// A run resumed inside epoch `t` finds its CPU cache as the epoch's
+/// first batches (`done`) left it, when the cache follows the batch
+/// order: their admissions again, from their reads again (one process:
+/// the order is its own). The bytes are said, not counted in the epoch's.
+fn rebuild_cpu_cache(job: &Job, done: &[BatchRef], t: u32) -> Result<()> {
+    let Some(cache) = job.src.assemble.cpu_rows.as_ref() else {
+        return Ok(());
+    };
+    let started = Instant::now();
+    let mut bytes = 0u64;
+    let mut buf = offgnn_shared::io_engine::AlignedBuf::new(0);
+    for &r in done {
+        let l = pipeline::load(job.layout, job.engine, &job.src.load, r, buf)?;
+        cache.admit(&l)?;
+        bytes += l.disk_bytes;
+        buf = l.buf;
+    }
+    if job.writer() {
+        tracing::info!(
+            "resumed inside epoch {t}: rebuilt the CPU cache, which follows the batch order, from the epoch's first {} batches ({} read again in {:.1} s)",
+            done.len(),
+            offgnn_shared::report::human_bytes(bytes),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
 }
 
 /// The epoch's training figures: this rank's batches and times, and the

@@ -62,6 +62,7 @@ pub(super) fn finish(
             FeatureMode::Naive | FeatureMode::Memory => layout.manifest.dataset.feature_dtype,
         }
         .to_string(),
+        cpu_cache_policy: layout.manifest.cpu_cache.policy,
         pipelined: cfg.pipelined,
         resumed_from,
         exports,

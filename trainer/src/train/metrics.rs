@@ -23,7 +23,12 @@ pub struct EpochMetrics {
     pub train_seconds: f64,
     pub eval_seconds: f64,
     pub stage_busy: StageBusy,
+    /// Every byte the epoch read from disk: its batches' reads and, where
+    /// the CPU cache follows the batch order, the rows it restored at the
+    /// epoch's end (`cpu_cache_restored_bytes`).
     pub disk_bytes: u64,
+    #[serde(default)]
+    pub cpu_cache_restored_bytes: u64,
     pub disk_rows_bytes: u64,
     pub read_amplification: f64,
     pub hit_gpu: f64,
@@ -88,6 +93,9 @@ pub struct TrainSummary {
     /// feature file's type for the baselines); batches are widened to
     /// float32 before the model.
     pub rows_dtype: String,
+    /// The layout's CPU cache: `static`, or `belady` (it follows the
+    /// batch order; restored at each epoch's end).
+    pub cpu_cache_policy: offgnn_manifests::CachePolicy,
     pub pipelined: bool,
     /// (epoch, batches of it done) where this run picked up a checkpoint.
     pub resumed_from: Option<(u32, u64)>,

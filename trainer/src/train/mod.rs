@@ -74,6 +74,11 @@ pub fn train_ranks(
     tch::manual_seed(cfg.seed as i64);
     let mut model = ModelState::new(cfg);
     let src = sources(layout, engine, cfg)?;
+    if ranks.world() > 1 && src.assemble.cpu_rows.as_ref().is_some_and(|c| c.follows) {
+        return Err(Error::Layout(
+            "this layout's CPU cache follows the sampled batch order (packer --cpu-cache-policy belady or auto), which one process trains; for data-parallel training pack it with --cpu-cache-policy static".into(),
+        ));
+    }
     let start = start::start_run(cfg, &model.vs, &mut model.adam, m, ranks)?;
     let job = Job {
         layout,
@@ -93,15 +98,25 @@ pub fn train_ranks(
     let mut in_epoch = start.in_epoch;
     if cfg.epochs as usize > schedule.len() && job.writer() {
         tracing::info!(
-            "{} epochs over {} sampled: epochs {}..{} reuse the sampled batches, in a new order each epoch",
+            "{} epochs over {} sampled: epochs {}..{} reuse the sampled batches, {}",
             cfg.epochs,
             schedule.len(),
             schedule.len(),
-            cfg.epochs - 1
+            cfg.epochs - 1,
+            if job.cpu_cache_follows() {
+                "in the sampled order, which the layout's CPU cache follows (sample more epochs for new orders)"
+            } else {
+                "in a new order each epoch"
+            }
         );
     }
     for t in run.history.len() as u32..cfg.epochs {
         let mut e = epoch::train_epoch(&job, schedule, &mut model, &mut run, t, in_epoch.take())?;
+        // Evaluation and the next epoch read the static rows again.
+        if let Some(cache) = job.src.assemble.cpu_rows.as_ref() {
+            e.cpu_cache_restored_bytes = cache.restore()?;
+            e.disk_bytes += e.cpu_cache_restored_bytes;
+        }
         eval::evaluate(&job, model.net.as_ref(), &eval_sets, &mut e)?;
         epoch::record(&job, &model, &mut run, e, on_epoch)?;
         epoch::stop_on_signal(&job, t)?;

@@ -10,11 +10,12 @@ use rand::seq::SliceRandom;
 use super::config::TrainConfig;
 use crate::distributed;
 
-/// Training order of epoch `t`.
-fn epoch_order(schedule: &[Vec<BatchRef>], t: u32, seed: u64) -> (u32, Vec<BatchRef>) {
+/// Training order of epoch `t`: past the sampled epochs reshuffled, unless
+/// the order is `kept` (a CPU cache that follows the sampled order).
+fn epoch_order(schedule: &[Vec<BatchRef>], t: u32, seed: u64, kept: bool) -> (u32, Vec<BatchRef>) {
     let sampled = t % schedule.len() as u32;
     let mut order = schedule[sampled as usize].clone();
-    if t as usize >= schedule.len() {
+    if t as usize >= schedule.len() && !kept {
         let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(seed ^ (0x0E90_C000 + t as u64));
         order.shuffle(&mut rng);
     }
@@ -97,16 +98,18 @@ pub(super) struct EpochPlan {
 }
 
 impl EpochPlan {
-    /// The plan of epoch `t` for the ranks `local` of a world of `world`.
+    /// The plan of epoch `t` for the ranks `local` of a world of `world`;
+    /// one process keeps the sampled order past the sampled epochs where
+    /// `kept` (a CPU cache that follows it).
     pub(super) fn of(
         schedule: &[Vec<BatchRef>],
         t: u32,
         cfg: &TrainConfig,
-        world: u32,
-        local: &[u32],
+        (world, local): (u32, &[u32]),
+        kept: bool,
     ) -> EpochPlan {
         let (sampled, mut order) = if world == 1 {
-            epoch_order(schedule, t, cfg.seed)
+            epoch_order(schedule, t, cfg.seed, kept)
         } else {
             let sampled = t % schedule.len() as u32;
             (sampled, schedule[sampled as usize].clone())

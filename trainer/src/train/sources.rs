@@ -12,7 +12,7 @@ use tch::{Device, Kind, Tensor};
 use super::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::pipeline::{AssembleSources, FeatureMode, LoadSources, Sources};
+use crate::pipeline::{AssembleSources, CpuCache, FeatureMode, LoadSources, Sources};
 
 /// Sources shared by the stages: caches loaded once (the GPU cache on the device on CUDA).
 pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Sources> {
@@ -63,7 +63,13 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
     match cfg.features {
         FeatureMode::Packed => {
             let (gpu, cpu) = (cache(&m.gpu_cache)?, cache(&m.cpu_cache)?);
-            asm.cpu_rows = cpu.map(Arc::new);
+            let follows = !m.cpu_cache.policy.is_static();
+            asm.cpu_rows = cpu
+                .zip(m.cpu_cache.object.as_deref())
+                .map(|(rows, object)| {
+                    let path = layout.object_path(object);
+                    Arc::new(CpuCache::new(path, rows, row_bytes as usize, follows))
+                });
             if on_cpu {
                 asm.gpu_rows = gpu.map(Arc::new);
             } else {

@@ -1,0 +1,128 @@
+//! The CPU cache tier's rows in host memory: the same rows throughout
+//! (DiskGNN's static tier), or rows that follow the batch order (Ginex's
+//! Belady policy, which the packer computed): after each training batch
+//! is assembled, the rows its table admits are copied from what it read
+//! into their slots, and at the epoch's end the slots that changed are
+//! read back from the tier's object, so evaluation and the next epoch find
+//! the static rows the packer planned them with.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+
+use super::feature_loading::Loaded;
+use crate::error::{Error, Result};
+
+/// Slots closer than this many bytes apart are restored by one read.
+const RESTORE_GAP: u64 = 64 << 10;
+
+/// The CPU cache's rows, and the slots changed since the epoch began.
+pub struct CpuCache {
+    /// The tier's object: the rows every epoch starts from.
+    path: PathBuf,
+    row_bytes: usize,
+    /// Whether training batches admit rows (Belady) or not (static).
+    pub follows: bool,
+    state: Mutex<State>,
+}
+
+struct State {
+    rows: Vec<u8>,
+    /// Slots written since the last restore (unsorted, repeats allowed).
+    changed: Vec<u32>,
+}
+
+/// The rows of a cache, held for a batch's gather.
+pub struct Rows<'a>(MutexGuard<'a, State>);
+
+impl Rows<'_> {
+    pub fn as_slice(&self) -> &[u8] {
+        &self.0.rows
+    }
+}
+
+impl CpuCache {
+    /// The tier's `rows`, read from its object at `path`.
+    pub fn new(path: PathBuf, rows: Vec<u8>, row_bytes: usize, follows: bool) -> CpuCache {
+        CpuCache {
+            path,
+            row_bytes,
+            follows,
+            state: Mutex::new(State {
+                rows,
+                changed: Vec::new(),
+            }),
+        }
+    }
+
+    /// The rows as they are now.
+    pub fn rows(&self) -> Rows<'_> {
+        Rows(self.state.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Rows in the tier.
+    pub fn num_rows(&self) -> u64 {
+        (self.rows().as_slice().len() / self.row_bytes.max(1)) as u64
+    }
+
+    /// Copies the rows a training batch admits from what it read from disk
+    /// into their slots (its addresses were checked against the tier's
+    /// rows and the bytes read before assembly).
+    pub fn admit(&self, l: &Loaded) -> Result<()> {
+        let t = &l.table;
+        if !self.follows || t.admit_pos.is_empty() {
+            return Ok(());
+        }
+        let rb = self.row_bytes;
+        let mut at: Vec<(u32, usize)> = l.disk.clone();
+        at.sort_unstable();
+        let data = l.buf.as_slice();
+        let mut s = self.rows();
+        let state = &mut *s.0;
+        for (&p, &slot) in t.admit_pos.iter().zip(&t.admit_slot) {
+            let k = at.binary_search_by_key(&p, |d| d.0).map_err(|_| {
+                Error::Layout(format!(
+                    "batch {} admits input {p} into the CPU cache, but does not read it from disk",
+                    t.index
+                ))
+            })?;
+            let (from, to) = (at[k].1, slot as usize * rb);
+            state.rows[to..to + rb].copy_from_slice(&data[from..from + rb]);
+            state.changed.push(slot);
+        }
+        Ok(())
+    }
+
+    /// Reads the slots changed since the last restore back from the
+    /// tier's object, nearby slots in one read; returns the bytes read.
+    pub fn restore(&self) -> Result<u64> {
+        let mut s = self.rows();
+        let state = &mut *s.0;
+        if state.changed.is_empty() {
+            return Ok(0);
+        }
+        let mut slots = std::mem::take(&mut state.changed);
+        slots.sort_unstable();
+        slots.dedup();
+        let rb = self.row_bytes as u64;
+        let gap = (RESTORE_GAP / rb.max(1)).max(1);
+        let f = File::open(&self.path).map_err(|e| Error::io(self.path.display(), e))?;
+        let mut read = 0u64;
+        let mut i = 0;
+        while i < slots.len() {
+            let first = u64::from(slots[i]);
+            let mut last = first;
+            while i + 1 < slots.len() && u64::from(slots[i + 1]) <= last + gap {
+                i += 1;
+                last = u64::from(slots[i]);
+            }
+            i += 1;
+            let span = &mut state.rows[(first * rb) as usize..((last + 1) * rb) as usize];
+            f.read_exact_at(span, first * rb)
+                .map_err(|e| Error::io(self.path.display(), e))?;
+            read += span.len() as u64;
+        }
+        Ok(read)
+    }
+}
