@@ -200,11 +200,9 @@ fn broken_inputs(f: &Fixture) -> Broken {
     let escape_manifest = f.pack.join("escape.json");
     let missing_field = f.pack.join("missing.json");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    std::fs::write(
-        &future,
-        text.replacen("\"format_version\": 3", "\"format_version\": 99", 1),
-    )
-    .unwrap();
+    let mut doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    doc["format_version"] = 99.into();
+    std::fs::write(&future, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
     std::fs::write(
         &escape_manifest,
         text.replace(
