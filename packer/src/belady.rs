@@ -43,19 +43,24 @@ pub struct BatchCpu {
 }
 
 /// What each policy reads from disk over the sampled epochs' training
-/// batches: the rows neither cache holds when a batch needs them, and
-/// for Belady also the rows restored at each epoch's end.
+/// batches: the rows neither cache holds when a batch needs them (and
+/// their bytes), and for Belady also what restoring the changed slots at
+/// each epoch's end reads: the 4 KiB pages of the tier's object that hold
+/// them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Forecast {
     pub static_rows: u64,
     pub belady_rows: u64,
     pub restore_rows: u64,
+    pub static_bytes: u64,
+    pub belady_bytes: u64,
+    pub restore_bytes: u64,
 }
 
 impl Forecast {
-    /// Rows Belady reads in all, restores included.
+    /// Bytes Belady reads in all, restores included.
     pub fn belady_total(&self) -> u64 {
-        self.belady_rows + self.restore_rows
+        self.belady_bytes + self.restore_bytes
     }
 }
 
@@ -64,7 +69,11 @@ impl Forecast {
 /// static CPU tier of `tiers`. `batches` still hold their inputs. Returns
 /// each batch's use of the cache (`None` for evaluation batches, which
 /// read the static tier) and the forecast of both policies.
-pub fn simulate(batches: &[BatchInfo], tiers: &Tiers) -> (Vec<Option<BatchCpu>>, Forecast) {
+pub fn simulate(
+    batches: &[BatchInfo],
+    tiers: &Tiers,
+    row_bytes: u64,
+) -> (Vec<Option<BatchCpu>>, Forecast) {
     let mut out: Vec<Option<BatchCpu>> = vec![None; batches.len()];
     let mut fc = Forecast::default();
     let mut epochs: Vec<u32> = batches
@@ -102,12 +111,18 @@ pub fn simulate(batches: &[BatchInfo], tiers: &Tiers) -> (Vec<Option<BatchCpu>>,
         let (used, misses, restores) = sim.epoch(&access);
         fc.belady_rows += misses;
         fc.restore_rows += restores;
+        fc.restore_bytes += sim.restore_pages(row_bytes) * PAGE;
         for (i, u) in ids.into_iter().zip(used) {
             out[i] = Some(u);
         }
     }
+    fc.static_bytes = fc.static_rows * row_bytes;
+    fc.belady_bytes = fc.belady_rows * row_bytes;
     (out, fc)
 }
+
+/// The unit the trainer reads a restore in.
+const PAGE: u64 = 4096;
 
 /// The cache's state and the per-node tables the simulation reuses from
 /// epoch to epoch.
@@ -158,9 +173,12 @@ impl<'a> Simulator<'a> {
                 self.seen[v as usize] = NEVER;
             }
         }
-        // A max-heap of (next use, slot), stale entries skipped when they
-        // surface and the heap rebuilt when they outnumber the slots.
-        let mut heap: BinaryHeap<(u32, u32)> = self.keys().collect();
+        // A max-heap of (next use, changed, slot): the row read again
+        // furthest ahead goes first and, of rows read again equally far
+        // (above all never), one in a slot changed already, which costs
+        // no restore. Stale entries are skipped when they surface, and the
+        // heap rebuilt when they outnumber the slots.
+        let mut heap: BinaryHeap<(u32, bool, u32)> = self.keys().collect();
         let (mut used, mut misses) = (Vec::with_capacity(access.len()), 0u64);
         let mut missed: Vec<(u32, u32)> = Vec::new();
         for (a, nexts) in access.iter().zip(&next_use) {
@@ -172,7 +190,7 @@ impl<'a> Simulator<'a> {
                     s => {
                         u.hits.push((v, s));
                         self.next[s as usize] = n;
-                        heap.push((n, s));
+                        heap.push((n, self.changed(s), s));
                     }
                 }
             }
@@ -184,21 +202,21 @@ impl<'a> Simulator<'a> {
                 if n == NEVER || self.node.is_empty() {
                     break;
                 }
-                let (far, s) = loop {
+                let (far, changed, s) = loop {
                     let top = heap.pop().expect("one entry per slot at least");
-                    if self.next[top.1 as usize] == top.0 {
+                    if self.next[top.2 as usize] == top.0 && self.changed(top.2) == top.1 {
                         break top;
                     }
                 };
                 if n >= far {
-                    heap.push((far, s));
+                    heap.push((far, changed, s));
                     break;
                 }
                 self.slot_of[self.node[s as usize] as usize] = NONE;
                 self.node[s as usize] = v;
                 self.slot_of[v as usize] = s;
                 self.next[s as usize] = n;
-                heap.push((n, s));
+                heap.push((n, self.changed(s), s));
                 u.admits.push((v, s));
             }
             if heap.len() > 4 * self.node.len() + 1024 {
@@ -218,9 +236,29 @@ impl<'a> Simulator<'a> {
         (used, misses, dirty)
     }
 
-    /// Every slot's (next use, slot).
-    fn keys(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.next.iter().enumerate().map(|(s, &n)| (n, s as u32))
+    /// Every slot's (next use, changed, slot).
+    fn keys(&self) -> impl Iterator<Item = (u32, bool, u32)> + '_ {
+        (0..self.next.len() as u32).map(|s| (self.next[s as usize], self.changed(s), s))
+    }
+
+    /// Whether slot `s` holds another row than the static one.
+    fn changed(&self, s: u32) -> bool {
+        self.node[s as usize] != self.initial[s as usize]
+    }
+
+    /// The 4 KiB pages of the tier's object (rows of `row_bytes` from its
+    /// start) that hold a slot changed in the last epoch.
+    fn restore_pages(&self, row_bytes: u64) -> u64 {
+        let mut pages = 0u64;
+        let mut last: Option<u64> = None;
+        for s in (0..self.node.len() as u32).filter(|&s| self.changed(s)) {
+            let first = u64::from(s) * row_bytes / PAGE;
+            let end = (u64::from(s) + 1) * row_bytes - 1;
+            let from = last.map_or(first, |l| first.max(l + 1));
+            pages += (end / PAGE + 1).saturating_sub(from);
+            last = Some(last.map_or(end / PAGE, |l| l.max(end / PAGE)));
+        }
+        pages
     }
 }
 
@@ -290,8 +328,18 @@ mod tests {
                 let expect_hits = a.iter().filter(|v| hit.contains(v)).count();
                 assert_eq!(expect_hits, u.hits.len());
             }
-            let changed = cache.iter().zip(&initial).filter(|(a, b)| a != b).count();
-            assert_eq!(dirty, changed as u64, "round {round}");
+            let changed: Vec<u64> = (0..capacity as u64)
+                .filter(|&s| cache[s as usize] != initial[s as usize])
+                .collect();
+            assert_eq!(dirty, changed.len() as u64, "round {round}");
+            // The pages a restore reads: those holding a changed slot, for
+            // rows of 1000 bytes (some across two pages).
+            let mut pages: Vec<u64> = changed
+                .iter()
+                .flat_map(|&s| s * 1000 / PAGE..=((s + 1) * 1000 - 1) / PAGE)
+                .collect();
+            pages.dedup();
+            assert_eq!(sim.restore_pages(1000), pages.len() as u64, "round {round}");
             // Reused for a second epoch, it starts from the static rows again.
             assert_eq!(sim.epoch(&access).1, misses, "round {round}");
         }

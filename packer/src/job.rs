@@ -61,9 +61,9 @@ pub struct PackSummary {
     pub bytes_written: u64,
     pub segment_size: usize,
     pub searched: bool,
-    /// The CPU cache's policy, `static` or `belady`, and the rows each
-    /// policy would read from disk over the sampled training batches
-    /// (where the CPU cache holds rows and a choice was weighed).
+    /// The CPU cache's policy, `static` or `belady`, and the rows and
+    /// bytes each policy would read from disk over the sampled training
+    /// batches (where the CPU cache holds rows and a choice was weighed).
     pub cpu_cache_policy: manifests::CachePolicy,
     pub cpu_cache_forecast: Option<crate::belady::Forecast>,
     /// Algorithm 2's segment size and its estimate of the training

@@ -331,7 +331,7 @@ pub fn rank_and_split(
         .collect();
     let counts = AccessCounts::from_batches(num_nodes, &train)?;
     let tiers = crate::access_rank::assign_tiers(counts, row_bytes, gpu_bytes, cpu_bytes)?;
-    let cpu = CpuPlan::choose(batches, &tiers, policy);
+    let cpu = CpuPlan::choose(batches, &tiers, row_bytes, policy);
     batches.par_iter_mut().enumerate().for_each(|(i, b)| {
         let mut cold: Vec<u32> = match cpu.of(i) {
             // Under Belady: what the GPU cache and the cache's state then
@@ -379,16 +379,21 @@ pub struct CpuPlan {
 impl CpuPlan {
     /// Weighs the policies as `policy` asks over `batches` (which still
     /// hold their inputs): Belady where asked, or under `auto` where it
-    /// reads fewer rows from disk, restores included. Without CPU-cache
+    /// reads fewer bytes from disk, the restores' pages included. Without CPU-cache
     /// rows or training batches the cache has nothing to follow: static.
-    fn choose(batches: &[BatchInfo], tiers: &Tiers, policy: CpuCachePolicy) -> CpuPlan {
+    fn choose(
+        batches: &[BatchInfo],
+        tiers: &Tiers,
+        row_bytes: u64,
+        policy: CpuCachePolicy,
+    ) -> CpuPlan {
         let trains = batches.iter().any(|b| b.split == Split::Train);
         if policy == CpuCachePolicy::Static || tiers.cpu_nodes().is_empty() || !trains {
             return CpuPlan::default();
         }
-        let (used, forecast) = crate::belady::simulate(batches, tiers);
+        let (used, forecast) = crate::belady::simulate(batches, tiers, row_bytes);
         let belady =
-            policy == CpuCachePolicy::Belady || forecast.belady_total() < forecast.static_rows;
+            policy == CpuCachePolicy::Belady || forecast.belady_total() < forecast.static_bytes;
         CpuPlan {
             policy: if belady {
                 CachePolicy::Belady

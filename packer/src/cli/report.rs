@@ -245,11 +245,21 @@ pub fn inspect(origin: &str, m: &Manifest) {
 /// The CPU cache's policy and, where both were weighed, the rows from disk
 /// each would read over the sampled training batches.
 fn cpu_policy(s: &PackSummary) -> String {
-    let chosen = s.cpu_cache_policy.name();
+    let chosen = match s.cpu_cache_policy {
+        offgnn_manifests::CachePolicy::Static => "static",
+        offgnn_manifests::CachePolicy::Belady => {
+            "belady (one process trains this layout, in the sampled order)"
+        }
+    };
     match s.cpu_cache_forecast {
         Some(f) => format!(
-            "{chosen}: rows read from disk over the sampled epochs, static {}, belady {} (+{} restored at epoch ends)",
-            f.static_rows, f.belady_rows, f.restore_rows
+            "{chosen}; rows (bytes) read from disk over the sampled epochs: static {} ({}), belady {} ({}) + {} rows changed, restored at epoch ends ({})",
+            f.static_rows,
+            human_bytes(f.static_bytes),
+            f.belady_rows,
+            human_bytes(f.belady_bytes),
+            f.restore_rows,
+            human_bytes(f.restore_bytes),
         ),
         None => chosen.to_string(),
     }

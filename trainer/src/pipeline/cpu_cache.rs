@@ -14,8 +14,8 @@ use std::sync::{Mutex, MutexGuard};
 use super::feature_loading::Loaded;
 use crate::error::{Error, Result};
 
-/// Slots closer than this many bytes apart are restored by one read.
-const RESTORE_GAP: u64 = 64 << 10;
+/// Restores read whole pages of the tier's object, as the disk does.
+const PAGE: u64 = 4096;
 
 /// The CPU cache's rows, and the slots changed since the epoch began.
 pub struct CpuCache {
@@ -95,7 +95,9 @@ impl CpuCache {
     }
 
     /// Reads the slots changed since the last restore back from the
-    /// tier's object, nearby slots in one read; returns the bytes read.
+    /// tier's object: the pages that hold them, consecutive pages in one
+    /// read (the rows of those pages that did not change read back as
+    /// they are). Returns the bytes read.
     pub fn restore(&self) -> Result<u64> {
         let mut s = self.rows();
         let state = &mut *s.0;
@@ -106,22 +108,23 @@ impl CpuCache {
         slots.sort_unstable();
         slots.dedup();
         let rb = self.row_bytes as u64;
-        let gap = (RESTORE_GAP / rb.max(1)).max(1);
-        let f = File::open(&self.path).map_err(|e| Error::io(self.path.display(), e))?;
-        let mut read = 0u64;
-        let mut i = 0;
-        while i < slots.len() {
-            let first = u64::from(slots[i]);
-            let mut last = first;
-            while i + 1 < slots.len() && u64::from(slots[i + 1]) <= last + gap {
-                i += 1;
-                last = u64::from(slots[i]);
+        // Runs of pages [first, end) holding a changed slot.
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for s in slots.into_iter().map(u64::from) {
+            let (first, end) = (s * rb / PAGE, ((s + 1) * rb - 1) / PAGE + 1);
+            match runs.last_mut() {
+                Some(run) if first <= run.1 => run.1 = run.1.max(end),
+                _ => runs.push((first, end)),
             }
-            i += 1;
-            let span = &mut state.rows[(first * rb) as usize..((last + 1) * rb) as usize];
-            f.read_exact_at(span, first * rb)
+        }
+        let f = File::open(&self.path).map_err(|e| Error::io(self.path.display(), e))?;
+        let len = state.rows.len() as u64;
+        let mut read = 0u64;
+        for (first, end) in runs {
+            let (from, to) = (first * PAGE, (end * PAGE).min(len));
+            f.read_exact_at(&mut state.rows[from as usize..to as usize], from)
                 .map_err(|e| Error::io(self.path.display(), e))?;
-            read += span.len() as u64;
+            read += to - from;
         }
         Ok(read)
     }
