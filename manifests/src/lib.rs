@@ -179,6 +179,9 @@ pub enum CachePolicy {
     /// admits rows it read from disk in place of the rows read again
     /// furthest ahead (Belady's policy, as Ginex computes it, §3.4).
     Belady,
+    /// As `belady`, but each row read goes in, in place of a random row
+    /// that the next few batches do not read (GIDS's window buffering).
+    Window,
 }
 
 impl CachePolicy {
@@ -190,6 +193,7 @@ impl CachePolicy {
         match self {
             CachePolicy::Static => "static",
             CachePolicy::Belady => "belady",
+            CachePolicy::Window => "window",
         }
     }
 }

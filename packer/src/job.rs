@@ -33,11 +33,14 @@ pub struct PackConfig {
 
 /// How the CPU cache's rows change as training goes: the same most-read
 /// rows throughout (DiskGNN), Belady's policy over the known batch order
-/// (Ginex), or whichever of the two reads fewer rows from disk.
+/// (Ginex), GIDS's window buffering over random eviction (for
+/// comparison), or whichever of static and Belady reads fewer bytes from
+/// disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CpuCachePolicy {
     Static,
     Belady,
+    Window { batches: u32 },
     Auto,
 }
 

@@ -181,7 +181,7 @@ impl Layout {
         summary.gpu_rows = self.cache.gpu_nodes().len() as u64;
         summary.cpu_rows = self.cache.cpu_nodes().len() as u64;
         summary.cpu_cache_policy = self.cpu.policy;
-        summary.cpu_cache_forecast = self.cpu.forecast;
+        summary.cpu_cache_forecast = self.cpu.forecast.clone();
     }
 }
 

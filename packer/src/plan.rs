@@ -18,7 +18,7 @@ use offgnn_shared::dataset::Split;
 use rayon::prelude::*;
 
 use crate::access_rank::{AccessCounts, Location, Tiers};
-use crate::belady::{BatchCpu, Forecast};
+use crate::belady::{BatchCpu, Forecast, Policy};
 use crate::job::CpuCachePolicy;
 use crate::minhash::{fill_pages, minhash_order};
 use offgnn_manifests::CachePolicy;
@@ -378,9 +378,10 @@ pub struct CpuPlan {
 
 impl CpuPlan {
     /// Weighs the policies as `policy` asks over `batches` (which still
-    /// hold their inputs): Belady where asked, or under `auto` where it
-    /// reads fewer bytes from disk, the restores' pages included. Without CPU-cache
-    /// rows or training batches the cache has nothing to follow: static.
+    /// hold their inputs): Belady or the window where asked, or under
+    /// `auto` Belady where it reads fewer bytes from disk than the static
+    /// tier, the restores' pages included. Without CPU-cache rows or
+    /// training batches the cache has nothing to follow: static.
     fn choose(
         batches: &[BatchInfo],
         tiers: &Tiers,
@@ -388,24 +389,29 @@ impl CpuPlan {
         policy: CpuCachePolicy,
     ) -> CpuPlan {
         let trains = batches.iter().any(|b| b.split == Split::Train);
-        if policy == CpuCachePolicy::Static || tiers.cpu_nodes().is_empty() || !trains {
+        let (simulated, manifest) = match policy {
+            CpuCachePolicy::Static => return CpuPlan::default(),
+            CpuCachePolicy::Belady | CpuCachePolicy::Auto => (Policy::Belady, CachePolicy::Belady),
+            CpuCachePolicy::Window { batches } => (Policy::Window { batches }, CachePolicy::Window),
+        };
+        if tiers.cpu_nodes().is_empty() || !trains {
             return CpuPlan::default();
         }
-        let (used, forecast) = crate::belady::simulate(batches, tiers, row_bytes);
-        let belady =
-            policy == CpuCachePolicy::Belady || forecast.belady_total() < forecast.static_bytes;
+        let (used, forecast) = crate::belady::simulate(batches, tiers, row_bytes, simulated);
+        let follows =
+            policy != CpuCachePolicy::Auto || forecast.total_bytes() < forecast.static_bytes;
         CpuPlan {
-            policy: if belady {
-                CachePolicy::Belady
+            policy: if follows {
+                manifest
             } else {
                 CachePolicy::Static
             },
-            batches: if belady { used } else { Vec::new() },
+            batches: if follows { used } else { Vec::new() },
             forecast: Some(forecast),
         }
     }
 
-    /// Batch `i`'s hits and admissions, under Belady.
+    /// Batch `i`'s hits and admissions, where the cache follows the order.
     pub fn of(&self, i: usize) -> Option<&BatchCpu> {
         self.batches.get(i).and_then(Option::as_ref)
     }

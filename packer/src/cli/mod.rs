@@ -84,7 +84,11 @@ pub enum CpuCachePolicyArg {
     /// Belady's policy over the sampled batch order (Ginex): one process
     /// trains it, in the sampled order.
     Belady,
-    /// Whichever of the two reads fewer rows from disk.
+    /// GIDS's window buffering (for comparison): each row read goes in,
+    /// in place of a random row none of the next --cpu-cache-window
+    /// batches reads; restored each epoch, one process, as belady.
+    Window,
+    /// Whichever of static and belady reads fewer bytes from disk.
     Auto,
 }
 
@@ -147,9 +151,13 @@ pub struct PackArgs {
     /// throughout), belady (rows a batch read from disk replace those read
     /// again furthest ahead, over the sampled order; restored each epoch;
     /// data-parallel training refuses such a layout) or auto (whichever
-    /// reads fewer rows from disk, said in the summary).
+    /// reads fewer bytes from disk, said in the summary), or window (GIDS's
+    /// window buffering, for comparison).
     #[arg(long, value_enum, default_value_t = CpuCachePolicyArg::Auto)]
     pub cpu_cache_policy: CpuCachePolicyArg,
+    /// The window policy's look-ahead, in batches.
+    #[arg(long, default_value_t = 8)]
+    pub cpu_cache_window: u32,
     #[arg(long)]
     pub overwrite: bool,
 }
@@ -211,6 +219,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 cpu_cache_policy: match a.cpu_cache_policy {
                     CpuCachePolicyArg::Static => pack::CpuCachePolicy::Static,
                     CpuCachePolicyArg::Belady => pack::CpuCachePolicy::Belady,
+                    CpuCachePolicyArg::Window => pack::CpuCachePolicy::Window {
+                        batches: a.cpu_cache_window,
+                    },
                     CpuCachePolicyArg::Auto => pack::CpuCachePolicy::Auto,
                 },
                 overwrite: a.overwrite,

@@ -247,17 +247,19 @@ pub fn inspect(origin: &str, m: &Manifest) {
 fn cpu_policy(s: &PackSummary) -> String {
     let chosen = match s.cpu_cache_policy {
         offgnn_manifests::CachePolicy::Static => "static",
-        offgnn_manifests::CachePolicy::Belady => {
-            "belady (one process trains this layout, in the sampled order)"
-        }
+        offgnn_manifests::CachePolicy::Belady | offgnn_manifests::CachePolicy::Window => &format!(
+            "{} (one process trains this layout, in the sampled order)",
+            s.cpu_cache_policy.name()
+        ),
     };
-    match s.cpu_cache_forecast {
+    match &s.cpu_cache_forecast {
         Some(f) => format!(
-            "{chosen}; rows (bytes) read from disk over the sampled epochs: static {} ({}), belady {} ({}) + {} rows changed, restored at epoch ends ({})",
+            "{chosen}; rows (bytes) read from disk over the sampled epochs: static {} ({}), {} {} ({}) + {} rows changed, restored at epoch ends ({})",
             f.static_rows,
             human_bytes(f.static_bytes),
-            f.belady_rows,
-            human_bytes(f.belady_bytes),
+            f.policy,
+            f.rows,
+            human_bytes(f.bytes),
             f.restore_rows,
             human_bytes(f.restore_bytes),
         ),

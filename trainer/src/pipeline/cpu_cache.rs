@@ -1,10 +1,10 @@
 //! The CPU cache tier's rows in host memory: the same rows throughout
 //! (DiskGNN's static tier), or rows that follow the batch order (Ginex's
-//! Belady policy, which the packer computed): after each training batch
-//! is assembled, the rows its table admits are copied from what it read
-//! into their slots, and at the epoch's end the slots that changed are
-//! read back from the tier's object, so evaluation and the next epoch find
-//! the static rows the packer planned them with.
+//! Belady policy or GIDS's window, which the packer computed): after each
+//! training batch is assembled, the rows its table admits are copied from
+//! what it read into their slots, and at the epoch's end the slots that
+//! changed are read back from the tier's object, so evaluation and the
+//! next epoch find the static rows the packer planned them with.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -22,7 +22,7 @@ pub struct CpuCache {
     /// The tier's object: the rows every epoch starts from.
     path: PathBuf,
     row_bytes: usize,
-    /// Whether training batches admit rows (Belady) or not (static).
+    /// Whether training batches admit rows (Belady, window) or not (static).
     pub follows: bool,
     state: Mutex<State>,
 }

@@ -76,7 +76,7 @@ pub fn train_ranks(
     let src = sources(layout, engine, cfg)?;
     if ranks.world() > 1 && src.assemble.cpu_rows.as_ref().is_some_and(|c| c.follows) {
         return Err(Error::Layout(
-            "this layout's CPU cache follows the sampled batch order (packer --cpu-cache-policy belady or auto), which one process trains; for data-parallel training pack it with --cpu-cache-policy static".into(),
+            "this layout's CPU cache follows the sampled batch order (packer --cpu-cache-policy belady, window or auto), which one process trains; for data-parallel training pack it with --cpu-cache-policy static".into(),
         ));
     }
     let start = start::start_run(cfg, &model.vs, &mut model.adam, m, ranks)?;
