@@ -714,18 +714,9 @@ fn read_topology(origin: &str, frame: &[u8]) -> Result<Topology> {
 /// disk-cache rows are returned as (disk-cache position, input row), since
 /// their pages and offsets need them all.
 fn sort_addresses(out: &mut BatchTable, addresses: &[u8], width: u32) -> Vec<(u64, u32)> {
-    let mask = (1u64 << width) - 1;
     let mut dc: Vec<(u64, u32)> = Vec::new(); // (disk-cache position, input row)
-    let (mut acc, mut held, mut next) = (0u128, 0u32, 0usize);
-    for i in 0..out.num_inputs {
-        while held < width {
-            acc |= u128::from(addresses[next]) << held;
-            next += 1;
-            held += 8;
-        }
-        let e = acc as u64 & mask;
-        acc >>= width;
-        held -= width;
+    let n = out.num_inputs as usize;
+    for (i, e) in (0..out.num_inputs).zip(get_bits(addresses, n, width)) {
         let index = e >> TAG_BITS;
         match e & ((1 << TAG_BITS) - 1) {
             TAG_GPU => {
