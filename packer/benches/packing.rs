@@ -68,6 +68,7 @@ fn config(samples: &str, features: &str, out: &Path) -> anyhow::Result<PackConfi
         store_dtype: None,
         row_order: packer::pack::RowOrder::DEFAULT,
         cpu_cache_policy: packer::pack::CpuCachePolicy::Static,
+        rank_by: packer::pack::RankBy::Samples,
         overwrite: true,
         show_progress: true,
     })

@@ -33,6 +33,17 @@ impl AccessCounts {
         }
     }
 
+    /// Counts given per node (a ranking other than the samples').
+    pub fn from_counts(counts: Vec<u32>) -> Self {
+        let accessed = counts.iter().filter(|&&c| c > 0).count() as u64;
+        let total = counts.iter().map(|&c| u64::from(c)).sum();
+        AccessCounts {
+            counts,
+            accessed,
+            total,
+        }
+    }
+
     pub fn num_nodes(&self) -> u64 {
         self.counts.len() as u64
     }

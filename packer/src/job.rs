@@ -27,6 +27,8 @@ pub struct PackConfig {
     pub row_order: RowOrder,
     /// How the CPU cache's rows change from batch to batch.
     pub cpu_cache_policy: CpuCachePolicy,
+    /// What ranks rows for the cache tiers.
+    pub rank_by: RankBy,
     pub overwrite: bool,
     pub show_progress: bool,
 }
@@ -42,6 +44,16 @@ pub enum CpuCachePolicy {
     Belady,
     Window { batches: u32 },
     Auto,
+}
+
+/// What ranks the rows for the cache tiers: how many sampled batches read
+/// each (DiskGNN), or each row's expected reads from the graph and the
+/// fan-outs alone (GIDS's reverse-PageRank hot set).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RankBy {
+    Samples,
+    Graph,
 }
 
 /// Phase timings and volumes of a packing job.
@@ -68,6 +80,8 @@ pub struct PackSummary {
     /// bytes each policy would read from disk over the sampled training
     /// batches (where the CPU cache holds rows and a choice was weighed).
     pub cpu_cache_policy: manifests::CachePolicy,
+    /// What ranked the rows for the cache tiers (`samples` or `graph`).
+    pub rank_by: Option<RankBy>,
     pub cpu_cache_forecast: Option<crate::belady::Forecast>,
     /// Algorithm 2's segment size and its estimate of the training
     /// segments' bytes (searched runs), beside the exact outcome below.

@@ -11,6 +11,7 @@ mod commit;
 pub mod crc;
 pub mod error;
 pub mod feature_source;
+mod graph_rank;
 pub mod heap;
 mod job;
 mod load;

@@ -23,7 +23,7 @@ use crate::plan::{self, BatchInfo, Scratch, SegmentPlan, align};
 use crate::segment_search::{FixedBytes, SegmentChoice, SegmentSize, choose_segment_size};
 
 pub use crate::address_tables::{AmplificationParts, batch_table};
-pub use crate::job::{CpuCachePolicy, PackConfig, PackSummary};
+pub use crate::job::{CpuCachePolicy, PackConfig, PackSummary, RankBy};
 pub use crate::memory::{BASELINE_BYTES, MemoryStatement};
 pub use offgnn_manifests::{DiskCacheMode, Dtype, PackingMode, RowOrder};
 
@@ -59,6 +59,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         store_dtype: rows.to.name().to_string(),
         feature_dtype: rows.from.name().to_string(),
         leftovers_removed: target.swept.clone(),
+        rank_by: Some(cfg.rank_by),
         ..Default::default()
     };
     let loading = Loading::plan(cfg.memory, &inputs.run);
@@ -200,11 +201,15 @@ fn plan_layout(
 ) -> Result<Layout> {
     let num_nodes = inputs.features.num_rows();
     let row_bytes = rows.row_bytes;
+    let ranking = match cfg.rank_by {
+        RankBy::Samples => None,
+        RankBy::Graph => Some(crate::graph_rank::expected_reads(&inputs.run)?),
+    };
     let (cache, cpu) = plan::rank_and_split(
         batches,
-        num_nodes,
-        row_bytes,
+        (num_nodes, row_bytes),
         (cfg.gpu_cache, cfg.cpu_cache),
+        ranking,
         cfg.cpu_cache_policy,
     )?;
     // Memory: the plan, the pieces read ahead, and the staging of

@@ -314,22 +314,28 @@ pub fn plan_segment(
     }
 }
 
-/// Counts accesses over the training batches of every epoch and fixes the
-/// tiers (DiskGNN §4: the most popular rows to the GPU cache, the next to
-/// the CPU cache), then reduces every batch to its cold rows.
+/// Counts accesses over the training batches of every epoch (or takes the
+/// `ranking` given) and fixes the tiers (DiskGNN §4: the most popular rows
+/// to the GPU cache, the next to the CPU cache), then reduces every batch
+/// to its cold rows.
 pub fn rank_and_split(
     batches: &mut [BatchInfo],
-    num_nodes: u64,
-    row_bytes: u64,
+    (num_nodes, row_bytes): (u64, u64),
     (gpu_bytes, cpu_bytes): (u64, u64),
+    ranking: Option<AccessCounts>,
     policy: CpuCachePolicy,
 ) -> Result<(Tiers, CpuPlan), crate::error::Error> {
-    let train: Vec<&[u32]> = batches
-        .iter()
-        .filter(|b| b.split == Split::Train)
-        .map(|b| b.inputs.as_slice())
-        .collect();
-    let counts = AccessCounts::from_batches(num_nodes, &train)?;
+    let counts = match ranking {
+        Some(counts) => counts,
+        None => {
+            let train: Vec<&[u32]> = batches
+                .iter()
+                .filter(|b| b.split == Split::Train)
+                .map(|b| b.inputs.as_slice())
+                .collect();
+            AccessCounts::from_batches(num_nodes, &train)?
+        }
+    };
     let tiers = crate::access_rank::assign_tiers(counts, row_bytes, gpu_bytes, cpu_bytes)?;
     let cpu = CpuPlan::choose(batches, &tiers, row_bytes, policy);
     batches.par_iter_mut().enumerate().for_each(|(i, b)| {

@@ -50,12 +50,19 @@ fn samples(dir: &Path) -> (String, String) {
 }
 
 /// Packs with `policy`; returns the manifest's path and the summary.
-fn pack(
+fn pack(dir: &Path, s: &(String, String), policy: &str) -> (String, serde_json::Value) {
+    pack_with(dir, s, &["--cpu-cache-policy", policy], policy)
+}
+
+/// Packs with `flags` into `dir/pack-NAME`; returns the manifest's path
+/// and the summary.
+fn pack_with(
     dir: &Path,
     (samples, feat): &(String, String),
-    policy: &str,
+    flags: &[&str],
+    name: &str,
 ) -> (String, serde_json::Value) {
-    let out = dir.join(format!("pack-{policy}"));
+    let out = dir.join(format!("pack-{name}"));
     let args = [
         "--samples",
         samples,
@@ -69,9 +76,8 @@ fn pack(
         "256K",
         "--disk-budget",
         "8x",
-        "--cpu-cache-policy",
-        policy,
     ];
+    let args: Vec<&str> = args.iter().chain(flags).copied().collect();
     let r = run("packer", &args);
     assert!(r.status.success(), "{}", r.stderr);
     let manifest = out.join("manifest.json");
@@ -216,6 +222,63 @@ fn a_cpu_cache_that_follows_the_batch_order_trains_on_the_same_rows_and_reads_fe
     assert!(
         r.stderr
             .contains("for data-parallel training pack it with --cpu-cache-policy static"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// GIDS's hot set without samples: the tiers ranked by each row's expected
+/// reads from the graph and the fan-outs. The sampled counts are what the
+/// batches read, so no ranking serves more of them from a cache of that
+/// size; the graph's comes close, and the layout is as exact.
+#[test]
+fn tiers_ranked_from_the_graph_alone_serve_no_more_than_the_samples_ranking() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = samples(dir.path());
+    let by = |what: &str| {
+        let flags = ["--cpu-cache-policy", "static", "--rank-by", what];
+        pack_with(dir.path(), &s, &flags, what)
+    };
+    let (_, sampled) = by("samples");
+    let (graph, ranked) = by("graph");
+    assert_eq!(ranked["rank_by"], "graph");
+    let cached = |j: &serde_json::Value| {
+        let a = &j["access_shares"];
+        a["gpu"].as_f64().unwrap() + a["cpu"].as_f64().unwrap()
+    };
+    let (from_samples, from_graph) = (cached(&sampled), cached(&ranked));
+    assert!(
+        from_graph <= from_samples && from_graph > 0.5 * from_samples,
+        "cached shares: graph {from_graph}, samples {from_samples}"
+    );
+    let r = run("packer", &["verify", "--manifest", &graph]);
+    assert!(r.status.success(), "{}", r.stderr);
+    // Without the dataset the samples came from: one line naming it.
+    std::fs::rename(dir.path().join("g"), dir.path().join("moved")).unwrap();
+    let out = dir.path().join("pack-lost");
+    let args = [
+        "--samples",
+        &s.0,
+        "--features",
+        &dir.path().join("moved/data/feat.npy").to_string_lossy(),
+        "--out",
+        out.to_str().unwrap(),
+        "--gpu-cache",
+        "0",
+        "--cpu-cache",
+        "256K",
+        "--disk-budget",
+        "8x",
+        "--rank-by",
+        "graph",
+    ]
+    .map(str::to_string);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = run("packer", &args);
+    assert!(!r.status.success());
+    assert!(
+        r.stderr
+            .contains("--rank-by graph reads the graph the samples came from"),
         "{}",
         r.stderr
     );

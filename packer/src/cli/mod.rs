@@ -76,6 +76,13 @@ pub enum RowOrderArg {
     Minhash,
 }
 
+/// What ranks rows for the cache tiers.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum RankByArg {
+    Samples,
+    Graph,
+}
+
 /// How the CPU cache's rows change from batch to batch.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum CpuCachePolicyArg {
@@ -155,6 +162,13 @@ pub struct PackArgs {
     /// window buffering, for comparison).
     #[arg(long, value_enum, default_value_t = CpuCachePolicyArg::Auto)]
     pub cpu_cache_policy: CpuCachePolicyArg,
+    /// What ranks rows for the GPU and CPU caches: samples (how many
+    /// sampled batches read each row) or graph (each row's expected reads
+    /// from the graph and the fan-outs alone, GIDS's reverse-PageRank hot
+    /// set, for where no samples exist yet; it reads the dataset the
+    /// samples came from).
+    #[arg(long, value_enum, default_value_t = RankByArg::Samples)]
+    pub rank_by: RankByArg,
     /// The window policy's look-ahead, in batches.
     #[arg(long, default_value_t = 8)]
     pub cpu_cache_window: u32,
@@ -223,6 +237,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                         batches: a.cpu_cache_window,
                     },
                     CpuCachePolicyArg::Auto => pack::CpuCachePolicy::Auto,
+                },
+                rank_by: match a.rank_by {
+                    RankByArg::Samples => pack::RankBy::Samples,
+                    RankByArg::Graph => pack::RankBy::Graph,
                 },
                 overwrite: a.overwrite,
                 show_progress: true,

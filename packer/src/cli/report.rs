@@ -28,7 +28,15 @@ pub fn packed(cfg: &PackConfig, s: &PackSummary) {
         ),
         (
             "tiers",
-            format!("GPU {} rows, CPU {} rows", s.gpu_rows, s.cpu_rows),
+            format!(
+                "GPU {} rows, CPU {} rows, ranked by {}",
+                s.gpu_rows,
+                s.cpu_rows,
+                match s.rank_by {
+                    Some(crate::pack::RankBy::Graph) => "expected reads from the graph",
+                    _ => "sampled reads",
+                }
+            ),
         ),
         ("CPU cache policy", cpu_policy(s)),
         (

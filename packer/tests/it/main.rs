@@ -94,6 +94,7 @@ fn config(f: &Fixture, out: &str) -> PackConfig {
         store_dtype: None,
         row_order: packer::pack::RowOrder::DEFAULT,
         cpu_cache_policy: packer::pack::CpuCachePolicy::Static,
+        rank_by: packer::pack::RankBy::Samples,
         overwrite: false,
         show_progress: false,
     }

@@ -107,6 +107,7 @@ fn pack_fixture(root: &std::path::Path, out: &std::path::Path, store_dtype: Opti
         store_dtype,
         row_order: packer::pack::RowOrder::DEFAULT,
         cpu_cache_policy: packer::pack::CpuCachePolicy::Static,
+        rank_by: packer::pack::RankBy::Samples,
         overwrite: false,
         show_progress: false,
     })
