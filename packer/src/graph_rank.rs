@@ -38,9 +38,8 @@ pub fn expected_reads(run: &RunSummary) -> Result<AccessCounts> {
             ds.num_nodes, run.dataset.num_nodes
         )));
     }
-    let stream = |f: &mut dyn FnMut(&[u64], &[u64]) -> Result<()>| -> Result<()> {
-        ds.edges.for_each_chunk(CHUNK, |src, dst| f(src, dst))
-    };
+    let stream =
+        |f: &mut EdgeSink| -> Result<()> { ds.edges.for_each_chunk(CHUNK, |src, dst| f(src, dst)) };
     let graph = Graph {
         num_nodes: ds.num_nodes as usize,
         add_reverse: run.params.add_reverse_edges,
@@ -69,8 +68,11 @@ struct Graph {
     keep_self_loops: bool,
 }
 
-/// Streams every edge `(sources, destinations)` chunk by chunk to a sink.
-type EdgeStream<'a> = dyn Fn(&mut dyn FnMut(&[u64], &[u64]) -> Result<()>) -> Result<()> + 'a;
+/// Takes a chunk of edges `(sources, destinations)`.
+type EdgeSink<'a> = dyn FnMut(&[u64], &[u64]) -> Result<()> + 'a;
+
+/// Streams every edge chunk by chunk to a sink.
+type EdgeStream<'a> = dyn Fn(&mut EdgeSink) -> Result<()> + 'a;
 
 impl Graph {
     /// Calls `f(u, v)` for every edge `u -> v` of the sampler's graph.
@@ -144,7 +146,7 @@ mod tests {
     #[test]
     fn expected_reads_follow_the_fanouts_from_the_seeds() {
         let edges: (Vec<u64>, Vec<u64>) = (vec![1, 2, 3, 4, 5, 6], vec![0, 0, 0, 0, 1, 1]);
-        let stream = |f: &mut dyn FnMut(&[u64], &[u64]) -> Result<()>| f(&edges.0, &edges.1);
+        let stream = |f: &mut EdgeSink| f(&edges.0, &edges.1);
         let g = Graph {
             num_nodes: 8,
             add_reverse: false,
