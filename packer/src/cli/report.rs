@@ -26,18 +26,7 @@ pub fn packed(cfg: &PackConfig, s: &PackSummary) {
                 format!("{}, converted from {}", s.store_dtype, s.feature_dtype)
             },
         ),
-        (
-            "tiers",
-            format!(
-                "GPU {} rows, CPU {} rows, ranked by {}",
-                s.gpu_rows,
-                s.cpu_rows,
-                match s.rank_by {
-                    Some(crate::pack::RankBy::Graph) => "expected reads from the graph",
-                    _ => "sampled reads",
-                }
-            ),
-        ),
+        ("tiers", tiers(s)),
         ("CPU cache policy", cpu_policy(s)),
         (
             "segment size",
@@ -248,6 +237,19 @@ pub fn inspect(origin: &str, m: &Manifest) {
         &rows,
         &serde_json::json!({ "command": "inspect", "manifest": m }),
     );
+}
+
+/// The tiers' rows and what ranked them.
+fn tiers(s: &PackSummary) -> String {
+    format!(
+        "GPU {} rows, CPU {} rows, ranked by {}",
+        s.gpu_rows,
+        s.cpu_rows,
+        match s.rank_by {
+            Some(crate::pack::RankBy::Graph) => "expected reads from the graph",
+            _ => "sampled reads",
+        }
+    )
 }
 
 /// The CPU cache's policy and, where both were weighed, the rows from disk
