@@ -137,6 +137,21 @@ pub fn simulate(
     (out, fc)
 }
 
+/// At most the bytes [`simulate`] holds over `batches` of a graph of
+/// `num_nodes`: per node its slot and next reader (4 bytes each); per
+/// access of the largest epoch its next reader (4); per training access a
+/// hit or an admission (8 each, kept for the tables), and a heap entry of
+/// 12 per slot, about four times over.
+pub fn memory_bound(batches: &[BatchInfo], num_nodes: u64) -> u64 {
+    let mut per_epoch: std::collections::BTreeMap<u32, u64> = Default::default();
+    for b in batches.iter().filter(|b| b.split == Split::Train) {
+        *per_epoch.entry(b.epoch).or_default() += b.inputs.len() as u64;
+    }
+    let all: u64 = per_epoch.values().sum();
+    let largest = per_epoch.values().copied().max().unwrap_or(0);
+    num_nodes * 8 + largest * 4 + all * 8 + num_nodes.min(all) * 12 * 4
+}
+
 /// The unit the trainer reads a restore in.
 const PAGE: u64 = 4096;
 

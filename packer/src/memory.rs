@@ -145,13 +145,14 @@ impl PlanMemory {
     pub(crate) fn check(
         memory: u64,
         run: &RunSummary,
-        batches: &[BatchInfo],
+        (batches, cpu_plan_bytes): (&[BatchInfo], u64),
         num_nodes: u64,
         pieces: &Pieces,
     ) -> Result<PlanMemory> {
         let tables_bytes = tables_memory(run, batches);
         let plan_bytes = plan_memory(num_nodes, batches.iter().map(|b| b.cold.len() as u64).sum())
-            + tables_bytes;
+            + tables_bytes
+            + cpu_plan_bytes;
         let read_ahead = READ_AHEAD * pieces.bytes + pieces.convert_bytes;
         let least = BASELINE_BYTES + read_ahead;
         let available = memory

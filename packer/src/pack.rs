@@ -210,11 +210,17 @@ fn plan_layout(
         (num_nodes, row_bytes),
         (cfg.gpu_cache, cfg.cpu_cache),
         ranking,
-        cfg.cpu_cache_policy,
+        (cfg.cpu_cache_policy, cfg.memory),
     )?;
-    // Memory: the plan, the pieces read ahead, and the staging of
-    // disk-cache runs.
-    let held = PlanMemory::check(cfg.memory, &inputs.run, batches, num_nodes, pieces)?;
+    // Memory: the plan (a CPU cache's hits and admissions with it), the
+    // pieces read ahead, and the staging of disk-cache runs.
+    let held = PlanMemory::check(
+        cfg.memory,
+        &inputs.run,
+        (batches, cpu.held_bytes()),
+        num_nodes,
+        pieces,
+    )?;
     let batches: &[BatchInfo] = batches;
     let by_split = |split: Split| -> Vec<usize> {
         (0..batches.len())

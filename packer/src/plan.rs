@@ -323,7 +323,7 @@ pub fn rank_and_split(
     (num_nodes, row_bytes): (u64, u64),
     (gpu_bytes, cpu_bytes): (u64, u64),
     ranking: Option<AccessCounts>,
-    policy: CpuCachePolicy,
+    (policy, memory): (CpuCachePolicy, u64),
 ) -> Result<(Tiers, CpuPlan), crate::error::Error> {
     let counts = match ranking {
         Some(counts) => counts,
@@ -337,7 +337,7 @@ pub fn rank_and_split(
         }
     };
     let tiers = crate::access_rank::assign_tiers(counts, row_bytes, gpu_bytes, cpu_bytes)?;
-    let cpu = CpuPlan::choose(batches, &tiers, row_bytes, policy);
+    let cpu = CpuPlan::choose(batches, &tiers, row_bytes, (policy, memory));
     batches.par_iter_mut().enumerate().for_each(|(i, b)| {
         let mut cold: Vec<u32> = match cpu.of(i) {
             // Under Belady: what the GPU cache and the cache's state then
@@ -386,15 +386,27 @@ impl CpuPlan {
     /// Weighs the policies as `policy` asks over `batches` (which still
     /// hold their inputs): Belady or the window where asked, or under
     /// `auto` Belady where it reads fewer bytes from disk than the static
-    /// tier, the restores' pages included. Without CPU-cache rows or
-    /// training batches the cache has nothing to follow: static.
+    /// tier, the restores' pages included, and where the simulation's
+    /// tables fit in half of `memory` (the packer's budget; a policy asked
+    /// for is held to the whole budget by the plan's check). Without
+    /// CPU-cache rows or training batches the cache has nothing to follow:
+    /// static.
     fn choose(
         batches: &[BatchInfo],
         tiers: &Tiers,
         row_bytes: u64,
-        policy: CpuCachePolicy,
+        (policy, memory): (CpuCachePolicy, u64),
     ) -> CpuPlan {
         let trains = batches.iter().any(|b| b.split == Split::Train);
+        let bound = crate::belady::memory_bound(batches, tiers.num_nodes());
+        if policy == CpuCachePolicy::Auto && bound > memory / 2 {
+            tracing::info!(
+                "CPU cache policy: static; Belady's simulation could take {}, more than half of --memory {}",
+                offgnn_shared::report::human_bytes(bound),
+                offgnn_shared::report::human_bytes(memory)
+            );
+            return CpuPlan::default();
+        }
         let (simulated, manifest) = match policy {
             CpuCachePolicy::Static => return CpuPlan::default(),
             CpuCachePolicy::Belady | CpuCachePolicy::Auto => (Policy::Belady, CachePolicy::Belady),
@@ -417,6 +429,17 @@ impl CpuPlan {
         }
     }
 
+    /// Bytes the hits and admissions hold until the tables are written.
+    pub fn held_bytes(&self) -> u64 {
+        let entries: usize = self
+            .batches
+            .iter()
+            .flatten()
+            .map(|u| u.hits.capacity() + u.admits.capacity())
+            .sum();
+        (entries * 8 + self.batches.capacity() * std::mem::size_of::<Option<BatchCpu>>()) as u64
+    }
+
     /// Batch `i`'s hits and admissions, where the cache follows the order.
     pub fn of(&self, i: usize) -> Option<&BatchCpu> {
         self.batches.get(i).and_then(Option::as_ref)
@@ -426,6 +449,39 @@ impl CpuPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Auto takes Belady where it reads less and its simulation fits half
+    /// the memory budget; with too little memory it keeps the static tier
+    /// without simulating, while a policy asked for is simulated anyway.
+    #[test]
+    fn auto_weighs_belady_only_within_half_the_memory_budget() {
+        // A cache of one row, and batches that read row 0 three times,
+        // then row 1 three times, twice over: the static tier holds one of
+        // them (6 misses), Belady switches (3 misses, 1 row restored).
+        let inputs: Vec<Vec<u32>> = (0..12).map(|i| vec![(i / 3) % 2]).collect();
+        let batches: Vec<BatchInfo> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, inputs)| BatchInfo {
+                split: Split::Train,
+                epoch: 0,
+                index: i as u32,
+                cold: Vec::new(),
+                inputs: inputs.clone(),
+                table_bytes: 0,
+            })
+            .collect();
+        let counts = AccessCounts::from_counts(vec![6, 6]);
+        let tiers = crate::access_rank::assign_tiers(counts, 4096, 0, 4096).unwrap();
+        let plan = |policy, memory| CpuPlan::choose(&batches, &tiers, 4096, (policy, memory));
+        let roomy = plan(CpuCachePolicy::Auto, 1 << 30);
+        assert_eq!(roomy.policy, CachePolicy::Belady, "{:?}", roomy.forecast);
+        assert!(roomy.held_bytes() > 0);
+        let tight = plan(CpuCachePolicy::Auto, 64);
+        assert_eq!(tight.policy, CachePolicy::Static);
+        assert!(tight.forecast.is_none() && tight.held_bytes() == 0);
+        assert_eq!(plan(CpuCachePolicy::Belady, 64).policy, CachePolicy::Belady);
+    }
 
     fn batch(cold: &[u32]) -> BatchInfo {
         BatchInfo {
