@@ -44,7 +44,11 @@ use crate::dataset::Split;
 use crate::error::{Error, Result};
 use crate::samples::Block;
 
-const MAGIC: &[u8; 8] = b"OGATBL02";
+mod bits;
+mod object;
+use bits::{get_bits, put_bits};
+pub use object::{FOOTER, TableWriter, decode_footer, decode_index, object_overhead};
+
 /// Disk pages (4 KiB), as the layout counts them.
 const PAGE: u64 = 4096;
 
@@ -143,45 +147,6 @@ pub fn admission_bytes(admissions: u64, num_inputs: u64, num_nodes: u64) -> u64 
     }
     let width = index_bits(num_inputs) + index_bits(num_nodes);
     4 + (admissions * u64::from(width)).div_ceil(8)
-}
-
-/// Appends `values` of `width` bits each, LSB first, to `out`.
-fn put_bits(out: &mut Vec<u8>, values: impl Iterator<Item = u64>, width: u32) {
-    let (mut acc, mut held) = (0u128, 0u32);
-    for e in values {
-        acc |= u128::from(e) << held;
-        held += width;
-        while held >= 8 {
-            out.push(acc as u8);
-            acc >>= 8;
-            held -= 8;
-        }
-    }
-    if held > 0 {
-        out.push(acc as u8);
-    }
-}
-
-/// `count` values of `width` bits each from `bytes`, as [`put_bits`] wrote them.
-fn get_bits(bytes: &[u8], count: usize, width: u32) -> impl Iterator<Item = u64> + '_ {
-    let mask = (1u64 << width) - 1;
-    let (mut acc, mut held, mut next) = (0u128, 0u32, 0usize);
-    (0..count).map(move |_| {
-        while held < width {
-            acc |= u128::from(bytes[next]) << held;
-            next += 1;
-            held += 8;
-        }
-        let e = acc as u64 & mask;
-        acc >>= width;
-        held -= width;
-        e
-    })
-}
-
-/// Bytes of a table object's index and footer beside its `records`.
-pub fn object_overhead(records: u64) -> u64 {
-    records * 16 + FOOTER
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -480,10 +445,6 @@ impl Reader<'_> {
         Ok(out)
     }
 }
-
-/// Magic of the tables before this format (raw arrays): refused, as the
-/// layout must be packed again.
-const OLD_MAGIC: &[u8; 8] = b"OGATBL01";
 
 fn decompress(origin: &str, frame: &[u8]) -> Result<Vec<u8>> {
     use std::io::Read;
@@ -804,110 +765,6 @@ pub fn page_runs(pages: &[u64]) -> Vec<(u64, u64)> {
     runs
 }
 
-/// Bytes of the footer at the end of a table object.
-pub const FOOTER: u64 = 24;
-
-/// Streams records into a table object.
-pub struct TableWriter<W: std::io::Write> {
-    out: W,
-    at: u64,
-    index: Vec<(u64, u64)>,
-}
-
-impl<W: std::io::Write> TableWriter<W> {
-    pub fn new(out: W) -> Self {
-        TableWriter {
-            out,
-            at: 0,
-            index: Vec::new(),
-        }
-    }
-
-    pub fn push(&mut self, record: &[u8]) -> std::io::Result<()> {
-        self.out.write_all(record)?;
-        self.index.push((self.at, record.len() as u64));
-        self.at += record.len() as u64;
-        Ok(())
-    }
-
-    pub fn len(&self) -> usize {
-        self.index.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
-    }
-
-    /// Writes the index and footer; returns the writer and the object's size.
-    pub fn finish(mut self) -> std::io::Result<(W, u64)> {
-        let index_offset = self.at;
-        let mut tail = Vec::with_capacity(self.index.len() * 16 + FOOTER as usize);
-        for (off, len) in &self.index {
-            tail.extend_from_slice(&off.to_le_bytes());
-            tail.extend_from_slice(&len.to_le_bytes());
-        }
-        tail.extend_from_slice(&index_offset.to_le_bytes());
-        tail.extend_from_slice(&(self.index.len() as u64).to_le_bytes());
-        tail.extend_from_slice(MAGIC);
-        self.out.write_all(&tail)?;
-        Ok((self.out, index_offset + tail.len() as u64))
-    }
-}
-
-/// Reads a table object's footer (its last [`FOOTER`] bytes): the index's
-/// offset and the record count.
-pub fn decode_footer(origin: &str, footer: &[u8], object_len: u64) -> Result<(u64, u64)> {
-    let fail = |what: &str| Error::Store {
-        kind: None,
-        url: origin.to_string(),
-        fault: format!("corrupt address table object: {what}"),
-    };
-    if footer.len() == FOOTER as usize && &footer[16..] == OLD_MAGIC {
-        return Err(Error::Store {
- kind: None,
-            url: origin.to_string(),
-            fault: "address table of an older offgnn (format OGATBL01), which this build does not read; pack the layout again with this packer".to_string(),
-        });
-    }
-    if footer.len() != FOOTER as usize || &footer[16..] != MAGIC {
-        return Err(fail("bad footer"));
-    }
-    let index_offset = u64::from_le_bytes(footer[..8].try_into().expect("8 bytes"));
-    let count = u64::from_le_bytes(footer[8..16].try_into().expect("8 bytes"));
-    let end = count
-        .checked_mul(16)
-        .and_then(|b| b.checked_add(index_offset))
-        .and_then(|b| b.checked_add(FOOTER));
-    if end != Some(object_len) {
-        return Err(fail("index does not end at the footer"));
-    }
-    Ok((index_offset, count))
-}
-
-/// Decodes the index (`count` pairs of offset and length), checking that
-/// every record lies before the index.
-pub fn decode_index(origin: &str, index: &[u8], index_offset: u64) -> Result<Vec<(u64, u64)>> {
-    let fail = |what: &str| Error::Store {
-        kind: None,
-        url: origin.to_string(),
-        fault: format!("corrupt address table object: {what}"),
-    };
-    if !index.len().is_multiple_of(16) {
-        return Err(fail("index of odd length"));
-    }
-    index
-        .chunks_exact(16)
-        .map(|c| {
-            let off = u64::from_le_bytes(c[..8].try_into().expect("8 bytes"));
-            let len = u64::from_le_bytes(c[8..].try_into().expect("8 bytes"));
-            match off.checked_add(len) {
-                Some(end) if end <= index_offset => Ok((off, len)),
-                _ => Err(fail("record outside the object")),
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1178,7 +1035,7 @@ mod tests {
     #[test]
     fn refuses_a_table_of_the_old_format_naming_it() {
         let mut footer = vec![0u8; FOOTER as usize];
-        footer[16..].copy_from_slice(OLD_MAGIC);
+        footer[16..].copy_from_slice(object::OLD_MAGIC);
         let err = decode_footer("pack/table-00000.bin", &footer, FOOTER).unwrap_err();
         let msg = err.to_string();
         assert!(
