@@ -344,6 +344,9 @@ fn put_admissions(t: &BatchTable, bits: u32, tags: &[u8], out: &mut Vec<u8>) -> 
     if t.admit_pos.len() != t.admit_slot.len() {
         return Err(unencodable("admissions without their slots".into()));
     }
+    if t.admit_pos.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(unencodable("admitted positions out of order".into()));
+    }
     for (&p, &s) in t.admit_pos.iter().zip(&t.admit_slot) {
         let tag = tags.get(p as usize).map(|&g| u64::from(g));
         if !matches!(tag, Some(TAG_DISK | TAG_PACKED)) || u64::from(s) >= 1u64 << bits {
@@ -548,6 +551,9 @@ fn read_admissions(
     let pos_mask = (1u64 << pos_bits) - 1;
     for e in get_bits(packed, count, width) {
         let (p, slot) = ((e & pos_mask) as u32, (e >> pos_bits) as u32);
+        if out.admit_pos.last().is_some_and(|&last| last >= p) {
+            return Err(r.fail("admitted positions out of order"));
+        }
         if !from_disk.get(p as usize).copied().unwrap_or(false) {
             return Err(r.fail(&format!(
                 "admission of input {p}, which the batch does not read from disk"

@@ -11,6 +11,8 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
+use offgnn_shared::address_table::page_runs;
+
 use super::feature_loading::Loaded;
 use crate::error::{Error, Result};
 
@@ -75,21 +77,26 @@ impl CpuCache {
             return Ok(());
         }
         let rb = self.row_bytes;
-        let mut at: Vec<(u32, usize)> = l.disk.clone();
-        at.sort_unstable();
         let data = l.buf.as_slice();
         let mut s = self.rows();
         let state = &mut *s.0;
-        for (&p, &slot) in t.admit_pos.iter().zip(&t.admit_slot) {
-            let k = at.binary_search_by_key(&p, |d| d.0).map_err(|_| {
-                Error::Layout(format!(
-                    "batch {} admits input {p} into the CPU cache, but does not read it from disk",
-                    t.index
-                ))
-            })?;
-            let (from, to) = (at[k].1, slot as usize * rb);
-            state.rows[to..to + rb].copy_from_slice(&data[from..from + rb]);
-            state.changed.push(slot);
+        // The table's admitted positions ascend (its decoder checks it).
+        let mut admitted = 0;
+        for &(p, from) in &l.disk {
+            if let Ok(i) = t.admit_pos.binary_search(&p) {
+                let slot = t.admit_slot[i];
+                let to = slot as usize * rb;
+                state.rows[to..to + rb].copy_from_slice(&data[from..from + rb]);
+                state.changed.push(slot);
+                admitted += 1;
+            }
+        }
+        if admitted != t.admit_pos.len() {
+            return Err(Error::Layout(format!(
+                "batch {} admits {} rows into the CPU cache, but reads {admitted} of them from disk",
+                t.index,
+                t.admit_pos.len()
+            )));
         }
         Ok(())
     }
@@ -108,20 +115,17 @@ impl CpuCache {
         slots.sort_unstable();
         slots.dedup();
         let rb = self.row_bytes as u64;
-        // Runs of pages [first, end) holding a changed slot.
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        for s in slots.into_iter().map(u64::from) {
-            let (first, end) = (s * rb / PAGE, ((s + 1) * rb - 1) / PAGE + 1);
-            match runs.last_mut() {
-                Some(run) if first <= run.1 => run.1 = run.1.max(end),
-                _ => runs.push((first, end)),
-            }
-        }
+        let mut pages: Vec<u64> = slots
+            .into_iter()
+            .map(u64::from)
+            .flat_map(|s| s * rb / PAGE..=((s + 1) * rb - 1) / PAGE)
+            .collect();
+        pages.dedup();
         let f = File::open(&self.path).map_err(|e| Error::io(self.path.display(), e))?;
         let len = state.rows.len() as u64;
         let mut read = 0u64;
-        for (first, end) in runs {
-            let (from, to) = (first * PAGE, (end * PAGE).min(len));
+        for (first, count) in page_runs(&pages) {
+            let (from, to) = (first * PAGE, ((first + count) * PAGE).min(len));
             f.read_exact_at(&mut state.rows[from as usize..to as usize], from)
                 .map_err(|e| Error::io(self.path.display(), e))?;
             read += to - from;
