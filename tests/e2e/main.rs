@@ -10,6 +10,7 @@ mod export;
 mod faults;
 mod full_disk;
 mod help;
+mod historical;
 mod packer;
 mod pipeline;
 mod s3;

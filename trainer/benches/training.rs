@@ -61,19 +61,18 @@ fn load_parallel(
             .map(|j| {
                 let (load_src, barrier) = (&src.load, &barrier);
                 s.spawn(move || -> anyhow::Result<(u64, u64)> {
-                    let warm = order
-                        .iter()
-                        .skip(j)
-                        .step_by(loaders)
-                        .try_fold(AlignedBuf::new(0), |buf, &r| {
-                            pipeline::load(layout, engine, load_src, r, buf).map(|l| l.buf)
-                        });
+                    let warm = order.iter().skip(j).step_by(loaders).try_fold(
+                        AlignedBuf::new(0),
+                        |buf, &r| {
+                            pipeline::load(layout, engine, load_src, r, buf, None).map(|l| l.buf)
+                        },
+                    );
                     // Meet the others even after a failure, so none waits forever.
                     barrier.wait();
                     let mut buf = warm?;
                     let (mut bytes, mut rows) = (0, 0);
                     for &r in order.iter().skip(j).step_by(loaders) {
-                        let loaded = pipeline::load(layout, engine, load_src, r, buf)?;
+                        let loaded = pipeline::load(layout, engine, load_src, r, buf, None)?;
                         bytes += loaded.disk_bytes;
                         rows += loaded.disk_rows;
                         buf = loaded.buf;
@@ -105,9 +104,15 @@ fn input_path(
 ) -> anyhow::Result<f64> {
     let src = sources(layout, engine, cfg)?;
     let started = Instant::now();
-    pipeline::run_batches(layout, engine, &src, order, cfg.pipeline_options(), |_| {
-        Ok(())
-    })?;
+    pipeline::run_batches(
+        layout,
+        engine,
+        &src,
+        order,
+        cfg.pipeline_options(),
+        None,
+        |_| Ok(()),
+    )?;
     Ok(started.elapsed().as_secs_f64())
 }
 
@@ -178,6 +183,7 @@ fn main() -> anyhow::Result<()> {
         checkpoint_every: None,
         export: None,
         dump: None,
+        historical: None,
     };
 
     // The disk's sequential figure, on the objects the packed loader reads.

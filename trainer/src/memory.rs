@@ -49,6 +49,9 @@ pub struct MemoryEstimate {
     pub batches_in_flight_bytes: u64,
     /// Parameters, gradients and Adam's two moments.
     pub model_bytes: u64,
+    /// `--historical`: the cache's rows and index, and the cached rows and
+    /// updates of the batches between lookup and update.
+    pub historical_bytes: u64,
     /// Activations kept for the backward pass (host memory on the CPU
     /// device only; on CUDA they live on the GPU).
     pub activation_bytes: u64,
@@ -117,11 +120,13 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
         .fold(0u64, u64::saturating_add)
     };
 
+    let historical_bytes = historical_bytes(cfg, &blocks);
     let runtime_bytes = TORCH_RUNTIME_BYTES + PROCESS_BYTES;
     let total_bytes = [
         cache_bytes,
         batches_in_flight_bytes,
         model_bytes,
+        historical_bytes,
         activation_bytes,
         runtime_bytes,
     ]
@@ -131,11 +136,34 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
         cache_bytes,
         batches_in_flight_bytes,
         model_bytes,
+        historical_bytes,
         activation_bytes,
         runtime_bytes,
         total_bytes,
         gpu_bytes,
     }
+}
+
+/// The historical cache's host memory: each level's rows (its share of the
+/// `memory` setting, whole rows) with, per entry, its index entry and up
+/// to four records of its admission order; and a level's nodes in rows
+/// (cached rows in a plan, or an update's admissions) for each batch
+/// between its lookup and its update being applied, `lag` plus the
+/// pipeline's lookahead.
+fn historical_bytes(cfg: &TrainConfig, blocks: &[(u64, u64, u64)]) -> u64 {
+    /// A hash-map entry (node, slot, step) with the table's slack, and four
+    /// admission records of 16 bytes.
+    const PER_ENTRY: u64 = 40 + 4 * 16;
+    let Some(h) = &cfg.historical else {
+        return 0;
+    };
+    let dim = cfg.model.hidden.max(1) as u64;
+    let levels = cfg.model.layers.saturating_sub(1).max(1) as u64;
+    let entries = h.memory / levels / (dim * 4);
+    let held = levels * entries * (dim * 4 + PER_ENTRY);
+    let level_rows: u64 = blocks.iter().skip(1).map(|b| b.0).sum();
+    let in_flight = 2 * cfg.pipeline_options().lookahead() + 1;
+    held + in_flight * level_rows * dim * 4
 }
 
 /// Feature rows held for the whole run. Host rows, once; on CUDA the GPU

@@ -25,11 +25,33 @@ pub struct BlockTensors {
     pub offsets: Tensor,
 }
 
+/// A level's embeddings between two layers, after the activation and
+/// before dropout: `(level, rows the block below computed)` in, the next
+/// block's sources out. The historical cache (`crate::historical`) lays
+/// its cached rows in here; plain training passes them through.
+pub type LevelHook<'a> = dyn FnMut(usize, Tensor) -> Result<Tensor, TchError> + 'a;
+
 /// A GNN over a stack of blocks. Its forward pass is fallible: on a GPU any
 /// of its allocations can run out of memory, which the caller reports.
 pub trait Gnn: Send {
-    fn forward(&self, x: &Tensor, blocks: &[BlockTensors], train: bool)
-    -> Result<Tensor, TchError>;
+    fn forward(
+        &self,
+        x: &Tensor,
+        blocks: &[BlockTensors],
+        train: bool,
+    ) -> Result<Tensor, TchError> {
+        self.forward_levels(x, blocks, train, &mut |_, h| Ok(h))
+    }
+
+    /// The forward pass with `level` called on each level's embeddings
+    /// (levels `1..layers`, input layer 0).
+    fn forward_levels(
+        &self,
+        x: &Tensor,
+        blocks: &[BlockTensors],
+        train: bool,
+        level: &mut LevelHook<'_>,
+    ) -> Result<Tensor, TchError>;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -81,18 +103,20 @@ pub fn activation(kind: ModelKind) -> &'static str {
     }
 }
 
-/// Between two layers, as PyG's `BasicGNN` and `MLP` do: activation, then dropout.
+/// Between two layers, as PyG's `BasicGNN` and `MLP` do: activation, then
+/// dropout; `level` sees the activated rows of level `l` first.
 fn between_layers(
     h: Tensor,
     kind: ModelKind,
     dropout: f64,
     train: bool,
+    (l, level): (usize, &mut LevelHook<'_>),
 ) -> Result<Tensor, TchError> {
     let h = match kind {
         ModelKind::Gat => h.f_elu()?,
         ModelKind::Sage | ModelKind::Mlp => h.f_relu()?,
     };
-    h.f_dropout(dropout, train)
+    level(l, h)?.f_dropout(dropout, train)
 }
 
 /// `lin`'s forward pass on `x`, as `nn::Linear` computes it, but fallible.
@@ -137,11 +161,13 @@ impl Mlp {
 }
 
 impl Gnn for Mlp {
-    fn forward(
+    /// The MLP has no levels of nodes: `level` is never called.
+    fn forward_levels(
         &self,
         x: &Tensor,
         blocks: &[BlockTensors],
         train: bool,
+        _level: &mut LevelHook<'_>,
     ) -> Result<Tensor, TchError> {
         let seeds = blocks.last().map_or(x.size()[0], |b| b.num_dst);
         let mut h = x.f_narrow(0, 0, seeds)?;
@@ -151,7 +177,13 @@ impl Gnn for Mlp {
             h = if l == last {
                 out
             } else {
-                between_layers(out, ModelKind::Mlp, self.dropout, train)?
+                between_layers(
+                    out,
+                    ModelKind::Mlp,
+                    self.dropout,
+                    train,
+                    (l + 1, &mut |_, h| Ok(h)),
+                )?
             };
         }
         Ok(h)
@@ -204,11 +236,12 @@ impl Sage {
 }
 
 impl Gnn for Sage {
-    fn forward(
+    fn forward_levels(
         &self,
         x: &Tensor,
         blocks: &[BlockTensors],
         train: bool,
+        level: &mut LevelHook<'_>,
     ) -> Result<Tensor, TchError> {
         let mut h = x.shallow_clone();
         let last = blocks.len() - 1;
@@ -219,7 +252,7 @@ impl Gnn for Sage {
             h = if l == last {
                 out
             } else {
-                between_layers(out, ModelKind::Sage, self.dropout, train)?
+                between_layers(out, ModelKind::Sage, self.dropout, train, (l + 1, level))?
             };
         }
         Ok(h)
@@ -295,11 +328,12 @@ impl Gat {
 }
 
 impl Gnn for Gat {
-    fn forward(
+    fn forward_levels(
         &self,
         x: &Tensor,
         blocks: &[BlockTensors],
         train: bool,
+        level: &mut LevelHook<'_>,
     ) -> Result<Tensor, TchError> {
         let mut h = x.shallow_clone();
         let last = blocks.len() - 1;
@@ -367,7 +401,7 @@ impl Gnn for Gat {
             h = if l == last {
                 y
             } else {
-                between_layers(y, ModelKind::Gat, self.dropout, train)?
+                between_layers(y, ModelKind::Gat, self.dropout, train, (l + 1, level))?
             };
         }
         Ok(h)

@@ -13,6 +13,7 @@ use offgnn_shared::report::human_bytes;
 
 use super::report;
 use crate::distributed::{Group, Launch};
+use crate::historical::HistoricalConfig;
 use crate::io_depth::Resolved;
 use crate::layout::Layout;
 use crate::memory::{self, MemoryEstimate};
@@ -150,6 +151,13 @@ pub struct TrainArgs {
     pub dump_batches: Option<PathBuf>,
     #[arg(long, default_value_t = 2)]
     pub dump_count: usize,
+    /// FreshGNN's historical embedding cache: between layers, embeddings
+    /// with small gradients stand in for their subtrees, which are neither
+    /// computed nor read (see docs/techniques.md). Bare, its defaults:
+    /// `p_grad=0.9,t_stale=200,start=0,memory=1GiB`; or any of them, e.g.
+    /// `--historical p_grad=0.8,start=500`. Off without it.
+    #[arg(long, num_args = 0..=1, default_missing_value = "", value_parser = HistoricalConfig::parse)]
+    pub historical: Option<HistoricalConfig>,
     /// Train at most this many batches per epoch (for quick checks).
     #[arg(long, hide = true)]
     pub max_batches: Option<usize>,
@@ -432,6 +440,7 @@ fn train_config(
             path,
             batches: a.dump_count,
         }),
+        historical: a.historical.clone(),
     }
 }
 
@@ -445,11 +454,19 @@ fn state_memory(
 ) -> anyhow::Result<MemoryEstimate> {
     let memory = memory::estimate(m, cfg);
     tracing::info!(
-        "memory: at most {} (caches {}, batches in flight {}, model {}, activations {}, runtime {})",
+        "memory: at most {} (caches {}, batches in flight {}, model {}{}, activations {}, runtime {})",
         human_bytes(memory.total_bytes),
         human_bytes(memory.cache_bytes),
         human_bytes(memory.batches_in_flight_bytes),
         human_bytes(memory.model_bytes),
+        if memory.historical_bytes > 0 {
+            format!(
+                ", historical embeddings {}",
+                human_bytes(memory.historical_bytes)
+            )
+        } else {
+            String::new()
+        },
         human_bytes(memory.activation_bytes),
         human_bytes(memory.runtime_bytes),
     );

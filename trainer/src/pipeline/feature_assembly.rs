@@ -421,6 +421,7 @@ mod tests {
             disk: vec![(2, disk_at)],
             disk_bytes: RB as u64,
             disk_rows: 1,
+            plan: None,
         }
     }
 

@@ -1,6 +1,9 @@
 //! Stage 1, feature loading (DiskGNN §5.3): a batch's address table, then
 //! its disk reads: the packed layout's disk-cache pages and packed chunk,
 //! or for the naive baseline one aligned read per row of the raw file.
+//! With the historical cache, the batch is pruned first and only the rows
+//! the pruned batch needs are read: whole pages, skipping every page (of a
+//! disk-cache run or the packed chunk) that holds none of them.
 
 use offgnn_manifests::BatchRef;
 use offgnn_shared::address_table::BatchTable;
@@ -8,7 +11,11 @@ use offgnn_shared::io_engine::{AlignedBuf, IoEngine, ReadReq};
 
 use super::sources::{FeatureMode, LoadSources};
 use crate::error::{Error, Result};
+use crate::historical::{Historical, Plan};
 use crate::layout::Layout;
+
+/// Disk pages are read whole.
+const PAGE: usize = 4096;
 
 /// Output of feature loading: the pages read, where each row read from disk
 /// sits in them, and the table.
@@ -21,31 +28,94 @@ pub struct Loaded {
     pub disk: Vec<(u32, usize)>,
     pub disk_bytes: u64,
     pub disk_rows: u64,
+    /// The batch pruned against the historical cache (its table's blocks
+    /// are then the pruned ones).
+    pub plan: Option<Plan>,
 }
 
 /// Stage 1: the batch's table, then its disk reads — page runs of the
 /// segment's disk cache and its packed chunk, submitted together — into
 /// `buf`, which the result carries on (loaders hand buffers round, so
-/// after the first batches no memory is fresh).
+/// after the first batches no memory is fresh). With `historical`, the
+/// batch is training step `step` and is pruned against the cache first.
 pub fn load(
     layout: &Layout,
     engine: &IoEngine,
     src: &LoadSources,
     r: BatchRef,
     buf: AlignedBuf,
+    historical: Option<(&Historical, u64)>,
 ) -> Result<Loaded> {
-    let table = layout.record(r.segment, r.record)?;
-    match src.mode {
-        FeatureMode::Memory => Ok(Loaded {
+    let mut table = layout.record(r.segment, r.record)?;
+    let mut plan =
+        historical.and_then(|(h, step)| h.lookup(step, &table.blocks, &table.input_nodes));
+    // The rows still needed: the pruned batch's inputs, and the rows a CPU
+    // cache that follows the batch order admits from this batch's reads.
+    let needed = plan.as_ref().map(|p| {
+        let mut needed = vec![false; table.num_inputs as usize];
+        for &i in p.pruned.inputs.iter().chain(&table.admit_pos) {
+            needed[i as usize] = true;
+        }
+        needed
+    });
+    if let Some(p) = plan.as_mut() {
+        table.blocks = std::mem::take(&mut p.pruned.blocks);
+    }
+    let mut loaded = match src.mode {
+        FeatureMode::Memory => Loaded {
             table,
             buf,
             disk: Vec::new(),
             disk_bytes: 0,
             disk_rows: 0,
-        }),
-        FeatureMode::Packed => load_packed(layout, engine, src, r, table, buf),
-        FeatureMode::Naive => load_naive(engine, src, table, buf),
+            plan: None,
+        },
+        FeatureMode::Packed => load_packed(layout, engine, src, r, table, buf, needed.as_deref())?,
+        FeatureMode::Naive => load_naive(engine, src, table, buf, needed.as_deref())?,
+    };
+    loaded.plan = plan;
+    Ok(loaded)
+}
+
+/// `reqs` narrowed to the pages that hold a row of `disk` (`(input, byte
+/// offset in the buffer)`, rows of `rb` bytes) whose input is `needed`;
+/// `disk` keeps only those rows. Every request starts on a page of the
+/// buffer and the file, so its pages map one to one.
+fn narrow_to_needed(
+    reqs: Vec<ReadReq>,
+    disk: &mut Vec<(u32, usize)>,
+    needed: &[bool],
+    rb: usize,
+) -> Vec<ReadReq> {
+    disk.retain(|&(p, _)| needed[p as usize]);
+    let end = reqs.iter().map(|q| q.buf_offset + q.len).max().unwrap_or(0);
+    let mut marked = vec![false; end.div_ceil(PAGE)];
+    for &(_, off) in disk.iter() {
+        marked[off / PAGE..=(off + rb.max(1) - 1) / PAGE].fill(true);
     }
+    let mut out = Vec::new();
+    for q in reqs {
+        let (first, last) = (q.buf_offset / PAGE, (q.buf_offset + q.len).div_ceil(PAGE));
+        let mut page = first;
+        while page < last {
+            if !marked[page] {
+                page += 1;
+                continue;
+            }
+            let run = page;
+            while page < last && marked[page] {
+                page += 1;
+            }
+            let from = run * PAGE - q.buf_offset;
+            let to = (page * PAGE - q.buf_offset).min(q.len);
+            out.push(ReadReq {
+                offset: q.offset + from as u64,
+                len: to - from,
+                buf_offset: run * PAGE,
+            });
+        }
+    }
+    out
 }
 
 /// The packed layout's reads: the batch's page runs of the segment's disk
@@ -57,6 +127,7 @@ fn load_packed(
     r: BatchRef,
     table: BatchTable,
     mut buf: AlignedBuf,
+    needed: Option<&[bool]>,
 ) -> Result<Loaded> {
     let rb = src.row_bytes;
     let mut reqs = Vec::with_capacity(table.page_runs.len() + 1);
@@ -79,7 +150,6 @@ fn load_packed(
         at += table.chunk_len as usize;
     }
     buf.resize(at);
-    let disk_bytes = engine.read(layout.segment(r.segment)?, &reqs, &mut buf)?;
     let mut disk = Vec::with_capacity(table.disk_pos.len() + table.packed_pos.len());
     for (&p, &off) in table.disk_pos.iter().zip(&table.disk_offset) {
         disk.push((p, off as usize));
@@ -87,6 +157,10 @@ fn load_packed(
     for (&p, &row) in table.packed_pos.iter().zip(&table.packed_row) {
         disk.push((p, chunk_base + row as usize * rb));
     }
+    if let Some(needed) = needed {
+        reqs = narrow_to_needed(reqs, &mut disk, needed, rb);
+    }
+    let disk_bytes = engine.read(layout.segment(r.segment)?, &reqs, &mut buf)?;
     let disk_rows = disk.len() as u64;
     Ok(Loaded {
         table,
@@ -94,6 +168,7 @@ fn load_packed(
         disk,
         disk_bytes,
         disk_rows,
+        plan: None,
     })
 }
 
@@ -104,6 +179,7 @@ fn load_naive(
     src: &LoadSources,
     table: BatchTable,
     mut buf: AlignedBuf,
+    needed: Option<&[bool]>,
 ) -> Result<Loaded> {
     let rb = src.row_bytes;
     let (file, data_offset) = src
@@ -118,6 +194,9 @@ fn load_naive(
     let mut tail_rows = Vec::new();
     let mut at = 0usize;
     for (i, &v) in table.input_nodes.iter().enumerate() {
+        if needed.is_some_and(|n| !n[i]) {
+            continue;
+        }
         let start = data_offset + v as u64 * rb as u64;
         let first = start / 4096 * 4096;
         let end = (start + rb as u64).div_ceil(4096) * 4096;
@@ -154,11 +233,50 @@ fn load_naive(
             disk.push((i as u32, off));
         }
     }
+    let disk_rows = disk.len() as u64;
     Ok(Loaded {
         table,
         buf,
         disk,
         disk_bytes,
-        disk_rows: n as u64,
+        disk_rows,
+        plan: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_pages_that_hold_a_needed_row_are_read() {
+        // A disk-cache run of 3 pages at file page 10, then a 2-page chunk
+        // at byte 1 MiB; rows of 3000 bytes.
+        let reqs = vec![
+            ReadReq {
+                offset: 10 * 4096,
+                len: 3 * 4096,
+                buf_offset: 0,
+            },
+            ReadReq {
+                offset: 1 << 20,
+                len: 2 * 4096,
+                buf_offset: 3 * 4096,
+            },
+        ];
+        // Input 0 spans pages 0-1 of the run, input 1 sits in page 2,
+        // input 2 is the chunk's second page, input 3 its first.
+        let mut disk = vec![(0, 2000), (1, 8192), (2, 4 * 4096), (3, 3 * 4096)];
+        let needed = [true, false, true, false];
+        let out = narrow_to_needed(reqs, &mut disk, &needed, 3000);
+        assert_eq!(disk, vec![(0, 2000), (2, 4 * 4096)]);
+        let got: Vec<(u64, usize, usize)> = out
+            .iter()
+            .map(|q| (q.offset, q.len, q.buf_offset))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(10 * 4096, 2 * 4096, 0), ((1 << 20) + 4096, 4096, 4 * 4096)]
+        );
+    }
 }

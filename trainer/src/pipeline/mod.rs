@@ -35,6 +35,7 @@ pub use sources::{AssembleSources, FeatureMode, LoadSources, Sources};
 pub use stage_times::{DeviceTimes, StageTimes};
 
 use crate::error::Result;
+use crate::historical::Historical;
 use crate::layout::Layout;
 use stage_times::{DeviceSpans, timed};
 
@@ -50,29 +51,50 @@ pub struct PipelineOptions {
     pub loaders: usize,
 }
 
+impl PipelineOptions {
+    /// How many batches feature loading can run ahead of the model step:
+    /// each loader's queue and the one it is reading, then the queue to the
+    /// model and the batch in assembly. The historical cache prunes a
+    /// batch against the step this far back, pipelined or not, so that the
+    /// loaders never wait for it and a run's result does not depend on
+    /// `pipelined`.
+    pub fn lookahead(&self) -> u64 {
+        (self.loaders * (self.queue_depth + 1) + self.queue_depth + 2) as u64
+    }
+}
+
 /// Runs `step` on every batch of `order`, with the stages pipelined over
-/// threads or in sequence on this thread.
+/// threads or in sequence on this thread. With `historical`, `order` is
+/// training steps from the given one on, each pruned against the cache.
 pub fn run_batches(
     layout: &Layout,
     engine: &IoEngine,
     src: &Sources,
     order: &[BatchRef],
     opts: PipelineOptions,
+    historical: Option<(&Historical, u64)>,
     step: impl FnMut(Ready) -> Result<()>,
 ) -> Result<StageTimes> {
-    if opts.pipelined {
+    if let Some((h, first)) = historical {
+        h.begin(first);
+    }
+    let result = if opts.pipelined {
         threads::run_pipelined(
             layout,
             engine,
             src,
             order,
-            opts.queue_depth,
-            opts.loaders,
+            (opts.queue_depth, opts.loaders),
+            historical,
             step,
         )
     } else {
-        run_in_sequence(layout, engine, src, order, step)
+        run_in_sequence(layout, engine, src, order, historical, step)
+    };
+    if let Some((h, _)) = historical {
+        h.release();
     }
+    result
 }
 
 /// The stages in sequence on this thread and the default stream: each
@@ -82,6 +104,7 @@ fn run_in_sequence(
     engine: &IoEngine,
     src: &Sources,
     order: &[BatchRef],
+    historical: Option<(&Historical, u64)>,
     mut step: impl FnMut(Ready) -> Result<()>,
 ) -> Result<StageTimes> {
     let mut times = StageTimes::default();
@@ -89,9 +112,10 @@ fn run_in_sequence(
     let secs = |d: std::time::Duration| d.as_secs_f64();
     let device = src.assemble.device;
     let mut spare = AlignedBuf::new(0);
-    for &r in order {
+    for (k, &r) in order.iter().enumerate() {
         let t = Instant::now();
-        let loaded = load(layout, engine, &src.load, r, spare)?;
+        let at = historical.map(|(h, first)| (h, first + k as u64));
+        let mut loaded = load(layout, engine, &src.load, r, spare, at)?;
         times.load += secs(t.elapsed());
         let t = Instant::now();
         let ((x, tiers), assembled) = timed(device, || assemble(&src.assemble, &loaded))?;
@@ -106,6 +130,7 @@ fn run_in_sequence(
             disk_bytes: loaded.disk_bytes,
             disk_rows: loaded.disk_rows,
             tiers,
+            plan: loaded.plan.take(),
         };
         spans.receive(&ready, assembled, graphed)?;
         let t = Instant::now();

@@ -2,6 +2,7 @@
 
 use tch::Tensor;
 
+use crate::historical::Plan;
 use crate::model::BlockTensors;
 
 /// A batch ready for the model step.
@@ -12,4 +13,6 @@ pub struct Ready {
     pub disk_bytes: u64,
     pub disk_rows: u64,
     pub tiers: [u64; 3],
+    /// The batch pruned against the historical cache, when training with it.
+    pub plan: Option<Plan>,
 }

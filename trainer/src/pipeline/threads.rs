@@ -19,14 +19,18 @@ use super::ready::Ready;
 use super::sources::{AssembleSources, LoadSources, Sources};
 use super::stage_times::{DeviceSpans, Span, StageTimes, side_stream, timed};
 use crate::error::Result;
+use crate::historical::{Historical, Plan};
 use crate::layout::Layout;
 use crate::model::BlockTensors;
 
 /// An assembled batch for the model step: its input matrix, the rows from
 /// each tier, its disk bytes and rows, and its device span.
 type Assembled = (Tensor, [u64; 3], u64, u64, Span);
-/// A batch's blocks and labels for the model step, and their device span.
-type Graphed = (Vec<BlockTensors>, Tensor, Span);
+/// A batch's blocks and labels for the model step, its historical plan,
+/// and their device span.
+type Graphed = (Vec<BlockTensors>, Tensor, Option<Plan>, Span);
+/// A batch's topology for the graph loader, and its historical plan.
+type Topology = (BatchTable, Option<Plan>);
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
@@ -37,20 +41,21 @@ fn secs(d: Duration) -> f64 {
 /// takes buffers back to it, and its thread.
 struct Loaders<'scope> {
     to_assemble: Vec<Receiver<Loaded>>,
-    to_graph: Vec<Receiver<BatchTable>>,
+    to_graph: Vec<Receiver<Topology>>,
     recycle: Vec<SyncSender<AlignedBuf>>,
     handles: Vec<ScopedJoinHandle<'scope, Result<f64>>>,
 }
 
 /// Runs `step` on every batch of `order` with each stage on its own
-/// threads, queues of `queue_depth` batches between them.
+/// threads, queues of `queue_depth` batches between them; `historical` as
+/// for [`super::run_batches`].
 pub(super) fn run_pipelined(
     layout: &Layout,
     engine: &IoEngine,
     src: &Sources,
     order: &[BatchRef],
-    queue_depth: usize,
-    loaders: usize,
+    (queue_depth, loaders): (usize, usize),
+    historical: Option<(&Historical, u64)>,
     mut step: impl FnMut(Ready) -> Result<()>,
 ) -> Result<StageTimes> {
     let device = src.assemble.device;
@@ -63,7 +68,14 @@ pub(super) fn run_pipelined(
             to_graph,
             recycle,
             handles,
-        } = spawn_loaders(s, layout, engine, load_src, order, loaders, depth);
+        } = spawn_loaders(
+            s,
+            (layout, engine, load_src),
+            order,
+            loaders,
+            depth,
+            historical,
+        );
         let (to_model_x, model_x) = sync_channel::<Assembled>(depth);
         let (to_model_g, model_g) = sync_channel::<Graphed>(depth);
         let n = order.len();
@@ -75,6 +87,10 @@ pub(super) fn run_pipelined(
             model_steps(&model_x, &model_g, n, device, &mut spans, &mut step);
         drop(model_x);
         drop(model_g);
+        // A loader may wait on a step that will not come now.
+        if let Some((h, _)) = historical {
+            h.release();
+        }
         let assemble = assembler.join().expect("the assembler does not panic");
         let graph = grapher.join().expect("the graph loader does not panic");
         let mut load = 0.0;
@@ -105,36 +121,39 @@ pub(super) fn run_pipelined(
 /// assembled.
 fn spawn_loaders<'scope, 'env>(
     s: &'scope Scope<'scope, 'env>,
-    layout: &'env Layout,
-    engine: &'env IoEngine,
-    load_src: &'env LoadSources,
+    (layout, engine, load_src): (&'env Layout, &'env IoEngine, &'env LoadSources),
     order: &'env [BatchRef],
     loaders: usize,
     depth: usize,
+    historical: Option<(&'env Historical, u64)>,
 ) -> Loaders<'scope> {
     let mut to_assemble: Vec<Receiver<Loaded>> = Vec::new();
-    let mut to_graph: Vec<Receiver<BatchTable>> = Vec::new();
+    let mut to_graph: Vec<Receiver<Topology>> = Vec::new();
     let mut recycle: Vec<SyncSender<AlignedBuf>> = Vec::new();
     let mut handles = Vec::new();
     for j in 0..loaders {
         let (loaded_tx, loaded_rx) = sync_channel::<Loaded>(depth);
-        let (graph_tx, graph_rx) = sync_channel::<BatchTable>(depth);
+        let (graph_tx, graph_rx) = sync_channel::<Topology>(depth);
         let (spare_tx, spare_rx) = sync_channel::<AlignedBuf>(depth + 2);
         to_assemble.push(loaded_rx);
         to_graph.push(graph_rx);
         recycle.push(spare_tx);
         handles.push(s.spawn(move || -> Result<f64> {
             let mut busy = 0.0;
-            for &r in order.iter().skip(j).step_by(loaders) {
+            for (k, &r) in order.iter().enumerate().skip(j).step_by(loaders) {
                 let buf = spare_rx.try_recv().unwrap_or_else(|_| AlignedBuf::new(0));
                 let t = Instant::now();
-                let mut loaded = load(layout, engine, load_src, r, buf)?;
+                let at = historical.map(|(h, first)| (h, first + k as u64));
+                let mut loaded = load(layout, engine, load_src, r, buf, at)?;
                 busy += secs(t.elapsed());
-                let topology = BatchTable {
-                    labels: std::mem::take(&mut loaded.table.labels),
-                    blocks: std::mem::take(&mut loaded.table.blocks),
-                    ..Default::default()
-                };
+                let topology = (
+                    BatchTable {
+                        labels: std::mem::take(&mut loaded.table.labels),
+                        blocks: std::mem::take(&mut loaded.table.blocks),
+                        ..Default::default()
+                    },
+                    loaded.plan.take(),
+                );
                 if graph_tx.send(topology).is_err() || loaded_tx.send(loaded).is_err() {
                     break;
                 }
@@ -187,7 +206,7 @@ fn assemble_all(
 /// seconds.
 fn graph_all(
     device: Device,
-    to_graph: &[Receiver<BatchTable>],
+    to_graph: &[Receiver<Topology>],
     to_model_g: &SyncSender<Graphed>,
     n: usize,
 ) -> Result<f64> {
@@ -195,13 +214,13 @@ fn graph_all(
     let _stream = side_stream(device)?;
     let mut busy = 0.0;
     for k in 0..n {
-        let Ok(t) = to_graph[k % loaders].recv() else {
+        let Ok((t, plan)) = to_graph[k % loaders].recv() else {
             break;
         };
         let start = Instant::now();
         let ((blocks, labels), span) = timed(device, || graph(&t, device))?;
         busy += secs(start.elapsed());
-        if to_model_g.send((blocks, labels, span)).is_err() {
+        if to_model_g.send((blocks, labels, plan, span)).is_err() {
             break;
         }
     }
@@ -222,7 +241,7 @@ fn model_steps(
     let mut model_busy = 0.0;
     let mut result = Ok(());
     for _ in 0..n {
-        let (Ok((x, tiers, disk_bytes, disk_rows, assembled)), Ok((blocks, labels, graphed))) =
+        let (Ok((x, tiers, disk_bytes, disk_rows, assembled)), Ok((blocks, labels, plan, graphed))) =
             (model_x.recv(), model_g.recv())
         else {
             break; // a stage stopped; its error is collected below
@@ -234,6 +253,7 @@ fn model_steps(
             disk_bytes,
             disk_rows,
             tiers,
+            plan,
         };
         let t = Instant::now();
         result = spans

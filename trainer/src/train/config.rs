@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use tch::Device;
 
+use crate::historical::HistoricalConfig;
 use crate::model::ModelConfig;
 use crate::pipeline::{self, FeatureMode};
 
@@ -35,6 +36,8 @@ pub struct TrainConfig {
     pub checkpoint_every: Option<u64>,
     /// Where the trained model goes as safetensors + model.json.
     pub export: Option<ExportTarget>,
+    /// FreshGNN's historical embedding cache, off without it.
+    pub historical: Option<HistoricalConfig>,
     /// Write a few test batches' blocks, input rows and logits of the
     /// exported model here (for checking the export against another reader).
     pub dump: Option<DumpTarget>,

@@ -9,6 +9,7 @@ use super::checkpoint::{Best, State};
 use super::config::TrainConfig;
 use super::metrics::EpochMetrics;
 use super::ranks::Ranks;
+use crate::historical::Historical;
 use crate::layout::Layout;
 use crate::model::{self, Adam, Gnn};
 use crate::pipeline::Sources;
@@ -25,6 +26,8 @@ pub(super) struct Job<'a> {
     pub(super) local: Vec<u32>,
     /// The tests' hooks, read as the run starts.
     pub(super) hooks: TestHooks,
+    /// FreshGNN's historical embedding cache (`--historical`).
+    pub(super) historical: Option<&'a Historical>,
 }
 
 impl Job<'_> {

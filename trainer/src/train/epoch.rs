@@ -59,18 +59,22 @@ pub(super) fn train_epoch(
     };
     let ranks_here = job.local.len();
     let mut k = 0usize;
+    // With the historical cache, one process trains one batch a step.
+    let first_step = model.adam.step as u64;
     let times = pipeline::run_batches(
         job.layout,
         job.engine,
         job.src,
         &refs,
         job.cfg.pipeline_options(),
+        job.historical.map(|h| (h, first_step)),
         |r: Ready| {
             let j = k % ranks_here;
             let position = mine[k].1;
+            let step_no = first_step + k as u64;
             k += 1;
             let batch = ep.p.batches;
-            train_batch(job, model, &mut ep, r, j == 0, position)
+            train_batch(job, model, &mut ep, r, (j == 0, position, step_no))
                 .and_then(|()| {
                     if j + 1 < ranks_here {
                         return Ok(());
@@ -100,7 +104,7 @@ fn rebuild_cpu_cache(job: &Job, done: &[BatchRef], t: u32) -> Result<()> {
     let mut bytes = 0u64;
     let mut buf = offgnn_shared::io_engine::AlignedBuf::new(0);
     for &r in done {
-        let l = pipeline::load(job.layout, job.engine, &job.src.load, r, buf)?;
+        let l = pipeline::load(job.layout, job.engine, &job.src.load, r, buf, None)?;
         cache.admit(&l)?;
         bytes += l.disk_bytes;
         buf = l.buf;

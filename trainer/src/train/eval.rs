@@ -71,6 +71,7 @@ fn accuracy(job: &Job, net: &dyn Gnn, name: &str, refs: &[BatchRef]) -> Result<f
             job.src,
             part,
             cfg.pipeline_options(),
+            None,
             |r: Ready| {
                 let logits = net.forward(&r.x, &r.blocks, false)?;
                 let _ = right.f_add_(&correct(&logits, &r.labels)?)?;

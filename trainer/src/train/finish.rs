@@ -69,6 +69,7 @@ pub(super) fn finish(
         dump,
         world_size: job.world(),
         machine_share: None,
+        historical: job.historical.map(|h| h.summary()),
     })
 }
 
@@ -198,6 +199,7 @@ fn dump_batches(
             src,
             refs,
             cfg.pipeline_options(),
+            None,
             |r: Ready| {
                 let k = named.len();
                 let logits = net.forward(&r.x, &r.blocks, false)?;

@@ -108,6 +108,8 @@ pub struct TrainSummary {
     /// Data-parallel runs: the part of the layout this machine's ranks
     /// read (and staged, from a remote layout).
     pub machine_share: Option<MachineShare>,
+    /// `--historical`: the cache's settings and what it did.
+    pub historical: Option<crate::historical::HistoricalSummary>,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -25,6 +25,7 @@ mod context;
 mod epoch;
 mod eval;
 mod finish;
+mod historical_step;
 mod metrics;
 mod order;
 mod ranks;
@@ -44,7 +45,9 @@ pub use ranks::Ranks;
 pub use sources::sources;
 
 use crate::error::{Error, Result};
+use crate::historical::Historical;
 use crate::layout::Layout;
+use crate::model::ModelKind;
 
 /// Trains as configured on an opened layout, as one process.
 pub fn train(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<TrainSummary> {
@@ -79,6 +82,7 @@ pub fn train_ranks(
             "this layout's CPU cache follows the sampled batch order (packer --cpu-cache-policy belady, window or auto), which one process trains; for data-parallel training pack it with --cpu-cache-policy static".into(),
         ));
     }
+    let historical = historical_cache(cfg, ranks.world())?;
     let start = start::start_run(cfg, &model.vs, &mut model.adam, m, ranks)?;
     let job = Job {
         layout,
@@ -88,6 +92,7 @@ pub fn train_ranks(
         ranks,
         local: ranks.local(),
         hooks: crate::test_hooks::current(),
+        historical: historical.as_ref(),
     };
     let mut run = RunState {
         history: start.history,
@@ -122,6 +127,33 @@ pub fn train_ranks(
         epoch::stop_on_signal(&job, t)?;
     }
     finish::finish(&job, &model, run, &eval_sets, start.resumed_from)
+}
+
+/// FreshGNN's historical cache as `--historical` asks, refused where it
+/// does not apply: a model without levels between layers, and
+/// data-parallel training (its cache would be one rank's alone, which
+/// FreshGNN's multi-GPU design does not keep either, and is not built).
+fn historical_cache(cfg: &TrainConfig, world: u32) -> Result<Option<Historical>> {
+    let Some(h) = &cfg.historical else {
+        return Ok(None);
+    };
+    let m = &cfg.model;
+    if m.kind == ModelKind::Mlp || m.layers < 2 {
+        return Err(Error::InvalidArgument(
+            "--historical caches embeddings between GNN layers: it needs --model sage or gat with at least 2 layers".into(),
+        ));
+    }
+    if world > 1 {
+        return Err(Error::InvalidArgument(
+            "--historical trains one process: it is not built for data-parallel training (--emulate-ranks, torchrun, srun)".into(),
+        ));
+    }
+    Ok(Some(Historical::new(
+        h.clone(),
+        m.layers - 1,
+        m.hidden as usize,
+        cfg.pipeline_options().lookahead(),
+    )))
 }
 
 /// The sampled epochs of training batches; a layout without any is refused.

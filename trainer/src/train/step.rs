@@ -11,6 +11,7 @@ use tch::{Device, Kind, Reduction, TchError, Tensor};
 
 use super::checkpoint::{META, save_checkpoint};
 use super::context::{Job, ModelState, RunState};
+use super::historical_step;
 use super::metrics::{DeviceSums, EpochProgress};
 use super::order::batch_seed;
 use super::ranks::{Ranks, all_reduce_gradients, divide_gradients, summed};
@@ -35,14 +36,14 @@ pub(super) struct EpochRun {
 
 /// One batch's forward and backward pass, at `position` in the epoch's
 /// order, its loss and hits added to the epoch's sums; a step's `first`
-/// batch starts its gradients from zero.
+/// batch starts its gradients from zero. With the historical cache, the
+/// batch is training step `step_no` and publishes the cache's update.
 pub(super) fn train_batch(
     job: &Job,
     model: &mut ModelState,
     ep: &mut EpochRun,
     r: Ready,
-    first: bool,
-    position: usize,
+    (first, position, step_no): (bool, usize, u64),
 ) -> Result<()> {
     if first {
         model.adam.zero_grad();
@@ -50,7 +51,20 @@ pub(super) fn train_batch(
     // Dropout draws follow the batch's place in the epoch's
     // order, whichever rank trains it.
     tch::manual_seed(batch_seed(job.cfg.seed, ep.t, position as u64));
-    forward_backward(model.net.as_ref(), &r, &mut ep.sums)?;
+    match (job.historical, &r.plan) {
+        (Some(h), Some(plan)) => {
+            let net = model.net.as_ref();
+            let (logits, levels) =
+                historical_step::forward(net, &r.x, &r.blocks, plan, job.cfg.model.hidden)?;
+            loss_backward(&logits, &r, &mut ep.sums)?;
+            historical_step::publish(h, step_no, plan, &levels)?;
+        }
+        (Some(h), None) => {
+            forward_backward(model.net.as_ref(), &r, &mut ep.sums)?;
+            h.publish(step_no, Vec::new());
+        }
+        (None, _) => forward_backward(model.net.as_ref(), &r, &mut ep.sums)?,
+    }
     let p = &mut ep.p;
     p.seen += r.labels.size()[0];
     p.disk_bytes += r.disk_bytes;
@@ -66,13 +80,18 @@ pub(super) fn train_batch(
 /// on a GPU each can run out of memory.
 fn forward_backward(net: &dyn Gnn, r: &Ready, sums: &mut DeviceSums) -> Result<(), TchError> {
     let logits = net.forward(&r.x, &r.blocks, true)?;
+    loss_backward(&logits, r, sums)
+}
+
+/// The batch's cross-entropy loss on `logits` and its backward pass.
+fn loss_backward(logits: &Tensor, r: &Ready, sums: &mut DeviceSums) -> Result<(), TchError> {
     let loss = logits
         .f_log_softmax(-1, Kind::Float)?
         .f_nll_loss::<Tensor>(&r.labels, None, Reduction::Mean, -100)?;
     // No read-back here: a NaN or infinite loss is caught with
     // the gradients, once per step, before the optimizer runs.
     loss.f_backward()?;
-    sums.add(&loss, &logits, &r.labels)
+    sums.add(&loss, logits, &r.labels)
 }
 
 /// The step, once every local rank's batch of it is through its backward
@@ -291,6 +310,7 @@ mod tests {
             disk_bytes: 0,
             disk_rows: 0,
             tiers: [0; 3],
+            plan: None,
         };
         forward_backward(net.as_ref(), &batch(&[0, 2]), &mut sums).unwrap();
         let err = forward_backward(net.as_ref(), &batch(&[0, 9]), &mut sums).unwrap_err();

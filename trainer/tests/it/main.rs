@@ -175,6 +175,7 @@ fn config(kind: ModelKind) -> TrainConfig {
         checkpoint_every: None,
         export: None,
         dump: None,
+        historical: None,
     }
 }
 
@@ -276,7 +277,8 @@ fn feature_modes_agree(e: IoEngine) {
         let xs: Vec<tch::Tensor> = modes
             .iter()
             .map(|src| {
-                let loaded = pipeline::load(&layout, &e, &src.load, r, AlignedBuf::new(0)).unwrap();
+                let loaded =
+                    pipeline::load(&layout, &e, &src.load, r, AlignedBuf::new(0), None).unwrap();
                 pipeline::assemble(&src.assemble, &loaded).unwrap().0
             })
             .collect();
@@ -285,13 +287,15 @@ fn feature_modes_agree(e: IoEngine) {
         // CUDA's path (rows and indices staged for one upload, the GPU
         // tier gathered on the device), run on the CPU: the same batch.
         for (src, mode) in modes.iter().zip(["packed", "naive", "memory"]) {
-            let loaded = pipeline::load(&layout, &e, &src.load, r, AlignedBuf::new(0)).unwrap();
+            let loaded =
+                pipeline::load(&layout, &e, &src.load, r, AlignedBuf::new(0), None).unwrap();
             let staged = pipeline::assemble_staged(&src.assemble, &loaded).unwrap();
             assert!(staged.equal(&xs[0]), "{mode} staged differs for {r:?}");
         }
         let table = layout.record(r.segment, r.record).unwrap();
         assert!(!table.gpu_pos.is_empty() && !table.cpu_pos.is_empty());
-        let loaded = pipeline::load(&layout, &e, &modes[0].load, r, AlignedBuf::new(0)).unwrap();
+        let loaded =
+            pipeline::load(&layout, &e, &modes[0].load, r, AlignedBuf::new(0), None).unwrap();
         let staged = pipeline::assemble_staged(&gpu_tier_as_tensor(&modes[0]), &loaded).unwrap();
         assert!(
             staged.equal(&xs[0]),
@@ -346,12 +350,14 @@ fn half_precision_layouts_feed_the_rounded_features_and_train() {
             .collect();
         for r in refs {
             let x = |src: &pipeline::Sources| {
-                let loaded = pipeline::load(&layout, &e, &src.load, r, AlignedBuf::new(0)).unwrap();
+                let loaded =
+                    pipeline::load(&layout, &e, &src.load, r, AlignedBuf::new(0), None).unwrap();
                 pipeline::assemble(&src.assemble, &loaded).unwrap().0
             };
             let got = x(&packed);
             assert_eq!(got.kind(), tch::Kind::Float, "widened for the model");
-            let loaded = pipeline::load(&layout, &e, &packed.load, r, AlignedBuf::new(0)).unwrap();
+            let loaded =
+                pipeline::load(&layout, &e, &packed.load, r, AlignedBuf::new(0), None).unwrap();
             let staged = pipeline::assemble_staged(&gpu_tier_as_tensor(&packed), &loaded).unwrap();
             assert!(staged.equal(&got), "{store}: CUDA's path differs for {r:?}");
             // The same batch from the float32 layout (same samples, same
@@ -366,8 +372,15 @@ fn half_precision_layouts_feed_the_rounded_features_and_train() {
                 .copied()
                 .find(|q| full.record(q.segment, q.record).unwrap().input_nodes == t.input_nodes)
                 .expect("the same batch in the float32 layout");
-            let loaded =
-                pipeline::load(&full, &e, &full_src.load, full_ref, AlignedBuf::new(0)).unwrap();
+            let loaded = pipeline::load(
+                &full,
+                &e,
+                &full_src.load,
+                full_ref,
+                AlignedBuf::new(0),
+                None,
+            )
+            .unwrap();
             let exact = pipeline::assemble(&full_src.assemble, &loaded).unwrap().0;
             let want = exact.to_kind(kind).to_kind(tch::Kind::Float);
             assert!(got.equal(&want), "{store}: {r:?} is not the rounded rows");
