@@ -100,6 +100,11 @@ pub fn train_ranks(
         trained_here: 0,
         metrics_file: metrics::open_metrics_file(cfg, job.writer())?,
     };
+    if historical.is_some() && start.resumed_from.is_some() && job.writer() {
+        tracing::info!(
+            "resumed with --historical: the historical cache is not in the checkpoint and starts empty, so from here the run differs from one never stopped"
+        );
+    }
     let mut in_epoch = start.in_epoch;
     if cfg.epochs as usize > schedule.len() && job.writer() {
         tracing::info!(
