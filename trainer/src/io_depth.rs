@@ -186,9 +186,15 @@ fn cache_file() -> Option<PathBuf> {
 
 /// The curve of the disk holding `path`: the cached one, unless `fresh`;
 /// else measured now (and cached).
+///
+/// Processes on one machine take turns (a lock beside the cache file): the
+/// ranks of a data-parallel launch would otherwise probe the same disk at
+/// once, each measuring it shared with the others, and the first measures
+/// it while the rest wait for its curve.
 pub fn resolve(path: &Path, fresh: bool) -> Result<Resolved> {
     let disk = disk_of(path);
     let cache = cache_file();
+    let _turn = cache.as_deref().and_then(take_turn);
     let mut known: BTreeMap<String, DepthProbe> = cache
         .as_ref()
         .and_then(|f| std::fs::read(f).ok())
@@ -218,6 +224,26 @@ pub fn resolve(path: &Path, fresh: bool) -> Result<Resolved> {
         probe,
         cached: false,
     })
+}
+
+/// An exclusive lock on `cache`'s lock file, held until dropped; none
+/// (and a probe of its own) where the file cannot be opened.
+fn take_turn(cache: &Path) -> Option<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let lock = cache.with_extension("lock");
+    if let Some(dir) = lock.parent() {
+        std::fs::create_dir_all(dir).ok()?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock)
+        .ok()?;
+    // SAFETY: flock on a descriptor this function owns; it blocks until
+    // the lock is free, and the lock goes with the descriptor.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0;
+    locked.then_some(file)
 }
 
 /// Writes `known` to `file` whole (a temporary file renamed over it).

@@ -118,11 +118,12 @@ pub struct TrainArgs {
     /// io_uring rings.
     #[arg(long, default_value_t = 4)]
     pub io_rings: usize,
-    /// Requests in flight per ring, or `auto`: as many in all as the disk
-    /// holding the layout needs to reach 95% of its best random-read rate,
-    /// from its measured curve (probed once per machine; see
-    /// `trainer probe-disk`).
-    #[arg(long, default_value = "64")]
+    /// Requests in flight per ring, or `auto` (the default): as many in all
+    /// as the disk holding the layout needs to reach 95% of its best
+    /// random-read rate, from its measured curve (probed once per machine
+    /// and disk, about 5 s, then kept; see `trainer probe-disk`). Where it
+    /// cannot be probed (the pread pool, no O_DIRECT), 64 per ring.
+    #[arg(long, default_value = "auto")]
     pub io_depth: IoDepth,
     /// Use the pread thread pool even where io_uring works.
     #[arg(long)]
