@@ -14,6 +14,7 @@
 pub mod array_job;
 pub mod cli;
 pub mod config;
+pub mod edge_split;
 pub mod error;
 pub mod memory;
 pub mod neighbor_sampling;

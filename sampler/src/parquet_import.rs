@@ -162,6 +162,8 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         name: cfg.name.clone(),
         num_nodes: nodes.num_nodes,
         num_classes: nodes.num_classes,
+        node_labels: true,
+        extra_tasks: Vec::new(),
     })?;
     Ok(ImportSummary {
         dataset,

@@ -231,6 +231,8 @@ pub fn generate(
         name: cfg.name.clone(),
         num_nodes: cfg.num_nodes,
         num_classes: cfg.num_classes,
+        node_labels: true,
+        extra_tasks: Vec::new(),
     })?;
 
     let seconds = start.elapsed().as_secs_f64();

@@ -427,3 +427,123 @@ fn a_read_only_http_server_is_refused_in_one_line() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(took < std::time::Duration::from_secs(15), "{took:?}");
 }
+
+/// `sampler split-edges` (issue 38, item 1): a dataset whose graph lacks the
+/// held-out pairs and whose link-prediction task GraphBolt's layout holds.
+#[test]
+fn split_edges_writes_a_link_prediction_dataset_without_its_held_out_edges() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = offgnn_e2e::generate(dir.path(), &["--nodes", "3000", "--feature-dim", "8"]);
+    let out = dir.path().join("lp");
+    let split = |extra: &[&str]| {
+        let mut args = vec![
+            "split-edges",
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--negatives",
+            "20",
+        ];
+        args.extend_from_slice(extra);
+        run("sampler", &args)
+    };
+    let r = split(&[]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let s = r.json()["summary"].clone();
+    let n = |k: &str| s[k].as_u64().unwrap();
+    let pairs = n("train_pairs") + n("valid_pairs") + n("test_pairs");
+    assert!(
+        n("valid_pairs") > 0 && n("test_pairs") > n("valid_pairs"),
+        "{s}"
+    );
+    assert_eq!(
+        n("valid_pairs"),
+        (0.05 * pairs as f64).round() as u64,
+        "{s}"
+    );
+    // Every held-out pair left the graph, both ways (the generator stores
+    // each edge twice, a repeated one more often).
+    assert!(
+        n("edges") - n("train_edges") >= 2 * (n("valid_pairs") + n("test_pairs")),
+        "{s}"
+    );
+    let read = |f: &str| {
+        offgnn_shared::npy::NpyFile::open(out.join(f))
+            .unwrap()
+            .read_all_u64()
+            .unwrap()
+    };
+    let edges = read("edges/edges.npy");
+    let e = edges.len() / 2;
+    let key = |u: u64, v: u64| (u.min(v), u.max(v));
+    let graph: std::collections::HashSet<(u64, u64)> =
+        (0..e).map(|i| key(edges[i], edges[e + i])).collect();
+    for set in ["valid", "test"] {
+        let seeds = read(&format!("set/lp_{set}_seeds.npy"));
+        let labels = read(&format!("set/lp_{set}_labels.npy"));
+        let indexes = read(&format!("set/lp_{set}_indexes.npy"));
+        for (row, (&label, &index)) in labels.iter().zip(&indexes).enumerate() {
+            // Each positive, then its 20 negatives, under its index.
+            assert_eq!(label, u64::from(row % 21 == 0), "{set} row {row}");
+            assert_eq!(index, (row / 21) as u64, "{set} row {row}");
+            let (u, v) = (seeds[2 * row], seeds[2 * row + 1]);
+            assert!(
+                !graph.contains(&key(u, v)),
+                "{set} row {row}: ({u}, {v}) is in the training graph"
+            );
+        }
+    }
+    let meta = std::fs::read_to_string(out.join("metadata.yaml")).unwrap();
+    assert!(meta.contains("name: link_prediction"), "{meta}");
+    assert!(meta.contains("set/lp_valid_indexes.npy"), "{meta}");
+    let shape = |f: &str| {
+        offgnn_shared::npy::NpyFile::open(out.join(f))
+            .unwrap()
+            .shape()
+            .to_vec()
+    };
+    assert_eq!(shape("set/lp_train_seeds.npy"), vec![n("train_pairs"), 2]);
+    assert_eq!(
+        shape("set/lp_valid_seeds.npy"),
+        vec![21 * n("valid_pairs"), 2]
+    );
+    assert_eq!(shape("set/lp_test_labels.npy"), vec![21 * n("test_pairs")]);
+    // The new dataset is whole: it opens, and samples for its node task.
+    let r = run("sampler", &["inspect", "--dataset", out.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", r.stderr);
+    // The same seed writes the same files.
+    let first = std::fs::read(out.join("set/lp_test_seeds.npy")).unwrap();
+    let r = split(&["--overwrite"]);
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(
+        std::fs::read(out.join("set/lp_test_seeds.npy")).unwrap(),
+        first
+    );
+    // Bad input: one line each, nothing written.
+    let other = dir.path().join("none");
+    for (flags, says) in [
+        (
+            vec!["--valid", "0.6", "--test", "0.5"],
+            "none would be left to train on",
+        ),
+        (vec!["--negatives", "0"], "--negatives must be at least 1"),
+    ] {
+        let mut args = vec![
+            "split-edges",
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            other.to_str().unwrap(),
+        ];
+        args.extend(flags);
+        let r = run("sampler", &args);
+        assert!(!r.status.success());
+        assert!(r.stderr.contains(says), "{}", r.stderr);
+        assert!(!other.exists());
+    }
+    // An existing output is refused without --overwrite.
+    let r = split(&[]);
+    assert!(!r.status.success());
+    assert!(r.stderr.contains("already exists"), "{}", r.stderr);
+}

@@ -11,7 +11,7 @@ use offgnn_shared::dataset::Dataset;
 use offgnn_shared::report::{human_bytes, print_summary};
 use offgnn_shared::{npy, progress};
 
-use super::{GenerateArgs, ImportArgs, InspectArgs, Preset};
+use super::{GenerateArgs, ImportArgs, InspectArgs, Preset, SplitEdgesArgs};
 
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let defaults = GeneratorConfig::default();
@@ -129,6 +129,42 @@ pub fn import_parquet(args: &ImportArgs) -> anyhow::Result<()> {
             ),
         ],
         &serde_json::json!({ "command": "import-parquet", "summary": s }),
+    );
+    Ok(())
+}
+
+pub fn split_edges(args: &SplitEdgesArgs) -> anyhow::Result<()> {
+    let cfg = crate::edge_split::SplitConfig {
+        valid: args.valid,
+        test: args.test,
+        negatives: args.negatives,
+        seed: args.seed,
+    };
+    let s = crate::edge_split::split_dataset(&args.dataset, &args.out, &cfg, args.overwrite, true)
+        .with_context(|| format!("splitting the edges of {}", args.dataset.display()))?;
+    print_summary(
+        &format!(
+            "split the edges of {} into {}",
+            args.dataset.display(),
+            args.out.display()
+        ),
+        &[
+            ("nodes", s.num_nodes.to_string()),
+            (
+                "edges",
+                format!("{} stored, {} left to train on", s.edges, s.train_edges),
+            ),
+            (
+                "node pairs",
+                format!(
+                    "{} train, {} validation, {} test",
+                    s.train_pairs, s.valid_pairs, s.test_pairs
+                ),
+            ),
+            ("negatives per held-out pair", s.negatives.to_string()),
+            ("wall time", format!("{:.1} s", s.seconds)),
+        ],
+        &serde_json::json!({ "command": "split-edges", "dataset": args.out, "summary": s }),
     );
     Ok(())
 }

@@ -52,6 +52,10 @@ pub enum Command {
     ImportParquet(ImportArgs),
     /// Validate a dataset directory (edges included) and print its shape.
     Inspect(InspectArgs),
+    /// Hold out edges for link prediction: a new dataset whose graph lacks
+    /// them (both ways) and whose link_prediction task ranks each against
+    /// its negatives.
+    SplitEdges(SplitEdgesArgs),
 }
 
 /// Neighbor sampling (the default command).
@@ -215,6 +219,30 @@ pub struct ImportArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct SplitEdgesArgs {
+    /// The dataset whose edges are split.
+    #[arg(long)]
+    pub dataset: PathBuf,
+    /// Output dataset directory (must not exist unless --overwrite).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Share of the node pairs held out for validation.
+    #[arg(long, default_value_t = 0.05)]
+    pub valid: f64,
+    /// Share of the node pairs held out for test.
+    #[arg(long, default_value_t = 0.1)]
+    pub test: f64,
+    /// Negatives drawn for each held-out pair (OGB's citation2 ranks
+    /// against 1000).
+    #[arg(long, default_value_t = 1000)]
+    pub negatives: u32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct InspectArgs {
     #[arg(long)]
     pub dataset: PathBuf,
@@ -241,6 +269,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             dataset_tools::import_parquet(&args)
         }
         Some(Command::Inspect(args)) => dataset_tools::inspect(&args),
+        Some(Command::SplitEdges(args)) => {
+            stop_writing_on_signal("splitting edges into", &args.out);
+            dataset_tools::split_edges(&args)
+        }
         None => {
             // Sampling stops at its next file window on SIGINT or SIGTERM
             // and removes what it wrote; `inspect` writes nothing and keeps

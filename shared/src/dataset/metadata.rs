@@ -54,7 +54,7 @@ pub struct FeatureMeta {
     pub path: String,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TaskMeta {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -67,14 +67,14 @@ pub struct TaskMeta {
     pub test_set: Option<Vec<SetMeta>>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SetMeta {
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub node_type: Option<String>,
     pub data: Vec<SetDataMeta>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SetDataMeta {
     pub name: String,
     pub format: String,

@@ -129,6 +129,11 @@ pub struct DatasetSpec {
     pub name: String,
     pub num_nodes: u64,
     pub num_classes: u32,
+    /// Whether `data/label.npy` (every node's label) was written; without
+    /// it, the splits' label files carry the labels.
+    pub node_labels: bool,
+    /// Tasks after the node-classification one (`link_prediction`).
+    pub extra_tasks: Vec<TaskMeta>,
 }
 
 /// Relative paths of the files a [`DatasetWriter`] lays out.
@@ -142,6 +147,20 @@ pub mod layout {
     pub fn labels(split: super::Split) -> String {
         format!("set/{}_labels.npy", split.name())
     }
+    /// The link-prediction task's files (`train_seeds`, `valid_labels`, ...).
+    pub fn link(name: &str) -> String {
+        format!("set/lp_{name}.npy")
+    }
+    /// Every file [`link`] names.
+    pub const LINK_FILES: [&str; 7] = [
+        "train_seeds",
+        "valid_seeds",
+        "valid_labels",
+        "valid_indexes",
+        "test_seeds",
+        "test_labels",
+        "test_indexes",
+    ];
 }
 
 /// The first file under `dir` that a [`DatasetWriter`] does not write, if
@@ -160,6 +179,7 @@ fn foreign_file(dir: &Path) -> Result<Option<PathBuf>> {
         ours.push(layout::seeds(split));
         ours.push(layout::labels(split));
     }
+    ours.extend(layout::LINK_FILES.iter().map(|f| layout::link(f)));
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for entry in fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
@@ -273,31 +293,32 @@ impl DatasetWriter {
                     path: layout::EDGES.into(),
                 }],
             },
-            feature_data: vec![
-                FeatureMeta {
-                    domain: "node".into(),
-                    node_type: None,
-                    name: "feat".into(),
-                    format: "numpy".into(),
-                    in_memory: Some(false),
-                    path: layout::FEATURES.into(),
-                },
-                FeatureMeta {
-                    domain: "node".into(),
-                    node_type: None,
-                    name: "label".into(),
-                    format: "numpy".into(),
-                    in_memory: Some(true),
-                    path: layout::LABELS.into(),
-                },
-            ],
-            tasks: vec![TaskMeta {
+            feature_data: std::iter::once(FeatureMeta {
+                domain: "node".into(),
+                node_type: None,
+                name: "feat".into(),
+                format: "numpy".into(),
+                in_memory: Some(false),
+                path: layout::FEATURES.into(),
+            })
+            .chain(spec.node_labels.then(|| FeatureMeta {
+                domain: "node".into(),
+                node_type: None,
+                name: "label".into(),
+                format: "numpy".into(),
+                in_memory: Some(true),
+                path: layout::LABELS.into(),
+            }))
+            .collect(),
+            tasks: std::iter::once(TaskMeta {
                 name: "node_classification".into(),
                 num_classes: Some(spec.num_classes as u64),
                 train_set: set(Split::Train),
                 validation_set: set(Split::Valid),
                 test_set: set(Split::Test),
-            }],
+            })
+            .chain(spec.extra_tasks.iter().cloned())
+            .collect(),
         };
         let text = serde_yaml_ng::to_string(&meta)
             .map_err(|e| Error::dataset(&self.tmp, format!("cannot encode metadata: {e}")))?;
