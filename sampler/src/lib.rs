@@ -16,6 +16,7 @@ pub mod cli;
 pub mod config;
 pub mod edge_split;
 pub mod error;
+pub mod link_sampling;
 pub mod memory;
 pub mod neighbor_sampling;
 pub mod parquet_import;
