@@ -509,9 +509,18 @@ fn split_edges_writes_a_link_prediction_dataset_without_its_held_out_edges() {
         vec![21 * n("valid_pairs"), 2]
     );
     assert_eq!(shape("set/lp_test_labels.npy"), vec![21 * n("test_pairs")]);
-    // The new dataset is whole: it opens, and samples for its node task.
+    // The new dataset is whole: it opens, its link task reads back as
+    // written (each query one positive and its 20 negatives).
     let r = run("sampler", &["inspect", "--dataset", out.to_str().unwrap()]);
     assert!(r.status.success(), "{}", r.stderr);
+    let lp = &r.json()["link_prediction"];
+    assert_eq!(lp["train_pairs"].as_u64(), Some(n("train_pairs")), "{lp}");
+    assert_eq!(lp["valid_queries"].as_u64(), Some(n("valid_pairs")), "{lp}");
+    assert_eq!(
+        lp["test_negatives"].as_u64(),
+        Some(20 * n("test_pairs")),
+        "{lp}"
+    );
     // The same seed writes the same files.
     let first = std::fs::read(out.join("set/lp_test_seeds.npy")).unwrap();
     let r = split(&["--overwrite"]);
@@ -542,6 +551,25 @@ fn split_edges_writes_a_link_prediction_dataset_without_its_held_out_edges() {
         assert!(r.stderr.contains(says), "{}", r.stderr);
         assert!(!other.exists());
     }
+    // A task whose queries lack negatives is refused in one line naming
+    // the metadata.
+    let copy = dir.path().join("no-negatives");
+    let r = split(&["--overwrite"]);
+    assert!(r.status.success(), "{}", r.stderr);
+    std::fs::rename(&out, &copy).unwrap();
+    let rows = 21 * n("valid_pairs");
+    let ones: Vec<u64> = vec![1; rows as usize];
+    let indexes: Vec<u64> = (0..rows).collect();
+    offgnn_shared::npy::write_i64(copy.join("set/lp_valid_labels.npy"), &ones).unwrap();
+    offgnn_shared::npy::write_i64(copy.join("set/lp_valid_indexes.npy"), &indexes).unwrap();
+    let r = run("sampler", &["inspect", "--dataset", copy.to_str().unwrap()]);
+    assert!(!r.status.success());
+    assert!(
+        r.stderr.contains("metadata.yaml") && r.stderr.contains("query 0 has no negatives"),
+        "{}",
+        r.stderr
+    );
+    std::fs::rename(&copy, &out).unwrap();
     // An existing output is refused without --overwrite.
     let r = split(&[]);
     assert!(!r.status.success());

@@ -185,6 +185,7 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
         .map(|v| csr.degree(v))
         .max()
         .unwrap_or(0);
+    let link = offgnn_shared::dataset::LinkTask::open(&ds.root, ds.num_nodes)?;
     let feature_bytes = ds.features.row_bytes() * ds.num_nodes;
     // NaN or Inf in one row spreads to every node that aggregates it, and a
     // model trained on them diverges: every value is checked.
@@ -197,48 +198,62 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
             ds.features.path().display()
         );
     }
+    let link_row = link.as_ref().map(|t| {
+        format!(
+            "{} train pairs; {} validation and {} test queries, {} and {} negatives",
+            t.train.pairs.len(),
+            t.valid.positives.len(),
+            t.test.positives.len(),
+            t.valid.negatives.len(),
+            t.test.negatives.len()
+        )
+    });
+    let mut rows = vec![
+        ("nodes", ds.num_nodes.to_string()),
+        (
+            "edges in file",
+            ds.edges.len_hint().map_or("csv".into(), |e| e.to_string()),
+        ),
+        ("csr edges", csr.num_edges().to_string()),
+        (
+            "mean / max in-degree",
+            format!(
+                "{:.2} / {max_degree}",
+                csr.num_edges() as f64 / ds.num_nodes as f64
+            ),
+        ),
+        (
+            "features",
+            format!(
+                "{} x {} {} ({})",
+                ds.num_nodes,
+                ds.feature_dim(),
+                ds.features.dtype(),
+                human_bytes(feature_bytes)
+            ),
+        ),
+        ("feature values", "all finite".to_string()),
+        ("classes", ds.num_classes.to_string()),
+        (
+            "train / valid / test",
+            format!(
+                "{} / {} / {}",
+                ds.train.seeds.len(),
+                ds.valid.seeds.len(),
+                ds.test.seeds.len()
+            ),
+        ),
+        (
+            "csr build",
+            format!("{csr_seconds:.2} s, {}", human_bytes(csr.memory_bytes())),
+        ),
+    ];
+    if let Some(row) = link_row {
+        rows.push(("link prediction", row));
+    }
     print_summary(
         &format!("dataset {} ({})", ds.name, ds.root.display()),
-        &[
-            ("nodes", ds.num_nodes.to_string()),
-            (
-                "edges in file",
-                ds.edges.len_hint().map_or("csv".into(), |e| e.to_string()),
-            ),
-            ("csr edges", csr.num_edges().to_string()),
-            (
-                "mean / max in-degree",
-                format!(
-                    "{:.2} / {max_degree}",
-                    csr.num_edges() as f64 / ds.num_nodes as f64
-                ),
-            ),
-            (
-                "features",
-                format!(
-                    "{} x {} {} ({})",
-                    ds.num_nodes,
-                    ds.feature_dim(),
-                    ds.features.dtype(),
-                    human_bytes(feature_bytes)
-                ),
-            ),
-            ("feature values", "all finite".to_string()),
-            ("classes", ds.num_classes.to_string()),
-            (
-                "train / valid / test",
-                format!(
-                    "{} / {} / {}",
-                    ds.train.seeds.len(),
-                    ds.valid.seeds.len(),
-                    ds.test.seeds.len()
-                ),
-            ),
-            (
-                "csr build",
-                format!("{csr_seconds:.2} s, {}", human_bytes(csr.memory_bytes())),
-            ),
-        ],
+        &rows,
         &serde_json::json!({
             "command": "inspect",
             "dataset": ds.root,
@@ -256,6 +271,13 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
             "valid": ds.valid.seeds.len(),
             "test": ds.test.seeds.len(),
             "csr_seconds": csr_seconds,
+            "link_prediction": link.as_ref().map(|t| serde_json::json!({
+                "train_pairs": t.train.pairs.len(),
+                "valid_queries": t.valid.positives.len(),
+                "valid_negatives": t.valid.negatives.len(),
+                "test_queries": t.test.positives.len(),
+                "test_negatives": t.test.negatives.len(),
+            })),
         }),
     );
     Ok(())

@@ -19,6 +19,7 @@ mod checks;
 mod edges;
 mod features;
 mod fingerprint;
+mod link_task;
 mod metadata;
 mod open;
 mod tasks;
@@ -26,6 +27,7 @@ mod writer;
 
 pub use edges::{EdgeList, EdgeSource};
 pub use fingerprint::file_fingerprint;
+pub use link_task::{LinkTask, PairSet, RankedSet};
 pub use metadata::{
     EdgeMeta, FeatureMeta, GraphMeta, METADATA_FILE, Metadata, NodeMeta, SetDataMeta, SetMeta,
     TaskMeta,
