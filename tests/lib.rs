@@ -248,6 +248,38 @@ pub fn import_cora(out: &Path, extra: &[&str]) {
     assert!(r.status.success(), "{}", r.stderr);
 }
 
+/// Samples the dataset at `ds` into `out` with `flags`, and checks that it
+/// succeeded.
+pub fn sample(ds: &Path, out: &Path, flags: &[&str]) {
+    let mut args = vec![
+        "--dataset",
+        ds.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(flags);
+    let r = run("sampler", &args);
+    assert!(r.status.success(), "{}", r.stderr);
+}
+
+/// Packs `samples` with `ds`'s features into `out` with `flags`, checks
+/// that it succeeded, and returns the manifest's path.
+pub fn pack(ds: &Path, samples: &Path, out: &Path, flags: &[&str]) -> PathBuf {
+    let features = ds.join("data/feat.npy");
+    let mut args = vec![
+        "--samples",
+        samples.to_str().unwrap(),
+        "--features",
+        features.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(flags);
+    let r = run("packer", &args);
+    assert!(r.status.success(), "{}", r.stderr);
+    out.join("manifest.json")
+}
+
 /// Imports Cora and samples it into `dir`; returns (dataset, samples).
 pub fn cora_samples(dir: &Path) -> (PathBuf, PathBuf) {
     let ds = dir.join("cora");

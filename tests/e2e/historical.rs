@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use offgnn_e2e::{run, run_env};
+use offgnn_e2e::run_env;
 
 /// A packed power-law graph, three layers sampled, whose caches hold few
 /// rows: most input rows come from disk.
@@ -29,42 +29,18 @@ fn layout(dir: &Path) -> String {
         ],
     );
     let samples = dir.join("samples");
-    let r = run(
-        "sampler",
-        &[
-            "--dataset",
-            ds.to_str().unwrap(),
-            "--out",
-            samples.to_str().unwrap(),
-            "--fanout",
-            "5,5,5",
-            "--batch-size",
-            "256",
-            "--epochs",
-            "2",
-        ],
-    );
-    assert!(r.status.success(), "{}", r.stderr);
-    let out = dir.join("pack");
-    let r = run(
-        "packer",
-        &[
-            "--samples",
-            samples.to_str().unwrap(),
-            "--features",
-            ds.join("data/feat.npy").to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--gpu-cache",
-            "32K",
-            "--cpu-cache",
-            "64K",
-            "--disk-budget",
-            "8x",
-        ],
-    );
-    assert!(r.status.success(), "{}", r.stderr);
-    out.join("manifest.json").to_str().unwrap().to_string()
+    let flags = ["--fanout", "5,5,5", "--batch-size", "256", "--epochs", "2"];
+    offgnn_e2e::sample(&ds, &samples, &flags);
+    let flags = [
+        "--gpu-cache",
+        "32K",
+        "--cpu-cache",
+        "64K",
+        "--disk-budget",
+        "8x",
+    ];
+    let manifest = offgnn_e2e::pack(&ds, &samples, &dir.join("pack"), &flags);
+    manifest.to_str().unwrap().to_string()
 }
 
 /// One thread for libtorch: identical inputs then give identical losses.
