@@ -28,6 +28,12 @@ impl Inputs {
     pub(crate) fn open(samples: &str, features: &str) -> Result<Inputs> {
         let samples = Store::open(samples)?;
         let run = RunSummary::read(&samples)?;
+        if run.params.link.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: these samples are for link prediction (sampler --task link); packing them is not built yet, only node-classification samples",
+                samples.url()
+            )));
+        }
         let run_bytes = samples.get(offgnn_shared::samples::RUN_SUMMARY)?;
         let features = FeatureSource::open(features)?;
         check_match(&run, &features)?;

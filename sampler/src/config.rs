@@ -24,6 +24,29 @@ pub struct SampleConfig {
     pub show_progress: bool,
     /// Refuse to start when the stated peak memory exceeds this.
     pub memory_limit: Option<u64>,
+    /// Link prediction (`--task link`): the dataset's link_prediction task
+    /// instead of its node classification.
+    pub link: Option<LinkOptions>,
+}
+
+/// How link-prediction training batches draw their negatives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkOptions {
+    /// Negatives per positive pair.
+    pub negatives: u32,
+    pub sampler: NegativeKind,
+}
+
+/// Where a negative's destination comes from.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum NegativeKind {
+    /// Uniformly among the nodes.
+    Uniform,
+    /// In proportion to degree^0.75.
+    Degree,
 }
 
 /// Parses `10,15,20`: positive fan-outs, input layer first.
@@ -76,6 +99,9 @@ impl SampleConfig {
         if self.batches_per_file == 0 {
             return bad("--batches-per-file must be at least 1".into());
         }
+        if self.link.is_some_and(|l| l.negatives == 0) {
+            return bad("--negatives must be at least 1: a link-prediction batch scores its pairs against negatives".into());
+        }
         if self.threads == 0 {
             return bad("--threads must be at least 1".into());
         }
@@ -92,6 +118,14 @@ impl SampleConfig {
             add_reverse_edges: self.csr.add_reverse,
             dedup_edges: self.csr.dedup,
             keep_self_loops: self.csr.keep_self_loops,
+            link: self.link.map(|l| offgnn_shared::samples::LinkParams {
+                negatives: l.negatives,
+                negative_sampler: match l.sampler {
+                    NegativeKind::Uniform => "uniform",
+                    NegativeKind::Degree => "degree",
+                }
+                .into(),
+            }),
         }
     }
 }

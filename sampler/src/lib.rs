@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod array_job;
+mod batches;
 pub mod cli;
 pub mod config;
 pub mod edge_split;

@@ -16,7 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use offgnn_shared::samples::Block;
+use offgnn_shared::samples::{Block, Pairs};
 use rand::Rng;
 
 use crate::neighbor_sampling::{Scratch, sample_blocks};
@@ -74,14 +74,14 @@ impl NegativeSampler {
 /// One link-prediction batch.
 #[derive(Debug, PartialEq, Eq)]
 pub struct LinkBatch {
-    /// Input nodes, the distinct endpoints first (the blocks' seeds).
+    /// The distinct endpoints of its pairs, in order of first use.
+    pub seeds: Vec<u32>,
+    /// Input nodes, the seeds first.
     pub nodes: Vec<u32>,
     /// Blocks, input layer first.
     pub blocks: Vec<Block>,
-    /// The positive pairs as local ids (positions in `nodes`).
-    pub positives: Vec<(u32, u32)>,
-    /// `k` negatives per positive, positive by positive, as local ids.
-    pub negatives: Vec<(u32, u32)>,
+    /// Its pairs as local ids (positions in `seeds`), labels and queries.
+    pub pairs: Pairs,
     /// Sampled edges removed because they join a positive pair.
     pub excluded: u64,
 }
@@ -92,7 +92,7 @@ fn key(u: u32, v: u32) -> u64 {
     (u64::from(a) << 32) | u64::from(b)
 }
 
-/// How link-prediction batches are sampled from a graph.
+/// How link-prediction training batches are sampled from a graph.
 pub struct LinkSampler<'a> {
     pub csr: &'a Csr,
     /// Neighbours per layer, input layer first.
@@ -105,48 +105,57 @@ pub struct LinkSampler<'a> {
 }
 
 impl LinkSampler<'_> {
-    /// Samples the batch of positive `pairs` (global ids): `k` negatives
-    /// each, then the blocks around every distinct endpoint, without the
-    /// edges of the positive pairs where `exclude`.
+    /// The training batch of positive `pairs` (global ids): each with `k`
+    /// negatives (its source, a drawn destination) under its query, then
+    /// the blocks around every distinct endpoint, without the positive
+    /// pairs' edges where `exclude`.
     pub fn sample(
         &self,
         pairs: &[(u32, u32)],
         rng: &mut impl Rng,
         scratch: &mut Scratch,
     ) -> LinkBatch {
-        sample_link_batch(self, pairs, rng, scratch)
+        let mut rows = Vec::with_capacity(pairs.len() * (self.k + 1));
+        for (q, &(u, v)) in pairs.iter().enumerate() {
+            rows.push(((u, v), 1, q as u32));
+            for _ in 0..self.k {
+                rows.push(((u, self.negatives.draw(rng)), 0, q as u32));
+            }
+        }
+        let exclude = self.exclude.then_some(pairs);
+        sample_rows(self.csr, self.fanouts, &rows, exclude, rng, scratch)
     }
 }
 
-fn sample_link_batch(
-    cfg: &LinkSampler,
-    pairs: &[(u32, u32)],
+/// The batch of `rows` (`(pair, label, query)`, global ids): the blocks of
+/// `fanouts` around every distinct endpoint, without any sampled edge
+/// between the two nodes of a pair of `exclude`.
+pub fn sample_rows(
+    csr: &Csr,
+    fanouts: &[usize],
+    rows: &[((u32, u32), u32, u32)],
+    exclude: Option<&[(u32, u32)]>,
     rng: &mut impl Rng,
     scratch: &mut Scratch,
 ) -> LinkBatch {
-    let k = cfg.k;
-    let mut seeds: Vec<u32> = Vec::with_capacity(pairs.len() * (k + 2));
-    let mut local: HashMap<u32, u32> = HashMap::with_capacity(seeds.capacity());
+    let mut seeds: Vec<u32> = Vec::with_capacity(rows.len() + 1);
+    let mut local: HashMap<u32, u32> = HashMap::with_capacity(rows.len() + 1);
     let mut id = |v: u32, seeds: &mut Vec<u32>| {
         *local.entry(v).or_insert_with(|| {
             seeds.push(v);
             seeds.len() as u32 - 1
         })
     };
-    let mut positives = Vec::with_capacity(pairs.len());
-    let mut negative_pairs = Vec::with_capacity(pairs.len() * k);
-    for &(u, v) in pairs {
-        let (lu, lv) = (id(u, &mut seeds), id(v, &mut seeds));
-        positives.push((lu, lv));
-        for _ in 0..k {
-            let w = cfg.negatives.draw(rng);
-            negative_pairs.push((lu, id(w, &mut seeds)));
-        }
+    let mut pairs = Pairs::default();
+    for &((u, v), label, query) in rows {
+        let lu = id(u, &mut seeds);
+        let lv = id(v, &mut seeds);
+        pairs.push((lu, lv), label, query);
     }
-    let (nodes, mut blocks) = sample_blocks(cfg.csr, cfg.fanouts, &seeds, rng, scratch);
+    let (nodes, mut blocks) = sample_blocks(csr, fanouts, &seeds, rng, scratch);
     let mut excluded = 0u64;
-    if cfg.exclude {
-        let banned: HashSet<u64> = pairs
+    if let Some(exclude) = exclude {
+        let banned: HashSet<u64> = exclude
             .iter()
             .filter(|(u, v)| u != v)
             .map(|&(u, v)| key(u, v))
@@ -165,10 +174,10 @@ fn sample_link_batch(
         }
     }
     LinkBatch {
+        seeds,
         nodes,
         blocks,
-        positives,
-        negatives: negative_pairs,
+        pairs,
         excluded,
     }
 }
@@ -247,16 +256,19 @@ mod tests {
             assert_eq!(with.excluded as usize, leaks(&without, &batch));
             assert_eq!(with.nodes, without.nodes);
             total_without += leaks(&without, &batch);
-            // Seeds first, each positive's negatives keep its source, and
-            // the blocks stay sorted by destination.
-            assert_eq!(with.positives.len(), 16);
-            assert_eq!(with.negatives.len(), 16 * 4);
-            for (i, &(lu, lv)) in with.positives.iter().enumerate() {
-                assert_eq!((with.nodes[lu as usize], with.nodes[lv as usize]), batch[i]);
-                for &(ns, _) in &with.negatives[4 * i..4 * i + 4] {
-                    assert_eq!(ns, lu);
+            // Each positive then its 4 negatives, under its query, the
+            // negatives keeping its source.
+            let p = &with.pairs;
+            assert_eq!(p.len(), 16 * 5);
+            for (i, &(u, v)) in batch.iter().enumerate() {
+                let row = 5 * i;
+                let at = |r: usize| (with.seeds[p.src[r] as usize], with.seeds[p.dst[r] as usize]);
+                assert_eq!((at(row), p.label[row], p.query[row]), ((u, v), 1, i as u32));
+                for r in row + 1..row + 5 {
+                    assert_eq!((at(r).0, p.label[r], p.query[r]), (u, 0, i as u32));
                 }
             }
+            assert_eq!(with.nodes[..with.seeds.len()], with.seeds[..]);
             for b in &with.blocks {
                 assert!(b.dst.is_sorted());
                 assert!(b.src.iter().all(|&s| s < b.num_src));

@@ -4,7 +4,7 @@
 //! allocates; the end-to-end suite checks a run's peak RSS against it.
 
 use crate::topology::CHUNK;
-use offgnn_shared::dataset::{Dataset, EdgeSource, Split};
+use offgnn_shared::dataset::{Dataset, EdgeSource, LinkTask, Split};
 use serde::Serialize;
 
 use crate::config::SampleConfig;
@@ -56,7 +56,7 @@ pub fn batch_bytes_bound(num_nodes: u64, batch_size: u64, fanouts: &[usize]) -> 
 }
 
 /// States the peak memory of sampling `ds` as `cfg` says.
-pub fn estimate(ds: &Dataset, cfg: &SampleConfig) -> MemoryEstimate {
+pub fn estimate(ds: &Dataset, cfg: &SampleConfig, link: Option<&LinkTask>) -> MemoryEstimate {
     let n = ds.num_nodes;
     let input_edges = match &ds.edges.source {
         EdgeSource::Numpy(f) => f.shape()[1],
@@ -76,22 +76,43 @@ pub fn estimate(ds: &Dataset, cfg: &SampleConfig) -> MemoryEstimate {
     // Windows of 2 x threads batches: one being sampled, one in the
     // channel, one being encoded.
     let window = (2 * threads).max(2);
-    let per_batch = batch_bytes_bound(n, cfg.batch_size as u64, &cfg.fanouts);
+    // A link batch's seeds are its pairs' distinct endpoints: two a
+    // positive and one a negative; its pairs 16 bytes each.
+    let (seeds_per_batch, pair_bytes) = match cfg.link {
+        Some(l) => {
+            let pairs = cfg.batch_size as u64 * (1 + u64::from(l.negatives));
+            (cfg.batch_size as u64 + pairs, 16 * pairs)
+        }
+        None => (cfg.batch_size as u64, 0),
+    };
+    let per_batch = batch_bytes_bound(n, seeds_per_batch, &cfg.fanouts) + pair_bytes;
     let batches_in_flight_bytes = 3 * window * per_batch * 2;
-    let seeds: u64 = Split::ALL
-        .iter()
-        .map(|&s| {
-            let epochs = if s == Split::Train {
-                cfg.epochs as u64
-            } else {
-                1
-            };
-            ds.split(s).seeds.len() as u64 * epochs
-        })
-        .sum();
-    // Seeds and labels (8 bytes a seed) in each epoch's order, and the
-    // unit plan's copy of them.
-    let plan_bytes = seeds * 8 * 2;
+    let epochs = |s: Split| {
+        if s == Split::Train {
+            cfg.epochs as u64
+        } else {
+            1
+        }
+    };
+    let plan_bytes = match link {
+        // The task's pairs (8 bytes each), the training pairs again in each
+        // epoch's order and the plan's copy, and the degree sampler's sums.
+        Some(t) => {
+            let held = (t.valid.negatives.len() + t.test.negatives.len()) as u64
+                + (t.valid.positives.len() + t.test.positives.len()) as u64;
+            let train = t.train.pairs.len() as u64;
+            8 * (train + held) + train * 8 * 2 * epochs(Split::Train) + 8 * n
+        }
+        // Seeds and labels (8 bytes a seed) in each epoch's order, and the
+        // unit plan's copy of them.
+        None => {
+            let seeds: u64 = Split::ALL
+                .iter()
+                .map(|&s| ds.split(s).seeds.len() as u64 * epochs(s))
+                .sum();
+            seeds * 8 * 2
+        }
+    };
     let output_bytes = ROW_GROUP_BYTES + UPLOAD_BYTES;
     let sampling = scratch_bytes + batches_in_flight_bytes + output_bytes + plan_bytes;
     let total_bytes = RUNTIME_BYTES + graph_bytes + graph_build_bytes.max(sampling);

@@ -3,18 +3,16 @@
 //! object store, and commit with the run summary (DiskGNN §3: all sampling
 //! happens before training, so the packer can see every access).
 //!
-//! The plan is fixed by the dataset, the parameters and the seed: training
-//! seeds are shuffled per epoch by a generator of (seed, epoch); batches are
-//! cut in order; every `batches_per_file` batches make one file; files are
-//! dealt to shards round-robin. Each batch has its own generator, so threads
-//! and shards change who samples a batch, never what is sampled.
+//! The plan (`batches`) is fixed by the dataset, the parameters and the
+//! seed. Each batch has its own generator, so threads and shards change who
+//! samples a batch, never what is sampled.
 
 use std::sync::Mutex;
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
 use offgnn_shared::commit::{self, Previous, RunId};
-use offgnn_shared::dataset::{Dataset, Split, file_fingerprint};
+use offgnn_shared::dataset::{Dataset, LinkTask, Split, file_fingerprint};
 use offgnn_shared::lease::{self, LEASE, Lease, Swept};
 use offgnn_shared::samples::{
     self, DatasetInfo, FORMAT, FORMAT_VERSION, RUN_SUMMARY, RunSummary, SampleFile, SampledBatch,
@@ -25,73 +23,20 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
 use rayon::prelude::*;
 
-use crate::config::SampleConfig;
+use crate::batches::{Links, Task, Unit};
+use crate::config::{NegativeKind, SampleConfig};
 use crate::error::{Error, Result};
+use crate::link_sampling::{LinkSampler, NegativeSampler};
 use crate::memory::MemoryEstimate;
-use crate::neighbor_sampling::{Scratch, batch_rng, mix, sample_blocks};
+use crate::neighbor_sampling::Scratch;
 use crate::shards;
 use crate::topology::Csr;
 use offgnn_shared::report::human_bytes;
 
 /// Row groups are flushed once this much is buffered.
 const ROW_GROUP_BYTES: usize = 64 << 20;
-
-/// One output file's worth of batches.
-struct Unit {
-    split: Split,
-    epoch: u32,
-    part: u32,
-    first_batch: u32,
-    /// (seed, label) pairs of each batch.
-    batches: Vec<Vec<(u32, u32)>>,
-}
-
-/// The seeds of a split in the order one epoch visits them.
-fn epoch_order(ds: &Dataset, split: Split, epoch: u32, seed: u64) -> Vec<(u32, u32)> {
-    let set = ds.split(split);
-    let mut pairs: Vec<(u32, u32)> = set
-        .seeds
-        .iter()
-        .copied()
-        .zip(set.labels.iter().copied())
-        .collect();
-    if split == Split::Train {
-        let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(mix(mix(seed) ^ 0xE90C ^ epoch as u64));
-        pairs.shuffle(&mut rng);
-    }
-    pairs
-}
-
-/// Every file of the run, in a fixed order; `owned` filters one shard's.
-fn plan(ds: &Dataset, cfg: &SampleConfig, owned: bool) -> Vec<Unit> {
-    let mut units = Vec::new();
-    let mut global = 0u32;
-    let epochs = |split: Split| if split == Split::Train { cfg.epochs } else { 1 };
-    for split in Split::ALL {
-        for epoch in 0..epochs(split) {
-            let order = epoch_order(ds, split, epoch, cfg.seed);
-            let batches: Vec<Vec<(u32, u32)>> =
-                order.chunks(cfg.batch_size).map(<[_]>::to_vec).collect();
-            for (part, chunk) in batches.chunks(cfg.batches_per_file as usize).enumerate() {
-                if !owned || global % cfg.num_shards == cfg.shard {
-                    units.push(Unit {
-                        split,
-                        epoch,
-                        part: part as u32,
-                        first_batch: part as u32 * cfg.batches_per_file,
-                        batches: chunk.to_vec(),
-                    });
-                }
-                global += 1;
-            }
-        }
-    }
-    units
-}
 
 /// What a run (or shard) did.
 #[derive(Debug)]
@@ -228,7 +173,16 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     cfg.validate()?;
     let started = Instant::now();
     let previous = check_output(store, cfg)?;
-    let memory = state_memory(ds, cfg)?;
+    let link_task = match &cfg.link {
+        Some(_) => Some(LinkTask::open(&ds.root, ds.num_nodes)?.ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "--task link: {} has no link_prediction task (sampler split-edges writes one from the graph)",
+                ds.root.display()
+            ))
+        })?),
+        None => None,
+    };
+    let memory = state_memory(ds, cfg, link_task.as_ref())?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(cfg.threads)
         .build()
@@ -255,9 +209,36 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     let leftovers_removed = lease::sweep(store, &SAMPLER_RUNS, &lease);
     let dataset = dataset_info(ds, &csr)?;
 
-    let units = plan(ds, cfg, true);
-    let (files, sample_seconds) =
-        write_units(store, &csr, cfg, &run_id, &units, &pool, previous.is_some())?;
+    let task = Task {
+        ds,
+        links: link_task
+            .as_ref()
+            .zip(cfg.link.as_ref())
+            .map(|(task, o)| Links {
+                task,
+                sampler: LinkSampler {
+                    csr: &csr,
+                    fanouts: &cfg.fanouts,
+                    k: o.negatives as usize,
+                    negatives: match o.sampler {
+                        NegativeKind::Uniform => NegativeSampler::uniform(csr.num_nodes() as u32),
+                        NegativeKind::Degree => NegativeSampler::by_degree(&csr),
+                    },
+                    exclude: true,
+                },
+            }),
+    };
+    let units = task.plan(cfg, true);
+    let (files, sample_seconds) = write_units(
+        store,
+        &task,
+        &csr,
+        cfg,
+        &run_id,
+        &units,
+        &pool,
+        previous.is_some(),
+    )?;
     let (batches, edges) = files.iter().fold((0u64, 0u64), |(b, e), f| {
         (b + f.batches as u64, e + f.edges)
     });
@@ -273,7 +254,7 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         files,
         seconds: started.elapsed().as_secs_f64(),
     };
-    let run = commit_shard(store, ds, cfg, &run_id, &shard, previous.as_ref())?;
+    let run = commit_shard(store, &task, cfg, &run_id, &shard, previous.as_ref())?;
     // Committed, or a finished shard of a run whose other shards commit it.
     lease.release();
     Ok(Outcome {
@@ -314,8 +295,12 @@ fn check_output(store: &Store, cfg: &SampleConfig) -> Result<Option<Previous>> {
 
 /// States the run's peak memory in the log, and refuses the run when it
 /// exceeds `--memory`.
-fn state_memory(ds: &Dataset, cfg: &SampleConfig) -> Result<MemoryEstimate> {
-    let memory = crate::memory::estimate(ds, cfg);
+fn state_memory(
+    ds: &Dataset,
+    cfg: &SampleConfig,
+    link: Option<&LinkTask>,
+) -> Result<MemoryEstimate> {
+    let memory = crate::memory::estimate(ds, cfg, link);
     tracing::info!(
         "memory: at most {} (graph {}, build {}, thread scratch {}, batches in flight {}, output buffers {})",
         human_bytes(memory.total_bytes),
@@ -389,8 +374,10 @@ fn dataset_info(ds: &Dataset, csr: &Csr) -> Result<DatasetInfo> {
 
 /// Samples and writes this shard's files in plan order; returns them with
 /// the seconds sampling took. On a failure, see [`abandon`].
+#[allow(clippy::too_many_arguments)]
 fn write_units(
     store: &Store,
+    task: &Task,
     csr: &Csr,
     cfg: &SampleConfig,
     run_id: &RunId,
@@ -404,7 +391,8 @@ fn write_units(
     let sample_started = Instant::now();
     let mut files = Vec::with_capacity(units.len());
     for unit in units {
-        let written = write_unit_with_retry(store, csr, cfg, run_id, unit, pool, &scratch, &bar);
+        let written =
+            write_unit_with_retry(store, (task, csr), cfg, run_id, unit, pool, &scratch, &bar);
         match written {
             Ok(file) => files.push(file),
             Err(e) => return Err(abandon(store, cfg, run_id, previous_committed, e)),
@@ -463,18 +451,18 @@ fn abandon(
 /// and commits when it is the last to finish.
 fn commit_shard(
     store: &Store,
-    ds: &Dataset,
+    task: &Task,
     cfg: &SampleConfig,
     run_id: &RunId,
     shard: &ShardSummary,
     previous: Option<&Previous>,
 ) -> Result<Option<RunSummary>> {
     if cfg.num_shards == 1 {
-        commit_run(store, ds, cfg, run_id, vec![shard.clone()], previous)
+        commit_run(store, task, cfg, run_id, vec![shard.clone()], previous)
     } else {
         let body = serde_json::to_vec_pretty(shard).expect("summaries serialize");
         store.put(&shard_name(run_id, cfg.shard, cfg.num_shards), body)?;
-        try_commit_shards(store, ds, cfg, run_id, shard, previous)
+        try_commit_shards(store, task, cfg, run_id, shard, previous)
     }
 }
 
@@ -487,7 +475,7 @@ const WRITE_ATTEMPTS: u32 = 4;
 #[allow(clippy::too_many_arguments)]
 fn write_unit_with_retry(
     store: &Store,
-    csr: &Csr,
+    (task, csr): (&Task, &Csr),
     cfg: &SampleConfig,
     run_id: &RunId,
     unit: &Unit,
@@ -499,7 +487,7 @@ fn write_unit_with_retry(
     let mut wait = std::time::Duration::from_millis(500);
     let mut attempt = 1;
     loop {
-        match write_unit(store, csr, cfg, run_id, unit, pool, scratch, bar) {
+        match write_unit(store, (task, csr), cfg, run_id, unit, pool, scratch, bar) {
             Err(e @ (Error::Write { .. } | Error::Shared(_)))
                 if attempt < WRITE_ATTEMPTS
                     && offgnn_shared::signals::received().is_none()
@@ -521,7 +509,7 @@ fn write_unit_with_retry(
 #[allow(clippy::too_many_arguments)]
 fn write_unit(
     store: &Store,
-    csr: &Csr,
+    (task, csr): (&Task, &Csr),
     cfg: &SampleConfig,
     run_id: &RunId,
     unit: &Unit,
@@ -583,28 +571,16 @@ fn write_unit(
                 chunk
                     .par_iter()
                     .enumerate()
-                    .map(|(k, pairs)| {
+                    .map(|(k, batch)| {
                         let index = first + k as u32;
                         let mut mine = scratch
                             .lock()
                             .expect("scratch pool")
                             .pop()
                             .unwrap_or_else(|| Scratch::new(csr.num_nodes()));
-                        let seeds: Vec<u32> = pairs.iter().map(|p| p.0).collect();
-                        let labels: Vec<u32> = pairs.iter().map(|p| p.1).collect();
-                        let mut rng = batch_rng(cfg.seed, unit.split, unit.epoch, index);
-                        let (input_nodes, blocks) =
-                            sample_blocks(csr, &cfg.fanouts, &seeds, &mut rng, &mut mine);
+                        let sampled = task.sample(cfg, csr, (unit, index, batch), &mut mine);
                         scratch.lock().expect("scratch pool").push(mine);
-                        SampledBatch {
-                            split: unit.split,
-                            epoch: unit.epoch,
-                            index,
-                            seeds,
-                            labels,
-                            input_nodes,
-                            blocks,
-                        }
+                        sampled
                     })
                     .collect()
             });
@@ -637,7 +613,7 @@ fn write_unit(
 /// another run committed first.
 fn commit_run(
     store: &Store,
-    ds: &Dataset,
+    task: &Task,
     cfg: &SampleConfig,
     run_id: &RunId,
     shards: Vec<ShardSummary>,
@@ -645,13 +621,14 @@ fn commit_run(
 ) -> Result<Option<RunSummary>> {
     let mut counts = std::collections::BTreeMap::new();
     for split in Split::ALL {
-        let seeds = ds.split(split).seeds.len() as u64;
+        // Seeds, or a link task's pairs and queries.
+        let (seeds, per_batch) = task.split_size(split, cfg.batch_size);
         let epochs = if split == Split::Train { cfg.epochs } else { 1 };
         counts.insert(
             split,
             SplitCounts {
                 epochs,
-                batches_per_epoch: seeds.div_ceil(cfg.batch_size as u64) as u32,
+                batches_per_epoch: seeds.div_ceil(per_batch as u64) as u32,
                 seeds,
                 ..Default::default()
             },
@@ -719,7 +696,7 @@ fn commit_run(
 /// shard says so.
 fn try_commit_shards(
     store: &Store,
-    ds: &Dataset,
+    task: &Task,
     cfg: &SampleConfig,
     run_id: &RunId,
     own: &ShardSummary,
@@ -752,14 +729,14 @@ fn try_commit_shards(
                 fault: format!("malformed shard summary: {e}"),
                 kind: None,
             })?;
-        if summary.params != cfg.params() || summary.dataset.fingerprint != ds.fingerprint()? {
+        if summary.params != cfg.params() || summary.dataset.fingerprint != task.ds.fingerprint()? {
             return Err(Error::InvalidArgument(format!(
                 "{name} was written by a run with other parameters or another dataset; rerun it or pass --overwrite"
             )));
         }
         shards.push(summary);
     }
-    let run = commit_run(store, ds, cfg, run_id, shards, previous)?;
+    let run = commit_run(store, task, cfg, run_id, shards, previous)?;
     if run.is_none() {
         tracing::info!("another shard of this run committed it");
     }

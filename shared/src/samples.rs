@@ -78,6 +78,38 @@ pub struct SampledBatch {
     /// Blocks from the input layer (`blocks[0]`, the widest) to the output
     /// layer (whose destinations are the seeds).
     pub blocks: Vec<Block>,
+    /// Link prediction: the node pairs the batch scores (empty for node
+    /// batches, whose seeds carry labels instead).
+    pub pairs: Pairs,
+}
+
+/// A link-prediction batch's node pairs, as local ids among its seeds:
+/// each with its label (1 an edge, 0 a negative) and the positive it ranks
+/// against (its query, numbered within the batch).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pairs {
+    pub src: Vec<u32>,
+    pub dst: Vec<u32>,
+    pub label: Vec<u32>,
+    pub query: Vec<u32>,
+}
+
+impl Pairs {
+    pub fn len(&self) -> usize {
+        self.src.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.src.is_empty()
+    }
+
+    /// Adds the pair `(src, dst)` of query `query`.
+    pub fn push(&mut self, (src, dst): (u32, u32), label: u32, query: u32) {
+        self.src.push(src);
+        self.dst.push(dst);
+        self.label.push(label);
+        self.query.push(query);
+    }
 }
 
 impl SampledBatch {
@@ -107,8 +139,15 @@ pub fn schema() -> SchemaRef {
         list("block_edge_offsets", DataType::UInt64),
         list("edge_src", DataType::UInt32),
         list("edge_dst", DataType::UInt32),
+        list("pair_src", DataType::UInt32),
+        list("pair_dst", DataType::UInt32),
+        list("pair_label", DataType::UInt32),
+        list("pair_query", DataType::UInt32),
     ]))
 }
+
+/// The pair columns, absent from files written before link prediction.
+const PAIR_COLUMNS: [&str; 4] = ["pair_src", "pair_dst", "pair_label", "pair_query"];
 
 fn u32_list(rows: impl Iterator<Item = Vec<u32>>) -> ArrayRef {
     let mut b = ListBuilder::new(UInt32Builder::new())
@@ -163,6 +202,10 @@ pub fn to_record_batch(batches: &[SampledBatch]) -> Result<RecordBatch> {
         Arc::new(offsets.finish()),
         u32_list(batches.iter().map(|b| concat(b, |k| &k.src))),
         u32_list(batches.iter().map(|b| concat(b, |k| &k.dst))),
+        u32_list(batches.iter().map(|b| b.pairs.src.clone())),
+        u32_list(batches.iter().map(|b| b.pairs.dst.clone())),
+        u32_list(batches.iter().map(|b| b.pairs.label.clone())),
+        u32_list(batches.iter().map(|b| b.pairs.query.clone())),
     ];
     RecordBatch::try_new(schema(), columns)
         .map_err(|e| Error::InvalidArgument(format!("cannot encode batches: {e}")))
@@ -228,6 +271,33 @@ impl<'a> Columns<'a> {
                 Ok((split, epoch.value(row), index.value(row)))
             })
             .collect()
+    }
+
+    /// Row `row`'s pairs (none in a file without the pair columns), checked:
+    /// columns of one length, ends among the `seeds`, labels 0 or 1.
+    fn pairs(&self, row: usize, seeds: usize) -> Result<Pairs> {
+        if self.rb.column_by_name(PAIR_COLUMNS[0]).is_none() {
+            return Ok(Pairs::default());
+        }
+        let [src, dst, label, query] =
+            PAIR_COLUMNS.map(|c| self.list(c).and_then(|l| self.u32s(l, row)));
+        let p = Pairs {
+            src: src?,
+            dst: dst?,
+            label: label?,
+            query: query?,
+        };
+        let n = p.src.len();
+        if p.dst.len() != n || p.label.len() != n || p.query.len() != n {
+            return Err(self.bad(format!("row {row}: pair columns disagree")));
+        }
+        if p.src.iter().chain(&p.dst).any(|&v| v as usize >= seeds) {
+            return Err(self.bad(format!("row {row}: a pair's node is not among the seeds")));
+        }
+        if p.label.iter().any(|&l| l > 1) {
+            return Err(self.bad(format!("row {row}: a pair's label is neither 0 nor 1")));
+        }
+        Ok(p)
     }
 
     /// Row `row`'s seeds and input nodes, the seeds a prefix of the inputs.
@@ -322,7 +392,10 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
             blocks.push(block);
         }
         let labels = u32s(labels, row)?;
-        if labels.len() != seeds.len() {
+        let pairs = cols.pairs(row, seeds.len())?;
+        // A node batch labels its seeds; a link batch its pairs.
+        let link_batch = labels.is_empty() && !pairs.is_empty();
+        if labels.len() != seeds.len() && !link_batch {
             return Err(bad(format!(
                 "row {row}: {} labels for {} seeds",
                 labels.len(),
@@ -337,6 +410,7 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
             labels,
             input_nodes,
             blocks,
+            pairs,
         });
     }
     Ok(out)
@@ -402,6 +476,19 @@ pub struct SamplingParams {
     pub add_reverse_edges: bool,
     pub dedup_edges: bool,
     pub keep_self_loops: bool,
+    /// Link prediction: the batches are the dataset's link_prediction
+    /// pairs and queries (absent: node classification).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<LinkParams>,
+}
+
+/// How a link-prediction run drew its training negatives.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkParams {
+    /// Negatives per positive training pair.
+    pub negatives: u32,
+    /// `uniform` or `degree` (degree^0.75).
+    pub negative_sampler: String,
 }
 
 /// What one shard of a run wrote.
@@ -668,6 +755,20 @@ mod tests {
                     dst: vec![0, 1],
                 },
             ],
+            pairs: Pairs::default(),
+        }
+    }
+
+    /// The same batch as a link-prediction batch: the pair (5, 9) and the
+    /// negative (5, 5) rank together; its seeds carry no labels.
+    fn link_batch() -> SampledBatch {
+        let mut pairs = Pairs::default();
+        pairs.push((0, 1), 1, 0);
+        pairs.push((0, 0), 0, 0);
+        SampledBatch {
+            labels: vec![],
+            pairs,
+            ..batch()
         }
     }
 
@@ -679,9 +780,34 @@ mod tests {
                 index: 4,
                 ..batch()
             },
+            link_batch(),
         ];
         let rb = to_record_batch(&batches).unwrap();
         assert_eq!(from_record_batch("x", &rb).unwrap(), batches);
+    }
+
+    #[test]
+    fn pairs_out_of_the_seeds_or_badly_labelled_are_refused_and_old_files_have_none() {
+        for (edit, says) in [
+            (
+                (|p: &mut Pairs| p.dst[1] = 2) as fn(&mut Pairs),
+                "a pair's node is not among the seeds",
+            ),
+            (|p: &mut Pairs| p.label[0] = 3, "neither 0 nor 1"),
+            (|p: &mut Pairs| p.query.push(0), "pair columns disagree"),
+        ] {
+            let mut b = link_batch();
+            edit(&mut b.pairs);
+            let rb = to_record_batch(&[b]).unwrap();
+            let e = from_record_batch("x", &rb).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
+        // A file written before the pair columns reads with no pairs.
+        let rb = to_record_batch(&[batch()]).unwrap();
+        let old = rb
+            .project(&(0..rb.num_columns() - 4).collect::<Vec<_>>())
+            .unwrap();
+        assert_eq!(from_record_batch("x", &old).unwrap(), vec![batch()]);
     }
 
     fn parquet_bytes(batches: &[SampledBatch]) -> bytes::Bytes {

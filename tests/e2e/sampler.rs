@@ -575,3 +575,159 @@ fn split_edges_writes_a_link_prediction_dataset_without_its_held_out_edges() {
     assert!(!r.status.success());
     assert!(r.stderr.contains("already exists"), "{}", r.stderr);
 }
+
+/// Every batch of the link-prediction run at `out`, by split.
+fn link_batches(out: &std::path::Path) -> Vec<offgnn_shared::samples::SampledBatch> {
+    use offgnn_shared::samples::{RunSummary, read_file};
+    let store = offgnn_shared::store::Store::open(out.to_str().unwrap()).unwrap();
+    let run = RunSummary::read(&store).unwrap();
+    run.files
+        .iter()
+        .flat_map(|f| read_file(&store, f).unwrap())
+        .collect()
+}
+
+/// `sampler --task link` (issue 38, item 2): training pairs with drawn
+/// negatives and without their own edges in their blocks, evaluation
+/// queries with their given negatives, as Parquet.
+#[test]
+fn link_prediction_batches_never_hold_their_own_edges_and_rank_the_given_negatives() {
+    use offgnn_shared::dataset::{LinkTask, Split};
+    let dir = tempfile::tempdir().unwrap();
+    let ds = offgnn_e2e::generate(dir.path(), &["--nodes", "3000", "--feature-dim", "8"]);
+    let lp = dir.path().join("lp");
+    let r = run(
+        "sampler",
+        &[
+            "split-edges",
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            lp.to_str().unwrap(),
+            "--negatives",
+            "20",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let task = LinkTask::open(&lp, 3000).unwrap().unwrap();
+    let sample = |out: &str, extra: &[&str]| {
+        let out = dir.path().join(out);
+        let mut flags = vec!["--task", "link", "--negatives", "3", "--fanout", "5,5"];
+        flags.extend_from_slice(&["--batch-size", "128", "--epochs", "2"]);
+        flags.extend_from_slice(extra);
+        offgnn_e2e::sample(&lp, &out, &flags);
+        out
+    };
+    let out = sample("samples", &[]);
+    let batches = link_batches(&out);
+    let key = |u: u32, v: u32| (u.min(v), u.max(v));
+    let mut train_pairs = 0;
+    let mut queries = 0;
+    for b in &batches {
+        let p = &b.pairs;
+        assert!(b.labels.is_empty() && !p.is_empty());
+        let global = |r: usize| (b.seeds[p.src[r] as usize], b.seeds[p.dst[r] as usize]);
+        let positives: std::collections::HashSet<(u32, u32)> = (0..p.len())
+            .filter(|&r| p.label[r] == 1)
+            .map(|r| key(global(r).0, global(r).1))
+            .collect();
+        if b.split == Split::Train {
+            train_pairs += positives.len();
+            // Each positive, then its 3 negatives from its source.
+            for r in (0..p.len()).step_by(4) {
+                assert_eq!(p.label[r..r + 4], [1, 0, 0, 0]);
+                assert!((r + 1..r + 4).all(|n| p.src[n] == p.src[r] && p.query[n] == p.query[r]));
+            }
+            // No block holds an edge of one of the batch's positive pairs.
+            for block in &b.blocks {
+                for (&s, &d) in block.src.iter().zip(&block.dst) {
+                    let e = key(b.input_nodes[s as usize], b.input_nodes[d as usize]);
+                    assert!(
+                        !positives.contains(&e),
+                        "batch {}: its positive edge {e:?} in a block",
+                        b.index
+                    );
+                }
+            }
+        } else {
+            // Each query: the task's positive and its 20 negatives.
+            let set = if b.split == Split::Valid {
+                &task.valid
+            } else {
+                &task.test
+            };
+            for r in (0..p.len()).step_by(21) {
+                let q = queries_in(set, global(r));
+                assert_eq!(p.label[r..r + 21].iter().sum::<u32>(), 1);
+                let negatives: Vec<(u32, u32)> = (r + 1..r + 21).map(global).collect();
+                let range = set.offsets[q] as usize..set.offsets[q + 1] as usize;
+                assert_eq!(negatives, set.negatives[range]);
+                queries += 1;
+            }
+        }
+    }
+    // Every training pair in each of the two epochs; every query once.
+    assert!(
+        train_pairs >= 2 * task.train.pairs.len() - 2 * batches.len(),
+        "{train_pairs}"
+    );
+    assert_eq!(
+        queries,
+        task.valid.positives.len() + task.test.positives.len()
+    );
+    // Threads change who samples a batch, never what is sampled.
+    let again = sample("again", &["--threads", "1"]);
+    assert_eq!(link_batches(&again), batches);
+    // Bad input, one line each.
+    let none = dir.path().join("none");
+    for (dataset, flags, says) in [
+        (
+            &ds,
+            vec!["--task", "link"],
+            "has no link_prediction task (sampler split-edges writes one",
+        ),
+        (
+            &lp,
+            vec!["--task", "link", "--negatives", "0"],
+            "--negatives must be at least 1",
+        ),
+    ] {
+        let mut args = vec![
+            "--dataset",
+            dataset.to_str().unwrap(),
+            "--out",
+            none.to_str().unwrap(),
+        ];
+        args.extend(flags);
+        let r = run("sampler", &args);
+        assert!(!r.status.success());
+        offgnn_e2e::assert_one_line(&r, says);
+    }
+    // The packer does not pack them yet, and says so.
+    let feat = lp.join("data/feat.npy");
+    let mut args = vec![
+        "--samples",
+        out.to_str().unwrap(),
+        "--features",
+        feat.to_str().unwrap(),
+    ];
+    args.extend_from_slice(&[
+        "--out",
+        none.to_str().unwrap(),
+        "--gpu-cache",
+        "0",
+        "--cpu-cache",
+        "0",
+    ]);
+    args.extend_from_slice(&["--disk-budget", "4x"]);
+    let r = run("packer", &args);
+    offgnn_e2e::assert_one_line(&r, "these samples are for link prediction");
+}
+
+/// The query of `set` whose positive is `pair`.
+fn queries_in(set: &offgnn_shared::dataset::RankedSet, pair: (u32, u32)) -> usize {
+    set.positives
+        .iter()
+        .position(|&p| p == pair)
+        .expect("a positive of the task")
+}

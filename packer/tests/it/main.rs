@@ -69,6 +69,7 @@ fn fixture_edited(cfg: GeneratorConfig, edit: impl FnOnce(&Path)) -> Fixture {
         },
         show_progress: false,
         memory_limit: None,
+        link: None,
     })
     .unwrap();
     Fixture {

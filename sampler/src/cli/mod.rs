@@ -110,11 +110,30 @@ pub struct SampleArgs {
     /// Drop self-loops.
     #[arg(long)]
     pub drop_self_loops: bool,
+    /// What the batches are for: node classification (the dataset's
+    /// node_classification task), or link prediction (its link_prediction
+    /// task, as `sampler split-edges` writes it): training pairs with drawn
+    /// negatives and their own edges excluded from their blocks, and
+    /// validation and test queries with their given negatives.
+    #[arg(long, value_enum, default_value_t = TaskKind::Node)]
+    pub task: TaskKind,
+    /// --task link: negatives drawn per positive training pair.
+    #[arg(long, default_value_t = 1)]
+    pub negatives: u32,
+    /// --task link: how a negative's destination is drawn.
+    #[arg(long, value_enum, default_value_t = crate::config::NegativeKind::Uniform)]
+    pub negative_sampler: crate::config::NegativeKind,
     /// Keep repeated (source, destination) edges, as DGL does: a repeated
     /// neighbor can then be sampled more than once. By default each pair
     /// is kept once (the count dropped is logged and in the summary).
     #[arg(long)]
     pub keep_duplicate_edges: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TaskKind {
+    Node,
+    Link,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -362,6 +381,10 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
             .as_deref()
             .map(offgnn_shared::sizes::parse_bytes)
             .transpose()?,
+        link: (args.task == TaskKind::Link).then_some(config::LinkOptions {
+            negatives: args.negatives,
+            sampler: args.negative_sampler,
+        }),
     };
     let outcome = sample_run::run(&cfg)
         .with_context(|| format!("sampling into {}", offgnn_shared::store::redact(&cfg.out)))?;

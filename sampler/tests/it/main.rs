@@ -53,6 +53,7 @@ fn config(dataset: &Path, out: &str) -> SampleConfig {
         },
         show_progress: false,
         memory_limit: None,
+        link: None,
     }
 }
 

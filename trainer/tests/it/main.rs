@@ -79,6 +79,7 @@ fn fixture() -> Fixture {
         },
         show_progress: false,
         memory_limit: None,
+        link: None,
     })
     .unwrap();
     let pack_dir = root.join("p");
