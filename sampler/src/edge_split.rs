@@ -28,6 +28,7 @@ use rand_pcg::Pcg64Mcg;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::link_sampling::pair_key as key;
 
 /// The random stream of the split, apart from sampling's.
 const SPLIT_STREAM: u64 = 0x6c70_5f73_706c_6974;
@@ -82,12 +83,6 @@ pub struct EdgeSplit {
     pub train_pairs: Vec<(u32, u32)>,
     pub valid: Held,
     pub test: Held,
-}
-
-/// The undirected key of a pair.
-fn key(u: u32, v: u32) -> u64 {
-    let (a, b) = if u <= v { (u, v) } else { (v, u) };
-    (u64::from(a) << 32) | u64::from(b)
 }
 
 /// Splits `edges` (`num_nodes` nodes) as `cfg` says.

@@ -86,8 +86,8 @@ pub struct LinkBatch {
     pub excluded: u64,
 }
 
-/// The undirected key of a pair.
-fn key(u: u32, v: u32) -> u64 {
+/// The undirected key of a node pair: the same whichever way it is stored.
+pub(crate) fn pair_key(u: u32, v: u32) -> u64 {
     let (a, b) = if u <= v { (u, v) } else { (v, u) };
     (u64::from(a) << 32) | u64::from(b)
 }
@@ -158,7 +158,7 @@ pub fn sample_rows(
         let banned: HashSet<u64> = exclude
             .iter()
             .filter(|(u, v)| u != v)
-            .map(|&(u, v)| key(u, v))
+            .map(|&(u, v)| pair_key(u, v))
             .collect();
         for b in &mut blocks {
             let before = b.src.len();
@@ -166,7 +166,9 @@ pub fn sample_rows(
                 .src
                 .iter()
                 .zip(&b.dst)
-                .filter(|&(&s, &d)| !banned.contains(&key(nodes[s as usize], nodes[d as usize])))
+                .filter(|&(&s, &d)| {
+                    !banned.contains(&pair_key(nodes[s as usize], nodes[d as usize]))
+                })
                 .map(|(&s, &d)| (s, d))
                 .unzip();
             excluded += (before - src.len()) as u64;
@@ -218,11 +220,13 @@ mod tests {
 
     /// Every block edge between the two nodes of a positive pair.
     fn leaks(b: &LinkBatch, pairs: &[(u32, u32)]) -> usize {
-        let banned: HashSet<u64> = pairs.iter().map(|&(u, v)| key(u, v)).collect();
+        let banned: HashSet<u64> = pairs.iter().map(|&(u, v)| pair_key(u, v)).collect();
         b.blocks
             .iter()
             .flat_map(|bl| bl.src.iter().zip(&bl.dst))
-            .filter(|&(&s, &d)| banned.contains(&key(b.nodes[s as usize], b.nodes[d as usize])))
+            .filter(|&(&s, &d)| {
+                banned.contains(&pair_key(b.nodes[s as usize], b.nodes[d as usize]))
+            })
             .count()
     }
 

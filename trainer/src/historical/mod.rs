@@ -273,21 +273,25 @@ impl Historical {
     /// released.
     pub fn lookup(&self, step: u64, blocks: &[Block], input_nodes: &[u32]) -> Option<Plan> {
         let mut s = self.lock();
-        let upto = step.saturating_sub(self.lag);
+        // The last step whose update this batch sees (none in the first
+        // `lag` steps).
+        let upto = step.checked_sub(self.lag);
         loop {
             if s.released {
                 return None;
             }
             let next = s.next_apply.unwrap_or(0);
-            // Steps `next..=upto` must have published (none before `lag`).
+            // Steps `next..=upto` must have published.
             let ready = s.next_lookup == step
-                && (step < self.lag || (next..=upto).all(|k| s.pending.contains_key(&k)));
+                && upto.is_none_or(|u| (next..=u).all(|k| s.pending.contains_key(&k)));
             if ready {
                 break;
             }
             s = self.turn.wait(s).unwrap_or_else(|p| p.into_inner());
         }
-        self.apply_through(&mut s, upto, step >= self.lag);
+        if let Some(upto) = upto {
+            self.apply_through(&mut s, upto);
+        }
         s.next_lookup = step + 1;
         self.turn.notify_all();
         if step < self.cfg.start {
@@ -311,11 +315,11 @@ impl Historical {
     }
 
     /// Applies the published updates of the steps up to `upto`.
-    fn apply_through(&self, s: &mut State, upto: u64, any: bool) {
+    fn apply_through(&self, s: &mut State, upto: u64) {
         let Some(mut next) = s.next_apply else {
             return;
         };
-        while any && next <= upto {
+        while next <= upto {
             if let Some(update) = s.pending.remove(&next) {
                 for (level, u) in s.levels.iter_mut().zip(update) {
                     for &node in &u.evict {

@@ -56,12 +56,11 @@ pub fn prune(blocks: &[Block], is_cached: impl Fn(usize, u32) -> bool) -> Pruned
     let mut needed: Vec<Vec<u32>> = vec![Vec::new(); layers];
     for l in (0..layers).rev() {
         let b = &blocks[l];
+        // A computed destination needs itself (its own row) and its sources.
         let mut mark = vec![false; b.num_src as usize];
-        for &v in &computed[l + 1] {
-            mark[v as usize] = true;
-        }
         let mut want = vec![false; b.num_dst as usize];
         for &v in &computed[l + 1] {
+            mark[v as usize] = true;
             want[v as usize] = true;
         }
         for (&s, &d) in b.src.iter().zip(&b.dst) {
