@@ -22,9 +22,15 @@ pub use kinds::{DiskCacheMode, Dtype, PackingMode, RowOrder, Split};
 /// tables of raw arrays, which this build no longer reads: such a layout
 /// is refused with a line that says to pack it again. Format 4 is a
 /// layout whose CPU cache follows the batch order (`cpu_cache.policy`
-/// `belady`; its address tables carry admissions): the packer writes 4
-/// only for those, so builds that read format 3 still read static layouts.
-pub const FORMAT_VERSION: u32 = 4;
+/// `belady`; its address tables carry admissions). Format 5 is a
+/// link-prediction layout (`samples.link`; its address tables carry node
+/// pairs). The packer writes the oldest format a layout fits, so builds
+/// that read format 3 still read static node-classification layouts.
+pub const FORMAT_VERSION: u32 = 5;
+/// The format of a link-prediction layout.
+pub const LINK_FORMAT_VERSION: u32 = 5;
+/// The format of a layout whose CPU cache follows the batch order.
+pub const BELADY_FORMAT_VERSION: u32 = 4;
 /// The format of a layout whose CPU cache is static.
 pub const STATIC_FORMAT_VERSION: u32 = 3;
 /// The oldest manifest format this build reads.
@@ -142,6 +148,20 @@ pub struct SamplesRef {
     /// inference must build the same. Absent in layouts of older packers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graph: Option<GraphOptions>,
+    /// Link-prediction samples (`sampler --task link`): their batches score
+    /// node pairs instead of labelling seeds. Absent in node layouts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<LinkSamples>,
+}
+
+/// How a link-prediction run drew its negatives, under the names of the
+/// sampler's run summary's `params.link`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkSamples {
+    /// Negatives per training positive.
+    pub negatives: u32,
+    /// `uniform` or `degree`.
+    pub negative_sampler: String,
 }
 
 /// How the sampler turned the dataset's edge list into its graph, under the
@@ -362,7 +382,13 @@ impl Manifest {
         if !self.gpu_cache.policy.is_static() {
             return Err("the GPU cache is static; its policy cannot be another".into());
         }
-        if !self.cpu_cache.policy.is_static() && self.format_version < FORMAT_VERSION {
+        if self.samples.link.is_some() && self.format_version < LINK_FORMAT_VERSION {
+            return Err(format!(
+                "link-prediction samples in a manifest of format {}",
+                self.format_version
+            ));
+        }
+        if !self.cpu_cache.policy.is_static() && self.format_version < BELADY_FORMAT_VERSION {
             return Err(format!(
                 "a {} CPU cache in a manifest of format {}",
                 self.cpu_cache.policy.name(),
@@ -493,6 +519,7 @@ mod tests {
                 epochs: 1,
                 seed: 0,
                 graph: None,
+                link: None,
             },
             gpu_cache: Tier {
                 object: Some("pack/gpu_cache.bin".into()),
@@ -607,6 +634,24 @@ mod tests {
         m.format_version = 0;
         let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
         assert!(matches!(err, Error::UnsupportedVersion { found: 0, .. }));
+    }
+
+    #[test]
+    fn link_samples_need_the_format_that_carries_pairs() {
+        let mut m = sample();
+        m.samples.link = Some(LinkSamples {
+            negatives: 4,
+            negative_sampler: "uniform".into(),
+        });
+        let back = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap();
+        assert_eq!(back.samples.link, m.samples.link);
+        m.format_version = BELADY_FORMAT_VERSION;
+        let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("link-prediction samples in a manifest of format 4"),
+            "{err}"
+        );
     }
 
     #[test]

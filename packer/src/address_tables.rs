@@ -145,6 +145,7 @@ pub fn batch_table(
         chunk_offset: seg.chunk_offset[record],
         chunk_len: seg.chunk_len[record],
         blocks: b.blocks,
+        pairs: b.pairs,
         ..Default::default()
     };
     let mut on_disk: Vec<(u32, u32)> = Vec::new(); // (node, input position)

@@ -167,12 +167,13 @@ pub(crate) fn manifest(
     summary: &PackSummary,
 ) -> Manifest {
     Manifest {
-        // A static layout keeps format 3, which builds before the Belady
-        // policy read.
-        format_version: if summary.cpu_cache_policy.is_static() {
+        // The oldest format the layout fits, which more builds read.
+        format_version: if inputs.run.params.link.is_some() {
+            manifests::LINK_FORMAT_VERSION
+        } else if summary.cpu_cache_policy.is_static() {
             manifests::STATIC_FORMAT_VERSION
         } else {
-            manifests::FORMAT_VERSION
+            manifests::BELADY_FORMAT_VERSION
         },
         run_id: target.run_id.to_string(),
         created_by: format!("offgnn packer {}", env!("CARGO_PKG_VERSION")),
@@ -243,6 +244,10 @@ fn samples_ref(inputs: &Inputs) -> manifests::SamplesRef {
             add_reverse_edges: run.params.add_reverse_edges,
             dedup_edges: run.params.dedup_edges,
             keep_self_loops: run.params.keep_self_loops,
+        }),
+        link: run.params.link.as_ref().map(|l| manifests::LinkSamples {
+            negatives: l.negatives,
+            negative_sampler: l.negative_sampler.clone(),
         }),
     }
 }

@@ -28,12 +28,6 @@ impl Inputs {
     pub(crate) fn open(samples: &str, features: &str) -> Result<Inputs> {
         let samples = Store::open(samples)?;
         let run = RunSummary::read(&samples)?;
-        if run.params.link.is_some() {
-            return Err(Error::InvalidArgument(format!(
-                "{}: these samples are for link prediction (sampler --task link); packing them is not built yet, only node-classification samples",
-                samples.url()
-            )));
-        }
         let run_bytes = samples.get(offgnn_shared::samples::RUN_SUMMARY)?;
         let features = FeatureSource::open(features)?;
         check_match(&run, &features)?;
@@ -136,6 +130,7 @@ pub(crate) fn load_batches(
                         labels: b.labels,
                         input_nodes: b.input_nodes,
                         blocks: b.blocks,
+                        pairs: b.pairs,
                         ..Default::default()
                     };
                     address_table::topology_frame(&t, scratch, frame)

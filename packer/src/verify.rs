@@ -549,9 +549,13 @@ fn check_topology(
             let t = place
                 .remove(&(b.split, b.epoch, b.index))
                 .ok_or_else(|| Error::Verify(format!("{name}: not in the layout")))?;
-            if t.input_nodes != b.input_nodes || t.labels != b.labels || t.blocks != b.blocks {
+            if t.input_nodes != b.input_nodes
+                || t.labels != b.labels
+                || t.blocks != b.blocks
+                || t.pairs != b.pairs
+            {
                 return Err(Error::Verify(format!(
-                    "{name}: topology or labels differ from the samples"
+                    "{name}: topology, labels or pairs differ from the samples"
                 )));
             }
         }

@@ -22,7 +22,8 @@
 //!   [ | admissions: u32 | one (input position, CPU slot) per admission, bit-packed ]
 //! ```
 //!
-//! The topology (split, epoch, index, labels, input nodes, blocks) is LEB128
+//! The topology (split, epoch, index, labels, input nodes, blocks, and in a
+//! link-prediction batch its node pairs after the blocks) is LEB128
 //! varints, sorted arrays delta-coded, local source ids coded against the
 //! next new id (the sampler numbers them in order of first appearance),
 //! then zstd: it does not depend on the layout's plan, so the packer measures
@@ -42,7 +43,7 @@
 
 use crate::dataset::Split;
 use crate::error::{Error, Result};
-use crate::samples::Block;
+use crate::samples::{Block, Pairs};
 
 mod bits;
 mod object;
@@ -92,6 +93,9 @@ pub struct BatchTable {
     pub admit_slot: Vec<u32>,
     /// The batch's blocks, input layer first.
     pub blocks: Vec<Block>,
+    /// A link-prediction batch's node pairs, among its seeds (empty in a
+    /// node batch).
+    pub pairs: Pairs,
 }
 
 impl BatchTable {
@@ -221,6 +225,12 @@ fn topology_body(t: &BatchTable, out: &mut Vec<u8>) {
         put_varint(out, u64::from(b.num_dst));
         put_u32s(out, &b.src, Coding::NewIds { num_dst: b.num_dst });
         put_u32s(out, &b.dst, Coding::Delta);
+    }
+    // A node batch ends at its blocks, as every batch did before pairs.
+    if !t.pairs.is_empty() {
+        for v in [&t.pairs.src, &t.pairs.dst, &t.pairs.label, &t.pairs.query] {
+            put_u32s(out, v, Coding::Plain);
+        }
     }
 }
 
@@ -509,6 +519,7 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
         chunk_offset: head.chunk_offset,
         chunk_len: head.chunk_len,
         blocks: topology.blocks,
+        pairs: topology.pairs,
         ..Default::default()
     };
     let disk_rows = sort_addresses(&mut out, addresses, width);
@@ -615,6 +626,7 @@ struct Topology {
     labels: Vec<u32>,
     input_nodes: Vec<u32>,
     blocks: Vec<Block>,
+    pairs: Pairs,
 }
 
 /// Decompresses and decodes the topology, checking every block's ids
@@ -662,6 +674,12 @@ fn read_topology(origin: &str, frame: &[u8]) -> Result<Topology> {
             dst,
         });
     }
+    let mut pairs = Pairs::default();
+    if t.at != body.len() {
+        // The batch's seeds are the last block's destinations.
+        let seeds = blocks.last().map_or(num_inputs, |b| b.num_dst);
+        pairs = read_pairs(&mut t, seeds)?;
+    }
     if t.at != body.len() {
         return Err(t.fail("trailing bytes in the topology"));
     }
@@ -673,7 +691,33 @@ fn read_topology(origin: &str, frame: &[u8]) -> Result<Topology> {
         labels,
         input_nodes,
         blocks,
+        pairs,
     })
+}
+
+/// A link batch's pairs after its blocks, checked: endpoints among the
+/// `seeds`, labels 0 or 1, queries numbered in order from 0.
+fn read_pairs(t: &mut Reader, seeds: u32) -> Result<Pairs> {
+    let pairs = Pairs {
+        src: t.u32s(Coding::Plain)?,
+        dst: t.u32s(Coding::Plain)?,
+        label: t.u32s(Coding::Plain)?,
+        query: t.u32s(Coding::Plain)?,
+    };
+    let n = pairs.len();
+    if n == 0
+        || [pairs.dst.len(), pairs.label.len(), pairs.query.len()] != [n; 3]
+        || pairs.src.iter().chain(&pairs.dst).any(|&v| v >= seeds)
+        || pairs.label.iter().any(|&l| l > 1)
+        || pairs.query[0] != 0
+        || pairs
+            .query
+            .windows(2)
+            .any(|w| w[1] != w[0] && w[1] != w[0] + 1)
+    {
+        return Err(t.fail("node pairs out of range"));
+    }
+    Ok(pairs)
 }
 
 /// Unpacks the addresses (`width` bits each) and sorts each input row into
@@ -802,6 +846,7 @@ mod tests {
                 src: vec![1, 2],
                 dst: vec![0, 0],
             }],
+            pairs: Pairs::default(),
         }
     }
 
@@ -853,6 +898,33 @@ mod tests {
     /// disk-cache row and a packed one) admitted into slots; the record
     /// grows by exactly [`admission_bytes`], and an admission of a row
     /// that is not read from disk is refused both ways.
+    #[test]
+    fn link_pairs_round_trip_and_are_checked_against_the_seeds() {
+        let mut t = table();
+        t.labels.clear();
+        // The fixture's block has one destination; pairs need two seeds.
+        t.blocks[0].num_dst = 2;
+        t.blocks[0].dst = vec![0, 1];
+        t.pairs.push((0, 1), 1, 0);
+        t.pairs.push((0, 0), 0, 0);
+        t.pairs.push((1, 0), 1, 1);
+        let rec = encode(&t, ROW, NODES).unwrap();
+        assert_eq!(decode("t", &rec).unwrap(), t);
+        let bad = |f: &dyn Fn(&mut BatchTable)| {
+            let mut b = t.clone();
+            f(&mut b);
+            let e = decode("t", &encode(&b, ROW, NODES).unwrap()).unwrap_err();
+            assert!(e.to_string().contains("node pairs out of range"), "{e}");
+        };
+        bad(&|b| b.pairs.dst[0] = 2);
+        bad(&|b| b.pairs.label[1] = 2);
+        bad(&|b| b.pairs.query[2] = 2);
+        bad(&|b| b.pairs.query[0] = 1);
+        bad(&|b| {
+            b.pairs.label.pop();
+        });
+    }
+
     #[test]
     fn admissions_round_trip_and_name_rows_read_from_disk_only() {
         let mut t = table();
