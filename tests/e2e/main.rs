@@ -11,6 +11,7 @@ mod faults;
 mod full_disk;
 mod help;
 mod historical;
+mod link;
 mod packer;
 mod pipeline;
 mod s3;

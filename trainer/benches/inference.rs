@@ -155,6 +155,7 @@ fn main() {
         layers: 3,
         heads: 4,
         dropout: 0.0,
+        scorer: None,
     };
     let vs = nn::VarStore::new(Device::Cpu);
     let _net = model::build(&vs.root(), &cfg);

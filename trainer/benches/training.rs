@@ -165,6 +165,7 @@ fn main() -> anyhow::Result<()> {
             layers: m.samples.fanouts.len(),
             heads: 4,
             dropout: 0.5,
+            scorer: None,
         },
         device,
         epochs: 1,

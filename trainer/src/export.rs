@@ -16,10 +16,16 @@ use sha2::Digest;
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::error::{Error, Result};
+use crate::link::{Scorer, ScorerKind};
 use crate::model::{self, ModelConfig, ModelKind};
 
-/// The version of the export format this trainer writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest export format this trainer reads. Format 2 is a
+/// link-prediction model: its card names a `scorer`, whose parameters are
+/// in the weights under `scorer.`; node models keep format 1, which older
+/// trainers read.
+pub const FORMAT_VERSION: u32 = 2;
+/// The format of a node model's export.
+pub const NODE_FORMAT_VERSION: u32 = 1;
 pub const CARD: &str = "model.json";
 
 /// The weights object of run `run_id`: each export names its own, so two
@@ -67,6 +73,13 @@ pub struct ModelCard {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub add_self_loops: Option<bool>,
     pub pyg: PygModel,
+    /// Link prediction: how two nodes' outputs (their embeddings, of
+    /// `out_channels`) score as an edge. `mlp`'s parameters are in the
+    /// weights under `scorer.`, as a `torch.nn.Sequential` of `Linear(d,
+    /// d), ReLU(), Linear(d, d), ReLU(), Linear(d, 1)` names them; `dot` has
+    /// none. Absent in node models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scorer: Option<ScorerKind>,
     /// The dtype of the feature file the model was trained on; the model
     /// itself takes float32 rows.
     pub feature_dtype: String,
@@ -146,7 +159,10 @@ impl ModelCard {
             }
         };
         ModelCard {
-            format_version: FORMAT_VERSION,
+            format_version: match cfg.scorer {
+                Some(_) => FORMAT_VERSION,
+                None => NODE_FORMAT_VERSION,
+            },
             run_id: run_id.to_string(),
             architecture: cfg.kind,
             num_layers: cfg.layers,
@@ -163,6 +179,7 @@ impl ModelCard {
                 class: class.into(),
                 kwargs,
             },
+            scorer: cfg.scorer,
             feature_dtype: from.feature_dtype.clone(),
             dataset_fingerprint: from.dataset_fingerprint.clone(),
             feature_fingerprint: from.feature_fingerprint.clone(),
@@ -219,6 +236,7 @@ impl ModelCard {
             layers: self.num_layers,
             heads: self.heads.unwrap_or(1),
             dropout: self.dropout,
+            scorer: self.scorer,
         }
     }
 }
@@ -485,6 +503,7 @@ pub fn read(location: &str, device: Device) -> Result<(ModelCard, nn::VarStore)>
     let named = decode(&bytes, &weights_url)?;
     let vs = nn::VarStore::new(device);
     let _net = model::build(&vs.root(), &card.config());
+    let _scorer = (card.scorer).map(|k| Scorer::new(&vs.root(), k, card.out_channels));
     load_into(&vs, &named, &weights_url)?;
     Ok((card, vs))
 }
@@ -502,6 +521,7 @@ mod tests {
             layers: 2,
             heads: 2,
             dropout: 0.5,
+            scorer: None,
         }
     }
 

@@ -12,6 +12,7 @@ pub mod historical;
 pub mod inference;
 pub mod io_depth;
 pub mod layout;
+pub mod link;
 pub mod memory;
 pub mod model;
 pub mod pipeline;

@@ -71,6 +71,10 @@ pub struct ModelConfig {
     pub layers: usize,
     pub heads: i64,
     pub dropout: f64,
+    /// Link prediction: the scorer over pairs of the encoder's outputs
+    /// (`classes` is then the embedding width). Absent for node tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scorer: Option<crate::link::ScorerKind>,
 }
 
 pub fn build(vs: &nn::Path, cfg: &ModelConfig) -> Box<dyn Gnn> {
@@ -548,6 +552,7 @@ mod tests {
             layers: 1,
             heads: 2,
             dropout: 0.0,
+            scorer: None,
         };
         let vs = nn::VarStore::new(Device::Cpu);
         let net = build(&vs.root(), &cfg);
@@ -562,7 +567,7 @@ mod tests {
         };
         let x = Tensor::randn([5, 4], (Kind::Float, Device::Cpu));
         let run = |t: &BatchTable| {
-            net.forward(&x, &graph(t, Device::Cpu).unwrap().0, false)
+            net.forward(&x, &graph(t, Device::Cpu).unwrap().blocks, false)
                 .unwrap()
         };
         // Destination 1 has no in-edges; destination 2 has one from itself.
@@ -598,7 +603,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let (blocks, _) = graph(&t, Device::Cpu).unwrap();
+        let blocks = graph(&t, Device::Cpu).unwrap().blocks;
         let b = &blocks[0];
         let h = Tensor::arange(5 * 4, (Kind::Float, Device::Cpu))
             .reshape([5, 4])

@@ -27,6 +27,19 @@ pub fn epoch_row(e: &EpochMetrics) {
         e.stage_busy.graph,
         e.stage_busy.model,
     );
+    if let (Some(v), Some(t)) = (&e.valid_rank, &e.test_rank) {
+        println!(
+            "          ranking: valid MRR {:.4} hits@10/50/100 {:.3}/{:.3}/{:.3}  test MRR {:.4} hits@10/50/100 {:.3}/{:.3}/{:.3}",
+            v.mrr,
+            v.hits_at_10,
+            v.hits_at_50,
+            v.hits_at_100,
+            t.mrr,
+            t.hits_at_10,
+            t.hits_at_50,
+            t.hits_at_100
+        );
+    }
     if let Some(d) = &e.stage_busy.device {
         println!(
             "          device time (CUDA events): asm {:.2}s graph {:.2}s model {:.2}s",
@@ -80,6 +93,17 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
         ("memory (stated peak)", human_bytes(memory.total_bytes)),
     ];
     let mut rows = rows;
+    if let (Some(v), Some(t)) = (&s.best_valid_rank, &s.test_rank_at_best_valid) {
+        // A link run's accuracies above are of pairs; its epoch is the best
+        // validation MRR's.
+        rows.push((
+            "ranking at best validation",
+            format!(
+                "valid MRR {:.4}; test MRR {:.4}, hits@10 {:.4}, hits@50 {:.4}, hits@100 {:.4} ({} queries)",
+                v.mrr, t.mrr, t.hits_at_10, t.hits_at_50, t.hits_at_100, t.queries
+            ),
+        ));
+    }
     if memory.gpu_bytes > 0 {
         rows.push(("GPU memory (stated peak)", human_bytes(memory.gpu_bytes)));
     }

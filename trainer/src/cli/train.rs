@@ -159,6 +159,11 @@ pub struct TrainArgs {
     /// `--historical p_grad=0.8,start=500`. Off without it.
     #[arg(long, num_args = 0..=1, default_missing_value = "", value_parser = HistoricalConfig::parse)]
     pub historical: Option<HistoricalConfig>,
+    /// Link-prediction layouts (`sampler --task link`): how two endpoints'
+    /// embeddings score as an edge. `mlp` (the default) is DGL's predictor,
+    /// three linear layers on `h_u * h_v`; `dot` is `<h_u, h_v>`.
+    #[arg(long, value_enum)]
+    pub scorer: Option<crate::link::ScorerKind>,
     /// Train at most this many batches per epoch (for quick checks).
     #[arg(long, hide = true)]
     pub max_batches: Option<usize>,
@@ -223,7 +228,8 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         IoDepth::PerRing(_) => (engine, None),
     };
     let m = &layout.manifest;
-    let cfg = train_config(&a, kind, hidden, device, m, writer);
+    let scorer = scorer_of(&a, m, &location)?;
+    let cfg = train_config(&a, (kind, hidden, scorer), device, m, writer);
     let memory = state_memory(m, &cfg, memory_limit)?;
     let ranks = match (&group, a.emulate_ranks) {
         (Some(g), _) => train::Ranks::Group(g),
@@ -394,11 +400,33 @@ fn open_layout(
     Ok((layout, share))
 }
 
-/// The training configuration of the flags, for the layout `m`.
+/// The scorer of a link-prediction layout (`--scorer`, else the MLP),
+/// which refuses `--dump-batches`; none for a node layout, which refuses
+/// `--scorer`.
+fn scorer_of(
+    a: &TrainArgs,
+    m: &Manifest,
+    location: &str,
+) -> anyhow::Result<Option<crate::link::ScorerKind>> {
+    match (&m.samples.link, a.scorer) {
+        (Some(_), _) if a.dump_batches.is_some() => anyhow::bail!(
+            "--dump-batches writes node logits; {} is a link-prediction layout",
+            offgnn_shared::store::redact(location)
+        ),
+        (Some(_), s) => Ok(Some(s.unwrap_or(crate::link::ScorerKind::Mlp))),
+        (None, None) => Ok(None),
+        (None, Some(_)) => anyhow::bail!(
+            "--scorer is for link-prediction layouts (sampler --task link); {} is a node-classification layout",
+            offgnn_shared::store::redact(location)
+        ),
+    }
+}
+
+/// The training configuration of the flags, for the layout `m`: a link
+/// layout's encoder outputs embeddings of the hidden width.
 fn train_config(
     a: &TrainArgs,
-    kind: ModelKind,
-    hidden: i64,
+    (kind, hidden, scorer): (ModelKind, i64, Option<crate::link::ScorerKind>),
     device: tch::Device,
     m: &Manifest,
     writer: bool,
@@ -408,10 +436,14 @@ fn train_config(
             kind,
             in_dim: m.dataset.feature_dim as i64,
             hidden,
-            classes: m.dataset.num_classes as i64,
+            classes: match scorer {
+                Some(_) => hidden,
+                None => m.dataset.num_classes as i64,
+            },
             layers: m.samples.fanouts.len(),
             heads: a.heads,
             dropout: a.dropout,
+            scorer,
         },
         device,
         epochs: a.epochs,

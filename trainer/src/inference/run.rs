@@ -444,6 +444,7 @@ mod tests {
             layers: 1,
             heads: 1,
             dropout: 0.0,
+            scorer: None,
         };
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let _net = model::build(&vs.root(), &cfg);

@@ -1,11 +1,13 @@
-//! Stage 3, graph loading (DiskGNN §5.3): a batch's blocks and labels as
-//! int64 tensors on the device, from one staging buffer.
+//! Stage 3, graph loading (DiskGNN §5.3): a batch's blocks and labels (or,
+//! in a link-prediction batch, its node pairs) as int64 tensors on the
+//! device, from one staging buffer.
 
 use offgnn_shared::address_table::BatchTable;
 use tch::{Device, Tensor};
 
 use super::staging_buffer::{Staging, indices_at, put_indices};
 use crate::error::Result;
+use crate::link::PairTensors;
 use crate::model::BlockTensors;
 
 /// In-degree of each of `num_dst` destinations and where each one's edges
@@ -28,12 +30,21 @@ fn degrees(dst: &[u32], num_dst: usize) -> (Vec<i64>, Vec<i64>) {
     (counts, offsets)
 }
 
+/// A batch's graph on the device: what the model step needs beside the
+/// input rows.
+pub struct Graph {
+    pub blocks: Vec<BlockTensors>,
+    pub labels: Tensor,
+    /// A link-prediction batch's pairs (its labels are then empty).
+    pub pairs: Option<PairTensors>,
+}
+
 /// Stage 3: the batch's blocks and labels as tensors on the device. Every
-/// index (each block's edges, degrees and offsets, then the labels) is
-/// written as int64 into one staging buffer that goes to the device in one
-/// copy (non-blocking on CUDA, from page-locked memory); the tensors are
-/// views of it.
-pub fn graph(t: &BatchTable, device: Device) -> Result<(Vec<BlockTensors>, Tensor)> {
+/// index (each block's edges, degrees and offsets, then the labels, then
+/// the pairs' endpoints, labels and queries) is written as int64 into one
+/// staging buffer that goes to the device in one copy (non-blocking on
+/// CUDA, from page-locked memory); the tensors are views of it.
+pub fn graph(t: &BatchTable, device: Device) -> Result<Graph> {
     let degrees: Vec<(Vec<i64>, Vec<i64>)> = t
         .blocks
         .iter()
@@ -45,7 +56,8 @@ pub fn graph(t: &BatchTable, device: Device) -> Result<(Vec<BlockTensors>, Tenso
         .zip(&degrees)
         .map(|(b, (c, o))| 2 * b.src.len() + c.len() + o.len())
         .sum::<usize>()
-        + t.labels.len();
+        + t.labels.len()
+        + 4 * t.pairs.len();
     let mut staged = Staging::new(parts * 8, device)?;
     {
         let mut out = staged.bytes_mut();
@@ -61,6 +73,10 @@ pub fn graph(t: &BatchTable, device: Device) -> Result<(Vec<BlockTensors>, Tenso
             put(&mut offsets.iter().copied(), offsets.len());
         }
         put(&mut t.labels.iter().map(|&x| x as i64), t.labels.len());
+        let p = &t.pairs;
+        for v in [&p.src, &p.dst, &p.label, &p.query] {
+            put(&mut v.iter().map(|&x| x as i64), v.len());
+        }
     }
     let dev = staged.upload(device)?;
     let mut at = 0usize;
@@ -81,7 +97,23 @@ pub fn graph(t: &BatchTable, device: Device) -> Result<(Vec<BlockTensors>, Tenso
         });
     }
     let labels = next(t.labels.len())?;
-    Ok((blocks, labels))
+    let pairs = if t.pairs.is_empty() {
+        None
+    } else {
+        let n = t.pairs.len();
+        Some(PairTensors {
+            src: next(n)?,
+            dst: next(n)?,
+            label: next(n)?,
+            query: next(n)?,
+            num_queries: t.pairs.query.last().map_or(0, |&q| i64::from(q) + 1),
+        })
+    };
+    Ok(Graph {
+        blocks,
+        labels,
+        pairs,
+    })
 }
 
 #[cfg(test)]

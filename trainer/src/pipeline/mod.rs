@@ -29,7 +29,7 @@ use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
 pub use cpu_cache::CpuCache;
 pub use feature_assembly::{assemble, assemble_staged};
 pub use feature_loading::{Loaded, load};
-pub use graph_loading::graph;
+pub use graph_loading::{Graph, graph};
 pub use ready::Ready;
 pub use sources::{AssembleSources, FeatureMode, LoadSources, Sources};
 pub use stage_times::{DeviceTimes, StageTimes};
@@ -121,12 +121,13 @@ fn run_in_sequence(
         let ((x, tiers), assembled) = timed(device, || assemble(&src.assemble, &loaded))?;
         times.assemble += secs(t.elapsed());
         let t = Instant::now();
-        let ((blocks, labels), graphed) = timed(device, || graph(&loaded.table, device))?;
+        let (g, graphed) = timed(device, || graph(&loaded.table, device))?;
         times.graph += secs(t.elapsed());
         let ready = Ready {
             x,
-            blocks,
-            labels,
+            blocks: g.blocks,
+            labels: g.labels,
+            pairs: g.pairs,
             disk_bytes: loaded.disk_bytes,
             disk_rows: loaded.disk_rows,
             tiers,

@@ -68,8 +68,8 @@ impl DeviceSpans {
     /// device) for the batch's assembly and graph work, which the pipeline
     /// queued on those stages' own streams, and the caching allocator
     /// learns that the batch's tensors are used on it too. The block
-    /// tensors and labels are views of one upload, so one record covers
-    /// them.
+    /// tensors, labels and pairs are views of one upload, so one record
+    /// covers them (a pair's, where the labels are empty).
     pub(super) fn receive(&mut self, r: &Ready, assembled: Span, graphed: Span) -> Result<()> {
         for (span, to) in [(assembled, &mut self.assemble), (graphed, &mut self.graph)] {
             if let Some(span) = span {
@@ -80,6 +80,9 @@ impl DeviceSpans {
         if r.x.device().is_cuda() {
             crate::cuda::record_stream(&r.x)?;
             crate::cuda::record_stream(&r.labels)?;
+            if let Some(p) = &r.pairs {
+                crate::cuda::record_stream(&p.src)?;
+            }
         }
         Ok(())
     }

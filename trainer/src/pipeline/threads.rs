@@ -14,21 +14,20 @@ use tch::{Device, Tensor};
 
 use super::feature_assembly::assemble;
 use super::feature_loading::{Loaded, load};
-use super::graph_loading::graph;
+use super::graph_loading::{Graph, graph};
 use super::ready::Ready;
 use super::sources::{AssembleSources, LoadSources, Sources};
 use super::stage_times::{DeviceSpans, Span, StageTimes, side_stream, timed};
 use crate::error::Result;
 use crate::historical::{Historical, Plan};
 use crate::layout::Layout;
-use crate::model::BlockTensors;
 
 /// An assembled batch for the model step: its input matrix, the rows from
 /// each tier, its disk bytes and rows, and its device span.
 type Assembled = (Tensor, [u64; 3], u64, u64, Span);
 /// A batch's blocks and labels for the model step, its historical plan,
 /// and their device span.
-type Graphed = (Vec<BlockTensors>, Tensor, Option<Plan>, Span);
+type Graphed = (Graph, Option<Plan>, Span);
 /// A batch's topology for the graph loader, and its historical plan.
 type Topology = (BatchTable, Option<Plan>);
 
@@ -150,6 +149,7 @@ fn spawn_loaders<'scope, 'env>(
                     BatchTable {
                         labels: std::mem::take(&mut loaded.table.labels),
                         blocks: std::mem::take(&mut loaded.table.blocks),
+                        pairs: std::mem::take(&mut loaded.table.pairs),
                         ..Default::default()
                     },
                     loaded.plan.take(),
@@ -218,9 +218,9 @@ fn graph_all(
             break;
         };
         let start = Instant::now();
-        let ((blocks, labels), span) = timed(device, || graph(&t, device))?;
+        let (g, span) = timed(device, || graph(&t, device))?;
         busy += secs(start.elapsed());
-        if to_model_g.send((blocks, labels, plan, span)).is_err() {
+        if to_model_g.send((g, plan, span)).is_err() {
             break;
         }
     }
@@ -241,15 +241,16 @@ fn model_steps(
     let mut model_busy = 0.0;
     let mut result = Ok(());
     for _ in 0..n {
-        let (Ok((x, tiers, disk_bytes, disk_rows, assembled)), Ok((blocks, labels, plan, graphed))) =
+        let (Ok((x, tiers, disk_bytes, disk_rows, assembled)), Ok((g, plan, graphed))) =
             (model_x.recv(), model_g.recv())
         else {
             break; // a stage stopped; its error is collected below
         };
         let ready = Ready {
             x,
-            blocks,
-            labels,
+            blocks: g.blocks,
+            labels: g.labels,
+            pairs: g.pairs,
             disk_bytes,
             disk_rows,
             tiers,

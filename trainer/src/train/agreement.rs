@@ -29,6 +29,10 @@ pub(super) fn settings(cfg: &TrainConfig, m: &offgnn_manifests::Manifest) -> Vec
         ("--layers", model.layers.to_string()),
         ("--heads", model.heads.to_string()),
         ("--dropout", model.dropout.to_string()),
+        (
+            "--scorer",
+            model.scorer.map_or("none", |s| s.name()).to_string(),
+        ),
         ("--lr", cfg.lr.to_string()),
         ("--epochs", cfg.epochs.to_string()),
         ("--seed", cfg.seed.to_string()),

@@ -105,7 +105,8 @@ pub(super) struct State<'a> {
 /// The parameters of the best validation epoch so far.
 pub(super) struct Best {
     pub(super) epoch: u32,
-    pub(super) valid_acc: f64,
+    /// Its validation score ([`EpochMetrics::valid_score`]).
+    pub(super) valid_score: f64,
     pub(super) params: Vec<(String, Tensor)>,
 }
 
@@ -192,10 +193,10 @@ pub(super) fn best_of(
     let Some(epoch) = meta.best_epoch else {
         return Ok(None);
     };
-    let valid_acc = meta
+    let valid_score = meta
         .history
         .get(epoch as usize)
-        .map(|e| e.valid_acc)
+        .map(|e| e.valid_score())
         .ok_or_else(|| {
             Error::Checkpoint(format!(
                 "{}: names best epoch {epoch}, which its history lacks",
@@ -209,7 +210,7 @@ pub(super) fn best_of(
     params.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(Some(Best {
         epoch,
-        valid_acc,
+        valid_score,
         params,
     }))
 }

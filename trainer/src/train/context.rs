@@ -11,6 +11,7 @@ use super::metrics::EpochMetrics;
 use super::ranks::Ranks;
 use crate::historical::Historical;
 use crate::layout::Layout;
+use crate::link::Scorer;
 use crate::model::{self, Adam, Gnn};
 use crate::pipeline::Sources;
 use crate::test_hooks::TestHooks;
@@ -60,6 +61,8 @@ impl Job<'_> {
 pub(super) struct ModelState {
     pub(super) vs: nn::VarStore,
     pub(super) net: Box<dyn Gnn>,
+    /// Link prediction: the scorer over pairs of the net's outputs.
+    pub(super) scorer: Option<Scorer>,
     pub(super) adam: Adam,
 }
 
@@ -68,8 +71,15 @@ impl ModelState {
     pub(super) fn new(cfg: &TrainConfig) -> ModelState {
         let vs = nn::VarStore::new(cfg.device);
         let net = model::build(&vs.root(), &cfg.model);
+        let scorer =
+            (cfg.model.scorer).map(|kind| Scorer::new(&vs.root(), kind, cfg.model.classes));
         let adam = Adam::new(&vs, cfg.lr);
-        ModelState { vs, net, adam }
+        ModelState {
+            vs,
+            net,
+            scorer,
+            adam,
+        }
     }
 
     /// What a checkpoint saves of it, with the best epoch's parameters.

@@ -175,10 +175,14 @@ pub(super) fn record(
         on_epoch(&e);
     }
     // Ties keep the earlier epoch, as the summary's pick does.
-    if run.best.as_ref().is_none_or(|b| e.valid_acc > b.valid_acc) {
+    if run
+        .best
+        .as_ref()
+        .is_none_or(|b| e.valid_score() > b.valid_score)
+    {
         run.best = Some(Best {
             epoch: e.epoch,
-            valid_acc: e.valid_acc,
+            valid_score: e.valid_score(),
             params: export::snapshot(&model.vs)?,
         });
     }

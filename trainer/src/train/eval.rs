@@ -10,6 +10,7 @@ use super::context::Job;
 use super::metrics::{EpochMetrics, correct};
 use crate::distributed;
 use crate::error::Result;
+use crate::link::{RankMetrics, RankSums, Scorer};
 use crate::model::Gnn;
 use crate::pipeline::{self, Ready};
 
@@ -31,21 +32,25 @@ pub(super) fn eval_sets(m: &offgnn_manifests::Manifest) -> Vec<(&'static str, Ve
         .collect()
 }
 
-/// Fills in `e`'s validation and test accuracy of `net`, and the time the
-/// evaluation took.
+/// Fills in `e`'s validation and test figures of the model, and the time
+/// the evaluation took: accuracy, and in a link-prediction run the ranking
+/// figures (its accuracy is then the share of pairs classified right).
 pub(super) fn evaluate(
     job: &Job,
-    net: &dyn Gnn,
+    model: (&dyn Gnn, Option<&Scorer>),
     eval_sets: &[(&str, Vec<BatchRef>)],
     e: &mut EpochMetrics,
 ) -> Result<()> {
     let eval_started = Instant::now();
     for (name, refs) in eval_sets {
-        let acc = accuracy(job, net, name, refs)?;
+        let (acc, rank) = match model.1 {
+            Some(scorer) => ranking(job, (model.0, scorer), name, refs)?,
+            None => (accuracy(job, model.0, name, refs)?, None),
+        };
         if *name == "valid" {
-            e.valid_acc = acc
+            (e.valid_acc, e.valid_rank) = (acc, rank)
         } else {
-            e.test_acc = acc
+            (e.test_acc, e.test_rank) = (acc, rank)
         }
     }
     e.eval_seconds = eval_started.elapsed().as_secs_f64();
@@ -53,23 +58,27 @@ pub(super) fn evaluate(
     Ok(())
 }
 
+/// This rank's part of `refs`; one process's, all of them.
+fn part<'a>(job: &Job, refs: &'a [BatchRef]) -> &'a [BatchRef] {
+    match job.ranks.group() {
+        Some(g) => {
+            &refs[distributed::eval_share(refs.len(), job.world() as usize, g.rank as usize)]
+        }
+        None => refs,
+    }
+}
+
 /// The share of `refs`' seeds (the set `name`) that `net` classifies
 /// right, over every rank's part.
 fn accuracy(job: &Job, net: &dyn Gnn, name: &str, refs: &[BatchRef]) -> Result<f64> {
     let cfg = job.cfg;
-    let world = job.world();
     let (mut right, mut n) = (Tensor::from(0i64).f_to_device(cfg.device)?, 0i64);
-    // Each rank evaluates its part; one process all of them.
-    let part = match job.ranks.group() {
-        Some(g) => &refs[distributed::eval_share(refs.len(), world as usize, g.rank as usize)],
-        None => refs,
-    };
     tch::no_grad(|| {
         pipeline::run_batches(
             job.layout,
             job.engine,
             job.src,
-            part,
+            part(job, refs),
             cfg.pipeline_options(),
             None,
             |r: Ready| {
@@ -89,4 +98,44 @@ fn accuracy(job: &Job, net: &dyn Gnn, name: &str, refs: &[BatchRef]) -> Result<f
         (c, n) = (v[0] as i64, v[1] as i64);
     }
     Ok(c as f64 / n.max(1) as f64)
+}
+
+/// The ranking figures of a link-prediction set (each positive against
+/// its given negatives) over every rank's part, and the share of its pairs
+/// classified right.
+fn ranking(
+    job: &Job,
+    (net, scorer): (&dyn Gnn, &Scorer),
+    name: &str,
+    refs: &[BatchRef],
+) -> Result<(f64, Option<RankMetrics>)> {
+    let cfg = job.cfg;
+    let mut sums = RankSums::new(cfg.device);
+    tch::no_grad(|| {
+        pipeline::run_batches(
+            job.layout,
+            job.engine,
+            job.src,
+            part(job, refs),
+            cfg.pipeline_options(),
+            None,
+            |r: Ready| {
+                let pairs = r.pairs.as_ref().ok_or_else(|| {
+                    crate::error::Error::InvalidArgument(
+                        "a batch without node pairs in a link-prediction layout".into(),
+                    )
+                })?;
+                let out = net.forward(&r.x, &r.blocks, false)?;
+                sums.add(&scorer.score(&out, &pairs.src, &pairs.dst)?, pairs)?;
+                Ok(())
+            },
+        )
+    })
+    .map_err(|e| e.during(|| format!("evaluating the {name} batches")))?;
+    let mut v = sums.values()?;
+    if let Some(g) = job.ranks.group() {
+        v = g.sum_f64(&v, cfg.device)?;
+    }
+    let (rank, acc) = RankMetrics::of(&v);
+    Ok((acc, Some(rank)))
 }

@@ -50,6 +50,8 @@ pub(super) fn finish(
         best_epoch,
         best_valid_acc: best.valid_acc,
         test_acc_at_best_valid: best.test_acc,
+        best_valid_rank: best.valid_rank,
+        test_rank_at_best_valid: best.test_rank,
         epochs: history,
         device: format!("{:?}", cfg.device),
         io_backend: job.engine.backend().to_string(),
@@ -73,15 +75,15 @@ pub(super) fn finish(
     })
 }
 
-/// The epoch of the best validation accuracy (ties keep the earlier) and
-/// its figures.
+/// The epoch of the best validation score (accuracy, or a link run's MRR;
+/// ties keep the earlier) and its figures.
 fn best_epoch(history: &[EpochMetrics]) -> (u32, EpochMetrics) {
     history
         .iter()
         .enumerate()
         .max_by(|a, b| {
-            a.1.valid_acc
-                .partial_cmp(&b.1.valid_acc)
+            a.1.valid_score()
+                .partial_cmp(&b.1.valid_score())
                 .unwrap_or(std::cmp::Ordering::Equal)
                 .then(b.0.cmp(&a.0))
         })

@@ -164,6 +164,7 @@ mod tests {
                     layers: 3,
                     heads: 2,
                     dropout: 0.0,
+                    scorer: None,
                 };
                 let net = build(&vs.root(), &cfg);
                 let blocks = random_blocks(seed);
@@ -173,7 +174,7 @@ mod tests {
                         blocks,
                         ..Default::default()
                     };
-                    crate::pipeline::graph(&t, Device::Cpu).unwrap().0
+                    crate::pipeline::graph(&t, Device::Cpu).unwrap().blocks
                 };
                 let mut levels = Vec::new();
                 let full = net

@@ -11,6 +11,7 @@ use tch::{Device, Kind, TchError, Tensor};
 use super::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::export;
+use crate::link::RankMetrics;
 use crate::pipeline::{DeviceTimes, FeatureMode, StageTimes};
 
 /// One epoch's figures; also the JSON line written to --metrics.
@@ -38,12 +39,26 @@ pub struct EpochMetrics {
     pub train_acc: f64,
     pub valid_acc: f64,
     pub test_acc: f64,
+    /// Link prediction: the ranking figures of the validation and test
+    /// sets (their `_acc` is then the share of pairs classified right).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_rank: Option<RankMetrics>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_rank: Option<RankMetrics>,
     /// Data-parallel runs: seconds this rank spent in the gradient
     /// all-reduce, and the bytes of gradients it reduced (each step's).
     #[serde(default)]
     pub allreduce_seconds: f64,
     #[serde(default)]
     pub allreduce_bytes: u64,
+}
+
+impl EpochMetrics {
+    /// What picks the best epoch: validation MRR in a link-prediction run,
+    /// else validation accuracy.
+    pub fn valid_score(&self) -> f64 {
+        self.valid_rank.map_or(self.valid_acc, |r| r.mrr)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -80,6 +95,12 @@ pub struct TrainSummary {
     pub best_epoch: u32,
     pub best_valid_acc: f64,
     pub test_acc_at_best_valid: f64,
+    /// Link prediction: the best epoch's validation and test ranking
+    /// figures (the epoch of the best validation MRR).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_valid_rank: Option<RankMetrics>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test_rank_at_best_valid: Option<RankMetrics>,
     pub mean_epoch_seconds_excl_first: f64,
     pub device: String,
     pub io_backend: String,
@@ -178,16 +199,13 @@ impl DeviceSums {
         }
     }
 
-    pub(super) fn add(
-        &mut self,
-        loss: &Tensor,
-        logits: &Tensor,
-        labels: &Tensor,
-    ) -> Result<(), TchError> {
+    /// Adds a batch's loss and its count of right predictions (an int64
+    /// scalar on the device).
+    pub(super) fn add(&mut self, loss: &Tensor, right: &Tensor) -> Result<(), TchError> {
         tch::no_grad(|| {
             let loss = loss.f_detach()?;
             let _ = self.loss.f_add_(&loss.f_to_kind(Kind::Double)?)?;
-            let _ = self.correct.f_add_(&correct(logits, labels)?)?;
+            let _ = self.correct.f_add_(right)?;
             // Where the loss is finite keep the last bad one, else take it.
             self.bad_loss = self.bad_loss.f_where_self(&loss.f_isfinite()?, &loss)?;
             Ok(())
@@ -245,10 +263,10 @@ mod tests {
         };
         let mut sums = DeviceSums::new(&start, Device::Cpu);
         let logits = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 0.0]).view([2, 2]);
-        let labels = Tensor::from_slice(&[1i64, 1]);
+        let right = correct(&logits, &Tensor::from_slice(&[1i64, 1])).unwrap();
         let mut host = start.loss_sum;
         for v in [0.3f32, 1.7, 2.9e-3] {
-            sums.add(&Tensor::from(v), &logits, &labels).unwrap();
+            sums.add(&Tensor::from(v), &right).unwrap();
             host += v as f64;
         }
         let mut p = EpochProgress::default();
@@ -256,9 +274,8 @@ mod tests {
         assert_eq!(p.loss_sum.to_bits(), host.to_bits());
         assert_eq!(p.correct, 7 + 3, "one of two right, three times");
         assert!(!bool::try_from(sums.loss_diverged()).unwrap());
-        sums.add(&Tensor::from(f32::INFINITY), &logits, &labels)
-            .unwrap();
-        sums.add(&Tensor::from(0.5f32), &logits, &labels).unwrap();
+        sums.add(&Tensor::from(f32::INFINITY), &right).unwrap();
+        sums.add(&Tensor::from(0.5f32), &right).unwrap();
         assert!(bool::try_from(sums.loss_diverged()).unwrap());
         assert_eq!(sums.bad_loss.double_value(&[]), f64::INFINITY);
     }

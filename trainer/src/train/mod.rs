@@ -127,7 +127,12 @@ pub fn train_ranks(
             e.cpu_cache_restored_bytes = cache.restore()?;
             e.disk_bytes += e.cpu_cache_restored_bytes;
         }
-        eval::evaluate(&job, model.net.as_ref(), &eval_sets, &mut e)?;
+        eval::evaluate(
+            &job,
+            (model.net.as_ref(), model.scorer.as_ref()),
+            &eval_sets,
+            &mut e,
+        )?;
         epoch::record(&job, &model, &mut run, e, on_epoch)?;
         epoch::stop_on_signal(&job, t)?;
     }

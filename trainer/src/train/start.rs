@@ -61,14 +61,16 @@ fn resume(
     })?;
     if meta.model != cfg.model {
         return Err(Error::Checkpoint(format!(
-            "{}: the checkpoint is of another model ({:?}, hidden {}, {} layers), not {:?} hidden {}, {} layers",
+            "{}: the checkpoint is of another model ({:?}, hidden {}, {} layers{}), not {:?} hidden {}, {} layers{}",
             dir.display(),
             meta.model.kind,
             meta.model.hidden,
             meta.model.layers,
+            scorer_words(&meta.model),
             cfg.model.kind,
             cfg.model.hidden,
-            cfg.model.layers
+            cfg.model.layers,
+            scorer_words(&cfg.model),
         )));
     }
     if meta.manifest_run_sha256 != m.samples.run_sha256
@@ -265,4 +267,12 @@ pub(super) fn start_run(
         }
         None => decided,
     }
+}
+
+/// A link model's scorer, as the refusal of another model's checkpoint
+/// names it.
+fn scorer_words(m: &crate::model::ModelConfig) -> String {
+    m.scorer
+        .map(|s| format!(", {} scorer", s.name()))
+        .unwrap_or_default()
 }

@@ -12,10 +12,11 @@ use tch::{Device, Kind, Reduction, TchError, Tensor};
 use super::checkpoint::{META, save_checkpoint};
 use super::context::{Job, ModelState, RunState};
 use super::historical_step;
-use super::metrics::{DeviceSums, EpochProgress};
+use super::metrics::{DeviceSums, EpochProgress, correct};
 use super::order::batch_seed;
 use super::ranks::{Ranks, all_reduce_gradients, divide_gradients, summed};
 use crate::error::{Error, Result};
+use crate::link::{self, Scorer};
 use crate::model::{Adam, Gnn};
 use crate::pipeline::Ready;
 
@@ -51,22 +52,23 @@ pub(super) fn train_batch(
     // Dropout draws follow the batch's place in the epoch's
     // order, whichever rank trains it.
     tch::manual_seed(batch_seed(job.cfg.seed, ep.t, position as u64));
+    let scorer = model.scorer.as_ref();
     match (job.historical, &r.plan) {
         (Some(h), Some(plan)) => {
             let net = model.net.as_ref();
-            let (logits, levels) =
+            let (out, levels) =
                 historical_step::forward(net, &r.x, &r.blocks, plan, job.cfg.model.hidden)?;
-            loss_backward(&logits, &r, &mut ep.sums)?;
+            loss_backward(&out, &r, scorer, &mut ep.sums)?;
             historical_step::publish(h, step_no, plan, &levels)?;
         }
         (Some(h), None) => {
-            forward_backward(model.net.as_ref(), &r, &mut ep.sums)?;
+            forward_backward((model.net.as_ref(), scorer), &r, &mut ep.sums)?;
             h.publish(step_no, Vec::new());
         }
-        (None, _) => forward_backward(model.net.as_ref(), &r, &mut ep.sums)?,
+        (None, _) => forward_backward((model.net.as_ref(), scorer), &r, &mut ep.sums)?,
     }
     let p = &mut ep.p;
-    p.seen += r.labels.size()[0];
+    p.seen += r.targets();
     p.disk_bytes += r.disk_bytes;
     p.disk_rows_bytes += r.disk_rows * job.src.load.row_bytes as u64;
     for (a, b) in p.tiers.iter_mut().zip(r.tiers) {
@@ -75,23 +77,49 @@ pub(super) fn train_batch(
     Ok(())
 }
 
-/// The batch's forward pass, cross-entropy loss and backward pass, its
-/// loss and hits added to `sums`. Every libtorch call here is fallible:
-/// on a GPU each can run out of memory.
-fn forward_backward(net: &dyn Gnn, r: &Ready, sums: &mut DeviceSums) -> Result<(), TchError> {
-    let logits = net.forward(&r.x, &r.blocks, true)?;
-    loss_backward(&logits, r, sums)
+/// The batch's forward pass, loss and backward pass, its loss and hits
+/// added to `sums`. Every libtorch call here is fallible: on a GPU each can
+/// run out of memory.
+fn forward_backward(
+    (net, scorer): (&dyn Gnn, Option<&Scorer>),
+    r: &Ready,
+    sums: &mut DeviceSums,
+) -> Result<(), TchError> {
+    let out = net.forward(&r.x, &r.blocks, true)?;
+    loss_backward(&out, r, scorer, sums)
 }
 
-/// The batch's cross-entropy loss on `logits` and its backward pass.
-fn loss_backward(logits: &Tensor, r: &Ready, sums: &mut DeviceSums) -> Result<(), TchError> {
-    let loss = logits
-        .f_log_softmax(-1, Kind::Float)?
-        .f_nll_loss::<Tensor>(&r.labels, None, Reduction::Mean, -100)?;
+/// The batch's loss on the model's output `out` and its backward pass: the
+/// cross-entropy of the seeds' logits, or in a link-prediction batch the
+/// binary cross-entropy of its pairs' scores.
+fn loss_backward(
+    out: &Tensor,
+    r: &Ready,
+    scorer: Option<&Scorer>,
+    sums: &mut DeviceSums,
+) -> Result<(), TchError> {
+    let (loss, right) = match (&r.pairs, scorer) {
+        (Some(pairs), Some(scorer)) => {
+            let scores = scorer.score(out, &pairs.src, &pairs.dst)?;
+            (
+                link::pair_loss(&scores, pairs)?,
+                link::pairs_right(&scores, pairs)?,
+            )
+        }
+        _ => (
+            out.f_log_softmax(-1, Kind::Float)?.f_nll_loss::<Tensor>(
+                &r.labels,
+                None,
+                Reduction::Mean,
+                -100,
+            )?,
+            correct(out, &r.labels)?,
+        ),
+    };
     // No read-back here: a NaN or infinite loss is caught with
     // the gradients, once per step, before the optimizer runs.
     loss.f_backward()?;
-    sums.add(&loss, logits, &r.labels)
+    sums.add(&loss, &right)
 }
 
 /// The step, once every local rank's batch of it is through its backward
@@ -300,6 +328,7 @@ mod tests {
             layers: 2,
             heads: 1,
             dropout: 0.0,
+            scorer: None,
         };
         let net = crate::model::build(&vs.root(), &cfg);
         let mut sums = DeviceSums::new(&EpochProgress::default(), Device::Cpu);
@@ -307,13 +336,14 @@ mod tests {
             x: Tensor::randn([2, 4], (Kind::Float, Device::Cpu)),
             blocks: vec![],
             labels: Tensor::from_slice(labels),
+            pairs: None,
             disk_bytes: 0,
             disk_rows: 0,
             tiers: [0; 3],
             plan: None,
         };
-        forward_backward(net.as_ref(), &batch(&[0, 2]), &mut sums).unwrap();
-        let err = forward_backward(net.as_ref(), &batch(&[0, 9]), &mut sums).unwrap_err();
+        forward_backward((net.as_ref(), None), &batch(&[0, 2]), &mut sums).unwrap();
+        let err = forward_backward((net.as_ref(), None), &batch(&[0, 9]), &mut sums).unwrap_err();
         let line = Error::from(err).during(|| "training at epoch 0, batch 1".into());
         let line = line.to_string();
         assert!(

@@ -158,6 +158,7 @@ fn config(kind: ModelKind) -> TrainConfig {
             layers: 2,
             heads: 4,
             dropout: 0.2,
+            scorer: None,
         },
         device: tch::Device::Cpu,
         epochs: 4,

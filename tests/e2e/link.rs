@@ -1,0 +1,199 @@
+//! Link prediction through all three programs (issue 38): a split of a
+//! graph's edges, link samples packed like node samples, and the trainer's
+//! encoder and scorer trained on them and ranked against the given
+//! negatives.
+
+use std::path::{Path, PathBuf};
+
+use offgnn_e2e::{assert_one_line, run, run_env};
+
+/// A generated graph whose classes show in its features and edges, split
+/// for link prediction (20 negatives per held-out edge), sampled with 3
+/// negatives per training pair and packed; returns the manifest.
+fn link_layout(dir: &Path) -> PathBuf {
+    let ds = offgnn_e2e::generate(
+        dir,
+        &[
+            "--nodes",
+            "3000",
+            "--feature-dim",
+            "32",
+            "--classes",
+            "8",
+            "--signal",
+            "1.0",
+        ],
+    );
+    let lp = dir.join("lp");
+    let (d, o) = (ds.to_str().unwrap(), lp.to_str().unwrap());
+    let r = run(
+        "sampler",
+        &[
+            "split-edges",
+            "--dataset",
+            d,
+            "--out",
+            o,
+            "--negatives",
+            "20",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let samples = dir.join("samples");
+    let flags = ["--task", "link", "--negatives", "3", "--fanout", "5,5"];
+    let mut flags = flags.to_vec();
+    flags.extend_from_slice(&["--batch-size", "128", "--epochs", "2"]);
+    offgnn_e2e::sample(&lp, &samples, &flags);
+    let flags = [
+        "--gpu-cache",
+        "16K",
+        "--cpu-cache",
+        "16K",
+        "--disk-budget",
+        "30x",
+    ];
+    offgnn_e2e::pack(&lp, &samples, &dir.join("pack"), &flags)
+}
+
+/// One thread for libtorch: identical inputs then give identical losses.
+fn train_env(manifest: &Path, extra: &[&str], env: &[(&str, &str)]) -> offgnn_e2e::Run {
+    let mut args = vec!["--manifest", manifest.to_str().unwrap()];
+    args.extend_from_slice(&["--hidden", "64", "--dropout", "0", "--epochs", "4"]);
+    args.extend_from_slice(&["--lr", "0.005"]);
+    args.extend_from_slice(extra);
+    let mut vars = vec![("OMP_NUM_THREADS".to_string(), "1".to_string())];
+    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    run_env("trainer", &args, &vars)
+}
+
+fn train(manifest: &Path, extra: &[&str]) -> offgnn_e2e::Run {
+    let r = train_env(manifest, extra, &[]);
+    assert!(r.status.success(), "{extra:?}: {}", r.stderr);
+    r
+}
+
+fn losses(r: &offgnn_e2e::Run) -> Vec<f64> {
+    let s = &r.json()["summary"];
+    let epochs = s["epochs"].as_array().unwrap();
+    epochs.iter().map(|e| e["loss"].as_f64().unwrap()).collect()
+}
+
+#[test]
+fn link_prediction_packs_trains_and_ranks_held_out_edges_above_chance() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = link_layout(dir.path());
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    assert_eq!(m["format_version"], 5, "a link layout has its own format");
+    assert_eq!(m["samples"]["link"]["negatives"], 3);
+    let r = run(
+        "packer",
+        &["verify", "--manifest", manifest.to_str().unwrap()],
+    );
+    assert!(r.status.success(), "packer verify: {}", r.stderr);
+
+    // A positive ranked at random among 20 negatives has an expected
+    // reciprocal rank of H(21)/21 = 0.173.
+    let chance = (1..=21).map(|r| 1.0 / r as f64).sum::<f64>() / 21.0;
+    let r = train(&manifest, &[]);
+    let s = &r.json()["summary"];
+    let test = &s["test_rank_at_best_valid"];
+    let mrr = test["mrr"].as_f64().unwrap();
+    assert!(
+        mrr > 2.0 * chance,
+        "MLP scorer: test MRR {mrr}, chance {chance:.3}"
+    );
+    // The best epoch is the best validation MRR's.
+    let epochs = s["epochs"].as_array().unwrap();
+    let best = s["best_epoch"].as_u64().unwrap() as usize;
+    let valid_mrr = |e: &serde_json::Value| e["valid_rank"]["mrr"].as_f64().unwrap();
+    assert!(
+        epochs
+            .iter()
+            .all(|e| valid_mrr(e) <= valid_mrr(&epochs[best]))
+    );
+    assert!(
+        r.stdout.contains("ranking at best validation"),
+        "{}",
+        r.stdout
+    );
+
+    // The export holds the encoder and the scorer (under `scorer.`), and
+    // says so in a format older trainers refuse.
+    let x = dir.path().join("export");
+    let exported = train(&manifest, &["--export", x.to_str().unwrap()]);
+    let card = &exported.json()["summary"]["exports"][0]["card"];
+    assert_eq!(
+        (&card["format_version"], &card["scorer"]),
+        (&2.into(), &"mlp".into())
+    );
+    let shown = run("trainer", &["show-model", "--model", x.to_str().unwrap()]);
+    assert!(shown.status.success(), "{}", shown.stderr);
+    let infer = run(
+        "trainer",
+        &[
+            "infer",
+            "--model",
+            x.to_str().unwrap(),
+            "--dataset",
+            "x",
+            "--out",
+            "y",
+        ],
+    );
+    assert_one_line(&infer, "a link-prediction model (mlp scorer)");
+    let dump = dir.path().join("dump.safetensors");
+    let dumped = train_env(&manifest, &["--dump-batches", dump.to_str().unwrap()], &[]);
+    assert_one_line(&dumped, "--dump-batches writes node logits");
+
+    let dot = train(&manifest, &["--scorer", "dot"]);
+    let mrr = dot.json()["summary"]["test_rank_at_best_valid"]["mrr"]
+        .as_f64()
+        .unwrap();
+    assert!(mrr > 1.5 * chance, "dot scorer: test MRR {mrr}");
+    // The naive baseline reads the same rows by node id: the same run.
+    let naive = train(&manifest, &["--features", "naive"]);
+    assert_eq!(losses(&naive), losses(&r));
+
+    // A checkpoint holds the scorer and its optimizer state: a run stopped
+    // at batch 50 of its second epoch and resumed trains as one run
+    // straight through.
+    let steps = r.json()["summary"]["epochs"][0]["batches"]
+        .as_u64()
+        .unwrap();
+    assert!(steps > 50, "{steps} batches an epoch");
+    let ckpt = dir.path().join("ckpt");
+    let flags = [
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--checkpoint-every",
+        "50",
+    ];
+    let stop = (steps + 50).to_string();
+    let stopped = train_env(&manifest, &flags, &[("OFFGNN_TEST_INTERRUPT_AFTER", &stop)]);
+    assert!(!stopped.status.success());
+    let resumed = train(&manifest, &[&flags[..], &["--resume"]].concat());
+    assert_eq!(
+        resumed.json()["summary"]["resumed_from"],
+        serde_json::json!([1, 50])
+    );
+    assert_eq!(losses(&resumed), losses(&r));
+
+    // --scorer belongs to link layouts.
+    let node = dir.path().join("node");
+    let ds = dir.path().join("g");
+    offgnn_e2e::sample(&ds, &dir.path().join("ns"), &["--fanout", "5,5"]);
+    let flags = [
+        "--gpu-cache",
+        "16K",
+        "--cpu-cache",
+        "16K",
+        "--disk-budget",
+        "10x",
+    ];
+    let nm = offgnn_e2e::pack(&ds, &dir.path().join("ns"), &node, &flags);
+    let r = run(
+        "trainer",
+        &["--manifest", nm.to_str().unwrap(), "--scorer", "dot"],
+    );
+    assert_one_line(&r, "--scorer is for link-prediction layouts");
+}
