@@ -703,25 +703,6 @@ fn link_prediction_batches_never_hold_their_own_edges_and_rank_the_given_negativ
         assert!(!r.status.success());
         offgnn_e2e::assert_one_line(&r, says);
     }
-    // The packer does not pack them yet, and says so.
-    let feat = lp.join("data/feat.npy");
-    let mut args = vec![
-        "--samples",
-        out.to_str().unwrap(),
-        "--features",
-        feat.to_str().unwrap(),
-    ];
-    args.extend_from_slice(&[
-        "--out",
-        none.to_str().unwrap(),
-        "--gpu-cache",
-        "0",
-        "--cpu-cache",
-        "0",
-    ]);
-    args.extend_from_slice(&["--disk-budget", "4x"]);
-    let r = run("packer", &args);
-    offgnn_e2e::assert_one_line(&r, "these samples are for link prediction");
 }
 
 /// The query of `set` whose positive is `pair`.
