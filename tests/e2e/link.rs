@@ -6,6 +6,14 @@
 use std::path::{Path, PathBuf};
 
 use offgnn_e2e::{assert_one_line, run, run_env};
+use offgnn_shared::dataset::LinkTask;
+use offgnn_shared::npy::{DType, NpyFile, NpyWriter};
+
+/// A positive ranked at random among 20 negatives has an expected
+/// reciprocal rank of H(21)/21 = 0.173.
+fn chance() -> f64 {
+    (1..=21).map(|r| 1.0 / r as f64).sum::<f64>() / 21.0
+}
 
 /// A generated graph whose classes show in its features and edges, split
 /// for link prediction (20 negatives per held-out edge), sampled with 3
@@ -91,9 +99,7 @@ fn link_prediction_packs_trains_and_ranks_held_out_edges_above_chance() {
     );
     assert!(r.status.success(), "packer verify: {}", r.stderr);
 
-    // A positive ranked at random among 20 negatives has an expected
-    // reciprocal rank of H(21)/21 = 0.173.
-    let chance = (1..=21).map(|r| 1.0 / r as f64).sum::<f64>() / 21.0;
+    let chance = chance();
     let r = train(&manifest, &[]);
     let s = &r.json()["summary"];
     let test = &s["test_rank_at_best_valid"];
@@ -117,30 +123,6 @@ fn link_prediction_packs_trains_and_ranks_held_out_edges_above_chance() {
         r.stdout
     );
 
-    // The export holds the encoder and the scorer (under `scorer.`), and
-    // says so in a format older trainers refuse.
-    let x = dir.path().join("export");
-    let exported = train(&manifest, &["--export", x.to_str().unwrap()]);
-    let card = &exported.json()["summary"]["exports"][0]["card"];
-    assert_eq!(
-        (&card["format_version"], &card["scorer"]),
-        (&2.into(), &"mlp".into())
-    );
-    let shown = run("trainer", &["show-model", "--model", x.to_str().unwrap()]);
-    assert!(shown.status.success(), "{}", shown.stderr);
-    let infer = run(
-        "trainer",
-        &[
-            "infer",
-            "--model",
-            x.to_str().unwrap(),
-            "--dataset",
-            "x",
-            "--out",
-            "y",
-        ],
-    );
-    assert_one_line(&infer, "a link-prediction model (mlp scorer)");
     let dump = dir.path().join("dump.safetensors");
     let dumped = train_env(&manifest, &["--dump-batches", dump.to_str().unwrap()], &[]);
     assert_one_line(&dumped, "--dump-batches writes node logits");
@@ -196,4 +178,115 @@ fn link_prediction_packs_trains_and_ranks_held_out_edges_above_chance() {
         &["--manifest", nm.to_str().unwrap(), "--scorer", "dot"],
     );
     assert_one_line(&r, "--scorer is for link-prediction layouts");
+}
+
+#[test]
+fn link_models_export_and_give_every_nodes_embedding_and_scores_for_pairs() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = link_layout(dir.path());
+    // The export holds the encoder and the scorer (under `scorer.`), and
+    // says so in a format older trainers refuse.
+    let x = dir.path().join("export");
+    let x = x.to_str().unwrap();
+    let trained = train(&manifest, &["--export", x]);
+    let sampled_mrr = trained.json()["summary"]["test_rank_at_best_valid"]["mrr"]
+        .as_f64()
+        .unwrap();
+    let card = &trained.json()["summary"]["exports"][0]["card"];
+    assert_eq!(
+        (&card["format_version"], &card["scorer"]),
+        (&2.into(), &"mlp".into())
+    );
+    let shown = run("trainer", &["show-model", "--model", x]);
+    assert!(shown.status.success(), "{}", shown.stderr);
+
+    // Every node's embedding, over its whole neighbourhood, out of core.
+    let lp = dir.path().join("lp");
+    let emb = dir.path().join("emb");
+    let (lp, emb) = (lp.to_str().unwrap(), emb.to_str().unwrap());
+    let infer = |extra: &[&str]| {
+        let mut args = vec!["infer", "--model", x, "--dataset", lp, "--out", emb];
+        args.extend_from_slice(extra);
+        run("trainer", &args)
+    };
+    assert_one_line(&infer(&[]), "has no classes; pass --outputs embeddings");
+    let r = infer(&["--outputs", "embeddings"]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let s = &r.json()["summary"];
+    assert_eq!(s["columns"], serde_json::json!(["node_id", "embedding"]));
+    assert_eq!(s["nodes_written"], 3000);
+
+    // Scores for the test set's pairs rank its held-out edges as the
+    // trainer's sampled evaluation did (full neighbourhoods here, so not
+    // the same figure).
+    let task = LinkTask::open(Path::new(lp), 3000).unwrap().unwrap();
+    let t = &task.test;
+    let mut pairs = Vec::new();
+    for q in 0..t.positives.len() {
+        pairs.push(t.positives[q]);
+        pairs.extend_from_slice(&t.negatives[t.offsets[q] as usize..t.offsets[q + 1] as usize]);
+    }
+    let pairs_path = dir.path().join("pairs.npy");
+    let mut w = NpyWriter::create(&pairs_path, DType::U32, &[pairs.len() as u64, 2]).unwrap();
+    let bytes: Vec<u8> = pairs
+        .iter()
+        .flat_map(|&(u, v)| [u.to_le_bytes(), v.to_le_bytes()])
+        .flatten()
+        .collect();
+    w.write_bytes(&bytes).unwrap();
+    w.finish().unwrap();
+    let scores = dir.path().join("scores.npy");
+    let score = |pairs: &Path| {
+        let (p, s) = (pairs.to_str().unwrap(), scores.to_str().unwrap());
+        let args = [
+            "score",
+            "--model",
+            x,
+            "--embeddings",
+            emb,
+            "--pairs",
+            p,
+            "--out",
+            s,
+        ];
+        run("trainer", &[&args[..], &["--overwrite"]].concat())
+    };
+    let r = score(&pairs_path);
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(r.json()["summary"]["pairs"], pairs.len());
+    let f = NpyFile::open(&scores).unwrap();
+    assert_eq!(f.shape(), [pairs.len() as u64]);
+    let mut raw = vec![0u8; pairs.len() * 4];
+    f.read_data_at(0, &mut raw).unwrap();
+    let s: Vec<f32> = raw
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let mut at = 0;
+    let mut reciprocal = 0.0;
+    for q in 0..t.positives.len() {
+        let k = (t.offsets[q + 1] - t.offsets[q]) as usize;
+        let (pos, neg) = (s[at], &s[at + 1..at + 1 + k]);
+        let above = neg.iter().filter(|&&n| n > pos).count() as f64;
+        let tied = neg.iter().filter(|&&n| n == pos).count() as f64;
+        reciprocal += 1.0 / (1.0 + above + tied / 2.0);
+        at += 1 + k;
+    }
+    let mrr = reciprocal / t.positives.len() as f64;
+    assert!(mrr > 2.0 * chance(), "full-graph test MRR {mrr}");
+    assert!(
+        (mrr - sampled_mrr).abs() < 0.1,
+        "full-graph test MRR {mrr}, sampled {sampled_mrr}"
+    );
+
+    // Bad pairs, one line each.
+    let bad = dir.path().join("bad.npy");
+    let mut w = NpyWriter::create(&bad, DType::U32, &[1, 2]).unwrap();
+    w.write_bytes(&[0, 0, 0, 0, 0xb8, 0x0b, 0, 0]).unwrap(); // (0, 3000)
+    w.finish().unwrap();
+    assert_one_line(&score(&bad), "pair 0 holds node 3000, out of range");
+    let mut w = NpyWriter::create(&bad, DType::U32, &[2]).unwrap();
+    w.write_bytes(&[0; 8]).unwrap();
+    w.finish().unwrap();
+    assert_one_line(&score(&bad), "node pairs must be integers of shape [N, 2]");
 }

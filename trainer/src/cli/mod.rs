@@ -32,6 +32,10 @@ Examples:
   trainer infer --model models/cora-gat --dataset data/demo/cora --out preds \
       --outputs class,probabilities,embeddings --memory 8G
 
+  # A link-prediction model: every node's embedding, then scores for pairs:
+  trainer infer --model models/lp-sage --dataset data/lp --out emb --outputs embeddings
+  trainer score --model models/lp-sage --embeddings emb --pairs pairs.npy --out scores.npy
+
   # Check an export and show what it holds:
   trainer show-model --model models/cora-gat
 
@@ -64,6 +68,9 @@ pub enum Command {
     /// exact function over full neighborhoods, layer by layer, out of core,
     /// written as Parquet.
     Infer(Box<InferArgs>),
+    /// A link-prediction model's scores for given node pairs, from the
+    /// embeddings `trainer infer --outputs embeddings` wrote with it.
+    Score(ScoreArgs),
     /// Check an export (model.json, the weights' checksum, every parameter's
     /// name and shape) and print what it holds.
     ShowModel {
@@ -92,6 +99,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Info) => info::print_info(),
         Some(Command::Export(a)) => export::export_command(a),
         Some(Command::Infer(a)) => infer::infer_command(*a),
+        Some(Command::Score(a)) => score_command(a),
         Some(Command::ShowModel { model }) => export::show_model(&model),
         Some(Command::ProbeDisk { file, fresh }) => info::probe_disk(&file, fresh),
         None => {
@@ -101,4 +109,40 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             train::train_command(cli.train)
         }
     }
+}
+
+/// `trainer score`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct ScoreArgs {
+    /// The export of a link-prediction model (a directory or an
+    /// object-store URL).
+    #[arg(long)]
+    pub model: String,
+    /// The output of `trainer infer --outputs embeddings` with that model.
+    #[arg(long)]
+    pub embeddings: String,
+    /// A .npy of node pairs, shape [N, 2], any integer type.
+    #[arg(long)]
+    pub pairs: std::path::PathBuf,
+    /// Where the N scores go: a .npy of float32 logits (the sigmoid of a
+    /// logit is the model's probability of an edge).
+    #[arg(long)]
+    pub out: std::path::PathBuf,
+    /// Replace a file at --out.
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+/// `trainer score`: the pairs' scores, then the summary.
+fn score_command(a: ScoreArgs) -> anyhow::Result<()> {
+    offgnn_shared::signals::install();
+    let s = crate::link::score(&crate::link::ScoreConfig {
+        model: a.model,
+        embeddings: a.embeddings,
+        pairs: a.pairs,
+        out: a.out,
+        overwrite: a.overwrite,
+    })?;
+    report::score_summary(&s);
+    Ok(())
 }

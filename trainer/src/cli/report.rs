@@ -317,3 +317,26 @@ pub fn naive_summary(e: &NaiveEstimate) {
         &serde_json::json!({ "command": "infer-naive", "summary": e }),
     );
 }
+
+pub fn score_summary(s: &crate::link::ScoreSummary) {
+    let rows = vec![
+        ("model", format!("{} ({} scorer)", s.model, s.scorer)),
+        ("embeddings", s.embeddings.clone()),
+        ("pairs", format!("{} over {} nodes", s.pairs, s.endpoints)),
+        (
+            "embeddings held",
+            format!(
+                "{} ({} wide)",
+                human_bytes(s.embedding_bytes),
+                s.embedding_width
+            ),
+        ),
+        ("scores", s.out.clone()),
+        ("seconds", format!("{:.2}", s.seconds)),
+    ];
+    print_summary(
+        "score",
+        &rows,
+        &serde_json::json!({"command": "score", "summary": s}),
+    );
+}

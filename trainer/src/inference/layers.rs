@@ -39,13 +39,6 @@ pub(super) struct Model {
 impl Model {
     pub(super) fn load(location: &str, device: Device) -> Result<Model> {
         let (card, vs) = export::read(location, device)?;
-        if let Some(scorer) = card.scorer {
-            return Err(crate::error::Error::InvalidArgument(format!(
-                "{}: a link-prediction model ({} scorer); inference writes classes, which it has none of, and its embeddings are not written by `trainer infer` yet",
-                offgnn_shared::store::redact(location),
-                scorer.name()
-            )));
-        }
         let vars = vs.variables();
         let var = |name: String| -> Tensor {
             vars.get(&name)

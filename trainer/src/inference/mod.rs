@@ -101,12 +101,24 @@ pub enum Aggregate {
     Device,
 }
 
-/// The optional output columns (node id and predicted class are always there).
+/// The optional output columns (node id and predicted class are always
+/// there, but for a link-prediction model's, which has no classes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Outputs {
     pub probabilities: bool,
     pub logits: bool,
+    /// A node model's last hidden layer's output.
     pub embeddings: bool,
+    /// A link-prediction model's output, its embedding (what its scorer
+    /// takes), in the column `embedding`; no class column.
+    pub link_embedding: bool,
+}
+
+impl Outputs {
+    /// Whether rows have a predicted class.
+    pub fn class(&self) -> bool {
+        !self.link_embedding
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -275,9 +275,10 @@ fn selected(bits: &[u64], v: u64) -> bool {
 /// class, and each list column's floats. `embedding` is the embedding's
 /// width where there is one.
 fn output_row_bytes(classes: usize, embedding: Option<usize>, outputs: Outputs) -> usize {
-    let lists = outputs.probabilities as usize + outputs.logits as usize;
+    let lists =
+        outputs.probabilities as usize + outputs.logits as usize + outputs.link_embedding as usize;
     let embedding = embedding.filter(|_| outputs.embeddings).unwrap_or(0);
-    16 + 4 * (lists * classes + embedding)
+    8 + 8 * outputs.class() as usize + 4 * (lists * classes + embedding)
 }
 
 /// Bytes an output part's encoder hands to the store at once
@@ -314,12 +315,14 @@ fn output_part<W: Write + Send>(
     sink: W,
 ) -> Result<W> {
     let lists = list_columns(logits, classes, embeddings, outputs);
-    let (descr, props) = part_schema(&lists)?;
+    let class = outputs.class();
+    let (descr, props) = part_schema(&lists, class)?;
     let levels = list_levels(&descr, &lists, rows.len());
     let part = PartColumns {
         a,
         logits,
         classes,
+        class,
         lists,
         levels,
     };
@@ -376,18 +379,21 @@ fn list_columns<'v>(
     if let Some((e, width)) = embeddings {
         lists.push(("embedding", width, Values::Rows(e)));
     }
+    if outputs.link_embedding {
+        lists.push(("embedding", classes, Values::Rows(logits)));
+    }
     lists
 }
 
 /// A part's Parquet schema and writer properties, with the Arrow schema in
 /// the footer.
-fn part_schema(lists: &[List]) -> Result<(SchemaDescriptor, WriterProperties)> {
+fn part_schema(lists: &[List], class: bool) -> Result<(SchemaDescriptor, WriterProperties)> {
     let item = || Arc::new(Field::new("item", DataType::Float32, false));
     let list_type = |width: usize| DataType::FixedSizeList(item(), width as i32);
-    let mut fields = vec![
-        Field::new("node_id", DataType::UInt64, false),
-        Field::new("class", DataType::Int64, false),
-    ];
+    let mut fields = vec![Field::new("node_id", DataType::UInt64, false)];
+    if class {
+        fields.push(Field::new("class", DataType::Int64, false));
+    }
     for (name, width, _) in lists {
         fields.push(Field::new(*name, list_type(*width), false));
     }
@@ -428,7 +434,8 @@ fn list_levels(descr: &SchemaDescriptor, lists: &[List], rows: usize) -> Vec<(Ve
         .iter()
         .enumerate()
         .map(|(k, (_, width, _))| {
-            let leaf = descr.column(2 + k);
+            // The list columns come last.
+            let leaf = descr.column(descr.num_columns() - lists.len() + k);
             let n = rows.min(OUTPUT_BATCH_ROWS) * width;
             let def = vec![leaf.max_def_level(); n];
             let rep = (0..n)
@@ -452,6 +459,8 @@ struct PartColumns<'v> {
     a: u64,
     logits: &'v [f32],
     classes: usize,
+    /// Whether the rows have a class column.
+    class: bool,
     lists: Vec<List<'v>>,
     levels: Vec<(Vec<i16>, Vec<i16>)>,
 }
@@ -483,22 +492,24 @@ impl PartColumns<'_> {
             col.typed::<Int64Type>().write_batch(ints, None, None)?;
             Ok(())
         })?;
-        column(&mut |col| {
-            ints.clear();
-            ints.extend(group.iter().map(|&i| {
-                let row = &logits[i * classes..][..classes];
-                let mut best = 0;
-                for (c, v) in row.iter().enumerate() {
-                    // The first of equal maxima, as torch's argmax.
-                    if *v > row[best] {
-                        best = c;
+        if self.class {
+            column(&mut |col| {
+                ints.clear();
+                ints.extend(group.iter().map(|&i| {
+                    let row = &logits[i * classes..][..classes];
+                    let mut best = 0;
+                    for (c, v) in row.iter().enumerate() {
+                        // The first of equal maxima, as torch's argmax.
+                        if *v > row[best] {
+                            best = c;
+                        }
                     }
-                }
-                best as i64
-            }));
-            col.typed::<Int64Type>().write_batch(ints, None, None)?;
-            Ok(())
-        })?;
+                    best as i64
+                }));
+                col.typed::<Int64Type>().write_batch(ints, None, None)?;
+                Ok(())
+            })?;
+        }
         for ((_, width, values), (def, rep)) in self.lists.iter().zip(&self.levels) {
             column(&mut |col| {
                 for batch in group.chunks(OUTPUT_BATCH_ROWS) {
@@ -748,6 +759,7 @@ mod tests {
             probabilities: true,
             logits: true,
             embeddings: true,
+            link_embedding: false,
         };
         // Every row, then every other row.
         for step in [1, 2] {
@@ -847,5 +859,41 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A link model's part: node ids and its output as `embedding`, no
+    /// class column, as many bytes a row as the plan counts.
+    #[test]
+    fn a_link_models_part_holds_its_output_as_the_embedding() {
+        use arrow::array::AsArray;
+        use arrow::datatypes::Float32Type;
+        let (n, width) = (1000, 5);
+        let out: Vec<f32> = (0..n * width).map(|i| i as f32 * 0.25).collect();
+        let outputs = Outputs {
+            link_embedding: true,
+            ..Default::default()
+        };
+        let rows: Vec<usize> = (0..n).collect();
+        let bytes = output_part(&rows, 0, &out, width, None, outputs, Vec::new()).unwrap();
+        assert_eq!(output_row_bytes(width, Some(7), outputs), 8 + 4 * width);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("part.parquet"), &bytes).unwrap();
+        let file = File::open(dir.path().join("part.parquet")).unwrap();
+        let reader =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+        let names: Vec<String> = (reader.schema().fields().iter())
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(names, ["node_id", "embedding"]);
+        let mut got = Vec::new();
+        for batch in reader.build().unwrap() {
+            let list = batch.unwrap().column_by_name("embedding").unwrap().clone();
+            let values = list
+                .as_fixed_size_list()
+                .values()
+                .as_primitive::<Float32Type>();
+            got.extend(values.values().iter().copied());
+        }
+        assert!(got == out);
     }
 }

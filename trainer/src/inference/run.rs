@@ -25,7 +25,7 @@ use super::resume::{
     Claim, Progress, claim, clear_work_dir, forget_progress, missing_parts, run_key, save_progress,
 };
 use super::stream::Input;
-use super::{COMMIT, InferConfig, InferSummary, PAGE};
+use super::{COMMIT, InferConfig, InferSummary, Outputs, PAGE};
 use crate::error::{Error, Result};
 use crate::export::ModelCard;
 
@@ -57,6 +57,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let started = Instant::now();
     let model = Model::load(&cfg.model, cfg.device)?;
     let card = &model.card;
+    let cfg = &outputs_of(cfg, card)?;
     let (cfg, graph_override) = &graph_of(cfg, card)?;
     let ds = Dataset::open(&local_dataset(cfg)?)?;
     let fingerprint = ds.fingerprint()?;
@@ -142,6 +143,27 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
 /// it (refused in one line) or `graph_override` makes the flags win (then
 /// the second value says so). A card that records no graph (an older
 /// trainer's) leaves the flags as given.
+/// The columns a model writes: a link-prediction model has no classes, and
+/// `--outputs embeddings` is its output, the embedding its scorer takes.
+fn outputs_of(cfg: &InferConfig, card: &ModelCard) -> Result<InferConfig> {
+    let o = cfg.outputs;
+    match card.scorer {
+        None => Ok(cfg.clone()),
+        Some(_) if o.embeddings && !o.probabilities && !o.logits => Ok(InferConfig {
+            outputs: Outputs {
+                link_embedding: true,
+                ..Default::default()
+            },
+            ..cfg.clone()
+        }),
+        Some(scorer) => Err(Error::InvalidArgument(format!(
+            "{}: a link-prediction model ({} scorer) has no classes; pass --outputs embeddings for every node's embedding",
+            offgnn_shared::store::redact(&cfg.model),
+            scorer.name()
+        ))),
+    }
+}
+
 fn graph_of(cfg: &InferConfig, card: &ModelCard) -> Result<(InferConfig, Option<String>)> {
     let Some(trained) = card.graph else {
         return Ok((cfg.clone(), None));
@@ -355,11 +377,13 @@ fn bucketed_edges(cfg: &InferConfig, model: &Model, run_plan: &RunPlan, n: u64) 
 
 /// The output's columns, as `--outputs` asks for them.
 fn columns(cfg: &InferConfig) -> Vec<String> {
-    let mut columns = vec!["node_id".to_string(), "class".to_string()];
+    let mut columns = vec!["node_id".to_string()];
+    let o = cfg.outputs;
     for (on, name) in [
-        (cfg.outputs.probabilities, "probabilities"),
-        (cfg.outputs.logits, "logits"),
-        (cfg.outputs.embeddings, "embedding"),
+        (o.class(), "class"),
+        (o.probabilities, "probabilities"),
+        (o.logits, "logits"),
+        (o.embeddings || o.link_embedding, "embedding"),
     ] {
         if on {
             columns.push(name.into());

@@ -191,6 +191,7 @@ fn config(model: &str, ds: &Path, out: &Path, work: &Path) -> InferConfig {
             probabilities: true,
             logits: true,
             embeddings: true,
+            link_embedding: false,
         },
         device: Device::Cpu,
         // Room for the per-node counts, the read buffers and one 1024-row

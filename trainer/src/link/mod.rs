@@ -7,6 +7,10 @@
 //! width; a batch's seeds are the distinct endpoints of its pairs, and its
 //! pairs index them (`samples::Pairs`).
 
+mod score;
+
+pub use score::{ScoreConfig, ScoreSummary, score};
+
 use serde::{Deserialize, Serialize};
 use tch::nn;
 use tch::{Kind, Reduction, TchError, Tensor};
@@ -53,6 +57,32 @@ impl Scorer {
                 .collect(),
         };
         Scorer { lins }
+    }
+
+    /// The scorer of `kind` whose parameters are among `vars` (an export
+    /// read by `export::read`, which checked that every one is there).
+    pub fn from_vars(
+        vars: &std::collections::HashMap<String, Tensor>,
+        kind: ScorerKind,
+    ) -> crate::error::Result<Scorer> {
+        let var = |name: String| {
+            vars.get(&name).map(Tensor::detach).ok_or_else(|| {
+                crate::error::Error::Checkpoint(format!("the model lacks parameter {name}"))
+            })
+        };
+        let lins = match kind {
+            ScorerKind::Dot => Vec::new(),
+            ScorerKind::Mlp => [0, 2, 4]
+                .into_iter()
+                .map(|i| {
+                    Ok(nn::Linear {
+                        ws: var(format!("scorer.{i}.weight"))?,
+                        bs: Some(var(format!("scorer.{i}.bias"))?),
+                    })
+                })
+                .collect::<crate::error::Result<_>>()?,
+        };
+        Ok(Scorer { lins })
     }
 
     /// One logit per pair: `h` holds the seeds' embeddings, `src` and `dst`
