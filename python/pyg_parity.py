@@ -8,7 +8,10 @@ the same sampled blocks of the test batches that the trainer dumped, and
 compares logits (within 1e-4, absolute) and predicted classes (all equal).
 The MLP baseline is checked the same way on the generated graph. Then
 `trainer infer` runs each export over the whole graph out of core, and its
-logits are compared with PyG's full-graph forward pass (model(x, edge_index)).
+logits are compared with PyG's full-graph forward pass (model(x, edge_index)). Last, a link-prediction model on the
+generated graph: its encoder loads into PyG's GraphSAGE and its scorer into
+torch.nn.Sequential, both with strict=True, and PyG's full-graph embeddings
+and scores match `trainer infer --outputs embeddings` and `trainer score`.
 
 Usage: python pyg_parity.py --bin-dir target/debug --work DIR [--cora-dir D]
 Prints one line per case and, last, one line of JSON; exits non-zero on a
@@ -193,6 +196,71 @@ def full_graph(bin_dir, work, name, dataset, arch, memory):
             "max_abs_logit_diff": diff, "max_abs_embedding_diff": emb_diff}
 
 
+def link_full_graph(bin_dir, work, dataset):
+    """A link-prediction model trained by the binaries: the encoder's
+    weights (all but `scorer.`) load into the PyG class model.json names,
+    the scorer's into the torch.nn.Sequential model.json describes, and
+    PyG's full-graph embeddings and the Sequential's scores of the test pairs
+    equal `trainer infer --outputs embeddings` and `trainer score`."""
+    d = os.path.join(work, "link")
+    lp, samples, layout = (os.path.join(d, n) for n in ("lp", "samples", "pack"))
+    export_dir, emb = os.path.join(d, "export"), os.path.join(d, "emb")
+    run(bin_dir, "sampler", "split-edges", "--dataset", dataset, "--out", lp,
+        "--negatives", 20, "--overwrite")
+    run(bin_dir, "sampler", "--dataset", lp, "--out", samples, "--task", "link",
+        "--negatives", 2, "--fanout", "5,10", "--batch-size", 128, "--epochs", 1, "--overwrite")
+    run(bin_dir, "packer", "--samples", samples, "--features", os.path.join(lp, "data", "feat.npy"),
+        "--out", layout, "--gpu-cache", "64K", "--cpu-cache", "128K", "--disk-budget", "40x",
+        "--overwrite")
+    run(bin_dir, "trainer", "--manifest", os.path.join(layout, "manifest.json"), "--epochs", 2,
+        "--hidden", 32, "--lr", 0.01, "--scorer", "mlp", "--export", export_dir, "--overwrite")
+    run(bin_dir, "trainer", "infer", "--model", export_dir, "--dataset", lp, "--out", emb,
+        "--outputs", "embeddings", "--overwrite")
+    with open(os.path.join(export_dir, "model.json")) as f:
+        card = json.load(f)
+    weights = load_file(os.path.join(export_dir, card["weights"]))
+    model = getattr(pyg_models, card["pyg"]["class"])(**card["pyg"]["kwargs"])
+    model.load_state_dict({k: v for k, v in weights.items() if not k.startswith("scorer.")},
+                          strict=True)
+    d_out = card["out_channels"]
+    scorer = torch.nn.Sequential(torch.nn.Linear(d_out, d_out), torch.nn.ReLU(),
+                                 torch.nn.Linear(d_out, d_out), torch.nn.ReLU(),
+                                 torch.nn.Linear(d_out, 1))
+    scorer.load_state_dict({k.removeprefix("scorer."): v for k, v in weights.items()
+                            if k.startswith("scorer.")}, strict=True)
+    model.eval()
+    x = torch.from_numpy(np.load(os.path.join(lp, "data", "feat.npy")).astype(np.float32))
+    edges = torch.from_numpy(np.load(os.path.join(lp, "edges", "edges.npy")).astype(np.int64))
+    with torch.no_grad():
+        theirs = model(x, torch.unique(edges, dim=1))
+    with open(os.path.join(emb, "_SUCCESS.json")) as f:
+        parts = [os.path.join(emb, p) for p in json.load(f)["files"]]
+    table = pq.ParquetDataset(parts).read()
+    order = np.argsort(table.column("node_id").to_numpy())
+    ours = torch.from_numpy(
+        np.stack(table.column("embedding").to_numpy(zero_copy_only=False)))[order]
+    emb_diff = (theirs - ours).abs().max().item()
+    pairs = np.load(os.path.join(lp, "set", "lp_test_seeds.npy")).astype(np.int64)
+    pairs_path, scores_path = os.path.join(d, "pairs.npy"), os.path.join(d, "scores.npy")
+    np.save(pairs_path, pairs)
+    run(bin_dir, "trainer", "score", "--model", export_dir, "--embeddings", emb,
+        "--pairs", pairs_path, "--out", scores_path, "--overwrite")
+    with torch.no_grad():
+        want = scorer(theirs[pairs[:, 0]] * theirs[pairs[:, 1]]).squeeze(-1)
+    got = torch.from_numpy(np.load(scores_path))
+    score_diff = (want - got).abs().max().item()
+    if ours.shape != theirs.shape or emb_diff > TOLERANCE or score_diff > TOLERANCE:
+        sys.exit(f"FAIL link full graph: embeddings {tuple(ours.shape)} against PyG's "
+                 f"{tuple(theirs.shape)}, largest difference {emb_diff:.3e}; "
+                 f"scores {score_diff:.3e}")
+    print(f"ok generated link full graph, trainer infer and score vs PyG + Sequential: "
+          f"{x.size(0)} nodes, {len(pairs)} pairs, embedding difference {emb_diff:.3e}, "
+          f"score difference {score_diff:.3e}")
+    return {"graph": "generated", "model": "sage", "check": "link_full_graph",
+            "nodes": x.size(0), "pairs": len(pairs), "max_abs_logit_diff": score_diff,
+            "max_abs_embedding_diff": emb_diff}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bin-dir", required=True)
@@ -224,6 +292,7 @@ def main():
         for arch in archs:
             rows.append(check(a.bin_dir, a.work, name, manifest, arch))
             rows.append(full_graph(a.bin_dir, a.work, name, dataset, arch, memory))
+    rows.append(link_full_graph(a.bin_dir, a.work, gen))
     print(json.dumps({"torch": torch.__version__,
                       "torch_geometric": torch_geometric.__version__,
                       "tolerance": TOLERANCE,

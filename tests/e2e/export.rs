@@ -11,7 +11,8 @@ use offgnn_e2e::{binary, cora_dir, run, workspace};
 /// exported, loaded into PyG's model classes with strict=True, and run by
 /// PyG on the same sampled test blocks: logits within 1e-4, classes equal.
 /// Then `trainer infer` over each whole graph, out of core, against PyG's
-/// full-graph forward pass with the same weights.
+/// full-graph forward pass with the same weights; and a link-prediction
+/// model's encoder and scorer, with `trainer infer` and `trainer score`.
 #[test]
 fn exports_compute_the_same_logits_in_pytorch_geometric() {
     let python = workspace().join(".venv/bin/python");
@@ -57,6 +58,8 @@ fn exports_compute_the_same_logits_in_pytorch_geometric() {
             }
         }
     }
+    let link = "generated sage link_full_graph".to_string();
+    assert!(names.contains(&link), "{link} not checked: {names:?}");
     for c in cases {
         assert!(c["max_abs_logit_diff"].as_f64().unwrap() <= 1e-4, "{c}");
         if c.get("check").is_none() {
