@@ -655,3 +655,52 @@ pub fn files_under(dir: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// A generated graph of 3000 nodes whose classes show in its features and
+/// edges, split for link prediction (20 negatives per held-out edge) into
+/// `dir/lp`, sampled with 3 negatives per training pair and packed; returns
+/// the manifest.
+pub fn link_pack(dir: &Path) -> PathBuf {
+    let ds = generate(
+        dir,
+        &[
+            "--nodes",
+            "3000",
+            "--feature-dim",
+            "32",
+            "--classes",
+            "8",
+            "--signal",
+            "1.0",
+        ],
+    );
+    let lp = dir.join("lp");
+    let (d, o) = (ds.to_str().unwrap(), lp.to_str().unwrap());
+    let r = run(
+        "sampler",
+        &[
+            "split-edges",
+            "--dataset",
+            d,
+            "--out",
+            o,
+            "--negatives",
+            "20",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let samples = dir.join("samples");
+    let flags = ["--task", "link", "--negatives", "3", "--fanout", "5,5"];
+    let mut flags = flags.to_vec();
+    flags.extend_from_slice(&["--batch-size", "128", "--epochs", "2"]);
+    sample(&lp, &samples, &flags);
+    let flags = [
+        "--gpu-cache",
+        "16K",
+        "--cpu-cache",
+        "16K",
+        "--disk-budget",
+        "30x",
+    ];
+    pack(&lp, &samples, &dir.join("pack"), &flags)
+}

@@ -392,3 +392,41 @@ fn ranks_launched_with_other_settings_are_refused_by_name() {
         }
     }
 }
+
+/// A link-prediction layout trains under torchrun as two emulated ranks do:
+/// the scorer's gradients are averaged with the encoder's, and the ranking
+/// sums add over the ranks' shares of the evaluation batches.
+#[test]
+fn link_prediction_ranks_train_and_rank_as_emulated_ranks_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = offgnn_e2e::link_pack(dir.path());
+    let common = [
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--epochs",
+        "2",
+        "--hidden",
+        "32",
+        "--dropout",
+        "0",
+    ];
+    let r = launch(2, &common, &[]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let args = [&common[..], &["--emulate-ranks", "2"]].concat();
+    let h = run_with_env("trainer", &args, &[("OMP_NUM_THREADS", "1")]);
+    assert!(h.status.success(), "{}", h.stderr);
+    let (d, e) = (&r.json()["summary"], &h.json()["summary"]);
+    assert_eq!(d["world_size"], 2);
+    for k in 0..2 {
+        let (a, b) = (&d["epochs"][k], &e["epochs"][k]);
+        for (x, y) in [
+            (&a["loss"], &b["loss"]),
+            (&a["valid_rank"]["mrr"], &b["valid_rank"]["mrr"]),
+            (&a["test_rank"]["mrr"], &b["test_rank"]["mrr"]),
+        ] {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            assert!((x - y).abs() < 1e-4, "epoch {k}: {x} vs {y}");
+        }
+        assert_eq!(a["test_rank"]["queries"], b["test_rank"]["queries"]);
+    }
+}

@@ -3,7 +3,7 @@
 //! encoder and scorer trained on them and ranked against the given
 //! negatives.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use offgnn_e2e::{assert_one_line, run, run_env};
 use offgnn_shared::dataset::LinkTask;
@@ -13,54 +13,6 @@ use offgnn_shared::npy::{DType, NpyFile, NpyWriter};
 /// reciprocal rank of H(21)/21 = 0.173.
 fn chance() -> f64 {
     (1..=21).map(|r| 1.0 / r as f64).sum::<f64>() / 21.0
-}
-
-/// A generated graph whose classes show in its features and edges, split
-/// for link prediction (20 negatives per held-out edge), sampled with 3
-/// negatives per training pair and packed; returns the manifest.
-fn link_layout(dir: &Path) -> PathBuf {
-    let ds = offgnn_e2e::generate(
-        dir,
-        &[
-            "--nodes",
-            "3000",
-            "--feature-dim",
-            "32",
-            "--classes",
-            "8",
-            "--signal",
-            "1.0",
-        ],
-    );
-    let lp = dir.join("lp");
-    let (d, o) = (ds.to_str().unwrap(), lp.to_str().unwrap());
-    let r = run(
-        "sampler",
-        &[
-            "split-edges",
-            "--dataset",
-            d,
-            "--out",
-            o,
-            "--negatives",
-            "20",
-        ],
-    );
-    assert!(r.status.success(), "{}", r.stderr);
-    let samples = dir.join("samples");
-    let flags = ["--task", "link", "--negatives", "3", "--fanout", "5,5"];
-    let mut flags = flags.to_vec();
-    flags.extend_from_slice(&["--batch-size", "128", "--epochs", "2"]);
-    offgnn_e2e::sample(&lp, &samples, &flags);
-    let flags = [
-        "--gpu-cache",
-        "16K",
-        "--cpu-cache",
-        "16K",
-        "--disk-budget",
-        "30x",
-    ];
-    offgnn_e2e::pack(&lp, &samples, &dir.join("pack"), &flags)
 }
 
 /// One thread for libtorch: identical inputs then give identical losses.
@@ -89,7 +41,7 @@ fn losses(r: &offgnn_e2e::Run) -> Vec<f64> {
 #[test]
 fn link_prediction_packs_trains_and_ranks_held_out_edges_above_chance() {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = link_layout(dir.path());
+    let manifest = offgnn_e2e::link_pack(dir.path());
     let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
     assert_eq!(m["format_version"], 5, "a link layout has its own format");
     assert_eq!(m["samples"]["link"]["negatives"], 3);
@@ -183,7 +135,7 @@ fn link_prediction_packs_trains_and_ranks_held_out_edges_above_chance() {
 #[test]
 fn link_models_export_and_give_every_nodes_embedding_and_scores_for_pairs() {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = link_layout(dir.path());
+    let manifest = offgnn_e2e::link_pack(dir.path());
     // The export holds the encoder and the scorer (under `scorer.`), and
     // says so in a format older trainers refuse.
     let x = dir.path().join("export");
