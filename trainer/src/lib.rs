@@ -23,4 +23,4 @@ pub mod test_hooks;
 pub mod train;
 
 pub use cli::{Cli, Command, ExportArgs, Features, InferArgs, Model, OnOff, TrainArgs, run};
-pub use runtime::{OMP_WAIT_POLICY, passive_openmp_for_infer, retain_freed_memory};
+pub use runtime::{OMP_WAIT_POLICY, passive_openmp_where_it_helps, retain_freed_memory};

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    trainer::passive_openmp_for_infer();
+    trainer::passive_openmp_where_it_helps();
     trainer::retain_freed_memory();
     let cli = trainer::Cli::parse();
     offgnn_shared::report::init_logging();

@@ -1,6 +1,6 @@
 //! Process-wide settings the binaries take before anything else runs:
-//! glibc's allocator keeps what libtorch frees, and `trainer infer` runs
-//! OpenMP's idle threads passive.
+//! glibc's allocator keeps what libtorch frees, and `trainer infer` and
+//! training with the historical cache run OpenMP's idle threads passive.
 
 /// Keeps memory that libtorch frees for its next tensors. By default glibc
 /// maps every large allocation (over 128 KiB at first, over 32 MiB at
@@ -19,24 +19,25 @@ pub fn retain_freed_memory() {
     }
 }
 
-/// The OpenMP wait policy `trainer infer` runs libtorch with.
+/// The OpenMP wait policy variable, which `trainer infer` records.
 pub const OMP_WAIT_POLICY: &str = "OMP_WAIT_POLICY";
 
-/// Re-executes `trainer infer` with `OMP_WAIT_POLICY=PASSIVE` unless the
-/// caller chose a policy. Inference runs libtorch's matmuls (OpenMP) in
-/// turn with its own threads' work (the reader, the scatter), and by
-/// default libgomp's idle threads spin, on the cores that work needs,
-/// which slows the narrow layers most. libgomp reads the policy once, as
-/// it loads, before `main`; hence the exec. Returns (and the run goes on
-/// as it is) where the exec fails.
-pub fn passive_openmp_for_infer() {
+/// Re-executes `trainer infer`, and training with `--historical`, with
+/// `OMP_WAIT_POLICY=PASSIVE` unless the caller chose a policy. Both run
+/// libtorch's parallel ops (OpenMP) in turn with work of their own threads
+/// (inference: the reader, the scatter; the historical cache: loaders that
+/// prune each batch once the model step `lag` steps back has published its
+/// update), and by default libgomp's idle threads spin on the cores that
+/// work needs: on two cores, a link-prediction epoch with the cache took
+/// 33 s spinning and 1.6 s passive. libgomp reads the policy once, as it
+/// loads, before `main`; hence the exec. Returns (and the run goes on as
+/// it is) where the exec fails.
+pub fn passive_openmp_where_it_helps() {
     use std::os::unix::process::CommandExt;
     let mut args = std::env::args_os();
     let arg0 = args.next();
     let rest: Vec<_> = args.collect();
-    if rest.first().map(|a| a.as_os_str()) != Some(std::ffi::OsStr::new("infer"))
-        || std::env::var_os(OMP_WAIT_POLICY).is_some()
-    {
+    if !wants_passive_openmp(&rest) || std::env::var_os(OMP_WAIT_POLICY).is_some() {
         return;
     }
     let Ok(exe) = std::env::current_exe() else {
@@ -50,4 +51,32 @@ pub fn passive_openmp_for_infer() {
     eprintln!(
         "warning: could not re-execute with {OMP_WAIT_POLICY}=PASSIVE ({err}); going on without"
     );
+}
+
+/// Whether the command line (without the program) is `infer`, or training
+/// with `--historical`.
+fn wants_passive_openmp(args: &[std::ffi::OsString]) -> bool {
+    let first = args.first().and_then(|a| a.to_str());
+    first == Some("infer")
+        || (first.is_none_or(|a| a.starts_with('-'))
+            && args.iter().any(|a| {
+                a.to_str()
+                    .is_some_and(|a| a == "--historical" || a.starts_with("--historical="))
+            }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wants_passive_openmp;
+
+    #[test]
+    fn inference_and_the_historical_cache_run_openmp_passive() {
+        let yes =
+            |line: &str| wants_passive_openmp(&line.split(' ').map(Into::into).collect::<Vec<_>>());
+        assert!(yes("infer --model m"));
+        assert!(yes("--manifest m --historical"));
+        assert!(yes("--manifest m --historical=p_grad=0.8"));
+        assert!(!yes("--manifest m --epochs 3"));
+        assert!(!yes("export --historical"));
+    }
 }
