@@ -111,6 +111,20 @@ fn link_prediction_packs_trains_and_ranks_held_out_edges_above_chance() {
         serde_json::json!([1, 50])
     );
     assert_eq!(losses(&resumed), losses(&r));
+    // `trainer export` of the checkpoint holds the scorer as well.
+    let x = dir.path().join("from-checkpoint");
+    let r = run(
+        "trainer",
+        &[
+            "export",
+            "--checkpoint-dir",
+            flags[1],
+            "--out",
+            x.to_str().unwrap(),
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(r.json()["export"]["card"]["scorer"], "mlp");
 
     // --scorer belongs to link layouts.
     let node = dir.path().join("node");

@@ -16,7 +16,7 @@ use sha2::Digest;
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::error::{Error, Result};
-use crate::link::{Scorer, ScorerKind};
+use crate::link::ScorerKind;
 use crate::model::{self, ModelConfig, ModelKind};
 
 /// The newest export format this trainer reads. Format 2 is a
@@ -502,8 +502,7 @@ pub fn read(location: &str, device: Device) -> Result<(ModelCard, nn::VarStore)>
     }
     let named = decode(&bytes, &weights_url)?;
     let vs = nn::VarStore::new(device);
-    let _net = model::build(&vs.root(), &card.config());
-    let _scorer = (card.scorer).map(|k| Scorer::new(&vs.root(), k, card.out_channels));
+    let _model = model::build_with_scorer(&vs.root(), &card.config());
     load_into(&vs, &named, &weights_url)?;
     Ok((card, vs))
 }

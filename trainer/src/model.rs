@@ -85,6 +85,17 @@ pub fn build(vs: &nn::Path, cfg: &ModelConfig) -> Box<dyn Gnn> {
     }
 }
 
+/// The model of `cfg` and, for a link-prediction model, its scorer: every
+/// parameter its checkpoints and exports hold.
+pub fn build_with_scorer(
+    vs: &nn::Path,
+    cfg: &ModelConfig,
+) -> (Box<dyn Gnn>, Option<crate::link::Scorer>) {
+    let net = build(vs, cfg);
+    let scorer = (cfg.scorer).map(|kind| crate::link::Scorer::new(vs, kind, cfg.classes));
+    (net, scorer)
+}
+
 /// Layer widths: input, `layers - 1` hidden, classes.
 pub(crate) fn widths(cfg: &ModelConfig) -> Vec<i64> {
     std::iter::once(cfg.in_dim)

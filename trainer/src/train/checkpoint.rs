@@ -279,7 +279,7 @@ pub fn export_checkpoint(
     })?;
     // Through a fresh model: every parameter present, with its shape.
     let vs = nn::VarStore::new(Device::Cpu);
-    let _net = model::build(&vs.root(), &meta.model);
+    let _model = model::build_with_scorer(&vs.root(), &meta.model);
     export::load_into(
         &vs,
         &with_prefix(&named, prefix),

@@ -70,9 +70,7 @@ impl ModelState {
     /// A fresh model as `cfg` describes it, on its device.
     pub(super) fn new(cfg: &TrainConfig) -> ModelState {
         let vs = nn::VarStore::new(cfg.device);
-        let net = model::build(&vs.root(), &cfg.model);
-        let scorer =
-            (cfg.model.scorer).map(|kind| Scorer::new(&vs.root(), kind, cfg.model.classes));
+        let (net, scorer) = model::build_with_scorer(&vs.root(), &cfg.model);
         let adam = Adam::new(&vs, cfg.lr);
         ModelState {
             vs,
