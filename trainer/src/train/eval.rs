@@ -58,14 +58,25 @@ pub(super) fn evaluate(
     Ok(())
 }
 
-/// This rank's part of `refs`; one process's, all of them.
-fn part<'a>(job: &Job, refs: &'a [BatchRef]) -> &'a [BatchRef] {
-    match job.ranks.group() {
+/// `each` over this rank's part of `refs` (one process: all of them),
+/// without gradients. A libtorch failure of the model (on a GPU, most
+/// often out of memory) learns here where it happened.
+fn each_batch(
+    job: &Job,
+    name: &str,
+    refs: &[BatchRef],
+    each: impl FnMut(Ready) -> Result<()>,
+) -> Result<()> {
+    let part = match job.ranks.group() {
         Some(g) => {
             &refs[distributed::eval_share(refs.len(), job.world() as usize, g.rank as usize)]
         }
         None => refs,
-    }
+    };
+    let opts = job.cfg.pipeline_options();
+    tch::no_grad(|| pipeline::run_batches(job.layout, job.engine, job.src, part, opts, None, each))
+        .map_err(|e| e.during(|| format!("evaluating the {name} batches")))?;
+    Ok(())
 }
 
 /// The share of `refs`' seeds (the set `name`) that `net` classifies
@@ -73,25 +84,12 @@ fn part<'a>(job: &Job, refs: &'a [BatchRef]) -> &'a [BatchRef] {
 fn accuracy(job: &Job, net: &dyn Gnn, name: &str, refs: &[BatchRef]) -> Result<f64> {
     let cfg = job.cfg;
     let (mut right, mut n) = (Tensor::from(0i64).f_to_device(cfg.device)?, 0i64);
-    tch::no_grad(|| {
-        pipeline::run_batches(
-            job.layout,
-            job.engine,
-            job.src,
-            part(job, refs),
-            cfg.pipeline_options(),
-            None,
-            |r: Ready| {
-                let logits = net.forward(&r.x, &r.blocks, false)?;
-                let _ = right.f_add_(&correct(&logits, &r.labels)?)?;
-                n += r.labels.size()[0];
-                Ok(())
-            },
-        )
-    })
-    // A libtorch failure of the model (on a GPU, most often out of
-    // memory) learns here where it happened.
-    .map_err(|e| e.during(|| format!("evaluating the {name} batches")))?;
+    each_batch(job, name, refs, |r: Ready| {
+        let logits = net.forward(&r.x, &r.blocks, false)?;
+        let _ = right.f_add_(&correct(&logits, &r.labels)?)?;
+        n += r.labels.size()[0];
+        Ok(())
+    })?;
     let mut c = right.int64_value(&[]);
     if let Some(g) = job.ranks.group() {
         let v = g.sum_f64(&[c as f64, n as f64], cfg.device)?;
@@ -111,27 +109,16 @@ fn ranking(
 ) -> Result<(f64, Option<RankMetrics>)> {
     let cfg = job.cfg;
     let mut sums = RankSums::new(cfg.device);
-    tch::no_grad(|| {
-        pipeline::run_batches(
-            job.layout,
-            job.engine,
-            job.src,
-            part(job, refs),
-            cfg.pipeline_options(),
-            None,
-            |r: Ready| {
-                let pairs = r.pairs.as_ref().ok_or_else(|| {
-                    crate::error::Error::InvalidArgument(
-                        "a batch without node pairs in a link-prediction layout".into(),
-                    )
-                })?;
-                let out = net.forward(&r.x, &r.blocks, false)?;
-                sums.add(&scorer.score(&out, &pairs.src, &pairs.dst)?, pairs)?;
-                Ok(())
-            },
-        )
-    })
-    .map_err(|e| e.during(|| format!("evaluating the {name} batches")))?;
+    each_batch(job, name, refs, |r: Ready| {
+        let pairs = r.pairs.as_ref().ok_or_else(|| {
+            crate::error::Error::InvalidArgument(
+                "a batch without node pairs in a link-prediction layout".into(),
+            )
+        })?;
+        let out = net.forward(&r.x, &r.blocks, false)?;
+        sums.add(&scorer.score(&out, &pairs.src, &pairs.dst)?, pairs)?;
+        Ok(())
+    })?;
     let mut v = sums.values()?;
     if let Some(g) = job.ranks.group() {
         v = g.sum_f64(&v, cfg.device)?;
