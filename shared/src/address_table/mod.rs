@@ -47,8 +47,13 @@ use crate::samples::{Block, Pairs};
 
 mod bits;
 mod object;
+mod reader;
+mod topology;
 use bits::{get_bits, put_bits};
 pub use object::{FOOTER, TableWriter, decode_footer, decode_index, object_overhead};
+use reader::Reader;
+use topology::read_topology;
+pub use topology::topology_frame;
 
 /// Disk pages (4 KiB), as the layout counts them.
 const PAGE: u64 = 4096;
@@ -151,103 +156,6 @@ pub fn admission_bytes(admissions: u64, num_inputs: u64, num_nodes: u64) -> u64 
     }
     let width = index_bits(num_inputs) + index_bits(num_nodes);
     4 + (admissions * u64::from(width)).div_ceil(8)
-}
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-/// How an array's values are written (as LEB128 varints).
-#[derive(Clone, Copy)]
-enum Coding {
-    /// As they are.
-    Plain,
-    /// Each as its difference from the one before (sorted arrays: small).
-    Delta,
-    /// A block's source ids, which the sampler numbers in order of first
-    /// appearance after the destinations (`0..num_dst`): an id above every
-    /// one before is written as twice its distance from the next new id
-    /// (mostly 0), any other as twice itself plus one. On sampled blocks
-    /// this takes a quarter less than zigzagged differences, compressed.
-    NewIds { num_dst: u32 },
-}
-
-fn put_u32s(out: &mut Vec<u8>, v: &[u32], coding: Coding) {
-    put_varint(out, v.len() as u64);
-    let mut prev = 0u32;
-    let mut next = match coding {
-        Coding::NewIds { num_dst } => num_dst,
-        _ => 0,
-    };
-    for &x in v {
-        put_varint(
-            out,
-            match coding {
-                Coding::Plain => u64::from(x),
-                Coding::Delta => u64::from(x.wrapping_sub(prev)),
-                Coding::NewIds { .. } if x >= next => {
-                    let d = u64::from(x - next) * 2;
-                    next = x.saturating_add(1);
-                    d
-                }
-                Coding::NewIds { .. } => u64::from(x) * 2 + 1,
-            },
-        );
-        prev = x;
-    }
-}
-
-/// The body of a topology frame: split, epoch, index, input count, then
-/// labels, input nodes and blocks (input layer first); varints.
-fn topology_body(t: &BatchTable, out: &mut Vec<u8>) {
-    out.clear();
-    put_varint(
-        out,
-        match t.split {
-            None => 0,
-            Some(Split::Train) => 1,
-            Some(Split::Valid) => 2,
-            Some(Split::Test) => 3,
-        },
-    );
-    put_varint(out, u64::from(t.epoch));
-    put_varint(out, u64::from(t.index));
-    put_varint(out, u64::from(t.num_inputs));
-    put_u32s(out, &t.labels, Coding::Plain);
-    put_u32s(out, &t.input_nodes, Coding::Plain);
-    put_varint(out, t.blocks.len() as u64);
-    for b in &t.blocks {
-        put_varint(out, u64::from(b.num_src));
-        put_varint(out, u64::from(b.num_dst));
-        put_u32s(out, &b.src, Coding::NewIds { num_dst: b.num_dst });
-        put_u32s(out, &b.dst, Coding::Delta);
-    }
-    // A node batch ends at its blocks, as every batch did before pairs.
-    if !t.pairs.is_empty() {
-        for v in [&t.pairs.src, &t.pairs.dst, &t.pairs.label, &t.pairs.query] {
-            put_u32s(out, v, Coding::Plain);
-        }
-    }
-}
-
-/// Compresses a batch's topology (its labels, input nodes and blocks,
-/// which do not depend on the layout's plan) into `out`: the frame
-/// [`encode_into`] writes. The packer measures it before planning, so
-/// that the disk budget can hold the tables.
-pub fn topology_frame(
-    t: &BatchTable,
-    scratch: &mut Vec<u8>,
-    out: &mut Vec<u8>,
-) -> std::io::Result<()> {
-    topology_body(t, scratch);
-    out.clear();
-    out.reserve(zstd::compress_bound(scratch.len()));
-    zstd::bulk::Compressor::new(ZSTD_LEVEL)?.compress_to_buffer(scratch.as_slice(), out)?;
-    Ok(())
 }
 
 /// Why a batch table cannot be encoded (a plan inconsistent with itself).
@@ -383,106 +291,6 @@ pub fn encode(t: &BatchTable, row_bytes: u64, num_nodes: u64) -> Result<Vec<u8>>
     Ok(out)
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-    origin: &'a str,
-}
-
-impl Reader<'_> {
-    fn fail(&self, what: &str) -> Error {
-        Error::Store {
-            kind: None,
-            url: self.origin.to_string(),
-            fault: format!("corrupt address table: {what} at byte {}", self.at),
-        }
-    }
-    fn take(&mut self, n: usize) -> Result<&[u8]> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
-        let end = end.ok_or_else(|| self.fail("truncated record"))?;
-        let out = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(out)
-    }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
-    }
-    fn varint(&mut self) -> Result<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.take(1)?[0];
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(self.fail("varint too long"))
-    }
-    fn u32v(&mut self) -> Result<u32> {
-        u32::try_from(self.varint()?).map_err(|_| self.fail("number beyond 32 bits"))
-    }
-    fn u32s(&mut self, coding: Coding) -> Result<Vec<u32>> {
-        let n = self.varint()?;
-        // Every value takes at least a byte.
-        if n > (self.bytes.len() - self.at) as u64 {
-            return Err(self.fail("array longer than the record"));
-        }
-        let mut out = Vec::with_capacity(n as usize);
-        let mut prev = 0u32;
-        let mut next = match coding {
-            Coding::NewIds { num_dst } => u64::from(num_dst),
-            _ => 0,
-        };
-        for _ in 0..n {
-            let v = self.varint()?;
-            let x = match coding {
-                Coding::Plain => u32::try_from(v).ok(),
-                Coding::Delta => u32::try_from(v).ok().and_then(|d| prev.checked_add(d)),
-                Coding::NewIds { .. } if v % 2 == 0 => {
-                    let x = next.checked_add(v / 2);
-                    next = x.map_or(u64::MAX, |x| x.saturating_add(1));
-                    x.and_then(|x| u32::try_from(x).ok())
-                }
-                Coding::NewIds { .. } => u32::try_from(v / 2).ok(),
-            };
-            prev = x.ok_or_else(|| self.fail("value beyond 32 bits"))?;
-            out.push(prev);
-        }
-        Ok(out)
-    }
-}
-
-fn decompress(origin: &str, frame: &[u8]) -> Result<Vec<u8>> {
-    use std::io::Read;
-    let fail = |what: String| Error::Store {
-        kind: None,
-        url: origin.to_string(),
-        fault: format!("corrupt address table: topology {what}"),
-    };
-    let declared = zstd::zstd_safe::get_frame_content_size(frame)
-        .ok()
-        .flatten()
-        .ok_or_else(|| fail("frame has no size".into()))?;
-    let mut body = Vec::with_capacity(declared.min(1 << 20) as usize);
-    zstd::stream::read::Decoder::with_buffer(frame)
-        .and_then(|d| d.take(declared.saturating_add(1)).read_to_end(&mut body))
-        .map_err(|e| fail(format!("does not decompress: {e}")))?;
-    if body.len() as u64 != declared {
-        return Err(fail(format!(
-            "decompresses to {} bytes, its frame says {declared}",
-            body.len()
-        )));
-    }
-    Ok(body)
-}
-
 /// Decodes one record and checks that every position and row it names is
 /// in range, so a corrupt table cannot index out of bounds later. The
 /// trainer calls it in its graph-loading stage.
@@ -615,109 +423,6 @@ fn read_head<'a>(r: &mut Reader<'a>) -> Result<RecordHead<'a>> {
         bits,
         addresses,
     })
-}
-
-/// What a record's topology frame holds.
-struct Topology {
-    split: Option<Split>,
-    epoch: u32,
-    index: u32,
-    num_inputs: u32,
-    labels: Vec<u32>,
-    input_nodes: Vec<u32>,
-    blocks: Vec<Block>,
-    pairs: Pairs,
-}
-
-/// Decompresses and decodes the topology, checking every block's ids
-/// against its own and the input counts.
-fn read_topology(origin: &str, frame: &[u8]) -> Result<Topology> {
-    let body = decompress(origin, frame)?;
-    let mut t = Reader {
-        bytes: &body,
-        at: 0,
-        origin,
-    };
-    let split = match t.varint()? {
-        0 => None,
-        1 => Some(Split::Train),
-        2 => Some(Split::Valid),
-        3 => Some(Split::Test),
-        _ => return Err(t.fail("unknown split")),
-    };
-    let epoch = t.u32v()?;
-    let index = t.u32v()?;
-    let num_inputs = t.u32v()?;
-    let labels = t.u32s(Coding::Plain)?;
-    let input_nodes = t.u32s(Coding::Plain)?;
-    let layers = t.varint()?;
-    let mut blocks = Vec::with_capacity(layers.min(64) as usize);
-    for _ in 0..layers {
-        let num_src = t.u32v()?;
-        let num_dst = t.u32v()?;
-        let src = t.u32s(Coding::NewIds { num_dst })?;
-        // Delta-coded, so sorted by destination, as the trainer's segment
-        // reductions need.
-        let dst = t.u32s(Coding::Delta)?;
-        if src.len() != dst.len()
-            || num_dst > num_src
-            || num_src > num_inputs
-            || src.iter().any(|&s| s >= num_src)
-            || dst.iter().any(|&d| d >= num_dst)
-        {
-            return Err(t.fail("block out of range"));
-        }
-        blocks.push(Block {
-            num_src,
-            num_dst,
-            src,
-            dst,
-        });
-    }
-    let mut pairs = Pairs::default();
-    if t.at != body.len() {
-        // The batch's seeds are the last block's destinations.
-        let seeds = blocks.last().map_or(num_inputs, |b| b.num_dst);
-        pairs = read_pairs(&mut t, seeds)?;
-    }
-    if t.at != body.len() {
-        return Err(t.fail("trailing bytes in the topology"));
-    }
-    Ok(Topology {
-        split,
-        epoch,
-        index,
-        num_inputs,
-        labels,
-        input_nodes,
-        blocks,
-        pairs,
-    })
-}
-
-/// A link batch's pairs after its blocks, checked: endpoints among the
-/// `seeds`, labels 0 or 1, queries numbered in order from 0.
-fn read_pairs(t: &mut Reader, seeds: u32) -> Result<Pairs> {
-    let pairs = Pairs {
-        src: t.u32s(Coding::Plain)?,
-        dst: t.u32s(Coding::Plain)?,
-        label: t.u32s(Coding::Plain)?,
-        query: t.u32s(Coding::Plain)?,
-    };
-    let n = pairs.len();
-    if n == 0
-        || [pairs.dst.len(), pairs.label.len(), pairs.query.len()] != [n; 3]
-        || pairs.src.iter().chain(&pairs.dst).any(|&v| v >= seeds)
-        || pairs.label.iter().any(|&l| l > 1)
-        || pairs.query[0] != 0
-        || pairs
-            .query
-            .windows(2)
-            .any(|w| w[1] != w[0] && w[1] != w[0] + 1)
-    {
-        return Err(t.fail("node pairs out of range"));
-    }
-    Ok(pairs)
 }
 
 /// Unpacks the addresses (`width` bits each) and sorts each input row into

@@ -108,31 +108,7 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
         rows.push(("GPU memory (stated peak)", human_bytes(memory.gpu_bytes)));
     }
     if let Some(h) = &s.historical {
-        let levels: Vec<String> = h
-            .stats
-            .level_cached
-            .iter()
-            .zip(&h.stats.level_nodes)
-            .enumerate()
-            .map(|(l, (c, n))| {
-                format!(
-                    "level {}: {:.1}%",
-                    l + 1,
-                    100.0 * *c as f64 / (*n).max(1) as f64
-                )
-            })
-            .collect();
-        rows.push((
-            "historical cache",
-            format!(
-                "p_grad {}, t_stale {}, from step {}: {:.1}% of input rows needed; embeddings from the cache ({})",
-                h.config.p_grad,
-                h.config.t_stale,
-                h.config.start,
-                100.0 * h.inputs_kept(),
-                levels.join(", ")
-            ),
-        ));
+        rows.push(("historical cache", historical_row(h)));
     }
     if s.world_size > 1 {
         let steps: u64 = s.epochs.iter().map(|e| e.batches).sum::<u64>() / s.world_size as u64;
@@ -174,6 +150,32 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
         &rows,
         &serde_json::json!({ "command": "train", "summary": s, "memory": memory }),
     );
+}
+
+/// The historical cache's settings and what it did, in one row.
+fn historical_row(h: &crate::historical::HistoricalSummary) -> String {
+    let levels: Vec<String> = h
+        .stats
+        .level_cached
+        .iter()
+        .zip(&h.stats.level_nodes)
+        .enumerate()
+        .map(|(l, (c, n))| {
+            format!(
+                "level {}: {:.1}%",
+                l + 1,
+                100.0 * *c as f64 / (*n).max(1) as f64
+            )
+        })
+        .collect();
+    format!(
+        "p_grad {}, t_stale {}, from step {}: {:.1}% of input rows needed; embeddings from the cache ({})",
+        h.config.p_grad,
+        h.config.t_stale,
+        h.config.start,
+        100.0 * h.inputs_kept(),
+        levels.join(", ")
+    )
 }
 
 pub fn export_summary(command: &str, w: &Written) {
