@@ -16,7 +16,7 @@ use sha2::Digest;
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::error::{Error, Result};
-use crate::link::ScorerKind;
+use crate::link::{Scorer, ScorerKind};
 use crate::model::{self, ModelConfig, ModelKind};
 
 /// The newest export format this trainer reads. Format 2 is a
@@ -457,6 +457,14 @@ fn refuse_a_file(location: &str) -> Result<()> {
 /// checked against the card's checksum and loaded into a fresh model of
 /// the card's shape on `device`.
 pub fn read(location: &str, device: Device) -> Result<(ModelCard, nn::VarStore)> {
+    read_with_scorer(location, device).map(|(card, vs, _)| (card, vs))
+}
+
+/// [`read`], with a link-prediction model's scorer over the loaded weights.
+pub fn read_with_scorer(
+    location: &str,
+    device: Device,
+) -> Result<(ModelCard, nn::VarStore, Option<Scorer>)> {
     refuse_a_file(location)?;
     let store = Store::open(location)?;
     let card_url = store.join(CARD);
@@ -502,9 +510,9 @@ pub fn read(location: &str, device: Device) -> Result<(ModelCard, nn::VarStore)>
     }
     let named = decode(&bytes, &weights_url)?;
     let vs = nn::VarStore::new(device);
-    let _model = model::build_with_scorer(&vs.root(), &card.config());
+    let (_net, scorer) = model::build_with_scorer(&vs.root(), &card.config());
     load_into(&vs, &named, &weights_url)?;
-    Ok((card, vs))
+    Ok((card, vs, scorer))
 }
 
 #[cfg(test)]

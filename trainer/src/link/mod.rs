@@ -59,32 +59,6 @@ impl Scorer {
         Scorer { lins }
     }
 
-    /// The scorer of `kind` whose parameters are among `vars` (an export
-    /// read by `export::read`, which checked that every one is there).
-    pub fn from_vars(
-        vars: &std::collections::HashMap<String, Tensor>,
-        kind: ScorerKind,
-    ) -> crate::error::Result<Scorer> {
-        let var = |name: String| {
-            vars.get(&name).map(Tensor::detach).ok_or_else(|| {
-                crate::error::Error::Checkpoint(format!("the model lacks parameter {name}"))
-            })
-        };
-        let lins = match kind {
-            ScorerKind::Dot => Vec::new(),
-            ScorerKind::Mlp => [0, 2, 4]
-                .into_iter()
-                .map(|i| {
-                    Ok(nn::Linear {
-                        ws: var(format!("scorer.{i}.weight"))?,
-                        bs: Some(var(format!("scorer.{i}.bias"))?),
-                    })
-                })
-                .collect::<crate::error::Result<_>>()?,
-        };
-        Ok(Scorer { lins })
-    }
-
     /// One logit per pair: `h` holds the seeds' embeddings, `src` and `dst`
     /// (int64) index its rows.
     pub fn score(&self, h: &Tensor, src: &Tensor, dst: &Tensor) -> Result<Tensor, TchError> {

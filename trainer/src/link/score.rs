@@ -14,7 +14,6 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use super::Scorer;
 use crate::error::{Error, Result};
 use crate::export::{self, ModelCard};
 use crate::inference::{COMMIT, InferSummary};
@@ -62,14 +61,13 @@ pub fn score(cfg: &ScoreConfig) -> Result<ScoreSummary> {
             cfg.out.display()
         )));
     }
-    let (card, vs) = export::read(&cfg.model, Device::Cpu)?;
-    let kind = card.scorer.ok_or_else(|| {
-        Error::InvalidArgument(format!(
+    let (card, _vs, scorer) = export::read_with_scorer(&cfg.model, Device::Cpu)?;
+    let (Some(kind), Some(scorer)) = (card.scorer, scorer) else {
+        return Err(Error::InvalidArgument(format!(
             "{}: a node-classification model; `trainer score` scores pairs with a link-prediction model's scorer",
             offgnn_shared::store::redact(&cfg.model)
-        ))
-    })?;
-    let scorer = Scorer::from_vars(&vs.variables(), kind)?;
+        )));
+    };
     let pairs = open_pairs(&cfg.pairs)?;
     let n = pairs.shape()[0];
     let summary = infer_summary(cfg, &card)?;
