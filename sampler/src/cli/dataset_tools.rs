@@ -7,11 +7,11 @@ use crate::parquet_import::{self, ImportConfig};
 use crate::synthetic::{self, GeneratorConfig};
 use crate::topology::{Csr, CsrOptions};
 use anyhow::Context;
-use offgnn_shared::dataset::Dataset;
+use offgnn_shared::dataset::{Dataset, TypedDataset, is_typed};
 use offgnn_shared::report::{human_bytes, print_summary};
 use offgnn_shared::{npy, progress};
 
-use super::{GenerateArgs, ImportArgs, InspectArgs, Preset, SplitEdgesArgs};
+use super::{GenerateArgs, ImportArgs, InspectArgs, Preset, Schema, SplitEdgesArgs};
 
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let defaults = GeneratorConfig::default();
@@ -34,6 +34,12 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         signal: args.signal.unwrap_or(defaults.signal),
         seed: args.seed,
     };
+    if args.schema == Schema::Igbh {
+        return generate_typed(args, &cfg);
+    }
+    if !args.no_features.is_empty() {
+        anyhow::bail!("--no-features names node types: it goes with --schema igbh");
+    }
     let summary = synthetic::generate(&args.out, &cfg, args.overwrite, true)
         .with_context(|| format!("generating {}", args.out.display()))?;
     print_summary(
@@ -170,6 +176,9 @@ pub fn split_edges(args: &SplitEdgesArgs) -> anyhow::Result<()> {
 }
 
 pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
+    if is_typed(&args.dataset)? {
+        return inspect_typed(args);
+    }
     let ds = Dataset::open(&args.dataset)?;
     let opts = CsrOptions {
         add_reverse: args.add_reverse,
@@ -278,6 +287,134 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
                 "test_queries": t.test.positives.len(),
                 "test_negatives": t.test.negatives.len(),
             })),
+        }),
+    );
+    Ok(())
+}
+
+/// `generate --schema igbh`: a typed graph of IGBH's schema.
+fn generate_typed(args: &GenerateArgs, cfg: &GeneratorConfig) -> anyhow::Result<()> {
+    let summary =
+        synthetic::generate_typed(&args.out, cfg, &args.no_features, args.overwrite, true)
+            .with_context(|| format!("generating {}", args.out.display()))?;
+    let mut rows: Vec<(String, String)> = summary
+        .node_types
+        .iter()
+        .map(|t| {
+            let features = if t.features {
+                format!("{} x {} {}", t.nodes, summary.feature_dim, summary.dtype)
+            } else {
+                format!("{} nodes, no features", t.nodes)
+            };
+            (format!("nodes: {}", t.name), features)
+        })
+        .collect();
+    rows.extend(
+        summary
+            .relations
+            .iter()
+            .map(|r| (format!("edges: {}", r.name), r.edges.to_string())),
+    );
+    rows.push(("feature files".into(), human_bytes(summary.feature_bytes)));
+    rows.push(("edge files".into(), human_bytes(summary.edge_bytes)));
+    rows.push(("wall time".into(), format!("{:.1} s", summary.seconds)));
+    let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    print_summary(
+        &format!("generated {}", args.out.display()),
+        &rows,
+        &serde_json::json!({ "command": "generate", "dataset": args.out, "schema": "igbh", "summary": summary }),
+    );
+    Ok(())
+}
+
+/// `inspect` of a typed dataset: every relation's edges streamed and
+/// checked against its endpoint types, every feature value checked finite.
+fn inspect_typed(args: &InspectArgs) -> anyhow::Result<()> {
+    let ds = TypedDataset::open(&args.dataset)?;
+    let mut rows: Vec<(String, String)> = Vec::new();
+    let mut types_json = Vec::new();
+    for t in &ds.node_types {
+        let features = match &t.features {
+            Some(f) => {
+                let bytes = f.row_bytes() * t.num;
+                let bar = progress::bytes_bar(bytes, &format!("{} features", t.name));
+                let non_finite = f.first_non_finite(|n| bar.inc(n))?;
+                bar.finish_and_clear();
+                if let Some((row, col, value)) = non_finite {
+                    anyhow::bail!(
+                        "{}: row {row}, column {col} is {value}: features must be finite (NaN or Inf spreads to every neighbor and breaks training)",
+                        f.path().display()
+                    );
+                }
+                format!(
+                    "{} x {} {} ({})",
+                    t.num,
+                    f.shape()[1],
+                    f.dtype(),
+                    human_bytes(bytes)
+                )
+            }
+            None => "none".into(),
+        };
+        rows.push((
+            format!("nodes: {}", t.name),
+            format!("{}; features {features}", t.num),
+        ));
+        types_json.push(serde_json::json!({
+            "name": t.name,
+            "num": t.num,
+            "offset": t.offset,
+            "feature_dim": t.features.as_ref().map(|f| f.shape()[1]),
+            "feature_dtype": t.features.as_ref().map(|f| f.dtype().name()),
+            "labels": t.labels.is_some(),
+        }));
+    }
+    let mut relations_json = Vec::new();
+    for r in &ds.relations {
+        let bar = progress::bar(r.edges.len_hint().unwrap_or(0), "edges", &r.name);
+        let mut edges = 0u64;
+        r.edges
+            .for_each_chunk::<offgnn_shared::Error>(crate::topology::CHUNK, |src, _| {
+                edges += src.len() as u64;
+                bar.inc(src.len() as u64);
+                Ok(())
+            })?;
+        bar.finish_and_clear();
+        rows.push((format!("edges: {}", r.name), edges.to_string()));
+        relations_json.push(serde_json::json!({ "name": r.name, "edges": edges }));
+    }
+    let target = &ds.node_types[ds.target].name;
+    rows.push((
+        "classes".into(),
+        format!("{} (of {target})", ds.num_classes),
+    ));
+    rows.push((
+        "train / valid / test".into(),
+        format!(
+            "{} / {} / {}",
+            ds.train.seeds.len(),
+            ds.valid.seeds.len(),
+            ds.test.seeds.len()
+        ),
+    ));
+    let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    print_summary(
+        &format!("dataset {} ({}), typed", ds.name, ds.root.display()),
+        &rows,
+        &serde_json::json!({
+            "command": "inspect",
+            "dataset": ds.root,
+            "name": ds.name,
+            "typed": true,
+            "num_nodes": ds.num_nodes(),
+            "node_types": types_json,
+            "relations": relations_json,
+            "features_finite": true,
+            "target": target,
+            "num_classes": ds.num_classes,
+            "train": ds.train.seeds.len(),
+            "valid": ds.valid.seeds.len(),
+            "test": ds.test.seeds.len(),
         }),
     );
     Ok(())

@@ -188,6 +188,22 @@ pub struct GenerateArgs {
     pub seed: u64,
     #[arg(long)]
     pub overwrite: bool,
+    /// The graph's types: one node type and one edge type, or IGBH's
+    /// (paper, author, institute, fos; cites, written_by, affiliated_to,
+    /// topic and their reverses), where --nodes counts the papers and
+    /// --classes their classes.
+    #[arg(long, value_enum, default_value_t = Schema::Homogeneous)]
+    pub schema: Schema,
+    /// --schema igbh: node types written without a feature file
+    /// (comma-separated), as MAG240M's authors and institutions have none.
+    #[arg(long, value_delimiter = ',')]
+    pub no_features: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Schema {
+    Homogeneous,
+    Igbh,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use super::checks::{require_integer, resolve};
-use super::metadata::Metadata;
+use super::metadata::{EdgeMeta, Metadata};
 use crate::error::{Error, Result};
 use crate::npy::NpyFile;
 
@@ -20,11 +20,19 @@ pub enum EdgeSource {
     Csv(PathBuf),
 }
 
-/// The edge list of a dataset, with the node count it must respect.
+/// The edge list of a dataset, or of one relation of a typed dataset, with
+/// the node counts its ids must respect.
 #[derive(Debug)]
 pub struct EdgeList {
     pub source: EdgeSource,
+    /// The bound of source ids: the graph's nodes, or a relation's source
+    /// type's.
     pub num_nodes: u64,
+    /// The bound of destination ids: `num_nodes` but in a relation between
+    /// two types.
+    pub num_dst_nodes: u64,
+    /// A relation's endpoint types, named in the errors on ids out of range.
+    pub endpoint_types: Option<[String; 2]>,
 }
 
 /// The one edge type of `metadata.yaml`, its file opened and its shape
@@ -33,15 +41,20 @@ pub(super) fn open_edges(root: &Path, meta_path: &Path, meta: &Metadata) -> Resu
     let bad = |fault: String| Error::dataset(meta_path, fault);
     let [edge] = meta.graph.edges.as_slice() else {
         return Err(bad(format!(
-            "graph.edges has {} entries; only homogeneous graphs (one edge type) are supported",
+            "graph.edges has {} entries; a graph of one node type has one edge type",
             meta.graph.edges.len()
         )));
     };
     if edge.edge_type.is_some() {
         return Err(bad(
-            "typed edges: only homogeneous graphs are supported".into()
+            "graph.edges is typed but graph.nodes is not: give the nodes their types".into(),
         ));
     }
+    open_edge_file(root, meta_path, edge)
+}
+
+/// One entry of `graph.edges`: its file opened and its shape checked.
+pub(super) fn open_edge_file(root: &Path, meta_path: &Path, edge: &EdgeMeta) -> Result<EdgeSource> {
     let edge_path = resolve(root, meta_path, &edge.path)?;
     let source = match edge.format.as_str() {
         "numpy" => {
@@ -60,9 +73,10 @@ pub(super) fn open_edges(root: &Path, meta_path: &Path, meta: &Metadata) -> Resu
             EdgeSource::Csv(edge_path)
         }
         other => {
-            return Err(bad(format!(
-                "edge format '{other}' is not supported (numpy or csv)"
-            )));
+            return Err(Error::dataset(
+                meta_path,
+                format!("edge format '{other}' is not supported (numpy or csv)"),
+            ));
         }
     };
     Ok(source)
@@ -94,13 +108,23 @@ impl EdgeList {
     ) -> std::result::Result<(), E> {
         let chunk = chunk.max(1);
         let check = |path: &Path, ids: &[u64], base: u64, what: &str| -> Result<()> {
-            if let Some((i, &v)) = ids.iter().enumerate().find(|(_, v)| **v >= self.num_nodes) {
+            let (bound, of_type) = match what {
+                "source" => (self.num_nodes, self.endpoint_types.as_ref().map(|t| &t[0])),
+                _ => (
+                    self.num_dst_nodes,
+                    self.endpoint_types.as_ref().map(|t| &t[1]),
+                ),
+            };
+            if let Some((i, &v)) = ids.iter().enumerate().find(|(_, v)| **v >= bound) {
+                let nodes = match of_type {
+                    Some(t) => format!("{bound} nodes of type '{t}'"),
+                    None => format!("{bound} nodes"),
+                };
                 return Err(Error::npy(
                     path,
                     format!(
-                        "{what} id {v} of edge {} is out of range for {} nodes",
-                        base + i as u64,
-                        self.num_nodes
+                        "{what} id {v} of edge {} is out of range for {nodes}",
+                        base + i as u64
                     ),
                 ));
             }

@@ -36,11 +36,25 @@ pub(super) fn open_features(
             }
         })
         .ok_or_else(|| bad("no node feature named 'feat' in feature_data".into()))?;
+    open_feature_file(root, meta_path, feat_meta, num_nodes)
+}
+
+/// One node feature file, opened and checked to be float32 or float16
+/// `[num_nodes, d]` with `d > 0`.
+pub(super) fn open_feature_file(
+    root: &Path,
+    meta_path: &Path,
+    feat_meta: &FeatureMeta,
+    num_nodes: u64,
+) -> Result<NpyFile> {
     if feat_meta.format != "numpy" {
-        return Err(bad(format!(
-            "feature '{}' has format '{}'; only numpy is supported",
-            feat_meta.name, feat_meta.format
-        )));
+        return Err(Error::dataset(
+            meta_path,
+            format!(
+                "feature '{}' has format '{}'; only numpy is supported",
+                feat_meta.name, feat_meta.format
+            ),
+        ));
     }
     let feat_path = resolve(root, meta_path, &feat_meta.path)?;
     let features = NpyFile::open(&feat_path)?;
@@ -73,23 +87,32 @@ pub(super) fn open_node_labels(
     node_features: &[&FeatureMeta],
     num_nodes: u64,
 ) -> Result<Option<(PathBuf, Vec<u64>)>> {
-    let node_labels = match node_features.iter().find(|f| f.name == "label") {
-        Some(m) => {
-            let path = resolve(root, meta_path, &m.path)?;
-            let f = NpyFile::open(&path)?;
-            require_integer(&f)?;
-            if f.shape() != [num_nodes] {
-                return Err(Error::npy(
-                    &path,
-                    format!(
-                        "labels must have shape [{num_nodes}], found {:?}",
-                        f.shape()
-                    ),
-                ));
-            }
-            Some((path, f.read_all_u64()?))
-        }
-        None => None,
-    };
-    Ok(node_labels)
+    node_features
+        .iter()
+        .find(|f| f.name == "label")
+        .map(|m| open_label_file(root, meta_path, m, num_nodes))
+        .transpose()
+}
+
+/// One `label` node feature: an integer array of one label per node, read
+/// whole.
+pub(super) fn open_label_file(
+    root: &Path,
+    meta_path: &Path,
+    label_meta: &FeatureMeta,
+    num_nodes: u64,
+) -> Result<(PathBuf, Vec<u64>)> {
+    let path = resolve(root, meta_path, &label_meta.path)?;
+    let f = NpyFile::open(&path)?;
+    require_integer(&f)?;
+    if f.shape() != [num_nodes] {
+        return Err(Error::npy(
+            &path,
+            format!(
+                "labels must have shape [{num_nodes}], found {:?}",
+                f.shape()
+            ),
+        ));
+    }
+    Ok((path, f.read_all_u64()?))
 }

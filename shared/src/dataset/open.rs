@@ -8,6 +8,7 @@ use super::edges::{EdgeList, open_edges};
 use super::features::{node_features, open_features, open_node_labels};
 use super::metadata::{METADATA_FILE, Metadata, read_metadata};
 use super::tasks::{SeedSet, Split, classification_task, load_sets};
+use super::typed::describes_typed;
 use crate::error::{Error, Result};
 use crate::npy::NpyFile;
 
@@ -31,6 +32,16 @@ impl Dataset {
         let root = root.as_ref().to_path_buf();
         let meta_path = root.join(METADATA_FILE);
         let meta = read_metadata(&meta_path)?;
+        if describes_typed(&meta) {
+            return Err(Error::dataset(
+                &meta_path,
+                format!(
+                    "a typed graph ({} node types, {} edge types): `sampler inspect` checks it, but typed graphs are not sampled yet",
+                    meta.graph.nodes.len(),
+                    meta.graph.edges.len()
+                ),
+            ));
+        }
         let num_nodes = node_count(&meta, &meta_path)?;
         let source = open_edges(&root, &meta_path, &meta)?;
         let node_features = node_features(&meta);
@@ -53,7 +64,12 @@ impl Dataset {
             root,
             num_nodes,
             num_classes: num_classes as u32,
-            edges: EdgeList { source, num_nodes },
+            edges: EdgeList {
+                source,
+                num_nodes,
+                num_dst_nodes: num_nodes,
+                endpoint_types: None,
+            },
             features,
             train,
             valid,
@@ -75,21 +91,13 @@ impl Dataset {
     }
 }
 
-/// The node count of the one node type: at least 1, and below 2^32 since
+/// The node count of the one (untyped) node type: at least 1, and below 2^32 since
 /// node ids are 32-bit.
 fn node_count(meta: &Metadata, meta_path: &Path) -> Result<u64> {
     let bad = |fault: String| Error::dataset(meta_path, fault);
     let [node] = meta.graph.nodes.as_slice() else {
-        return Err(bad(format!(
-            "graph.nodes has {} entries; only homogeneous graphs (one node type) are supported",
-            meta.graph.nodes.len()
-        )));
+        return Err(bad("graph.nodes is empty".into()));
     };
-    if node.node_type.is_some() {
-        return Err(bad(
-            "typed nodes: only homogeneous graphs are supported".into()
-        ));
-    }
     let num_nodes = node.num;
     if num_nodes == 0 {
         return Err(bad("graph.nodes[0].num is 0".into()));
@@ -104,7 +112,7 @@ fn node_count(meta: &Metadata, meta_path: &Path) -> Result<u64> {
 }
 
 /// The name `metadata.yaml` gives, else the directory's.
-fn dataset_name(meta: &Metadata, root: &Path) -> String {
+pub(super) fn dataset_name(meta: &Metadata, root: &Path) -> String {
     meta.dataset_name.clone().unwrap_or_else(|| {
         root.file_name()
             .map(|n| n.to_string_lossy().into_owned())

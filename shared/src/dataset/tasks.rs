@@ -12,7 +12,7 @@ use crate::npy::NpyFile;
 pub use offgnn_manifests::Split;
 
 /// The key of a split's set in a task of `metadata.yaml`.
-fn yaml_key(split: Split) -> &'static str {
+pub(super) fn yaml_key(split: Split) -> &'static str {
     match split {
         Split::Train => "train_set",
         Split::Valid => "validation_set",
@@ -109,10 +109,38 @@ fn load_set(
     };
     if entry.node_type.is_some() {
         return Err(bad(format!(
-            "{} is typed: only homogeneous graphs are supported",
+            "{} is typed but graph.nodes is not: give the nodes their types",
             yaml_key(split)
         )));
     }
+    read_set_entry(
+        root,
+        meta_path,
+        split,
+        entry,
+        (num_nodes, None),
+        num_classes,
+        node_labels,
+    )
+}
+
+/// One set entry's seeds and labels: seeds below `num_nodes` (of the type
+/// `nodes.1`, named in errors), each once; labels from the entry, else from
+/// `node_labels` (the nodes' `label` feature).
+pub(super) fn read_set_entry(
+    root: &Path,
+    meta_path: &Path,
+    split: Split,
+    entry: &SetMeta,
+    (num_nodes, of_type): (u64, Option<&str>),
+    num_classes: u64,
+    node_labels: Option<&[u64]>,
+) -> Result<SeedSet> {
+    let bad = |fault: String| Error::dataset(meta_path, fault);
+    let nodes = match of_type {
+        Some(t) => format!("{num_nodes} nodes of type '{t}'"),
+        None => format!("{num_nodes} nodes"),
+    };
     let mut seeds = None;
     let mut labels = None;
     for data in &entry.data {
@@ -150,7 +178,7 @@ fn load_set(
     if let Some((i, &s)) = seeds.iter().enumerate().find(|(_, s)| **s >= num_nodes) {
         return Err(Error::npy(
             &seeds_path,
-            format!("seed {s} at element {i} is out of range for {num_nodes} nodes"),
+            format!("seed {s} at element {i} is out of range for {nodes}"),
         ));
     }
     let mut sorted = seeds.clone();
@@ -183,8 +211,9 @@ fn load_set(
         None => match node_labels {
             Some(all) => seeds.iter().map(|&s| all[s as usize]).collect(),
             None => {
+                let of = of_type.map_or(String::new(), |t| format!(" of type '{t}'"));
                 return Err(bad(format!(
-                    "{} has no 'labels' and there is no node feature 'label'",
+                    "{} has no 'labels' and there is no node feature 'label'{of}",
                     yaml_key(split)
                 )));
             }

@@ -11,6 +11,7 @@ use super::metadata::{
 };
 use super::open::Dataset;
 use super::tasks::Split;
+use super::typed::{TypedDataset, describes_typed};
 use crate::error::{Error, Result};
 use crate::npy;
 
@@ -180,6 +181,17 @@ fn foreign_file(dir: &Path) -> Result<Option<PathBuf>> {
         ours.push(layout::labels(split));
     }
     ours.extend(layout::LINK_FILES.iter().map(|f| layout::link(f)));
+    // A typed dataset's files are those its metadata names.
+    if let Ok(meta) = super::metadata::read_metadata(&dir.join(METADATA_FILE)) {
+        ours.extend(meta.graph.edges.iter().map(|e| e.path.clone()));
+        ours.extend(meta.feature_data.iter().map(|f| f.path.clone()));
+        for task in &meta.tasks {
+            for set in [&task.train_set, &task.validation_set, &task.test_set] {
+                let entries = set.iter().flatten();
+                ours.extend(entries.flat_map(|e| e.data.iter().map(|d| d.path.clone())));
+            }
+        }
+    }
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for entry in fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
@@ -264,7 +276,7 @@ impl DatasetWriter {
 
     /// Writes metadata.yaml (naming every file of [`layout`]), validates the
     /// whole dataset by opening it, and renames it into place.
-    pub fn commit(mut self, spec: &DatasetSpec) -> Result<PathBuf> {
+    pub fn commit(self, spec: &DatasetSpec) -> Result<PathBuf> {
         let data = |name: &str, path: String| SetDataMeta {
             name: name.into(),
             format: "numpy".into(),
@@ -320,11 +332,21 @@ impl DatasetWriter {
             .chain(spec.extra_tasks.iter().cloned())
             .collect(),
         };
-        let text = serde_yaml_ng::to_string(&meta)
+        self.commit_metadata(&meta)
+    }
+
+    /// Writes `meta` as the dataset's `metadata.yaml`, opens the dataset to
+    /// validate it (typed or not) and puts it in place.
+    pub fn commit_metadata(mut self, meta: &Metadata) -> Result<PathBuf> {
+        let text = serde_yaml_ng::to_string(meta)
             .map_err(|e| Error::dataset(&self.tmp, format!("cannot encode metadata: {e}")))?;
         let meta_path = self.tmp.join(METADATA_FILE);
         fs::write(&meta_path, text).map_err(|e| Error::io(&meta_path, e))?;
-        Dataset::open(&self.tmp)?;
+        if describes_typed(meta) {
+            TypedDataset::open(&self.tmp)?;
+        } else {
+            Dataset::open(&self.tmp)?;
+        }
         crate::commit::fault_point(crate::commit::OBJECTS_WRITTEN);
         // Under the lock, so that a signal's cleanup comes wholly before
         // (and this commit then refuses) or wholly after.

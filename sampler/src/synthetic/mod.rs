@@ -42,6 +42,9 @@ use offgnn_shared::dataset::{DatasetSpec, DatasetWriter, Split, layout, seeded_s
 use offgnn_shared::error::{Error, Result};
 use offgnn_shared::npy::{DType, NpyWriter};
 
+mod typed;
+pub use typed::{TypedGenerateSummary, generate_typed, type_counts};
+
 /// What to generate.
 #[derive(Clone, Debug)]
 pub struct GeneratorConfig {
@@ -153,7 +156,6 @@ pub fn generate(
 ) -> Result<GenerateSummary> {
     validate(cfg)?;
     let start = Instant::now();
-    let n = cfg.num_nodes as usize;
     let writer = DatasetWriter::create(out, overwrite)?;
     tracing::info!(
         nodes = cfg.num_nodes,
@@ -166,41 +168,49 @@ pub fn generate(
         out.display()
     );
 
-    let (labels, theta) = draw_nodes(cfg);
-    let out_counts = draw_out_counts(cfg, &theta);
+    let population = Population {
+        num: cfg.num_nodes,
+        classes: cfg.num_classes,
+        exponent: cfg.power_law_exponent,
+        avg_degree: cfg.avg_degree,
+        seed: cfg.seed,
+        part: 0,
+    };
+    let (labels, theta) = draw_nodes(&population);
+    let out_counts = draw_out_counts(cfg.avg_degree / 2.0, &theta, cfg.seed, STREAM_DEGREES);
     let classes = ClassSamplers::build(cfg.num_classes as usize, &labels, &theta);
     drop(theta);
 
-    // Directed edges before each edge chunk: chunk `i` covers source nodes
-    // `[i * EDGE_CHUNK_NODES, ...)` and writes `2 * sum(k_u)` edges.
-    let mut edge_starts = Vec::with_capacity(n.div_ceil(EDGE_CHUNK_NODES) + 1);
-    edge_starts.push(0u64);
-    for chunk in out_counts.chunks(EDGE_CHUNK_NODES) {
-        let directed: u64 = chunk.iter().map(|&k| 2 * k as u64).sum();
-        edge_starts.push(edge_starts.last().expect("non-empty") + directed);
-    }
-    let num_edges = *edge_starts.last().expect("non-empty");
-
     let edges_path = writer.path(layout::EDGES);
-    write_edges(
-        &edges_path,
-        cfg,
-        &labels,
-        &out_counts,
-        &edge_starts,
-        &classes,
+    let edges = EdgeJob {
+        seed: cfg.seed,
+        stream: STREAM_EDGES,
+        homophily: cfg.homophily,
+        src_labels: &labels,
+        out_counts: &out_counts,
+        dst: &classes,
+        same_type: true,
+    };
+    let num_edges = edges.write(EdgeFiles::Symmetric(&edges_path), &|total| {
         progress_bar(show_progress, || {
-            offgnn_shared::progress::bar(num_edges, "edges", "edges")
-        }),
-    )?;
+            offgnn_shared::progress::bar(total, "edges", "edges")
+        })
+    })?;
     drop(classes);
     drop(out_counts);
 
     let feat_path = writer.path(layout::FEATURES);
     let feature_data_bytes = cfg.num_nodes * cfg.feature_dim * cfg.dtype.size() as u64;
-    write_features(
+    FeatureJob {
+        dim: cfg.feature_dim,
+        classes: cfg.num_classes,
+        signal: cfg.signal,
+        dtype: cfg.dtype,
+        seed: cfg.seed,
+        part: 0,
+    }
+    .write(
         &feat_path,
-        cfg,
         &labels,
         progress_bar(show_progress, || {
             offgnn_shared::progress::bytes_bar(feature_data_bytes, "features")
@@ -349,7 +359,7 @@ fn splitmix64(x: u64) -> u64 {
 }
 
 /// The seed of chunk (or row) `index` of random stream `stream`.
-fn stream_seed(seed: u64, stream: u64, index: u64) -> u64 {
+pub(super) fn stream_seed(seed: u64, stream: u64, index: u64) -> u64 {
     splitmix64(splitmix64(splitmix64(seed) ^ stream) ^ index)
 }
 
@@ -357,7 +367,7 @@ fn stream_rng(seed: u64, stream: u64, index: u64) -> Pcg64Mcg {
     Pcg64Mcg::seed_from_u64(stream_seed(seed, stream, index))
 }
 
-fn progress_bar(show: bool, make: impl FnOnce() -> ProgressBar) -> ProgressBar {
+pub(super) fn progress_bar(show: bool, make: impl FnOnce() -> ProgressBar) -> ProgressBar {
     if show { make() } else { ProgressBar::hidden() }
 }
 
@@ -381,13 +391,28 @@ fn propensity_cap(num_nodes: u64, avg_degree: f64, alpha: f64) -> f64 {
     c
 }
 
+/// A population of nodes to draw: a homogeneous graph's nodes, or one node
+/// type's.
+pub(super) struct Population {
+    pub num: u64,
+    pub classes: u32,
+    /// The power-law exponent `gamma` of the propensities.
+    pub exponent: f64,
+    /// The degree the propensity cap is set for.
+    pub avg_degree: f64,
+    pub seed: u64,
+    /// Which population: its random streams are offset by `part << 8`, so
+    /// two node types never share one (0: a homogeneous graph's).
+    pub part: u64,
+}
+
 /// Labels and degree propensities of all nodes. Every class ends up with at
 /// least one node.
-fn draw_nodes(cfg: &GeneratorConfig) -> (Vec<u32>, Vec<f32>) {
-    let n = cfg.num_nodes as usize;
-    let classes = cfg.num_classes;
-    let alpha = cfg.power_law_exponent - 1.0;
-    let cap = propensity_cap(cfg.num_nodes, cfg.avg_degree, alpha);
+pub(super) fn draw_nodes(p: &Population) -> (Vec<u32>, Vec<f32>) {
+    let n = p.num as usize;
+    let classes = p.classes;
+    let alpha = p.exponent - 1.0;
+    let cap = propensity_cap(p.num, p.avg_degree, alpha);
     let mut labels = vec![0u32; n];
     let mut theta = vec![0f32; n];
     labels
@@ -395,7 +420,7 @@ fn draw_nodes(cfg: &GeneratorConfig) -> (Vec<u32>, Vec<f32>) {
         .zip(theta.par_chunks_mut(NODE_CHUNK))
         .enumerate()
         .for_each(|(chunk, (labels, theta))| {
-            let mut rng = stream_rng(cfg.seed, STREAM_NODES, chunk as u64);
+            let mut rng = stream_rng(p.seed, STREAM_NODES + (p.part << 8), chunk as u64);
             for (y, t) in labels.iter_mut().zip(theta.iter_mut()) {
                 *y = rng.random_range(0..classes);
                 // Inverse-CDF Pareto draw: 1 - U lies in (0, 1], so t >= 1.
@@ -403,13 +428,13 @@ fn draw_nodes(cfg: &GeneratorConfig) -> (Vec<u32>, Vec<f32>) {
                 *t = (1.0 - u).powf(-1.0 / alpha).min(cap) as f32;
             }
         });
-    fill_empty_classes(&mut labels, classes as usize, cfg.seed);
+    fill_empty_classes(&mut labels, classes as usize, p.seed, p.part);
     (labels, theta)
 }
 
 /// Gives each empty class a node taken from the currently largest class
 /// (only small graphs with many classes ever need this).
-fn fill_empty_classes(labels: &mut [u32], classes: usize, seed: u64) {
+fn fill_empty_classes(labels: &mut [u32], classes: usize, seed: u64, part: u64) {
     let mut counts = vec![0usize; classes];
     for &y in labels.iter() {
         counts[y as usize] += 1;
@@ -426,7 +451,7 @@ fn fill_empty_classes(labels: &mut [u32], classes: usize, seed: u64) {
         .filter(|&(_, &count)| count > 1)
         .map(|(c, &count)| (count, Reverse(c)))
         .collect();
-    let mut rng = stream_rng(seed, STREAM_FIXUP, 0);
+    let mut rng = stream_rng(seed, STREAM_FIXUP + (part << 8), 0);
     for empty in (0..classes).filter(|&c| counts[c] == 0) {
         let (count, Reverse(from)) = heap
             .pop()
@@ -463,22 +488,22 @@ fn group_by_class(labels: &[u32], classes: usize) -> (Vec<usize>, Vec<u32>) {
 }
 
 /// Out-counts `k_u`: the stochastic rounding of
-/// `avg_degree / 2 * theta_u / mean(theta)`, so `E[sum k] = N * avg_degree / 2`.
-fn draw_out_counts(cfg: &GeneratorConfig, theta: &[f32]) -> Vec<u32> {
+/// `mean_out * theta_u / mean(theta)`, so `E[sum k] = N * mean_out`.
+pub(super) fn draw_out_counts(mean_out: f64, theta: &[f32], seed: u64, stream: u64) -> Vec<u32> {
     // Chunk sums in chunk order: the same total on any number of threads.
     let partial: Vec<f64> = theta
         .par_chunks(NODE_CHUNK)
         .map(|c| c.iter().map(|&t| t as f64).sum::<f64>())
         .collect();
     let mean = partial.iter().sum::<f64>() / theta.len() as f64;
-    let scale = cfg.avg_degree / 2.0 / mean;
+    let scale = mean_out / mean;
     let mut counts = vec![0u32; theta.len()];
     counts
         .par_chunks_mut(NODE_CHUNK)
         .zip(theta.par_chunks(NODE_CHUNK))
         .enumerate()
         .for_each(|(chunk, (counts, theta))| {
-            let mut rng = stream_rng(cfg.seed, STREAM_DEGREES, chunk as u64);
+            let mut rng = stream_rng(seed, stream, chunk as u64);
             for (k, &t) in counts.iter_mut().zip(theta) {
                 let x = scale * t as f64;
                 let whole = x.floor();
@@ -492,7 +517,7 @@ fn draw_out_counts(cfg: &GeneratorConfig, theta: &[f32]) -> Vec<u32> {
 /// One alias table per class (Vose, "A linear algorithm for generating random
 /// numbers with a given distribution", IEEE TSE 17(9), 1991): draws a member
 /// of a class with probability proportional to its propensity in O(1).
-struct ClassSamplers {
+pub(super) struct ClassSamplers {
     /// `members[offsets[c]..offsets[c + 1]]`: the nodes of class `c`.
     offsets: Vec<usize>,
     members: Vec<u32>,
@@ -503,7 +528,7 @@ struct ClassSamplers {
 }
 
 impl ClassSamplers {
-    fn build(classes: usize, labels: &[u32], theta: &[f32]) -> Self {
+    pub(super) fn build(classes: usize, labels: &[u32], theta: &[f32]) -> Self {
         let (offsets, members) = group_by_class(labels, classes);
         let mut keep = vec![0f64; members.len()];
         let mut alias = vec![0u32; members.len()];
@@ -573,14 +598,16 @@ impl ClassSamplers {
         self.members[pick]
     }
 
-    /// The target of one edge from `u` (of class `cu`): in-class with
-    /// probability `homophily`, else in a uniformly drawn other class; never `u`.
-    fn target(&self, u: u32, cu: usize, homophily: f64, rng: &mut Pcg64Mcg) -> u32 {
+    /// The target of one edge from a node of class `cu`: in-class with
+    /// probability `homophily`, else in a uniformly drawn other class; never
+    /// `exclude` (the source, where both ends are of one type).
+    fn target(&self, exclude: Option<u32>, cu: usize, homophily: f64, rng: &mut Pcg64Mcg) -> u32 {
         let classes = self.offsets.len() - 1;
-        if rng.random::<f64>() < homophily && self.class_len(cu) > 1 {
+        let min_len = if exclude.is_some() { 2 } else { 1 };
+        if rng.random::<f64>() < homophily && self.class_len(cu) >= min_len {
             for _ in 0..MAX_SELF_REDRAWS {
                 let v = self.sample(cu, rng);
-                if v != u {
+                if Some(v) != exclude {
                     return v;
                 }
             }
@@ -633,98 +660,155 @@ fn window() -> usize {
     2 * rayon::current_num_threads().max(1)
 }
 
-/// Streams the `[2, E]` edge array: row 0 sources, row 1 destinations; each
-/// chunk's edges go to `[edge_starts[i], edge_starts[i + 1])` of both rows.
-fn write_edges(
-    path: &Path,
-    cfg: &GeneratorConfig,
-    labels: &[u32],
-    out_counts: &[u32],
-    edge_starts: &[u64],
-    classes: &ClassSamplers,
-    bar: ProgressBar,
-) -> Result<()> {
-    let num_edges = *edge_starts.last().expect("non-empty");
-    let mut out = NpyWriter::create(path, DType::I64, &[2, num_edges])?;
-    let num_chunks = edge_starts.len() - 1;
-    let make = |chunk: usize| -> (Vec<u8>, Vec<u8>) {
-        let mut rng = stream_rng(cfg.seed, STREAM_EDGES, chunk as u64);
-        let len = (edge_starts[chunk + 1] - edge_starts[chunk]) as usize;
-        let mut src = Vec::with_capacity(len * 8);
-        let mut dst = Vec::with_capacity(len * 8);
-        let first = chunk * EDGE_CHUNK_NODES;
-        let last = (first + EDGE_CHUNK_NODES).min(labels.len());
-        for u in first..last {
-            let cu = labels[u] as usize;
-            for _ in 0..out_counts[u] {
-                let v = classes.target(u as u32, cu, cfg.homophily, &mut rng) as i64;
-                let u = u as i64;
-                src.extend_from_slice(&u.to_le_bytes());
-                dst.extend_from_slice(&v.to_le_bytes());
-                src.extend_from_slice(&v.to_le_bytes());
-                dst.extend_from_slice(&u.to_le_bytes());
-            }
-        }
-        (src, dst)
-    };
-    pipeline(num_chunks, window(), make, |chunk, (src, dst)| {
-        let start = edge_starts[chunk] * 8;
-        out.write_at(start, &src)?;
-        out.write_at(num_edges * 8 + start, &dst)?;
-        bar.inc((src.len() / 8) as u64);
-        Ok(())
-    })?;
-    out.finish()?;
-    bar.finish();
-    Ok(())
+/// Where a relation's edges go: one file holding each edge both ways (a
+/// relation of a type to itself, made undirected), or the relation's file
+/// and its reverse's (the same edges, the rows swapped).
+pub(super) enum EdgeFiles<'a> {
+    Symmetric(&'a Path),
+    Paired(&'a Path, &'a Path),
 }
 
-/// Streams the `[N, d]` feature matrix; row `i` draws from its own generator.
-fn write_features(
-    path: &Path,
-    cfg: &GeneratorConfig,
-    labels: &[u32],
-    bar: ProgressBar,
-) -> Result<()> {
-    let d = cfg.feature_dim as usize;
-    let n = labels.len();
-    let mut means_rng = stream_rng(cfg.seed, STREAM_MEANS, 0);
-    let means: Vec<f32> = (0..cfg.num_classes as usize * d)
-        .map(|_| cfg.signal * means_rng.sample::<f32, _>(StandardNormal))
-        .collect();
-    // Buffer size depends on d only through f32 width, never on the dtype.
-    let rows_per_buffer = (FEATURE_BUFFER_BYTES / (cfg.feature_dim * 4)).max(1) as usize;
-    let num_buffers = n.div_ceil(rows_per_buffer);
-    let dtype = cfg.dtype;
-    let make = |buffer: usize| -> Vec<u8> {
-        let rows = buffer * rows_per_buffer..((buffer + 1) * rows_per_buffer).min(n);
-        let mut bytes = Vec::with_capacity(rows.len() * d * dtype.size());
-        for row in rows {
-            let mut rng = stream_rng(cfg.seed, STREAM_FEATURES, row as u64);
-            let mean = &means[labels[row] as usize * d..][..d];
-            for &m in mean {
-                let x = m + rng.sample::<f32, _>(StandardNormal);
-                match dtype {
-                    DType::F16 => bytes.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
-                    _ => bytes.extend_from_slice(&x.to_le_bytes()),
+/// The edges of one relation: each source node `u` (of class
+/// `src_labels[u]`) starts `out_counts[u]` edges, each to a destination
+/// drawn from `dst` as [`ClassSamplers::target`] draws.
+pub(super) struct EdgeJob<'a> {
+    pub seed: u64,
+    pub stream: u64,
+    pub homophily: f64,
+    pub src_labels: &'a [u32],
+    pub out_counts: &'a [u32],
+    pub dst: &'a ClassSamplers,
+    /// Sources and destinations are of one type: no edge from a node to
+    /// itself.
+    pub same_type: bool,
+}
+
+impl EdgeJob<'_> {
+    /// Streams the `[2, E]` edge arrays (row 0 sources, row 1
+    /// destinations), chunk `i` of the sources to its own range of each
+    /// file; returns the edges of one file. `bar` makes the progress bar
+    /// from the edge count.
+    pub(super) fn write(&self, files: EdgeFiles, bar: &dyn Fn(u64) -> ProgressBar) -> Result<u64> {
+        let per_edge = match files {
+            EdgeFiles::Symmetric(_) => 2,
+            EdgeFiles::Paired(..) => 1,
+        };
+        let mut edge_starts = Vec::with_capacity(self.out_counts.len() / EDGE_CHUNK_NODES + 2);
+        edge_starts.push(0u64);
+        for chunk in self.out_counts.chunks(EDGE_CHUNK_NODES) {
+            let directed: u64 = chunk.iter().map(|&k| per_edge * k as u64).sum();
+            edge_starts.push(edge_starts.last().expect("non-empty") + directed);
+        }
+        let num_edges = *edge_starts.last().expect("non-empty");
+        let bar = bar(num_edges * (3 - per_edge));
+        let (forward, reverse) = match files {
+            EdgeFiles::Symmetric(path) => (path, None),
+            EdgeFiles::Paired(path, rev) => (path, Some(rev)),
+        };
+        let mut out = NpyWriter::create(forward, DType::I64, &[2, num_edges])?;
+        let mut out_rev = reverse
+            .map(|rev| NpyWriter::create(rev, DType::I64, &[2, num_edges]))
+            .transpose()?;
+        let num_chunks = edge_starts.len() - 1;
+        let make = |chunk: usize| -> (Vec<u8>, Vec<u8>) {
+            let mut rng = stream_rng(self.seed, self.stream, chunk as u64);
+            let len = (edge_starts[chunk + 1] - edge_starts[chunk]) as usize;
+            let mut src = Vec::with_capacity(len * 8);
+            let mut dst = Vec::with_capacity(len * 8);
+            let first = chunk * EDGE_CHUNK_NODES;
+            let last = (first + EDGE_CHUNK_NODES).min(self.src_labels.len());
+            for u in first..last {
+                let cu = self.src_labels[u] as usize;
+                let exclude = self.same_type.then_some(u as u32);
+                for _ in 0..self.out_counts[u] {
+                    let v = self.dst.target(exclude, cu, self.homophily, &mut rng) as i64;
+                    let u = u as i64;
+                    src.extend_from_slice(&u.to_le_bytes());
+                    dst.extend_from_slice(&v.to_le_bytes());
+                    if per_edge == 2 {
+                        src.extend_from_slice(&v.to_le_bytes());
+                        dst.extend_from_slice(&u.to_le_bytes());
+                    }
                 }
             }
+            (src, dst)
+        };
+        pipeline(num_chunks, window(), make, |chunk, (src, dst)| {
+            let start = edge_starts[chunk] * 8;
+            out.write_at(start, &src)?;
+            out.write_at(num_edges * 8 + start, &dst)?;
+            if let Some(rev) = out_rev.as_mut() {
+                rev.write_at(start, &dst)?;
+                rev.write_at(num_edges * 8 + start, &src)?;
+            }
+            bar.inc((src.len() / 8) as u64 * (3 - per_edge));
+            Ok(())
+        })?;
+        out.finish()?;
+        if let Some(rev) = out_rev {
+            rev.finish()?;
         }
-        bytes
-    };
-    let mut out = NpyWriter::create(path, dtype, &[cfg.num_nodes, cfg.feature_dim])?;
-    pipeline(num_buffers, window(), make, |_, bytes| {
-        out.write_bytes(&bytes)?;
-        bar.inc(bytes.len() as u64);
+        bar.finish();
+        Ok(num_edges)
+    }
+}
+
+/// The features of one population: `x_i = signal * mu_{y_i} + z_i`.
+pub(super) struct FeatureJob {
+    pub dim: u64,
+    pub classes: u32,
+    pub signal: f32,
+    pub dtype: DType,
+    pub seed: u64,
+    /// As [`Population::part`].
+    pub part: u64,
+}
+
+impl FeatureJob {
+    /// Streams the `[N, d]` feature matrix; row `i` draws from its own generator.
+    pub(super) fn write(&self, path: &Path, labels: &[u32], bar: ProgressBar) -> Result<()> {
+        let d = self.dim as usize;
+        let n = labels.len();
+        let mut means_rng = stream_rng(self.seed, STREAM_MEANS + (self.part << 8), 0);
+        let means: Vec<f32> = (0..self.classes as usize * d)
+            .map(|_| self.signal * means_rng.sample::<f32, _>(StandardNormal))
+            .collect();
+        // Buffer size depends on d only through f32 width, never on the dtype.
+        let rows_per_buffer = (FEATURE_BUFFER_BYTES / (self.dim * 4)).max(1) as usize;
+        let num_buffers = n.div_ceil(rows_per_buffer);
+        let dtype = self.dtype;
+        let make = |buffer: usize| -> Vec<u8> {
+            let rows = buffer * rows_per_buffer..((buffer + 1) * rows_per_buffer).min(n);
+            let mut bytes = Vec::with_capacity(rows.len() * d * dtype.size());
+            for row in rows {
+                let mut rng = stream_rng(self.seed, STREAM_FEATURES + (self.part << 8), row as u64);
+                let mean = &means[labels[row] as usize * d..][..d];
+                for &m in mean {
+                    let x = m + rng.sample::<f32, _>(StandardNormal);
+                    match dtype {
+                        DType::F16 => {
+                            bytes.extend_from_slice(&half::f16::from_f32(x).to_le_bytes())
+                        }
+                        _ => bytes.extend_from_slice(&x.to_le_bytes()),
+                    }
+                }
+            }
+            bytes
+        };
+        let mut out = NpyWriter::create(path, dtype, &[n as u64, self.dim])?;
+        pipeline(num_buffers, window(), make, |_, bytes| {
+            out.write_bytes(&bytes)?;
+            bar.inc(bytes.len() as u64);
+            Ok(())
+        })?;
+        out.finish()?;
+        bar.finish();
         Ok(())
-    })?;
-    out.finish()?;
-    bar.finish();
-    Ok(())
+    }
 }
 
 /// The node label array, `int64 [N]`, written in slices.
-fn write_labels(path: &Path, labels: &[u32]) -> Result<()> {
+pub(super) fn write_labels(path: &Path, labels: &[u32]) -> Result<()> {
     let mut out = NpyWriter::create(path, DType::I64, &[labels.len() as u64])?;
     let mut buf = Vec::with_capacity(LABEL_WRITE_ROWS.min(labels.len()) * 8);
     for chunk in labels.chunks(LABEL_WRITE_ROWS) {
