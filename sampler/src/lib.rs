@@ -1,5 +1,6 @@
 //! The `sampler` program: offline neighbor sampling of GNN mini-batches, and
-//! the dataset tools that feed it (`generate`, `import-parquet`, `inspect`).
+//! the dataset tools that feed it (`generate`, `import-parquet`, `inspect`,
+//! `split-edges`, `derive-features`).
 //! `main.rs` only parses flags and calls [`run`].
 //!
 //! Output layout and Parquet schema: [`offgnn_shared::samples`] (one row per
@@ -7,7 +8,9 @@
 //! [`neighbor_sampling`] over the graph in CSR ([`topology`]); planning,
 //! threads, shards and commit: [`sample_run`], as [`config`] asks; which
 //! shard an array job's task samples: [`array_job`]. The datasets it reads
-//! come from the [`synthetic`] generator or the [`parquet_import`] importer.
+//! come from the [`synthetic`] generator or the [`parquet_import`] importer;
+//! [`edge_split`] holds out edges for link prediction and
+//! [`derived_features`] gives typed graphs' featureless types their rows.
 
 #![forbid(unsafe_code)]
 
@@ -15,6 +18,7 @@ pub mod array_job;
 mod batches;
 pub mod cli;
 pub mod config;
+pub mod derived_features;
 pub mod edge_split;
 pub mod error;
 pub mod link_sampling;

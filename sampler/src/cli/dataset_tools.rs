@@ -11,7 +11,7 @@ use offgnn_shared::dataset::{Dataset, TypedDataset, is_typed};
 use offgnn_shared::report::{human_bytes, print_summary};
 use offgnn_shared::{npy, progress};
 
-use super::{GenerateArgs, ImportArgs, InspectArgs, Preset, Schema, SplitEdgesArgs};
+use super::{DeriveArgs, GenerateArgs, ImportArgs, InspectArgs, Preset, Schema, SplitEdgesArgs};
 
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let defaults = GeneratorConfig::default();
@@ -416,6 +416,45 @@ fn inspect_typed(args: &InspectArgs) -> anyhow::Result<()> {
             "valid": ds.valid.seeds.len(),
             "test": ds.test.seeds.len(),
         }),
+    );
+    Ok(())
+}
+
+/// `derive-features`: rows for featureless types, as means over relations.
+pub fn derive_features(args: &DeriveArgs) -> anyhow::Result<()> {
+    let memory = offgnn_shared::sizes::parse_bytes(&args.memory)
+        .with_context(|| format!("--memory {}", args.memory))?;
+    let cfg = crate::derived_features::DeriveConfig {
+        relations: args.relations.clone(),
+        memory,
+    };
+    let summary = crate::derived_features::derive_features(
+        &args.dataset,
+        &args.out,
+        &cfg,
+        args.overwrite,
+        true,
+    )
+    .with_context(|| format!("deriving features into {}", args.out.display()))?;
+    let mut rows: Vec<(String, String)> = summary
+        .derived
+        .iter()
+        .map(|d| {
+            (
+                format!("features: {}", d.node_type),
+                format!(
+                    "{} x {} {}, means over {} ({} edges; {} nodes without one get zeros), {} passes, {:.1} s",
+                    d.rows, d.dim, d.dtype, d.relation, d.edges, d.rows_without_neighbours, d.passes, d.seconds
+                ),
+            )
+        })
+        .collect();
+    rows.push(("wall time".into(), format!("{:.1} s", summary.seconds)));
+    let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    print_summary(
+        &format!("derived features into {}", args.out.display()),
+        &rows,
+        &serde_json::json!({ "command": "derive-features", "summary": summary }),
     );
     Ok(())
 }

@@ -56,6 +56,10 @@ pub enum Command {
     /// them (both ways) and whose link_prediction task ranks each against
     /// its negatives.
     SplitEdges(SplitEdgesArgs),
+    /// Typed graphs: give a node type without features the mean of its
+    /// in-neighbours' rows over a relation (a new dataset, the input's
+    /// files hard-linked).
+    DeriveFeatures(DeriveArgs),
 }
 
 /// Neighbor sampling (the default command).
@@ -278,6 +282,28 @@ pub struct SplitEdgesArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct DeriveArgs {
+    /// A typed dataset.
+    #[arg(long)]
+    pub dataset: PathBuf,
+    /// Output dataset directory (must not exist unless --overwrite).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// A relation `src:relation:dst` whose destination type has no
+    /// features: each such node gets the mean of its sources' rows. Repeat
+    /// it, in order, to derive from rows derived before (authors from
+    /// papers, then institutes from authors).
+    #[arg(long = "derive", required = true)]
+    pub relations: Vec<String>,
+    /// Memory for the accumulators and edges of one pass, e.g. 8G (larger:
+    /// fewer passes over the edges).
+    #[arg(long, default_value = "2G")]
+    pub memory: String,
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct InspectArgs {
     #[arg(long)]
     pub dataset: PathBuf,
@@ -307,6 +333,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::SplitEdges(args)) => {
             stop_writing_on_signal("splitting edges into", &args.out);
             dataset_tools::split_edges(&args)
+        }
+        Some(Command::DeriveFeatures(args)) => {
+            stop_writing_on_signal("deriving features into", &args.out);
+            dataset_tools::derive_features(&args)
         }
         None => {
             // Sampling stops at its next file window on SIGINT or SIGTERM

@@ -83,6 +83,27 @@ pub struct SetDataMeta {
     pub path: String,
 }
 
+impl Metadata {
+    /// The `metadata.yaml` of the dataset at `root`, parsed, not validated.
+    pub fn read(root: &Path) -> Result<Metadata> {
+        read_metadata(&root.join(METADATA_FILE))
+    }
+
+    /// Every file path it names: edges, features and the tasks' set data.
+    pub fn named_paths(&self) -> impl Iterator<Item = String> + '_ {
+        let edges = self.graph.edges.iter().map(|e| e.path.clone());
+        let features = self.feature_data.iter().map(|f| f.path.clone());
+        let sets = self.tasks.iter().flat_map(|t| {
+            [&t.train_set, &t.validation_set, &t.test_set]
+                .into_iter()
+                .flatten()
+                .flatten()
+                .flat_map(|e| e.data.iter().map(|d| d.path.clone()))
+        });
+        edges.chain(features).chain(sets)
+    }
+}
+
 /// Reads and parses `metadata.yaml`; a file that is not valid YAML of this
 /// schema is one error naming it.
 pub(super) fn read_metadata(meta_path: &Path) -> Result<Metadata> {

@@ -182,15 +182,8 @@ fn foreign_file(dir: &Path) -> Result<Option<PathBuf>> {
     }
     ours.extend(layout::LINK_FILES.iter().map(|f| layout::link(f)));
     // A typed dataset's files are those its metadata names.
-    if let Ok(meta) = super::metadata::read_metadata(&dir.join(METADATA_FILE)) {
-        ours.extend(meta.graph.edges.iter().map(|e| e.path.clone()));
-        ours.extend(meta.feature_data.iter().map(|f| f.path.clone()));
-        for task in &meta.tasks {
-            for set in [&task.train_set, &task.validation_set, &task.test_set] {
-                let entries = set.iter().flatten();
-                ours.extend(entries.flat_map(|e| e.data.iter().map(|d| d.path.clone())));
-            }
-        }
+    if let Ok(meta) = Metadata::read(dir) {
+        ours.extend(meta.named_paths());
     }
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
