@@ -1,6 +1,7 @@
 //! The dataset commands: `generate` (synthetic graphs), `import-parquet`
 //! (node and edge tables) and `inspect` (full validation and a summary).
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::parquet_import::{self, ImportConfig};
@@ -70,13 +71,36 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `TYPE=PATH`, or `None` for a plain path.
+fn typed_table(arg: &str) -> Option<(String, PathBuf)> {
+    let (name, path) = arg.split_once('=')?;
+    (!name.is_empty() && !name.contains('/')).then(|| (name.to_string(), PathBuf::from(path)))
+}
+
 pub fn import_parquet(args: &ImportArgs) -> anyhow::Result<()> {
+    let typed = args
+        .nodes
+        .iter()
+        .chain(&args.edges)
+        .any(|a| typed_table(a).is_some());
+    if typed {
+        return import_typed(args);
+    }
+    let (nodes, edges) = match (args.nodes.as_slice(), args.edges.as_slice()) {
+        ([n], [e]) => (PathBuf::from(n), PathBuf::from(e)),
+        _ => anyhow::bail!(
+            "one --nodes and one --edges table, or TYPE=PATH tables for a typed graph"
+        ),
+    };
+    if args.target_type.is_some() {
+        anyhow::bail!("--target-type goes with typed tables (--nodes TYPE=PATH)");
+    }
     let mut cfg = match args.preset {
-        Some(Preset::Cora) => ImportConfig::cora(args.nodes.clone(), args.edges.clone()),
+        Some(Preset::Cora) => ImportConfig::cora(nodes, edges),
         None => ImportConfig {
             name: String::new(),
-            nodes: args.nodes.clone(),
-            edges: args.edges.clone(),
+            nodes,
+            edges,
             id_column: args.id_column.clone(),
             features_column: args.features_column.clone(),
             label_column: args.label_column.clone(),
@@ -455,6 +479,83 @@ pub fn derive_features(args: &DeriveArgs) -> anyhow::Result<()> {
         &format!("derived features into {}", args.out.display()),
         &rows,
         &serde_json::json!({ "command": "derive-features", "summary": summary }),
+    );
+    Ok(())
+}
+
+/// `import-parquet` with `TYPE=PATH` tables: a typed graph.
+fn import_typed(args: &ImportArgs) -> anyhow::Result<()> {
+    let tables = |list: &[String], what: &str| -> anyhow::Result<Vec<(String, PathBuf)>> {
+        list.iter()
+            .map(|a| {
+                typed_table(a).ok_or_else(|| {
+                    anyhow::anyhow!("{what} '{a}': a typed import names every table TYPE=PATH")
+                })
+            })
+            .collect()
+    };
+    if args.preset.is_some() {
+        anyhow::bail!("--preset describes a homogeneous export; typed tables take none");
+    }
+    let target = args.target_type.clone().ok_or_else(|| {
+        anyhow::anyhow!(
+            "typed tables: --target-type names the node type whose labels the task learns"
+        )
+    })?;
+    let cfg = parquet_import::TypedImportConfig {
+        name: args.name.clone().unwrap_or_else(|| {
+            args.out
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        }),
+        node_tables: tables(&args.nodes, "--nodes")?,
+        edge_tables: tables(&args.edges, "--edges")?,
+        target,
+        id_column: args.id_column.clone(),
+        features_column: args.features_column.clone(),
+        label_column: args.label_column.clone(),
+        source_column: args.source_column.clone(),
+        target_column: args.target_column.clone(),
+        add_reverse: args.add_reverse,
+        dtype: args.dtype.into(),
+        train_fraction: args.train_fraction,
+        valid_fraction: args.valid_fraction,
+        split_seed: args.split_seed,
+    };
+    let s = parquet_import::import_typed(&args.out, &cfg, args.overwrite)
+        .with_context(|| format!("importing into {}", args.out.display()))?;
+    let mut rows: Vec<(String, String)> = s
+        .node_types
+        .iter()
+        .map(|t| {
+            let features = t
+                .feature_dim
+                .map_or("no features".to_string(), |d| format!("{d}-d features"));
+            (
+                format!("nodes: {}", t.name),
+                format!("{}, {features}", t.nodes),
+            )
+        })
+        .collect();
+    rows.extend(
+        s.relations
+            .iter()
+            .map(|r| (format!("edges: {}", r.name), r.edges.to_string())),
+    );
+    rows.push((
+        "classes".into(),
+        format!("{} (of {})", s.num_classes, cfg.target),
+    ));
+    rows.push((
+        "train / valid / test".into(),
+        format!("{} / {} / {}", s.train, s.valid, s.test),
+    ));
+    let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    print_summary(
+        &format!("imported {}", s.dataset.display()),
+        &rows,
+        &serde_json::json!({ "command": "import-parquet", "typed": true, "summary": s }),
     );
     Ok(())
 }

@@ -218,12 +218,20 @@ pub enum Preset {
 
 #[derive(Debug, Args)]
 pub struct ImportArgs {
-    /// Parquet node table: one row per node with an id, a feature list and a label.
-    #[arg(long)]
-    pub nodes: PathBuf,
+    /// Parquet node table: one row per node with an id, a feature list and
+    /// a label. A typed graph: `TYPE=PATH`, once per node type (a type's
+    /// table may lack the feature column: no features; only the
+    /// --target-type's needs labels).
+    #[arg(long, required = true)]
+    pub nodes: Vec<String>,
     /// Parquet edge table: one row per edge with a source and a target id.
+    /// A typed graph: `SRC:RELATION:DST=PATH`, once per relation, its ids
+    /// those of the two types' tables.
+    #[arg(long, required = true)]
+    pub edges: Vec<String>,
+    /// A typed graph: the node type whose labels the task learns.
     #[arg(long)]
-    pub edges: PathBuf,
+    pub target_type: Option<String>,
     /// Output dataset directory (must not exist unless --overwrite).
     #[arg(long)]
     pub out: PathBuf,

@@ -19,12 +19,8 @@
 use std::path::Path;
 use std::time::Instant;
 
-use offgnn_shared::dataset::{
-    DatasetWriter, EdgeMeta, FeatureMeta, GraphMeta, Metadata, NodeMeta, SetDataMeta, SetMeta,
-    Split, TaskMeta, seeded_split,
-};
+use offgnn_shared::dataset::{DatasetWriter, Split, TypedSpec, layout, seeded_split};
 use offgnn_shared::error::{Error, Result};
-use offgnn_shared::npy;
 
 use super::{
     ClassSamplers, EdgeFiles, EdgeJob, FeatureJob, GeneratorConfig, Population, draw_nodes,
@@ -122,13 +118,6 @@ pub fn type_counts(papers: u64, classes: u32) -> Vec<u64> {
         .collect()
 }
 
-fn edge_path(src: usize, name: &str, dst: usize) -> String {
-    format!(
-        "edges/{}__{name}__{}.npy",
-        NODE_TYPES[src].0, NODE_TYPES[dst].0
-    )
-}
-
 fn relation_name(src: usize, name: &str, dst: usize) -> String {
     format!("{}:{name}:{}", NODE_TYPES[src].0, NODE_TYPES[dst].0)
 }
@@ -195,7 +184,6 @@ pub fn generate_typed(
 
     let mut edge_bytes = 0u64;
     let mut relations = Vec::new();
-    let mut edge_meta = Vec::new();
     for (r, rel) in RELATIONS.iter().enumerate() {
         let (src_labels, src_theta) = &populations[rel.src];
         let (dst_labels, dst_theta) = &populations[rel.dst];
@@ -216,48 +204,33 @@ pub fn generate_typed(
             dst: &dst,
             same_type: rel.src == rel.dst,
         };
-        let forward = edge_path(rel.src, rel.name, rel.dst);
-        let reverse = rel.reverse.map(|name| edge_path(rel.dst, name, rel.src));
-        let (fwd_path, rev_path) = (
-            writer.path(&forward),
-            reverse.as_ref().map(|p| writer.path(p)),
-        );
+        let name = relation_name(rel.src, rel.name, rel.dst);
+        let reverse = rel.reverse.map(|r| relation_name(rel.dst, r, rel.src));
+        let fwd_path = writer.path(&layout::typed_edges(&name));
+        let rev_path = reverse
+            .as_ref()
+            .map(|r| writer.path(&layout::typed_edges(r)));
         let files = match &rev_path {
             None => EdgeFiles::Symmetric(&fwd_path),
             Some(rev) => EdgeFiles::Paired(&fwd_path, rev),
         };
-        let name = relation_name(rel.src, rel.name, rel.dst);
         let edges = job.write(files, &|total| {
             progress_bar(show_progress, || {
                 offgnn_shared::progress::bar(total, "edges", &name)
             })
         })?;
-        let mut written = vec![(name, forward, edges)];
-        if let Some(rev) = rel.reverse {
-            written.push((
-                relation_name(rel.dst, rev, rel.src),
-                reverse.clone().expect("a reverse path"),
-                edges,
-            ));
-        }
-        for (name, path, edges) in written {
-            edge_bytes += file_len(&writer.path(&path))?;
-            edge_meta.push(EdgeMeta {
-                edge_type: Some(name.clone()),
-                format: "numpy".into(),
-                path,
-            });
+        for name in std::iter::once(name).chain(reverse) {
+            edge_bytes += file_len(&writer.path(&layout::typed_edges(&name)))?;
             relations.push(RelationSummary { name, edges });
         }
     }
 
     let mut feature_bytes = 0u64;
-    let mut feature_meta = Vec::new();
     let mut node_types = Vec::new();
     for (t, (&(name, _), (labels, _))) in NODE_TYPES.iter().zip(&populations).enumerate() {
         let features = !featureless.iter().any(|f| f == name);
         if features {
-            let path = format!("data/{name}-feat.npy");
+            let path = writer.path(&layout::typed_features(name));
             let bytes = counts[t] * cfg.feature_dim * cfg.dtype.size() as u64;
             FeatureJob {
                 dim: cfg.feature_dim,
@@ -268,14 +241,13 @@ pub fn generate_typed(
                 part: t as u64 + 1,
             }
             .write(
-                &writer.path(&path),
+                &path,
                 labels,
                 progress_bar(show_progress, || {
                     offgnn_shared::progress::bytes_bar(bytes, &format!("{name} features"))
                 }),
             )?;
-            feature_bytes += file_len(&writer.path(&path))?;
-            feature_meta.push(node_feature(name, "feat", path, false));
+            feature_bytes += file_len(&path)?;
         }
         node_types.push(TypeSummary {
             name: name.to_string(),
@@ -284,14 +256,7 @@ pub fn generate_typed(
         });
     }
     let paper_labels = &populations[0].0;
-    write_labels(&writer.path("data/paper-label.npy"), paper_labels)?;
-    feature_meta.push(node_feature(
-        "paper",
-        "label",
-        "data/paper-label.npy".into(),
-        true,
-    ));
-
+    write_labels(&writer.path(&layout::typed_labels("paper")), paper_labels)?;
     let splits = seeded_split(
         counts[0],
         cfg.train_fraction,
@@ -299,48 +264,23 @@ pub fn generate_typed(
         cfg.test_fraction,
         stream_seed(cfg.seed, STREAM_TYPED_SPLIT, 0),
     )?;
-    let mut sets = Vec::new();
     for (split, seeds) in Split::ALL.into_iter().zip(&splits) {
         let labels: Vec<u64> = seeds
             .iter()
             .map(|&s| paper_labels[s as usize] as u64)
             .collect();
-        let seeds_path = format!("set/paper_{}_seeds.npy", split.name());
-        let labels_path = format!("set/paper_{}_labels.npy", split.name());
-        npy::write_i64(writer.path(&seeds_path), seeds)?;
-        npy::write_i64(writer.path(&labels_path), &labels)?;
-        sets.push(Some(vec![SetMeta {
-            node_type: Some("paper".into()),
-            data: vec![
-                set_data("seeds", seeds_path),
-                set_data("labels", labels_path),
-            ],
-        }]));
+        writer.write_typed_split("paper", split, seeds, &labels)?;
     }
-    let [train_set, validation_set, test_set]: [_; 3] = sets.try_into().expect("three sets");
-    let meta = Metadata {
-        dataset_name: Some(cfg.name.clone()),
-        graph: GraphMeta {
-            nodes: NODE_TYPES
-                .iter()
-                .zip(&counts)
-                .map(|(&(name, _), &num)| NodeMeta {
-                    node_type: Some(name.into()),
-                    num,
-                })
-                .collect(),
-            edges: edge_meta,
-        },
-        feature_data: feature_meta,
-        tasks: vec![TaskMeta {
-            name: "node_classification".into(),
-            num_classes: Some(cfg.num_classes as u64),
-            train_set,
-            validation_set,
-            test_set,
-        }],
-    };
-    writer.commit_metadata(&meta)?;
+    writer.commit_typed(&TypedSpec {
+        name: cfg.name.clone(),
+        node_types: node_types
+            .iter()
+            .map(|t| (t.name.clone(), t.nodes, t.features))
+            .collect(),
+        relations: relations.iter().map(|r| r.name.clone()).collect(),
+        target: "paper".into(),
+        num_classes: cfg.num_classes,
+    })?;
     let summary = TypedGenerateSummary {
         node_types,
         relations,
@@ -352,26 +292,6 @@ pub fn generate_typed(
     };
     tracing::info!(seconds = summary.seconds, "wrote {}", out.display());
     Ok(summary)
-}
-
-fn node_feature(node_type: &str, name: &str, path: String, in_memory: bool) -> FeatureMeta {
-    FeatureMeta {
-        domain: "node".into(),
-        node_type: Some(node_type.into()),
-        name: name.into(),
-        format: "numpy".into(),
-        in_memory: Some(in_memory),
-        path,
-    }
-}
-
-fn set_data(name: &str, path: String) -> SetDataMeta {
-    SetDataMeta {
-        name: name.into(),
-        format: "numpy".into(),
-        in_memory: None,
-        path,
-    }
 }
 
 fn file_len(path: &Path) -> Result<u64> {

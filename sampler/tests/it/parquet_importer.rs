@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Float32Builder, Int64Array, ListBuilder, RecordBatch, StringArray};
-use offgnn_shared::dataset::Dataset;
+use offgnn_shared::dataset::{Dataset, TypedDataset};
 use offgnn_shared::npy::DType;
 use parquet::arrow::ArrowWriter;
-use sampler::parquet_import::{ImportConfig, import};
+use sampler::parquet_import::{ImportConfig, TypedImportConfig, import, import_typed};
 use sampler::topology::{Csr, CsrOptions};
 
 fn cora_dir() -> PathBuf {
@@ -255,4 +255,192 @@ fn refuses_bad_tables() {
         .to_string();
     assert!(err.contains("already exists"), "{err}");
     import(&dir.path().join("g"), &cfg, true).unwrap();
+}
+
+/// Tables of a typed graph: papers (features, labels, sparse ids),
+/// authors (features of another width), institutes (no features);
+/// citations, authorship and affiliations.
+fn typed_tables(dir: &Path) -> TypedImportConfig {
+    write_table(
+        &dir.join("papers.parquet"),
+        vec![
+            ("id", Arc::new(Int64Array::from(vec![100, 200, 300, 400]))),
+            (
+                "features",
+                features(&[&[1.0, 0.0], &[0.0, 1.0], &[1.0, 1.0], &[0.5, 0.5]]),
+            ),
+            ("label", Arc::new(Int64Array::from(vec![0, 1, 1, 0]))),
+        ],
+    );
+    write_table(
+        &dir.join("authors.parquet"),
+        vec![
+            ("id", Arc::new(Int64Array::from(vec![7, 8, 9]))),
+            (
+                "features",
+                features(&[&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0], &[7.0, 8.0, 9.0]]),
+            ),
+        ],
+    );
+    write_table(
+        &dir.join("institutes.parquet"),
+        vec![("id", Arc::new(Int64Array::from(vec![-5, 5])))],
+    );
+    let edges = |name: &str, src: Vec<i64>, dst: Vec<i64>| {
+        write_table(
+            &dir.join(name),
+            vec![
+                ("source", Arc::new(Int64Array::from(src))),
+                ("target", Arc::new(Int64Array::from(dst))),
+            ],
+        );
+        dir.join(name)
+    };
+    TypedImportConfig {
+        name: "typed".into(),
+        node_tables: vec![
+            ("paper".into(), dir.join("papers.parquet")),
+            ("author".into(), dir.join("authors.parquet")),
+            ("institute".into(), dir.join("institutes.parquet")),
+        ],
+        edge_tables: vec![
+            (
+                "paper:cites:paper".into(),
+                edges("cites.parquet", vec![100, 200, 300], vec![200, 300, 400]),
+            ),
+            (
+                "paper:written_by:author".into(),
+                edges("wb.parquet", vec![100, 200, 400, 400], vec![7, 8, 8, 9]),
+            ),
+            (
+                "author:affiliated_to:institute".into(),
+                edges("aff.parquet", vec![7, 8, 9], vec![5, -5, 5]),
+            ),
+        ],
+        target: "paper".into(),
+        id_column: "id".into(),
+        features_column: "features".into(),
+        label_column: "label".into(),
+        source_column: "source".into(),
+        target_column: "target".into(),
+        add_reverse: true,
+        dtype: DType::F32,
+        train_fraction: 0.5,
+        valid_fraction: 0.25,
+        split_seed: 0,
+    }
+}
+
+fn relation_edges(ds: &TypedDataset, name: &str) -> Vec<(u64, u64)> {
+    let r = ds.relations.iter().find(|r| r.name == name).unwrap();
+    let mut out = Vec::new();
+    r.edges
+        .for_each_chunk(16, |s, d| {
+            out.extend(s.iter().copied().zip(d.iter().copied()));
+            Ok::<_, offgnn_shared::Error>(())
+        })
+        .unwrap();
+    out
+}
+
+#[test]
+fn imports_a_typed_graph_one_table_per_type_and_relation() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = typed_tables(dir.path());
+    let out = dir.path().join("typed");
+    let s = import_typed(&out, &cfg, false).unwrap();
+    assert_eq!(s.num_classes, 2);
+    let ds = TypedDataset::open(&out).unwrap();
+    let types: Vec<(&str, u64, Option<u64>)> = ds
+        .node_types
+        .iter()
+        .map(|t| {
+            (
+                t.name.as_str(),
+                t.num,
+                t.features.as_ref().map(|f| f.shape()[1]),
+            )
+        })
+        .collect();
+    assert_eq!(
+        types,
+        [
+            ("paper", 4, Some(2)),
+            ("author", 3, Some(3)),
+            ("institute", 2, None)
+        ]
+    );
+    // Ids become type-local rows; citations gain their reverses in the
+    // same file, bipartite relations a reverse relation of their own.
+    assert_eq!(
+        relation_edges(&ds, "paper:cites:paper"),
+        [(0, 1), (1, 2), (2, 3), (1, 0), (2, 1), (3, 2)]
+    );
+    assert_eq!(
+        relation_edges(&ds, "paper:written_by:author"),
+        [(0, 0), (1, 1), (3, 1), (3, 2)]
+    );
+    assert_eq!(
+        relation_edges(&ds, "author:rev_written_by:paper"),
+        [(0, 0), (1, 1), (1, 3), (2, 3)]
+    );
+    assert_eq!(
+        relation_edges(&ds, "institute:rev_affiliated_to:author"),
+        [(1, 0), (0, 1), (1, 2)]
+    );
+    assert_eq!(ds.relations.len(), 5);
+    // The task is the papers', labelled from their table.
+    assert_eq!(ds.node_types[ds.target].name, "paper");
+    let mut seeds: Vec<u32> = [&ds.train, &ds.valid, &ds.test]
+        .iter()
+        .flat_map(|s| s.seeds.clone())
+        .collect();
+    seeds.sort_unstable();
+    assert_eq!(seeds, [0, 1, 2, 3]);
+    for set in [&ds.train, &ds.valid, &ds.test] {
+        for (&s, &l) in set.seeds.iter().zip(&set.labels) {
+            assert_eq!(l, [0, 1, 1, 0][s as usize]);
+        }
+    }
+}
+
+#[test]
+fn typed_tables_that_do_not_fit_are_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("typed");
+    let err = |cfg: &TypedImportConfig| {
+        let e = import_typed(&out, cfg, false).unwrap_err().to_string();
+        assert!(!e.contains('\n'), "{e}");
+        e
+    };
+    let base = typed_tables(dir.path());
+
+    let mut cfg = base.clone();
+    cfg.edge_tables[0].0 = "paper:cites:venue".into();
+    assert!(
+        err(&cfg).contains("relation 'paper:cites:venue': node type 'venue' has no node table")
+    );
+
+    let mut cfg = base.clone();
+    cfg.target = "author".into();
+    let e = err(&cfg);
+    assert!(
+        e.contains("authors.parquet") && e.contains("no column 'label'"),
+        "{e}"
+    );
+
+    let mut cfg = base.clone();
+    cfg.node_tables
+        .push(("paper".into(), dir.path().join("papers.parquet")));
+    assert!(err(&cfg).contains("node type 'paper' has two node tables"));
+
+    // An author id that is not in the authors' table.
+    let mut cfg = base.clone();
+    cfg.edge_tables[1].1 = dir.path().join("cites.parquet");
+    let e = err(&cfg);
+    assert!(
+        e.contains("target 200 at row 0 is not in the destination type's node table"),
+        "{e}"
+    );
+    assert!(!out.exists(), "a refused import leaves nothing");
 }

@@ -38,4 +38,4 @@ pub use metadata::{
 pub use open::Dataset;
 pub use tasks::{SeedSet, Split, seeded_split};
 pub use typed::{NodeType, Relation, TypedDataset, is_typed};
-pub use writer::{Abandoned, DatasetSpec, DatasetWriter, abandon_partial, layout};
+pub use writer::{Abandoned, DatasetSpec, DatasetWriter, TypedSpec, abandon_partial, layout};

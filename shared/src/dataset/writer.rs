@@ -138,6 +138,19 @@ pub struct DatasetSpec {
 }
 
 /// Relative paths of the files a [`DatasetWriter`] lays out.
+/// A typed dataset as [`DatasetWriter::commit_typed`] writes it, its files
+/// at the [`layout`]'s `typed_*` paths.
+pub struct TypedSpec {
+    pub name: String,
+    /// Each type's name, node count and whether it has a feature file.
+    pub node_types: Vec<(String, u64, bool)>,
+    /// Relations `src:relation:dst`.
+    pub relations: Vec<String>,
+    /// The node type the task classifies; it has the label file.
+    pub target: String,
+    pub num_classes: u32,
+}
+
 pub mod layout {
     pub const EDGES: &str = "edges/edges.npy";
     pub const FEATURES: &str = "data/feat.npy";
@@ -153,6 +166,22 @@ pub mod layout {
         format!("set/lp_{name}.npy")
     }
     /// Every file [`link`] names.
+    /// A typed dataset's relation `src:relation:dst`.
+    pub fn typed_edges(relation: &str) -> String {
+        format!("edges/{}.npy", relation.replace(':', "__"))
+    }
+    pub fn typed_features(node_type: &str) -> String {
+        format!("data/{node_type}-feat.npy")
+    }
+    pub fn typed_labels(node_type: &str) -> String {
+        format!("data/{node_type}-label.npy")
+    }
+    pub fn typed_seeds(node_type: &str, split: super::Split) -> String {
+        format!("set/{node_type}_{}_seeds.npy", split.name())
+    }
+    pub fn typed_set_labels(node_type: &str, split: super::Split) -> String {
+        format!("set/{node_type}_{}_labels.npy", split.name())
+    }
     pub const LINK_FILES: [&str; 7] = [
         "train_seeds",
         "valid_seeds",
@@ -262,6 +291,88 @@ impl DatasetWriter {
     }
 
     /// Writes one split's seeds and labels.
+    /// A typed dataset's split of its target type: type-local seeds.
+    pub fn write_typed_split(
+        &self,
+        node_type: &str,
+        split: Split,
+        seeds: &[u64],
+        labels: &[u64],
+    ) -> Result<()> {
+        npy::write_i64(self.path(&layout::typed_seeds(node_type, split)), seeds)?;
+        npy::write_i64(
+            self.path(&layout::typed_set_labels(node_type, split)),
+            labels,
+        )
+    }
+
+    /// Commits a typed dataset whose files are at the layout's `typed_*`
+    /// paths.
+    pub fn commit_typed(self, spec: &TypedSpec) -> Result<PathBuf> {
+        let data = |name: &str, path: String| SetDataMeta {
+            name: name.into(),
+            format: "numpy".into(),
+            in_memory: None,
+            path,
+        };
+        let target = spec.target.as_str();
+        let set = |split: Split| {
+            Some(vec![SetMeta {
+                node_type: Some(target.into()),
+                data: vec![
+                    data("seeds", layout::typed_seeds(target, split)),
+                    data("labels", layout::typed_set_labels(target, split)),
+                ],
+            }])
+        };
+        let feature = |node_type: &str, name: &str, path: String, in_memory: bool| FeatureMeta {
+            domain: "node".into(),
+            node_type: Some(node_type.into()),
+            name: name.into(),
+            format: "numpy".into(),
+            in_memory: Some(in_memory),
+            path,
+        };
+        let mut feature_data: Vec<FeatureMeta> = spec
+            .node_types
+            .iter()
+            .filter(|(_, _, features)| *features)
+            .map(|(t, _, _)| feature(t, "feat", layout::typed_features(t), false))
+            .collect();
+        feature_data.push(feature(target, "label", layout::typed_labels(target), true));
+        let meta = Metadata {
+            dataset_name: Some(spec.name.clone()),
+            graph: GraphMeta {
+                nodes: spec
+                    .node_types
+                    .iter()
+                    .map(|(t, num, _)| NodeMeta {
+                        node_type: Some(t.clone()),
+                        num: *num,
+                    })
+                    .collect(),
+                edges: spec
+                    .relations
+                    .iter()
+                    .map(|r| EdgeMeta {
+                        edge_type: Some(r.clone()),
+                        format: "numpy".into(),
+                        path: layout::typed_edges(r),
+                    })
+                    .collect(),
+            },
+            feature_data,
+            tasks: vec![TaskMeta {
+                name: "node_classification".into(),
+                num_classes: Some(spec.num_classes as u64),
+                train_set: set(Split::Train),
+                validation_set: set(Split::Valid),
+                test_set: set(Split::Test),
+            }],
+        };
+        self.commit_metadata(&meta)
+    }
+
     pub fn write_split(&self, split: Split, seeds: &[u64], labels: &[u64]) -> Result<()> {
         npy::write_i64(self.path(&layout::seeds(split)), seeds)?;
         npy::write_i64(self.path(&layout::labels(split)), labels)

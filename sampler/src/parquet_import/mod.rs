@@ -4,6 +4,9 @@
 //! order; features stream to the `.npy` file as the table is read, so only the
 //! id map and the labels are held in memory.
 //!
+//! Typed graphs, one table per node type and per relation, are imported
+//! by `typed` with the same readers.
+//!
 //! The split is fixed and documented: a seeded shuffle of the dense ids
 //! ([`offgnn_shared::dataset::seeded_split`]), by default seed 0 with 60% train, 20%
 //! validation and 20% test.
@@ -22,6 +25,11 @@ use offgnn_shared::dataset::{DatasetSpec, DatasetWriter, Split, layout, seeded_s
 use offgnn_shared::npy::{self, DType, NpyWriter};
 
 use crate::error::{Error, Result};
+
+mod typed;
+pub use typed::{
+    ImportedRelation, ImportedType, TypedImportConfig, TypedImportSummary, import_typed,
+};
 
 /// Where the tables are and which columns hold what.
 #[derive(Clone, Debug)]
@@ -140,8 +148,37 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         )));
     }
     let writer = DatasetWriter::create(out, overwrite)?;
-    let nodes = import_nodes(&writer, cfg)?;
-    let (input_edges, num_edges) = import_edges(&writer, cfg, &nodes.ids)?;
+    let nodes = read_node_table(
+        &writer,
+        &NodeTable {
+            path: &cfg.nodes,
+            id_column: &cfg.id_column,
+            features_column: &cfg.features_column,
+            features_required: true,
+            label_column: Some(&cfg.label_column),
+            features_out: layout::FEATURES,
+            dtype: cfg.dtype,
+        },
+    )?;
+    let labels = nodes.labels.expect("a label column was read");
+    let num_classes = class_count(&cfg.nodes, &labels)?;
+    npy::write_i64(writer.path(layout::LABELS), &labels)?;
+    let (input_edges, num_edges) = write_edge_table(
+        &writer,
+        &EdgeTable {
+            path: &cfg.edges,
+            source_column: &cfg.source_column,
+            target_column: &cfg.target_column,
+            src_ids: &nodes.ids,
+            dst_ids: &nodes.ids,
+            out: layout::EDGES,
+            reverse: if cfg.add_reverse {
+                Reverse::SameFile
+            } else {
+                Reverse::None
+            },
+        },
+    )?;
 
     let [train, valid, test] = seeded_split(
         nodes.num_nodes,
@@ -155,13 +192,13 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         (Split::Valid, &valid),
         (Split::Test, &test),
     ] {
-        let split_labels: Vec<u64> = seeds.iter().map(|&s| nodes.labels[s as usize]).collect();
+        let split_labels: Vec<u64> = seeds.iter().map(|&s| labels[s as usize]).collect();
         writer.write_split(split, seeds, &split_labels)?;
     }
     let dataset = writer.commit(&DatasetSpec {
         name: cfg.name.clone(),
         num_nodes: nodes.num_nodes,
-        num_classes: nodes.num_classes,
+        num_classes,
         node_labels: true,
         extra_tasks: Vec::new(),
     })?;
@@ -170,61 +207,91 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         num_nodes: nodes.num_nodes,
         input_edges,
         num_edges,
-        num_classes: nodes.num_classes,
-        feature_dim: nodes.feature_dim,
+        num_classes,
+        feature_dim: nodes.feature_dim.expect("features are required"),
         train: train.len(),
         valid: valid.len(),
         test: test.len(),
     })
 }
 
-/// What the node table gave: each node id's dense id (its row), and the
-/// labels in row order.
-struct Nodes {
-    ids: HashMap<i64, u32>,
-    labels: Vec<u64>,
-    num_nodes: u64,
-    num_classes: u32,
-    feature_dim: u64,
+/// A node table to read, and where its features go.
+pub(crate) struct NodeTable<'a> {
+    pub path: &'a Path,
+    pub id_column: &'a str,
+    pub features_column: &'a str,
+    /// Refuse a table without the features column (else: no features).
+    pub features_required: bool,
+    /// The label column to read, if any.
+    pub label_column: Option<&'a str>,
+    /// The feature file's path in the dataset.
+    pub features_out: &'a str,
+    pub dtype: DType,
 }
 
-/// Reads the node table: ids, labels, and features streamed to disk in row
-/// order; writes the feature and label files.
-fn import_nodes(writer: &DatasetWriter, cfg: &ImportConfig) -> Result<Nodes> {
-    let (num_nodes, reader) = open_table(&cfg.nodes)?;
+/// What a node table gave: each node id's dense id (its row), the labels in
+/// row order, and the feature width (where it has features).
+pub(crate) struct Nodes {
+    pub ids: HashMap<i64, u32>,
+    pub labels: Option<Vec<u64>>,
+    pub num_nodes: u64,
+    pub feature_dim: Option<u64>,
+}
+
+/// Reads a node table: ids, labels, and features streamed to disk in row
+/// order.
+pub(crate) fn read_node_table(writer: &DatasetWriter, t: &NodeTable) -> Result<Nodes> {
+    let (num_nodes, reader) = open_table(t.path)?;
     if num_nodes == 0 {
-        return Err(Error::parquet(&cfg.nodes, "the node table is empty"));
+        return Err(Error::parquet(t.path, "the node table is empty"));
     }
+    let has_features = t.features_required
+        || arrow::array::RecordBatchReader::schema(&reader)
+            .fields()
+            .iter()
+            .any(|f| f.name() == t.features_column);
     let mut ids: HashMap<i64, u32> = HashMap::with_capacity(num_nodes as usize);
-    let mut labels: Vec<u64> = Vec::with_capacity(num_nodes as usize);
+    let mut labels: Vec<u64> = Vec::new();
     let mut features: Option<(NpyWriter, u64)> = None;
     let mut row = 0u64;
     for batch in reader {
-        let batch = batch.map_err(|e| Error::parquet(&cfg.nodes, e.to_string()))?;
-        let batch_ids = int_column(&cfg.nodes, &batch, &cfg.id_column)?;
-        add_ids(&cfg.nodes, &mut ids, batch_ids, row)?;
-        let batch_labels = int_column(&cfg.nodes, &batch, &cfg.label_column)?;
-        add_labels(&cfg.nodes, &mut labels, batch_labels, row)?;
-        write_feature_rows(writer, cfg, num_nodes, &batch, row, &mut features)?;
+        let batch = batch.map_err(|e| Error::parquet(t.path, e.to_string()))?;
+        let batch_ids = int_column(t.path, &batch, t.id_column)?;
+        add_ids(t.path, &mut ids, batch_ids, row)?;
+        if let Some(label_column) = t.label_column {
+            let batch_labels = int_column(t.path, &batch, label_column)?;
+            add_labels(t.path, &mut labels, batch_labels, row)?;
+        }
+        if has_features {
+            write_feature_rows(writer, t, num_nodes, &batch, row, &mut features)?;
+        }
         row += batch.num_rows() as u64;
     }
-    let (features, feature_dim) = features.expect("the node table has rows");
-    features.finish()?;
+    let feature_dim = match features {
+        Some((w, d)) => {
+            w.finish()?;
+            Some(d)
+        }
+        None => None,
+    };
+    Ok(Nodes {
+        ids,
+        labels: t.label_column.map(|_| labels),
+        num_nodes,
+        feature_dim,
+    })
+}
+
+/// The class count of `labels`: at least 2, below 2^32.
+pub(crate) fn class_count(path: &Path, labels: &[u64]) -> Result<u32> {
     let num_classes = labels.iter().max().map_or(0, |&m| m + 1);
     if num_classes < 2 || num_classes > u32::MAX as u64 {
         return Err(Error::parquet(
-            &cfg.nodes,
+            path,
             format!("labels span {num_classes} classes; at least 2 are required"),
         ));
     }
-    npy::write_i64(writer.path(layout::LABELS), &labels)?;
-    Ok(Nodes {
-        ids,
-        labels,
-        num_nodes,
-        num_classes: num_classes as u32,
-        feature_dim,
-    })
+    Ok(num_classes as u32)
 }
 
 /// Gives a batch's node ids, from table row `row` on, their dense ids (their
@@ -261,27 +328,27 @@ fn add_labels(path: &Path, labels: &mut Vec<u64>, batch_labels: Vec<i64>, row: u
 /// batch creates with its width; refuses a batch of another width.
 fn write_feature_rows(
     writer: &DatasetWriter,
-    cfg: &ImportConfig,
+    t: &NodeTable,
     num_nodes: u64,
     batch: &RecordBatch,
     row: u64,
     features: &mut Option<(NpyWriter, u64)>,
 ) -> Result<()> {
-    let (values, dim) = feature_rows(&cfg.nodes, batch, &cfg.features_column, row)?;
+    let (values, dim) = feature_rows(t.path, batch, t.features_column, row)?;
     let (w, d) = match features {
         Some(f) => f,
         None => {
-            let w = NpyWriter::create(writer.path(layout::FEATURES), cfg.dtype, &[num_nodes, dim])?;
+            let w = NpyWriter::create(writer.path(t.features_out), t.dtype, &[num_nodes, dim])?;
             features.insert((w, dim))
         }
     };
     if dim != *d {
         return Err(Error::parquet(
-            &cfg.nodes,
+            t.path,
             format!("feature lists change length from {d} to {dim} near row {row}"),
         ));
     }
-    match cfg.dtype {
+    match t.dtype {
         DType::F16 => {
             let halves: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
             let bytes: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
@@ -295,56 +362,98 @@ fn write_feature_rows(
     Ok(())
 }
 
-/// Writes the edge table, remapped to dense ids, as the `[2, E]` edge
-/// array (the table's row count fixes its shape); returns the table's edges
-/// and the edges written.
-fn import_edges(
-    writer: &DatasetWriter,
-    cfg: &ImportConfig,
-    ids: &HashMap<i64, u32>,
-) -> Result<(u64, u64)> {
-    let (input_edges, reader) = open_table(&cfg.edges)?;
-    let copies = if cfg.add_reverse { 2 } else { 1 };
+/// Where an edge table's reverse edges go.
+pub(crate) enum Reverse<'a> {
+    None,
+    /// After the edges, in the same file (a graph of one node type).
+    SameFile,
+    /// In a file of their own: the reverse relation's, at this path.
+    OtherFile(&'a str),
+}
+
+/// An edge table to read: its columns, the id maps of its endpoint types,
+/// and where its `[2, E]` array goes.
+pub(crate) struct EdgeTable<'a> {
+    pub path: &'a Path,
+    pub source_column: &'a str,
+    pub target_column: &'a str,
+    pub src_ids: &'a HashMap<i64, u32>,
+    pub dst_ids: &'a HashMap<i64, u32>,
+    pub out: &'a str,
+    pub reverse: Reverse<'a>,
+}
+
+/// Writes an edge table, remapped to dense ids, as the `[2, E]` edge array
+/// (the table's row count fixes its shape); returns the table's edges and
+/// the edges written to its file.
+pub(crate) fn write_edge_table(writer: &DatasetWriter, t: &EdgeTable) -> Result<(u64, u64)> {
+    let (input_edges, reader) = open_table(t.path)?;
+    let copies = if matches!(t.reverse, Reverse::SameFile) {
+        2
+    } else {
+        1
+    };
     let num_edges = input_edges * copies;
-    let mut edges = NpyWriter::create(writer.path(layout::EDGES), DType::I64, &[2, num_edges])?;
+    let mut edges = NpyWriter::create(writer.path(t.out), DType::I64, &[2, num_edges])?;
+    let mut reversed = match t.reverse {
+        Reverse::OtherFile(out) => Some(NpyWriter::create(
+            writer.path(out),
+            DType::I64,
+            &[2, input_edges],
+        )?),
+        _ => None,
+    };
     let mut at = 0u64;
     for batch in reader {
-        let batch = batch.map_err(|e| Error::parquet(&cfg.edges, e.to_string()))?;
-        let dense = |name: &str| -> Result<Vec<u8>> {
-            let col = int_column(&cfg.edges, &batch, name)?;
+        let batch = batch.map_err(|e| Error::parquet(t.path, e.to_string()))?;
+        let dense = |name: &str, ids: &HashMap<i64, u32>, table: &str| -> Result<Vec<u8>> {
+            let col = int_column(t.path, &batch, name)?;
             let mut out = Vec::with_capacity(col.len() * 8);
             for (k, id) in col.into_iter().enumerate() {
                 let d = ids.get(&id).ok_or_else(|| {
                     Error::parquet(
-                        &cfg.edges,
-                        format!(
-                            "{name} {id} at row {} is not in the node table",
-                            at + k as u64
-                        ),
+                        t.path,
+                        format!("{name} {id} at row {} is not in the {table}", at + k as u64),
                     )
                 })?;
                 out.extend_from_slice(&(*d as i64).to_le_bytes());
             }
             Ok(out)
         };
-        let (src, dst) = (dense(&cfg.source_column)?, dense(&cfg.target_column)?);
+        let (src_table, dst_table) = if std::ptr::eq(t.src_ids, t.dst_ids) {
+            ("node table", "node table")
+        } else {
+            ("source type's node table", "destination type's node table")
+        };
+        let src = dense(t.source_column, t.src_ids, src_table)?;
+        let dst = dense(t.target_column, t.dst_ids, dst_table)?;
         // Row 0 of the [2, E] array holds sources, row 1 destinations; the
         // reversed copies follow the originals in each row.
         edges.write_at(at * 8, &src)?;
         edges.write_at((num_edges + at) * 8, &dst)?;
-        if cfg.add_reverse {
-            edges.write_at((input_edges + at) * 8, &dst)?;
-            edges.write_at((num_edges + input_edges + at) * 8, &src)?;
+        match (&t.reverse, reversed.as_mut()) {
+            (Reverse::SameFile, _) => {
+                edges.write_at((input_edges + at) * 8, &dst)?;
+                edges.write_at((num_edges + input_edges + at) * 8, &src)?;
+            }
+            (Reverse::OtherFile(_), Some(rev)) => {
+                rev.write_at(at * 8, &dst)?;
+                rev.write_at((input_edges + at) * 8, &src)?;
+            }
+            _ => {}
         }
         at += batch.num_rows() as u64;
     }
     if at != input_edges {
         return Err(Error::parquet(
-            &cfg.edges,
+            t.path,
             format!("metadata promises {input_edges} rows, read {at}"),
         ));
     }
     edges.finish()?;
+    if let Some(rev) = reversed {
+        rev.finish()?;
+    }
     Ok((input_edges, num_edges))
 }
 
