@@ -29,5 +29,6 @@ pub mod sample_run;
 mod shards;
 pub mod synthetic;
 pub mod topology;
+pub mod typed_sampling;
 
 pub use cli::{Cli, run};

@@ -19,8 +19,8 @@ use rand_pcg::Pcg64Mcg;
 /// between batches (only touched entries are reset), so a batch costs time
 /// in its own size, not the graph's.
 pub struct Scratch {
-    local: Vec<u32>,
-    picks: Vec<u32>,
+    pub(crate) local: Vec<u32>,
+    pub(crate) picks: Vec<u32>,
 }
 
 impl Scratch {
@@ -54,7 +54,7 @@ pub fn batch_rng(seed: u64, split: Split, epoch: u32, index: u32) -> Pcg64Mcg {
 /// How many items ahead the passes below ask for the cache lines they will
 /// load: far enough for a miss to the memory to land, near enough for the
 /// lines to stay in L1.
-const AHEAD: usize = 32;
+pub(crate) const AHEAD: usize = 32;
 
 /// Samples the blocks of one batch. `fanouts` are per layer, input layer
 /// first (as DGL's `NeighborSampler`): the seeds' layer uses the last.
@@ -127,6 +127,7 @@ pub fn sample_blocks(
             num_dst: num_dst as u32,
             src,
             dst,
+            relations: Vec::new(),
         });
         num_dst = nodes.len();
     }
@@ -139,7 +140,7 @@ pub fn sample_blocks(
 
 /// Picks `k < neighbors.len()` distinct neighbors uniformly (Floyd's
 /// algorithm: k draws, no allocation proportional to the degree).
-fn choose(neighbors: &[u32], k: usize, rng: &mut impl Rng, out: &mut Vec<u32>) {
+pub(crate) fn choose(neighbors: &[u32], k: usize, rng: &mut impl Rng, out: &mut Vec<u32>) {
     let n = neighbors.len();
     out.clear();
     // Floyd picks positions; a linear membership test is fastest for the

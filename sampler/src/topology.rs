@@ -61,25 +61,48 @@ impl Csr {
 
     /// Builds from any re-playable edge stream: `stream` is called twice and
     /// must hand the same `(sources, destinations)` chunks to its sink each time.
-    pub fn build<S>(num_nodes: u64, opts: CsrOptions, mut stream: S) -> Result<Csr>
+    pub fn build<S>(num_nodes: u64, opts: CsrOptions, stream: S) -> Result<Csr>
     where
         S: FnMut(&mut dyn FnMut(&[u64], &[u64]) -> Result<()>) -> Result<()>,
     {
-        if num_nodes >= 1 << 32 {
+        Csr::build_rows(num_nodes, num_nodes, opts, stream)
+    }
+
+    /// As [`Csr::build`], for edges from `num_cols` sources to `num_rows`
+    /// destinations (a relation between two node types: rows are the
+    /// destination type's ids, indices the source type's). Reversing needs
+    /// one id space, so `opts.add_reverse` needs `num_rows == num_cols`.
+    pub fn build_rows<S>(
+        num_rows: u64,
+        num_cols: u64,
+        opts: CsrOptions,
+        mut stream: S,
+    ) -> Result<Csr>
+    where
+        S: FnMut(&mut dyn FnMut(&[u64], &[u64]) -> Result<()>) -> Result<()>,
+    {
+        if let Some(&big) = [num_rows, num_cols].iter().find(|&&n| n >= 1 << 32) {
             return Err(Error::Topology(format!(
-                "{num_nodes} nodes: node ids are 32-bit, so at most {} nodes are supported",
+                "{big} nodes: node ids are 32-bit, so at most {} nodes are supported",
                 u32::MAX
             )));
         }
-        let n = num_nodes as usize;
+        if opts.add_reverse && num_rows != num_cols {
+            return Err(Error::Topology(
+                "reverse edges need sources and destinations of one id space".into(),
+            ));
+        }
+        let n = num_rows as usize;
         let in_range = |src: &[u64], dst: &[u64]| -> Result<()> {
             if src.len() != dst.len() {
                 return Err(Error::Topology("edge chunk with unequal sides".into()));
             }
-            if let Some(&bad) = src.iter().chain(dst).find(|&&id| id >= num_nodes) {
-                return Err(Error::Topology(format!(
-                    "node id {bad} is out of range for {num_nodes} nodes"
-                )));
+            for (ids, bound) in [(src, num_cols), (dst, num_rows)] {
+                if let Some(&bad) = ids.iter().find(|&&id| id >= bound) {
+                    return Err(Error::Topology(format!(
+                        "node id {bad} is out of range for {bound} nodes"
+                    )));
+                }
             }
             Ok(())
         };

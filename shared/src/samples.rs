@@ -30,7 +30,9 @@
 //! | `block_num_dst` | list<uint32> | per layer: destination-node count (a prefix of the sources) |
 //! | `block_edge_offsets` | list<uint64> | layers + 1 offsets into `edge_src`/`edge_dst` |
 //! | `edge_src` | list<uint32> | edge sources in the layer's local ids |
-//! | `edge_dst` | list<uint32> | edge destinations in local ids, non-decreasing within a layer |
+//! | `edge_dst` | list<uint32> | edge destinations in local ids, non-decreasing within a layer (typed: within each relation's run) |
+//! | `pair_src`, `pair_dst`, `pair_label`, `pair_query` | list<uint32> | link prediction: the batch's pairs (local ids among the seeds), label, query |
+//! | `block_relations` | list<uint32> | typed graphs: per layer, input layer first, R + 1 offsets into that layer's edges, relation `r`'s edges between the `r`-th and the next (R: the run summary's relations); empty for one edge type |
 //!
 //! Local id `i` of any layer is global node `input_nodes[i]`.
 
@@ -54,13 +56,19 @@ pub const FORMAT: &str = "offgnn-samples";
 pub const FORMAT_VERSION: u32 = 1;
 
 /// One layer's sampled edges in local ids: `src[i] -> dst[i]`, with
-/// `dst < num_dst <= num_src`, grouped by destination in increasing order.
+/// `dst < num_dst <= num_src`, grouped by destination in increasing order
+/// (in a typed graph: within each relation's run of edges).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Block {
     pub num_src: u32,
     pub num_dst: u32,
     pub src: Vec<u32>,
     pub dst: Vec<u32>,
+    /// A typed graph's edges by relation: relation `r`'s edges are those
+    /// from offset `relations[r]` to `relations[r + 1]` (relations in the
+    /// run summary's order, so one offset more than there are relations).
+    /// Empty in a graph of one edge type.
+    pub relations: Vec<u32>,
 }
 
 /// A sampled mini-batch.
@@ -143,6 +151,7 @@ pub fn schema() -> SchemaRef {
         list("pair_dst", DataType::UInt32),
         list("pair_label", DataType::UInt32),
         list("pair_query", DataType::UInt32),
+        list("block_relations", DataType::UInt32),
     ]))
 }
 
@@ -206,6 +215,11 @@ pub fn to_record_batch(batches: &[SampledBatch]) -> Result<RecordBatch> {
         u32_list(batches.iter().map(|b| b.pairs.dst.clone())),
         u32_list(batches.iter().map(|b| b.pairs.label.clone())),
         u32_list(batches.iter().map(|b| b.pairs.query.clone())),
+        u32_list(
+            batches
+                .iter()
+                .map(|b| b.blocks.iter().flat_map(|k| k.relations.clone()).collect()),
+        ),
     ];
     RecordBatch::try_new(schema(), columns)
         .map_err(|e| Error::InvalidArgument(format!("cannot encode batches: {e}")))
@@ -346,6 +360,11 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
         list("block_edge_offsets")?,
     );
     let (esrc, edst) = (list("edge_src")?, list("edge_dst")?);
+    // Absent from files written before typed graphs.
+    let relations = match rb.column_by_name("block_relations") {
+        Some(_) => Some(list("block_relations")?),
+        None => None,
+    };
     let mut out = Vec::with_capacity(rb.num_rows());
     for (row, (split, epoch, index)) in ids.into_iter().enumerate() {
         let offsets: Vec<u64> = offs
@@ -366,6 +385,17 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
         {
             return Err(bad(format!("row {row}: block columns disagree")));
         }
+        let relation_offsets = match relations {
+            Some(l) => u32s(l, row)?,
+            None => Vec::new(),
+        };
+        // Per block, one offset more than there are relations.
+        let per_block = relation_offsets.len() / layers.max(1);
+        if relation_offsets.len() != per_block * layers || per_block == 1 {
+            return Err(bad(format!(
+                "row {row}: block_relations disagrees with the blocks"
+            )));
+        }
         let mut blocks = Vec::with_capacity(layers);
         for l in 0..layers {
             let r = offsets[l] as usize..offsets[l + 1] as usize;
@@ -374,6 +404,7 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
                 num_dst: num_dst[l],
                 src: src[r.clone()].to_vec(),
                 dst: dst[r].to_vec(),
+                relations: relation_offsets[l * per_block..(l + 1) * per_block].to_vec(),
             };
             if block.num_dst > block.num_src
                 || block.num_src as usize > input_nodes.len()
@@ -384,7 +415,23 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
                     "row {row}: layer {l} has local ids out of range"
                 )));
             }
-            if !block.dst.is_sorted() {
+            let runs: Vec<(usize, usize)> = if block.relations.is_empty() {
+                vec![(0, block.dst.len())]
+            } else {
+                let rel = &block.relations;
+                if rel[0] != 0
+                    || *rel.last().expect("two or more") as usize != block.dst.len()
+                    || !rel.is_sorted()
+                {
+                    return Err(bad(format!(
+                        "row {row}: layer {l}'s relation offsets do not cover its edges"
+                    )));
+                }
+                rel.windows(2)
+                    .map(|w| (w[0] as usize, w[1] as usize))
+                    .collect()
+            };
+            if runs.into_iter().any(|(a, b)| !block.dst[a..b].is_sorted()) {
                 return Err(bad(format!(
                     "row {row}: layer {l}'s edges are not grouped by destination"
                 )));
@@ -747,12 +794,14 @@ mod tests {
                     num_dst: 3,
                     src: vec![2, 3, 0],
                     dst: vec![0, 1, 2],
+                    relations: Vec::new(),
                 },
                 Block {
                     num_src: 3,
                     num_dst: 2,
                     src: vec![2, 1],
                     dst: vec![0, 1],
+                    relations: Vec::new(),
                 },
             ],
             pairs: Pairs::default(),
@@ -802,12 +851,48 @@ mod tests {
             let e = from_record_batch("x", &rb).unwrap_err().to_string();
             assert!(e.contains(says), "{e}");
         }
-        // A file written before the pair columns reads with no pairs.
+        // A file written before the pair and relation columns reads with no
+        // pairs and untyped blocks.
         let rb = to_record_batch(&[batch()]).unwrap();
         let old = rb
-            .project(&(0..rb.num_columns() - 4).collect::<Vec<_>>())
+            .project(&(0..rb.num_columns() - 5).collect::<Vec<_>>())
             .unwrap();
         assert_eq!(from_record_batch("x", &old).unwrap(), vec![batch()]);
+    }
+
+    #[test]
+    fn typed_blocks_round_trip_with_their_relations_and_bad_offsets_are_refused() {
+        // Two relations: layer 0 has 2 edges of the first and 1 of the
+        // second, whose destinations restart (sorted within each run);
+        // layer 1 has none of the first.
+        let mut b = batch();
+        b.blocks[0].src = vec![2, 3, 1];
+        b.blocks[0].dst = vec![0, 2, 1];
+        b.blocks[0].relations = vec![0, 2, 3];
+        b.blocks[1].relations = vec![0, 0, 2];
+        let rb = to_record_batch(std::slice::from_ref(&b)).unwrap();
+        assert_eq!(from_record_batch("x", &rb).unwrap(), vec![b.clone()]);
+
+        for (edit, says) in [
+            (
+                (|b: &mut SampledBatch| b.blocks[0].relations = vec![0, 1, 3]) as fn(&mut _),
+                "not grouped by destination",
+            ),
+            (
+                |b: &mut SampledBatch| b.blocks[1].relations = vec![0, 1, 3],
+                "do not cover its edges",
+            ),
+            (
+                |b: &mut SampledBatch| b.blocks[1].relations = vec![0, 2],
+                "block_relations disagrees",
+            ),
+        ] {
+            let mut bad = b.clone();
+            edit(&mut bad);
+            let rb = to_record_batch(&[bad]).unwrap();
+            let e = from_record_batch("x", &rb).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
     }
 
     fn parquet_bytes(batches: &[SampledBatch]) -> bytes::Bytes {

@@ -573,6 +573,7 @@ mod tests {
                 num_dst: 3,
                 src,
                 dst,
+                relations: Vec::new(),
             }],
             ..Default::default()
         };
@@ -611,6 +612,7 @@ mod tests {
                 // Destination 1 has no in-edges.
                 src: vec![1, 4, 4, 0, 3],
                 dst: vec![0, 0, 2, 2, 2],
+                relations: Vec::new(),
             }],
             ..Default::default()
         };

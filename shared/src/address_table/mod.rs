@@ -550,6 +550,7 @@ mod tests {
                 num_dst: 1,
                 src: vec![1, 2],
                 dst: vec![0, 0],
+                relations: Vec::new(),
             }],
             pairs: Pairs::default(),
         }
@@ -703,12 +704,14 @@ mod tests {
                     num_dst: 2,
                     src: vec![2, 3, 0, 5, 3, 4, 1],
                     dst: vec![0, 0, 0, 1, 1, 1, 1],
+                    relations: Vec::new(),
                 },
                 Block {
                     num_src: 2,
                     num_dst: 2,
                     src: vec![1, 0],
                     dst: vec![0, 1],
+                    relations: Vec::new(),
                 },
             ],
             ..Default::default()

@@ -186,6 +186,7 @@ pub(super) fn read_topology(origin: &str, frame: &[u8]) -> Result<Topology> {
             num_dst,
             src,
             dst,
+            relations: Vec::new(),
         });
     }
     let mut pairs = Pairs::default();

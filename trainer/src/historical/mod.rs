@@ -418,12 +418,14 @@ mod tests {
                 num_dst: 2,
                 src: vec![2, 3],
                 dst: vec![0, 1],
+                relations: Vec::new(),
             },
             Block {
                 num_src: 2,
                 num_dst: 1,
                 src: vec![1],
                 dst: vec![0],
+                relations: Vec::new(),
             },
         ]
     }

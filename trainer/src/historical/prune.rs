@@ -125,6 +125,7 @@ fn relabel(b: &Block, order: &[u32], dst: &[u32]) -> Block {
         num_dst: dst.len() as u32,
         src,
         dst: dst_out,
+        relations: Vec::new(),
     }
 }
 
@@ -163,12 +164,14 @@ mod tests {
                 num_dst: 4,
                 src: vec![4, 0, 4, 5, 1],
                 dst: vec![0, 1, 2, 2, 3],
+                relations: Vec::new(),
             },
             Block {
                 num_src: 4,
                 num_dst: 2,
                 src: vec![2, 3, 2],
                 dst: vec![0, 0, 1],
+                relations: Vec::new(),
             },
         ]
     }

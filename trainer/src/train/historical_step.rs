@@ -141,6 +141,7 @@ mod tests {
                     num_dst,
                     src,
                     dst,
+                    relations: Vec::new(),
                 }
             })
             .collect()

@@ -117,6 +117,7 @@ fn full_graph_forward(ds: &Dataset, net: &dyn model::Gnn, cfg: &ModelConfig) -> 
         num_dst: n as u32,
         src: pairs.iter().map(|p| p.0).collect(),
         dst: pairs.iter().map(|p| p.1).collect(),
+        relations: Vec::new(),
     };
     let table = BatchTable {
         blocks: vec![block; cfg.layers],
