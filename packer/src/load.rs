@@ -28,6 +28,13 @@ impl Inputs {
     pub(crate) fn open(samples: &str, features: &str) -> Result<Inputs> {
         let samples = Store::open(samples)?;
         let run = RunSummary::read(&samples)?;
+        if !run.dataset.node_types.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: samples of a typed graph ({} node types): the packer does not pack typed graphs yet",
+                samples.url(),
+                run.dataset.node_types.len()
+            )));
+        }
         let run_bytes = samples.get(offgnn_shared::samples::RUN_SUMMARY)?;
         let features = FeatureSource::open(features)?;
         check_match(&run, &features)?;

@@ -9,14 +9,16 @@
 //! are cut in order; every `batches_per_file` batches make one file; files
 //! are dealt to shards round-robin.
 
-use offgnn_shared::dataset::{Dataset, LinkTask, Split};
+use offgnn_shared::dataset::{LinkTask, Split};
 use offgnn_shared::samples::{Pairs, SampledBatch};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
 use crate::config::SampleConfig;
+use crate::input::{Graph, Input};
 use crate::link_sampling::{LinkSampler, sample_rows};
 use crate::neighbor_sampling::{Scratch, batch_rng, mix, sample_blocks};
+use crate::typed_sampling::sample_typed_blocks;
 
 /// What one batch holds before sampling.
 #[derive(Clone, Debug)]
@@ -41,7 +43,7 @@ pub(crate) struct Unit {
 /// The run's task, as the sampler needs it: the dataset's node
 /// classification, or its link prediction.
 pub(crate) struct Task<'a> {
-    pub ds: &'a Dataset,
+    pub input: Input<'a>,
     pub links: Option<Links<'a>>,
 }
 
@@ -57,7 +59,7 @@ impl Task<'_> {
     /// scores about `batch_size` pairs.
     pub fn split_size(&self, split: Split, batch_size: usize) -> (u64, usize) {
         match &self.links {
-            None => (self.ds.split(split).seeds.len() as u64, batch_size),
+            None => (self.input.split(split).seeds.len() as u64, batch_size),
             Some(Links { task, .. }) => match split {
                 Split::Train => (task.train.pairs.len() as u64, batch_size),
                 Split::Valid | Split::Test => {
@@ -85,7 +87,7 @@ impl Task<'_> {
         };
         match &self.links {
             None => {
-                let set = self.ds.split(split);
+                let set = self.input.split(split);
                 let mut items: Vec<(u32, u32)> = set
                     .seeds
                     .iter()
@@ -147,7 +149,7 @@ impl Task<'_> {
     pub fn sample(
         &self,
         cfg: &SampleConfig,
-        csr: &crate::topology::Csr,
+        graph: &Graph,
         (unit, index, batch): (&Unit, u32, &Batch),
         scratch: &mut Scratch,
     ) -> SampledBatch {
@@ -177,8 +179,14 @@ impl Task<'_> {
             (_, Batch::Nodes(items)) => {
                 let seeds: Vec<u32> = items.iter().map(|p| p.0).collect();
                 let labels: Vec<u32> = items.iter().map(|p| p.1).collect();
-                let (input_nodes, blocks) =
-                    sample_blocks(csr, &cfg.fanouts, &seeds, &mut rng, scratch);
+                let (input_nodes, blocks) = match graph {
+                    Graph::Plain(csr) => {
+                        sample_blocks(csr, &cfg.fanouts, &seeds, &mut rng, scratch)
+                    }
+                    Graph::Typed(g, fanouts) => {
+                        sample_typed_blocks(g, fanouts, &seeds, &mut rng, scratch)
+                    }
+                };
                 (seeds, labels, input_nodes, blocks, Pairs::default())
             }
             (None, Batch::Pairs(_) | Batch::Queries(_)) => {

@@ -11,7 +11,12 @@ use crate::topology::CsrOptions;
 pub struct SampleConfig {
     pub dataset: std::path::PathBuf,
     pub out: String,
+    /// Per layer, input layer first; a typed graph's: the most any
+    /// relation draws.
     pub fanouts: Vec<usize>,
+    /// A typed graph: per layer, each relation's fan-out (see
+    /// [`resolve_fanouts`]); empty for one edge type.
+    pub relation_fanouts: Vec<Vec<usize>>,
     pub batch_size: usize,
     pub epochs: u32,
     pub seed: u64,
@@ -47,6 +52,38 @@ pub enum NegativeKind {
     Uniform,
     /// In proportion to degree^0.75.
     Degree,
+}
+
+/// The fan-outs of `--fanout` for the dataset at `dataset`: one list for a
+/// graph of one edge type; for a typed graph, a list for every relation
+/// and `REL=LIST` overrides, resolved per layer and relation (returned
+/// second, with the per-layer most first).
+pub fn resolve_fanouts(
+    specs: &[String],
+    dataset: &std::path::Path,
+) -> Result<(Vec<usize>, Vec<Vec<usize>>)> {
+    if !offgnn_shared::dataset::is_typed(dataset)? {
+        return match specs {
+            [one] if !one.contains('=') => Ok((parse_fanouts(one)?, Vec::new())),
+            _ => Err(Error::InvalidArgument(format!(
+                "--fanout {}: a graph of one edge type takes one list (REL=LIST names a relation of a typed graph)",
+                specs.join(" --fanout ")
+            ))),
+        };
+    }
+    let meta = offgnn_shared::dataset::Metadata::read(dataset)?;
+    let relations: Vec<String> = meta
+        .graph
+        .edges
+        .iter()
+        .map(|e| e.edge_type.clone().unwrap_or_default())
+        .collect();
+    let layers = crate::typed_sampling::RelationFanouts::parse(specs, &relations)?.layers;
+    let most = layers
+        .iter()
+        .map(|l| l.iter().copied().max().unwrap_or(0))
+        .collect();
+    Ok((most, layers))
 }
 
 /// Parses `10,15,20`: positive fan-outs, input layer first.
@@ -111,6 +148,7 @@ impl SampleConfig {
     pub(crate) fn params(&self) -> SamplingParams {
         SamplingParams {
             fanouts: self.fanouts.clone(),
+            relation_fanouts: self.relation_fanouts.clone(),
             batch_size: self.batch_size,
             epochs: self.epochs,
             seed: self.seed,

@@ -21,6 +21,7 @@ pub mod config;
 pub mod derived_features;
 pub mod edge_split;
 pub mod error;
+pub mod input;
 pub mod link_sampling;
 pub mod memory;
 pub mod neighbor_sampling;

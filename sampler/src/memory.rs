@@ -4,7 +4,7 @@
 //! allocates; the end-to-end suite checks a run's peak RSS against it.
 
 use crate::topology::CHUNK;
-use offgnn_shared::dataset::{Dataset, EdgeSource, LinkTask, Split};
+use offgnn_shared::dataset::{Dataset, EdgeList, EdgeSource, LinkTask, Split, TypedDataset};
 use serde::Serialize;
 
 use crate::config::SampleConfig;
@@ -55,22 +55,77 @@ pub fn batch_bytes_bound(num_nodes: u64, batch_size: u64, fanouts: &[usize]) -> 
     )
 }
 
-/// States the peak memory of sampling `ds` as `cfg` says.
-pub fn estimate(ds: &Dataset, cfg: &SampleConfig, link: Option<&LinkTask>) -> MemoryEstimate {
-    let n = ds.num_nodes;
-    let input_edges = match &ds.edges.source {
+/// What the memory statement needs of a dataset: its nodes, the rows of
+/// its sampling graph (one per node, or per relation's destination), the
+/// edges in its files, each split's seeds, and per layer the most edges
+/// one destination draws.
+pub struct InputShape {
+    pub num_nodes: u64,
+    pub graph_rows: u64,
+    pub input_edges: u64,
+    pub seeds: [u64; 3],
+    pub fanouts: Vec<usize>,
+}
+
+/// Edges in a file, counted from its shape (or a CSV's smallest lines).
+fn file_edges(edges: &EdgeList) -> u64 {
+    match &edges.source {
         EdgeSource::Numpy(f) => f.shape()[1],
         EdgeSource::Csv(path) => std::fs::metadata(path).map_or(0, |m| m.len() / MIN_CSV_LINE),
-    };
+    }
+}
+
+impl InputShape {
+    pub fn of(ds: &Dataset, cfg: &SampleConfig) -> Self {
+        InputShape {
+            num_nodes: ds.num_nodes,
+            graph_rows: ds.num_nodes,
+            input_edges: file_edges(&ds.edges),
+            seeds: Split::ALL.map(|s| ds.split(s).seeds.len() as u64),
+            fanouts: cfg.fanouts.clone(),
+        }
+    }
+
+    /// A typed dataset sampled at `fanouts` (per layer, per relation): a
+    /// destination draws at most the layer's sum over the relations into
+    /// its type.
+    pub fn of_typed(ds: &TypedDataset, fanouts: &[Vec<usize>]) -> Self {
+        InputShape {
+            num_nodes: ds.num_nodes(),
+            graph_rows: ds
+                .relations
+                .iter()
+                .map(|r| ds.node_types[r.dst].num + 1)
+                .sum(),
+            input_edges: ds.relations.iter().map(|r| file_edges(&r.edges)).sum(),
+            seeds: Split::ALL.map(|s| ds.split(s).seeds.len() as u64),
+            fanouts: fanouts
+                .iter()
+                .map(|layer| {
+                    let mut into = vec![0usize; ds.node_types.len()];
+                    for (r, f) in ds.relations.iter().zip(layer) {
+                        into[r.dst] += f;
+                    }
+                    into.into_iter().max().unwrap_or(0)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// States the peak memory of sampling a dataset of `shape` as `cfg` says.
+pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>) -> MemoryEstimate {
+    let n = shape.num_nodes;
+    let input_edges = shape.input_edges;
     let graph_edges = if cfg.csr.add_reverse {
         input_edges.saturating_mul(2)
     } else {
         input_edges
     };
-    let graph_bytes = 8 * (n + 1) + graph_edges.saturating_mul(4);
+    let graph_bytes = 8 * (shape.graph_rows + 1) + graph_edges.saturating_mul(4);
     // Cursors (later the rows' deduplicated degrees), and a chunk of
     // sources and destinations as read and as u64 pairs.
-    let graph_build_bytes = 8 * n + 4 * (CHUNK as u64) * 16;
+    let graph_build_bytes = 8 * shape.graph_rows + 4 * (CHUNK as u64) * 16;
     let threads = cfg.threads as u64;
     let scratch_bytes = threads * 4 * n;
     // Windows of 2 x threads batches: one being sampled, one in the
@@ -85,7 +140,7 @@ pub fn estimate(ds: &Dataset, cfg: &SampleConfig, link: Option<&LinkTask>) -> Me
         }
         None => (cfg.batch_size as u64, 0),
     };
-    let per_batch = batch_bytes_bound(n, seeds_per_batch, &cfg.fanouts) + pair_bytes;
+    let per_batch = batch_bytes_bound(n, seeds_per_batch, &shape.fanouts) + pair_bytes;
     let batches_in_flight_bytes = 3 * window * per_batch * 2;
     let epochs = |s: Split| {
         if s == Split::Train {
@@ -108,7 +163,8 @@ pub fn estimate(ds: &Dataset, cfg: &SampleConfig, link: Option<&LinkTask>) -> Me
         None => {
             let seeds: u64 = Split::ALL
                 .iter()
-                .map(|&s| ds.split(s).seeds.len() as u64 * epochs(s))
+                .zip(shape.seeds)
+                .map(|(&s, seeds)| seeds * epochs(s))
                 .sum();
             seeds * 8 * 2
         }

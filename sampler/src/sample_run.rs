@@ -12,11 +12,11 @@ use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
 use offgnn_shared::commit::{self, Previous, RunId};
-use offgnn_shared::dataset::{Dataset, LinkTask, Split, file_fingerprint};
+use offgnn_shared::dataset::{Dataset, LinkTask, Split, TypedDataset, is_typed};
 use offgnn_shared::lease::{self, LEASE, Lease, Swept};
 use offgnn_shared::samples::{
-    self, DatasetInfo, FORMAT, FORMAT_VERSION, RUN_SUMMARY, RunSummary, SampleFile, SampledBatch,
-    ShardFiles, ShardSummary, SplitCounts,
+    self, FORMAT, FORMAT_VERSION, RUN_SUMMARY, RunSummary, SampleFile, SampledBatch, ShardFiles,
+    ShardSummary, SplitCounts,
 };
 use offgnn_shared::store::Store;
 use parquet::arrow::ArrowWriter;
@@ -28,11 +28,11 @@ use rayon::prelude::*;
 use crate::batches::{Links, Task, Unit};
 use crate::config::{NegativeKind, SampleConfig};
 use crate::error::{Error, Result};
+use crate::input::{Graph, Input};
 use crate::link_sampling::{LinkSampler, NegativeSampler};
 use crate::memory::MemoryEstimate;
 use crate::neighbor_sampling::Scratch;
 use crate::shards;
-use crate::topology::Csr;
 use offgnn_shared::report::human_bytes;
 
 /// Row groups are flushed once this much is buffered.
@@ -103,7 +103,7 @@ fn shard_name(run_id: &RunId, shard: u32, num_shards: u32) -> String {
 
 /// This run's id. The shards of a sharded run are processes that never
 /// meet: they share an id derived from the dataset and the parameters.
-fn run_id(ds: &Dataset, cfg: &SampleConfig) -> Result<RunId> {
+fn run_id(ds: Input, cfg: &SampleConfig) -> Result<RunId> {
     if cfg.num_shards == 1 {
         return Ok(RunId::new());
     }
@@ -163,33 +163,65 @@ fn remove_replaced(store: &Store, old: &Previous, run_id: &RunId) {
 /// Runs sampling as configured, into the store that `cfg.out` names.
 pub fn run(cfg: &SampleConfig) -> Result<Outcome> {
     cfg.validate()?;
-    let ds = Dataset::open(&cfg.dataset)?;
     let store = Store::open(&cfg.out)?;
+    if is_typed(&cfg.dataset)? {
+        let ds = TypedDataset::open(&cfg.dataset)?;
+        return run_typed_in(cfg, &ds, &store);
+    }
+    let ds = Dataset::open(&cfg.dataset)?;
     run_in(cfg, &ds, &store)
 }
 
 /// Runs sampling into an already opened store (tests use an in-memory one).
 pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome> {
+    if !cfg.relation_fanouts.is_empty() {
+        return Err(Error::InvalidArgument(
+            "per-relation fan-outs are for typed graphs; this one has one edge type".into(),
+        ));
+    }
+    run_input(cfg, Input::Plain(ds), store)
+}
+
+/// [`run_in`] for a typed dataset: `cfg.relation_fanouts` gives each
+/// relation's fan-outs.
+pub fn run_typed_in(cfg: &SampleConfig, ds: &TypedDataset, store: &Store) -> Result<Outcome> {
+    let layers = cfg.relation_fanouts.first().map_or(0, Vec::len);
+    if cfg.relation_fanouts.is_empty() || layers != ds.relations.len() {
+        return Err(Error::InvalidArgument(format!(
+            "a typed graph of {} relations samples with a fan-out per relation and layer",
+            ds.relations.len()
+        )));
+    }
+    if cfg.link.is_some() {
+        return Err(Error::InvalidArgument(
+            "--task link: typed graphs are sampled for node classification only so far".into(),
+        ));
+    }
+    run_input(cfg, Input::Typed(ds), store)
+}
+
+fn run_input(cfg: &SampleConfig, input: Input, store: &Store) -> Result<Outcome> {
     cfg.validate()?;
     let started = Instant::now();
     let previous = check_output(store, cfg)?;
-    let link_task = match &cfg.link {
-        Some(_) => Some(LinkTask::open(&ds.root, ds.num_nodes)?.ok_or_else(|| {
+    let link_task = match (&cfg.link, input) {
+        (Some(_), Input::Plain(ds)) => Some(LinkTask::open(&ds.root, ds.num_nodes)?.ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "--task link: {} has no link_prediction task (sampler split-edges writes one from the graph)",
                 ds.root.display()
             ))
         })?),
-        None => None,
+        _ => None,
     };
-    let memory = state_memory(ds, cfg, link_task.as_ref())?;
+    let memory = state_memory(&input.shape(cfg), cfg, link_task.as_ref())?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(cfg.threads)
         .build()
         .map_err(|e| {
             Error::InvalidArgument(format!("cannot start {} threads: {e}", cfg.threads))
         })?;
-    let (csr, csr_seconds) = build_graph(ds, cfg, &pool)?;
+    let (graph, csr_seconds) = input.build_graph(cfg, &pool)?;
+    log_graph(&graph, csr_seconds);
 
     if let Some(signal) = offgnn_shared::signals::received() {
         return Err(Error::Ended(format!(
@@ -198,7 +230,7 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     }
     // This run's objects go under names of its own; a committed run's stay
     // as they are until this one has committed.
-    let run_id = run_id(ds, cfg)?;
+    let run_id = run_id(input, cfg)?;
     tracing::info!("run {run_id}");
     // Each shard of a sharded run holds a lease of its own.
     let lease_name = match cfg.num_shards {
@@ -207,22 +239,23 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     };
     let lease = Lease::take(store, &lease_name, &run_id)?;
     let leftovers_removed = lease::sweep(store, &SAMPLER_RUNS, &lease);
-    let dataset = dataset_info(ds, &csr)?;
+    let dataset = input.info(&graph)?;
 
     let task = Task {
-        ds,
+        input,
         links: link_task
             .as_ref()
             .zip(cfg.link.as_ref())
-            .map(|(task, o)| Links {
+            .zip(graph.plain())
+            .map(|((task, o), csr)| Links {
                 task,
                 sampler: LinkSampler {
-                    csr: &csr,
+                    csr,
                     fanouts: &cfg.fanouts,
                     k: o.negatives as usize,
                     negatives: match o.sampler {
                         NegativeKind::Uniform => NegativeSampler::uniform(csr.num_nodes() as u32),
-                        NegativeKind::Degree => NegativeSampler::by_degree(&csr),
+                        NegativeKind::Degree => NegativeSampler::by_degree(csr),
                     },
                     exclude: true,
                 },
@@ -232,7 +265,7 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
     let (files, sample_seconds) = write_units(
         store,
         &task,
-        &csr,
+        &graph,
         cfg,
         &run_id,
         &units,
@@ -264,7 +297,7 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
         edges,
         sample_seconds,
         csr_seconds,
-        duplicate_edges_dropped: csr.duplicates_dropped(),
+        duplicate_edges_dropped: graph.duplicates_dropped(),
         memory,
         leftovers_removed,
     })
@@ -296,11 +329,11 @@ fn check_output(store: &Store, cfg: &SampleConfig) -> Result<Option<Previous>> {
 /// States the run's peak memory in the log, and refuses the run when it
 /// exceeds `--memory`.
 fn state_memory(
-    ds: &Dataset,
+    shape: &crate::memory::InputShape,
     cfg: &SampleConfig,
     link: Option<&LinkTask>,
 ) -> Result<MemoryEstimate> {
-    let memory = crate::memory::estimate(ds, cfg, link);
+    let memory = crate::memory::estimate(shape, cfg, link);
     tracing::info!(
         "memory: at most {} (graph {}, build {}, thread scratch {}, batches in flight {}, output buffers {})",
         human_bytes(memory.total_bytes),
@@ -326,50 +359,19 @@ fn state_memory(
     Ok(memory)
 }
 
-/// Builds the sampling graph on the pool; returns it with the seconds it took.
-fn build_graph(ds: &Dataset, cfg: &SampleConfig, pool: &rayon::ThreadPool) -> Result<(Csr, f64)> {
-    let csr_started = Instant::now();
-    let bar = offgnn_shared::progress::bar_if(
-        cfg.show_progress,
-        ds.edges.len_hint().unwrap_or(0) * 2,
-        "topology",
-        "edges",
-    );
-    // By default sampling is over distinct neighbors: repeated edges are
-    // kept once, so no neighbor can be taken twice for one node in one layer.
-    let csr_opts = cfg.csr;
-    let csr = pool.install(|| Csr::from_edge_list(&ds.edges, csr_opts, |n| bar.inc(n)))?;
-    bar.finish_and_clear();
-
-    let csr_seconds = csr_started.elapsed().as_secs_f64();
+/// Logs the sampling graph's size, and the repeated edges it dropped.
+fn log_graph(graph: &Graph, seconds: f64) {
     tracing::info!(
-        "topology: {} nodes, {} edges in CSR ({:.1} s)",
-        csr.num_nodes(),
-        csr.num_edges(),
-        csr_seconds
+        "topology: {} nodes, {} edges in CSR ({seconds:.1} s)",
+        graph.num_nodes(),
+        graph.num_edges(),
     );
-    if csr.duplicates_dropped() > 0 {
+    if graph.duplicates_dropped() > 0 {
         tracing::info!(
             "dropped {} repeated edges (each (source, destination) pair is kept once; --keep-duplicate-edges keeps them)",
-            csr.duplicates_dropped()
+            graph.duplicates_dropped()
         );
     }
-    Ok((csr, csr_seconds))
-}
-
-/// What the run's summaries say of the dataset it sampled.
-fn dataset_info(ds: &Dataset, csr: &Csr) -> Result<DatasetInfo> {
-    Ok(DatasetInfo {
-        name: ds.name.clone(),
-        location: ds.root.display().to_string(),
-        fingerprint: ds.fingerprint()?,
-        feature_fingerprint: file_fingerprint(ds.features.path())?,
-        num_nodes: ds.num_nodes,
-        num_classes: ds.num_classes,
-        feature_dim: ds.feature_dim(),
-        feature_dtype: ds.features.dtype(),
-        graph_edges: csr.num_edges(),
-    })
 }
 
 /// Samples and writes this shard's files in plan order; returns them with
@@ -378,7 +380,7 @@ fn dataset_info(ds: &Dataset, csr: &Csr) -> Result<DatasetInfo> {
 fn write_units(
     store: &Store,
     task: &Task,
-    csr: &Csr,
+    graph: &Graph,
     cfg: &SampleConfig,
     run_id: &RunId,
     units: &[Unit],
@@ -391,8 +393,16 @@ fn write_units(
     let sample_started = Instant::now();
     let mut files = Vec::with_capacity(units.len());
     for unit in units {
-        let written =
-            write_unit_with_retry(store, (task, csr), cfg, run_id, unit, pool, &scratch, &bar);
+        let written = write_unit_with_retry(
+            store,
+            (task, graph),
+            cfg,
+            run_id,
+            unit,
+            pool,
+            &scratch,
+            &bar,
+        );
         match written {
             Ok(file) => files.push(file),
             Err(e) => return Err(abandon(store, cfg, run_id, previous_committed, e)),
@@ -475,7 +485,7 @@ const WRITE_ATTEMPTS: u32 = 4;
 #[allow(clippy::too_many_arguments)]
 fn write_unit_with_retry(
     store: &Store,
-    (task, csr): (&Task, &Csr),
+    (task, graph): (&Task, &Graph),
     cfg: &SampleConfig,
     run_id: &RunId,
     unit: &Unit,
@@ -487,7 +497,7 @@ fn write_unit_with_retry(
     let mut wait = std::time::Duration::from_millis(500);
     let mut attempt = 1;
     loop {
-        match write_unit(store, (task, csr), cfg, run_id, unit, pool, scratch, bar) {
+        match write_unit(store, (task, graph), cfg, run_id, unit, pool, scratch, bar) {
             Err(e @ (Error::Write { .. } | Error::Shared(_)))
                 if attempt < WRITE_ATTEMPTS
                     && offgnn_shared::signals::received().is_none()
@@ -509,7 +519,7 @@ fn write_unit_with_retry(
 #[allow(clippy::too_many_arguments)]
 fn write_unit(
     store: &Store,
-    (task, csr): (&Task, &Csr),
+    (task, graph): (&Task, &Graph),
     cfg: &SampleConfig,
     run_id: &RunId,
     unit: &Unit,
@@ -577,8 +587,8 @@ fn write_unit(
                             .lock()
                             .expect("scratch pool")
                             .pop()
-                            .unwrap_or_else(|| Scratch::new(csr.num_nodes()));
-                        let sampled = task.sample(cfg, csr, (unit, index, batch), &mut mine);
+                            .unwrap_or_else(|| Scratch::new(graph.num_nodes()));
+                        let sampled = task.sample(cfg, graph, (unit, index, batch), &mut mine);
                         scratch.lock().expect("scratch pool").push(mine);
                         sampled
                     })
@@ -729,7 +739,9 @@ fn try_commit_shards(
                 fault: format!("malformed shard summary: {e}"),
                 kind: None,
             })?;
-        if summary.params != cfg.params() || summary.dataset.fingerprint != task.ds.fingerprint()? {
+        if summary.params != cfg.params()
+            || summary.dataset.fingerprint != task.input.fingerprint()?
+        {
             return Err(Error::InvalidArgument(format!(
                 "{name} was written by a run with other parameters or another dataset; rerun it or pass --overwrite"
             )));

@@ -510,12 +510,40 @@ pub struct DatasetInfo {
     pub feature_dim: u64,
     pub feature_dtype: crate::npy::DType,
     pub graph_edges: u64,
+    /// A typed graph's node types, in order: each a contiguous range of
+    /// the homogenized ids (empty for one node type; `feature_dim`,
+    /// `feature_dtype` and `feature_fingerprint` are then the target
+    /// type's, or 0, float32 and empty where it has no features).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_types: Vec<NodeTypeInfo>,
+    /// A typed graph's relations `src:relation:dst`, in the order of
+    /// [`Block::relations`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relations: Vec<String>,
+}
+
+/// One node type of a typed graph.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeTypeInfo {
+    pub name: String,
+    pub num: u64,
+    /// Its first homogenized id.
+    pub offset: u64,
+    /// Its feature file's width, dtype and fingerprint (none: no features).
+    pub feature_dim: Option<u64>,
+    pub feature_dtype: Option<crate::npy::DType>,
+    pub feature_fingerprint: Option<String>,
 }
 
 /// How the run was sampled.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SamplingParams {
+    /// Per layer, input layer first; in a typed graph the most any
+    /// relation draws.
     pub fanouts: Vec<usize>,
+    /// A typed graph: per layer, each relation's fan-out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relation_fanouts: Vec<Vec<usize>>,
     pub batch_size: usize,
     pub epochs: u32,
     pub seed: u64,

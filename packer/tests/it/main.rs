@@ -54,6 +54,7 @@ fn fixture_edited(cfg: GeneratorConfig, edit: impl FnOnce(&Path)) -> Fixture {
         dataset: ds.clone(),
         out: samples.to_str().unwrap().into(),
         fanouts: vec![3, 4],
+        relation_fanouts: Vec::new(),
         batch_size: 50,
         epochs: 2,
         seed: 1,

@@ -71,9 +71,12 @@ pub struct SampleArgs {
     /// Where the samples go: a local path, file://, s3://, gs:// or az:// URL.
     #[arg(long)]
     pub out: Option<String>,
-    /// Neighbors sampled per layer, input layer first (as DGL's NeighborSampler).
+    /// Neighbors sampled per layer, input layer first (as DGL's
+    /// NeighborSampler). A typed graph: each destination draws this many
+    /// over each relation reaching its type; `--fanout REL=LIST` (repeated)
+    /// sets one relation's.
     #[arg(long, default_value = "10,15,20")]
-    pub fanout: String,
+    pub fanout: Vec<String>,
     #[arg(long, default_value_t = 1024)]
     pub batch_size: usize,
     /// Epochs of training batches to sample (validation and test are sampled once).
@@ -410,10 +413,12 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
     if let Some(line) = &shards.overridden {
         tracing::warn!("{line}");
     }
+    let (fanouts, relation_fanouts) = config::resolve_fanouts(&args.fanout, &dataset)?;
     let cfg = config::SampleConfig {
         dataset,
         out,
-        fanouts: config::parse_fanouts(&args.fanout)?,
+        fanouts,
+        relation_fanouts,
         batch_size: args.batch_size,
         epochs: args.epochs,
         seed: args.seed,

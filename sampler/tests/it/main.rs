@@ -4,6 +4,7 @@
 //! Parquet importer (on Cora and on small hand-made tables).
 
 mod parquet_importer;
+mod typed_runs;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -33,11 +34,12 @@ fn dataset(dir: &Path) -> PathBuf {
     out
 }
 
-fn config(dataset: &Path, out: &str) -> SampleConfig {
+pub(crate) fn config(dataset: &Path, out: &str) -> SampleConfig {
     SampleConfig {
         dataset: dataset.to_path_buf(),
         out: out.to_string(),
         fanouts: vec![3, 4, 5],
+        relation_fanouts: Vec::new(),
         batch_size: 64,
         epochs: 2,
         seed: 5,
@@ -59,7 +61,7 @@ fn config(dataset: &Path, out: &str) -> SampleConfig {
 
 /// (name without the run id, size, checksum) of every file of a committed
 /// run; the names are the run's own.
-fn files(store: &Store) -> Vec<(String, u64, String)> {
+pub(crate) fn files(store: &Store) -> Vec<(String, u64, String)> {
     let run = RunSummary::read(store).unwrap();
     run.files
         .iter()

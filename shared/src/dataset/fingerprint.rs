@@ -6,7 +6,8 @@ use std::path::Path;
 
 use super::metadata::METADATA_FILE;
 use super::open::Dataset;
-use super::tasks::Split;
+use super::tasks::{SeedSet, Split};
+use super::typed::TypedDataset;
 use crate::error::{Error, Result};
 
 impl Dataset {
@@ -14,22 +15,41 @@ impl Dataset {
     /// the edge file (by size and sampled contents), and every seed and label.
     /// Two datasets with the same fingerprint have the same topology and task.
     pub fn fingerprint(&self) -> Result<String> {
-        use sha2::Digest;
-        let mut h = sha2::Sha256::new();
-        let meta = self.root.join(METADATA_FILE);
-        h.update(fs::read(&meta).map_err(|e| Error::io(&meta, e))?);
-        for split in Split::ALL {
-            let set = self.split(split);
-            h.update(split.name());
-            h.update((set.seeds.len() as u64).to_le_bytes());
-            for (&s, &l) in set.seeds.iter().zip(&set.labels) {
-                h.update(s.to_le_bytes());
-                h.update(l.to_le_bytes());
-            }
-        }
-        h.update(file_fingerprint(self.edges.path())?);
-        Ok(crate::store::hex(&h.finalize()))
+        fingerprint(&self.root, |s| self.split(s), &[self.edges.path()])
     }
+}
+
+impl TypedDataset {
+    /// As [`Dataset::fingerprint`]: metadata.yaml, the seeds and labels
+    /// (homogenized ids), and every relation's edge file.
+    pub fn fingerprint(&self) -> Result<String> {
+        let edges: Vec<&Path> = self.relations.iter().map(|r| r.edges.path()).collect();
+        fingerprint(&self.root, |s| self.split(s), &edges)
+    }
+}
+
+fn fingerprint<'a>(
+    root: &Path,
+    split: impl Fn(Split) -> &'a SeedSet,
+    edge_files: &[&Path],
+) -> Result<String> {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    let meta = root.join(METADATA_FILE);
+    h.update(fs::read(&meta).map_err(|e| Error::io(&meta, e))?);
+    for s in Split::ALL {
+        let set = split(s);
+        h.update(s.name());
+        h.update((set.seeds.len() as u64).to_le_bytes());
+        for (&seed, &l) in set.seeds.iter().zip(&set.labels) {
+            h.update(seed.to_le_bytes());
+            h.update(l.to_le_bytes());
+        }
+    }
+    for path in edge_files {
+        h.update(file_fingerprint(path)?);
+    }
+    Ok(crate::store::hex(&h.finalize()))
 }
 
 /// A SHA-256 over a file's size and 64 KiB read at 17 evenly spaced offsets

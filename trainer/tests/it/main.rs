@@ -64,6 +64,7 @@ fn fixture() -> Fixture {
         dataset: ds.clone(),
         out: samples.to_str().unwrap().into(),
         fanouts: vec![5, 5],
+        relation_fanouts: Vec::new(),
         batch_size: 128,
         epochs: 2,
         seed: 3,
