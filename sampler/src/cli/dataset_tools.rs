@@ -71,6 +71,17 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The column names `import-parquet` was given.
+fn columns(args: &ImportArgs) -> parquet_import::Columns {
+    parquet_import::Columns {
+        id: args.id_column.clone(),
+        features: args.features_column.clone(),
+        label: args.label_column.clone(),
+        source: args.source_column.clone(),
+        target: args.target_column.clone(),
+    }
+}
+
 /// `TYPE=PATH`, or `None` for a plain path.
 fn typed_table(arg: &str) -> Option<(String, PathBuf)> {
     let (name, path) = arg.split_once('=')?;
@@ -101,11 +112,7 @@ pub fn import_parquet(args: &ImportArgs) -> anyhow::Result<()> {
             name: String::new(),
             nodes,
             edges,
-            id_column: args.id_column.clone(),
-            features_column: args.features_column.clone(),
-            label_column: args.label_column.clone(),
-            source_column: args.source_column.clone(),
-            target_column: args.target_column.clone(),
+            columns: columns(args),
             add_reverse: args.add_reverse,
             dtype: npy::DType::F32,
             train_fraction: 0.0,
@@ -512,11 +519,7 @@ fn import_typed(args: &ImportArgs) -> anyhow::Result<()> {
         node_tables: tables(&args.nodes, "--nodes")?,
         edge_tables: tables(&args.edges, "--edges")?,
         target,
-        id_column: args.id_column.clone(),
-        features_column: args.features_column.clone(),
-        label_column: args.label_column.clone(),
-        source_column: args.source_column.clone(),
-        target_column: args.target_column.clone(),
+        columns: columns(args),
         add_reverse: args.add_reverse,
         dtype: args.dtype.into(),
         train_fraction: args.train_fraction,

@@ -31,17 +31,25 @@ pub use typed::{
     ImportedRelation, ImportedType, TypedImportConfig, TypedImportSummary, import_typed,
 };
 
+/// Which columns of the tables hold what.
+#[derive(Clone, Debug)]
+pub struct Columns {
+    /// Node tables: the node id, the feature list and the label.
+    pub id: String,
+    pub features: String,
+    pub label: String,
+    /// Edge tables: the source and target node ids.
+    pub source: String,
+    pub target: String,
+}
+
 /// Where the tables are and which columns hold what.
 #[derive(Clone, Debug)]
 pub struct ImportConfig {
     pub name: String,
     pub nodes: PathBuf,
     pub edges: PathBuf,
-    pub id_column: String,
-    pub features_column: String,
-    pub label_column: String,
-    pub source_column: String,
-    pub target_column: String,
+    pub columns: Columns,
     /// Also write `v -> u` for every `u -> v`.
     pub add_reverse: bool,
     /// Feature dtype on disk: F32 or F16.
@@ -60,11 +68,13 @@ impl ImportConfig {
             name: "cora".into(),
             nodes,
             edges,
-            id_column: "nodeId".into(),
-            features_column: "features".into(),
-            label_column: "subject".into(),
-            source_column: "sourceNodeId".into(),
-            target_column: "targetNodeId".into(),
+            columns: Columns {
+                id: "nodeId".into(),
+                features: "features".into(),
+                label: "subject".into(),
+                source: "sourceNodeId".into(),
+                target: "targetNodeId".into(),
+            },
             add_reverse: true,
             dtype: DType::F32,
             train_fraction: 0.6,
@@ -152,10 +162,10 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         &writer,
         &NodeTable {
             path: &cfg.nodes,
-            id_column: &cfg.id_column,
-            features_column: &cfg.features_column,
+            id_column: &cfg.columns.id,
+            features_column: &cfg.columns.features,
             features_required: true,
-            label_column: Some(&cfg.label_column),
+            label_column: Some(&cfg.columns.label),
             features_out: layout::FEATURES,
             dtype: cfg.dtype,
         },
@@ -167,8 +177,8 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         &writer,
         &EdgeTable {
             path: &cfg.edges,
-            source_column: &cfg.source_column,
-            target_column: &cfg.target_column,
+            source_column: &cfg.columns.source,
+            target_column: &cfg.columns.target,
             src_ids: &nodes.ids,
             dst_ids: &nodes.ids,
             out: layout::EDGES,

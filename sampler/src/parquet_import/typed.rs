@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use offgnn_shared::dataset::{DatasetWriter, Split, TypedSpec, layout, seeded_split};
 use offgnn_shared::npy::{self, DType};
 
-use super::{EdgeTable, NodeTable, Reverse, class_count, read_node_table, write_edge_table};
+use super::{
+    Columns, EdgeTable, NodeTable, Reverse, class_count, read_node_table, write_edge_table,
+};
 use crate::error::{Error, Result};
 
 /// The tables of a typed import, and the columns they share.
@@ -25,11 +27,7 @@ pub struct TypedImportConfig {
     pub edge_tables: Vec<(String, PathBuf)>,
     /// The node type whose labels the task learns.
     pub target: String,
-    pub id_column: String,
-    pub features_column: String,
-    pub label_column: String,
-    pub source_column: String,
-    pub target_column: String,
+    pub columns: Columns,
     /// Also write each relation's reverse: in its own file as
     /// `dst:rev_relation:src`, or, between nodes of one type, after the
     /// edges in the same file.
@@ -165,10 +163,10 @@ pub fn import_typed(
             &writer,
             &NodeTable {
                 path,
-                id_column: &cfg.id_column,
-                features_column: &cfg.features_column,
+                id_column: &cfg.columns.id,
+                features_column: &cfg.columns.features,
                 features_required: false,
-                label_column: is_target.then_some(cfg.label_column.as_str()),
+                label_column: is_target.then_some(cfg.columns.label.as_str()),
                 features_out: &features_out,
                 dtype: cfg.dtype,
             },
@@ -196,8 +194,8 @@ pub fn import_typed(
             &writer,
             &EdgeTable {
                 path: p.path,
-                source_column: &cfg.source_column,
-                target_column: &cfg.target_column,
+                source_column: &cfg.columns.source,
+                target_column: &cfg.columns.target,
                 src_ids: &ids[p.src],
                 dst_ids: &ids[p.dst],
                 out: &out_path,

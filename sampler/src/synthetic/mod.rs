@@ -201,15 +201,7 @@ pub fn generate(
 
     let feat_path = writer.path(layout::FEATURES);
     let feature_data_bytes = cfg.num_nodes * cfg.feature_dim * cfg.dtype.size() as u64;
-    FeatureJob {
-        dim: cfg.feature_dim,
-        classes: cfg.num_classes,
-        signal: cfg.signal,
-        dtype: cfg.dtype,
-        seed: cfg.seed,
-        part: 0,
-    }
-    .write(
+    FeatureJob::of(cfg, 0).write(
         &feat_path,
         &labels,
         progress_bar(show_progress, || {
@@ -765,6 +757,18 @@ pub(super) struct FeatureJob {
 }
 
 impl FeatureJob {
+    /// The features `cfg` asks for, of population `part`.
+    pub(super) fn of(cfg: &GeneratorConfig, part: u64) -> Self {
+        FeatureJob {
+            dim: cfg.feature_dim,
+            classes: cfg.num_classes,
+            signal: cfg.signal,
+            dtype: cfg.dtype,
+            seed: cfg.seed,
+            part,
+        }
+    }
+
     /// Streams the `[N, d]` feature matrix; row `i` draws from its own generator.
     pub(super) fn write(&self, path: &Path, labels: &[u32], bar: ProgressBar) -> Result<()> {
         let d = self.dim as usize;

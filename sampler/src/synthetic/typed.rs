@@ -232,15 +232,7 @@ pub fn generate_typed(
         if features {
             let path = writer.path(&layout::typed_features(name));
             let bytes = counts[t] * cfg.feature_dim * cfg.dtype.size() as u64;
-            FeatureJob {
-                dim: cfg.feature_dim,
-                classes: cfg.num_classes,
-                signal: cfg.signal,
-                dtype: cfg.dtype,
-                seed: cfg.seed,
-                part: t as u64 + 1,
-            }
-            .write(
+            FeatureJob::of(cfg, t as u64 + 1).write(
                 &path,
                 labels,
                 progress_bar(show_progress, || {

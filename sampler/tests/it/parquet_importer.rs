@@ -9,7 +9,7 @@ use arrow::array::{ArrayRef, Float32Builder, Int64Array, ListBuilder, RecordBatc
 use offgnn_shared::dataset::{Dataset, TypedDataset};
 use offgnn_shared::npy::DType;
 use parquet::arrow::ArrowWriter;
-use sampler::parquet_import::{ImportConfig, TypedImportConfig, import, import_typed};
+use sampler::parquet_import::{Columns, ImportConfig, TypedImportConfig, import, import_typed};
 use sampler::topology::{Csr, CsrOptions};
 
 fn cora_dir() -> PathBuf {
@@ -92,6 +92,17 @@ fn imports_cora() {
     }
 }
 
+/// The tables' column names.
+fn columns() -> Columns {
+    Columns {
+        id: "id".into(),
+        features: "features".into(),
+        label: "label".into(),
+        source: "source".into(),
+        target: "target".into(),
+    }
+}
+
 fn write_table(path: &Path, columns: Vec<(&str, ArrayRef)>) {
     let batch = RecordBatch::try_from_iter(columns).unwrap();
     let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), None).unwrap();
@@ -138,11 +149,7 @@ fn tables(dir: &Path, feats: ArrayRef, ids: Vec<i64>, edge_src: Vec<i64>) -> Imp
         name: "t".into(),
         nodes,
         edges,
-        id_column: "id".into(),
-        features_column: "features".into(),
-        label_column: "label".into(),
-        source_column: "source".into(),
-        target_column: "target".into(),
+        columns: columns(),
         add_reverse: false,
         dtype: DType::F16,
         train_fraction: 0.34,
@@ -219,7 +226,7 @@ fn refuses_bad_tables() {
     assert!(err.contains("row 1 has length 2, expected 1"), "{err}");
 
     let mut cfg = tables(dir.path(), ok_feats(), vec![1, 2, 7], vec![1]);
-    cfg.label_column = "subject".into();
+    cfg.columns.label = "subject".into();
     let err = import(&dir.path().join("d"), &cfg, false)
         .unwrap_err()
         .to_string();
@@ -318,11 +325,7 @@ fn typed_tables(dir: &Path) -> TypedImportConfig {
             ),
         ],
         target: "paper".into(),
-        id_column: "id".into(),
-        features_column: "features".into(),
-        label_column: "label".into(),
-        source_column: "source".into(),
-        target_column: "target".into(),
+        columns: columns(),
         add_reverse: true,
         dtype: DType::F32,
         train_fraction: 0.5,

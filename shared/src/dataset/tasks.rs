@@ -50,6 +50,25 @@ pub(super) fn classification_task<'m>(
     Ok((task, num_classes))
 }
 
+/// The entries of `task`'s set for `split`, which it must have.
+pub(super) fn task_set<'t>(
+    task: &'t TaskMeta,
+    split: Split,
+    meta_path: &Path,
+) -> Result<&'t [SetMeta]> {
+    let set = match split {
+        Split::Train => &task.train_set,
+        Split::Valid => &task.validation_set,
+        Split::Test => &task.test_set,
+    };
+    set.as_deref().ok_or_else(|| {
+        Error::dataset(
+            meta_path,
+            format!("task '{}' has no {}", task.name, yaml_key(split)),
+        )
+    })
+}
+
 /// The task's train, validation and test sets, in that order; the train
 /// set must not be empty.
 pub(super) fn load_sets(
@@ -63,14 +82,7 @@ pub(super) fn load_sets(
     let bad = |fault: String| Error::dataset(meta_path, fault);
     let mut sets = Vec::with_capacity(3);
     for split in Split::ALL {
-        let set = match split {
-            Split::Train => &task.train_set,
-            Split::Valid => &task.validation_set,
-            Split::Test => &task.test_set,
-        };
-        let set = set
-            .as_deref()
-            .ok_or_else(|| bad(format!("task '{}' has no {}", task.name, yaml_key(split))))?;
+        let set = task_set(task, split, meta_path)?;
         sets.push(load_set(
             root,
             meta_path,

@@ -18,7 +18,7 @@ use super::edges::{EdgeList, open_edge_file};
 use super::features::{open_feature_file, open_label_file};
 use super::metadata::{METADATA_FILE, Metadata, read_metadata};
 use super::open::dataset_name;
-use super::tasks::{SeedSet, Split, classification_task, read_set_entry, yaml_key};
+use super::tasks::{SeedSet, Split, classification_task, read_set_entry, task_set, yaml_key};
 use crate::error::{Error, Result};
 use crate::npy::NpyFile;
 
@@ -90,14 +90,7 @@ impl TypedDataset {
         let mut target: Option<usize> = None;
         let mut sets = Vec::with_capacity(3);
         for split in Split::ALL {
-            let set = match split {
-                Split::Train => &task.train_set,
-                Split::Valid => &task.validation_set,
-                Split::Test => &task.test_set,
-            };
-            let set = set
-                .as_deref()
-                .ok_or_else(|| bad(format!("task '{}' has no {}", task.name, yaml_key(split))))?;
+            let set = task_set(task, split, &meta_path)?;
             let [entry] = set else {
                 return Err(bad(format!(
                     "{} has {} entries; node classification trains one node type, so one",
