@@ -200,6 +200,11 @@ fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Beside the passes: the edge stream's buffers (a chunk of sources and
+/// destinations, as read and as ids) and the process itself (code, thread
+/// stacks, allocator arenas), as the sampler's memory statement counts it.
+const FIXED_BYTES: u64 = 4 * 8 * CHUNK as u64 + (64 << 20);
+
 struct MeanStats {
     edges: u64,
     empty_rows: u64,
@@ -237,7 +242,11 @@ fn mean_rows(
         // This pass's edges, by thread sub-range of destinations, each
         // sorted by source.
         let width = (range.len()).div_ceil(threads).max(1);
-        let mut parts: Vec<Vec<(u32, u32)>> = vec![Vec::new(); range.len().div_ceil(width)];
+        // Sized from the degrees: exactly this pass's edges, no growth.
+        let mut parts: Vec<Vec<(u32, u32)>> = degree[range.clone()]
+            .chunks(width)
+            .map(|c| Vec::with_capacity(c.iter().map(|&n| n as usize).sum()))
+            .collect();
         edges.for_each_chunk::<Error>(CHUNK, |s, t| {
             for (&u, &v) in s.iter().zip(t) {
                 if (lo..hi).contains(&v) {
@@ -291,19 +300,20 @@ fn mean_rows(
     })
 }
 
-/// Consecutive destination ranges whose accumulators (`4d` bytes a row)
-/// and edges (8 bytes each) fit `memory` less the degrees (4 bytes a row).
+/// Consecutive destination ranges whose accumulators and encoded rows (`8d`
+/// bytes a row at most) and edges (8 bytes each) fit `memory` less the
+/// degrees (4 bytes a row) and [`FIXED_BYTES`].
 fn pass_ranges(degree: &[u32], d: usize, memory: u64) -> Result<Vec<std::ops::Range<usize>>> {
-    let fixed = degree.len() as u64 * 4;
+    let fixed = degree.len() as u64 * 4 + FIXED_BYTES;
     let budget = memory.saturating_sub(fixed);
-    let row_bytes = 4 * d as u64;
+    let row_bytes = 8 * d as u64;
     let mut ranges = Vec::new();
     let (mut start, mut used) = (0usize, 0u64);
     for (v, &n) in degree.iter().enumerate() {
         let cost = row_bytes + 8 * n as u64;
         if cost > budget {
             return Err(Error::InvalidArgument(format!(
-                "--memory {}: a destination row with its {n} edges needs {} beside the {} of degrees; raise --memory",
+                "--memory {}: a destination row with its {n} edges needs {} beside {} of degrees, edge buffers and runtime; raise --memory",
                 human_bytes(memory),
                 human_bytes(cost),
                 human_bytes(fixed)
@@ -392,9 +402,10 @@ mod tests {
         let one = dir.path().join("one");
         let summary = derive(&input, &one, &chain, 1 << 30).unwrap();
         assert_eq!(summary.derived[0].passes, 1);
-        // 16 KiB: the degrees and a few hundred rows a pass.
+        // The edge buffers and 16 KiB: the degrees and a few hundred rows a
+        // pass.
         let many = dir.path().join("many");
-        let summary = derive(&input, &many, &chain, 16 << 10).unwrap();
+        let summary = derive(&input, &many, &chain, FIXED_BYTES + (16 << 10)).unwrap();
         assert!(summary.derived[0].passes > 3, "{summary:?}");
 
         let ds = TypedDataset::open(&one).unwrap();
