@@ -16,8 +16,9 @@ use offgnn_shared::dataset::TypedDataset;
 use offgnn_shared::samples::Block;
 
 use crate::error::{Error, Result};
-use crate::neighbor_sampling::{Scratch, choose};
+use crate::neighbor_sampling::{AHEAD, Scratch, choose};
 use crate::topology::{CHUNK, Csr, CsrOptions};
+use offgnn_shared::prefetch;
 
 /// One relation's sampling graph.
 pub struct RelationGraph {
@@ -198,6 +199,7 @@ pub fn sample_typed_blocks(
     let mut blocks = Vec::with_capacity(fanouts.layers.len());
     let mut num_dst = nodes.len();
     let mut picks = std::mem::take(&mut scratch.picks);
+    let mut bounds: Vec<(u32, u64, u64)> = Vec::new();
     for layer in fanouts.layers.iter().rev() {
         let (mut src, mut dst) = (Vec::new(), Vec::new());
         let mut relations = vec![0u32];
@@ -206,24 +208,46 @@ pub fn sample_typed_blocks(
             let (src_base, dst_base) = (g.offsets[rel.src], g.offsets[rel.dst]);
             let offsets = rel.csr.offsets();
             let indices = rel.csr.indices();
-            for d in 0..num_dst {
-                if types[d] as usize != rel.dst {
-                    continue;
+            // In three passes, as `sample_blocks` does, each prefetching
+            // what it loads AHEAD items on: this relation's destinations'
+            // row bounds, then the picks (as global ids), then their local
+            // ids. The draws come in the same order as in one fused loop.
+            let rows: Vec<(u32, usize)> = (0..num_dst)
+                .filter(|&d| types[d] as usize == rel.dst)
+                .map(|d| (d as u32, (nodes[d] as u64 - dst_base) as usize))
+                .collect();
+            bounds.clear();
+            bounds.extend(rows.iter().enumerate().map(|(i, &(d, row))| {
+                if let Some(&(_, ahead)) = rows.get(i + AHEAD) {
+                    prefetch::line(offsets, ahead);
                 }
-                let row = (nodes[d] as u64 - dst_base) as usize;
-                let neighbors = &indices[offsets[row] as usize..offsets[row + 1] as usize];
+                (d, offsets[row], offsets[row + 1])
+            }));
+            let first = src.len();
+            for (i, &(d, start, end)) in bounds.iter().enumerate() {
+                if let Some(&(_, ahead, _)) = bounds.get(i + AHEAD) {
+                    prefetch::line(indices, ahead as usize);
+                }
+                let neighbors = &indices[start as usize..end as usize];
                 let chosen: &[u32] = if neighbors.len() <= fanout {
                     neighbors
                 } else {
                     choose(neighbors, fanout, rng, &mut picks);
                     &picks
                 };
-                for &u in chosen {
-                    let id = (u as u64 + src_base) as u32;
-                    let local = add(&mut scratch.local, (&mut nodes, &mut types), id, rel.src);
-                    src.push(local);
-                    dst.push(d as u32);
+                src.extend(chosen.iter().map(|&u| (u as u64 + src_base) as u32));
+                dst.extend(std::iter::repeat_n(d, chosen.len()));
+            }
+            for i in first..src.len() {
+                if let Some(&ahead) = src.get(i + AHEAD) {
+                    prefetch::line(&scratch.local, ahead as usize);
                 }
+                src[i] = add(
+                    &mut scratch.local,
+                    (&mut nodes, &mut types),
+                    src[i],
+                    rel.src,
+                );
             }
             relations.push(src.len() as u32);
         }
