@@ -83,6 +83,9 @@ const STREAM_RELATION_DEGREES: u64 = 16;
 const STREAM_RELATION_EDGES: u64 = 17;
 const STREAM_TYPED_SPLIT: u64 = 18;
 
+/// A node type's drawn communities and propensities.
+type Drawn = (Vec<u32>, Vec<f32>);
+
 /// What [`generate_typed`] wrote.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct TypedGenerateSummary {
@@ -167,7 +170,7 @@ pub fn generate_typed(
         "generating a typed graph (IGBH's schema) into {}",
         out.display()
     );
-    let populations: Vec<(Vec<u32>, Vec<f32>)> = counts
+    let populations: Vec<Drawn> = counts
         .iter()
         .enumerate()
         .map(|(t, &num)| {
@@ -182,6 +185,61 @@ pub fn generate_typed(
         })
         .collect();
 
+    let (relations, edge_bytes) = write_relations(&writer, cfg, &populations, show_progress)?;
+    let (node_types, feature_bytes) = write_features(
+        &writer,
+        cfg,
+        (&counts, &populations),
+        featureless,
+        show_progress,
+    )?;
+    let paper_labels = &populations[0].0;
+    write_labels(&writer.path(&layout::typed_labels("paper")), paper_labels)?;
+    let splits = seeded_split(
+        counts[0],
+        cfg.train_fraction,
+        cfg.valid_fraction,
+        cfg.test_fraction,
+        stream_seed(cfg.seed, STREAM_TYPED_SPLIT, 0),
+    )?;
+    for (split, seeds) in Split::ALL.into_iter().zip(&splits) {
+        let labels: Vec<u64> = seeds
+            .iter()
+            .map(|&s| paper_labels[s as usize] as u64)
+            .collect();
+        writer.write_typed_split("paper", split, seeds, &labels)?;
+    }
+    writer.commit_typed(&TypedSpec {
+        name: cfg.name.clone(),
+        node_types: node_types
+            .iter()
+            .map(|t| (t.name.clone(), t.nodes, t.features))
+            .collect(),
+        relations: relations.iter().map(|r| r.name.clone()).collect(),
+        target: "paper".into(),
+        num_classes: cfg.num_classes,
+    })?;
+    let summary = TypedGenerateSummary {
+        node_types,
+        relations,
+        feature_dim: cfg.feature_dim,
+        dtype: cfg.dtype.name().to_string(),
+        feature_bytes,
+        edge_bytes,
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    tracing::info!(seconds = summary.seconds, "wrote {}", out.display());
+    Ok(summary)
+}
+
+/// Writes every relation's edges (and reverses); returns each relation's
+/// edge count and the edge files' bytes.
+fn write_relations(
+    writer: &DatasetWriter,
+    cfg: &GeneratorConfig,
+    populations: &[Drawn],
+    show_progress: bool,
+) -> Result<(Vec<RelationSummary>, u64)> {
     let mut edge_bytes = 0u64;
     let mut relations = Vec::new();
     for (r, rel) in RELATIONS.iter().enumerate() {
@@ -224,10 +282,21 @@ pub fn generate_typed(
             relations.push(RelationSummary { name, edges });
         }
     }
+    Ok((relations, edge_bytes))
+}
 
+/// Writes every type's feature file but the featureless types'; returns
+/// each type's summary and the feature files' bytes.
+fn write_features(
+    writer: &DatasetWriter,
+    cfg: &GeneratorConfig,
+    (counts, populations): (&[u64], &[Drawn]),
+    featureless: &[String],
+    show_progress: bool,
+) -> Result<(Vec<TypeSummary>, u64)> {
     let mut feature_bytes = 0u64;
     let mut node_types = Vec::new();
-    for (t, (&(name, _), (labels, _))) in NODE_TYPES.iter().zip(&populations).enumerate() {
+    for (t, (&(name, _), (labels, _))) in NODE_TYPES.iter().zip(populations).enumerate() {
         let features = !featureless.iter().any(|f| f == name);
         if features {
             let path = writer.path(&layout::typed_features(name));
@@ -247,43 +316,7 @@ pub fn generate_typed(
             features,
         });
     }
-    let paper_labels = &populations[0].0;
-    write_labels(&writer.path(&layout::typed_labels("paper")), paper_labels)?;
-    let splits = seeded_split(
-        counts[0],
-        cfg.train_fraction,
-        cfg.valid_fraction,
-        cfg.test_fraction,
-        stream_seed(cfg.seed, STREAM_TYPED_SPLIT, 0),
-    )?;
-    for (split, seeds) in Split::ALL.into_iter().zip(&splits) {
-        let labels: Vec<u64> = seeds
-            .iter()
-            .map(|&s| paper_labels[s as usize] as u64)
-            .collect();
-        writer.write_typed_split("paper", split, seeds, &labels)?;
-    }
-    writer.commit_typed(&TypedSpec {
-        name: cfg.name.clone(),
-        node_types: node_types
-            .iter()
-            .map(|t| (t.name.clone(), t.nodes, t.features))
-            .collect(),
-        relations: relations.iter().map(|r| r.name.clone()).collect(),
-        target: "paper".into(),
-        num_classes: cfg.num_classes,
-    })?;
-    let summary = TypedGenerateSummary {
-        node_types,
-        relations,
-        feature_dim: cfg.feature_dim,
-        dtype: cfg.dtype.name().to_string(),
-        feature_bytes,
-        edge_bytes,
-        seconds: start.elapsed().as_secs_f64(),
-    };
-    tracing::info!(seconds = summary.seconds, "wrote {}", out.display());
-    Ok(summary)
+    Ok((node_types, feature_bytes))
 }
 
 fn file_len(path: &Path) -> Result<u64> {
