@@ -185,8 +185,9 @@ pub fn run_in(cfg: &SampleConfig, ds: &Dataset, store: &Store) -> Result<Outcome
 /// [`run_in`] for a typed dataset: `cfg.relation_fanouts` gives each
 /// relation's fan-outs.
 pub fn run_typed_in(cfg: &SampleConfig, ds: &TypedDataset, store: &Store) -> Result<Outcome> {
-    let layers = cfg.relation_fanouts.first().map_or(0, Vec::len);
-    if cfg.relation_fanouts.is_empty() || layers != ds.relations.len() {
+    // Per layer, one fan-out per relation.
+    let per_layer = cfg.relation_fanouts.first().map_or(0, Vec::len);
+    if per_layer != ds.relations.len() {
         return Err(Error::InvalidArgument(format!(
             "a typed graph of {} relations samples with a fan-out per relation and layer",
             ds.relations.len()

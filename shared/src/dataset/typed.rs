@@ -62,7 +62,7 @@ pub struct TypedDataset {
 /// Whether the dataset at `root` is typed (see [`describes_typed`]); its
 /// `metadata.yaml` read and parsed, not yet validated.
 pub fn is_typed(root: &Path) -> Result<bool> {
-    Ok(describes_typed(&read_metadata(&root.join(METADATA_FILE))?))
+    Ok(describes_typed(&Metadata::read(root)?))
 }
 
 /// Whether `metadata.yaml` describes a typed graph: more than one node type,

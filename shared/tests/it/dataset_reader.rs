@@ -139,7 +139,7 @@ fn open_err(root: &Path) -> String {
     line
 }
 
-fn set_metadata(root: &Path, from: &str, to: &str) {
+pub(crate) fn set_metadata(root: &Path, from: &str, to: &str) {
     let text = fs::read_to_string(root.join("metadata.yaml")).unwrap();
     assert!(text.contains(from), "metadata has no '{from}'");
     fs::write(root.join("metadata.yaml"), text.replacen(from, to, 1)).unwrap();

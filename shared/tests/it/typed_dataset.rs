@@ -9,7 +9,7 @@ use offgnn_shared::Error;
 use offgnn_shared::dataset::{Dataset, TypedDataset, is_typed};
 use offgnn_shared::npy::DType;
 
-use super::dataset_reader::{f32s, i64s, npy};
+use super::dataset_reader::{f32s, i64s, npy, set_metadata};
 
 const METADATA: &str = "\
 dataset_name: tiny-typed
@@ -133,13 +133,6 @@ fn write_authorship(root: &Path, papers: &[i64], authors: &[i64]) {
         &[2, n],
         &i64s(&reverse),
     );
-}
-
-fn set_metadata(root: &Path, from: &str, to: &str) {
-    let path = root.join("metadata.yaml");
-    let text = fs::read_to_string(&path).unwrap();
-    assert!(text.contains(from), "{from:?} is not in the metadata");
-    fs::write(&path, text.replacen(from, to, 1)).unwrap();
 }
 
 /// The error of opening the dataset and streaming every relation's edges,
