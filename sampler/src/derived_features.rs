@@ -356,7 +356,7 @@ fn encode(x: f32, dtype: DType, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::synthetic::{GeneratorConfig, generate_typed};
+    use crate::synthetic::{GeneratorConfig, TypedFeatures, generate_typed};
 
     /// A typed graph of 600 papers whose authors and institutes have no
     /// features.
@@ -370,7 +370,7 @@ mod tests {
         generate_typed(
             &out,
             &cfg,
-            &["author".into(), "institute".into()],
+            &TypedFeatures::without(&["author", "institute"]),
             false,
             false,
         )

@@ -111,6 +111,7 @@ impl Input<'_> {
                 graph_edges: graph.num_edges(),
                 node_types: Vec::new(),
                 relations: Vec::new(),
+                target_type: String::new(),
             },
             Input::Typed(ds) => {
                 let mut node_types = Vec::with_capacity(ds.node_types.len());
@@ -140,6 +141,7 @@ impl Input<'_> {
                     feature_dtype: target.feature_dtype.unwrap_or(DType::F32),
                     graph_edges: graph.num_edges(),
                     relations: ds.relations.iter().map(|r| r.name.clone()).collect(),
+                    target_type: target.name.clone(),
                     node_types,
                 }
             }

@@ -286,7 +286,7 @@ mod tests {
     use rand_pcg::Pcg64Mcg;
 
     use super::*;
-    use crate::synthetic::{GeneratorConfig, generate_typed};
+    use crate::synthetic::{GeneratorConfig, TypedFeatures, generate_typed};
 
     fn graph() -> (tempfile::TempDir, TypedDataset, TypedGraph) {
         let dir = tempfile::tempdir().unwrap();
@@ -296,7 +296,7 @@ mod tests {
             feature_dim: 4,
             ..GeneratorConfig::default()
         };
-        generate_typed(&out, &cfg, &[], false, false).unwrap();
+        generate_typed(&out, &cfg, &TypedFeatures::default(), false, false).unwrap();
         let ds = TypedDataset::open(&out).unwrap();
         let g = TypedGraph::from_dataset(&ds, true, |_| {}).unwrap();
         (dir, ds, g)

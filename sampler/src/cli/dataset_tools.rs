@@ -38,8 +38,8 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     if args.schema == Schema::Igbh {
         return generate_typed(args, &cfg);
     }
-    if !args.no_features.is_empty() {
-        anyhow::bail!("--no-features names node types: it goes with --schema igbh");
+    if !args.no_features.is_empty() || !args.type_dims.is_empty() {
+        anyhow::bail!("--no-features and --type-dims name node types: they go with --schema igbh");
     }
     let summary = synthetic::generate(&args.out, &cfg, args.overwrite, true)
         .with_context(|| format!("generating {}", args.out.display()))?;
@@ -325,17 +325,19 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
 
 /// `generate --schema igbh`: a typed graph of IGBH's schema.
 fn generate_typed(args: &GenerateArgs, cfg: &GeneratorConfig) -> anyhow::Result<()> {
-    let summary =
-        synthetic::generate_typed(&args.out, cfg, &args.no_features, args.overwrite, true)
-            .with_context(|| format!("generating {}", args.out.display()))?;
+    let features = synthetic::TypedFeatures {
+        without: args.no_features.clone(),
+        widths: args.type_dims.clone(),
+    };
+    let summary = synthetic::generate_typed(&args.out, cfg, &features, args.overwrite, true)
+        .with_context(|| format!("generating {}", args.out.display()))?;
     let mut rows: Vec<(String, String)> = summary
         .node_types
         .iter()
         .map(|t| {
-            let features = if t.features {
-                format!("{} x {} {}", t.nodes, summary.feature_dim, summary.dtype)
-            } else {
-                format!("{} nodes, no features", t.nodes)
+            let features = match t.feature_dim {
+                Some(dim) => format!("{} x {dim} {}", t.nodes, summary.dtype),
+                None => format!("{} nodes, no features", t.nodes),
             };
             (format!("nodes: {}", t.name), features)
         })

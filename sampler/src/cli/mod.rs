@@ -205,6 +205,20 @@ pub struct GenerateArgs {
     /// (comma-separated), as MAG240M's authors and institutions have none.
     #[arg(long, value_delimiter = ',')]
     pub no_features: Vec<String>,
+    /// --schema igbh: node types whose rows are not --feature-dim wide, as
+    /// TYPE=WIDTH (comma-separated), e.g. `author=64,fos=32`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_type_dim)]
+    pub type_dims: Vec<(String, u64)>,
+}
+
+fn parse_type_dim(s: &str) -> Result<(String, u64), String> {
+    let (t, d) = s
+        .split_once('=')
+        .ok_or_else(|| format!("'{s}' is not TYPE=WIDTH"))?;
+    let d = d
+        .parse()
+        .map_err(|_| format!("'{s}': the width '{d}' is not a whole number"))?;
+    Ok((t.to_string(), d))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

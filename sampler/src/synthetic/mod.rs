@@ -45,7 +45,7 @@ use offgnn_shared::npy::{DType, NpyWriter};
 mod edges;
 mod typed;
 use edges::{ClassSamplers, EdgeFiles, EdgeJob};
-pub use typed::{TypedGenerateSummary, generate_typed, type_counts};
+pub use typed::{TypedFeatures, TypedGenerateSummary, generate_typed, type_counts};
 
 /// What to generate.
 #[derive(Clone, Debug)]

@@ -104,6 +104,7 @@ pub struct TypeSummary {
     pub name: String,
     pub nodes: u64,
     pub features: bool,
+    pub feature_dim: Option<u64>,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -125,27 +126,69 @@ fn relation_name(src: usize, name: &str, dst: usize) -> String {
     format!("{}:{name}:{}", NODE_TYPES[src].0, NODE_TYPES[dst].0)
 }
 
+/// Which types of the typed schema have feature files, and how wide.
+#[derive(Clone, Debug, Default)]
+pub struct TypedFeatures {
+    /// Types written without a feature file.
+    pub without: Vec<String>,
+    /// Types whose rows are not `cfg.feature_dim` wide.
+    pub widths: Vec<(String, u64)>,
+}
+
+impl TypedFeatures {
+    /// Every type `cfg.feature_dim` wide but `types`, which have none.
+    pub fn without(types: &[&str]) -> Self {
+        TypedFeatures {
+            without: types.iter().map(|t| t.to_string()).collect(),
+            widths: Vec::new(),
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        let named = self
+            .without
+            .iter()
+            .map(|t| ("--no-features", t))
+            .chain(self.widths.iter().map(|(t, _)| ("--type-dims", t)));
+        for (flag, t) in named {
+            if !NODE_TYPES.iter().any(|(n, _)| n == t) {
+                return Err(Error::InvalidArgument(format!(
+                    "{flag} names '{t}', which is not a node type of this schema ({})",
+                    NODE_TYPES.map(|(n, _)| n).join(", ")
+                )));
+            }
+        }
+        if let Some((t, _)) = self.widths.iter().find(|(_, d)| *d == 0) {
+            return Err(Error::InvalidArgument(format!(
+                "--type-dims {t}=0: a type's width is positive (or name it in --no-features)"
+            )));
+        }
+        if let Some(t) = self.without.iter().find(|t| self.width(t).is_some()) {
+            return Err(Error::InvalidArgument(format!(
+                "'{t}' is in both --no-features and --type-dims"
+            )));
+        }
+        Ok(())
+    }
+
+    fn width(&self, name: &str) -> Option<u64> {
+        self.widths.iter().find(|(t, _)| t == name).map(|&(_, d)| d)
+    }
+}
+
 /// Generates a typed dataset into `out`: `cfg.num_nodes` papers, the other
 /// types in proportion ([`NODE_TYPES`]), every type `cfg.feature_dim` wide
-/// but those named in `featureless`, which get no feature file.
+/// but those `features` names (another width, or no feature file).
 pub fn generate_typed(
     out: &Path,
     cfg: &GeneratorConfig,
-    featureless: &[String],
+    features: &TypedFeatures,
     overwrite: bool,
     show_progress: bool,
 ) -> Result<TypedGenerateSummary> {
     super::validate(cfg)?;
-    if let Some(t) = featureless
-        .iter()
-        .find(|t| !NODE_TYPES.iter().any(|(n, _)| n == t))
-    {
-        return Err(Error::InvalidArgument(format!(
-            "--no-features names '{t}', which is not a node type of this schema ({})",
-            NODE_TYPES.map(|(n, _)| n).join(", ")
-        )));
-    }
-    if featureless.iter().any(|t| t == "paper") {
+    features.check()?;
+    if features.without.iter().any(|t| t == "paper") {
         return Err(Error::InvalidArgument(
             "--no-features paper: the papers carry the task and keep their features".into(),
         ));
@@ -190,7 +233,7 @@ pub fn generate_typed(
         &writer,
         cfg,
         (&counts, &populations),
-        featureless,
+        features,
         show_progress,
     )?;
     let paper_labels = &populations[0].0;
@@ -291,17 +334,22 @@ fn write_features(
     writer: &DatasetWriter,
     cfg: &GeneratorConfig,
     (counts, populations): (&[u64], &[Drawn]),
-    featureless: &[String],
+    typed: &TypedFeatures,
     show_progress: bool,
 ) -> Result<(Vec<TypeSummary>, u64)> {
     let mut feature_bytes = 0u64;
     let mut node_types = Vec::new();
     for (t, (&(name, _), (labels, _))) in NODE_TYPES.iter().zip(populations).enumerate() {
-        let features = !featureless.iter().any(|f| f == name);
+        let features = !typed.without.iter().any(|f| f == name);
+        let dim = typed.width(name).unwrap_or(cfg.feature_dim);
         if features {
             let path = writer.path(&layout::typed_features(name));
-            let bytes = counts[t] * cfg.feature_dim * cfg.dtype.size() as u64;
-            FeatureJob::of(cfg, t as u64 + 1).write(
+            let bytes = counts[t] * dim * cfg.dtype.size() as u64;
+            let cfg = GeneratorConfig {
+                feature_dim: dim,
+                ..cfg.clone()
+            };
+            FeatureJob::of(&cfg, t as u64 + 1).write(
                 &path,
                 labels,
                 progress_bar(show_progress, || {
@@ -314,6 +362,7 @@ fn write_features(
             name: name.to_string(),
             nodes: counts[t],
             features,
+            feature_dim: features.then_some(dim),
         });
     }
     Ok((node_types, feature_bytes))
@@ -385,7 +434,15 @@ mod tests {
                 .build()
                 .unwrap();
             let summary = pool
-                .install(|| generate_typed(&out, cfg, &["institute".into()], false, false))
+                .install(|| {
+                    generate_typed(
+                        &out,
+                        cfg,
+                        &TypedFeatures::without(&["institute"]),
+                        false,
+                        false,
+                    )
+                })
                 .unwrap();
             (dir, out, summary)
         };
@@ -474,7 +531,7 @@ mod tests {
         };
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("igbh");
-        generate_typed(&out, &cfg, &[], false, false).unwrap();
+        generate_typed(&out, &cfg, &TypedFeatures::default(), false, false).unwrap();
         let ds = TypedDataset::open(&out).unwrap();
         let d = 128;
         let authors = rows(&ds, 1);
@@ -536,7 +593,7 @@ mod tests {
         let err = generate_typed(
             &dir.path().join("a"),
             &cfg(100),
-            &["venue".into()],
+            &TypedFeatures::without(&["venue"]),
             false,
             false,
         )
@@ -546,13 +603,23 @@ mod tests {
         let err = generate_typed(
             &dir.path().join("b"),
             &cfg(100),
-            &["paper".into()],
+            &TypedFeatures::without(&["paper"]),
             false,
             false,
         )
         .unwrap_err()
         .to_string();
         assert!(err.contains("the papers carry the task"), "{err}");
-        assert!(!dir.path().join("a").exists() && !dir.path().join("b").exists());
+        let widths = TypedFeatures {
+            widths: vec![("author".into(), 0)],
+            ..Default::default()
+        };
+        let err = generate_typed(&dir.path().join("c"), &cfg(100), &widths, false, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--type-dims author=0"), "{err}");
+        for d in ["a", "b", "c"] {
+            assert!(!dir.path().join(d).exists());
+        }
     }
 }

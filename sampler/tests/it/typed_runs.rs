@@ -9,7 +9,7 @@ use offgnn_shared::samples::{RunSummary, read_file};
 use offgnn_shared::store::Store;
 use sampler::config::{SampleConfig, resolve_fanouts};
 use sampler::sample_run::run;
-use sampler::synthetic::{GeneratorConfig, generate_typed};
+use sampler::synthetic::{GeneratorConfig, TypedFeatures, generate_typed};
 use sampler::typed_sampling::TypedGraph;
 
 use super::{config, files};
@@ -25,7 +25,14 @@ fn typed_dataset(dir: &Path) -> PathBuf {
         seed: 3,
         ..Default::default()
     };
-    generate_typed(&out, &cfg, &["institute".into()], false, false).unwrap();
+    generate_typed(
+        &out,
+        &cfg,
+        &TypedFeatures::without(&["institute"]),
+        false,
+        false,
+    )
+    .unwrap();
     out
 }
 

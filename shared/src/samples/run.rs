@@ -57,6 +57,10 @@ pub struct DatasetInfo {
     /// [`Block::relations`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub relations: Vec<String>,
+    /// A typed graph's type whose nodes are the seeds (empty for one node
+    /// type).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub target_type: String,
 }
 
 /// One node type of a typed graph.
