@@ -53,7 +53,7 @@ use bits::{get_bits, put_bits};
 pub use object::{FOOTER, TableWriter, decode_footer, decode_index, object_overhead};
 use reader::Reader;
 use topology::read_topology;
-pub use topology::topology_frame;
+pub use topology::{decode_typed_topology, topology_frame, typed_topology_frame};
 
 /// Disk pages (4 KiB), as the layout counts them.
 const PAGE: u64 = 4096;
@@ -301,7 +301,7 @@ pub fn decode(origin: &str, bytes: &[u8]) -> Result<BatchTable> {
         origin,
     };
     let head = read_head(&mut r)?;
-    let topology = read_topology(origin, head.frame)?;
+    let topology = read_topology(origin, head.frame, None)?;
     let num_inputs = topology.num_inputs;
     if topology.labels.len() > num_inputs as usize
         || topology.input_nodes.len() != num_inputs as usize

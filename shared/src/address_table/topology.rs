@@ -3,6 +3,13 @@
 //! LEB128 varints with sorted arrays delta-coded and local source ids coded
 //! against the next new id, then zstd. It does not depend on the layout's
 //! plan, so the packer measures it before planning.
+//!
+//! A typed layout's topology tables hold frames of the same body where
+//! each block's relation offsets (`R + 1`, delta-coded) come before its
+//! edges, and its destinations are delta-coded within each relation (a
+//! typed block's edges are grouped by relation, sorted by destination
+//! within each); no addresses: [`typed_topology_frame`],
+//! [`decode_typed_topology`].
 
 use super::reader::Reader;
 use super::{BatchTable, ZSTD_LEVEL};
@@ -59,8 +66,9 @@ fn put_u32s(out: &mut Vec<u8>, v: &[u32], coding: Coding) {
 }
 
 /// The body of a topology frame: split, epoch, index, input count, then
-/// labels, input nodes and blocks (input layer first); varints.
-fn topology_body(t: &BatchTable, out: &mut Vec<u8>) {
+/// labels, input nodes and blocks (input layer first); varints. A typed
+/// frame's blocks are followed by their relation offsets.
+fn topology_body(t: &BatchTable, typed: bool, out: &mut Vec<u8>) {
     out.clear();
     put_varint(
         out,
@@ -80,8 +88,18 @@ fn topology_body(t: &BatchTable, out: &mut Vec<u8>) {
     for b in &t.blocks {
         put_varint(out, u64::from(b.num_src));
         put_varint(out, u64::from(b.num_dst));
+        if typed {
+            put_u32s(out, &b.relations, Coding::Delta);
+        }
         put_u32s(out, &b.src, Coding::NewIds { num_dst: b.num_dst });
-        put_u32s(out, &b.dst, Coding::Delta);
+        if typed {
+            for w in b.relations.windows(2) {
+                let segment = b.dst.get(w[0] as usize..w[1] as usize).unwrap_or_default();
+                put_u32s(out, segment, Coding::Delta);
+            }
+        } else {
+            put_u32s(out, &b.dst, Coding::Delta);
+        }
     }
     // A node batch ends at its blocks, as every batch did before pairs.
     if !t.pairs.is_empty() {
@@ -100,10 +118,50 @@ pub fn topology_frame(
     scratch: &mut Vec<u8>,
     out: &mut Vec<u8>,
 ) -> std::io::Result<()> {
-    topology_body(t, scratch);
+    topology_body(t, false, scratch);
+    compress(scratch, out)
+}
+
+/// Compresses a typed batch's topology, its blocks' relation offsets
+/// with it: a record of a typed layout's topology table.
+pub fn typed_topology_frame(
+    t: &BatchTable,
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    topology_body(t, true, scratch);
+    compress(scratch, out)
+}
+
+/// Decodes a record of a typed layout's topology table into a table
+/// without addresses, checking every block and its relation offsets
+/// (`relations` relations each).
+pub fn decode_typed_topology(origin: &str, frame: &[u8], relations: usize) -> Result<BatchTable> {
+    let t = read_topology(origin, frame, Some(relations))?;
+    if t.input_nodes.len() != t.num_inputs as usize || t.labels.len() > t.num_inputs as usize {
+        return Err(Error::Store {
+            kind: None,
+            url: origin.to_string(),
+            fault: "corrupt topology table: labels or input nodes do not match the input count"
+                .into(),
+        });
+    }
+    Ok(BatchTable {
+        split: t.split,
+        epoch: t.epoch,
+        index: t.index,
+        num_inputs: t.num_inputs,
+        labels: t.labels,
+        input_nodes: t.input_nodes,
+        blocks: t.blocks,
+        ..Default::default()
+    })
+}
+
+fn compress(scratch: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
     out.clear();
     out.reserve(zstd::compress_bound(scratch.len()));
-    zstd::bulk::Compressor::new(ZSTD_LEVEL)?.compress_to_buffer(scratch.as_slice(), out)?;
+    zstd::bulk::Compressor::new(ZSTD_LEVEL)?.compress_to_buffer(scratch, out)?;
     Ok(())
 }
 
@@ -144,8 +202,9 @@ pub(super) struct Topology {
 }
 
 /// Decompresses and decodes the topology, checking every block's ids
-/// against its own and the input counts.
-pub(super) fn read_topology(origin: &str, frame: &[u8]) -> Result<Topology> {
+/// against its own and the input counts; a typed frame's relation offsets
+/// (`typed`: the relations' count) against its blocks.
+pub(super) fn read_topology(origin: &str, frame: &[u8], typed: Option<usize>) -> Result<Topology> {
     let body = decompress(origin, frame)?;
     let mut t = Reader {
         bytes: &body,
@@ -169,11 +228,29 @@ pub(super) fn read_topology(origin: &str, frame: &[u8]) -> Result<Topology> {
     for _ in 0..layers {
         let num_src = t.u32v()?;
         let num_dst = t.u32v()?;
+        let relations = match typed {
+            Some(r) => read_offsets(&mut t, r)?,
+            None => Vec::new(),
+        };
         let src = t.u32s(Coding::NewIds { num_dst })?;
-        // Delta-coded, so sorted by destination, as the trainer's segment
-        // reductions need.
-        let dst = t.u32s(Coding::Delta)?;
+        // Delta-coded, so sorted by destination (in a typed block, within
+        // each relation), as the trainer's segment reductions need.
+        let dst = match typed {
+            None => t.u32s(Coding::Delta)?,
+            Some(_) => {
+                let mut dst = Vec::with_capacity(src.len());
+                for w in relations.windows(2) {
+                    let segment = t.u32s(Coding::Delta)?;
+                    if segment.len() != (w[1] - w[0]) as usize {
+                        return Err(t.fail("a relation's edges do not match its offsets"));
+                    }
+                    dst.extend(segment);
+                }
+                dst
+            }
+        };
         if src.len() != dst.len()
+            || (typed.is_some() && relations.last() != Some(&(src.len() as u32)))
             || num_dst > num_src
             || num_src > num_inputs
             || src.iter().any(|&s| s >= num_src)
@@ -186,7 +263,7 @@ pub(super) fn read_topology(origin: &str, frame: &[u8]) -> Result<Topology> {
             num_dst,
             src,
             dst,
-            relations: Vec::new(),
+            relations,
         });
     }
     let mut pairs = Pairs::default();
@@ -208,6 +285,17 @@ pub(super) fn read_topology(origin: &str, frame: &[u8]) -> Result<Topology> {
         blocks,
         pairs,
     })
+}
+
+/// A typed block's relation offsets: `relations + 1` of them from 0,
+/// non-decreasing (the edge count is checked against the last).
+fn read_offsets(t: &mut Reader, relations: usize) -> Result<Vec<u32>> {
+    let offsets = t.u32s(Coding::Delta)?;
+    if offsets.len() != relations + 1 || offsets[0] != 0 {
+        return Err(t.fail("relation offsets out of range"));
+    }
+    // Delta-coded from 0 without wrapping, so they never decrease.
+    Ok(offsets)
 }
 
 /// A link batch's pairs after its blocks, checked: endpoints among the
@@ -233,4 +321,51 @@ fn read_pairs(t: &mut Reader, seeds: u32) -> Result<Pairs> {
         return Err(t.fail("node pairs out of range"));
     }
     Ok(pairs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A typed batch: two relations, destinations sorted within each but
+    /// not across them.
+    fn typed_batch() -> BatchTable {
+        BatchTable {
+            split: Some(Split::Train),
+            epoch: 1,
+            index: 4,
+            num_inputs: 6,
+            labels: vec![3, 0],
+            input_nodes: vec![7, 2, 40, 41, 90, 3],
+            blocks: vec![Block {
+                num_src: 6,
+                num_dst: 2,
+                src: vec![2, 3, 4, 5, 2],
+                dst: vec![0, 1, 1, 0, 1],
+                relations: vec![0, 3, 5],
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_typed_frame_keeps_each_blocks_relations() {
+        let t = typed_batch();
+        let (mut scratch, mut frame) = (Vec::new(), Vec::new());
+        typed_topology_frame(&t, &mut scratch, &mut frame).unwrap();
+        let back = decode_typed_topology("t", &frame, 2).unwrap();
+        assert_eq!(back, t);
+        // Read for another relation count, the offsets do not fit.
+        let err = decode_typed_topology("t", &frame, 3).unwrap_err();
+        assert!(err.to_string().contains("relation offsets"), "{err}");
+    }
+
+    #[test]
+    fn relation_offsets_that_do_not_cover_the_edges_are_refused() {
+        let mut t = typed_batch();
+        t.blocks[0].relations = vec![0, 3, 4];
+        let (mut scratch, mut frame) = (Vec::new(), Vec::new());
+        typed_topology_frame(&t, &mut scratch, &mut frame).unwrap();
+        assert!(decode_typed_topology("t", &frame, 2).is_err());
+    }
 }
