@@ -13,7 +13,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 mod kinds;
+mod typed;
 pub use kinds::{DiskCacheMode, Dtype, PackingMode, RowOrder, Split};
+pub use typed::{
+    NodeTypePart, TYPED_FORMAT_VERSION, Topology, TopologyTable, TypedDatasetRef, TypedManifest,
+    is_typed,
+};
 
 /// The manifest format this build reads and writes. Format 2 added
 /// `dataset.store_dtype` (rows converted while packing); format 3 names
@@ -26,6 +31,8 @@ pub use kinds::{DiskCacheMode, Dtype, PackingMode, RowOrder, Split};
 /// link-prediction layout (`samples.link`; its address tables carry node
 /// pairs). The packer writes the oldest format a layout fits, so builds
 /// that read format 3 still read static node-classification layouts.
+/// Format 6 is a typed graph's layout ([`TypedManifest`]), which
+/// [`Manifest::parse`] names and refuses.
 pub const FORMAT_VERSION: u32 = 5;
 /// The format of a link-prediction layout.
 pub const LINK_FORMAT_VERSION: u32 = 5;
@@ -45,7 +52,7 @@ pub enum Error {
     #[error("{origin}: not a manifest: {reason}")]
     Malformed { origin: String, reason: String },
     #[error(
-        "{origin}: manifest format version {found} is newer than this build understands (up to {FORMAT_VERSION}); upgrade offgnn"
+        "{origin}: manifest format version {found} is newer than this build understands (up to {TYPED_FORMAT_VERSION}); upgrade offgnn"
     )]
     FutureVersion { origin: String, found: u32 },
     #[error(
@@ -54,6 +61,10 @@ pub enum Error {
     UnsupportedVersion { origin: String, found: u32 },
     #[error("{origin}: invalid manifest: {reason}")]
     Invalid { origin: String, reason: String },
+    #[error(
+        "{origin}: the layout of a typed graph (format {TYPED_FORMAT_VERSION}): the trainer does not train typed graphs yet (R-SAGE and R-GAT are to come); `packer verify` and `packer inspect` read it"
+    )]
+    Typed { origin: String },
 }
 
 #[derive(Deserialize)]
@@ -69,7 +80,10 @@ pub fn check_version(origin: &str, bytes: &[u8]) -> Result<u32, Error> {
     })?;
     match probe.format_version {
         v @ OLDEST_FORMAT_VERSION..=FORMAT_VERSION => Ok(v),
-        v if v > FORMAT_VERSION => Err(Error::FutureVersion {
+        TYPED_FORMAT_VERSION => Err(Error::Typed {
+            origin: origin.to_string(),
+        }),
+        v if v > TYPED_FORMAT_VERSION => Err(Error::FutureVersion {
             origin: origin.to_string(),
             found: v,
         }),
@@ -727,13 +741,17 @@ mod tests {
     #[test]
     fn refuses_a_future_version_by_name() {
         let mut m = sample();
-        m.format_version = FORMAT_VERSION + 1;
+        m.format_version = TYPED_FORMAT_VERSION + 1;
         let err = Manifest::parse("s3://b/m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
         assert!(matches!(err, Error::FutureVersion { .. }));
         assert!(
             err.to_string().contains("s3://b/m.json") && err.to_string().contains("upgrade"),
             "{err}"
         );
+        // A typed layout is named as one, not as a future version.
+        m.format_version = TYPED_FORMAT_VERSION;
+        let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("of a typed graph"), "{err}");
     }
 
     #[test]
