@@ -21,6 +21,7 @@ use crate::access_rank::{Location, Tiers};
 use crate::belady::BatchCpu;
 use crate::error::{Error, Result};
 use crate::plan::{self, BatchInfo, CpuPlan, SegmentPlan};
+use crate::typed::TypeView;
 
 /// The write buffer of each segment's table object (all are open at once).
 pub(crate) const TABLE_BUFFER: usize = 16 << 10;
@@ -107,7 +108,7 @@ impl TableTotals {
 }
 
 /// A writer that keeps the CRC32C of what passes through.
-struct CrcWriter<W> {
+pub(crate) struct CrcWriter<W> {
     inner: W,
     crc: u32,
 }
@@ -367,7 +368,34 @@ fn build_window(
         .collect()
 }
 
-type Table = TableWriter<CrcWriter<BufWriter<File>>>;
+pub(crate) type Table = TableWriter<CrcWriter<BufWriter<File>>>;
+
+/// Creates the table object `name` (relative to `staging`).
+pub(crate) fn open_table(staging: &Path, name: &str) -> Result<Table> {
+    let path = staging.join(name);
+    let f = File::create(&path).map_err(|e| Error::io(path.display(), e))?;
+    Ok(TableWriter::new(CrcWriter {
+        inner: BufWriter::with_capacity(TABLE_BUFFER, f),
+        crc: 0,
+    }))
+}
+
+/// Writes a table's index and footer, flushes and syncs it: a manifest
+/// object.
+pub(crate) fn finish_table(name: String, w: Table) -> Result<Object> {
+    let (mut crcw, size) = w.finish().map_err(|e| Error::io(&name, e))?;
+    crcw.flush().map_err(|e| Error::io(&name, e))?;
+    let file = crcw
+        .inner
+        .into_inner()
+        .map_err(|e| Error::io(&name, e.into_error()))?;
+    file.sync_all().map_err(|e| Error::io(&name, e))?;
+    Ok(Object {
+        name,
+        size,
+        crc32c: crcw.crc,
+    })
+}
 
 /// Each segment's table object, open from its first record to its last
 /// (all may be open at once).
@@ -396,12 +424,7 @@ impl<'a> TableObjects<'a> {
         let (si, ri) = (built.si, built.ri);
         let name = self.name(si);
         if self.writers[si].is_none() {
-            let path = self.staging.join(&name);
-            let f = File::create(&path).map_err(|e| Error::io(path.display(), e))?;
-            self.writers[si] = Some(TableWriter::new(CrcWriter {
-                inner: BufWriter::with_capacity(TABLE_BUFFER, f),
-                crc: 0,
-            }));
+            self.writers[si] = Some(open_table(self.staging, &name)?);
         }
         let w = self.writers[si].as_mut().expect("created above");
         if w.len() != ri {
@@ -422,20 +445,8 @@ impl<'a> TableObjects<'a> {
         if !complete {
             return Ok(None);
         }
-        let name = self.name(si);
         let w = self.writers[si].take().expect("present");
-        let (mut crcw, size) = w.finish().map_err(|e| Error::io(&name, e))?;
-        crcw.flush().map_err(|e| Error::io(&name, e))?;
-        let file = crcw
-            .inner
-            .into_inner()
-            .map_err(|e| Error::io(&name, e.into_error()))?;
-        file.sync_all().map_err(|e| Error::io(&name, e))?;
-        Ok(Some(Object {
-            name,
-            size,
-            crc32c: crcw.crc,
-        }))
+        finish_table(self.name(si), w).map(Some)
     }
 
     /// Every segment's table is complete: the samples held all its batches.
@@ -453,8 +464,7 @@ impl<'a> TableObjects<'a> {
 /// each segment's table object.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn write_tables(
-    samples: &Store,
-    run: &RunSummary,
+    (samples, run, view): (&Store, &RunSummary, Option<&TypeView>),
     staging: &Path,
     prefix: &str,
     segments: &[SegmentPlan],
@@ -475,7 +485,14 @@ pub(crate) fn write_tables(
             // A window of batches builds and encodes its tables in parallel
             // (one at a time, this was the packer's longest step), then
             // they go out in order; a window's tables are a few MB.
-            let window: Vec<SampledBatch> = decoded.by_ref().take(table_window()).collect();
+            let window: Vec<SampledBatch> = decoded
+                .by_ref()
+                .take(table_window())
+                .map(|b| match view {
+                    Some(v) => v.batch(&b),
+                    None => b,
+                })
+                .collect();
             if window.is_empty() {
                 break;
             }

@@ -12,6 +12,7 @@ use offgnn_manifests::{self as manifests, BatchRef, MANIFEST, Manifest, Object, 
 use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::lease::{self, LEASE, Lease, Swept};
 use offgnn_shared::report::human_bytes;
+use offgnn_shared::samples::RunSummary;
 use offgnn_shared::store::Store;
 
 use crate::error::{Error, Result};
@@ -112,11 +113,22 @@ impl Target {
     /// Commits `manifest`: this run's objects stay, and the layout it
     /// replaced goes. Another run that committed first wins, and this
     /// run's objects are removed.
-    pub(crate) fn commit(&self, mut written: RunObjects<'_>, manifest: &Manifest) -> Result<()> {
+    pub(crate) fn commit(&self, written: RunObjects<'_>, manifest: &Manifest) -> Result<()> {
         manifest.validate().map_err(|e| {
             Error::InvalidArgument(format!("internal: the manifest is invalid: {e}"))
         })?;
         let body = serde_json::to_vec_pretty(manifest).expect("manifests serialize");
+        self.commit_body(written, body, manifest.objects.len())
+    }
+
+    /// Commits a validated manifest's `body`, which names `objects`
+    /// objects (see [`Target::commit`]).
+    pub(crate) fn commit_body(
+        &self,
+        mut written: RunObjects<'_>,
+        body: Vec<u8>,
+        objects: usize,
+    ) -> Result<()> {
         let out = &self.out;
         match commit::commit(out, MANIFEST, body, &self.run_id, self.previous.as_ref())? {
             commit::Outcome::Committed => {
@@ -125,8 +137,7 @@ impl Target {
             }
             commit::Outcome::Lost { winner } => {
                 drop(written);
-                let removed = manifest.objects.len();
-                return Err(commit::lost(&out.join(MANIFEST), &winner, removed).into());
+                return Err(commit::lost(&out.join(MANIFEST), &winner, objects).into());
             }
         }
         if let Some(old) = &self.previous {
@@ -192,7 +203,7 @@ pub(crate) fn manifest(
             policy: summary.cpu_cache_policy,
         },
         packing: packing_ref(cfg, summary),
-        segments: segment_refs(packed.segments, &target.prefix),
+        segments: segment_refs(packed.segments, &part_prefix(inputs, target)),
         schedule: schedule(packed.segments, packed.batches),
         objects: packed.objects,
         disk_bytes: summary.disk_bytes,
@@ -200,7 +211,9 @@ pub(crate) fn manifest(
         blow_up: summary.blow_up,
         predicted_read_amplification: summary.predicted_read_amplification,
         access_shares: summary.access_shares.clone(),
-        largest_batch: Some(packed.largest_batch),
+        // A node type's batches have no blocks: the typed topology bounds
+        // the batches.
+        largest_batch: inputs.view.is_none().then_some(packed.largest_batch),
     }
 }
 
@@ -211,9 +224,12 @@ fn dataset_ref(
 ) -> manifests::DatasetRef {
     let (run, features) = (&inputs.run, &inputs.features);
     manifests::DatasetRef {
-        name: run.dataset.name.clone(),
+        name: match &inputs.view {
+            None => run.dataset.name.clone(),
+            Some(v) => format!("{}/{}", run.dataset.name, v.name),
+        },
         num_nodes: features.num_rows(),
-        feature_dim: run.dataset.feature_dim,
+        feature_dim: inputs.feature_dim(),
         feature_dtype: rows.from,
         row_bytes: rows.source_row_bytes,
         feature_file_bytes: features.file_bytes(),
@@ -221,7 +237,7 @@ fn dataset_ref(
         // baselines find it from any working directory.
         feature_location: offgnn_shared::store::absolute_location(&features.describe()),
         dataset_fingerprint: run.dataset.fingerprint.clone(),
-        feature_fingerprint: run.dataset.feature_fingerprint.clone(),
+        feature_fingerprint: inputs.feature_fingerprint(),
         num_classes: run.dataset.num_classes,
         feature_rows_crc32c: rows_crc32c,
         store_dtype: rows.converted().then_some(rows.to),
@@ -229,12 +245,21 @@ fn dataset_ref(
 }
 
 fn samples_ref(inputs: &Inputs) -> manifests::SamplesRef {
-    let run = &inputs.run;
+    samples_ref_of(&inputs.run, &inputs.run_bytes, &inputs.samples)
+}
+
+/// The samples a layout was packed from: where, the digest of their run
+/// summary as stored, and how they were sampled.
+pub(crate) fn samples_ref_of(
+    run: &RunSummary,
+    run_bytes: &[u8],
+    samples: &Store,
+) -> manifests::SamplesRef {
     manifests::SamplesRef {
-        location: offgnn_shared::store::absolute_location(inputs.samples.url()),
+        location: offgnn_shared::store::absolute_location(samples.url()),
         run_sha256: {
             use sha2::Digest;
-            offgnn_shared::store::hex(&sha2::Sha256::digest(&inputs.run_bytes))
+            offgnn_shared::store::hex(&sha2::Sha256::digest(run_bytes))
         },
         fanouts: run.params.fanouts.clone(),
         batch_size: run.params.batch_size,
@@ -265,6 +290,15 @@ fn packing_ref(cfg: &PackConfig, summary: &PackSummary) -> manifests::Packing {
             RowOrder::BottomK { .. } => 1,
         },
         row_order: Some(cfg.row_order),
+    }
+}
+
+/// Where a layout's objects go: under the run's prefix, and in a typed
+/// run under its node type's.
+pub(crate) fn part_prefix(inputs: &Inputs, target: &Target) -> String {
+    match &inputs.view {
+        None => target.prefix.clone(),
+        Some(v) => v.prefix(&target.prefix),
     }
 }
 
@@ -317,7 +351,9 @@ const PACKER_RUNS: lease::Kind = lease::Kind {
 /// Whether `name` (relative to --out) is one of the objects a packer writes
 /// under `pack/`: the caches, segments and address tables, under a run's id
 /// (`pack/RUN/segment-00000.bin`) or as layouts from before run ids named
-/// them (`pack/segment-00000.bin`), and a run's lease (`pack/RUN/_live`).
+/// them (`pack/segment-00000.bin`), and a run's lease (`pack/RUN/_live`);
+/// in a typed layout, each node type's objects (`pack/RUN/type-00/...`)
+/// and the topology's tables (`pack/RUN/topology-00000.bin`).
 fn packer_object(name: &str) -> bool {
     let Some(rest) = name.strip_prefix("pack/") else {
         return false;
@@ -330,12 +366,23 @@ fn packer_object(name: &str) -> bool {
     if in_run && lease::is_lease(file) {
         return true;
     }
-    let numbered = |prefix: &str| {
+    let digits = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    let numbered = |file: &str, prefix: &str| {
         file.strip_prefix(prefix)
             .and_then(|rest| rest.strip_suffix(".bin"))
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .is_some_and(digits)
     };
-    file == "gpu_cache.bin" || file == "cpu_cache.bin" || numbered("segment-") || numbered("table-")
+    let layout_object = |file: &str| {
+        file == "gpu_cache.bin"
+            || file == "cpu_cache.bin"
+            || numbered(file, "segment-")
+            || numbered(file, "table-")
+    };
+    let typed_object = || match file.split_once('/') {
+        Some((part, file)) => part.strip_prefix("type-").is_some_and(digits) && layout_object(file),
+        None => numbered(file, "topology-"),
+    };
+    layout_object(file) || (in_run && typed_object())
 }
 
 /// Refuses, naming it, an output location whose `pack/` holds a file no
@@ -425,7 +472,13 @@ fn remove_replaced(out: &Store, local_root: Option<&Path>, old: &Previous) {
                 _ => Ok(1),
             };
         }
-        let manifest: Manifest = serde_json::from_slice(&old.body).map_err(|e| {
+        // Only the objects: a typed layout's manifest lists them as a
+        // homogeneous one's does.
+        #[derive(serde::Deserialize)]
+        struct Listed {
+            objects: Vec<Object>,
+        }
+        let manifest: Listed = serde_json::from_slice(&old.body).map_err(|e| {
             Error::InvalidArgument(format!("the replaced manifest is unreadable: {e}"))
         })?;
         for o in &manifest.objects {

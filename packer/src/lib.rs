@@ -27,6 +27,7 @@ pub mod minhash;
 pub mod plan_error;
 pub mod segment_search;
 pub mod store_dtype;
+pub mod typed;
 
 pub use cli::{Cli, run};
 pub use offgnn_shared::sizes;

@@ -11,6 +11,7 @@ use offgnn_shared::store::Store;
 use crate::error::{Error, Result};
 use crate::feature_source::FeatureSource;
 use crate::plan::BatchInfo;
+use crate::typed::TypeView;
 use offgnn_manifests::Dtype;
 
 /// The sampler's run and the feature file of one packing job.
@@ -20,6 +21,8 @@ pub(crate) struct Inputs {
     /// The run summary as stored, whose digest the manifest keeps.
     pub run_bytes: bytes::Bytes,
     pub features: FeatureSource,
+    /// In a typed run, the node type whose rows `features` holds.
+    pub view: Option<TypeView>,
 }
 
 impl Inputs {
@@ -30,7 +33,7 @@ impl Inputs {
         let run = RunSummary::read(&samples)?;
         if !run.dataset.node_types.is_empty() {
             return Err(Error::InvalidArgument(format!(
-                "{}: samples of a typed graph ({} node types): the packer does not pack typed graphs yet",
+                "{}: samples of a typed graph ({} node types): pack them as one (crate::typed::pack_typed)",
                 samples.url(),
                 run.dataset.node_types.len()
             )));
@@ -43,8 +46,54 @@ impl Inputs {
             run,
             run_bytes,
             features,
+            view: None,
         })
     }
+
+    /// One node type of a typed run: its feature file, checked against
+    /// what the run recorded of the type.
+    pub(crate) fn typed_part(
+        samples: Store,
+        run: RunSummary,
+        run_bytes: bytes::Bytes,
+        features: &str,
+        view: TypeView,
+    ) -> Result<Inputs> {
+        let features = FeatureSource::open(features)?;
+        check_type_match(&run, &view, &features)?;
+        Ok(Inputs {
+            samples,
+            run,
+            run_bytes,
+            features,
+            view: Some(view),
+        })
+    }
+
+    /// The width of the feature file's rows, in values.
+    pub(crate) fn feature_dim(&self) -> u64 {
+        self.features.header().shape.get(1).copied().unwrap_or(0)
+    }
+
+    /// The fingerprint the run recorded of the feature file.
+    pub(crate) fn feature_fingerprint(&self) -> String {
+        match &self.view {
+            None => self.run.dataset.feature_fingerprint.clone(),
+            Some(v) => self.run.dataset.node_types[v.index]
+                .feature_fingerprint
+                .clone()
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// How the loaded batches are seen: whole, as one node type's rows, or
+/// only for their typed topology (whose table record is its frame).
+#[derive(Clone, Debug)]
+pub(crate) enum View {
+    Whole,
+    Type(TypeView),
+    Topology,
 }
 
 /// How rows are read (as the feature file holds them) and laid out (as
@@ -98,13 +147,14 @@ impl RowFormat {
 /// holds the tables before it holds feature rows. `loaders` threads each
 /// fetch and decode one file at a time (what [`crate::memory::loading_memory`] counts),
 /// its batches compressed in parallel on rayon's threads; the order is kept.
+/// Each of `views` gets its own list (one decoding serves them all).
 pub(crate) fn load_batches(
     store: &Store,
     run: &RunSummary,
-    num_nodes: u64,
+    (num_nodes, views): (u64, &[View]),
     loaders: usize,
     show: bool,
-) -> Result<Vec<BatchInfo>> {
+) -> Result<Vec<Vec<BatchInfo>>> {
     use rayon::prelude::*;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -121,41 +171,37 @@ pub(crate) fn load_batches(
             );
         }
     }
-    let load = |(split, epoch, file): (Split, u32, &SampleFile)| -> Result<Vec<BatchInfo>> {
+    let load = |(split, epoch, file): (Split, u32, &SampleFile)| -> Result<Vec<Vec<BatchInfo>>> {
         offgnn_shared::signals::check()?;
         let batches = offgnn_shared::samples::read_file(store, file)?;
-        let infos: Vec<BatchInfo> = batches
+        let infos: Vec<Vec<BatchInfo>> = batches
             .into_par_iter()
             .map_init(
                 || (Vec::new(), Vec::new()),
-                |(scratch, frame), b| -> Result<BatchInfo> {
-                    let t = BatchTable {
-                        split: Some(split),
-                        epoch,
-                        index: b.index,
-                        num_inputs: b.input_nodes.len() as u32,
-                        labels: b.labels,
-                        input_nodes: b.input_nodes,
-                        blocks: b.blocks,
-                        pairs: b.pairs,
-                        ..Default::default()
+                |(scratch, frame), b| -> Result<Vec<BatchInfo>> {
+                    // The type views copy their rows; the one whole view
+                    // (or the topology's) takes the batch itself.
+                    let mut infos: Vec<Option<BatchInfo>> = views.iter().map(|_| None).collect();
+                    let mut measure = |v: &View, b| {
+                        measure(v, b, (split, epoch), num_nodes, (scratch, frame))
+                            .map_err(|e| Error::io(file.object.name.as_str(), e))
                     };
-                    address_table::topology_frame(&t, scratch, frame)
-                        .map_err(|e| Error::io(file.object.name.as_str(), e))?;
-                    let table_bytes = address_table::record_bytes(
-                        frame.len() as u64,
-                        t.input_nodes.len() as u64,
-                        num_nodes,
-                    ) + address_table::object_overhead(1)
-                        - address_table::FOOTER;
-                    Ok(BatchInfo {
-                        split,
-                        epoch,
-                        index: t.index,
-                        cold: Vec::new(),
-                        inputs: t.input_nodes,
-                        table_bytes,
-                    })
+                    for (i, v) in views.iter().enumerate() {
+                        if let View::Type(t) = v {
+                            infos[i] = Some(measure(v, t.batch(&b))?);
+                        }
+                    }
+                    let mut whole = Some(b);
+                    for (i, v) in views.iter().enumerate() {
+                        if !matches!(v, View::Type(_)) {
+                            let b = whole.take().expect("at most one view sees whole batches");
+                            infos[i] = Some(measure(v, b)?);
+                        }
+                    }
+                    Ok(infos
+                        .into_iter()
+                        .map(|i| i.expect("every view measured"))
+                        .collect())
                 },
             )
             .collect::<Result<_>>()?;
@@ -165,8 +211,9 @@ pub(crate) fn load_batches(
     // Each loader takes the next file; a failure stops the others at their
     // next file.
     let next = AtomicUsize::new(0);
-    let slots: Vec<Mutex<Option<Result<Vec<BatchInfo>>>>> =
-        files.iter().map(|_| Mutex::new(None)).collect();
+    // Each file's batches, as each view sees them.
+    type Loaded = Result<Vec<Vec<BatchInfo>>>;
+    let slots: Vec<Mutex<Option<Loaded>>> = files.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..loaders.clamp(1, files.len().max(1)) {
             s.spawn(|| {
@@ -184,11 +231,20 @@ pub(crate) fn load_batches(
         }
     });
     pb.finish_and_clear();
-    let mut out = Vec::with_capacity(total as usize);
+    let mut out: Vec<Vec<BatchInfo>> = views
+        .iter()
+        .map(|_| Vec::with_capacity(total as usize))
+        .collect();
     let mut skipped = false;
     for slot in slots {
         match slot.into_inner().expect("a loader does not panic") {
-            Some(loaded) => out.extend(loaded?),
+            Some(loaded) => {
+                for per_view in loaded? {
+                    for (list, info) in out.iter_mut().zip(per_view) {
+                        list.push(info);
+                    }
+                }
+            }
             // Skipped after another file failed, whose error comes below.
             None => skipped = true,
         }
@@ -199,6 +255,99 @@ pub(crate) fn load_batches(
         ));
     }
     Ok(out)
+}
+
+/// One batch as `view` sees it, with its table record's bytes: its
+/// topology compressed as the table writer will, and its addresses.
+fn measure(
+    view: &View,
+    b: offgnn_shared::samples::SampledBatch,
+    (split, epoch): (Split, u32),
+    num_nodes: u64,
+    (scratch, frame): (&mut Vec<u8>, &mut Vec<u8>),
+) -> std::io::Result<BatchInfo> {
+    let rows = match view {
+        View::Whole | View::Topology => num_nodes,
+        View::Type(v) => u64::from(v.rows),
+    };
+    let t = BatchTable {
+        split: Some(split),
+        epoch,
+        index: b.index,
+        num_inputs: b.input_nodes.len() as u32,
+        labels: b.labels,
+        input_nodes: b.input_nodes,
+        blocks: b.blocks,
+        pairs: b.pairs,
+        ..Default::default()
+    };
+    match view {
+        View::Topology => address_table::typed_topology_frame(&t, scratch, frame)?,
+        _ => address_table::topology_frame(&t, scratch, frame)?,
+    }
+    let (table_bytes, inputs) = match view {
+        View::Topology => (
+            frame.len() as u64 + address_table::object_overhead(1) - address_table::FOOTER,
+            Vec::new(),
+        ),
+        _ => (
+            address_table::record_bytes(frame.len() as u64, t.input_nodes.len() as u64, rows)
+                + address_table::object_overhead(1)
+                - address_table::FOOTER,
+            t.input_nodes,
+        ),
+    };
+    Ok(BatchInfo {
+        split,
+        epoch,
+        index: t.index,
+        cold: Vec::new(),
+        inputs,
+        table_bytes,
+    })
+}
+
+/// A typed run's node type and its feature file must agree with what the
+/// run recorded.
+fn check_type_match(run: &RunSummary, view: &TypeView, features: &FeatureSource) -> Result<()> {
+    let t = &run.dataset.node_types[view.index];
+    let shape = &features.header().shape;
+    let (Some(dim), Some(dtype), Some(fingerprint)) = (
+        t.feature_dim,
+        t.feature_dtype,
+        t.feature_fingerprint.as_ref(),
+    ) else {
+        return Err(Error::Mismatch(format!(
+            "node type '{}' had no features when it was sampled, yet {} is given for it",
+            t.name,
+            features.describe()
+        )));
+    };
+    if shape.len() != 2 || shape[0] != t.num || shape[1] != dim {
+        return Err(Error::Mismatch(format!(
+            "{} has shape {shape:?}, the sampled graph's '{}' nodes are {} with {dim}-d features",
+            features.describe(),
+            t.name,
+            t.num
+        )));
+    }
+    if features.dtype() != dtype {
+        return Err(Error::Mismatch(format!(
+            "{} holds {}, the sampled '{}' features are {dtype}",
+            features.describe(),
+            features.dtype(),
+            t.name
+        )));
+    }
+    if &features.fingerprint()? != fingerprint {
+        return Err(Error::Mismatch(format!(
+            "{} is not the '{}' feature file of dataset '{}' that was sampled (fingerprints differ)",
+            features.describe(),
+            t.name,
+            run.dataset.name
+        )));
+    }
+    Ok(())
 }
 
 /// Samples and features must come from the same dataset.

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use offgnn_manifests::Object;
+use offgnn_manifests::{Manifest, Object};
 use offgnn_shared::address_table;
 use offgnn_shared::dataset::Split;
 use offgnn_shared::io_engine::{IoEngine, IoOptions};
@@ -17,7 +17,7 @@ use crate::address_tables::{TableTotals, write_tables};
 use crate::batched_pack::{OutFile, PackCtx, PassFigures, ReadAhead, WritePool};
 use crate::commit::{self, PackedLayout, Target};
 use crate::error::{Error, Result};
-use crate::load::{Inputs, RowFormat, load_batches};
+use crate::load::{Inputs, RowFormat, View, load_batches};
 use crate::memory::{Loading, Pieces, PlanMemory, READ_AHEAD};
 use crate::plan::{self, BatchInfo, Scratch, SegmentPlan, align};
 use crate::segment_search::{FixedBytes, SegmentChoice, SegmentSize, choose_segment_size};
@@ -49,6 +49,41 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
     let inputs = Inputs::open(&cfg.samples, &cfg.features)?;
     let target = Target::prepare(&cfg.out, cfg.overwrite)?;
     let written = target.run_objects();
+    let loading = Loading::plan(cfg.memory, &inputs.run);
+    let num_nodes = inputs.features.num_rows();
+    let batches = load_batches(
+        &inputs.samples,
+        &inputs.run,
+        (num_nodes, &[View::Whole]),
+        loading.loaders,
+        cfg.show_progress,
+    )?
+    .pop()
+    .expect("one list per view");
+    let load_seconds = started.elapsed().as_secs_f64();
+    // The decoded samples files are gone: their pages go back before the
+    // plan, whose statement does not count them (`heap`).
+    crate::heap::release_freed();
+    let (manifest, mut summary) = pack_part(cfg, &inputs, &target, batches, &loading)?;
+    let t = Instant::now();
+    target.commit(written, &manifest)?;
+    summary.load_seconds = load_seconds;
+    summary.commit_seconds += t.elapsed().as_secs_f64();
+    summary.total_seconds = started.elapsed().as_secs_f64();
+    summary.manifest = target.manifest_url();
+    Ok(summary)
+}
+
+/// Plans and packs one layout (a homogeneous graph's, or one node type's
+/// of a typed graph) from its loaded batches, under the objects' prefix
+/// that `inputs.view` gives; returns its manifest, uncommitted.
+pub(crate) fn pack_part(
+    cfg: &PackConfig,
+    inputs: &Inputs,
+    target: &Target,
+    mut batches: Vec<BatchInfo>,
+    loading: &Loading,
+) -> Result<(Manifest, PackSummary)> {
     let rows = RowFormat::of(&inputs.features, cfg.store_dtype)?;
     let num_nodes = inputs.features.num_rows();
     let budget = cfg
@@ -62,25 +97,12 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
         rank_by: Some(cfg.rank_by),
         ..Default::default()
     };
-    let loading = Loading::plan(cfg.memory, &inputs.run);
-    let mut batches = load_batches(
-        &inputs.samples,
-        &inputs.run,
-        num_nodes,
-        loading.loaders,
-        cfg.show_progress,
-    )?;
-    summary.load_seconds = started.elapsed().as_secs_f64();
-    // The decoded samples files are gone: their pages go back before the
-    // plan, whose statement does not count them (`heap`).
-    crate::heap::release_freed();
-
     // The feature file's pass starts now, beside the plan. Reads and writes
     // get rings of their own: a region's write never waits behind a 64 MiB
     // piece's reads in one queue.
     let pieces = Pieces::size(cfg.memory, &inputs.run, &batches, num_nodes, rows);
     let engine = IoEngine::new(IoOptions::default());
-    std::thread::scope(|s| -> Result<PackSummary> {
+    std::thread::scope(|s| -> Result<(Manifest, PackSummary)> {
         let ahead = match cfg.packing {
             PackingMode::Batched => Some(ReadAhead::start(
                 s,
@@ -94,7 +116,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
 
         // ---- plan ----
         let t = Instant::now();
-        let layout = plan_layout(cfg, &inputs, &mut batches, rows, budget, &pieces, &loading)?;
+        let layout = plan_layout(cfg, inputs, &mut batches, rows, budget, &pieces, loading)?;
         layout.report(&mut summary);
         summary.piece_bytes = pieces.bytes;
         summary.plan_seconds = t.elapsed().as_secs_f64();
@@ -108,9 +130,7 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
 
         // ---- pack ----
         let t = Instant::now();
-        let packed = pack_layout(
-            cfg, &inputs, &target, &engine, ahead, &batches, &layout, rows,
-        )?;
+        let packed = pack_layout(cfg, inputs, target, &engine, ahead, &batches, &layout, rows)?;
         packed.report(&mut summary);
         summary.pack_seconds = t.elapsed().as_secs_f64();
         // The plan counted the tables before a byte was written; a mismatch
@@ -123,17 +143,14 @@ fn pack_run(cfg: &PackConfig) -> Result<PackSummary> {
             )));
         }
 
-        // ---- commit ----
+        // ---- the manifest ----
         let t = Instant::now();
         account_disk(&mut summary, &packed, budget, inputs.features.file_bytes())?;
         target.upload_if_remote(&packed.objects, cfg.show_progress)?;
         let layout_objects = packed.into_layout(&layout.segments, &batches);
-        let manifest = commit::manifest(cfg, &inputs, rows, &target, layout_objects, &summary);
-        target.commit(written, &manifest)?;
+        let manifest = commit::manifest(cfg, inputs, rows, target, layout_objects, &summary);
         summary.commit_seconds = t.elapsed().as_secs_f64();
-        summary.total_seconds = started.elapsed().as_secs_f64();
-        summary.manifest = target.manifest_url();
-        Ok(summary)
+        Ok((manifest, summary))
     })
 }
 
@@ -353,7 +370,8 @@ fn pack_layout(
     layout: &Layout,
     rows: RowFormat,
 ) -> Result<Packed> {
-    let (staging, prefix) = (&target.staging, &target.prefix);
+    let staging = &target.staging;
+    let prefix = &commit::part_prefix(inputs, target);
     let (cache, segments) = (&layout.cache, &layout.segments);
     let row_bytes = rows.row_bytes;
     let num_nodes = inputs.features.num_rows();
@@ -397,8 +415,7 @@ fn pack_layout(
         let tables = s.spawn(|| {
             let t = Instant::now();
             let tables = write_tables(
-                &inputs.samples,
-                &inputs.run,
+                (&inputs.samples, &inputs.run, inputs.view.as_ref()),
                 staging,
                 prefix,
                 segments,

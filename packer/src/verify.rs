@@ -32,15 +32,22 @@ pub struct VerifySummary {
 
 /// Splits a manifest location into its layout store and the manifest's name.
 pub fn open_layout(location: &str) -> Result<(Store, Manifest, String)> {
+    let (store, name, origin) = layout_location(location)?;
+    let bytes = store.get(&name)?;
+    let manifest = Manifest::parse(&origin, &bytes)?;
+    Ok((store, manifest, origin))
+}
+
+/// A manifest location's layout store, the manifest's name in it, and
+/// its URL.
+pub fn layout_location(location: &str) -> Result<(Store, String, String)> {
     let (dir, name) = match location.rsplit_once('/') {
         Some((dir, name)) if name.ends_with(".json") => (dir.to_string(), name.to_string()),
         _ => (location.to_string(), MANIFEST.to_string()),
     };
     let store = Store::open(if dir.is_empty() { "." } else { &dir })?;
     let origin = format!("{}/{name}", store.url().trim_end_matches('/'));
-    let bytes = store.get(&name)?;
-    let manifest = Manifest::parse(&origin, &bytes)?;
-    Ok((store, manifest, origin))
+    Ok((store, name, origin))
 }
 
 /// Reads `[offset, offset + len)` of an object.
@@ -345,6 +352,16 @@ fn assemble(
 
 /// Reads the records of one segment's table object.
 pub fn read_table(store: &Store, name: &str) -> Result<Vec<BatchTable>> {
+    read_records(store, name, address_table::decode)
+}
+
+/// Reads and decodes every record of a table object (an address table's
+/// or a typed layout's topology table's).
+pub(crate) fn read_records(
+    store: &Store,
+    name: &str,
+    decode: impl Fn(&str, &[u8]) -> offgnn_shared::Result<BatchTable>,
+) -> Result<Vec<BatchTable>> {
     let size = store
         .size(name)?
         .ok_or_else(|| Error::Verify(format!("{name}: missing")))?;
@@ -358,20 +375,15 @@ pub fn read_table(store: &Store, name: &str) -> Result<Vec<BatchTable>> {
     let entries = address_table::decode_index(&origin, &index, index_offset)?;
     entries
         .into_iter()
-        .map(|(off, len)| {
-            Ok(address_table::decode(
-                &origin,
-                &range(store, name, off, len)?,
-            )?)
-        })
+        .map(|(off, len)| Ok(decode(&origin, &range(store, name, off, len)?)?))
         .collect()
 }
 
 /// Checks every object's size and CRC32C.
-pub fn check_objects(store: &Store, m: &Manifest) -> Result<u64> {
+pub fn check_objects(store: &Store, objects: &[offgnn_manifests::Object]) -> Result<u64> {
     let mut bytes = 0;
     let mut buf = Vec::new();
-    for o in &m.objects {
+    for o in objects {
         let size = store
             .size(&o.name)?
             .ok_or_else(|| Error::Verify(format!("object {} is missing", o.name)))?;
@@ -401,9 +413,29 @@ pub fn check_objects(store: &Store, m: &Manifest) -> Result<u64> {
 }
 
 pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
+    let (store, name, origin) = layout_location(location)?;
+    let bytes = store.get(&name)?;
+    if offgnn_manifests::is_typed(&bytes) {
+        return crate::typed::verify_typed(&store, origin, &bytes, show);
+    }
+    let m = Manifest::parse(&origin, &bytes)?;
+    let object_bytes = check_objects(&store, &m.objects)?;
+    let mut summary = verify_layout(&store, &m, None, show)?;
+    summary.manifest = origin;
+    summary.object_bytes = object_bytes;
+    Ok(summary)
+}
+
+/// Rebuilds every batch of one layout (a homogeneous graph's, or in a
+/// typed layout one node type's, seen through its `view`) and compares
+/// it with the feature file; its objects are checked already.
+pub(crate) fn verify_layout(
+    store: &Store,
+    m: &Manifest,
+    view: Option<&crate::typed::TypeView>,
+    show: bool,
+) -> Result<VerifySummary> {
     let started = std::time::Instant::now();
-    let (store, m, origin) = open_layout(location)?;
-    let object_bytes = check_objects(&store, &m)?;
     let features = FeatureSource::open(&m.dataset.feature_location)?;
     if features.fingerprint()? != m.dataset.feature_fingerprint {
         return Err(Error::Mismatch(format!(
@@ -443,18 +475,16 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
     let tables: Vec<Vec<BatchTable>> = m
         .segments
         .iter()
-        .map(|seg| read_table(&store, &seg.table))
+        .map(|seg| read_table(store, &seg.table))
         .collect::<Result<_>>()?;
-    check_topology(&m, &tables, &samples, &run)?;
+    check_topology(m, &tables, (&samples, &run), view)?;
     let scheduled: usize = m.schedule.values().flatten().map(Vec::len).sum();
     let pb = offgnn_shared::progress::bar_if(show, scheduled as u64, "verifying", "batches");
     let mut summary = VerifySummary {
-        manifest: origin,
         objects: m.objects.len(),
-        object_bytes,
         ..Default::default()
     };
-    let maps = Maps::open(&store, &m, &features)?;
+    let maps = Maps::open(store, m, &features)?;
     let mut scratch = Scratch::default();
     // A CPU cache that follows the batch order is replayed as the trainer
     // applies it: from the tier's rows at each epoch's start, each
@@ -471,14 +501,7 @@ pub fn verify(location: &str, show: bool) -> Result<VerifySummary> {
                 let t = &tables[r.segment as usize][r.record as usize];
                 let name = format!("{split} epoch {} batch {}", t.epoch, t.index);
                 let live = follow.then_some(cpu.as_slice());
-                assemble(
-                    &store,
-                    &maps,
-                    &m,
-                    (r.segment as usize, t),
-                    live,
-                    &mut scratch,
-                )?;
+                assemble(store, &maps, m, (r.segment as usize, t), live, &mut scratch)?;
                 compare_with_features(
                     &features,
                     &maps,
@@ -524,8 +547,8 @@ fn admit(cpu: &mut [u8], t: &BatchTable, got: &[u8], rb: usize) -> std::result::
 fn check_topology(
     m: &Manifest,
     tables: &[Vec<BatchTable>],
-    samples: &Store,
-    run: &RunSummary,
+    (samples, run): (&Store, &RunSummary),
+    view: Option<&crate::typed::TypeView>,
 ) -> Result<()> {
     let mut place: HashMap<(Split, u32, u32), &BatchTable> = HashMap::new();
     for (seg, ts) in m.segments.iter().zip(tables) {
@@ -545,6 +568,10 @@ fn check_topology(
     }
     for file in &run.files {
         for b in offgnn_shared::samples::read_file(samples, file)? {
+            let b = match view {
+                Some(v) => v.batch(&b),
+                None => b,
+            };
             let name = format!("{} epoch {} batch {}", b.split, b.epoch, b.index);
             let t = place
                 .remove(&(b.split, b.epoch, b.index))

@@ -19,3 +19,4 @@ mod sampler;
 mod signals;
 mod slurm;
 mod trainer;
+mod typed;

@@ -112,7 +112,9 @@ pub struct PackArgs {
     /// The sampler's output (a local path or object-store URL).
     #[arg(long)]
     pub samples: Option<String>,
-    /// The node-feature .npy file.
+    /// The node-feature .npy file. For a typed graph's samples: omitted,
+    /// each type's file where the dataset names it; or TYPE=PATH entries
+    /// (comma-separated) for the types whose files are elsewhere.
     #[arg(long)]
     pub features: Option<String>,
     /// Where the layout and manifest go.
@@ -188,8 +190,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Some(Command::Inspect(args)) => {
-            let (_, m, origin) = verify::open_layout(&args.manifest)?;
-            report::inspect(&origin, &m);
+            let (store, name, origin) = verify::layout_location(&args.manifest)?;
+            let bytes = store.get(&name)?;
+            if offgnn_manifests::is_typed(&bytes) {
+                let m = offgnn_manifests::TypedManifest::parse(&origin, &bytes)?;
+                report::inspect_typed(&origin, &m);
+            } else {
+                let m = offgnn_manifests::Manifest::parse(&origin, &bytes)?;
+                report::inspect(&origin, &m);
+            }
             Ok(())
         }
         None => {
@@ -201,9 +210,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 v.clone()
                     .ok_or_else(|| anyhow::anyhow!("{flag} is required (see packer --help)"))
             };
+            let samples = need(&a.samples, "--samples")?;
+            // A typed graph's feature files are where its dataset names
+            // them, unless --features names them TYPE=PATH.
+            let typed = crate::typed::is_typed_run(&samples)?;
             let cfg = pack::PackConfig {
-                samples: need(&a.samples, "--samples")?,
-                features: need(&a.features, "--features")?,
+                features: match typed {
+                    true => a.features.clone().unwrap_or_default(),
+                    false => need(&a.features, "--features")?,
+                },
+                samples,
                 out: need(&a.out, "--out")?,
                 gpu_cache: sizes::parse_bytes(&need(&a.gpu_cache, "--gpu-cache")?)?,
                 cpu_cache: sizes::parse_bytes(&need(&a.cpu_cache, "--cpu-cache")?)?,
@@ -245,10 +261,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 overwrite: a.overwrite,
                 show_progress: true,
             };
-            let s = pack::pack(&cfg).with_context(|| {
-                format!("packing into {}", offgnn_shared::store::redact(&cfg.out))
-            })?;
-            report::packed(&cfg, &s);
+            let context = || format!("packing into {}", offgnn_shared::store::redact(&cfg.out));
+            if typed {
+                let s = crate::typed::pack_typed(&cfg).with_context(context)?;
+                report::packed_typed(&s);
+            } else {
+                let s = pack::pack(&cfg).with_context(context)?;
+                report::packed(&cfg, &s);
+            }
             Ok(())
         }
     }

@@ -1,9 +1,10 @@
 //! What `packer` prints at the end of each command: a table, then JSON.
 
-use offgnn_manifests::{Manifest, Split};
+use offgnn_manifests::{Manifest, Split, TypedManifest};
 use offgnn_shared::report::{human_bytes, print_summary};
 
 use crate::pack::{PackConfig, PackSummary};
+use crate::typed::TypedPackSummary;
 use crate::verify::VerifySummary;
 
 fn pct(x: f64) -> String {
@@ -275,4 +276,117 @@ fn cpu_policy(s: &PackSummary) -> String {
         ),
         None => chosen.to_string(),
     }
+}
+
+/// The summary of a typed graph's packing: the whole, then each type.
+pub fn packed_typed(s: &TypedPackSummary) {
+    let mut rows: Vec<(String, String)> = vec![
+        ("manifest".into(), s.manifest.clone()),
+        (
+            "disk".into(),
+            format!(
+                "{} of a {} budget ({} of features as stored): topology tables {}; blow-up {:.2}x",
+                human_bytes(s.disk_bytes),
+                human_bytes(s.disk_budget),
+                human_bytes(s.feature_file_bytes),
+                human_bytes(s.topology_bytes),
+                s.blow_up
+            ),
+        ),
+    ];
+    for t in &s.node_types {
+        let line = match (&t.layout, t.feature_dim, &t.store_dtype) {
+            (Some(l), Some(dim), Some(dtype)) => format!(
+                "{} rows of {dim} x {dtype}: {}; {} of a {} share, {} segments of {} batches; predicted read amp. {:.3}",
+                t.rows,
+                tiers(l),
+                human_bytes(l.disk_bytes),
+                human_bytes(t.disk_budget),
+                l.segments,
+                l.segment_size,
+                l.predicted_read_amplification
+            ),
+            _ => format!("{} rows, no features (never read)", t.rows),
+        };
+        rows.push((format!("type {}", t.name), line));
+    }
+    rows.push((
+        "phases".into(),
+        format!(
+            "load {:.2}s, types {:.2}s, topology {:.2}s, total {:.2}s",
+            s.load_seconds,
+            s.node_types
+                .iter()
+                .filter_map(|t| t.layout.as_ref())
+                .map(|l| l.plan_seconds + l.pack_seconds + l.commit_seconds)
+                .sum::<f64>(),
+            s.topology_seconds,
+            s.total_seconds
+        ),
+    ));
+    let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    print_summary(
+        "packed typed layout",
+        &rows,
+        &serde_json::json!({ "command": "pack", "typed": true, "summary": s }),
+    );
+}
+
+/// `inspect` of a typed layout: its types, relations and topology.
+pub fn inspect_typed(origin: &str, m: &TypedManifest) {
+    let mut rows: Vec<(String, String)> = vec![
+        ("manifest".into(), origin.to_string()),
+        (
+            "dataset".into(),
+            format!(
+                "{} ({} nodes of {} types, {} relations; target type {}, {} classes)",
+                m.dataset.name,
+                m.dataset.num_nodes,
+                m.node_types.len(),
+                m.relations.len(),
+                m.dataset.target_type,
+                m.dataset.num_classes
+            ),
+        ),
+    ];
+    for t in &m.node_types {
+        let line = match (&t.layout, t.feature_dim, t.dtype) {
+            (Some(l), Some(dim), Some(dtype)) => format!(
+                "ids {}..{}: {dim} x {dtype}, GPU {} rows, CPU {} rows, {} segments, {}",
+                t.offset,
+                t.offset + t.rows,
+                l.gpu_cache.rows,
+                l.cpu_cache.rows,
+                l.segments.len(),
+                human_bytes(l.disk_bytes)
+            ),
+            _ => format!("ids {}..{}: no features", t.offset, t.offset + t.rows),
+        };
+        rows.push((format!("type {}", t.name), line));
+    }
+    let batches: u32 = m.topology.tables.iter().map(|t| t.batches).sum();
+    rows.push((
+        "topology".into(),
+        format!(
+            "{} tables, {batches} batches, {}",
+            m.topology.tables.len(),
+            human_bytes(m.topology.bytes)
+        ),
+    ));
+    rows.push((
+        "disk".into(),
+        format!(
+            "{} of a {} budget, {} objects; blow-up {:.2}x",
+            human_bytes(m.disk_bytes),
+            human_bytes(m.disk_budget),
+            m.objects.len(),
+            m.blow_up
+        ),
+    ));
+    let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    print_summary(
+        "packed typed layout",
+        &rows,
+        &serde_json::json!({ "command": "inspect", "manifest": m }),
+    );
 }

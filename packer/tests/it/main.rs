@@ -2,6 +2,8 @@
 //! settings, batched and individual packing agreeing byte for byte, and the
 //! inputs the packer must refuse.
 
+mod typed;
+
 use std::path::{Path, PathBuf};
 
 use offgnn_manifests::MANIFEST;
