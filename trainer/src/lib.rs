@@ -8,6 +8,7 @@ pub mod device;
 pub mod distributed;
 pub mod error;
 pub mod export;
+pub mod hetero;
 pub mod historical;
 pub mod inference;
 pub mod io_depth;

@@ -2,6 +2,7 @@
 //! identical inputs across feature modes, identical losses with and without
 //! the pipeline, and resume from a checkpoint.
 
+mod hetero;
 mod inference;
 
 use std::path::PathBuf;

@@ -1,0 +1,198 @@
+//! A typed batch's blocks as the relational models read them. The batch's
+//! inputs are homogenized ids, each node type a contiguous range; a type's
+//! rows are its inputs in the order they appear among the batch's inputs,
+//! which is the order its layout assembles them in. A block's destinations
+//! are a prefix of its sources, so at every layer each type's destinations
+//! are a prefix of that type's sources. Each relation's edges become
+//! positions among its source type's and destination type's rows.
+
+use offgnn_shared::samples::Block;
+use tch::{Device, Tensor};
+
+use crate::error::{Error, Result};
+
+/// The graph's types and relations, as the run summary names them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schema {
+    /// Each type's name and homogenized id range `offset..offset + rows`,
+    /// in id order.
+    pub types: Vec<(String, u64, u64)>,
+    /// Each relation's source type, name and destination type, in the
+    /// order of the blocks' relation offsets.
+    pub relations: Vec<(usize, String, usize)>,
+    /// The type the seeds are.
+    pub target: usize,
+}
+
+impl Schema {
+    /// The schema of `types` (name, offset, rows) and `relations`
+    /// (`src:relation:dst`) with seeds of type `target`.
+    pub fn new(
+        types: Vec<(String, u64, u64)>,
+        relations: &[String],
+        target: &str,
+    ) -> Result<Schema> {
+        let find = |name: &str, what: &str| {
+            types.iter().position(|t| t.0 == name).ok_or_else(|| {
+                Error::InvalidArgument(format!("{what} '{name}' is not a node type of the graph"))
+            })
+        };
+        let relations = relations
+            .iter()
+            .map(|r| match r.split(':').collect::<Vec<_>>()[..] {
+                [s, name, d] => Ok((
+                    find(s, "relation source")?,
+                    name.to_string(),
+                    find(d, "relation destination")?,
+                )),
+                _ => Err(Error::InvalidArgument(format!(
+                    "relation '{r}' is not src:relation:dst"
+                ))),
+            })
+            .collect::<Result<_>>()?;
+        let target = find(target, "target type")?;
+        Ok(Schema {
+            types,
+            relations,
+            target,
+        })
+    }
+
+    /// The type of homogenized node `v`.
+    fn type_of(&self, v: u64) -> Option<usize> {
+        let t = self.types.partition_point(|t| t.1 <= v).checked_sub(1)?;
+        (v < self.types[t].1 + self.types[t].2).then_some(t)
+    }
+
+    /// The name PyG's `HeteroConv` gives a relation's convolution.
+    pub fn conv_name(&self, r: usize) -> String {
+        let (s, name, d) = &self.relations[r];
+        format!("<{}___{name}___{}>", self.types[*s].0, self.types[*d].0)
+    }
+}
+
+/// One relation's edges in one block, as positions among its types' rows,
+/// sorted by destination.
+pub struct RelationEdges {
+    pub src: Tensor,
+    pub dst: Tensor,
+    pub num_edges: i64,
+    /// In-degree of each of the destination type's rows in the block: the
+    /// lengths of the edges' segments.
+    pub counts: Tensor,
+}
+
+/// One block: each type's destination rows, and each relation's edges.
+pub struct TypedLayer {
+    pub num_dst: Vec<i64>,
+    pub relations: Vec<RelationEdges>,
+}
+
+/// A typed batch's blocks (input layer first) and each type's input rows.
+pub struct TypedBlocks {
+    /// Rows of each type among the batch's inputs.
+    pub num_inputs: Vec<i64>,
+    pub layers: Vec<TypedLayer>,
+}
+
+impl TypedBlocks {
+    /// Builds the blocks of a batch whose inputs are `input_nodes`
+    /// (homogenized ids), on `device`; refuses an input outside every type
+    /// and an edge whose endpoints are not its relation's types.
+    pub fn new(
+        schema: &Schema,
+        input_nodes: &[u32],
+        blocks: &[Block],
+        device: Device,
+    ) -> Result<TypedBlocks> {
+        let mut num_inputs = vec![0i64; schema.types.len()];
+        let mut type_of = Vec::with_capacity(input_nodes.len());
+        let mut position = Vec::with_capacity(input_nodes.len());
+        for &v in input_nodes {
+            let t = schema.type_of(u64::from(v)).ok_or_else(|| {
+                Error::InvalidArgument(format!("input node {v} is of no node type"))
+            })?;
+            type_of.push(t);
+            position.push(num_inputs[t]);
+            num_inputs[t] += 1;
+        }
+        let layers = blocks
+            .iter()
+            .enumerate()
+            .map(|(l, b)| {
+                layer(schema, b, (&type_of, &position), device).map_err(|e| match e {
+                    Error::InvalidArgument(m) => Error::InvalidArgument(format!("block {l}: {m}")),
+                    e => e,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(TypedBlocks { num_inputs, layers })
+    }
+}
+
+fn layer(
+    schema: &Schema,
+    b: &Block,
+    (type_of, position): (&[usize], &[i64]),
+    device: Device,
+) -> Result<TypedLayer> {
+    let r = schema.relations.len();
+    if b.relations.len() != r + 1 || b.relations.last() != Some(&(b.src.len() as u32)) {
+        return Err(Error::InvalidArgument(format!(
+            "{} relation offsets for {r} relations and {} edges",
+            b.relations.len(),
+            b.src.len()
+        )));
+    }
+    if b.num_dst > b.num_src || b.num_src as usize > type_of.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{} destinations and {} sources among {} inputs",
+            b.num_dst,
+            b.num_src,
+            type_of.len()
+        )));
+    }
+    let mut num_dst = vec![0i64; schema.types.len()];
+    for &t in &type_of[..b.num_dst as usize] {
+        num_dst[t] += 1;
+    }
+    let relations = schema
+        .relations
+        .iter()
+        .enumerate()
+        .map(|(ri, &(st, ref name, dt))| {
+            let edges = b.relations[ri] as usize..b.relations[ri + 1] as usize;
+            let mut src = Vec::with_capacity(edges.len());
+            let mut dst = Vec::with_capacity(edges.len());
+            let mut counts = vec![0i64; num_dst[dt] as usize];
+            for e in edges {
+                let (s, d) = (b.src[e] as usize, b.dst[e] as usize);
+                if s >= b.num_src as usize || d >= b.num_dst as usize {
+                    return Err(Error::InvalidArgument(format!(
+                        "an edge of relation '{name}' leaves the block"
+                    )));
+                }
+                if type_of[s] != st || type_of[d] != dt {
+                    return Err(Error::InvalidArgument(format!(
+                        "an edge of relation '{name}' joins nodes of other types"
+                    )));
+                }
+                if dst.last().is_some_and(|&last| last > position[d]) {
+                    return Err(Error::InvalidArgument(format!(
+                        "the edges of relation '{name}' are not sorted by destination"
+                    )));
+                }
+                src.push(position[s]);
+                dst.push(position[d]);
+                counts[position[d] as usize] += 1;
+            }
+            Ok(RelationEdges {
+                num_edges: src.len() as i64,
+                src: Tensor::from_slice(&src).to_device(device),
+                dst: Tensor::from_slice(&dst).to_device(device),
+                counts: Tensor::from_slice(&counts).to_device(device),
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(TypedLayer { num_dst, relations })
+}

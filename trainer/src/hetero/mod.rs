@@ -1,0 +1,315 @@
+//! Relational GNNs on typed blocks: R-SAGE and R-GAT as MLPerf's GNN
+//! reference builds them with PyTorch Geometric. Each layer is a
+//! `HeteroConv` of one convolution per relation, summed over the relations
+//! that reach a type: `SAGEConv(in, hidden, root_weight=False)` (mean of
+//! the relation's in-neighbours, then `lin_l`) or `GATConv((in_src,
+//! in_dst), hidden / heads, heads=heads, add_self_loops=False)` (attention
+//! over the relation's in-edges only, heads concatenated, then `bias`);
+//! leaky ReLU (slope 0.01) and dropout between layers; a linear layer on
+//! the target type's rows. Parameters are named as PyG names them
+//! (`convs.{l}.convs.<src___rel___dst>.lin_l.weight`, `...lin.weight` or
+//! `lin_src` / `lin_dst` where the two types' widths differ, `att_src`,
+//! `att_dst`, `bias`; `lin.weight`, `lin.bias`).
+
+pub mod blocks;
+
+use tch::nn;
+use tch::{Kind, TchError, Tensor};
+
+pub use blocks::{Schema, TypedBlocks};
+
+use crate::error::{Error, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RelationalKind {
+    Rsage,
+    Rgat,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RgnnConfig {
+    pub kind: RelationalKind,
+    /// Each node type's feature width, in the schema's order.
+    pub in_dims: Vec<Option<i64>>,
+    pub hidden: i64,
+    pub classes: i64,
+    pub layers: usize,
+    pub heads: i64,
+    pub dropout: f64,
+}
+
+/// One relation's convolution in one layer.
+enum Conv {
+    Sage {
+        lin_l: nn::Linear,
+    },
+    Gat {
+        lin_src: nn::Linear,
+        /// `None`: the types' widths agree, and PyG's one `lin` serves both.
+        lin_dst: Option<nn::Linear>,
+        att_src: Tensor,
+        att_dst: Tensor,
+        bias: Tensor,
+        heads: i64,
+        per_head: i64,
+    },
+}
+
+/// R-SAGE or R-GAT over a schema's relations.
+pub struct Rgnn {
+    convs: Vec<Vec<Conv>>,
+    lin: nn::Linear,
+    /// Each relation's source and destination type.
+    relations: Vec<(usize, usize)>,
+    types: usize,
+    target: usize,
+    dropout: f64,
+}
+
+impl Rgnn {
+    /// The model of `cfg` over `schema`'s relations, its parameters under
+    /// `vs`. Every type needs features (the first layer reads every
+    /// relation's source rows), and every type must be some relation's
+    /// destination (the next layer reads its rows).
+    pub fn new(vs: &nn::Path, schema: &Schema, cfg: &RgnnConfig) -> Result<Rgnn> {
+        check(schema, cfg)?;
+        let mut convs = Vec::with_capacity(cfg.layers);
+        for l in 0..cfg.layers {
+            let layer = &(vs / "convs") / l / "convs";
+            let width = |t: usize| {
+                if l == 0 {
+                    cfg.in_dims[t].expect("checked: every type has features")
+                } else {
+                    cfg.hidden
+                }
+            };
+            let convs_l = (0..schema.relations.len())
+                .map(|r| {
+                    let (s, _, d) = &schema.relations[r];
+                    let p = &layer / schema.conv_name(r);
+                    match cfg.kind {
+                        RelationalKind::Rsage => Conv::Sage {
+                            lin_l: nn::linear(
+                                &p / "lin_l",
+                                width(*s),
+                                cfg.hidden,
+                                Default::default(),
+                            ),
+                        },
+                        RelationalKind::Rgat => gat_conv(&p, (width(*s), width(*d)), cfg),
+                    }
+                })
+                .collect();
+            convs.push(convs_l);
+        }
+        Ok(Rgnn {
+            convs,
+            lin: nn::linear(vs / "lin", cfg.hidden, cfg.classes, Default::default()),
+            relations: schema.relations.iter().map(|&(s, _, d)| (s, d)).collect(),
+            types: schema.types.len(),
+            target: schema.target,
+            dropout: cfg.dropout,
+        })
+    }
+
+    /// The target type's logits for the batch's seeds: `x` holds each
+    /// type's input rows (in the schema's order), `blocks` the batch.
+    pub fn forward(
+        &self,
+        x: &[Tensor],
+        blocks: &TypedBlocks,
+        train: bool,
+    ) -> Result<Tensor, TchError> {
+        let mut h: Vec<Tensor> = x.iter().map(Tensor::shallow_clone).collect();
+        let last = blocks.layers.len().saturating_sub(1);
+        for (l, layer) in blocks.layers.iter().enumerate() {
+            let mut out: Vec<Option<Tensor>> = (0..self.types).map(|_| None).collect();
+            for (r, conv) in self.convs[l].iter().enumerate() {
+                let (s, d) = self.relations[r];
+                let nd = layer.num_dst[d];
+                let y = conv.forward(&h[s], &h[d].f_narrow(0, 0, nd)?, &layer.relations[r])?;
+                out[d] = Some(match out[d].take() {
+                    Some(o) => o.f_add(&y)?,
+                    None => y,
+                });
+            }
+            h = out
+                .into_iter()
+                .map(|o| o.expect("checked: every type is some relation's destination"))
+                .map(|o| {
+                    if l == last {
+                        Ok(o)
+                    } else {
+                        o.f_leaky_relu()?.f_dropout(self.dropout, train)
+                    }
+                })
+                .collect::<Result<_, TchError>>()?;
+        }
+        h[self.target].f_linear(&self.lin.ws, self.lin.bs.as_ref())
+    }
+}
+
+/// `GATConv((in_src, in_dst), hidden / heads, heads, add_self_loops=False)`.
+fn gat_conv(p: &nn::Path, (in_src, in_dst): (i64, i64), cfg: &RgnnConfig) -> Conv {
+    let per_head = cfg.hidden / cfg.heads;
+    let no_bias = nn::LinearConfig {
+        bias: false,
+        ..Default::default()
+    };
+    let (lin_src, lin_dst) = if in_src == in_dst {
+        (nn::linear(p / "lin", in_src, cfg.hidden, no_bias), None)
+    } else {
+        (
+            nn::linear(p / "lin_src", in_src, cfg.hidden, no_bias),
+            Some(nn::linear(p / "lin_dst", in_dst, cfg.hidden, no_bias)),
+        )
+    };
+    let bound = (6.0 / (cfg.heads + per_head) as f64).sqrt();
+    let glorot = |name: &str| {
+        p.var(
+            name,
+            &[1, cfg.heads, per_head],
+            nn::Init::Uniform {
+                lo: -bound,
+                up: bound,
+            },
+        )
+    };
+    Conv::Gat {
+        lin_src,
+        lin_dst,
+        att_src: glorot("att_src"),
+        att_dst: glorot("att_dst"),
+        bias: p.zeros("bias", &[cfg.hidden]),
+        heads: cfg.heads,
+        per_head,
+    }
+}
+
+impl Conv {
+    /// The relation's messages into its destination rows `x_dst` (a
+    /// prefix of the destination type's rows) from `x_src`.
+    fn forward(
+        &self,
+        x_src: &Tensor,
+        x_dst: &Tensor,
+        e: &blocks::RelationEdges,
+    ) -> Result<Tensor, TchError> {
+        let nd = x_dst.size()[0];
+        match self {
+            Conv::Sage { lin_l } => {
+                let d = x_src.size()[1];
+                let sum = Tensor::f_zeros([nd, d], (x_src.kind(), x_src.device()))?.f_index_add(
+                    0,
+                    &e.dst,
+                    &x_src.f_index_select(0, &e.src)?,
+                )?;
+                let count = Tensor::f_zeros([nd], (x_src.kind(), x_src.device()))?
+                    .f_index_add(
+                        0,
+                        &e.dst,
+                        &Tensor::f_ones([e.num_edges], (x_src.kind(), x_src.device()))?,
+                    )?
+                    .f_clamp_min(1.0)?
+                    .f_unsqueeze(1)?;
+                sum.f_div(&count)?.f_linear(&lin_l.ws, lin_l.bs.as_ref())
+            }
+            Conv::Gat {
+                lin_src,
+                lin_dst,
+                att_src,
+                att_dst,
+                bias,
+                heads,
+                per_head,
+            } => {
+                let (h, c) = (*heads, *per_head);
+                let zs = x_src
+                    .f_linear::<Tensor>(&lin_src.ws, None)?
+                    .f_view([-1, h, c])?;
+                let zd = x_dst
+                    .f_linear::<Tensor>(&lin_dst.as_ref().unwrap_or(lin_src).ws, None)?
+                    .f_view([-1, h, c])?;
+                let sum_last =
+                    |t: Tensor| t.f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+                let a_src = sum_last(zs.f_mul(att_src)?)?;
+                let a_dst = sum_last(zd.f_mul(att_dst)?)?;
+                let score = a_src
+                    .f_index_select(0, &e.src)?
+                    .f_add(&a_dst.f_index_select(0, &e.dst)?)?;
+                let score =
+                    score.f_maximum(&score.f_mul_scalar(crate::model::GAT_NEGATIVE_SLOPE)?)?;
+                // PyG's softmax: shifted by each destination's maximum,
+                // divided by the sum plus 1e-16.
+                let max = tch::no_grad(|| {
+                    Tensor::f_segment_reduce(
+                        &score,
+                        "max",
+                        Some(&e.counts),
+                        None,
+                        None,
+                        0,
+                        // unsafe: the lengths are counted from the edges,
+                        // which `TypedBlocks` checked are sorted by
+                        // destination (checking syncs a CUDA device).
+                        true,
+                        f64::NEG_INFINITY,
+                    )
+                })?;
+                let w = score.f_sub(&max.f_index_select(0, &e.dst)?)?.f_exp()?;
+                let denom = Tensor::f_zeros([nd, h], (w.kind(), w.device()))?
+                    .f_index_add(0, &e.dst, &w)?
+                    .f_add_scalar(1e-16)?;
+                let alpha = w.f_div(&denom.f_index_select(0, &e.dst)?)?;
+                let msg = zs
+                    .f_index_select(0, &e.src)?
+                    .f_mul(&alpha.f_unsqueeze(-1)?)?;
+                Tensor::f_zeros([nd, h, c], (msg.kind(), msg.device()))?
+                    .f_index_add(0, &e.dst, &msg)?
+                    .f_flatten(1, 2)?
+                    .f_add(bias)
+            }
+        }
+    }
+}
+
+/// What a model over `schema` needs of `cfg`, in one line each.
+fn check(schema: &Schema, cfg: &RgnnConfig) -> Result<()> {
+    let bad = |m: String| Err(Error::InvalidArgument(m));
+    if cfg.in_dims.len() != schema.types.len() {
+        return bad(format!(
+            "{} feature widths for {} node types",
+            cfg.in_dims.len(),
+            schema.types.len()
+        ));
+    }
+    if let Some(t) = cfg.in_dims.iter().position(Option::is_none) {
+        return bad(format!(
+            "node type '{}' has no features, and R-SAGE and R-GAT read every type's rows: give it a feature file (sampler derive-features)",
+            schema.types[t].0
+        ));
+    }
+    if let Some(t) = (0..schema.types.len()).find(|&t| !schema.relations.iter().any(|r| r.2 == t)) {
+        return bad(format!(
+            "node type '{}' is no relation's destination, so no layer computes its rows: add reverse relations (--add-reverse)",
+            schema.types[t].0
+        ));
+    }
+    if cfg.layers == 0 || cfg.hidden <= 0 || cfg.classes <= 0 {
+        return bad("layers, hidden and classes must be positive".into());
+    }
+    if cfg.kind == RelationalKind::Rgat && (cfg.heads <= 0 || cfg.hidden % cfg.heads != 0) {
+        return bad(format!(
+            "R-GAT gives each of {} heads hidden / heads channels: --hidden {} must be a multiple of --heads",
+            cfg.heads, cfg.hidden
+        ));
+    }
+    if let Some(r) = (0..schema.relations.len()).find(|&r| schema.conv_name(r).contains('.')) {
+        return bad(format!(
+            "relation '{}' has a '.' in its name, which parameter names cannot hold",
+            schema.relations[r].1
+        ));
+    }
+    Ok(())
+}

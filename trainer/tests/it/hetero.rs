@@ -1,0 +1,209 @@
+//! R-SAGE and R-GAT compute PyG's functions: a typed batch of three node
+//! types of different widths (one with a self-relation, relations whose
+//! destinations draw no edge) runs through offgnn's models and, with the
+//! same parameters loaded with strict=True, through PyG's `HeteroConv`
+//! (python/hetero_parity.py, a real PyG client): logits within 1e-4.
+
+use std::path::Path;
+
+use offgnn_shared::samples::Block;
+use tch::{Device, Kind, Tensor, nn};
+use trainer::hetero::{RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks};
+
+/// paper (ids 0..30, 8-d), author (30..70, 5-d), fos (70..80, 8-d).
+fn schema() -> Schema {
+    let relations: Vec<String> = [
+        "paper:cites:paper",
+        "paper:written_by:author",
+        "author:rev_written_by:paper",
+        "paper:topic:fos",
+        "fos:rev_topic:paper",
+    ]
+    .map(String::from)
+    .to_vec();
+    Schema::new(
+        vec![
+            ("paper".into(), 0, 30),
+            ("author".into(), 30, 40),
+            ("fos".into(), 70, 10),
+        ],
+        &relations,
+        "paper",
+    )
+    .unwrap()
+}
+
+/// A deterministic draw in `0..n`.
+struct Draw(u64);
+
+impl Draw {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % n as u64) as usize
+    }
+}
+
+/// A two-layer batch: 4 paper seeds, then inputs of every type; each
+/// destination draws 0 to 3 in-edges per relation that reaches its type,
+/// grouped by relation and sorted by destination within each.
+fn batch(schema: &Schema) -> (Vec<u32>, Vec<Block>) {
+    let inputs: Vec<u32> = vec![
+        0, 5, 9, 12, 31, 44, 71, 3, 50, 72, 18, 33, 60, 75, 21, 2, 39, 79, 65, 27,
+    ];
+    let type_of = |v: u32| {
+        schema
+            .types
+            .iter()
+            .position(|t| u64::from(v) >= t.1 && u64::from(v) < t.1 + t.2)
+            .unwrap()
+    };
+    let mut draw = Draw(11);
+    let mut block = |num_dst: usize, num_src: usize| {
+        let (mut src, mut dst, mut offsets) = (Vec::new(), Vec::new(), vec![0u32]);
+        for &(s, _, d) in &schema.relations {
+            let sources: Vec<u32> = (0..num_src as u32)
+                .filter(|&i| type_of(inputs[i as usize]) == s)
+                .collect();
+            for v in (0..num_dst as u32).filter(|&i| type_of(inputs[i as usize]) == d) {
+                for _ in 0..draw.below(4) {
+                    src.push(sources[draw.below(sources.len())]);
+                    dst.push(v);
+                }
+            }
+            offsets.push(src.len() as u32);
+        }
+        Block {
+            num_src: num_src as u32,
+            num_dst: num_dst as u32,
+            src,
+            dst,
+            relations: offsets,
+        }
+    };
+    let blocks = vec![block(11, inputs.len()), block(4, 11)];
+    (inputs, blocks)
+}
+
+#[test]
+fn relational_models_compute_pyg_heteroconv_logits() {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup",
+        python.display()
+    );
+    let schema = schema();
+    let (inputs, blocks) = batch(&schema);
+    let typed = TypedBlocks::new(&schema, &inputs, &blocks, Device::Cpu).unwrap();
+    let dims = [8i64, 5, 8];
+    for kind in [RelationalKind::Rsage, RelationalKind::Rgat] {
+        let work = tempfile::tempdir().unwrap();
+        let cfg = RgnnConfig {
+            kind,
+            in_dims: dims.iter().map(|&d| Some(d)).collect(),
+            hidden: 6,
+            classes: 3,
+            layers: 2,
+            heads: 2,
+            dropout: 0.5,
+        };
+        let vs = nn::VarStore::new(Device::Cpu);
+        let model = Rgnn::new(&vs.root(), &schema, &cfg).unwrap();
+        // Nonzero biases and attention, so that each is checked.
+        tch::no_grad(|| {
+            for (_, mut p) in vs.variables() {
+                p.copy_(&(Tensor::randn(p.size(), (Kind::Float, Device::Cpu)) * 0.5));
+            }
+        });
+        let x: Vec<Tensor> = typed
+            .num_inputs
+            .iter()
+            .zip(dims)
+            .map(|(&n, d)| Tensor::randn([n, d], (Kind::Float, Device::Cpu)))
+            .collect();
+        let logits = model.forward(&x, &typed, false).unwrap();
+        assert_eq!(logits.size(), [4, 3]);
+
+        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        trainer::export::write_tensors(&work.path().join("model.safetensors"), &named).unwrap();
+        let mut batch: Vec<(String, Tensor)> = vec![("logits".into(), logits)];
+        for (t, rows) in schema.types.iter().zip(&x) {
+            batch.push((format!("x.{}", t.0), rows.shallow_clone()));
+        }
+        for (l, layer) in typed.layers.iter().enumerate() {
+            batch.push((format!("num_dst.{l}"), Tensor::from_slice(&layer.num_dst)));
+            for (r, e) in layer.relations.iter().enumerate() {
+                batch.push((
+                    format!("edges.{l}.{r}"),
+                    Tensor::stack(&[&e.src, &e.dst], 0),
+                ));
+            }
+        }
+        trainer::export::write_tensors(&work.path().join("batch.safetensors"), &batch).unwrap();
+        let meta = serde_json::json!({
+            "kind": kind,
+            "types": schema.types.iter().map(|t| &t.0).collect::<Vec<_>>(),
+            "relations": schema.relations.iter().map(|(s, r, d)| [&schema.types[*s].0, r, &schema.types[*d].0]).collect::<Vec<_>>(),
+            "in_dims": dims,
+            "hidden": cfg.hidden,
+            "heads": cfg.heads,
+            "layers": cfg.layers,
+            "classes": cfg.classes,
+            "target": "paper",
+        });
+        std::fs::write(work.path().join("meta.json"), meta.to_string()).unwrap();
+        let out = std::process::Command::new(&python)
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/hetero_parity.py"))
+            .arg(work.path())
+            .output()
+            .expect("python starts");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{kind:?}: hetero_parity.py failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        println!("{stdout}");
+    }
+}
+
+#[test]
+fn typed_blocks_refuse_edges_across_the_wrong_types_and_models_name_what_they_lack() {
+    let schema = schema();
+    let (inputs, mut blocks) = batch(&schema);
+    // The first edge of paper:cites:paper now leaves an author.
+    blocks[0].src[0] = 4;
+    let err = TypedBlocks::new(&schema, &inputs, &blocks, Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("block 0") && err.contains("'cites'"), "{err}");
+    let vs = nn::VarStore::new(Device::Cpu);
+    let cfg = RgnnConfig {
+        kind: RelationalKind::Rgat,
+        in_dims: vec![Some(8), None, Some(8)],
+        hidden: 6,
+        classes: 3,
+        layers: 2,
+        heads: 4,
+        dropout: 0.0,
+    };
+    let err = Rgnn::new(&vs.root(), &schema, &cfg)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("'author' has no features"), "{err}");
+    let cfg = RgnnConfig {
+        in_dims: vec![Some(8), Some(5), Some(8)],
+        ..cfg
+    };
+    let err = Rgnn::new(&vs.root(), &schema, &cfg)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("multiple of --heads"), "{err}");
+}
