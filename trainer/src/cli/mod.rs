@@ -6,6 +6,7 @@ mod infer;
 mod info;
 mod report;
 mod train;
+mod typed_train;
 
 use clap::{Parser, Subcommand};
 

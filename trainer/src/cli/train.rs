@@ -195,6 +195,15 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         .manifest
         .clone()
         .ok_or_else(|| anyhow::anyhow!("--manifest is required (see trainer --help)"))?;
+    // A typed graph's layout trains R-SAGE or R-GAT (local layouts).
+    if let Some((dir, bytes)) = super::typed_train::local_typed(&location)? {
+        return super::typed_train::train_typed_command(
+            &a,
+            (device, kind, hidden),
+            launch.as_ref(),
+            (&dir, &bytes),
+        );
+    }
     if launch.is_some() && a.emulate_ranks.is_some() {
         anyhow::bail!(
             "--emulate-ranks stands in for a launch by torchrun or srun; it cannot run under one"

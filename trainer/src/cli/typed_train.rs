@@ -1,0 +1,170 @@
+//! `trainer --manifest` on a typed graph's layout: R-SAGE (`--model sage`)
+//! or R-GAT (`--model gat`), its stages in sequence on one process. The
+//! flags typed training does not take yet are refused in one line each.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use offgnn_manifests::{MANIFEST, TypedManifest};
+use offgnn_shared::io_engine::IoEngine;
+use offgnn_shared::report::{human_bytes, print_summary};
+
+use super::train::{Features, TrainArgs};
+use crate::distributed::Launch;
+use crate::hetero::RelationalKind;
+use crate::hetero::train::{TypedEpoch, TypedLayout, TypedTrainConfig, train_typed};
+use crate::model::ModelKind;
+
+/// The directory and manifest bytes of `location` when it names a local
+/// typed layout.
+pub(super) fn local_typed(location: &str) -> anyhow::Result<Option<(PathBuf, Vec<u8>)>> {
+    let location = location.trim_start_matches("file://");
+    if location.contains("://") {
+        return Ok(None);
+    }
+    let path = Path::new(location);
+    let (dir, file) = if location.ends_with(".json") {
+        (
+            path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            path.to_path_buf(),
+        )
+    } else {
+        (path.to_path_buf(), path.join(MANIFEST))
+    };
+    let Ok(bytes) = std::fs::read(&file) else {
+        // Not readable here: the homogeneous path says why.
+        return Ok(None);
+    };
+    Ok(offgnn_manifests::is_typed(&bytes).then_some((dir, bytes)))
+}
+
+/// Trains the typed layout in `dir` whose manifest is `bytes`.
+pub(super) fn train_typed_command(
+    a: &TrainArgs,
+    (device, kind, hidden): (tch::Device, ModelKind, i64),
+    launch: Option<&Launch>,
+    (dir, bytes): (&Path, &[u8]),
+) -> anyhow::Result<()> {
+    refuse_unsupported(a, launch)?;
+    let kind = match kind {
+        ModelKind::Sage => RelationalKind::Rsage,
+        ModelKind::Gat => RelationalKind::Rgat,
+        ModelKind::Mlp => anyhow::bail!(
+            "--model mlp reads one feature matrix; a typed layout trains R-SAGE (--model sage) or R-GAT (--model gat)"
+        ),
+    };
+    let origin = dir.join(MANIFEST).display().to_string();
+    let manifest = TypedManifest::parse(&origin, bytes)?;
+    let engine = IoEngine::new(Default::default());
+    let layout = TypedLayout::open(dir, manifest, &engine, device, true)
+        .with_context(|| format!("opening {origin}"))?;
+    let cfg = TypedTrainConfig {
+        kind,
+        hidden,
+        heads: a.heads,
+        dropout: a.dropout,
+        lr: a.lr,
+        epochs: a.epochs,
+        seed: a.seed,
+        device,
+        max_batches: a.max_batches,
+        show_progress: true,
+    };
+    let mut metrics = open_metrics(a)?;
+    let mut failed = None;
+    let mut on_epoch = |e: &TypedEpoch| {
+        let acc = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{a:.4}"));
+        println!(
+            "epoch {:>3}  {:>7.2}s  loss {:.4}  train {:.4}  valid {}  test {}  disk {}",
+            e.epoch,
+            e.seconds,
+            e.loss,
+            e.train_accuracy,
+            acc(e.valid_accuracy),
+            acc(e.test_accuracy),
+            human_bytes(e.disk_bytes)
+        );
+        if let Some((path, f)) = &mut metrics
+            && let Err(err) = writeln!(f, "{}", serde_json::to_string(e).expect("epochs serialize"))
+        {
+            failed.get_or_insert(format!("{}: {err}", path.display()));
+        }
+    };
+    let s = train_typed(&layout, &engine, &cfg, &mut on_epoch)?;
+    if let Some(err) = failed {
+        anyhow::bail!("writing the metrics: {err}");
+    }
+    let acc = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{a:.4}"));
+    print_summary(
+        "trained typed layout",
+        &[
+            (
+                "model",
+                format!(
+                    "{} over {} relations of {} node types, {} parameters",
+                    match s.model {
+                        RelationalKind::Rsage => "R-SAGE",
+                        RelationalKind::Rgat => "R-GAT",
+                    },
+                    s.relations,
+                    s.node_types.len(),
+                    s.parameters
+                ),
+            ),
+            (
+                "best epoch",
+                format!(
+                    "{} (test accuracy then {})",
+                    s.best_epoch.map_or("-".to_string(), |e| e.to_string()),
+                    acc(s.test_accuracy_at_best)
+                ),
+            ),
+            ("wall time", format!("{:.1} s", s.seconds)),
+        ],
+        &serde_json::json!({ "command": "train", "typed": true, "summary": s }),
+    );
+    Ok(())
+}
+
+/// `--metrics`, created (refused where a file is, unless --overwrite).
+fn open_metrics(a: &TrainArgs) -> anyhow::Result<Option<(PathBuf, std::fs::File)>> {
+    let Some(path) = &a.metrics else {
+        return Ok(None);
+    };
+    if path.exists() && !a.overwrite {
+        anyhow::bail!("{} exists: pass --overwrite to replace it", path.display());
+    }
+    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    Ok(Some((path.clone(), f)))
+}
+
+/// The flags typed training does not take yet, each refused in one line.
+fn refuse_unsupported(a: &TrainArgs, launch: Option<&Launch>) -> anyhow::Result<()> {
+    let not_yet = |what: &str| -> anyhow::Result<()> {
+        anyhow::bail!(
+            "{what}: not built for typed layouts yet (R-SAGE and R-GAT train on one process, without checkpoints or exports)"
+        )
+    };
+    if launch.is_some() || a.emulate_ranks.is_some() {
+        return not_yet("data-parallel training");
+    }
+    for (given, flag) in [
+        (a.checkpoint_dir.is_some(), "--checkpoint-dir"),
+        (a.resume, "--resume"),
+        (a.export.is_some(), "--export"),
+        (a.historical.is_some(), "--historical"),
+        (a.dump_batches.is_some(), "--dump-batches"),
+        (a.scorer.is_some(), "--scorer"),
+        (a.local_dir.is_some(), "--local-dir"),
+        (
+            !matches!(a.features, Features::Packed),
+            "--features naive or memory",
+        ),
+    ] {
+        if given {
+            return not_yet(flag);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,440 @@
+//! Training a typed layout: each batch's rows read and assembled from each
+//! node type's layout by the homogeneous stages (its caches, disk-cache
+//! pages and packed chunk), its typed blocks from the topology tables,
+//! then R-SAGE's or R-GAT's step. The stages run in sequence on one
+//! process for now: the pipeline, data-parallel ranks, checkpoints and
+//! exports of typed models are still to come.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use offgnn_manifests::{BatchRef, Split, TypedManifest};
+use offgnn_shared::address_table::{self, BatchTable, FOOTER};
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
+use serde::Serialize;
+use tch::nn;
+use tch::{Device, Kind, Reduction, Tensor};
+
+use super::{RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks};
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::model::{Adam, ModelConfig, ModelKind};
+use crate::pipeline::{self, FeatureMode, Sources};
+use crate::train::TrainConfig;
+
+/// What a typed training run is asked.
+#[derive(Clone, Debug)]
+pub struct TypedTrainConfig {
+    pub kind: RelationalKind,
+    pub hidden: i64,
+    pub heads: i64,
+    pub dropout: f64,
+    pub lr: f64,
+    pub epochs: u32,
+    pub seed: u64,
+    pub device: Device,
+    /// Train at most this many batches of each epoch (quick checks).
+    pub max_batches: Option<usize>,
+    pub show_progress: bool,
+}
+
+/// One epoch's figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct TypedEpoch {
+    pub epoch: u32,
+    pub loss: f64,
+    pub train_accuracy: f64,
+    pub valid_accuracy: Option<f64>,
+    pub test_accuracy: Option<f64>,
+    /// Feature bytes the epoch's training batches read from disk.
+    pub disk_bytes: u64,
+    pub seconds: f64,
+}
+
+/// A typed run's figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct TypedTrainSummary {
+    pub model: RelationalKind,
+    pub node_types: Vec<String>,
+    pub relations: usize,
+    pub parameters: i64,
+    pub epochs: Vec<TypedEpoch>,
+    /// The epoch of the best validation accuracy, and the test accuracy
+    /// then.
+    pub best_epoch: Option<u32>,
+    pub test_accuracy_at_best: Option<f64>,
+    pub seconds: f64,
+}
+
+/// A typed layout opened for training: each featured type's layout and
+/// feature sources, and the topology tables.
+pub struct TypedLayout {
+    pub manifest: TypedManifest,
+    pub schema: Schema,
+    layouts: Vec<Option<(Layout, Sources)>>,
+    topology: Vec<TopologyTable>,
+}
+
+impl TypedLayout {
+    /// Opens the typed layout in `dir`, checking every type's objects, and
+    /// loads each type's caches for `device`.
+    pub fn open(
+        dir: &Path,
+        manifest: TypedManifest,
+        engine: &IoEngine,
+        device: Device,
+        show: bool,
+    ) -> Result<TypedLayout> {
+        let types = manifest
+            .node_types
+            .iter()
+            .map(|t| (t.name.clone(), t.offset, t.rows))
+            .collect();
+        let schema = Schema::new(types, &manifest.relations, &manifest.dataset.target_type)?;
+        let mut layouts = Vec::with_capacity(manifest.node_types.len());
+        for t in &manifest.node_types {
+            let Some(m) = &t.layout else {
+                layouts.push(None);
+                continue;
+            };
+            let layout = Layout::open(dir, m.clone(), engine, show)?;
+            let sources = crate::train::sources(&layout, engine, &source_config(m, device))?;
+            layouts.push(Some((layout, sources)));
+        }
+        let topology = manifest
+            .topology
+            .tables
+            .iter()
+            .map(|t| TopologyTable::open(&dir.join(&t.object)))
+            .collect::<Result<_>>()?;
+        Ok(TypedLayout {
+            manifest,
+            schema,
+            layouts,
+            topology,
+        })
+    }
+
+    /// Each type's feature width (`None`: no features).
+    pub fn in_dims(&self) -> Vec<Option<i64>> {
+        self.manifest
+            .node_types
+            .iter()
+            .map(|t| t.feature_dim.map(|d| d as i64))
+            .collect()
+    }
+
+    /// The batches of `split` in sampled epoch `epoch`, in order.
+    fn batches(&self, split: Split, epoch: u32) -> usize {
+        self.manifest
+            .topology
+            .schedule
+            .get(&split)
+            .and_then(|e| e.get(epoch as usize))
+            .map_or(0, Vec::len)
+    }
+
+    /// Sampled epochs of training batches.
+    fn sampled_epochs(&self) -> u32 {
+        self.manifest
+            .topology
+            .schedule
+            .get(&Split::Train)
+            .map_or(0, |e| e.len() as u32)
+    }
+
+    /// Batch `k` of `split` in sampled epoch `epoch`: each type's rows
+    /// (float32 on `device`), its blocks, its labels, and the bytes its
+    /// rows took from disk.
+    fn batch(
+        &self,
+        (split, epoch, k): (Split, u32, usize),
+        engine: &IoEngine,
+        device: Device,
+    ) -> Result<Batch> {
+        let at = |refs: &BTreeMap<Split, Vec<Vec<BatchRef>>>| -> Result<BatchRef> {
+            refs.get(&split)
+                .and_then(|e| e.get(epoch as usize))
+                .and_then(|b| b.get(k))
+                .copied()
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!("{split} epoch {epoch} has no batch {k}"))
+                })
+        };
+        let r = at(&self.manifest.topology.schedule)?;
+        let top =
+            self.topology[r.segment as usize].record(r.record, self.schema.relations.len())?;
+        let blocks = TypedBlocks::new(&self.schema, &top.input_nodes, &top.blocks, device)?;
+        let mut x = Vec::with_capacity(self.layouts.len());
+        let mut disk_bytes = 0;
+        for (t, part) in self.layouts.iter().enumerate() {
+            let Some((layout, src)) = part else {
+                x.push(Tensor::f_zeros(
+                    [blocks.num_inputs[t], 0],
+                    (Kind::Float, device),
+                )?);
+                continue;
+            };
+            let r = at(&layout.manifest.schedule)?;
+            let loaded = pipeline::load(layout, engine, &src.load, r, AlignedBuf::new(0), None)?;
+            if (loaded.table.index, i64::from(loaded.table.num_inputs))
+                != (top.index, blocks.num_inputs[t])
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "node type '{}': {split} epoch {epoch} batch {k} is not the topology's (its rows do not match)",
+                    self.schema.types[t].0
+                )));
+            }
+            disk_bytes += loaded.disk_bytes;
+            let (rows, _) = pipeline::assemble(&src.assemble, &loaded)?;
+            x.push(rows);
+        }
+        let labels =
+            Tensor::from_slice(&top.labels.iter().map(|&l| i64::from(l)).collect::<Vec<_>>())
+                .to_device(device);
+        Ok(Batch {
+            x,
+            blocks,
+            labels,
+            disk_bytes,
+        })
+    }
+}
+
+/// One batch, ready for the model.
+struct Batch {
+    x: Vec<Tensor>,
+    blocks: TypedBlocks,
+    labels: Tensor,
+    disk_bytes: u64,
+}
+
+/// The sources' configuration: the packed layout, on `device`.
+fn source_config(m: &offgnn_manifests::Manifest, device: Device) -> TrainConfig {
+    TrainConfig {
+        model: ModelConfig {
+            kind: ModelKind::Sage,
+            in_dim: m.dataset.feature_dim as i64,
+            hidden: 1,
+            classes: 1,
+            layers: 1,
+            heads: 1,
+            dropout: 0.0,
+            scorer: None,
+        },
+        device,
+        epochs: 1,
+        lr: 0.0,
+        seed: 0,
+        features: FeatureMode::Packed,
+        pipelined: false,
+        queue_depth: 1,
+        loaders: 1,
+        metrics: None,
+        checkpoint_dir: None,
+        resume: false,
+        overwrite: false,
+        show_progress: false,
+        max_batches: None,
+        checkpoint_every: None,
+        export: None,
+        historical: None,
+        dump: None,
+    }
+}
+
+/// One topology table object, its index read once.
+struct TopologyTable {
+    path: PathBuf,
+    file: File,
+    index: Vec<(u64, u64)>,
+}
+
+impl TopologyTable {
+    fn open(path: &Path) -> Result<TopologyTable> {
+        let io = |e| Error::io(path.display(), e);
+        let file = File::open(path).map_err(io)?;
+        let size = file.metadata().map_err(io)?.len();
+        let origin = path.display().to_string();
+        let read = |offset: u64, len: u64| -> Result<Vec<u8>> {
+            let mut buf = vec![0u8; len as usize];
+            file.read_exact_at(&mut buf, offset)
+                .map_err(|e| Error::io(path.display(), e))?;
+            Ok(buf)
+        };
+        if size < FOOTER {
+            return Err(Error::InvalidArgument(format!(
+                "{origin}: too short for a table"
+            )));
+        }
+        let (index_offset, _) =
+            address_table::decode_footer(&origin, &read(size - FOOTER, FOOTER)?, size)?;
+        let index = address_table::decode_index(
+            &origin,
+            &read(index_offset, size - FOOTER - index_offset)?,
+            index_offset,
+        )?;
+        Ok(TopologyTable {
+            path: path.to_path_buf(),
+            file,
+            index,
+        })
+    }
+
+    fn record(&self, record: u32, relations: usize) -> Result<BatchTable> {
+        let &(offset, len) = self.index.get(record as usize).ok_or_else(|| {
+            Error::InvalidArgument(format!("{}: no record {record}", self.path.display()))
+        })?;
+        let mut frame = vec![0u8; len as usize];
+        self.file
+            .read_exact_at(&mut frame, offset)
+            .map_err(|e| Error::io(self.path.display(), e))?;
+        Ok(address_table::decode_typed_topology(
+            &self.path.display().to_string(),
+            &frame,
+            relations,
+        )?)
+    }
+}
+
+/// Trains `cfg`'s model on `layout`: every epoch's training batches, then
+/// the validation and test batches; `on_epoch` sees each epoch's figures.
+pub fn train_typed(
+    layout: &TypedLayout,
+    engine: &IoEngine,
+    cfg: &TypedTrainConfig,
+    on_epoch: &mut dyn FnMut(&TypedEpoch),
+) -> Result<TypedTrainSummary> {
+    let started = Instant::now();
+    tch::manual_seed(cfg.seed as i64);
+    let layers = layout.manifest.samples.fanouts.len();
+    let model_cfg = RgnnConfig {
+        kind: cfg.kind,
+        in_dims: layout.in_dims(),
+        hidden: cfg.hidden,
+        classes: i64::from(layout.manifest.dataset.num_classes),
+        layers,
+        heads: cfg.heads,
+        dropout: cfg.dropout,
+    };
+    let vs = nn::VarStore::new(cfg.device);
+    let model = Rgnn::new(&vs.root(), &layout.schema, &model_cfg)?;
+    let mut opt = Adam::new(&vs, cfg.lr);
+    let sampled = layout.sampled_epochs();
+    if sampled == 0 {
+        return Err(Error::InvalidArgument(
+            "the layout has no training epochs".into(),
+        ));
+    }
+    if cfg.epochs > sampled {
+        tracing::info!(
+            "{} epochs over {sampled} sampled: epoch e trains on sampled epoch e mod {sampled}",
+            cfg.epochs
+        );
+    }
+    let mut epochs = Vec::new();
+    for epoch in 0..cfg.epochs {
+        let t = Instant::now();
+        let e = epoch % sampled;
+        let n = layout.batches(Split::Train, e);
+        let n = cfg.max_batches.map_or(n, |m| m.min(n));
+        let pb = offgnn_shared::progress::bar_if(
+            cfg.show_progress,
+            n as u64,
+            &format!("epoch {epoch}"),
+            "batches",
+        );
+        let (mut loss_sum, mut right, mut seen, mut disk_bytes) = (0.0, 0i64, 0i64, 0u64);
+        for k in 0..n {
+            offgnn_shared::signals::check()?;
+            let b = layout.batch((Split::Train, e, k), engine, cfg.device)?;
+            disk_bytes += b.disk_bytes;
+            let logits = model.forward(&b.x, &b.blocks, true)?;
+            let loss = logits
+                .f_log_softmax(-1, Kind::Float)?
+                .f_nll_loss::<Tensor>(&b.labels, None, Reduction::Mean, -100)?;
+            opt.zero_grad();
+            loss.f_backward()?;
+            let value = loss.f_double_value(&[])?;
+            if !value.is_finite() {
+                return Err(Error::InvalidArgument(format!(
+                    "epoch {epoch} batch {k}: the loss is {value}; lower --lr"
+                )));
+            }
+            opt.step()?;
+            loss_sum += value * b.labels.size()[0] as f64;
+            right += logits
+                .f_argmax(-1, false)?
+                .f_eq_tensor(&b.labels)?
+                .f_sum(Kind::Int64)?
+                .f_int64_value(&[])?;
+            seen += b.labels.size()[0];
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        let evaluate = |split| evaluate(layout, &model, (split, 0), engine, cfg.device);
+        let row = TypedEpoch {
+            epoch,
+            loss: loss_sum / seen.max(1) as f64,
+            train_accuracy: right as f64 / seen.max(1) as f64,
+            valid_accuracy: evaluate(Split::Valid)?,
+            test_accuracy: evaluate(Split::Test)?,
+            disk_bytes,
+            seconds: t.elapsed().as_secs_f64(),
+        };
+        on_epoch(&row);
+        epochs.push(row);
+    }
+    let best = epochs
+        .iter()
+        .filter(|e| e.valid_accuracy.is_some())
+        .max_by(|a, b| {
+            a.valid_accuracy
+                .partial_cmp(&b.valid_accuracy)
+                .expect("accuracies are finite")
+        });
+    Ok(TypedTrainSummary {
+        model: cfg.kind,
+        node_types: layout.schema.types.iter().map(|t| t.0.clone()).collect(),
+        relations: layout.schema.relations.len(),
+        parameters: vs
+            .trainable_variables()
+            .iter()
+            .map(Tensor::numel)
+            .sum::<usize>() as i64,
+        best_epoch: best.map(|e| e.epoch),
+        test_accuracy_at_best: best.and_then(|e| e.test_accuracy),
+        epochs,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The model's accuracy on every batch of `split` (none: no such batches).
+fn evaluate(
+    layout: &TypedLayout,
+    model: &Rgnn,
+    (split, epoch): (Split, u32),
+    engine: &IoEngine,
+    device: Device,
+) -> Result<Option<f64>> {
+    let n = layout.batches(split, epoch);
+    if n == 0 {
+        return Ok(None);
+    }
+    let (mut right, mut seen) = (0i64, 0i64);
+    for k in 0..n {
+        offgnn_shared::signals::check()?;
+        let b = layout.batch((split, epoch, k), engine, device)?;
+        let logits = tch::no_grad(|| model.forward(&b.x, &b.blocks, false))?;
+        right += logits
+            .f_argmax(-1, false)?
+            .f_eq_tensor(&b.labels)?
+            .f_sum(Kind::Int64)?
+            .f_int64_value(&[])?;
+        seen += b.labels.size()[0];
+    }
+    Ok(Some(right as f64 / seen.max(1) as f64))
+}
