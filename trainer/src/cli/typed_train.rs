@@ -165,7 +165,10 @@ fn refuse_unsupported(a: &TrainArgs, launch: Option<&Launch>) -> anyhow::Result<
         (a.dump_batches.is_some(), "--dump-batches"),
         (a.scorer.is_some(), "--scorer"),
         (a.local_dir.is_some(), "--local-dir"),
-        (a.memory.is_some(), "--memory (a typed run's memory statement)"),
+        (
+            a.memory.is_some(),
+            "--memory (a typed run's memory statement)",
+        ),
         (
             !matches!(a.features, Features::Packed),
             "--features naive or memory",

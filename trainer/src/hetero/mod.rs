@@ -154,17 +154,27 @@ impl Rgnn {
 /// `GATConv((in_src, in_dst), hidden / heads, heads, add_self_loops=False)`.
 fn gat_conv(p: &nn::Path, (in_src, in_dst): (i64, i64), cfg: &RgnnConfig) -> Conv {
     let per_head = cfg.hidden / cfg.heads;
-    let no_bias = nn::LinearConfig {
-        bias: false,
-        ..Default::default()
+    // Glorot-uniform weights, as PyG's GATConv initializes its linear maps.
+    let lin = |name: &str, d_in: i64| {
+        let bound = (6.0 / (d_in + cfg.hidden) as f64).sqrt();
+        nn::linear(
+            p / name,
+            d_in,
+            cfg.hidden,
+            nn::LinearConfig {
+                ws_init: nn::Init::Uniform {
+                    lo: -bound,
+                    up: bound,
+                },
+                bias: false,
+                ..Default::default()
+            },
+        )
     };
     let (lin_src, lin_dst) = if in_src == in_dst {
-        (nn::linear(p / "lin", in_src, cfg.hidden, no_bias), None)
+        (lin("lin", in_src), None)
     } else {
-        (
-            nn::linear(p / "lin_src", in_src, cfg.hidden, no_bias),
-            Some(nn::linear(p / "lin_dst", in_dst, cfg.hidden, no_bias)),
-        )
+        (lin("lin_src", in_src), Some(lin("lin_dst", in_dst)))
     };
     let bound = (6.0 / (cfg.heads + per_head) as f64).sqrt();
     let glorot = |name: &str| {
