@@ -151,6 +151,7 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         ],
     );
     assert!(r.status.success(), "{}", r.stderr);
+    let mut losses = Vec::new();
     for model in ["sage", "gat"] {
         let r = run(
             "trainer",
@@ -174,7 +175,32 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         assert!(loss(&epochs[3]) < loss(&epochs[0]), "{model}: {}", r.stdout);
         assert!(epochs.iter().all(|e| e["disk_bytes"].as_u64().unwrap() > 0));
         assert!(s["test_accuracy_at_best"].as_f64().unwrap() > 0.0);
+        losses = epochs.iter().map(loss).collect::<Vec<f64>>();
     }
+    // The loader thread reads ahead; the results are the same without it.
+    let r = run(
+        "trainer",
+        &[
+            "--manifest",
+            &pack2,
+            "--model",
+            "gat",
+            "--epochs",
+            "4",
+            "--hidden",
+            "32",
+            "--pipeline",
+            "off",
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let sequential: Vec<f64> = r.json()["summary"]["epochs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["loss"].as_f64().unwrap())
+        .collect();
+    assert_eq!(sequential, losses);
     assert_one_line(
         &run(
             "trainer",

@@ -10,7 +10,7 @@ use offgnn_manifests::{MANIFEST, TypedManifest};
 use offgnn_shared::io_engine::{IoEngine, IoOptions};
 use offgnn_shared::report::{human_bytes, print_summary};
 
-use super::train::{Features, IoDepth, TrainArgs};
+use super::train::{Features, IoDepth, OnOff, TrainArgs};
 use crate::distributed::Launch;
 use crate::hetero::RelationalKind;
 use crate::hetero::train::{TypedEpoch, TypedLayout, TypedTrainConfig, train_typed};
@@ -77,6 +77,7 @@ pub(super) fn train_typed_command(
         seed: a.seed,
         device,
         max_batches: a.max_batches,
+        pipelined: a.pipeline == OnOff::On,
         show_progress: true,
     };
     let mut metrics = open_metrics(a)?;
@@ -84,9 +85,10 @@ pub(super) fn train_typed_command(
     let mut on_epoch = |e: &TypedEpoch| {
         let acc = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{a:.4}"));
         println!(
-            "epoch {:>3}  {:>7.2}s  loss {:.4}  train {:.4}  valid {}  test {}  disk {}",
+            "epoch {:>3}  {:>7.2}s (train {:.2}s)  loss {:.4}  train {:.4}  valid {}  test {}  disk {}",
             e.epoch,
             e.seconds,
+            e.train_seconds,
             e.loss,
             e.train_accuracy,
             acc(e.valid_accuracy),

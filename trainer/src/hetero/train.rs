@@ -1,9 +1,10 @@
 //! Training a typed layout: each batch's rows read and assembled from each
 //! node type's layout by the homogeneous stages (its caches, disk-cache
 //! pages and packed chunk), its typed blocks from the topology tables,
-//! then R-SAGE's or R-GAT's step. The stages run in sequence on one
-//! process for now: the pipeline, data-parallel ranks, checkpoints and
-//! exports of typed models are still to come.
+//! then R-SAGE's or R-GAT's step. With the pipeline on, a loader thread
+//! reads the next batches (tables, disk reads, topology) while this thread
+//! assembles and steps; one process, without checkpoints or exports of
+//! typed models yet.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -22,7 +23,7 @@ use super::{RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::model::{Adam, ModelConfig, ModelKind};
-use crate::pipeline::{self, FeatureMode, Sources};
+use crate::pipeline::{self, AssembleSources, FeatureMode, LoadSources, Sources};
 use crate::train::TrainConfig;
 
 /// What a typed training run is asked.
@@ -38,6 +39,8 @@ pub struct TypedTrainConfig {
     pub device: Device,
     /// Train at most this many batches of each epoch (quick checks).
     pub max_batches: Option<usize>,
+    /// A loader thread reads ahead (else every stage on this thread).
+    pub pipelined: bool,
     pub show_progress: bool,
 }
 
@@ -51,6 +54,9 @@ pub struct TypedEpoch {
     pub test_accuracy: Option<f64>,
     /// Feature bytes the epoch's training batches read from disk.
     pub disk_bytes: u64,
+    /// Training, then evaluation; and the whole epoch.
+    pub train_seconds: f64,
+    pub eval_seconds: f64,
     pub seconds: f64,
 }
 
@@ -74,7 +80,10 @@ pub struct TypedTrainSummary {
 pub struct TypedLayout {
     pub manifest: TypedManifest,
     pub schema: Schema,
-    layouts: Vec<Option<(Layout, Sources)>>,
+    /// Each type's layout and what its loading reads (shared with the
+    /// loader thread), and what its assembly reads (this thread's).
+    reads: Vec<Option<(Layout, LoadSources)>>,
+    assembles: Vec<Option<AssembleSources>>,
     topology: Vec<TopologyTable>,
 }
 
@@ -94,15 +103,18 @@ impl TypedLayout {
             .map(|t| (t.name.clone(), t.offset, t.rows))
             .collect();
         let schema = Schema::new(types, &manifest.relations, &manifest.dataset.target_type)?;
-        let mut layouts = Vec::with_capacity(manifest.node_types.len());
+        let (mut reads, mut assembles) = (Vec::new(), Vec::new());
         for t in &manifest.node_types {
             let Some(m) = &t.layout else {
-                layouts.push(None);
+                reads.push(None);
+                assembles.push(None);
                 continue;
             };
             let layout = Layout::open(dir, m.clone(), engine, show)?;
-            let sources = crate::train::sources(&layout, engine, &source_config(m, device))?;
-            layouts.push(Some((layout, sources)));
+            let Sources { load, assemble } =
+                crate::train::sources(&layout, engine, &source_config(m, device))?;
+            reads.push(Some((layout, load)));
+            assembles.push(Some(assemble));
         }
         let topology = manifest
             .topology
@@ -113,7 +125,8 @@ impl TypedLayout {
         Ok(TypedLayout {
             manifest,
             schema,
-            layouts,
+            reads,
+            assembles,
             topology,
         })
     }
@@ -146,15 +159,106 @@ impl TypedLayout {
             .map_or(0, |e| e.len() as u32)
     }
 
-    /// Batch `k` of `split` in sampled epoch `epoch`: each type's rows
-    /// (float32 on `device`), its blocks, its labels, and the bytes its
-    /// rows took from disk.
-    fn batch(
+    /// What the loader thread reads.
+    fn reader(&self) -> Reader<'_> {
+        Reader {
+            manifest: &self.manifest,
+            schema: &self.schema,
+            reads: &self.reads,
+            topology: &self.topology,
+        }
+    }
+
+    /// A fetched batch assembled: each type's rows, float32 on `device`.
+    fn ready(&self, f: Fetched) -> Result<Batch> {
+        let mut x = Vec::with_capacity(f.loaded.len());
+        for (t, loaded) in f.loaded.iter().enumerate() {
+            match (loaded, &self.assembles[t]) {
+                (Some(loaded), Some(src)) => x.push(pipeline::assemble(src, loaded)?.0),
+                _ => x.push(Tensor::f_zeros(
+                    [f.blocks.num_inputs[t], 0],
+                    (Kind::Float, f.device),
+                )?),
+            }
+        }
+        Ok(Batch {
+            x,
+            blocks: f.blocks,
+            labels: f.labels,
+            disk_bytes: f.disk_bytes,
+        })
+    }
+
+    /// Runs `step` on every batch `0..n` of `split` in sampled epoch
+    /// `epoch`, in order: pipelined, a loader thread fetches up to two
+    /// batches ahead; else each is fetched when its turn comes.
+    fn for_each_batch(
+        &self,
+        (split, epoch, n): (Split, u32, usize),
+        (engine, device, pipelined): (&IoEngine, Device, bool),
+        step: &mut dyn FnMut(usize, Batch) -> Result<()>,
+    ) -> Result<()> {
+        let reader = self.reader();
+        if !pipelined {
+            for k in 0..n {
+                let f = reader.fetch((split, epoch, k), engine, device)?;
+                step(k, self.ready(f)?)?;
+            }
+            return Ok(());
+        }
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Fetched>>(2);
+            s.spawn(move || {
+                for k in 0..n {
+                    let fetched = reader.fetch((split, epoch, k), engine, device);
+                    let failed = fetched.is_err();
+                    // The receiver is gone when the step failed: stop.
+                    if tx.send(fetched).is_err() || failed {
+                        break;
+                    }
+                }
+            });
+            for k in 0..n {
+                let f = rx
+                    .recv()
+                    .map_err(|_| Error::Internal("the typed loader stopped early".into()))??;
+                step(k, self.ready(f)?)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// What fetching a batch reads: each type's layout and loading sources,
+/// the topology tables. Shared with the loader thread.
+#[derive(Clone, Copy)]
+struct Reader<'a> {
+    manifest: &'a TypedManifest,
+    schema: &'a Schema,
+    reads: &'a [Option<(Layout, LoadSources)>],
+    topology: &'a [TopologyTable],
+}
+
+/// A batch as the loader thread leaves it: each type's rows read, its
+/// blocks and labels on the device.
+struct Fetched {
+    loaded: Vec<Option<pipeline::Loaded>>,
+    blocks: TypedBlocks,
+    labels: Tensor,
+    disk_bytes: u64,
+    device: Device,
+}
+
+impl Reader<'_> {
+    /// Batch `k` of `split` in sampled epoch `epoch`: its topology record
+    /// and blocks, and each type's table and disk reads.
+    fn fetch(
         &self,
         (split, epoch, k): (Split, u32, usize),
         engine: &IoEngine,
         device: Device,
-    ) -> Result<Batch> {
+    ) -> Result<Fetched> {
+        offgnn_shared::signals::check()?;
         let at = |refs: &BTreeMap<Split, Vec<Vec<BatchRef>>>| -> Result<BatchRef> {
             refs.get(&split)
                 .and_then(|e| e.get(epoch as usize))
@@ -167,39 +271,34 @@ impl TypedLayout {
         let r = at(&self.manifest.topology.schedule)?;
         let top =
             self.topology[r.segment as usize].record(r.record, self.schema.relations.len())?;
-        let blocks = TypedBlocks::new(&self.schema, &top.input_nodes, &top.blocks, device)?;
-        let mut x = Vec::with_capacity(self.layouts.len());
+        let blocks = TypedBlocks::new(self.schema, &top.input_nodes, &top.blocks, device)?;
+        let mut loaded = Vec::with_capacity(self.reads.len());
         let mut disk_bytes = 0;
-        for (t, part) in self.layouts.iter().enumerate() {
+        for (t, part) in self.reads.iter().enumerate() {
             let Some((layout, src)) = part else {
-                x.push(Tensor::f_zeros(
-                    [blocks.num_inputs[t], 0],
-                    (Kind::Float, device),
-                )?);
+                loaded.push(None);
                 continue;
             };
             let r = at(&layout.manifest.schedule)?;
-            let loaded = pipeline::load(layout, engine, &src.load, r, AlignedBuf::new(0), None)?;
-            if (loaded.table.index, i64::from(loaded.table.num_inputs))
-                != (top.index, blocks.num_inputs[t])
-            {
+            let l = pipeline::load(layout, engine, src, r, AlignedBuf::new(0), None)?;
+            if (l.table.index, i64::from(l.table.num_inputs)) != (top.index, blocks.num_inputs[t]) {
                 return Err(Error::InvalidArgument(format!(
                     "node type '{}': {split} epoch {epoch} batch {k} is not the topology's (its rows do not match)",
                     self.schema.types[t].0
                 )));
             }
-            disk_bytes += loaded.disk_bytes;
-            let (rows, _) = pipeline::assemble(&src.assemble, &loaded)?;
-            x.push(rows);
+            disk_bytes += l.disk_bytes;
+            loaded.push(Some(l));
         }
         let labels =
             Tensor::from_slice(&top.labels.iter().map(|&l| i64::from(l)).collect::<Vec<_>>())
                 .to_device(device);
-        Ok(Batch {
-            x,
+        Ok(Fetched {
+            loaded,
             blocks,
             labels,
             disk_bytes,
+            device,
         })
     }
 }
@@ -336,55 +435,22 @@ pub fn train_typed(
         );
     }
     let mut epochs = Vec::new();
+    let run = (engine, cfg.device, cfg.pipelined);
     for epoch in 0..cfg.epochs {
         let t = Instant::now();
-        let e = epoch % sampled;
-        let n = layout.batches(Split::Train, e);
-        let n = cfg.max_batches.map_or(n, |m| m.min(n));
-        let pb = offgnn_shared::progress::bar_if(
-            cfg.show_progress,
-            n as u64,
-            &format!("epoch {epoch}"),
-            "batches",
-        );
-        let (mut loss_sum, mut right, mut seen, mut disk_bytes) = (0.0, 0i64, 0i64, 0u64);
-        for k in 0..n {
-            offgnn_shared::signals::check()?;
-            let b = layout.batch((Split::Train, e, k), engine, cfg.device)?;
-            disk_bytes += b.disk_bytes;
-            let logits = model.forward(&b.x, &b.blocks, true)?;
-            let loss = logits
-                .f_log_softmax(-1, Kind::Float)?
-                .f_nll_loss::<Tensor>(&b.labels, None, Reduction::Mean, -100)?;
-            opt.zero_grad();
-            loss.f_backward()?;
-            let value = loss.f_double_value(&[])?;
-            if !value.is_finite() {
-                return Err(Error::InvalidArgument(format!(
-                    "epoch {epoch} batch {k}: the loss is {value}; lower --lr"
-                )));
-            }
-            opt.step()?;
-            loss_sum += value * b.labels.size()[0] as f64;
-            right += logits
-                .f_argmax(-1, false)?
-                .f_eq_tensor(&b.labels)?
-                .f_sum(Kind::Int64)?
-                .f_int64_value(&[])?;
-            seen += b.labels.size()[0];
-            pb.inc(1);
-        }
-        pb.finish_and_clear();
-        let evaluate = |split| evaluate(layout, &model, (split, 0), engine, cfg.device);
-        let row = TypedEpoch {
-            epoch,
-            loss: loss_sum / seen.max(1) as f64,
-            train_accuracy: right as f64 / seen.max(1) as f64,
-            valid_accuracy: evaluate(Split::Valid)?,
-            test_accuracy: evaluate(Split::Test)?,
-            disk_bytes,
-            seconds: t.elapsed().as_secs_f64(),
-        };
+        let mut row = train_epoch(
+            layout,
+            (&model, &mut opt),
+            (epoch, epoch % sampled),
+            run,
+            cfg,
+        )?;
+        row.train_seconds = t.elapsed().as_secs_f64();
+        let evaluate = |split| evaluate(layout, &model, (split, 0), run);
+        row.valid_accuracy = evaluate(Split::Valid)?;
+        row.test_accuracy = evaluate(Split::Test)?;
+        row.seconds = t.elapsed().as_secs_f64();
+        row.eval_seconds = row.seconds - row.train_seconds;
         on_epoch(&row);
         epochs.push(row);
     }
@@ -412,29 +478,85 @@ pub fn train_typed(
     })
 }
 
+/// One epoch's training batches (of sampled epoch `sampled`): each
+/// batch's forward and backward pass and the optimizer's step.
+fn train_epoch(
+    layout: &TypedLayout,
+    (model, opt): (&Rgnn, &mut Adam),
+    (epoch, sampled): (u32, u32),
+    run: (&IoEngine, Device, bool),
+    cfg: &TypedTrainConfig,
+) -> Result<TypedEpoch> {
+    let n = layout.batches(Split::Train, sampled);
+    let n = cfg.max_batches.map_or(n, |m| m.min(n));
+    let pb = offgnn_shared::progress::bar_if(
+        cfg.show_progress,
+        n as u64,
+        &format!("epoch {epoch}"),
+        "batches",
+    );
+    let (mut loss_sum, mut right, mut seen, mut disk_bytes) = (0.0, 0i64, 0i64, 0u64);
+    layout.for_each_batch((Split::Train, sampled, n), run, &mut |k, b| {
+        disk_bytes += b.disk_bytes;
+        let logits = model.forward(&b.x, &b.blocks, true)?;
+        let loss = logits
+            .f_log_softmax(-1, Kind::Float)?
+            .f_nll_loss::<Tensor>(&b.labels, None, Reduction::Mean, -100)?;
+        opt.zero_grad();
+        loss.f_backward()?;
+        let value = loss.f_double_value(&[])?;
+        if !value.is_finite() {
+            return Err(Error::InvalidArgument(format!(
+                "epoch {epoch} batch {k}: the loss is {value}; lower --lr"
+            )));
+        }
+        opt.step()?;
+        loss_sum += value * b.labels.size()[0] as f64;
+        right += hits(&logits, &b.labels)?;
+        seen += b.labels.size()[0];
+        pb.inc(1);
+        Ok(())
+    })?;
+    pb.finish_and_clear();
+    Ok(TypedEpoch {
+        epoch,
+        loss: loss_sum / seen.max(1) as f64,
+        train_accuracy: right as f64 / seen.max(1) as f64,
+        valid_accuracy: None,
+        test_accuracy: None,
+        disk_bytes,
+        train_seconds: 0.0,
+        eval_seconds: 0.0,
+        seconds: 0.0,
+    })
+}
+
+/// How many rows' largest logit is their label.
+fn hits(logits: &Tensor, labels: &Tensor) -> Result<i64> {
+    Ok(logits
+        .f_argmax(-1, false)?
+        .f_eq_tensor(labels)?
+        .f_sum(Kind::Int64)?
+        .f_int64_value(&[])?)
+}
+
 /// The model's accuracy on every batch of `split` (none: no such batches).
 fn evaluate(
     layout: &TypedLayout,
     model: &Rgnn,
     (split, epoch): (Split, u32),
-    engine: &IoEngine,
-    device: Device,
+    run: (&IoEngine, Device, bool),
 ) -> Result<Option<f64>> {
     let n = layout.batches(split, epoch);
     if n == 0 {
         return Ok(None);
     }
     let (mut right, mut seen) = (0i64, 0i64);
-    for k in 0..n {
-        offgnn_shared::signals::check()?;
-        let b = layout.batch((split, epoch, k), engine, device)?;
+    layout.for_each_batch((split, epoch, n), run, &mut |_, b| {
         let logits = tch::no_grad(|| model.forward(&b.x, &b.blocks, false))?;
-        right += logits
-            .f_argmax(-1, false)?
-            .f_eq_tensor(&b.labels)?
-            .f_sum(Kind::Int64)?
-            .f_int64_value(&[])?;
+        right += hits(&logits, &b.labels)?;
         seen += b.labels.size()[0];
-    }
+        Ok(())
+    })?;
     Ok(Some(right as f64 / seen.max(1) as f64))
 }
