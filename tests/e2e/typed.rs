@@ -4,7 +4,7 @@
 //! trained with R-SAGE and R-GAT once the type without features has
 //! derived ones.
 
-use offgnn_e2e::{assert_one_line, run};
+use offgnn_e2e::{assert_one_line, run, workspace};
 
 #[test]
 fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
@@ -153,6 +153,7 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
     assert!(r.status.success(), "{}", r.stderr);
     let mut losses = Vec::new();
     for model in ["sage", "gat"] {
+        let export = path(&format!("export-{model}"));
         let r = run(
             "trainer",
             &[
@@ -164,6 +165,8 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
                 "4",
                 "--hidden",
                 "32",
+                "--export",
+                &export,
             ],
         );
         assert!(r.status.success(), "{model}: {}", r.stderr);
@@ -176,6 +179,40 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         assert!(epochs.iter().all(|e| e["disk_bytes"].as_u64().unwrap() > 0));
         assert!(s["test_accuracy_at_best"].as_f64().unwrap() > 0.0);
         losses = epochs.iter().map(loss).collect::<Vec<f64>>();
+        // The export loads into PyG's HeteroConv model its card describes,
+        // with strict=True.
+        let python = workspace().join(".venv/bin/python");
+        assert!(
+            python.exists(),
+            "{} is missing: run scripts/setup",
+            python.display()
+        );
+        let out = std::process::Command::new(&python)
+            .arg(workspace().join("python/hetero_parity.py"))
+            .args(["--export", &export])
+            .output()
+            .expect("python starts");
+        assert!(
+            out.status.success(),
+            "{model}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_one_line(
+            &run(
+                "trainer",
+                &[
+                    "infer",
+                    "--model",
+                    &export,
+                    "--dataset",
+                    &derived,
+                    "--out",
+                    &path("inf"),
+                ],
+            ),
+            "typed graph's model",
+        );
     }
     // The loader thread reads ahead; the results are the same without it.
     let r = run(

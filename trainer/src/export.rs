@@ -397,32 +397,63 @@ pub fn write(
     from: &Provenance,
     overwrite: bool,
 ) -> Result<Written> {
+    let mut card = None;
+    let (location, weights_bytes) =
+        write_with(location, named, overwrite, |run_id, sha, parameters| {
+            let c = ModelCard::new(cfg, from, parameters, run_id, sha);
+            let json = serde_json::to_vec_pretty(&c).expect("model card serializes");
+            card = Some(c);
+            json
+        })?;
+    Ok(Written {
+        location,
+        weights_bytes,
+        card: card.expect("the card was made"),
+    })
+}
+
+/// The card's fields every export has, whatever its model.
+#[derive(Deserialize)]
+struct Weights {
+    weights: String,
+}
+
+/// Writes `named` as the weights of this run (`weights_name`), then the
+/// card `card` makes of the run id, the weights' SHA-256 and the parameter
+/// count, as the commit (see [`write`]); returns the location and the
+/// weights' bytes.
+pub fn write_with(
+    location: &str,
+    named: &[(String, Tensor)],
+    overwrite: bool,
+    card: impl FnOnce(&RunId, String, i64) -> Vec<u8>,
+) -> Result<(String, u64)> {
     let (store, previous) = check_target(location, overwrite)?;
     let bytes = encode(named)?;
     let sha = offgnn_shared::store::hex(&sha2::Sha256::digest(&bytes));
     let parameters = named.iter().map(|(_, t)| t.numel() as i64).sum();
     let run_id = RunId::new();
-    let card = ModelCard::new(cfg, from, parameters, &run_id, sha);
-    let json = serde_json::to_vec_pretty(&card).expect("model card serializes");
+    let weights = weights_name(&run_id);
+    let json = card(&run_id, sha, parameters);
     let weights_bytes = bytes.len() as u64;
-    if let Err(e) = store.put(&card.weights, bytes) {
-        let _ = store.delete(&card.weights);
+    if let Err(e) = store.put(&weights, bytes) {
+        let _ = store.delete(&weights);
         return Err(e.into());
     }
     match commit::commit(&store, CARD, json, &run_id, previous.as_ref())? {
         commit::Outcome::Committed => {}
         commit::Outcome::Lost { winner } => {
-            let removed = usize::from(store.delete(&card.weights).is_ok());
+            let removed = usize::from(store.delete(&weights).is_ok());
             return Err(commit::lost(&store.join(CARD), &winner, removed).into());
         }
     }
     // The replaced export's weights, unless (written before run ids) they
     // had the name this one has.
     if let Some(previous) = previous {
-        let old_weights = serde_json::from_slice::<ModelCard>(&previous.body)
+        let old_weights = serde_json::from_slice::<Weights>(&previous.body)
             .ok()
             .map(|old| old.weights)
-            .filter(|w| *w != card.weights && !w.contains('/'));
+            .filter(|w| *w != weights && !w.contains('/'));
         if let Some(old) = old_weights
             && let Err(e) = store.delete(&old)
         {
@@ -430,11 +461,7 @@ pub fn write(
         }
         commit::fault_point(commit::REPLACED_REMOVED);
     }
-    Ok(Written {
-        location: store.url().to_string(),
-        weights_bytes,
-        card,
-    })
+    Ok((store.url().to_string(), weights_bytes))
 }
 
 /// An export is a directory: a location that names its card, or any local
@@ -480,6 +507,11 @@ pub fn read_with_scorer(
         .get("format_version")
         .and_then(serde_json::Value::as_u64)
         .ok_or_else(|| Error::Checkpoint(format!("{card_url}: no format_version")))?;
+    if version == u64::from(crate::hetero::export::TYPED_FORMAT_VERSION) {
+        return Err(Error::InvalidArgument(format!(
+            "{card_url}: a typed graph's model (R-SAGE or R-GAT); inference and scoring of typed models are not built yet"
+        )));
+    }
     if version > u64::from(FORMAT_VERSION) {
         return Err(Error::Checkpoint(format!(
             "{card_url}: format version {version} is newer than this trainer reads ({FORMAT_VERSION}); use a newer offgnn"

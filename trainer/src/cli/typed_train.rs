@@ -78,6 +78,14 @@ pub(super) fn train_typed_command(
         device,
         max_batches: a.max_batches,
         pipelined: a.pipeline == OnOff::On,
+        export: a
+            .export
+            .as_ref()
+            .map(|location| crate::train::ExportTarget {
+                location: location.clone(),
+                overwrite: a.overwrite,
+                last: a.export_last,
+            }),
         show_progress: true,
     };
     let mut metrics = open_metrics(a)?;
@@ -130,6 +138,14 @@ pub(super) fn train_typed_command(
                     acc(s.test_accuracy_at_best)
                 ),
             ),
+            (
+                "export",
+                if s.exports.is_empty() {
+                    "none (--export DIR writes the best epoch's model)".to_string()
+                } else {
+                    s.exports.join(", ")
+                },
+            ),
             ("wall time", format!("{:.1} s", s.seconds)),
         ],
         &serde_json::json!({ "command": "train", "typed": true, "summary": s }),
@@ -153,7 +169,7 @@ fn open_metrics(a: &TrainArgs) -> anyhow::Result<Option<(PathBuf, std::fs::File)
 fn refuse_unsupported(a: &TrainArgs, launch: Option<&Launch>) -> anyhow::Result<()> {
     let not_yet = |what: &str| -> anyhow::Result<()> {
         anyhow::bail!(
-            "{what}: not built for typed layouts yet (R-SAGE and R-GAT train on one process, without checkpoints or exports)"
+            "{what}: not built for typed layouts yet (R-SAGE and R-GAT train on one process, without checkpoints)"
         )
     };
     if launch.is_some() || a.emulate_ranks.is_some() {
@@ -162,7 +178,6 @@ fn refuse_unsupported(a: &TrainArgs, launch: Option<&Launch>) -> anyhow::Result<
     for (given, flag) in [
         (a.checkpoint_dir.is_some(), "--checkpoint-dir"),
         (a.resume, "--resume"),
-        (a.export.is_some(), "--export"),
         (a.historical.is_some(), "--historical"),
         (a.dump_batches.is_some(), "--dump-batches"),
         (a.scorer.is_some(), "--scorer"),

@@ -41,6 +41,9 @@ pub struct TypedTrainConfig {
     pub max_batches: Option<usize>,
     /// A loader thread reads ahead (else every stage on this thread).
     pub pipelined: bool,
+    /// Where the best validation epoch's model goes (and with `last`, the
+    /// last epoch's to `EXPORT/last`).
+    pub export: Option<crate::train::ExportTarget>,
     pub show_progress: bool,
 }
 
@@ -72,6 +75,8 @@ pub struct TypedTrainSummary {
     /// then.
     pub best_epoch: Option<u32>,
     pub test_accuracy_at_best: Option<f64>,
+    /// The exports written (the best epoch's, then the last's).
+    pub exports: Vec<String>,
     pub seconds: f64,
 }
 
@@ -434,7 +439,12 @@ pub fn train_typed(
             cfg.epochs
         );
     }
-    let mut epochs = Vec::new();
+    // An export target that would be refused is refused before training.
+    if let Some(x) = &cfg.export {
+        crate::export::check_target(&x.location, x.overwrite)?;
+    }
+    let mut epochs: Vec<TypedEpoch> = Vec::new();
+    let mut best_params: Option<Vec<(String, Tensor)>> = None;
     let run = (engine, cfg.device, cfg.pipelined);
     for epoch in 0..cfg.epochs {
         let t = Instant::now();
@@ -452,16 +462,37 @@ pub fn train_typed(
         row.seconds = t.elapsed().as_secs_f64();
         row.eval_seconds = row.seconds - row.train_seconds;
         on_epoch(&row);
+        let improved = epochs
+            .iter()
+            .all(|e| e.valid_accuracy < row.valid_accuracy || row.valid_accuracy.is_none());
+        if cfg.export.is_some() && (improved || best_params.is_none()) {
+            best_params = Some(crate::export::snapshot(&vs)?);
+        }
         epochs.push(row);
     }
+    // The first epoch of the best validation accuracy.
     let best = epochs
         .iter()
         .filter(|e| e.valid_accuracy.is_some())
-        .max_by(|a, b| {
-            a.valid_accuracy
-                .partial_cmp(&b.valid_accuracy)
-                .expect("accuracies are finite")
+        .reduce(|a, b| {
+            if b.valid_accuracy > a.valid_accuracy {
+                b
+            } else {
+                a
+            }
         });
+    let exports = match &cfg.export {
+        Some(x) => export(
+            x,
+            (layout, &model_cfg),
+            (&epochs, best),
+            (
+                best_params.take().expect("an epoch ran"),
+                crate::export::snapshot(&vs)?,
+            ),
+        )?,
+        None => Vec::new(),
+    };
     Ok(TypedTrainSummary {
         model: cfg.kind,
         node_types: layout.schema.types.iter().map(|t| t.0.clone()).collect(),
@@ -473,9 +504,53 @@ pub fn train_typed(
             .sum::<usize>() as i64,
         best_epoch: best.map(|e| e.epoch),
         test_accuracy_at_best: best.and_then(|e| e.test_accuracy),
+        exports,
         epochs,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// A model's parameters by name, as an export holds them.
+type Named = Vec<(String, Tensor)>;
+
+/// Writes the best validation epoch's parameters `best` to the export
+/// target, and with `last` the last epoch's to `TARGET/last`.
+fn export(
+    x: &crate::train::ExportTarget,
+    (layout, model_cfg): (&TypedLayout, &RgnnConfig),
+    (epochs, best): (&[TypedEpoch], Option<&TypedEpoch>),
+    (best_params, last_params): (Named, Named),
+) -> Result<Vec<String>> {
+    let last = epochs.last().expect("an epoch ran");
+    let at = best.unwrap_or(last);
+    let from = |which, e: &TypedEpoch| super::export::TypedProvenance {
+        manifest: &layout.manifest,
+        which,
+        epoch: e.epoch,
+        valid_acc: e.valid_accuracy.unwrap_or(0.0),
+        test_acc: e.test_accuracy.unwrap_or(0.0),
+    };
+    let shape = (&layout.schema, model_cfg);
+    let (location, _) = super::export::write(
+        &x.location,
+        shape,
+        &best_params,
+        &from("best", at),
+        x.overwrite,
+    )?;
+    let mut written = vec![location];
+    if x.last {
+        let target = format!("{}/last", x.location.trim_end_matches('/'));
+        let (location, _) = super::export::write(
+            &target,
+            shape,
+            &last_params,
+            &from("last", last),
+            x.overwrite,
+        )?;
+        written.push(location);
+    }
+    Ok(written)
 }
 
 /// One epoch's training batches (of sampled epoch `sampled`): each

@@ -144,18 +144,18 @@ fn relational_models_compute_pyg_heteroconv_logits() {
             }
         }
         trainer::export::write_tensors(&work.path().join("batch.safetensors"), &batch).unwrap();
-        let meta = serde_json::json!({
-            "kind": kind,
-            "types": schema.types.iter().map(|t| &t.0).collect::<Vec<_>>(),
+        // The fields of a typed export's model.json that build the model.
+        let card = serde_json::json!({
+            "architecture": kind,
+            "node_types": schema.types.iter().zip(dims).map(|(t, d)| serde_json::json!({"name": t.0, "in_channels": d})).collect::<Vec<_>>(),
             "relations": schema.relations.iter().map(|(s, r, d)| [&schema.types[*s].0, r, &schema.types[*d].0]).collect::<Vec<_>>(),
-            "in_dims": dims,
-            "hidden": cfg.hidden,
+            "hidden_channels": cfg.hidden,
             "heads": cfg.heads,
-            "layers": cfg.layers,
-            "classes": cfg.classes,
+            "num_layers": cfg.layers,
+            "out_channels": cfg.classes,
             "target": "paper",
         });
-        std::fs::write(work.path().join("meta.json"), meta.to_string()).unwrap();
+        std::fs::write(work.path().join("model.json"), card.to_string()).unwrap();
         let out = std::process::Command::new(&python)
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/hetero_parity.py"))
             .arg(work.path())
