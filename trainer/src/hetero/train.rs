@@ -164,6 +164,22 @@ impl TypedLayout {
             .map_or(0, |e| e.len() as u32)
     }
 
+    /// Reads back the rows each type's CPU cache changed, where it follows
+    /// the batch order (Belady): evaluation and the next epoch start from
+    /// the tier's own rows. Returns the bytes read.
+    fn restore_cpu_caches(&self) -> Result<u64> {
+        let mut bytes = 0;
+        for cache in self
+            .assembles
+            .iter()
+            .flatten()
+            .filter_map(|a| a.cpu_rows.as_ref())
+        {
+            bytes += cache.restore()?;
+        }
+        Ok(bytes)
+    }
+
     /// What the loader thread reads.
     fn reader(&self) -> Reader<'_> {
         Reader {
@@ -455,6 +471,8 @@ pub fn train_typed(
             run,
             cfg,
         )?;
+        // Evaluation and the next epoch read the static rows again.
+        row.disk_bytes += layout.restore_cpu_caches()?;
         row.train_seconds = t.elapsed().as_secs_f64();
         let evaluate = |split| evaluate(layout, &model, (split, 0), run);
         row.valid_accuracy = evaluate(Split::Valid)?;
