@@ -289,11 +289,60 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         .collect();
     assert!(same(&followed, &losses), "{followed:?} {losses:?}");
     assert_one_line(
+        &run("trainer", &["--manifest", &pack2, "--historical"]),
+        "not built for typed layouts yet",
+    );
+    // A run stopped after 2 epochs and resumed to 4 ends as one never
+    // stopped (within float rounding), each epoch checkpointed.
+    let train = |ck: &str, epochs: &str, extra: &[&str]| {
+        let mut args = vec![
+            "--manifest",
+            &pack2,
+            "--model",
+            "gat",
+            "--hidden",
+            "32",
+            "--checkpoint-dir",
+            ck,
+            "--epochs",
+            epochs,
+        ];
+        args.extend(extra);
+        let r = run("trainer", &args);
+        assert!(r.status.success(), "{}", r.stderr);
+        r.json()["summary"]["epochs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["loss"].as_f64().unwrap())
+            .collect::<Vec<f64>>()
+    };
+    let (whole, stopped) = (path("ck-whole"), path("ck-stopped"));
+    let straight = train(&whole, "4", &[]);
+    assert_eq!(train(&stopped, "2", &[]).len(), 2);
+    let resumed = train(&stopped, "4", &["--resume"]);
+    assert!(same(&resumed, &straight), "{resumed:?} {straight:?}");
+    assert_one_line(
         &run(
             "trainer",
-            &["--manifest", &pack2, "--checkpoint-dir", &path("ck")],
+            &["--manifest", &pack2, "--checkpoint-dir", &whole],
         ),
-        "not built for typed layouts yet",
+        "holds a checkpoint",
+    );
+    assert_one_line(
+        &run(
+            "trainer",
+            &[
+                "--manifest",
+                &pack2,
+                "--model",
+                "sage",
+                "--checkpoint-dir",
+                &whole,
+                "--resume",
+            ],
+        ),
+        "taken with another model",
     );
     assert_one_line(
         &run("trainer", &["--manifest", &pack2, "--model", "mlp"]),

@@ -78,6 +78,9 @@ pub(super) fn train_typed_command(
         device,
         max_batches: a.max_batches,
         pipelined: a.pipeline == OnOff::On,
+        checkpoint_dir: a.checkpoint_dir.clone(),
+        resume: a.resume,
+        overwrite: a.overwrite,
         export: a
             .export
             .as_ref()
@@ -169,15 +172,14 @@ fn open_metrics(a: &TrainArgs) -> anyhow::Result<Option<(PathBuf, std::fs::File)
 fn refuse_unsupported(a: &TrainArgs, launch: Option<&Launch>) -> anyhow::Result<()> {
     let not_yet = |what: &str| -> anyhow::Result<()> {
         anyhow::bail!(
-            "{what}: not built for typed layouts yet (R-SAGE and R-GAT train on one process, without checkpoints)"
+            "{what}: not built for typed layouts yet (R-SAGE and R-GAT train on one process)"
         )
     };
     if launch.is_some() || a.emulate_ranks.is_some() {
         return not_yet("data-parallel training");
     }
     for (given, flag) in [
-        (a.checkpoint_dir.is_some(), "--checkpoint-dir"),
-        (a.resume, "--resume"),
+        (a.checkpoint_every.is_some(), "--checkpoint-every"),
         (a.historical.is_some(), "--historical"),
         (a.dump_batches.is_some(), "--dump-batches"),
         (a.scorer.is_some(), "--scorer"),

@@ -12,6 +12,7 @@
 //! `att_dst`, `bias`; `lin.weight`, `lin.bias`).
 
 pub mod blocks;
+pub mod checkpoint;
 pub mod export;
 pub mod train;
 

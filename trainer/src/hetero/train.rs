@@ -19,7 +19,7 @@ use serde::Serialize;
 use tch::nn;
 use tch::{Device, Kind, Reduction, Tensor};
 
-use super::{RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks};
+use super::{RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks, checkpoint};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::model::{Adam, ModelConfig, ModelKind};
@@ -44,11 +44,16 @@ pub struct TypedTrainConfig {
     /// Where the best validation epoch's model goes (and with `last`, the
     /// last epoch's to `EXPORT/last`).
     pub export: Option<crate::train::ExportTarget>,
+    /// A checkpoint after every epoch goes here; `resume` continues from
+    /// the one there, `overwrite` starts afresh over it.
+    pub checkpoint_dir: Option<PathBuf>,
+    pub resume: bool,
+    pub overwrite: bool,
     pub show_progress: bool,
 }
 
 /// One epoch's figures.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct TypedEpoch {
     pub epoch: u32,
     pub loss: f64,
@@ -430,16 +435,7 @@ pub fn train_typed(
 ) -> Result<TypedTrainSummary> {
     let started = Instant::now();
     tch::manual_seed(cfg.seed as i64);
-    let layers = layout.manifest.samples.fanouts.len();
-    let model_cfg = RgnnConfig {
-        kind: cfg.kind,
-        in_dims: layout.in_dims(),
-        hidden: cfg.hidden,
-        classes: i64::from(layout.manifest.dataset.num_classes),
-        layers,
-        heads: cfg.heads,
-        dropout: cfg.dropout,
-    };
+    let model_cfg = model_config(layout, cfg);
     let vs = nn::VarStore::new(cfg.device);
     let model = Rgnn::new(&vs.root(), &layout.schema, &model_cfg)?;
     let mut opt = Adam::new(&vs, cfg.lr);
@@ -459,11 +455,24 @@ pub fn train_typed(
     if let Some(x) = &cfg.export {
         crate::export::check_target(&x.location, x.overwrite)?;
     }
-    let mut epochs: Vec<TypedEpoch> = Vec::new();
-    let mut best_params: Option<Vec<(String, Tensor)>> = None;
+    let key = checkpoint::RunKey {
+        model: &model_cfg,
+        lr: cfg.lr,
+        seed: cfg.seed,
+        manifest: &layout.manifest,
+    };
+    let (mut epochs, mut best_params) = start(cfg, (&vs, &mut opt), &key)?;
+    let keep_best = cfg.export.is_some() || cfg.checkpoint_dir.is_some();
     let run = (engine, cfg.device, cfg.pipelined);
-    for epoch in 0..cfg.epochs {
+    for epoch in epochs.len() as u32..cfg.epochs {
         let t = Instant::now();
+        // Each epoch's dropout from the seed and the epoch alone: a
+        // resumed run draws what one never stopped draws.
+        tch::manual_seed(
+            (cfg.seed as i64)
+                .wrapping_mul(1_000_003)
+                .wrapping_add(i64::from(epoch)),
+        );
         let mut row = train_epoch(
             layout,
             (&model, &mut opt),
@@ -483,22 +492,26 @@ pub fn train_typed(
         let improved = epochs
             .iter()
             .all(|e| e.valid_accuracy < row.valid_accuracy || row.valid_accuracy.is_none());
-        if cfg.export.is_some() && (improved || best_params.is_none()) {
+        if keep_best && (improved || best_params.is_none()) {
             best_params = Some(crate::export::snapshot(&vs)?);
         }
         epochs.push(row);
+        if let Some(dir) = &cfg.checkpoint_dir {
+            let state = checkpoint::State {
+                vs: &vs,
+                adam: &opt,
+                best: best_params.as_deref(),
+            };
+            checkpoint::save(
+                dir,
+                &state,
+                &key,
+                &epochs,
+                best_epoch(&epochs).map(|e| e.epoch),
+            )?;
+        }
     }
-    // The first epoch of the best validation accuracy.
-    let best = epochs
-        .iter()
-        .filter(|e| e.valid_accuracy.is_some())
-        .reduce(|a, b| {
-            if b.valid_accuracy > a.valid_accuracy {
-                b
-            } else {
-                a
-            }
-        });
+    let best = best_epoch(&epochs);
     let exports = match &cfg.export {
         Some(x) => export(
             x,
@@ -526,6 +539,68 @@ pub fn train_typed(
         epochs,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The model `cfg` asks for over `layout`'s types, a layer per sampled
+/// block.
+fn model_config(layout: &TypedLayout, cfg: &TypedTrainConfig) -> RgnnConfig {
+    RgnnConfig {
+        kind: cfg.kind,
+        in_dims: layout.in_dims(),
+        hidden: cfg.hidden,
+        classes: i64::from(layout.manifest.dataset.num_classes),
+        layers: layout.manifest.samples.fanouts.len(),
+        heads: cfg.heads,
+        dropout: cfg.dropout,
+    }
+}
+
+/// The first epoch of the best validation accuracy.
+fn best_epoch(epochs: &[TypedEpoch]) -> Option<&TypedEpoch> {
+    epochs
+        .iter()
+        .filter(|e| e.valid_accuracy.is_some())
+        .reduce(|a, b| {
+            if b.valid_accuracy > a.valid_accuracy {
+                b
+            } else {
+                a
+            }
+        })
+}
+
+/// Where the run starts: afresh, or after the epochs of the checkpoint it
+/// resumes (with the best parameters it holds). A checkpoint is not
+/// replaced without `overwrite`.
+fn start(
+    cfg: &TypedTrainConfig,
+    (vs, adam): (&nn::VarStore, &mut Adam),
+    key: &checkpoint::RunKey<'_>,
+) -> Result<(Vec<TypedEpoch>, Option<Named>)> {
+    let Some(dir) = &cfg.checkpoint_dir else {
+        if cfg.resume {
+            return Err(Error::InvalidArgument(
+                "--resume needs --checkpoint-dir".into(),
+            ));
+        }
+        return Ok((Vec::new(), None));
+    };
+    match (checkpoint::read(dir)?, cfg.resume) {
+        (Some(meta), true) => {
+            let best = checkpoint::resume(dir, &meta, (vs, adam), key, cfg.device)?;
+            tracing::info!("resuming after epoch {} from {}", meta.epoch, dir.display());
+            Ok((meta.history, best))
+        }
+        (Some(_), false) if !cfg.overwrite => Err(Error::InvalidArgument(format!(
+            "{} holds a checkpoint: pass --resume to continue it or --overwrite to start afresh",
+            dir.display()
+        ))),
+        (None, true) => Err(Error::InvalidArgument(format!(
+            "--resume: {} holds no checkpoint",
+            dir.display()
+        ))),
+        _ => Ok((Vec::new(), None)),
+    }
 }
 
 /// A model's parameters by name, as an export holds them.

@@ -79,9 +79,9 @@ impl Hyper {
 
 /// A file's size and CRC32C (Castagnoli), as the manifest records objects.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub(super) struct FileDigest {
-    pub(super) bytes: u64,
-    pub(super) crc32c: u32,
+pub(crate) struct FileDigest {
+    pub(crate) bytes: u64,
+    pub(crate) crc32c: u32,
 }
 
 impl FileDigest {
@@ -110,7 +110,7 @@ pub(super) struct Best {
     pub(super) params: Vec<(String, Tensor)>,
 }
 
-pub(super) const META: &str = "checkpoint.json";
+pub(crate) const META: &str = "checkpoint.json";
 
 /// The tensor file a checkpoint's metadata names, which must be in `dir`.
 pub(super) fn tensor_file(dir: &Path, meta: &CheckpointMeta) -> Result<PathBuf> {
@@ -129,7 +129,7 @@ pub(super) fn tensor_file(dir: &Path, meta: &CheckpointMeta) -> Result<PathBuf> 
 /// A checkpoint's tensor file, by name, after checking it against the
 /// digest its metadata records (checkpoints of older trainers record none:
 /// read unchecked, with a warning).
-pub(super) fn load_tensors(
+pub(crate) fn load_tensors(
     path: &Path,
     digest: Option<FileDigest>,
     device: Device,
@@ -335,6 +335,35 @@ pub(super) fn save_checkpoint(
                 .map(|(k, v)| (format!("best.model.{k}"), v.shallow_clone())),
         );
     }
+    let digest = write_tensor_file(dir, &tensors, &named)?;
+    let meta = CheckpointMeta {
+        model: cfg.model.clone(),
+        manifest_run_sha256: m.samples.run_sha256.clone(),
+        dataset_fingerprint: m.dataset.dataset_fingerprint.clone(),
+        feature_fingerprint: m.dataset.feature_fingerprint.clone(),
+        epoch,
+        in_epoch: in_epoch.cloned(),
+        history: history.to_vec(),
+        tensors: tensors.clone(),
+        tensors_digest: Some(digest),
+        best_epoch: best.map(|b| b.epoch),
+        feature_dtype: m.dataset.feature_dtype.to_string(),
+        hyper: Some(Hyper::of(cfg)),
+        world_size: (world > 1).then_some(world),
+        graph: m.samples.graph,
+    };
+    let body = serde_json::to_vec_pretty(&meta).expect("checkpoint metadata serializes");
+    commit_meta(dir, &body, &tensors)
+}
+
+/// Writes `named` as the checkpoint's tensor file `tensors` in `dir`: a
+/// partial file first, synced, then renamed; refused before writing where
+/// the disk cannot hold it. Returns its digest.
+pub(crate) fn write_tensor_file(
+    dir: &Path,
+    tensors: &str,
+    named: &[(String, Tensor)],
+) -> Result<FileDigest> {
     // libtorch aborts the process when its writer meets a full disk: the
     // space is checked first (the tensors' bytes plus a little per tensor
     // for the archive's records).
@@ -353,7 +382,7 @@ pub(super) fn save_checkpoint(
         )));
     }
     let tmp = dir.join(format!("{tensors}.partial"));
-    let written = Tensor::save_multi(&named, &tmp)
+    let written = Tensor::save_multi(named, &tmp)
         .map_err(|e| Error::Checkpoint(format!("writing {}: {e}", tmp.display())))
         .and_then(|()| {
             std::fs::File::open(&tmp)
@@ -363,45 +392,34 @@ pub(super) fn save_checkpoint(
                 .map_err(|e| Error::io(tmp.display(), e))
         })
         .and_then(|digest| {
-            std::fs::rename(&tmp, dir.join(&tensors))
+            std::fs::rename(&tmp, dir.join(tensors))
                 .map(|()| digest)
                 .map_err(|e| Error::io(dir.display(), e))
         });
-    let digest = match written {
-        Ok(digest) => digest,
+    match written {
+        Ok(digest) => Ok(digest),
         Err(e) => {
             // A full disk, most likely: the partial file goes, the previous
             // checkpoint stays.
             let _ = std::fs::remove_file(&tmp);
             let free = offgnn_shared::io_engine::free_bytes(dir).unwrap_or(0);
-            return Err(Error::Checkpoint(format!(
+            Err(Error::Checkpoint(format!(
                 "{e} ({} free in {}); the previous checkpoint is kept",
                 offgnn_shared::report::human_bytes(free),
                 dir.display()
-            )));
+            )))
         }
-    };
-    let meta = CheckpointMeta {
-        model: cfg.model.clone(),
-        manifest_run_sha256: m.samples.run_sha256.clone(),
-        dataset_fingerprint: m.dataset.dataset_fingerprint.clone(),
-        feature_fingerprint: m.dataset.feature_fingerprint.clone(),
-        epoch,
-        in_epoch: in_epoch.cloned(),
-        history: history.to_vec(),
-        tensors: tensors.clone(),
-        tensors_digest: Some(digest),
-        best_epoch: best.map(|b| b.epoch),
-        feature_dtype: m.dataset.feature_dtype.to_string(),
-        hyper: Some(Hyper::of(cfg)),
-        world_size: (world > 1).then_some(world),
-        graph: m.samples.graph,
-    };
+    }
+}
+
+/// Commits a checkpoint: `body` as `checkpoint.json` (a partial file,
+/// synced, renamed), then the tensor files other than `tensors`, which it
+/// no longer names, go.
+pub(crate) fn commit_meta(dir: &Path, body: &[u8], tensors: &str) -> Result<()> {
     let meta_tmp = dir.join(format!("{META}.partial"));
-    let body = serde_json::to_vec_pretty(&meta).expect("checkpoint metadata serializes");
     let committed = std::fs::File::create(&meta_tmp)
         .and_then(|mut f| {
-            f.write_all(&body)?;
+            f.write_all(body)?;
             f.sync_all()
         })
         .map_err(|e| Error::io(meta_tmp.display(), e))

@@ -1,0 +1,178 @@
+//! A typed run's checkpoint, taken after every epoch in `--checkpoint-dir`:
+//! the model's parameters, the optimizer's state and the best validation
+//! epoch's parameters in one tensor file, and `checkpoint.json` (the
+//! model's shape, the run's settings and history, the file's digest),
+//! written as homogeneous checkpoints are (the tensor file, then the JSON
+//! as the commit). Each epoch seeds libtorch's generator from the run's
+//! seed and its own number, so a resumed run continues exactly as one
+//! never stopped.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Tensor, nn};
+
+use super::RgnnConfig;
+use super::train::TypedEpoch;
+use crate::error::{Error, Result};
+use crate::model::Adam;
+use crate::train::{FileDigest, META, commit_meta, load_tensors, write_tensor_file};
+
+const FORMAT: &str = "offgnn-typed-checkpoint";
+
+/// `checkpoint.json` of a typed run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TypedCheckpoint {
+    pub format: String,
+    pub model: RgnnConfig,
+    pub lr: f64,
+    pub seed: u64,
+    pub samples_run_sha256: String,
+    pub dataset_fingerprint: String,
+    /// Epochs completed, and their figures.
+    pub epoch: u32,
+    pub history: Vec<TypedEpoch>,
+    pub best_epoch: Option<u32>,
+    pub tensors: String,
+    pub(crate) tensors_digest: FileDigest,
+}
+
+/// What a run saves and resumes: its model, optimizer and best parameters.
+pub struct State<'a> {
+    pub vs: &'a nn::VarStore,
+    pub adam: &'a Adam,
+    pub best: Option<&'a [(String, Tensor)]>,
+}
+
+/// The run a checkpoint belongs to, which a resume must match.
+pub struct RunKey<'a> {
+    pub model: &'a RgnnConfig,
+    pub lr: f64,
+    pub seed: u64,
+    pub manifest: &'a offgnn_manifests::TypedManifest,
+}
+
+/// Saves the state after `history`'s epochs.
+pub fn save(
+    dir: &Path,
+    state: &State<'_>,
+    key: &RunKey<'_>,
+    history: &[TypedEpoch],
+    best_epoch: Option<u32>,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
+    let epoch = history.len() as u32;
+    let tensors = format!("checkpoint-e{epoch:05}.ot");
+    let mut named: Vec<(String, Tensor)> = state
+        .vs
+        .variables()
+        .into_iter()
+        .map(|(k, v)| (format!("model.{k}"), v))
+        .collect();
+    named.extend(state.adam.state());
+    if let Some(best) = state.best {
+        named.extend(
+            best.iter()
+                .map(|(k, v)| (format!("best.model.{k}"), v.shallow_clone())),
+        );
+    }
+    let digest = write_tensor_file(dir, &tensors, &named)?;
+    let meta = TypedCheckpoint {
+        format: FORMAT.into(),
+        model: key.model.clone(),
+        lr: key.lr,
+        seed: key.seed,
+        samples_run_sha256: key.manifest.samples.run_sha256.clone(),
+        dataset_fingerprint: key.manifest.dataset.dataset_fingerprint.clone(),
+        epoch,
+        history: history.to_vec(),
+        best_epoch,
+        tensors: tensors.clone(),
+        tensors_digest: digest,
+    };
+    let body = serde_json::to_vec_pretty(&meta).expect("checkpoints serialize");
+    commit_meta(dir, &body, &tensors)
+}
+
+/// The checkpoint in `dir`, if any.
+pub fn read(dir: &Path) -> Result<Option<TypedCheckpoint>> {
+    let path = dir.join(META);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path.display(), e)),
+    };
+    let meta: TypedCheckpoint = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::Checkpoint(format!(
+            "{}: not a typed run's checkpoint: {e}",
+            path.display()
+        ))
+    })?;
+    if meta.format != FORMAT {
+        return Err(Error::Checkpoint(format!(
+            "{}: a checkpoint of format {:?}, not a typed run's",
+            path.display(),
+            meta.format
+        )));
+    }
+    Ok(Some(meta))
+}
+
+/// Loads `meta`'s tensors into `state` (its model and optimizer) after
+/// checking that it is this run's; returns the best parameters it holds.
+pub fn resume(
+    dir: &Path,
+    meta: &TypedCheckpoint,
+    (vs, adam): (&nn::VarStore, &mut Adam),
+    key: &RunKey<'_>,
+    device: Device,
+) -> Result<Option<Vec<(String, Tensor)>>> {
+    let differs = |what: &str| {
+        Error::Checkpoint(format!(
+            "{}: taken with another {what}; resume with the flags and layout it was taken with, or start afresh with --overwrite",
+            dir.join(META).display()
+        ))
+    };
+    if &meta.model != key.model {
+        return Err(differs(
+            "model (--model, --hidden, --heads, --dropout, or the layout's types)",
+        ));
+    }
+    if meta.lr != key.lr || meta.seed != key.seed {
+        return Err(differs("--lr or --seed"));
+    }
+    if meta.samples_run_sha256 != key.manifest.samples.run_sha256
+        || meta.dataset_fingerprint != key.manifest.dataset.dataset_fingerprint
+    {
+        return Err(differs("layout (its samples or dataset differ)"));
+    }
+    if meta.tensors.contains('/') {
+        return Err(Error::Checkpoint(format!(
+            "{}: names tensor file {:?} outside {}",
+            dir.join(META).display(),
+            meta.tensors,
+            dir.display()
+        )));
+    }
+    let named = load_tensors(&dir.join(&meta.tensors), Some(meta.tensors_digest), device)?;
+    let prefixed = |prefix: &str| -> HashMap<String, Tensor> {
+        named
+            .iter()
+            .filter_map(|(k, v)| {
+                k.strip_prefix(prefix)
+                    .map(|k| (k.to_string(), v.shallow_clone()))
+            })
+            .collect()
+    };
+    crate::export::load_into(vs, &prefixed("model."), "the checkpoint's model")?;
+    adam.load_state(&named)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.join(&meta.tensors).display())))?;
+    let best = prefixed("best.model.");
+    if best.is_empty() {
+        return Ok(None);
+    }
+    let mut best: Vec<(String, Tensor)> = best.into_iter().collect();
+    best.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(Some(best))
+}
