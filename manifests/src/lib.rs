@@ -357,6 +357,50 @@ mod schedule_by_name {
     }
 }
 
+/// Decodes a manifest of a version already checked, then `validate`s it.
+fn decode_valid<T: serde::de::DeserializeOwned>(
+    origin: &str,
+    bytes: &[u8],
+    validate: impl FnOnce(&T) -> Result<(), String>,
+) -> Result<T, Error> {
+    let m: T = serde_json::from_slice(bytes).map_err(|e| Error::Malformed {
+        origin: origin.to_string(),
+        reason: e.to_string(),
+    })?;
+    validate(&m).map_err(|reason| Error::Invalid {
+        origin: origin.to_string(),
+        reason,
+    })?;
+    Ok(m)
+}
+
+/// The objects' names, each checked to stay inside the layout and to be
+/// listed once.
+fn object_names(objects: &[Object]) -> Result<std::collections::HashSet<&str>, String> {
+    let mut names = std::collections::HashSet::new();
+    for o in objects {
+        if !safe_name(&o.name) {
+            return Err(format!(
+                "object name '{}' leaves the layout's directory",
+                o.name
+            ));
+        }
+        if !names.insert(o.name.as_str()) {
+            return Err(format!("object '{}' is listed twice", o.name));
+        }
+    }
+    Ok(names)
+}
+
+/// `n` must be among the objects `names`.
+fn named_in(names: &std::collections::HashSet<&str>, n: &str) -> Result<(), String> {
+    if names.contains(n) {
+        Ok(())
+    } else {
+        Err(format!("'{n}' is not among the manifest's objects"))
+    }
+}
+
 fn safe_name(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with('/')
@@ -371,15 +415,7 @@ impl Manifest {
     /// then the references between its parts.
     pub fn parse(origin: &str, bytes: &[u8]) -> Result<Manifest, Error> {
         check_version(origin, bytes)?;
-        let m: Manifest = serde_json::from_slice(bytes).map_err(|e| Error::Malformed {
-            origin: origin.to_string(),
-            reason: e.to_string(),
-        })?;
-        m.validate().map_err(|reason| Error::Invalid {
-            origin: origin.to_string(),
-            reason,
-        })?;
-        Ok(m)
+        decode_valid(origin, bytes, Manifest::validate)
     }
 
     /// Checks that every reference resolves inside the layout.
@@ -409,25 +445,8 @@ impl Manifest {
                 self.format_version
             ));
         }
-        let mut names = std::collections::HashSet::new();
-        for o in &self.objects {
-            if !safe_name(&o.name) {
-                return Err(format!(
-                    "object name '{}' leaves the layout's directory",
-                    o.name
-                ));
-            }
-            if !names.insert(o.name.as_str()) {
-                return Err(format!("object '{}' is listed twice", o.name));
-            }
-        }
-        let named = |n: &str| -> Result<(), String> {
-            if names.contains(n) {
-                Ok(())
-            } else {
-                Err(format!("'{n}' is not among the manifest's objects"))
-            }
-        };
+        let names = object_names(&self.objects)?;
+        let named = |n: &str| named_in(&names, n);
         for tier in [&self.gpu_cache, &self.cpu_cache] {
             if let Some(o) = &tier.object {
                 named(o)?;

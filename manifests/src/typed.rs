@@ -6,11 +6,14 @@
 //! offsets, labels) is stored once beside them, one table object per split
 //! and epoch. All parts share the sampled batch order.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BatchRef, Dtype, Error, Manifest, Object, SamplesRef, Split, safe_name};
+use super::{
+    BatchRef, Dtype, Error, Manifest, Object, SamplesRef, Split, decode_valid, named_in,
+    object_names,
+};
 
 /// The format of a typed graph's layout.
 pub const TYPED_FORMAT_VERSION: u32 = 6;
@@ -123,40 +126,15 @@ impl TypedManifest {
                 });
             }
         }
-        let m: TypedManifest = serde_json::from_slice(bytes).map_err(|e| Error::Malformed {
-            origin: origin.to_string(),
-            reason: e.to_string(),
-        })?;
-        m.validate().map_err(|reason| Error::Invalid {
-            origin: origin.to_string(),
-            reason,
-        })?;
-        Ok(m)
+        decode_valid(origin, bytes, TypedManifest::validate)
     }
 
     /// Checks every part and that the parts agree: contiguous id ranges,
     /// every object named once and safely, each type's layout valid and
     /// scheduled as the topology is.
     pub fn validate(&self) -> Result<(), String> {
-        let mut names = HashSet::new();
-        for o in &self.objects {
-            if !safe_name(&o.name) {
-                return Err(format!(
-                    "object name '{}' leaves the layout's directory",
-                    o.name
-                ));
-            }
-            if !names.insert(o.name.as_str()) {
-                return Err(format!("object '{}' is listed twice", o.name));
-            }
-        }
-        let named = |n: &str| -> Result<(), String> {
-            if names.contains(n) {
-                Ok(())
-            } else {
-                Err(format!("'{n}' is not among the manifest's objects"))
-            }
-        };
+        let names = object_names(&self.objects)?;
+        let named = |n: &str| named_in(&names, n);
         self.validate_types(&named)?;
         for t in &self.topology.tables {
             named(&t.object)?;

@@ -270,17 +270,7 @@ fn measure(
         View::Whole | View::Topology => num_nodes,
         View::Type(v) => u64::from(v.rows),
     };
-    let t = BatchTable {
-        split: Some(split),
-        epoch,
-        index: b.index,
-        num_inputs: b.input_nodes.len() as u32,
-        labels: b.labels,
-        input_nodes: b.input_nodes,
-        blocks: b.blocks,
-        pairs: b.pairs,
-        ..Default::default()
-    };
+    let t = BatchTable::topology(b, split, epoch);
     match view {
         View::Topology => address_table::typed_topology_frame(&t, scratch, frame)?,
         _ => address_table::topology_frame(&t, scratch, frame)?,

@@ -232,12 +232,7 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         ],
     );
     assert!(r.status.success(), "{}", r.stderr);
-    let sequential: Vec<f64> = r.json()["summary"]["epochs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["loss"].as_f64().unwrap())
-        .collect();
+    let sequential = losses_of(&r);
     // libtorch's CPU kernels may sum in another order from run to run.
     let same = |a: &[f64], b: &[f64]| {
         a.len() == b.len()
@@ -281,12 +276,7 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         ],
     );
     assert!(r.status.success(), "{}", r.stderr);
-    let followed: Vec<f64> = r.json()["summary"]["epochs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["loss"].as_f64().unwrap())
-        .collect();
+    let followed = losses_of(&r);
     assert!(same(&followed, &losses), "{followed:?} {losses:?}");
     assert_one_line(
         &run("trainer", &["--manifest", &pack2, "--historical"]),
@@ -310,12 +300,7 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         args.extend(extra);
         let r = run("trainer", &args);
         assert!(r.status.success(), "{}", r.stderr);
-        r.json()["summary"]["epochs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["loss"].as_f64().unwrap())
-            .collect::<Vec<f64>>()
+        losses_of(&r)
     };
     let (whole, stopped) = (path("ck-whole"), path("ck-stopped"));
     let straight = train(&whole, "4", &[]);
@@ -348,4 +333,14 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         &run("trainer", &["--manifest", &pack2, "--model", "mlp"]),
         "--model mlp",
     );
+}
+
+/// Each epoch's training loss, from a trainer run's JSON summary.
+fn losses_of(r: &offgnn_e2e::Run) -> Vec<f64> {
+    r.json()["summary"]["epochs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["loss"].as_f64().unwrap())
+        .collect()
 }

@@ -51,7 +51,7 @@ fn load_parallel(
     cfg: &TrainConfig,
     order: &[offgnn_manifests::BatchRef],
 ) -> anyhow::Result<LoadFigure> {
-    let src = sources(layout, engine, cfg)?;
+    let src = sources(layout, engine, (cfg.features, cfg.device))?;
     let loaders = cfg.loaders.max(1);
     // The loaders and this thread meet once the warm pass is done.
     let barrier = std::sync::Barrier::new(loaders + 1);
@@ -102,7 +102,7 @@ fn input_path(
     cfg: &TrainConfig,
     order: &[offgnn_manifests::BatchRef],
 ) -> anyhow::Result<f64> {
-    let src = sources(layout, engine, cfg)?;
+    let src = sources(layout, engine, (cfg.features, cfg.device))?;
     let started = Instant::now();
     pipeline::run_batches(
         layout,

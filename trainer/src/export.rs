@@ -637,10 +637,16 @@ mod tests {
         let card_path = dir.path().join(CARD);
         let mut card: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&card_path).unwrap()).unwrap();
-        card["format_version"] = (FORMAT_VERSION + 1).into();
+        // Format 3 is a typed model's, which this reader names.
+        let typed = crate::hetero::export::TYPED_FORMAT_VERSION;
+        card["format_version"] = typed.into();
+        std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
+        let err = read(loc, Device::Cpu).unwrap_err().to_string();
+        assert!(err.contains("a typed graph's model"), "{err}");
+        card["format_version"] = (typed + 1).into();
         std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
         let newer = read(loc, Device::Cpu).unwrap_err().to_string();
-        let want = format!("format version {} is newer", FORMAT_VERSION + 1);
+        let want = format!("format version {} is newer", typed + 1);
         assert!(newer.contains(&want), "{newer}");
         let card_given = read(&format!("{loc}/{CARD}"), Device::Cpu)
             .unwrap_err()

@@ -69,16 +69,7 @@ pub(crate) fn write(
                         file.object.name, b.index
                     )));
                 }
-                let t = BatchTable {
-                    split: Some(split),
-                    epoch,
-                    index: b.index,
-                    num_inputs: b.input_nodes.len() as u32,
-                    labels: b.labels,
-                    input_nodes: b.input_nodes,
-                    blocks: b.blocks,
-                    ..Default::default()
-                };
+                let t = BatchTable::topology(b, split, epoch);
                 address_table::typed_topology_frame(&t, &mut scratch, &mut frame)
                     .map_err(|e| Error::io(&name, e))?;
                 table.push(&frame).map_err(|e| Error::io(&name, e))?;

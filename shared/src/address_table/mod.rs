@@ -104,6 +104,22 @@ pub struct BatchTable {
 }
 
 impl BatchTable {
+    /// The table of sampled batch `b` of `split` and `epoch` before any
+    /// plan: its topology, no addresses.
+    pub fn topology(b: crate::samples::SampledBatch, split: Split, epoch: u32) -> BatchTable {
+        BatchTable {
+            split: Some(split),
+            epoch,
+            index: b.index,
+            num_inputs: b.input_nodes.len() as u32,
+            labels: b.labels,
+            input_nodes: b.input_nodes,
+            blocks: b.blocks,
+            pairs: b.pairs,
+            ..Default::default()
+        }
+    }
+
     /// Bytes the batch reads from disk (pages plus its chunk).
     pub fn disk_bytes(&self) -> u64 {
         self.page_runs.iter().map(|r| r.1).sum::<u64>() * 4096 + self.chunk_len

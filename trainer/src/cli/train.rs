@@ -215,15 +215,7 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     let group = join_group(launch.as_ref(), device, a.dist_timeout)?;
     let writer = group.as_ref().is_none_or(|g| g.rank == 0);
     tracing::info!("training on {device:?}");
-    let engine = IoEngine::new(offgnn_shared::io_engine::IoOptions {
-        rings: a.io_rings,
-        queue_depth: match a.io_depth {
-            IoDepth::PerRing(n) => n,
-            IoDepth::Auto => IoOptions::default().queue_depth,
-        },
-        force_pread: a.pread,
-        ..Default::default()
-    });
+    let engine = IoEngine::new(io_options(&a));
     let (layout, share) = open_layout(
         &a,
         &location,
@@ -250,6 +242,20 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     summary.io_depth_probe = probe;
     report_run(&summary, &memory, group.as_ref());
     Ok(())
+}
+
+/// The I/O engine's options of the flags (`--io-depth auto` starts at the
+/// default depth).
+pub(super) fn io_options(a: &TrainArgs) -> IoOptions {
+    IoOptions {
+        rings: a.io_rings,
+        queue_depth: match a.io_depth {
+            IoDepth::PerRing(n) => n,
+            IoDepth::Auto => IoOptions::default().queue_depth,
+        },
+        force_pread: a.pread,
+        ..Default::default()
+    }
 }
 
 /// `--io-depth auto`: the engine again, keeping as many reads in flight as

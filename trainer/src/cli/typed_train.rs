@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use offgnn_manifests::{MANIFEST, TypedManifest};
-use offgnn_shared::io_engine::{IoEngine, IoOptions};
+use offgnn_shared::io_engine::IoEngine;
 use offgnn_shared::report::{human_bytes, print_summary};
 
-use super::train::{Features, IoDepth, OnOff, TrainArgs};
+use super::train::{Features, OnOff, TrainArgs};
 use crate::distributed::Launch;
 use crate::hetero::RelationalKind;
 use crate::hetero::train::{TypedEpoch, TypedLayout, TypedTrainConfig, train_typed};
@@ -56,15 +56,7 @@ pub(super) fn train_typed_command(
     };
     let origin = dir.join(MANIFEST).display().to_string();
     let manifest = TypedManifest::parse(&origin, bytes)?;
-    let engine = IoEngine::new(IoOptions {
-        rings: a.io_rings,
-        queue_depth: match a.io_depth {
-            IoDepth::PerRing(n) => n,
-            IoDepth::Auto => IoOptions::default().queue_depth,
-        },
-        force_pread: a.pread,
-        ..Default::default()
-    });
+    let engine = IoEngine::new(super::train::io_options(a));
     let layout = TypedLayout::open(dir, manifest, &engine, device, true)
         .with_context(|| format!("opening {origin}"))?;
     let cfg = TypedTrainConfig {

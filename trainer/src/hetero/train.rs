@@ -22,9 +22,8 @@ use tch::{Device, Kind, Reduction, Tensor};
 use super::{RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks, checkpoint};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::model::{Adam, ModelConfig, ModelKind};
+use crate::model::Adam;
 use crate::pipeline::{self, AssembleSources, FeatureMode, LoadSources, Sources};
-use crate::train::TrainConfig;
 
 /// What a typed training run is asked.
 #[derive(Clone, Debug)]
@@ -122,7 +121,7 @@ impl TypedLayout {
             };
             let layout = Layout::open(dir, m.clone(), engine, show)?;
             let Sources { load, assemble } =
-                crate::train::sources(&layout, engine, &source_config(m, device))?;
+                crate::train::sources(&layout, engine, (FeatureMode::Packed, device))?;
             reads.push(Some((layout, load)));
             assembles.push(Some(assemble));
         }
@@ -335,40 +334,6 @@ struct Batch {
     blocks: TypedBlocks,
     labels: Tensor,
     disk_bytes: u64,
-}
-
-/// The sources' configuration: the packed layout, on `device`.
-fn source_config(m: &offgnn_manifests::Manifest, device: Device) -> TrainConfig {
-    TrainConfig {
-        model: ModelConfig {
-            kind: ModelKind::Sage,
-            in_dim: m.dataset.feature_dim as i64,
-            hidden: 1,
-            classes: 1,
-            layers: 1,
-            heads: 1,
-            dropout: 0.0,
-            scorer: None,
-        },
-        device,
-        epochs: 1,
-        lr: 0.0,
-        seed: 0,
-        features: FeatureMode::Packed,
-        pipelined: false,
-        queue_depth: 1,
-        loaders: 1,
-        metrics: None,
-        checkpoint_dir: None,
-        resume: false,
-        overwrite: false,
-        show_progress: false,
-        max_batches: None,
-        checkpoint_every: None,
-        export: None,
-        historical: None,
-        dump: None,
-    }
 }
 
 /// One topology table object, its index read once.

@@ -77,7 +77,7 @@ pub fn train_ranks(
     let _held = hold_checkpoint_dir(cfg, ranks.writer())?;
     tch::manual_seed(cfg.seed as i64);
     let mut model = ModelState::new(cfg);
-    let src = sources(layout, engine, cfg)?;
+    let src = sources(layout, engine, (cfg.features, cfg.device))?;
     if ranks.world() > 1 && src.assemble.cpu_rows.as_ref().is_some_and(|c| c.follows) {
         return Err(Error::Layout(
             "this layout's CPU cache follows the sampled batch order (packer --cpu-cache-policy belady, window or auto), which one process trains; for data-parallel training pack it with --cpu-cache-policy static".into(),

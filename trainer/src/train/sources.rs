@@ -9,18 +9,21 @@ use offgnn_manifests::Dtype;
 use offgnn_shared::io_engine::IoEngine;
 use tch::{Device, Kind, Tensor};
 
-use super::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::pipeline::{AssembleSources, CpuCache, FeatureMode, LoadSources, Sources};
 
 /// Sources shared by the stages: caches loaded once (the GPU cache on the device on CUDA).
-pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<Sources> {
+pub fn sources(
+    layout: &Layout,
+    engine: &IoEngine,
+    (features, device): (FeatureMode, Device),
+) -> Result<Sources> {
     let m = &layout.manifest;
     // The layout's rows may be stored narrower than the feature file's (the
     // packer's --store-dtype); the baselines read the feature file itself.
     // Either way the assembly stage widens the batch to float32 on the device.
-    let (dtype, row_bytes) = match cfg.features {
+    let (dtype, row_bytes) = match features {
         FeatureMode::Packed => (m.dataset.store_dtype(), m.dataset.store_row_bytes()),
         FeatureMode::Naive | FeatureMode::Memory => (m.dataset.feature_dtype, m.dataset.row_bytes),
     };
@@ -30,7 +33,7 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
         Dtype::BF16 => Kind::BFloat16,
     };
     let dim = m.dataset.feature_dim as i64;
-    let on_cpu = cfg.device == Device::Cpu;
+    let on_cpu = device == Device::Cpu;
     // The caches stay plain host rows, but on CUDA the GPU cache goes to
     // the device (DiskGNN §4). The CPU cache is not page-locked: assembly
     // gathers its rows into small page-locked staging buffers instead.
@@ -44,14 +47,14 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
         Ok(Tensor::f_from_data_size(bytes, &[rows as i64, dim], kind)?)
     };
     let mut load = LoadSources {
-        mode: cfg.features,
+        mode: features,
         row_bytes: row_bytes as usize,
         raw: None,
         raw_tail: None,
     };
     let mut asm = AssembleSources {
-        mode: cfg.features,
-        device: cfg.device,
+        mode: features,
+        device,
         kind,
         dim,
         row_bytes: row_bytes as usize,
@@ -60,7 +63,7 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
         cpu_rows: None,
         all_rows: None,
     };
-    match cfg.features {
+    match features {
         FeatureMode::Packed => {
             let (gpu, cpu) = (cache(&m.gpu_cache)?, cache(&m.cpu_cache)?);
             let follows = !m.cpu_cache.policy.is_static();
@@ -78,11 +81,11 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
                 let rows = m.gpu_cache.rows;
                 asm.gpu_cache = gpu
                     .map(|b| {
-                        tensor(&b, rows)?.f_to_device(cfg.device).map_err(|e| {
+                        tensor(&b, rows)?.f_to_device(device).map_err(|e| {
                             Error::Layout(format!(
                                 "the GPU cache ({rows} rows, {}) does not fit on {:?}: {e}; pack with a smaller --gpu-cache budget",
                                 offgnn_shared::report::human_bytes(rows * row_bytes),
-                                cfg.device,
+                                device,
                             ))
                         })
                     })
@@ -98,7 +101,7 @@ pub fn sources(layout: &Layout, engine: &IoEngine, cfg: &TrainConfig) -> Result<
                     path.display()
                 )));
             }
-            if cfg.features == FeatureMode::Naive {
+            if features == FeatureMode::Naive {
                 load.raw = Some((engine.open(&path)?, npy.header().data_offset));
                 load.raw_tail =
                     Some(std::fs::File::open(&path).map_err(|e| Error::io(path.display(), e))?);

@@ -119,15 +119,7 @@ fn pack_fixture(root: &std::path::Path, out: &std::path::Path, store_dtype: Opti
 
 /// The sources of `features` mode over `layout`.
 fn sources_for(layout: &Layout, e: &IoEngine, features: FeatureMode) -> pipeline::Sources {
-    trainer::train::sources(
-        layout,
-        e,
-        &TrainConfig {
-            features,
-            ..config(ModelKind::Sage)
-        },
-    )
-    .unwrap()
+    trainer::train::sources(layout, e, (features, config(ModelKind::Sage).device)).unwrap()
 }
 
 fn engine() -> IoEngine {
