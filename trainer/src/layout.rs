@@ -25,12 +25,49 @@ pub struct Layout {
     tables: Vec<Option<TableFile>>,
 }
 
-/// One segment's table object, opened, with the (offset, length) of each
-/// batch record.
-struct TableFile {
+/// A table object (a segment's address tables, or a typed layout's
+/// topology), opened, with the (offset, length) of each batch record.
+pub(crate) struct TableFile {
     file: File,
-    path: PathBuf,
-    records: Vec<(u64, u64)>,
+    pub(crate) path: PathBuf,
+    pub(crate) records: Vec<(u64, u64)>,
+}
+
+impl TableFile {
+    /// Opens the table object at `path` and reads its index.
+    pub(crate) fn open(path: PathBuf) -> Result<TableFile> {
+        let f = File::open(&path).map_err(|e| Error::io(path.display(), e))?;
+        let size = f
+            .metadata()
+            .map_err(|e| Error::io(path.display(), e))?
+            .len();
+        let origin = path.display().to_string();
+        let mut footer = vec![0u8; FOOTER as usize];
+        f.read_exact_at(&mut footer, size.saturating_sub(FOOTER))
+            .map_err(|e| Error::io(&origin, e))?;
+        let (index_offset, _) = address_table::decode_footer(&origin, &footer, size)?;
+        let mut index = vec![0u8; (size - FOOTER - index_offset) as usize];
+        f.read_exact_at(&mut index, index_offset)
+            .map_err(|e| Error::io(&origin, e))?;
+        let records = address_table::decode_index(&origin, &index, index_offset)?;
+        Ok(TableFile {
+            file: f,
+            path,
+            records,
+        })
+    }
+
+    /// The bytes of record `record`; `None` where the index has none.
+    pub(crate) fn record_bytes(&self, record: u32) -> Option<Result<Vec<u8>>> {
+        let &(off, len) = self.records.get(record as usize)?;
+        let mut buf = vec![0u8; len as usize];
+        Some(
+            self.file
+                .read_exact_at(&mut buf, off)
+                .map(|()| buf)
+                .map_err(|e| Error::io(self.path.display(), e)),
+        )
+    }
 }
 
 /// Bytes per read request of [`file_crc`], and requests per engine call.
@@ -149,33 +186,16 @@ impl Layout {
                 continue;
             }
             segments.push(Some(engine.open(&dir.join(&s.object))?));
-            let path = dir.join(&s.table);
-            let f = File::open(&path).map_err(|e| Error::io(path.display(), e))?;
-            let size = f
-                .metadata()
-                .map_err(|e| Error::io(path.display(), e))?
-                .len();
-            let origin = path.display().to_string();
-            let mut footer = vec![0u8; FOOTER as usize];
-            f.read_exact_at(&mut footer, size.saturating_sub(FOOTER))
-                .map_err(|e| Error::io(&origin, e))?;
-            let (index_offset, _) = address_table::decode_footer(&origin, &footer, size)?;
-            let mut index = vec![0u8; (size - FOOTER - index_offset) as usize];
-            f.read_exact_at(&mut index, index_offset)
-                .map_err(|e| Error::io(&origin, e))?;
-            let entries = address_table::decode_index(&origin, &index, index_offset)?;
-            if entries.len() != s.batches as usize {
+            let table = TableFile::open(dir.join(&s.table))?;
+            if table.records.len() != s.batches as usize {
                 return Err(Error::Layout(format!(
-                    "{origin}: {} records, the manifest says {}",
-                    entries.len(),
+                    "{}: {} records, the manifest says {}",
+                    table.path.display(),
+                    table.records.len(),
                     s.batches
                 )));
             }
-            tables.push(Some(TableFile {
-                file: f,
-                path,
-                records: entries,
-            }));
+            tables.push(Some(table));
         }
         Ok(Layout {
             dir: dir.to_path_buf(),
@@ -202,28 +222,24 @@ impl Layout {
 
     /// Reads one batch's address table and topology.
     pub fn record(&self, segment: u32, record: u32) -> Result<BatchTable> {
-        let TableFile {
-            file: f,
-            path,
-            records,
-        } = self
+        let table = self
             .tables
             .get(segment as usize)
             .and_then(Option::as_ref)
             .ok_or_else(|| self.not_here(segment))?;
         // The manifest's schedule names the record; its table's index may
         // not have it.
-        let &(off, len) = records.get(record as usize).ok_or_else(|| {
+        let buf = table.record_bytes(record).ok_or_else(|| {
             Error::Layout(format!(
                 "{}: the schedule names record {record} of segment {segment}, but its table holds {}",
-                path.display(),
-                records.len()
+                table.path.display(),
+                table.records.len()
             ))
-        })?;
-        let mut buf = vec![0u8; len as usize];
-        f.read_exact_at(&mut buf, off)
-            .map_err(|e| Error::io(path.display(), e))?;
-        Ok(address_table::decode(&path.display().to_string(), &buf)?)
+        })??;
+        Ok(address_table::decode(
+            &table.path.display().to_string(),
+            &buf,
+        )?)
     }
 
     /// Where an object of the layout is on this machine.

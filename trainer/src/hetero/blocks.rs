@@ -76,7 +76,6 @@ impl Schema {
 pub struct RelationEdges {
     pub src: Tensor,
     pub dst: Tensor,
-    pub num_edges: i64,
     /// In-degree of each of the destination type's rows in the block: the
     /// lengths of the edges' segments.
     pub counts: Tensor,
@@ -187,7 +186,6 @@ fn layer(
                 counts[position[d] as usize] += 1;
             }
             Ok(RelationEdges {
-                num_edges: src.len() as i64,
                 src: Tensor::from_slice(&src).to_device(device),
                 dst: Tensor::from_slice(&dst).to_device(device),
                 counts: Tensor::from_slice(&counts).to_device(device),

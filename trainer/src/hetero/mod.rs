@@ -218,13 +218,11 @@ impl Conv {
                     &e.dst,
                     &x_src.f_index_select(0, &e.src)?,
                 )?;
-                let count = Tensor::f_zeros([nd], (x_src.kind(), x_src.device()))?
-                    .f_index_add(
-                        0,
-                        &e.dst,
-                        &Tensor::f_ones([e.num_edges], (x_src.kind(), x_src.device()))?,
-                    )?
-                    .f_clamp_min(1.0)?
+                // The in-degrees, at least 1: a row without in-edges is 0.
+                let count = e
+                    .counts
+                    .f_clamp_min(1)?
+                    .f_to_kind(x_src.kind())?
                     .f_unsqueeze(1)?;
                 sum.f_div(&count)?.f_linear(&lin_l.ws, lin_l.bs.as_ref())
             }

@@ -7,13 +7,11 @@
 //! typed models yet.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use offgnn_manifests::{BatchRef, Split, TypedManifest};
-use offgnn_shared::address_table::{self, BatchTable, FOOTER};
+use offgnn_shared::address_table::{self, BatchTable};
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
 use serde::Serialize;
 use tch::nn;
@@ -21,7 +19,7 @@ use tch::{Device, Kind, Reduction, Tensor};
 
 use super::{RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks, checkpoint};
 use crate::error::{Error, Result};
-use crate::layout::Layout;
+use crate::layout::{Layout, TableFile};
 use crate::model::Adam;
 use crate::pipeline::{self, AssembleSources, FeatureMode, LoadSources, Sources};
 
@@ -93,7 +91,7 @@ pub struct TypedLayout {
     /// loader thread), and what its assembly reads (this thread's).
     reads: Vec<Option<(Layout, LoadSources)>>,
     assembles: Vec<Option<AssembleSources>>,
-    topology: Vec<TopologyTable>,
+    topology: Vec<TableFile>,
 }
 
 impl TypedLayout {
@@ -129,7 +127,7 @@ impl TypedLayout {
             .topology
             .tables
             .iter()
-            .map(|t| TopologyTable::open(&dir.join(&t.object)))
+            .map(|t| TableFile::open(dir.join(&t.object)))
             .collect::<Result<_>>()?;
         Ok(TypedLayout {
             manifest,
@@ -261,7 +259,7 @@ struct Reader<'a> {
     manifest: &'a TypedManifest,
     schema: &'a Schema,
     reads: &'a [Option<(Layout, LoadSources)>],
-    topology: &'a [TopologyTable],
+    topology: &'a [TableFile],
 }
 
 /// A batch as the loader thread leaves it: each type's rows read, its
@@ -294,8 +292,11 @@ impl Reader<'_> {
                 })
         };
         let r = at(&self.manifest.topology.schedule)?;
-        let top =
-            self.topology[r.segment as usize].record(r.record, self.schema.relations.len())?;
+        let top = topology_record(
+            &self.topology[r.segment as usize],
+            r.record,
+            self.schema.relations.len(),
+        )?;
         let blocks = TypedBlocks::new(self.schema, &top.input_nodes, &top.blocks, device)?;
         let mut loaded = Vec::with_capacity(self.reads.len());
         let mut disk_bytes = 0;
@@ -336,58 +337,16 @@ struct Batch {
     disk_bytes: u64,
 }
 
-/// One topology table object, its index read once.
-struct TopologyTable {
-    path: PathBuf,
-    file: File,
-    index: Vec<(u64, u64)>,
-}
-
-impl TopologyTable {
-    fn open(path: &Path) -> Result<TopologyTable> {
-        let io = |e| Error::io(path.display(), e);
-        let file = File::open(path).map_err(io)?;
-        let size = file.metadata().map_err(io)?.len();
-        let origin = path.display().to_string();
-        let read = |offset: u64, len: u64| -> Result<Vec<u8>> {
-            let mut buf = vec![0u8; len as usize];
-            file.read_exact_at(&mut buf, offset)
-                .map_err(|e| Error::io(path.display(), e))?;
-            Ok(buf)
-        };
-        if size < FOOTER {
-            return Err(Error::InvalidArgument(format!(
-                "{origin}: too short for a table"
-            )));
-        }
-        let (index_offset, _) =
-            address_table::decode_footer(&origin, &read(size - FOOTER, FOOTER)?, size)?;
-        let index = address_table::decode_index(
-            &origin,
-            &read(index_offset, size - FOOTER - index_offset)?,
-            index_offset,
-        )?;
-        Ok(TopologyTable {
-            path: path.to_path_buf(),
-            file,
-            index,
-        })
-    }
-
-    fn record(&self, record: u32, relations: usize) -> Result<BatchTable> {
-        let &(offset, len) = self.index.get(record as usize).ok_or_else(|| {
-            Error::InvalidArgument(format!("{}: no record {record}", self.path.display()))
-        })?;
-        let mut frame = vec![0u8; len as usize];
-        self.file
-            .read_exact_at(&mut frame, offset)
-            .map_err(|e| Error::io(self.path.display(), e))?;
-        Ok(address_table::decode_typed_topology(
-            &self.path.display().to_string(),
-            &frame,
-            relations,
-        )?)
-    }
+/// Record `record` of a topology table, decoded for `relations` relations.
+fn topology_record(table: &TableFile, record: u32, relations: usize) -> Result<BatchTable> {
+    let frame = table.record_bytes(record).ok_or_else(|| {
+        Error::InvalidArgument(format!("{}: no record {record}", table.path.display()))
+    })??;
+    Ok(address_table::decode_typed_topology(
+        &table.path.display().to_string(),
+        &frame,
+        relations,
+    )?)
 }
 
 /// Trains `cfg`'s model on `layout`: every epoch's training batches, then
@@ -666,11 +625,7 @@ fn train_epoch(
 
 /// How many rows' largest logit is their label.
 fn hits(logits: &Tensor, labels: &Tensor) -> Result<i64> {
-    Ok(logits
-        .f_argmax(-1, false)?
-        .f_eq_tensor(labels)?
-        .f_sum(Kind::Int64)?
-        .f_int64_value(&[])?)
+    Ok(crate::train::correct(logits, labels)?.f_int64_value(&[])?)
 }
 
 /// The model's accuracy on every batch of `split` (none: no such batches).

@@ -173,7 +173,7 @@ pub(super) struct EpochProgress {
 
 /// The batch's correct predictions, as an int64 scalar on the device (read
 /// back once per epoch, not once per batch: on CUDA a read is a sync).
-pub(super) fn correct(logits: &Tensor, labels: &Tensor) -> Result<Tensor, TchError> {
+pub(crate) fn correct(logits: &Tensor, labels: &Tensor) -> Result<Tensor, TchError> {
     logits
         .f_argmax(-1, false)?
         .f_eq_tensor(labels)?

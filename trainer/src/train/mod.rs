@@ -40,6 +40,7 @@ pub use checkpoint::export_checkpoint;
 pub(crate) use checkpoint::{FileDigest, META, commit_meta, load_tensors, write_tensor_file};
 pub use config::{DumpTarget, ExportTarget, TrainConfig};
 use context::{Job, ModelState, RunState};
+pub(crate) use metrics::correct;
 pub use metrics::{EpochMetrics, MachineShare, StageBusy, TrainSummary};
 pub use order::segments_read;
 pub use ranks::Ranks;
