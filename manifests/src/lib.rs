@@ -16,8 +16,8 @@ mod kinds;
 mod typed;
 pub use kinds::{DiskCacheMode, Dtype, PackingMode, RowOrder, Split};
 pub use typed::{
-    NodeTypePart, TYPED_FORMAT_VERSION, Topology, TopologyTable, TypedDatasetRef, TypedManifest,
-    is_typed,
+    NodeTypePart, TYPED_FORMAT_VERSION, Topology, TopologyTable, TypedBatchShape, TypedBlockShape,
+    TypedDatasetRef, TypedManifest, is_typed,
 };
 
 /// The manifest format this build reads and writes. Format 2 added

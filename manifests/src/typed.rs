@@ -82,6 +82,68 @@ pub struct Topology {
     pub schedule: BTreeMap<Split, Vec<Vec<BatchRef>>>,
     /// Bytes of the table objects.
     pub bytes: u64,
+    /// The largest batch's shape, each figure the most of any batch (what
+    /// the trainer's memory statement is built from); absent in layouts
+    /// packed before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub largest_batch: Option<TypedBatchShape>,
+}
+
+/// A typed batch's shape: each figure, in a layout's `largest_batch`, the
+/// most any of its batches has (so a statement built from it holds for
+/// every batch).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TypedBatchShape {
+    /// Input rows of each node type, in `node_types` order.
+    pub inputs: Vec<u64>,
+    /// Per block, input layer first.
+    pub blocks: Vec<TypedBlockShape>,
+}
+
+/// One block of a typed batch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TypedBlockShape {
+    /// Destination nodes of each node type.
+    pub dst: Vec<u64>,
+    /// Edges of each relation, in `relations` order.
+    pub edges: Vec<u64>,
+}
+
+impl TypedBatchShape {
+    /// The shape of no batch: every figure 0.
+    pub fn zeros(types: usize, relations: usize, blocks: usize) -> TypedBatchShape {
+        TypedBatchShape {
+            inputs: vec![0; types],
+            blocks: vec![
+                TypedBlockShape {
+                    dst: vec![0; types],
+                    edges: vec![0; relations],
+                };
+                blocks
+            ],
+        }
+    }
+
+    /// Raises each figure to `other`'s where that is larger.
+    pub fn widen(&mut self, other: &TypedBatchShape) {
+        fn max_into(into: &mut Vec<u64>, from: &[u64]) {
+            if into.len() < from.len() {
+                into.resize(from.len(), 0);
+            }
+            for (a, &b) in into.iter_mut().zip(from) {
+                *a = (*a).max(b);
+            }
+        }
+        max_into(&mut self.inputs, &other.inputs);
+        if self.blocks.len() < other.blocks.len() {
+            self.blocks
+                .resize(other.blocks.len(), TypedBlockShape::default());
+        }
+        for (a, b) in self.blocks.iter_mut().zip(&other.blocks) {
+            max_into(&mut a.dst, &b.dst);
+            max_into(&mut a.edges, &b.edges);
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -156,6 +218,21 @@ impl TypedManifest {
                         ));
                     }
                 }
+            }
+        }
+        if let Some(shape) = &self.topology.largest_batch {
+            let (types, relations) = (self.node_types.len(), self.relations.len());
+            let blocks = self.samples.fanouts.len();
+            if shape.inputs.len() != types
+                || shape.blocks.len() != blocks
+                || shape
+                    .blocks
+                    .iter()
+                    .any(|b| b.dst.len() != types || b.edges.len() != relations)
+            {
+                return Err(format!(
+                    "the largest batch's shape is not of {types} node types, {relations} relations and {blocks} blocks"
+                ));
             }
         }
         if !self
@@ -246,6 +323,7 @@ mod tests {
 
     fn typed() -> TypedManifest {
         let paper = crate::tests::sample();
+        let layers = paper.samples.fanouts.len();
         let topology = Object {
             name: "pack/topology-00000.bin".into(),
             size: 100,
@@ -299,6 +377,16 @@ mod tests {
                     }]],
                 )]),
                 bytes: 100,
+                largest_batch: Some(TypedBatchShape {
+                    inputs: vec![6, 3],
+                    blocks: vec![
+                        TypedBlockShape {
+                            dst: vec![4, 2],
+                            edges: vec![5],
+                        };
+                        layers
+                    ],
+                }),
             },
             objects,
             disk_budget: 1 << 20,
@@ -361,5 +449,40 @@ mod tests {
         let mut m = typed();
         m.topology.schedule.get_mut(&Split::Train).unwrap()[0][0].record = 3;
         assert!(fails(&m).contains("names record 3"));
+
+        let mut m = typed();
+        m.topology.largest_batch.as_mut().unwrap().blocks[0]
+            .edges
+            .push(1);
+        assert!(fails(&m).contains("the largest batch's shape"));
+    }
+
+    #[test]
+    fn shapes_widen_figure_by_figure() {
+        let mut a = TypedBatchShape {
+            inputs: vec![3, 1],
+            blocks: vec![TypedBlockShape {
+                dst: vec![2, 0],
+                edges: vec![4],
+            }],
+        };
+        a.widen(&TypedBatchShape {
+            inputs: vec![1, 5],
+            blocks: vec![TypedBlockShape {
+                dst: vec![1, 1],
+                edges: vec![7],
+            }],
+        });
+        assert_eq!(a.inputs, [3, 5]);
+        assert_eq!(a.blocks[0].dst, [2, 1]);
+        assert_eq!(a.blocks[0].edges, [7]);
+        // A layout without the shape still parses (packed before it was
+        // recorded).
+        let mut m = typed();
+        m.topology.largest_batch = None;
+        let topology = serde_json::to_string(&m.topology).unwrap();
+        assert!(!topology.contains("largest_batch"), "{topology}");
+        let bytes = serde_json::to_vec(&m).unwrap();
+        assert_eq!(TypedManifest::parse("m.json", &bytes).unwrap(), m);
     }
 }

@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use offgnn_manifests::{BatchRef, Object, Topology, TopologyTable};
+use offgnn_manifests::{
+    BatchRef, Object, Topology, TopologyTable, TypedBatchShape, TypedBlockShape,
+};
 use offgnn_shared::address_table::{self, BatchTable, FOOTER};
 use offgnn_shared::dataset::Split;
 use offgnn_shared::samples::RunSummary;
@@ -55,6 +57,14 @@ pub(crate) fn write(
     let mut objects = Vec::new();
     let mut schedule: BTreeMap<Split, Vec<Vec<BatchRef>>> = BTreeMap::new();
     let (mut scratch, mut frame) = (Vec::new(), Vec::new());
+    let types: Vec<(u64, u64)> = run
+        .dataset
+        .node_types
+        .iter()
+        .map(|t| (t.offset, t.num))
+        .collect();
+    let relations = run.dataset.relations.len();
+    let mut largest = TypedBatchShape::zeros(types.len(), relations, run.params.fanouts.len());
     let mut at = 0usize;
     for (gi, &(split, epoch, count)) in groups(batches).iter().enumerate() {
         let name = format!("{prefix}/topology-{gi:05}.bin");
@@ -70,6 +80,9 @@ pub(crate) fn write(
                     )));
                 }
                 let t = BatchTable::topology(b, split, epoch);
+                largest.widen(&shape(&t, &types, relations).map_err(|e| {
+                    Error::InvalidArgument(format!("{}: batch {}: {e}", file.object.name, t.index))
+                })?);
                 address_table::typed_topology_frame(&t, &mut scratch, &mut frame)
                     .map_err(|e| Error::io(&name, e))?;
                 table.push(&frame).map_err(|e| Error::io(&name, e))?;
@@ -114,7 +127,50 @@ pub(crate) fn write(
             tables,
             schedule,
             bytes,
+            largest_batch: Some(largest),
         },
         objects,
     })
+}
+
+/// Batch `t`'s shape over node types of homogenized id ranges `types`
+/// (`(offset, rows)`) and `relations` relations.
+pub(crate) fn shape(
+    t: &BatchTable,
+    types: &[(u64, u64)],
+    relations: usize,
+) -> std::result::Result<TypedBatchShape, String> {
+    let kinds = t
+        .input_nodes
+        .iter()
+        .map(|&v| {
+            let v = u64::from(v);
+            types
+                .iter()
+                .position(|&(offset, rows)| v >= offset && v - offset < rows)
+                .ok_or_else(|| format!("input node {v} is of no node type"))
+        })
+        .collect::<std::result::Result<Vec<usize>, String>>()?;
+    let mut inputs = vec![0; types.len()];
+    for &k in &kinds {
+        inputs[k] += 1;
+    }
+    let blocks = t
+        .blocks
+        .iter()
+        .map(|b| {
+            let mut dst = vec![0; types.len()];
+            for &k in &kinds[..(b.num_dst as usize).min(kinds.len())] {
+                dst[k] += 1;
+            }
+            let edges = (0..relations)
+                .map(|r| match (b.relations.get(r), b.relations.get(r + 1)) {
+                    (Some(&from), Some(&to)) => u64::from(to.saturating_sub(from)),
+                    _ => 0,
+                })
+                .collect();
+            TypedBlockShape { dst, edges }
+        })
+        .collect();
+    Ok(TypedBatchShape { inputs, blocks })
 }

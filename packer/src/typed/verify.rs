@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use offgnn_manifests::TypedManifest;
+use offgnn_manifests::{TypedBatchShape, TypedManifest};
 use offgnn_shared::address_table::{self, BatchTable};
 use offgnn_shared::dataset::Split;
 use offgnn_shared::samples::RunSummary;
@@ -48,6 +48,7 @@ pub fn verify_typed(
         })
         .collect::<Result<_>>()?;
     let by_batch = check_against_samples(&m, &topology, (&samples, &run))?;
+    check_largest_batch(&m, &topology)?;
     // Each split's epochs, as the topology orders their batches.
     let order: Order = m
         .topology
@@ -88,6 +89,25 @@ pub fn verify_typed(
     }
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
+}
+
+/// The largest batch's shape the manifest records is the topology's.
+fn check_largest_batch(m: &TypedManifest, topology: &[Vec<BatchTable>]) -> Result<()> {
+    let Some(recorded) = &m.topology.largest_batch else {
+        return Ok(());
+    };
+    let types: Vec<(u64, u64)> = m.node_types.iter().map(|t| (t.offset, t.rows)).collect();
+    let relations = m.relations.len();
+    let mut largest = TypedBatchShape::zeros(types.len(), relations, m.samples.fanouts.len());
+    for t in topology.iter().flatten() {
+        largest.widen(&super::topology::shape(t, &types, relations).map_err(Error::Verify)?);
+    }
+    if &largest != recorded {
+        return Err(Error::Verify(
+            "the manifest's largest batch is not the topology's largest".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Names the node type in a verification's fault.

@@ -139,6 +139,18 @@ fn every_type_packs_at_its_own_width_under_one_budget_and_verifies() {
     let batches: u32 = m.topology.tables.iter().map(|t| t.batches).sum();
     assert_eq!(batches, 2 * 4 + 1 + 1);
 
+    // The largest batch: seeds are papers, 100 to a batch; every type is
+    // among some batch's inputs.
+    let largest = m.topology.largest_batch.as_ref().unwrap();
+    assert_eq!(largest.blocks.last().unwrap().dst[0], 100);
+    assert!(largest.inputs.iter().all(|&n| n > 0), "{largest:?}");
+    assert!(
+        largest
+            .blocks
+            .iter()
+            .all(|b| b.edges.iter().any(|&e| e > 0))
+    );
+
     let v = verify(&cfg.out, false).unwrap();
     // Every featured type's layout rebuilds every batch.
     assert_eq!(v.batches, 3 * u64::from(batches));
@@ -180,6 +192,16 @@ fn verify_names_the_type_whose_rows_differ_and_a_corrupt_topology() {
     );
     rewrite(out, &segment, |bytes| bytes[0] ^= 0x5a);
     verify(&cfg.out, false).unwrap();
+
+    // A largest batch that is not the topology's is found.
+    let mut wrong = m.clone();
+    wrong.topology.largest_batch.as_mut().unwrap().inputs[1] += 1;
+    let path = out.join(MANIFEST);
+    let kept = std::fs::read(&path).unwrap();
+    std::fs::write(&path, serde_json::to_vec(&wrong).unwrap()).unwrap();
+    let err = verify(&cfg.out, false).unwrap_err().to_string();
+    assert!(err.contains("largest batch"), "{err}");
+    std::fs::write(&path, kept).unwrap();
 
     // A topology table whose bytes change fails its checksum, by name.
     let topology = &m.topology.tables[0].object;
