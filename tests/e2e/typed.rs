@@ -278,10 +278,64 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
     assert!(r.status.success(), "{}", r.stderr);
     let followed = losses_of(&r);
     assert!(same(&followed, &losses), "{followed:?} {losses:?}");
+    // The baselines read each type's rows from its feature file (one
+    // aligned read per row, or all of them in memory): the same rows, the
+    // same losses.
+    for features in ["naive", "memory"] {
+        let r = run(
+            "trainer",
+            &[
+                "--manifest",
+                &pack2,
+                "--model",
+                "gat",
+                "--epochs",
+                "4",
+                "--hidden",
+                "32",
+                "--features",
+                features,
+            ],
+        );
+        assert!(r.status.success(), "{features}: {}", r.stderr);
+        assert_eq!(r.json()["summary"]["features"], features);
+        let baseline = losses_of(&r);
+        assert!(
+            same(&baseline, &losses),
+            "{features}: {baseline:?} {losses:?}"
+        );
+    }
     assert_one_line(
         &run("trainer", &["--manifest", &pack2, "--historical"]),
         "not built for typed layouts yet",
     );
+    // The run's memory is stated before training (from the largest batch
+    // the packer recorded) and holds: too small a --memory is refused in
+    // one line; the peak RSS stays within the statement.
+    let stated_run = |memory: &str| {
+        offgnn_e2e::run_peak(
+            "trainer",
+            &[
+                "--manifest",
+                &pack2,
+                "--model",
+                "gat",
+                "--epochs",
+                "2",
+                "--hidden",
+                "32",
+                "--memory",
+                memory,
+            ],
+        )
+    };
+    let (r, _) = stated_run("100M");
+    assert_one_line(&r, "--memory 100.00 MiB");
+    let (r, peak) = stated_run("1300M");
+    assert!(r.status.success(), "{}", r.stderr);
+    let stated = r.json()["memory"]["total_bytes"].as_u64().unwrap();
+    eprintln!("typed R-GAT: peak RSS {peak} bytes, stated {stated}");
+    assert!(peak <= stated, "peak {peak} bytes over the stated {stated}");
     // A run stopped after 2 epochs and resumed to 4 ends as one never
     // stopped (within float rounding), each epoch checkpointed.
     let train = |ck: &str, epochs: &str, extra: &[&str]| {

@@ -22,10 +22,10 @@ use crate::train::TrainConfig;
 /// on what the page cache holds, and glibc's per-thread arenas fragment
 /// over epochs, so the figure is stated with room over the peaks measured
 /// of `trainer info` and of training Cora, in CI too.
-const TORCH_RUNTIME_BYTES: u64 = 640 << 20;
+pub(crate) const TORCH_RUNTIME_BYTES: u64 = 640 << 20;
 /// The rest of the process: staging, io_uring rings, address tables being
 /// decoded, progress and summaries.
-const PROCESS_BYTES: u64 = 64 << 20;
+pub(crate) const PROCESS_BYTES: u64 = 64 << 20;
 /// What a trainer process holds before any data: the runtime and the rest.
 pub const RUNTIME_BYTES: u64 = TORCH_RUNTIME_BYTES + PROCESS_BYTES;
 /// A CUDA device's own share before any tensor: the CUDA context and
@@ -36,7 +36,7 @@ pub(crate) const CUDA_CONTEXT_BYTES: u64 = 1 << 30;
 const PAGE: u64 = 4096;
 /// A layer's tensors, and the gradients of the same sizes in the backward
 /// pass.
-const ACTIVATION_FACTOR: u64 = 2;
+pub(crate) const ACTIVATION_FACTOR: u64 = 2;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct MemoryEstimate {
@@ -82,7 +82,9 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
     let on_cpu = cfg.device == Device::Cpu;
     let cache_bytes = cache_bytes(m, cfg.features);
     let blocks = batch_bounds(m);
-    let batch = BatchBytes::of(m, &blocks, on_cpu);
+    let recorded_inputs = m.largest_batch.as_ref().map_or(0, |s| s.inputs);
+    let inputs = blocks.first().map_or(0, |b| b.0).max(recorded_inputs);
+    let batch = BatchBytes::of(m, inputs, cfg.features, on_cpu);
     // Each loader holds one batch it reads, `queue_depth` loaded ones and
     // `queue_depth + 2` spare buffers; the assembler one, the model step
     // `queue_depth` assembled inputs and the one it trains on.
@@ -182,20 +184,20 @@ fn cache_bytes(m: &Manifest, features: FeatureMode) -> u64 {
 }
 
 /// What one batch of the largest size takes in host memory.
-struct BatchBytes {
-    /// Its read: disk-cache pages and packed chunk.
-    read: u64,
+pub(crate) struct BatchBytes {
+    /// Its read: disk-cache pages and packed chunk (the naive baseline:
+    /// each row's pages).
+    pub read: u64,
     /// Its assembled float32 input matrix.
-    assembled: u64,
+    pub assembled: u64,
     /// What the host holds of it assembled.
-    staged: u64,
+    pub staged: u64,
 }
 
 impl BatchBytes {
-    fn of(m: &Manifest, blocks: &[(u64, u64, u64)], on_cpu: bool) -> BatchBytes {
+    /// A batch of `inputs` rows of layout `m`, read as `features` says.
+    pub(crate) fn of(m: &Manifest, inputs: u64, features: FeatureMode, on_cpu: bool) -> BatchBytes {
         let row = m.dataset.store_row_bytes();
-        let recorded_inputs = m.largest_batch.as_ref().map_or(0, |s| s.inputs);
-        let inputs = blocks.first().map_or(0, |b| b.0).max(recorded_inputs);
         let largest_disk_cache = m
             .segments
             .iter()
@@ -205,9 +207,18 @@ impl BatchBytes {
         // A batch's read: its disk-cache pages (each row on a page of its own
         // at worst, never more than the segment's cache) and its packed chunk,
         // both whole pages; its assembled input matrix beside it.
-        let read = (inputs.saturating_mul(PAGE)).min(largest_disk_cache.next_multiple_of(PAGE))
-            + (inputs * row).next_multiple_of(PAGE)
-            + 2 * PAGE;
+        let read = match features {
+            // The pages that hold each row of the feature file, which
+            // (after the file's header) may straddle one more.
+            FeatureMode::Naive => {
+                inputs.saturating_mul((m.dataset.row_bytes.div_ceil(PAGE) + 1) * PAGE) + 2 * PAGE
+            }
+            FeatureMode::Packed | FeatureMode::Memory => {
+                (inputs.saturating_mul(PAGE)).min(largest_disk_cache.next_multiple_of(PAGE))
+                    + (inputs * row).next_multiple_of(PAGE)
+                    + 2 * PAGE
+            }
+        };
         let assembled = inputs * m.dataset.feature_dim * 4;
         // What the host holds of an assembled batch: on the CPU the float32
         // matrix; on CUDA its page-locked staging buffer (the rows as stored and

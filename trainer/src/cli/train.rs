@@ -45,6 +45,17 @@ pub enum Features {
     Memory,
 }
 
+impl Features {
+    /// The pipeline's mode for these rows.
+    pub fn mode(self) -> pipeline::FeatureMode {
+        match self {
+            Features::Packed => pipeline::FeatureMode::Packed,
+            Features::Naive => pipeline::FeatureMode::Naive,
+            Features::Memory => pipeline::FeatureMode::Memory,
+        }
+    }
+}
+
 /// `--io-depth`: reads in flight per ring, or chosen from the disk's curve.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoDepth {
@@ -464,11 +475,7 @@ fn train_config(
         epochs: a.epochs,
         lr: a.lr,
         seed: a.seed,
-        features: match a.features {
-            Features::Packed => pipeline::FeatureMode::Packed,
-            Features::Naive => pipeline::FeatureMode::Naive,
-            Features::Memory => pipeline::FeatureMode::Memory,
-        },
+        features: a.features.mode(),
         pipelined: a.pipeline == OnOff::On,
         queue_depth: a.queue_depth,
         loaders: a.loaders,
@@ -501,6 +508,25 @@ fn state_memory(
     memory_limit: Option<u64>,
 ) -> anyhow::Result<MemoryEstimate> {
     let memory = memory::estimate(m, cfg);
+    check_statement(
+        &memory,
+        (cfg.device, memory_limit),
+        (
+            m.gpu_cache.rows * m.dataset.store_row_bytes(),
+            "fewer --loaders or a smaller --queue-depth",
+        ),
+    )?;
+    Ok(memory)
+}
+
+/// Logs a run's statement and refuses it over `--memory` (`memory_limit`),
+/// or on CUDA over the device's free memory; `gpu_cache` is the GPU tier's
+/// bytes and `fewer` what else would lower the statement.
+pub(super) fn check_statement(
+    memory: &MemoryEstimate,
+    (device, memory_limit): (tch::Device, Option<u64>),
+    (gpu_cache, fewer): (u64, &str),
+) -> anyhow::Result<()> {
     tracing::info!(
         "memory: at most {} (caches {}, batches in flight {}, model {}{}, activations {}, runtime {})",
         human_bytes(memory.total_bytes),
@@ -522,7 +548,7 @@ fn state_memory(
         && memory.total_bytes > limit
     {
         anyhow::bail!(
-            "--memory {}: this run needs up to {} (caches {}, batches in flight {}, activations {}); give more memory, or fewer --loaders or a smaller --queue-depth",
+            "--memory {}: this run needs up to {} (caches {}, batches in flight {}, activations {}); give more memory, or {fewer}",
             human_bytes(limit),
             human_bytes(memory.total_bytes),
             human_bytes(memory.cache_bytes),
@@ -530,7 +556,7 @@ fn state_memory(
             human_bytes(memory.activation_bytes),
         );
     }
-    if let tch::Device::Cuda(index) = cfg.device {
+    if let tch::Device::Cuda(index) = device {
         tracing::info!(
             "GPU memory: at most {} on cuda:{index} (the GPU cache, the model and its optimizer state, inputs in flight, activations, and 1 GiB for the CUDA context)",
             human_bytes(memory.gpu_bytes)
@@ -541,7 +567,7 @@ fn state_memory(
                 human_bytes(free),
                 human_bytes(total),
                 human_bytes(memory.gpu_bytes),
-                human_bytes(m.gpu_cache.rows * m.dataset.store_row_bytes())
+                human_bytes(gpu_cache)
             ),
             Some(_) => {}
             None => tracing::warn!(
@@ -549,7 +575,7 @@ fn state_memory(
             ),
         }
     }
-    Ok(memory)
+    Ok(())
 }
 
 /// Rank 0 (or the one process) prints the run's summary; the other ranks

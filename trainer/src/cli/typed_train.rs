@@ -1,6 +1,7 @@
 //! `trainer --manifest` on a typed graph's layout: R-SAGE (`--model sage`)
-//! or R-GAT (`--model gat`), its stages in sequence on one process. The
-//! flags typed training does not take yet are refused in one line each.
+//! or R-GAT (`--model gat`) on one process, its rows from the packed layout
+//! or (`--features naive|memory`) from each type's feature file. The flags
+//! typed training does not take yet are refused in one line each.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -10,11 +11,14 @@ use offgnn_manifests::{MANIFEST, TypedManifest};
 use offgnn_shared::io_engine::IoEngine;
 use offgnn_shared::report::{human_bytes, print_summary};
 
-use super::train::{Features, OnOff, TrainArgs};
+use super::train::{OnOff, TrainArgs};
 use crate::distributed::Launch;
 use crate::hetero::RelationalKind;
-use crate::hetero::train::{TypedEpoch, TypedLayout, TypedTrainConfig, train_typed};
+use crate::hetero::Schema;
+use crate::hetero::train::{TypedEpoch, TypedLayout, TypedTrainConfig, model_config, train_typed};
+use crate::memory::MemoryEstimate;
 use crate::model::ModelKind;
+use crate::pipeline::FeatureMode;
 
 /// The directory and manifest bytes of `location` when it names a local
 /// typed layout.
@@ -56,9 +60,6 @@ pub(super) fn train_typed_command(
     };
     let origin = dir.join(MANIFEST).display().to_string();
     let manifest = TypedManifest::parse(&origin, bytes)?;
-    let engine = IoEngine::new(super::train::io_options(a));
-    let layout = TypedLayout::open(dir, manifest, &engine, device, true)
-        .with_context(|| format!("opening {origin}"))?;
     let cfg = TypedTrainConfig {
         kind,
         hidden,
@@ -83,6 +84,10 @@ pub(super) fn train_typed_command(
             }),
         show_progress: true,
     };
+    let memory = state_memory(&manifest, &cfg, a)?;
+    let engine = IoEngine::new(super::train::io_options(a));
+    let layout = TypedLayout::open(dir, manifest, &engine, (a.features.mode(), device), true)
+        .with_context(|| format!("opening {origin}"))?;
     let mut metrics = open_metrics(a)?;
     let mut failed = None;
     let mut on_epoch = |e: &TypedEpoch| {
@@ -125,6 +130,7 @@ pub(super) fn train_typed_command(
                     s.parameters
                 ),
             ),
+            ("features", format!("{:?}", s.features).to_lowercase()),
             (
                 "best epoch",
                 format!(
@@ -141,11 +147,62 @@ pub(super) fn train_typed_command(
                     s.exports.join(", ")
                 },
             ),
+            (
+                "memory",
+                memory.as_ref().map_or("not stated".to_string(), |m| {
+                    format!(
+                        "at most {} (stated before training)",
+                        human_bytes(m.total_bytes)
+                    )
+                }),
+            ),
             ("wall time", format!("{:.1} s", s.seconds)),
         ],
-        &serde_json::json!({ "command": "train", "typed": true, "summary": s }),
+        &serde_json::json!({ "command": "train", "typed": true, "summary": s, "memory": memory }),
     );
     Ok(())
+}
+
+/// States the run's peak memory (logged) and refuses it over `--memory`,
+/// before the layout's caches are read.
+fn state_memory(
+    m: &TypedManifest,
+    cfg: &TypedTrainConfig,
+    a: &TrainArgs,
+) -> anyhow::Result<Option<MemoryEstimate>> {
+    let limit = a
+        .memory
+        .as_deref()
+        .map(offgnn_shared::sizes::parse_bytes)
+        .transpose()?;
+    let schema = Schema::of(m)?;
+    let model = model_config(m, cfg);
+    let run = (a.features.mode(), cfg.device, cfg.pipelined);
+    let Some(memory) = crate::hetero::memory::estimate(m, &schema, &model, run)? else {
+        if let Some(limit) = limit {
+            return Err(crate::hetero::memory::unstated(limit).into());
+        }
+        tracing::info!("memory: not stated (the layout records no largest batch; pack it again)");
+        return Ok(None);
+    };
+    let gpu_cache = match a.features.mode() {
+        FeatureMode::Packed => m
+            .node_types
+            .iter()
+            .filter_map(|t| t.layout.as_ref())
+            .map(|l| l.gpu_cache.rows * l.dataset.store_row_bytes())
+            .sum(),
+        FeatureMode::Naive | FeatureMode::Memory => 0,
+    };
+    super::train::check_statement(
+        &memory,
+        (cfg.device, limit),
+        (
+            gpu_cache,
+            "pack with smaller --gpu-cache and --cpu-cache budgets",
+        ),
+    )?;
+    Ok(Some(memory))
 }
 
 /// `--metrics`, created (refused where a file is, unless --overwrite).
@@ -176,14 +233,6 @@ fn refuse_unsupported(a: &TrainArgs, launch: Option<&Launch>) -> anyhow::Result<
         (a.dump_batches.is_some(), "--dump-batches"),
         (a.scorer.is_some(), "--scorer"),
         (a.local_dir.is_some(), "--local-dir"),
-        (
-            a.memory.is_some(),
-            "--memory (a typed run's memory statement)",
-        ),
-        (
-            !matches!(a.features, Features::Packed),
-            "--features naive or memory",
-        ),
     ] {
         if given {
             return not_yet(flag);

@@ -58,6 +58,16 @@ impl Schema {
         })
     }
 
+    /// The schema of a typed layout.
+    pub fn of(m: &offgnn_manifests::TypedManifest) -> Result<Schema> {
+        let types = m
+            .node_types
+            .iter()
+            .map(|t| (t.name.clone(), t.offset, t.rows))
+            .collect();
+        Schema::new(types, &m.relations, &m.dataset.target_type)
+    }
+
     /// The type of homogenized node `v`.
     fn type_of(&self, v: u64) -> Option<usize> {
         let t = self.types.partition_point(|t| t.1 <= v).checked_sub(1)?;

@@ -14,6 +14,7 @@
 pub mod blocks;
 pub mod checkpoint;
 pub mod export;
+pub mod memory;
 pub mod train;
 
 use tch::nn;

@@ -3,8 +3,9 @@
 //! pages and packed chunk), its typed blocks from the topology tables,
 //! then R-SAGE's or R-GAT's step. With the pipeline on, a loader thread
 //! reads the next batches (tables, disk reads, topology) while this thread
-//! assembles and steps; one process, without checkpoints or exports of
-//! typed models yet.
+//! assembles and steps. `--features naive` reads each type's rows from its
+//! feature file instead, one aligned read per row: the baseline the packed
+//! layout is measured against.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -69,6 +70,8 @@ pub struct TypedEpoch {
 #[derive(Clone, Debug, Serialize)]
 pub struct TypedTrainSummary {
     pub model: RelationalKind,
+    /// Where the rows came from.
+    pub features: FeatureMode,
     pub node_types: Vec<String>,
     pub relations: usize,
     pub parameters: i64,
@@ -87,6 +90,8 @@ pub struct TypedTrainSummary {
 pub struct TypedLayout {
     pub manifest: TypedManifest,
     pub schema: Schema,
+    /// Where the rows come from.
+    pub features: FeatureMode,
     /// Each type's layout and what its loading reads (shared with the
     /// loader thread), and what its assembly reads (this thread's).
     reads: Vec<Option<(Layout, LoadSources)>>,
@@ -96,20 +101,16 @@ pub struct TypedLayout {
 
 impl TypedLayout {
     /// Opens the typed layout in `dir`, checking every type's objects, and
-    /// loads each type's caches for `device`.
+    /// loads each type's caches for `device`; `features` says where the
+    /// rows come from (the packed layout, or the baselines' feature files).
     pub fn open(
         dir: &Path,
         manifest: TypedManifest,
         engine: &IoEngine,
-        device: Device,
+        (features, device): (FeatureMode, Device),
         show: bool,
     ) -> Result<TypedLayout> {
-        let types = manifest
-            .node_types
-            .iter()
-            .map(|t| (t.name.clone(), t.offset, t.rows))
-            .collect();
-        let schema = Schema::new(types, &manifest.relations, &manifest.dataset.target_type)?;
+        let schema = Schema::of(&manifest)?;
         let (mut reads, mut assembles) = (Vec::new(), Vec::new());
         for t in &manifest.node_types {
             let Some(m) = &t.layout else {
@@ -119,7 +120,7 @@ impl TypedLayout {
             };
             let layout = Layout::open(dir, m.clone(), engine, show)?;
             let Sources { load, assemble } =
-                crate::train::sources(&layout, engine, (FeatureMode::Packed, device))?;
+                crate::train::sources(&layout, engine, (features, device))?;
             reads.push(Some((layout, load)));
             assembles.push(Some(assemble));
         }
@@ -132,19 +133,11 @@ impl TypedLayout {
         Ok(TypedLayout {
             manifest,
             schema,
+            features,
             reads,
             assembles,
             topology,
         })
-    }
-
-    /// Each type's feature width (`None`: no features).
-    pub fn in_dims(&self) -> Vec<Option<i64>> {
-        self.manifest
-            .node_types
-            .iter()
-            .map(|t| t.feature_dim.map(|d| d as i64))
-            .collect()
     }
 
     /// The batches of `split` in sampled epoch `epoch`, in order.
@@ -359,7 +352,7 @@ pub fn train_typed(
 ) -> Result<TypedTrainSummary> {
     let started = Instant::now();
     tch::manual_seed(cfg.seed as i64);
-    let model_cfg = model_config(layout, cfg);
+    let model_cfg = model_config(&layout.manifest, cfg);
     let vs = nn::VarStore::new(cfg.device);
     let model = Rgnn::new(&vs.root(), &layout.schema, &model_cfg)?;
     let mut opt = Adam::new(&vs, cfg.lr);
@@ -450,6 +443,7 @@ pub fn train_typed(
     };
     Ok(TypedTrainSummary {
         model: cfg.kind,
+        features: layout.features,
         node_types: layout.schema.types.iter().map(|t| t.0.clone()).collect(),
         relations: layout.schema.relations.len(),
         parameters: vs
@@ -465,15 +459,18 @@ pub fn train_typed(
     })
 }
 
-/// The model `cfg` asks for over `layout`'s types, a layer per sampled
-/// block.
-fn model_config(layout: &TypedLayout, cfg: &TypedTrainConfig) -> RgnnConfig {
+/// The model `cfg` asks for over `m`'s types, a layer per sampled block.
+pub fn model_config(m: &TypedManifest, cfg: &TypedTrainConfig) -> RgnnConfig {
     RgnnConfig {
         kind: cfg.kind,
-        in_dims: layout.in_dims(),
+        in_dims: m
+            .node_types
+            .iter()
+            .map(|t| t.feature_dim.map(|d| d as i64))
+            .collect(),
         hidden: cfg.hidden,
-        classes: i64::from(layout.manifest.dataset.num_classes),
-        layers: layout.manifest.samples.fanouts.len(),
+        classes: i64::from(m.dataset.num_classes),
+        layers: m.samples.fanouts.len(),
         heads: cfg.heads,
         dropout: cfg.dropout,
     }

@@ -1,0 +1,169 @@
+//! The host memory a typed training run will use, stated before any batch
+//! is read as [`crate::memory`] states a homogeneous run's, from the
+//! largest batch the packer recorded (each figure the most of any batch):
+//! every type's cache tiers, the batches in the loader's queue (each
+//! type's reads, assembled rows and the typed blocks), the model with
+//! Adam's state, and the activations of every relation's convolution.
+
+use offgnn_manifests::TypedManifest;
+use tch::{Device, Tensor, nn};
+
+use super::{RelationalKind, Rgnn, RgnnConfig, Schema};
+use crate::error::{Error, Result};
+use crate::memory::{ACTIVATION_FACTOR, BatchBytes, CUDA_CONTEXT_BYTES, MemoryEstimate};
+use crate::memory::{PROCESS_BYTES, TORCH_RUNTIME_BYTES};
+use crate::pipeline::FeatureMode;
+
+/// Batches a pipelined run holds read at once: the one the loader thread
+/// reads, two in its queue, and the one the model steps on.
+const PIPELINED_READS: u64 = 4;
+
+/// States the peak host memory of training `cfg`'s model on `m` with rows
+/// from `features` on `device`; `None` where the layout records no largest
+/// batch (packed before it did).
+pub fn estimate(
+    m: &TypedManifest,
+    schema: &Schema,
+    cfg: &RgnnConfig,
+    (features, device, pipelined): (FeatureMode, Device, bool),
+) -> Result<Option<MemoryEstimate>> {
+    let Some(shape) = &m.topology.largest_batch else {
+        return Ok(None);
+    };
+    let on_cpu = device == Device::Cpu;
+    let (mut cache_bytes, mut read, mut staged, mut assembled, mut gpu_cache) = (0, 0, 0, 0, 0);
+    for (t, part) in m.node_types.iter().enumerate() {
+        let Some(layout) = &part.layout else { continue };
+        let d = &layout.dataset;
+        cache_bytes += match features {
+            FeatureMode::Packed => {
+                (layout.gpu_cache.rows + layout.cpu_cache.rows) * d.store_row_bytes()
+            }
+            FeatureMode::Memory => d.num_nodes * d.row_bytes,
+            FeatureMode::Naive => 0,
+        };
+        if features == FeatureMode::Packed {
+            gpu_cache += layout.gpu_cache.rows * d.store_row_bytes();
+        }
+        let b = BatchBytes::of(layout, shape.inputs[t], features, on_cpu);
+        read += b.read;
+        staged += b.staged;
+        assembled += b.assembled;
+    }
+    // Each block's edges as source and destination positions, and each
+    // destination row's in-degree, per relation (int64).
+    let graph: u64 = shape
+        .blocks
+        .iter()
+        .map(|b| {
+            let edges: u64 = b.edges.iter().sum();
+            let dst: u64 = schema.relations.iter().map(|r| b.dst[r.2]).sum();
+            16 * edges + 8 * dst
+        })
+        .sum();
+    let batches_in_flight_bytes = if pipelined {
+        PIPELINED_READS * (read + graph) + staged
+    } else {
+        read + graph + staged
+    };
+    let model_bytes = parameters(schema, cfg)? * 4 * 4;
+    let activations = activation_bytes(m, schema, cfg);
+    let activation_bytes = if on_cpu { activations } else { 0 };
+    let gpu_bytes = if on_cpu {
+        0
+    } else {
+        [
+            gpu_cache,
+            model_bytes,
+            2 * assembled,
+            activations,
+            CUDA_CONTEXT_BYTES,
+        ]
+        .into_iter()
+        .fold(0u64, u64::saturating_add)
+    };
+    let runtime_bytes = TORCH_RUNTIME_BYTES + PROCESS_BYTES;
+    let total_bytes = [
+        cache_bytes,
+        batches_in_flight_bytes,
+        model_bytes,
+        activation_bytes,
+        runtime_bytes,
+    ]
+    .into_iter()
+    .fold(0u64, u64::saturating_add);
+    Ok(Some(MemoryEstimate {
+        cache_bytes,
+        batches_in_flight_bytes,
+        model_bytes,
+        historical_bytes: 0,
+        activation_bytes,
+        runtime_bytes,
+        total_bytes,
+        gpu_bytes,
+    }))
+}
+
+/// The model's parameters, counted on a model built for the purpose (it
+/// also refuses a schema the model cannot train before anything loads).
+fn parameters(schema: &Schema, cfg: &RgnnConfig) -> Result<u64> {
+    let vs = nn::VarStore::new(Device::Cpu);
+    Rgnn::new(&vs.root(), schema, cfg)?;
+    Ok(vs
+        .trainable_variables()
+        .iter()
+        .map(Tensor::numel)
+        .sum::<usize>() as u64)
+}
+
+/// The activations kept for the backward pass of the largest batch, with
+/// their gradients: per block and relation, its convolution's; per block
+/// and type, the sum over relations, the activation and the dropout mask;
+/// then the classifier on the seeds.
+fn activation_bytes(m: &TypedManifest, schema: &Schema, cfg: &RgnnConfig) -> u64 {
+    let Some(shape) = &m.topology.largest_batch else {
+        return 0;
+    };
+    let hidden = cfg.hidden.max(1) as u64;
+    let heads = cfg.heads.max(1) as u64;
+    let mut src = shape.inputs.clone();
+    let mut width: Vec<u64> = cfg.in_dims.iter().map(|d| d.unwrap_or(0) as u64).collect();
+    let mut elements = 0u64;
+    for b in &shape.blocks {
+        for (r, &(st, _, dt)) in schema.relations.iter().enumerate() {
+            let (e, s, d, d_in) = (b.edges[r], src[st], b.dst[dt], width[st]);
+            elements = elements.saturating_add(match cfg.kind {
+                // The edge-to-destination map of the mean (int64: two
+                // elements an edge), the means, the projection.
+                RelationalKind::Rsage => e
+                    .saturating_mul(2)
+                    .saturating_add(d.saturating_mul(d_in + 2 * hidden)),
+                // Both sides' projections and scores, per-edge scores
+                // through the softmax and messages, the sums.
+                RelationalKind::Rgat => s
+                    .saturating_mul(2 * hidden + heads)
+                    .saturating_add(e.saturating_mul(2 * hidden + 8 * heads))
+                    .saturating_add(d.saturating_mul(4 * hidden + heads)),
+            });
+        }
+        let dst: u64 = b.dst.iter().sum();
+        elements = elements.saturating_add(dst.saturating_mul(4 * hidden));
+        src = b.dst.clone();
+        width = vec![hidden; width.len()];
+    }
+    let seeds = shape
+        .blocks
+        .last()
+        .map_or(0, |b| b.dst.get(schema.target).copied().unwrap_or(0));
+    let classes = cfg.classes.max(1) as u64;
+    elements = elements.saturating_add(seeds.saturating_mul(hidden + 3 * classes));
+    elements.saturating_mul(4 * ACTIVATION_FACTOR)
+}
+
+/// The statement's refusal where the layout records no largest batch.
+pub fn unstated(limit: u64) -> Error {
+    Error::InvalidArgument(format!(
+        "--memory {}: this typed layout records no largest batch to state a run's memory from; pack it again",
+        offgnn_shared::report::human_bytes(limit)
+    ))
+}
