@@ -660,6 +660,48 @@ pub fn files_under(dir: &Path) -> Vec<String> {
 /// edges, split for link prediction (20 negatives per held-out edge) into
 /// `dir/lp`, sampled with 3 negatives per training pair and packed; returns
 /// the manifest.
+/// A small typed graph of IGBH's schema (3000 papers; every type with
+/// features), sampled for 2 epochs at fan-out 5,3 and packed; the layout's
+/// directory.
+pub fn typed_pack(dir: &Path) -> PathBuf {
+    let ds = generate(
+        dir,
+        &[
+            "--schema",
+            "igbh",
+            "--nodes",
+            "3000",
+            "--feature-dim",
+            "16",
+            "--type-dims",
+            "author=8,fos=4,institute=4",
+            "--classes",
+            "4",
+        ],
+    );
+    let samples = dir.join("samples");
+    let flags = ["--fanout", "5,3", "--batch-size", "128", "--epochs", "2"];
+    sample(&ds, &samples, &flags);
+    let out = dir.join("pack");
+    let args = [
+        "--samples",
+        samples.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--gpu-cache",
+        "8K",
+        "--cpu-cache",
+        "16K",
+        "--disk-budget",
+        "10x",
+        "--cpu-cache-policy",
+        "static",
+    ];
+    let r = run("packer", &args);
+    assert!(r.status.success(), "packer: {}", r.stderr);
+    out
+}
+
 pub fn link_pack(dir: &Path) -> PathBuf {
     let ds = generate(
         dir,

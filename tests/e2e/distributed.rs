@@ -430,3 +430,40 @@ fn link_prediction_ranks_train_and_rank_as_emulated_ranks_do() {
         assert_eq!(a["test_rank"]["queries"], b["test_rank"]["queries"]);
     }
 }
+
+/// A typed layout trains R-GAT under torchrun as two emulated ranks do
+/// (gradients averaged over the ranks, evaluation sums added up), and only
+/// rank 0 exports.
+#[test]
+fn typed_ranks_train_as_emulated_ranks_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = offgnn_e2e::typed_pack(dir.path());
+    let export = dir.path().join("export");
+    let common = [
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--model",
+        "gat",
+        "--epochs",
+        "2",
+        "--hidden",
+        "32",
+    ];
+    let args = [&common[..], &["--export", export.to_str().unwrap()]].concat();
+    let r = launch(2, &args, &[]);
+    assert!(r.status.success(), "{}", r.stderr);
+    assert!(export.join("model.json").is_file());
+    let args = [&common[..], &["--emulate-ranks", "2"]].concat();
+    let h = run_with_env("trainer", &args, &[("OMP_NUM_THREADS", "1")]);
+    assert!(h.status.success(), "{}", h.stderr);
+    let (d, e) = (&r.json()["summary"], &h.json()["summary"]);
+    assert_eq!(d["world_size"], 2);
+    assert_eq!(e["world_size"], 2);
+    for k in 0..2 {
+        let (a, b) = (&d["epochs"][k], &e["epochs"][k]);
+        for key in ["loss", "train_accuracy", "valid_accuracy", "test_accuracy"] {
+            let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
+            assert!((x - y).abs() < 1e-4, "epoch {k} {key}: {x} vs {y}");
+        }
+    }
+}

@@ -278,6 +278,12 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
     assert!(r.status.success(), "{}", r.stderr);
     let followed = losses_of(&r);
     assert!(same(&followed, &losses), "{followed:?} {losses:?}");
+    // Ranks each read a share of the batches: a cache that follows the
+    // whole order is refused for them.
+    assert_one_line(
+        &run("trainer", &["--manifest", &belady, "--emulate-ranks", "2"]),
+        "follows the sampled batch order",
+    );
     // The baselines read each type's rows from its feature file (one
     // aligned read per row, or all of them in memory): the same rows, the
     // same losses.

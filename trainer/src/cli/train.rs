@@ -206,6 +206,14 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         .manifest
         .clone()
         .ok_or_else(|| anyhow::anyhow!("--manifest is required (see trainer --help)"))?;
+    if launch.is_some() && a.emulate_ranks.is_some() {
+        anyhow::bail!(
+            "--emulate-ranks stands in for a launch by torchrun or srun; it cannot run under one"
+        );
+    }
+    if a.emulate_ranks == Some(0) || a.dist_timeout == 0 {
+        anyhow::bail!("--emulate-ranks and --dist-timeout must be at least 1");
+    }
     // A typed graph's layout trains R-SAGE or R-GAT (local layouts).
     if let Some((dir, bytes)) = super::typed_train::local_typed(&location)? {
         return super::typed_train::train_typed_command(
@@ -214,14 +222,6 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
             launch.as_ref(),
             (&dir, &bytes),
         );
-    }
-    if launch.is_some() && a.emulate_ranks.is_some() {
-        anyhow::bail!(
-            "--emulate-ranks stands in for a launch by torchrun or srun; it cannot run under one"
-        );
-    }
-    if a.emulate_ranks == Some(0) || a.dist_timeout == 0 {
-        anyhow::bail!("--emulate-ranks and --dist-timeout must be at least 1");
     }
     let group = join_group(launch.as_ref(), device, a.dist_timeout)?;
     let writer = group.as_ref().is_none_or(|g| g.rank == 0);
@@ -370,7 +370,7 @@ fn model_shape(a: &TrainArgs) -> anyhow::Result<(ModelKind, i64)> {
 /// Joins the process group of a torchrun or srun launch. Joined before
 /// staging: local rank 0 stages for its machine while the others wait at
 /// a barrier.
-fn join_group(
+pub(super) fn join_group(
     launch: Option<&Launch>,
     device: tch::Device,
     timeout_seconds: u64,

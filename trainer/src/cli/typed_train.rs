@@ -1,7 +1,8 @@
 //! `trainer --manifest` on a typed graph's layout: R-SAGE (`--model sage`)
-//! or R-GAT (`--model gat`) on one process, its rows from the packed layout
-//! or (`--features naive|memory`) from each type's feature file. The flags
-//! typed training does not take yet are refused in one line each.
+//! or R-GAT (`--model gat`), alone or as ranks of a torchrun or srun
+//! launch, its rows from the packed layout or (`--features naive|memory`)
+//! from each type's feature file. The flags typed training does not take
+//! yet are refused in one line each.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,10 +16,13 @@ use super::train::{OnOff, TrainArgs};
 use crate::distributed::Launch;
 use crate::hetero::RelationalKind;
 use crate::hetero::Schema;
-use crate::hetero::train::{TypedEpoch, TypedLayout, TypedTrainConfig, model_config, train_typed};
+use crate::hetero::train::{
+    TypedEpoch, TypedLayout, TypedTrainConfig, TypedTrainSummary, model_config, train_typed,
+};
 use crate::memory::MemoryEstimate;
 use crate::model::ModelKind;
 use crate::pipeline::FeatureMode;
+use crate::train::Ranks;
 
 /// The directory and manifest bytes of `location` when it names a local
 /// typed layout.
@@ -50,7 +54,9 @@ pub(super) fn train_typed_command(
     launch: Option<&Launch>,
     (dir, bytes): (&Path, &[u8]),
 ) -> anyhow::Result<()> {
-    refuse_unsupported(a, launch)?;
+    refuse_unsupported(a)?;
+    let group = super::train::join_group(launch, device, a.dist_timeout)?;
+    let writer = group.as_ref().is_none_or(|g| g.rank == 0);
     let kind = match kind {
         ModelKind::Sage => RelationalKind::Rsage,
         ModelKind::Gat => RelationalKind::Rgat,
@@ -82,15 +88,18 @@ pub(super) fn train_typed_command(
                 overwrite: a.overwrite,
                 last: a.export_last,
             }),
-        show_progress: true,
+        show_progress: writer,
     };
     let memory = state_memory(&manifest, &cfg, a)?;
     let engine = IoEngine::new(super::train::io_options(a));
-    let layout = TypedLayout::open(dir, manifest, &engine, (a.features.mode(), device), true)
+    let layout = TypedLayout::open(dir, manifest, &engine, (a.features.mode(), device), writer)
         .with_context(|| format!("opening {origin}"))?;
-    let mut metrics = open_metrics(a)?;
+    let mut metrics = if writer { open_metrics(a)? } else { None };
     let mut failed = None;
     let mut on_epoch = |e: &TypedEpoch| {
+        if !writer {
+            return;
+        }
         let acc = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{a:.4}"));
         println!(
             "epoch {:>3}  {:>7.2}s (train {:.2}s)  loss {:.4}  train {:.4}  valid {}  test {}  disk {}",
@@ -109,10 +118,28 @@ pub(super) fn train_typed_command(
             failed.get_or_insert(format!("{}: {err}", path.display()));
         }
     };
-    let s = train_typed(&layout, &engine, &cfg, &mut on_epoch)?;
+    let ranks = match (&group, a.emulate_ranks) {
+        (Some(g), _) => Ranks::Group(g),
+        (None, Some(n)) => Ranks::Emulated(n),
+        (None, None) => Ranks::One,
+    };
+    let s = train_typed(&layout, &engine, &cfg, ranks, &mut on_epoch)?;
     if let Some(err) = failed {
         anyhow::bail!("writing the metrics: {err}");
     }
+    match &group {
+        Some(g) if g.rank != 0 => tracing::info!(
+            "rank {} of {} done; rank 0 reports the run",
+            g.rank,
+            g.world
+        ),
+        _ => report(&s, memory.as_ref()),
+    }
+    Ok(())
+}
+
+/// The run's summary, for a person and (last line) for a program.
+fn report(s: &TypedTrainSummary, memory: Option<&MemoryEstimate>) {
     let acc = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{a:.4}"));
     print_summary(
         "trained typed layout",
@@ -131,6 +158,7 @@ pub(super) fn train_typed_command(
                 ),
             ),
             ("features", format!("{:?}", s.features).to_lowercase()),
+            ("ranks", s.world_size.to_string()),
             (
                 "best epoch",
                 format!(
@@ -149,7 +177,7 @@ pub(super) fn train_typed_command(
             ),
             (
                 "memory",
-                memory.as_ref().map_or("not stated".to_string(), |m| {
+                memory.map_or("not stated".to_string(), |m| {
                     format!(
                         "at most {} (stated before training)",
                         human_bytes(m.total_bytes)
@@ -160,7 +188,6 @@ pub(super) fn train_typed_command(
         ],
         &serde_json::json!({ "command": "train", "typed": true, "summary": s, "memory": memory }),
     );
-    Ok(())
 }
 
 /// States the run's peak memory (logged) and refuses it over `--memory`,
@@ -218,15 +245,10 @@ fn open_metrics(a: &TrainArgs) -> anyhow::Result<Option<(PathBuf, std::fs::File)
 }
 
 /// The flags typed training does not take yet, each refused in one line.
-fn refuse_unsupported(a: &TrainArgs, launch: Option<&Launch>) -> anyhow::Result<()> {
+fn refuse_unsupported(a: &TrainArgs) -> anyhow::Result<()> {
     let not_yet = |what: &str| -> anyhow::Result<()> {
-        anyhow::bail!(
-            "{what}: not built for typed layouts yet (R-SAGE and R-GAT train on one process)"
-        )
+        anyhow::bail!("{what}: not built for typed layouts yet")
     };
-    if launch.is_some() || a.emulate_ranks.is_some() {
-        return not_yet("data-parallel training");
-    }
     for (given, flag) in [
         (a.checkpoint_every.is_some(), "--checkpoint-every"),
         (a.historical.is_some(), "--historical"),

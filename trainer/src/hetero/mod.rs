@@ -15,6 +15,7 @@ pub mod blocks;
 pub mod checkpoint;
 pub mod export;
 pub mod memory;
+mod ranks;
 pub mod train;
 
 use tch::nn;

@@ -3,7 +3,8 @@
 //! pages and packed chunk), its typed blocks from the topology tables,
 //! then R-SAGE's or R-GAT's step. With the pipeline on, a loader thread
 //! reads the next batches (tables, disk reads, topology) while this thread
-//! assembles and steps. `--features naive` reads each type's rows from its
+//! assembles and steps. Ranks of a data-parallel launch share each epoch
+//! ([`super::ranks`]). `--features naive` reads each type's rows from its
 //! feature file instead, one aligned read per row: the baseline the packed
 //! layout is measured against.
 
@@ -18,11 +19,13 @@ use serde::Serialize;
 use tch::nn;
 use tch::{Device, Kind, Reduction, Tensor};
 
+use super::ranks::Named;
 use super::{RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks, checkpoint};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, TableFile};
 use crate::model::Adam;
 use crate::pipeline::{self, AssembleSources, FeatureMode, LoadSources, Sources};
+use crate::train::Ranks;
 
 /// What a typed training run is asked.
 #[derive(Clone, Debug)]
@@ -51,7 +54,7 @@ pub struct TypedTrainConfig {
 }
 
 /// One epoch's figures.
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct TypedEpoch {
     pub epoch: u32,
     pub loss: f64,
@@ -72,6 +75,8 @@ pub struct TypedTrainSummary {
     pub model: RelationalKind,
     /// Where the rows came from.
     pub features: FeatureMode,
+    /// The ranks that trained it.
+    pub world_size: u32,
     pub node_types: Vec<String>,
     pub relations: usize,
     pub parameters: i64,
@@ -175,6 +180,14 @@ impl TypedLayout {
         Ok(bytes)
     }
 
+    /// Whether some type's CPU cache follows the sampled batch order.
+    fn cpu_cache_follows(&self) -> bool {
+        self.assembles
+            .iter()
+            .flatten()
+            .any(|a| a.cpu_rows.as_ref().is_some_and(|c| c.follows))
+    }
+
     /// What the loader thread reads.
     fn reader(&self) -> Reader<'_> {
         Reader {
@@ -182,6 +195,7 @@ impl TypedLayout {
             schema: &self.schema,
             reads: &self.reads,
             topology: &self.topology,
+            stops_on_signal: true,
         }
     }
 
@@ -205,19 +219,26 @@ impl TypedLayout {
         })
     }
 
-    /// Runs `step` on every batch `0..n` of `split` in sampled epoch
-    /// `epoch`, in order: pipelined, a loader thread fetches up to two
-    /// batches ahead; else each is fetched when its turn comes.
+    /// Runs `step` on the batches `order` names (positions into `split`'s
+    /// sampled epoch `epoch`), in turn: pipelined, a loader thread fetches
+    /// up to two batches ahead; else each is fetched when its turn comes.
+    /// `step` sees each batch's index in `order`.
     fn for_each_batch(
         &self,
-        (split, epoch, n): (Split, u32, usize),
-        (engine, device, pipelined): (&IoEngine, Device, bool),
+        (split, epoch, order): (Split, u32, &[usize]),
+        run: Run<'_>,
         step: &mut dyn FnMut(usize, Batch) -> Result<()>,
     ) -> Result<()> {
-        let reader = self.reader();
-        if !pipelined {
-            for k in 0..n {
-                let f = reader.fetch((split, epoch, k), engine, device)?;
+        let (engine, device) = (run.engine, run.device);
+        // A rank of a group is stopped by a signal at its next step's
+        // all-reduce, with the others; anywhere else, at its next batch.
+        let reader = Reader {
+            stops_on_signal: run.ranks.group().is_none(),
+            ..self.reader()
+        };
+        if !run.pipelined {
+            for (k, &b) in order.iter().enumerate() {
+                let f = reader.fetch((split, epoch, b), engine, device)?;
                 step(k, self.ready(f)?)?;
             }
             return Ok(());
@@ -225,8 +246,8 @@ impl TypedLayout {
         std::thread::scope(|s| {
             let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Fetched>>(2);
             s.spawn(move || {
-                for k in 0..n {
-                    let fetched = reader.fetch((split, epoch, k), engine, device);
+                for &b in order {
+                    let fetched = reader.fetch((split, epoch, b), engine, device);
                     let failed = fetched.is_err();
                     // The receiver is gone when the step failed: stop.
                     if tx.send(fetched).is_err() || failed {
@@ -234,7 +255,7 @@ impl TypedLayout {
                     }
                 }
             });
-            for k in 0..n {
+            for k in 0..order.len() {
                 let f = rx
                     .recv()
                     .map_err(|_| Error::Internal("the typed loader stopped early".into()))??;
@@ -253,6 +274,8 @@ struct Reader<'a> {
     schema: &'a Schema,
     reads: &'a [Option<(Layout, LoadSources)>],
     topology: &'a [TableFile],
+    /// Whether a signal stops the fetch (else the step's all-reduce).
+    stops_on_signal: bool,
 }
 
 /// A batch as the loader thread leaves it: each type's rows read, its
@@ -274,7 +297,9 @@ impl Reader<'_> {
         engine: &IoEngine,
         device: Device,
     ) -> Result<Fetched> {
-        offgnn_shared::signals::check()?;
+        if self.stops_on_signal {
+            offgnn_shared::signals::check()?;
+        }
         let at = |refs: &BTreeMap<Split, Vec<Vec<BatchRef>>>| -> Result<BatchRef> {
             refs.get(&split)
                 .and_then(|e| e.get(epoch as usize))
@@ -342,15 +367,22 @@ fn topology_record(table: &TableFile, record: u32, relations: usize) -> Result<B
     )?)
 }
 
-/// Trains `cfg`'s model on `layout`: every epoch's training batches, then
-/// the validation and test batches; `on_epoch` sees each epoch's figures.
+/// Trains `cfg`'s model on `layout` as `ranks` take part: every epoch's
+/// training batches, then the validation and test batches; `on_epoch`
+/// sees each epoch's figures (summed over the ranks).
 pub fn train_typed(
     layout: &TypedLayout,
     engine: &IoEngine,
     cfg: &TypedTrainConfig,
+    ranks: Ranks<'_>,
     on_epoch: &mut dyn FnMut(&TypedEpoch),
 ) -> Result<TypedTrainSummary> {
     let started = Instant::now();
+    if ranks.world() > 1 && layout.cpu_cache_follows() {
+        return Err(Error::Layout(
+            "a node type's CPU cache follows the sampled batch order (packer --cpu-cache-policy belady, window or auto), which one process trains; for data-parallel training pack it with --cpu-cache-policy static".into(),
+        ));
+    }
     tch::manual_seed(cfg.seed as i64);
     let model_cfg = model_config(&layout.manifest, cfg);
     let vs = nn::VarStore::new(cfg.device);
@@ -368,8 +400,9 @@ pub fn train_typed(
             cfg.epochs
         );
     }
+    let writer = ranks.writer();
     // An export target that would be refused is refused before training.
-    if let Some(x) = &cfg.export {
+    if let Some(x) = cfg.export.as_ref().filter(|_| writer) {
         crate::export::check_target(&x.location, x.overwrite)?;
     }
     let key = checkpoint::RunKey {
@@ -378,33 +411,25 @@ pub fn train_typed(
         seed: cfg.seed,
         manifest: &layout.manifest,
     };
-    let (mut epochs, mut best_params) = start(cfg, (&vs, &mut opt), &key)?;
-    let keep_best = cfg.export.is_some() || cfg.checkpoint_dir.is_some();
-    let run = (engine, cfg.device, cfg.pipelined);
+    // Rank 0 reads the checkpoint; every rank starts from its model.
+    let decided = if writer {
+        start(cfg, (&vs, &mut opt), &key)
+    } else {
+        Ok((Vec::new(), None))
+    };
+    let (mut epochs, mut best_params) = match ranks.group() {
+        Some(g) => super::ranks::share_start(g, decided, &mut opt, cfg.device)?,
+        None => decided?,
+    };
+    let keep_best = writer && (cfg.export.is_some() || cfg.checkpoint_dir.is_some());
+    let run = Run {
+        engine,
+        device: cfg.device,
+        pipelined: cfg.pipelined,
+        ranks,
+    };
     for epoch in epochs.len() as u32..cfg.epochs {
-        let t = Instant::now();
-        // Each epoch's dropout from the seed and the epoch alone: a
-        // resumed run draws what one never stopped draws.
-        tch::manual_seed(
-            (cfg.seed as i64)
-                .wrapping_mul(1_000_003)
-                .wrapping_add(i64::from(epoch)),
-        );
-        let mut row = train_epoch(
-            layout,
-            (&model, &mut opt),
-            (epoch, epoch % sampled),
-            run,
-            cfg,
-        )?;
-        // Evaluation and the next epoch read the static rows again.
-        row.disk_bytes += layout.restore_cpu_caches()?;
-        row.train_seconds = t.elapsed().as_secs_f64();
-        let evaluate = |split| evaluate(layout, &model, (split, 0), run);
-        row.valid_accuracy = evaluate(Split::Valid)?;
-        row.test_accuracy = evaluate(Split::Test)?;
-        row.seconds = t.elapsed().as_secs_f64();
-        row.eval_seconds = row.seconds - row.train_seconds;
+        let row = run_epoch(layout, (&model, &mut opt), (epoch, sampled), run, cfg)?;
         on_epoch(&row);
         let improved = epochs
             .iter()
@@ -413,7 +438,7 @@ pub fn train_typed(
             best_params = Some(crate::export::snapshot(&vs)?);
         }
         epochs.push(row);
-        if let Some(dir) = &cfg.checkpoint_dir {
+        if let Some(dir) = cfg.checkpoint_dir.as_ref().filter(|_| writer) {
             let state = checkpoint::State {
                 vs: &vs,
                 adam: &opt,
@@ -429,7 +454,7 @@ pub fn train_typed(
         }
     }
     let best = best_epoch(&epochs);
-    let exports = match &cfg.export {
+    let exports = match cfg.export.as_ref().filter(|_| writer) {
         Some(x) => export(
             x,
             (layout, &model_cfg),
@@ -444,6 +469,7 @@ pub fn train_typed(
     Ok(TypedTrainSummary {
         model: cfg.kind,
         features: layout.features,
+        world_size: ranks.world(),
         node_types: layout.schema.types.iter().map(|t| t.0.clone()).collect(),
         relations: layout.schema.relations.len(),
         parameters: vs
@@ -457,6 +483,36 @@ pub fn train_typed(
         epochs,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// How batches are fetched and trained: the engine, the device, whether a
+/// loader thread reads ahead, and the ranks that share the epoch.
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    engine: &'a IoEngine,
+    device: Device,
+    pipelined: bool,
+    ranks: Ranks<'a>,
+}
+
+/// Epoch `epoch` (on sampled epoch `epoch mod sampled`): its training
+/// batches, the CPU caches restored, then the validation and test batches.
+fn run_epoch(
+    layout: &TypedLayout,
+    (model, opt): (&Rgnn, &mut Adam),
+    (epoch, sampled): (u32, u32),
+    run: Run<'_>,
+    cfg: &TypedTrainConfig,
+) -> Result<TypedEpoch> {
+    let t = Instant::now();
+    let mut row = train_epoch(layout, (model, opt), (epoch, epoch % sampled), run, cfg)?;
+    row.train_seconds = t.elapsed().as_secs_f64();
+    let evaluate = |split| evaluate(layout, model, (split, 0), run);
+    row.valid_accuracy = evaluate(Split::Valid)?;
+    row.test_accuracy = evaluate(Split::Test)?;
+    row.seconds = t.elapsed().as_secs_f64();
+    row.eval_seconds = row.seconds - row.train_seconds;
+    Ok(row)
 }
 
 /// The model `cfg` asks for over `m`'s types, a layer per sampled block.
@@ -524,9 +580,6 @@ fn start(
     }
 }
 
-/// A model's parameters by name, as an export holds them.
-type Named = Vec<(String, Tensor)>;
-
 /// Writes the best validation epoch's parameters `best` to the export
 /// target, and with `last` the last epoch's to `TARGET/last`.
 fn export(
@@ -568,55 +621,93 @@ fn export(
 }
 
 /// One epoch's training batches (of sampled epoch `sampled`): each
-/// batch's forward and backward pass and the optimizer's step.
+/// batch's forward and backward pass, and each step (a batch per local
+/// rank, dealt as homogeneous training deals them) the gradients averaged
+/// over the ranks and the optimizer's step; then the CPU caches that
+/// follow the batch order restored. Its sums add over the ranks.
 fn train_epoch(
     layout: &TypedLayout,
     (model, opt): (&Rgnn, &mut Adam),
     (epoch, sampled): (u32, u32),
-    run: (&IoEngine, Device, bool),
+    run: Run<'_>,
     cfg: &TypedTrainConfig,
 ) -> Result<TypedEpoch> {
     let n = layout.batches(Split::Train, sampled);
     let n = cfg.max_batches.map_or(n, |m| m.min(n));
+    let world = run.ranks.world() as usize;
+    let shares: Vec<Vec<usize>> = run
+        .ranks
+        .local()
+        .iter()
+        .map(|&r| crate::distributed::deal(n, world, r as usize))
+        .collect();
+    let per_step = shares.len();
+    let steps = shares.first().map_or(0, Vec::len);
+    let order: Vec<usize> = (0..steps)
+        .flat_map(|s| shares.iter().map(move |share| share[s]))
+        .collect();
     let pb = offgnn_shared::progress::bar_if(
         cfg.show_progress,
-        n as u64,
+        order.len() as u64,
         &format!("epoch {epoch}"),
         "batches",
     );
     let (mut loss_sum, mut right, mut seen, mut disk_bytes) = (0.0, 0i64, 0i64, 0u64);
-    layout.for_each_batch((Split::Train, sampled, n), run, &mut |k, b| {
+    let mut diverged = None;
+    layout.for_each_batch((Split::Train, sampled, &order), run, &mut |k, b| {
+        if k % per_step == 0 {
+            opt.zero_grad();
+        }
+        // Dropout draws follow the batch's place in the epoch, whichever
+        // rank trains it: a resumed run draws what one never stopped does.
+        tch::manual_seed(crate::train::batch_seed(cfg.seed, epoch, order[k] as u64));
         disk_bytes += b.disk_bytes;
         let logits = model.forward(&b.x, &b.blocks, true)?;
         let loss = logits
             .f_log_softmax(-1, Kind::Float)?
             .f_nll_loss::<Tensor>(&b.labels, None, Reduction::Mean, -100)?;
-        opt.zero_grad();
         loss.f_backward()?;
         let value = loss.f_double_value(&[])?;
         if !value.is_finite() {
-            return Err(Error::InvalidArgument(format!(
-                "epoch {epoch} batch {k}: the loss is {value}; lower --lr"
-            )));
+            diverged.get_or_insert(format!(
+                "epoch {epoch} batch {}: the loss is {value}",
+                order[k]
+            ));
         }
-        opt.step()?;
         loss_sum += value * b.labels.size()[0] as f64;
         right += hits(&logits, &b.labels)?;
         seen += b.labels.size()[0];
         pb.inc(1);
+        if k % per_step == per_step - 1 {
+            let any =
+                super::ranks::average_gradients(run.ranks, opt, diverged.is_some(), run.device)?;
+            if any {
+                return Err(Error::InvalidArgument(format!(
+                    "{}; lower --lr",
+                    diverged.take().unwrap_or_else(|| format!(
+                        "epoch {epoch}: another rank's loss is not finite"
+                    ))
+                )));
+            }
+            opt.step()?;
+        }
         Ok(())
     })?;
     pb.finish_and_clear();
+    // Evaluation and the next epoch read the static rows again.
+    disk_bytes += layout.restore_cpu_caches()?;
+    let sums = super::ranks::summed(
+        run.ranks,
+        &[loss_sum, right as f64, seen as f64, disk_bytes as f64],
+        run.device,
+    )?;
+    let seen = sums[2].max(1.0);
     Ok(TypedEpoch {
         epoch,
-        loss: loss_sum / seen.max(1) as f64,
-        train_accuracy: right as f64 / seen.max(1) as f64,
-        valid_accuracy: None,
-        test_accuracy: None,
-        disk_bytes,
-        train_seconds: 0.0,
-        eval_seconds: 0.0,
-        seconds: 0.0,
+        loss: sums[0] / seen,
+        train_accuracy: sums[1] / seen,
+        disk_bytes: sums[3] as u64,
+        ..Default::default()
     })
 }
 
@@ -625,23 +716,29 @@ fn hits(logits: &Tensor, labels: &Tensor) -> Result<i64> {
     Ok(crate::train::correct(logits, labels)?.f_int64_value(&[])?)
 }
 
-/// The model's accuracy on every batch of `split` (none: no such batches).
+/// The model's accuracy on every batch of `split` (none: no such batches);
+/// ranks of a group each evaluate their part and add up.
 fn evaluate(
     layout: &TypedLayout,
     model: &Rgnn,
     (split, epoch): (Split, u32),
-    run: (&IoEngine, Device, bool),
+    run: Run<'_>,
 ) -> Result<Option<f64>> {
     let n = layout.batches(split, epoch);
     if n == 0 {
         return Ok(None);
     }
+    let part: Vec<usize> = match run.ranks.group() {
+        Some(g) => crate::distributed::eval_share(n, g.world as usize, g.rank as usize).collect(),
+        None => (0..n).collect(),
+    };
     let (mut right, mut seen) = (0i64, 0i64);
-    layout.for_each_batch((split, epoch, n), run, &mut |_, b| {
+    layout.for_each_batch((split, epoch, &part), run, &mut |_, b| {
         let logits = tch::no_grad(|| model.forward(&b.x, &b.blocks, false))?;
         right += hits(&logits, &b.labels)?;
         seen += b.labels.size()[0];
         Ok(())
     })?;
-    Ok(Some(right as f64 / seen.max(1) as f64))
+    let sums = super::ranks::summed(run.ranks, &[right as f64, seen as f64], run.device)?;
+    Ok(Some(sums[0] / sums[1].max(1.0)))
 }

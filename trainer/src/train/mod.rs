@@ -42,8 +42,10 @@ pub use config::{DumpTarget, ExportTarget, TrainConfig};
 use context::{Job, ModelState, RunState};
 pub(crate) use metrics::correct;
 pub use metrics::{EpochMetrics, MachineShare, StageBusy, TrainSummary};
+pub(crate) use order::batch_seed;
 pub use order::segments_read;
 pub use ranks::Ranks;
+pub(crate) use ranks::{all_reduce_gradients, divide_gradients};
 pub use sources::sources;
 
 use crate::error::{Error, Result};

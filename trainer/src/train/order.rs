@@ -23,7 +23,7 @@ fn epoch_order(schedule: &[Vec<BatchRef>], t: u32, seed: u64, kept: bool) -> (u3
 }
 
 /// The seed of the dropout draws of the batch at `position` of epoch `t`.
-pub(super) fn batch_seed(seed: u64, t: u32, position: u64) -> i64 {
+pub(crate) fn batch_seed(seed: u64, t: u32, position: u64) -> i64 {
     let mut x = seed ^ 0x5EED_0000_0000_0000 ^ ((t as u64) << 32) ^ position;
     // splitmix64's finaliser: nearby inputs give unrelated seeds.
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

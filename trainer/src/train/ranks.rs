@@ -34,7 +34,7 @@ impl Ranks<'_> {
     }
 
     /// The ranks whose batches this process trains.
-    pub(super) fn local(&self) -> Vec<u32> {
+    pub(crate) fn local(&self) -> Vec<u32> {
         match self {
             Ranks::One => vec![0],
             Ranks::Group(g) => vec![g.rank],
@@ -50,7 +50,7 @@ impl Ranks<'_> {
         }
     }
 
-    pub(super) fn group(&self) -> Option<&Group> {
+    pub(crate) fn group(&self) -> Option<&Group> {
         match self {
             Ranks::Group(g) => Some(g),
             _ => None,
@@ -109,7 +109,7 @@ pub(super) fn summed(p: &EpochProgress, ranks: Ranks, device: Device) -> Result<
 
 /// One process standing in for `n` ranks: the summed gradients of every
 /// rank's batch of the step, divided by `n`.
-pub(super) fn divide_gradients(adam: &Adam, n: u32) -> Result<(), TchError> {
+pub(crate) fn divide_gradients(adam: &Adam, n: u32) -> Result<(), TchError> {
     tch::no_grad(|| {
         for (_, w) in adam.params() {
             let mut g = w.grad();
@@ -125,7 +125,7 @@ pub(super) fn divide_gradients(adam: &Adam, n: u32) -> Result<(), TchError> {
 /// this rank's `flags[0]` (its loss diverged) and `stop` (it was
 /// signalled) after them; pushes whether any rank's loss diverged and
 /// whether any rank was signalled onto `flags`. Returns the bytes reduced.
-pub(super) fn all_reduce_gradients(
+pub(crate) fn all_reduce_gradients(
     g: &Group,
     adam: &Adam,
     world: u32,

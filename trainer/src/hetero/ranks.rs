@@ -1,0 +1,105 @@
+//! Typed training over data-parallel ranks, as homogeneous training does
+//! it: every rank starts from rank 0's model (and the checkpoint only rank
+//! 0 reads), each step averages the ranks' gradients in one all-reduce that
+//! also carries whether a rank's loss diverged or it was signalled, and the
+//! epoch's and the evaluation's sums add over the ranks.
+
+use tch::{Device, Kind, Tensor};
+
+use super::train::TypedEpoch;
+use crate::distributed::Group;
+use crate::error::{Error, Result};
+use crate::model::Adam;
+use crate::train::{Ranks, all_reduce_gradients, divide_gradients};
+
+/// A model's parameters by name, as an export holds them.
+pub(super) type Named = Vec<(String, Tensor)>;
+
+/// Gives every rank rank 0's start: whether it could start at all, how
+/// many epochs are done, then its parameters and Adam's state. The other
+/// ranks' history holds placeholders (rank 0 alone checkpoints, exports
+/// and reports).
+pub(super) fn share_start(
+    g: &Group,
+    decided: Result<(Vec<TypedEpoch>, Option<Named>)>,
+    adam: &mut Adam,
+    device: Device,
+) -> Result<(Vec<TypedEpoch>, Option<Named>)> {
+    let header = match &decided {
+        Ok((history, _)) => [1, history.len() as i64],
+        Err(_) => [0, 0],
+    };
+    let h = Tensor::f_from_slice(&header)?.f_to_device(device)?;
+    g.broadcast(&h, 0)?;
+    let header = Vec::<i64>::try_from(h.f_to_device(Device::Cpu)?)?;
+    if header[0] == 0 {
+        return match decided {
+            Err(e) => Err(e),
+            Ok(_) => Err(Error::Distributed(format!(
+                "rank {} of {}: rank 0 could not start the run; its message says why",
+                g.rank, g.world
+            ))),
+        };
+    }
+    tch::no_grad(|| -> Result<()> {
+        for (_, p) in adam.params() {
+            g.broadcast(p, 0)?;
+        }
+        for (name, t) in adam.state() {
+            if name != "adam.step" {
+                g.broadcast(&t, 0)?;
+            }
+        }
+        Ok(())
+    })?;
+    let step = Tensor::f_from_slice(&[adam.step])?.f_to_device(device)?;
+    g.broadcast(&step, 0)?;
+    adam.step = step.f_int64_value(&[0])?;
+    match decided {
+        Ok(s) if g.rank == 0 => Ok(s),
+        _ => Ok((vec![TypedEpoch::default(); header[1] as usize], None)),
+    }
+}
+
+/// The step's gradients averaged over the ranks (by hand for emulated
+/// ranks); refuses the step where a rank's loss was not finite (`diverged`
+/// here) and stops every rank where one was signalled.
+pub(super) fn average_gradients(
+    ranks: Ranks<'_>,
+    adam: &Adam,
+    diverged: bool,
+    device: Device,
+) -> Result<bool> {
+    match ranks {
+        Ranks::One => Ok(diverged),
+        Ranks::Emulated(n) => {
+            divide_gradients(adam, n)?;
+            Ok(diverged)
+        }
+        Ranks::Group(g) => {
+            let mut flags =
+                vec![Tensor::f_from_slice(&[f32::from(u8::from(diverged))])?.f_to_device(device)?];
+            let stop = offgnn_shared::signals::received().is_some();
+            all_reduce_gradients(g, adam, g.world, stop, &mut flags)?;
+            let set = |t: &Tensor| -> Result<bool> {
+                Ok(t.f_to_kind(Kind::Int64)?.f_int64_value(&[0])? != 0)
+            };
+            if set(&flags[2])? {
+                offgnn_shared::signals::check()?;
+                return Err(Error::Distributed(format!(
+                    "rank {} of {}: another rank was signalled; stopping",
+                    g.rank, g.world
+                )));
+            }
+            set(&flags[1])
+        }
+    }
+}
+
+/// `values` summed over the ranks of a group (as they are elsewhere).
+pub(super) fn summed(ranks: Ranks<'_>, values: &[f64], device: Device) -> Result<Vec<f64>> {
+    match ranks.group() {
+        Some(g) => Ok(g.sum_f64(values, device)?),
+        None => Ok(values.to_vec()),
+    }
+}
