@@ -10,7 +10,7 @@ use super::train::TypedEpoch;
 use crate::distributed::Group;
 use crate::error::{Error, Result};
 use crate::model::Adam;
-use crate::train::{Ranks, all_reduce_gradients, divide_gradients};
+use crate::train::{Ranks, all_reduce_gradients, divide_gradients, share_model};
 
 /// A model's parameters by name, as an export holds them.
 pub(super) type Named = Vec<(String, Tensor)>;
@@ -25,40 +25,11 @@ pub(super) fn share_start(
     adam: &mut Adam,
     device: Device,
 ) -> Result<(Vec<TypedEpoch>, Option<Named>)> {
-    let header = match &decided {
-        Ok((history, _)) => [1, history.len() as i64],
-        Err(_) => [0, 0],
-    };
-    let h = Tensor::f_from_slice(&header)?.f_to_device(device)?;
-    g.broadcast(&h, 0)?;
-    let header = Vec::<i64>::try_from(h.f_to_device(Device::Cpu)?)?;
-    if header[0] == 0 {
-        return match decided {
-            Err(e) => Err(e),
-            Ok(_) => Err(Error::Distributed(format!(
-                "rank {} of {}: rank 0 could not start the run; its message says why",
-                g.rank, g.world
-            ))),
-        };
-    }
-    tch::no_grad(|| -> Result<()> {
-        for (_, p) in adam.params() {
-            g.broadcast(p, 0)?;
-        }
-        for (name, t) in adam.state() {
-            if name != "adam.step" {
-                g.broadcast(&t, 0)?;
-            }
-        }
-        Ok(())
-    })?;
-    let step = Tensor::f_from_slice(&[adam.step])?.f_to_device(device)?;
-    g.broadcast(&step, 0)?;
-    adam.step = step.f_int64_value(&[0])?;
-    match decided {
-        Ok(s) if g.rank == 0 => Ok(s),
-        _ => Ok((vec![TypedEpoch::default(); header[1] as usize], None)),
-    }
+    let done = decided
+        .as_ref()
+        .map_or(0, |(history, _)| history.len() as i64);
+    let (mine, header) = share_model(g, decided, &[done], adam, device)?;
+    Ok(mine.unwrap_or_else(|| (vec![TypedEpoch::default(); header[0] as usize], None)))
 }
 
 /// The step's gradients averaged over the ranks (by hand for emulated

@@ -47,6 +47,7 @@ pub use order::segments_read;
 pub use ranks::Ranks;
 pub(crate) use ranks::{all_reduce_gradients, divide_gradients};
 pub use sources::sources;
+pub(crate) use start::share_model;
 
 use crate::error::{Error, Result};
 use crate::historical::Historical;

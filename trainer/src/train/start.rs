@@ -195,17 +195,43 @@ fn share_start(
     adam: &mut Adam,
     device: Device,
 ) -> Result<Start> {
-    let header = match &decided {
+    let figures = match &decided {
         Ok(s) => vec![
-            1,
             s.history.len() as i64,
             s.in_epoch.as_ref().map_or(-1, |p| p.batches as i64),
         ],
-        Err(_) => vec![0, 0, -1],
+        Err(_) => vec![0, -1],
     };
-    let h = Tensor::from_slice(&header).to_device(device);
+    let (mine, header) = share_model(g, decided, &figures, adam, device)?;
+    Ok(mine.unwrap_or_else(|| Start {
+        history: vec![EpochMetrics::default(); header[0] as usize],
+        in_epoch: (header[1] >= 0).then(|| EpochProgress {
+            batches: header[1] as u64,
+            ..Default::default()
+        }),
+        resumed_from: (header[0] > 0 || header[1] > 0)
+            .then_some((header[0] as u32, header[1].max(0) as u64)),
+        best: None,
+    }))
+}
+
+/// Rank 0's start on every rank of `g`: whether it could start at all
+/// (`decided`; rank 0's error there, a line naming it on the others), its
+/// `figures` of where it starts, then its parameters and Adam's state.
+/// Returns rank 0 its own start and every rank rank 0's figures (the
+/// other ranks' own decisions give way to rank 0's).
+pub(crate) fn share_model<T>(
+    g: &Group,
+    decided: Result<T>,
+    figures: &[i64],
+    adam: &mut Adam,
+    device: Device,
+) -> Result<(Option<T>, Vec<i64>)> {
+    let mut header = vec![i64::from(decided.is_ok())];
+    header.extend_from_slice(figures);
+    let h = Tensor::f_from_slice(&header)?.f_to_device(device)?;
     g.broadcast(&h, 0)?;
-    let header = Vec::<i64>::try_from(h.to_device(Device::Cpu))?;
+    let header = Vec::<i64>::try_from(h.f_to_device(Device::Cpu)?)?;
     if header[0] == 0 {
         return match decided {
             Err(e) => Err(e),
@@ -220,29 +246,17 @@ fn share_start(
             g.broadcast(p, 0)?;
         }
         for (name, t) in adam.state() {
-            if name == "adam.step" {
-                continue;
+            if name != "adam.step" {
+                g.broadcast(&t, 0)?;
             }
-            g.broadcast(&t, 0)?;
         }
         Ok(())
     })?;
-    let step = Tensor::from_slice(&[adam.step]).to_device(device);
+    let step = Tensor::f_from_slice(&[adam.step])?.f_to_device(device)?;
     g.broadcast(&step, 0)?;
-    adam.step = step.int64_value(&[0]);
-    match decided {
-        Ok(s) if g.rank == 0 => Ok(s),
-        _ => Ok(Start {
-            history: vec![EpochMetrics::default(); header[1] as usize],
-            in_epoch: (header[2] >= 0).then(|| EpochProgress {
-                batches: header[2] as u64,
-                ..Default::default()
-            }),
-            resumed_from: (header[1] > 0 || header[2] > 0)
-                .then_some((header[1] as u32, header[2].max(0) as u64)),
-            best: None,
-        }),
-    }
+    adam.step = step.f_int64_value(&[0])?;
+    let mine = decided.ok().filter(|_| g.rank == 0);
+    Ok((mine, header[1..].to_vec()))
 }
 
 /// Where this process starts: as rank 0 decides it ([`start_of`]), and in
