@@ -102,10 +102,14 @@ pub(super) fn train_typed_command(
         }
         let acc = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{a:.4}"));
         println!(
-            "epoch {:>3}  {:>7.2}s (train {:.2}s)  loss {:.4}  train {:.4}  valid {}  test {}  disk {}",
+            "epoch {:>3}  {:>7.2}s (train {:.2}s: fetch {:.2}s, waited {:.2}s, assembly {:.2}s, steps {:.2}s)  loss {:.4}  train {:.4}  valid {}  test {}  disk {}",
             e.epoch,
             e.seconds,
             e.train_seconds,
+            e.stages.fetch,
+            e.stages.wait,
+            e.stages.assemble,
+            e.stages.step,
             e.loss,
             e.train_accuracy,
             acc(e.valid_accuracy),

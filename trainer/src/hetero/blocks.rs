@@ -89,6 +89,9 @@ pub struct RelationEdges {
     /// In-degree of each of the destination type's rows in the block: the
     /// lengths of the edges' segments.
     pub counts: Tensor,
+    /// Where each destination row's edges start, one more entry than rows
+    /// (int64): the edges as bags, for `embedding_bag`.
+    pub offsets: Tensor,
 }
 
 /// One block: each type's destination rows, and each relation's edges.
@@ -195,10 +198,16 @@ fn layer(
                 dst.push(position[d]);
                 counts[position[d] as usize] += 1;
             }
+            let mut offsets = Vec::with_capacity(counts.len() + 1);
+            offsets.push(0i64);
+            for &c in &counts {
+                offsets.push(offsets.last().copied().unwrap_or(0) + c);
+            }
             Ok(RelationEdges {
                 src: Tensor::from_slice(&src).to_device(device),
                 dst: Tensor::from_slice(&dst).to_device(device),
                 counts: Tensor::from_slice(&counts).to_device(device),
+                offsets: Tensor::from_slice(&offsets).to_device(device),
             })
         })
         .collect::<Result<_>>()?;

@@ -214,19 +214,14 @@ impl Conv {
         let nd = x_dst.size()[0];
         match self {
             Conv::Sage { lin_l } => {
-                let d = x_src.size()[1];
-                let sum = Tensor::f_zeros([nd, d], (x_src.kind(), x_src.device()))?.f_index_add(
-                    0,
-                    &e.dst,
-                    &x_src.f_index_select(0, &e.src)?,
+                // The mean of each destination row's in-neighbours (0
+                // without any) as an embedding bag per row: it never holds
+                // an `[edges, width]` matrix.
+                const MEAN: i64 = 1;
+                let (mean, _, _, _) = Tensor::f_embedding_bag::<Tensor>(
+                    x_src, &e.src, &e.offsets, false, MEAN, false, None, true,
                 )?;
-                // The in-degrees, at least 1: a row without in-edges is 0.
-                let count = e
-                    .counts
-                    .f_clamp_min(1)?
-                    .f_to_kind(x_src.kind())?
-                    .f_unsqueeze(1)?;
-                sum.f_div(&count)?.f_linear(&lin_l.ws, lin_l.bs.as_ref())
+                mean.f_linear(&lin_l.ws, lin_l.bs.as_ref())
             }
             Conv::Gat {
                 lin_src,

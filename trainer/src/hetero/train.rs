@@ -63,10 +63,25 @@ pub struct TypedEpoch {
     pub test_accuracy: Option<f64>,
     /// Feature bytes the epoch's training batches read from disk.
     pub disk_bytes: u64,
+    /// Where the training batches' time went.
+    #[serde(default)]
+    pub stages: StageSeconds,
     /// Training, then evaluation; and the whole epoch.
     pub train_seconds: f64,
     pub eval_seconds: f64,
     pub seconds: f64,
+}
+
+/// Seconds an epoch's stages took: the loader's fetches (topology
+/// records, each type's tables and disk reads; beside the training thread
+/// when pipelined), this thread's wait for them, each batch's assembly
+/// and the model's steps (forward, backward, gradients averaged, Adam).
+#[derive(Clone, Copy, Debug, Default, Serialize, serde::Deserialize)]
+pub struct StageSeconds {
+    pub fetch: f64,
+    pub wait: f64,
+    pub assemble: f64,
+    pub step: f64,
 }
 
 /// A typed run's figures.
@@ -228,40 +243,63 @@ impl TypedLayout {
         (split, epoch, order): (Split, u32, &[usize]),
         run: Run<'_>,
         step: &mut dyn FnMut(usize, Batch) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<StageSeconds> {
         let (engine, device) = (run.engine, run.device);
+        let mut stages = StageSeconds::default();
+        let since = |t: Instant| t.elapsed().as_secs_f64();
         // A rank of a group is stopped by a signal at its next step's
         // all-reduce, with the others; anywhere else, at its next batch.
         let reader = Reader {
             stops_on_signal: run.ranks.group().is_none(),
             ..self.reader()
         };
+        let mut train = |k: usize, f: Fetched, stages: &mut StageSeconds| -> Result<()> {
+            let t = Instant::now();
+            let b = self.ready(f)?;
+            stages.assemble += since(t);
+            let t = Instant::now();
+            step(k, b)?;
+            stages.step += since(t);
+            Ok(())
+        };
         if !run.pipelined {
             for (k, &b) in order.iter().enumerate() {
+                let t = Instant::now();
                 let f = reader.fetch((split, epoch, b), engine, device)?;
-                step(k, self.ready(f)?)?;
+                stages.fetch += since(t);
+                stages.wait += since(t);
+                train(k, f, &mut stages)?;
             }
-            return Ok(());
+            return Ok(stages);
         }
         std::thread::scope(|s| {
             let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Fetched>>(2);
-            s.spawn(move || {
+            let loader = s.spawn(move || {
+                let mut busy = 0.0;
                 for &b in order {
+                    let t = Instant::now();
                     let fetched = reader.fetch((split, epoch, b), engine, device);
+                    busy += since(t);
                     let failed = fetched.is_err();
                     // The receiver is gone when the step failed: stop.
                     if tx.send(fetched).is_err() || failed {
                         break;
                     }
                 }
+                busy
             });
             for k in 0..order.len() {
+                let t = Instant::now();
                 let f = rx
                     .recv()
                     .map_err(|_| Error::Internal("the typed loader stopped early".into()))??;
-                step(k, self.ready(f)?)?;
+                stages.wait += since(t);
+                train(k, f, &mut stages)?;
             }
-            Ok(())
+            stages.fetch = loader
+                .join()
+                .map_err(|_| Error::Internal("the typed loader panicked".into()))?;
+            Ok(stages)
         })
     }
 }
@@ -654,7 +692,7 @@ fn train_epoch(
     );
     let (mut loss_sum, mut right, mut seen, mut disk_bytes) = (0.0, 0i64, 0i64, 0u64);
     let mut diverged = None;
-    layout.for_each_batch((Split::Train, sampled, &order), run, &mut |k, b| {
+    let stages = layout.for_each_batch((Split::Train, sampled, &order), run, &mut |k, b| {
         if k % per_step == 0 {
             opt.zero_grad();
         }
@@ -707,6 +745,7 @@ fn train_epoch(
         loss: sums[0] / seen,
         train_accuracy: sums[1] / seen,
         disk_bytes: sums[3] as u64,
+        stages,
         ..Default::default()
     })
 }
