@@ -404,3 +404,54 @@ fn losses_of(r: &offgnn_e2e::Run) -> Vec<f64> {
         .map(|e| e["loss"].as_f64().unwrap())
         .collect()
 }
+
+/// `--checkpoint-every`: a run killed inside an epoch (the test hook stands
+/// in for the kill, just after a checkpoint due there) resumes from the
+/// steps it had done and ends as one never stopped.
+#[test]
+fn a_typed_run_resumes_inside_an_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = offgnn_e2e::typed_pack(dir.path());
+    let ck = dir.path().join("ck");
+    let (pack, ck) = (pack.to_str().unwrap(), ck.to_str().unwrap());
+    let common = [
+        "--manifest",
+        pack,
+        "--model",
+        "sage",
+        "--epochs",
+        "2",
+        "--hidden",
+        "32",
+    ];
+    let r = run("trainer", &common);
+    assert!(r.status.success(), "{}", r.stderr);
+    let straight = losses_of(&r);
+    let with_checkpoints = [
+        &common[..],
+        &["--checkpoint-dir", ck, "--checkpoint-every", "1"],
+    ]
+    .concat();
+    // Killed after the second step of the first epoch (of three).
+    let r = offgnn_e2e::run_with_env(
+        "trainer",
+        &with_checkpoints,
+        &[("OFFGNN_TEST_INTERRUPT_AFTER", "2")],
+    );
+    assert!(!r.status.success());
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("ck/checkpoint.json")).unwrap())
+            .unwrap();
+    assert_eq!(meta["epoch"], 0);
+    assert_eq!(meta["in_epoch"]["steps"], 2);
+    let resumed = [&with_checkpoints[..], &["--resume"]].concat();
+    let r = run("trainer", &resumed);
+    assert!(r.status.success(), "{}", r.stderr);
+    let after = losses_of(&r);
+    let same = straight.len() == after.len()
+        && straight
+            .iter()
+            .zip(&after)
+            .all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs());
+    assert!(same, "{straight:?} {after:?}");
+}

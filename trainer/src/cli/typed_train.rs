@@ -78,6 +78,7 @@ pub(super) fn train_typed_command(
         max_batches: a.max_batches,
         pipelined: a.pipeline == OnOff::On,
         checkpoint_dir: a.checkpoint_dir.clone(),
+        checkpoint_every: a.checkpoint_every,
         resume: a.resume,
         overwrite: a.overwrite,
         export: a
@@ -254,7 +255,6 @@ fn refuse_unsupported(a: &TrainArgs) -> anyhow::Result<()> {
         anyhow::bail!("{what}: not built for typed layouts yet")
     };
     for (given, flag) in [
-        (a.checkpoint_every.is_some(), "--checkpoint-every"),
         (a.historical.is_some(), "--historical"),
         (a.dump_batches.is_some(), "--dump-batches"),
         (a.scorer.is_some(), "--scorer"),

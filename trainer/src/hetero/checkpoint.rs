@@ -3,9 +3,10 @@
 //! epoch's parameters in one tensor file, and `checkpoint.json` (the
 //! model's shape, the run's settings and history, the file's digest),
 //! written as homogeneous checkpoints are (the tensor file, then the JSON
-//! as the commit). Each epoch seeds libtorch's generator from the run's
-//! seed and its own number, so a resumed run continues exactly as one
-//! never stopped.
+//! as the commit). With `--checkpoint-every N` one is also taken every N
+//! steps inside an epoch, with the steps done and their sums. Each batch
+//! seeds libtorch's generator from the run's seed, its epoch and its place
+//! in it, so a resumed run continues exactly as one never stopped.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -14,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Tensor, nn};
 
 use super::RgnnConfig;
-use super::train::TypedEpoch;
+use super::train::{Started, TypedEpoch, TypedTrainConfig};
 use crate::error::{Error, Result};
 use crate::model::Adam;
 use crate::train::{FileDigest, META, commit_meta, load_tensors, write_tensor_file};
@@ -34,8 +35,22 @@ pub struct TypedCheckpoint {
     pub epoch: u32,
     pub history: Vec<TypedEpoch>,
     pub best_epoch: Option<u32>,
+    /// Taken inside the epoch after `epoch`: where it stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_epoch: Option<InEpoch>,
     pub tensors: String,
     pub(crate) tensors_digest: FileDigest,
+}
+
+/// Where a checkpoint taken inside an epoch stands: the epoch's steps done
+/// and their sums over the ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct InEpoch {
+    pub steps: u64,
+    pub loss_sum: f64,
+    pub right: f64,
+    pub seen: f64,
+    pub disk_bytes: f64,
 }
 
 /// What a run saves and resumes: its model, optimizer and best parameters.
@@ -53,17 +68,21 @@ pub struct RunKey<'a> {
     pub manifest: &'a offgnn_manifests::TypedManifest,
 }
 
-/// Saves the state after `history`'s epochs.
+/// Saves the state after `history`'s epochs (and `in_epoch`'s steps of
+/// the next).
 pub fn save(
     dir: &Path,
     state: &State<'_>,
     key: &RunKey<'_>,
-    history: &[TypedEpoch],
-    best_epoch: Option<u32>,
+    (history, best_epoch): (&[TypedEpoch], Option<u32>),
+    in_epoch: Option<InEpoch>,
 ) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
     let epoch = history.len() as u32;
-    let tensors = format!("checkpoint-e{epoch:05}.ot");
+    let tensors = match in_epoch {
+        Some(p) => format!("checkpoint-e{epoch:05}-s{:06}.ot", p.steps),
+        None => format!("checkpoint-e{epoch:05}.ot"),
+    };
     let mut named: Vec<(String, Tensor)> = state
         .vs
         .variables()
@@ -88,6 +107,7 @@ pub fn save(
         epoch,
         history: history.to_vec(),
         best_epoch,
+        in_epoch,
         tensors: tensors.clone(),
         tensors_digest: digest,
     };
@@ -175,4 +195,46 @@ pub fn resume(
     let mut best: Vec<(String, Tensor)> = best.into_iter().collect();
     best.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(Some(best))
+}
+
+/// Where the run starts: afresh, or after the epochs of the checkpoint it
+/// resumes (with the best parameters it holds). A checkpoint is not
+/// replaced without `overwrite`.
+pub(super) fn start(
+    cfg: &TypedTrainConfig,
+    (vs, adam): (&nn::VarStore, &mut Adam),
+    key: &RunKey<'_>,
+) -> Result<Started> {
+    let Some(dir) = &cfg.checkpoint_dir else {
+        if cfg.resume {
+            return Err(Error::InvalidArgument(
+                "--resume needs --checkpoint-dir".into(),
+            ));
+        }
+        return Ok((Vec::new(), None, None));
+    };
+    match (read(dir)?, cfg.resume) {
+        (Some(meta), true) => {
+            let best = resume(dir, &meta, (vs, adam), key, cfg.device)?;
+            tracing::info!(
+                "resuming after epoch {}{} from {}",
+                meta.epoch,
+                meta.in_epoch.map_or(String::new(), |p| format!(
+                    " and {} steps of the next",
+                    p.steps
+                )),
+                dir.display()
+            );
+            Ok((meta.history, best, meta.in_epoch))
+        }
+        (Some(_), false) if !cfg.overwrite => Err(Error::InvalidArgument(format!(
+            "{} holds a checkpoint: pass --resume to continue it or --overwrite to start afresh",
+            dir.display()
+        ))),
+        (None, true) => Err(Error::InvalidArgument(format!(
+            "--resume: {} holds no checkpoint",
+            dir.display()
+        ))),
+        _ => Ok((Vec::new(), None, None)),
+    }
 }

@@ -13,6 +13,8 @@
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
+use super::ranks::Named;
+use super::train::{TypedEpoch, TypedLayout};
 use super::{RelationalKind, RgnnConfig, Schema};
 use crate::error::Result;
 
@@ -128,4 +130,44 @@ pub fn write(
             json
         })?;
     Ok((location, card.expect("the card was made")))
+}
+
+/// Writes the best validation epoch's parameters `best` to the export
+/// target, and with `last` the last epoch's to `TARGET/last`.
+pub(super) fn run_exports(
+    x: &crate::train::ExportTarget,
+    (layout, model_cfg): (&TypedLayout, &RgnnConfig),
+    (epochs, best): (&[TypedEpoch], Option<&TypedEpoch>),
+    (best_params, last_params): (Named, Named),
+) -> Result<Vec<String>> {
+    let last = epochs.last().expect("an epoch ran");
+    let at = best.unwrap_or(last);
+    let from = |which, e: &TypedEpoch| TypedProvenance {
+        manifest: &layout.manifest,
+        which,
+        epoch: e.epoch,
+        valid_acc: e.valid_accuracy.unwrap_or(0.0),
+        test_acc: e.test_accuracy.unwrap_or(0.0),
+    };
+    let shape = (&layout.schema, model_cfg);
+    let (location, _) = write(
+        &x.location,
+        shape,
+        &best_params,
+        &from("best", at),
+        x.overwrite,
+    )?;
+    let mut written = vec![location];
+    if x.last {
+        let target = format!("{}/last", x.location.trim_end_matches('/'));
+        let (location, _) = write(
+            &target,
+            shape,
+            &last_params,
+            &from("last", last),
+            x.overwrite,
+        )?;
+        written.push(location);
+    }
+    Ok(written)
 }

@@ -6,7 +6,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::train::TypedEpoch;
+use super::checkpoint::InEpoch;
+use super::train::{Started, TypedEpoch};
 use crate::distributed::Group;
 use crate::error::{Error, Result};
 use crate::model::Adam;
@@ -16,20 +17,28 @@ use crate::train::{Ranks, all_reduce_gradients, divide_gradients, share_model};
 pub(super) type Named = Vec<(String, Tensor)>;
 
 /// Gives every rank rank 0's start: whether it could start at all, how
-/// many epochs are done, then its parameters and Adam's state. The other
-/// ranks' history holds placeholders (rank 0 alone checkpoints, exports
-/// and reports).
+/// many epochs (and steps of the next) are done, then its parameters and
+/// Adam's state. The other ranks' history holds placeholders and their
+/// sums of the epoch start at zero (rank 0 alone checkpoints, exports and
+/// reports, and holds the sums so far).
 pub(super) fn share_start(
     g: &Group,
-    decided: Result<(Vec<TypedEpoch>, Option<Named>)>,
+    decided: Result<Started>,
     adam: &mut Adam,
     device: Device,
-) -> Result<(Vec<TypedEpoch>, Option<Named>)> {
-    let done = decided
-        .as_ref()
-        .map_or(0, |(history, _)| history.len() as i64);
-    let (mine, header) = share_model(g, decided, &[done], adam, device)?;
-    Ok(mine.unwrap_or_else(|| (vec![TypedEpoch::default(); header[0] as usize], None)))
+) -> Result<Started> {
+    let figures = match &decided {
+        Ok((history, _, at)) => [history.len() as i64, at.map_or(-1, |p| p.steps as i64)],
+        Err(_) => [0, -1],
+    };
+    let (mine, header) = share_model(g, decided, &figures, adam, device)?;
+    Ok(mine.unwrap_or_else(|| {
+        let at = (header[1] >= 0).then(|| InEpoch {
+            steps: header[1] as u64,
+            ..Default::default()
+        });
+        (vec![TypedEpoch::default(); header[0] as usize], None, at)
+    }))
 }
 
 /// The step's gradients averaged over the ranks (by hand for emulated

@@ -19,6 +19,7 @@ use serde::Serialize;
 use tch::nn;
 use tch::{Device, Kind, Reduction, Tensor};
 
+use super::checkpoint::InEpoch;
 use super::ranks::Named;
 use super::{RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks, checkpoint};
 use crate::error::{Error, Result};
@@ -48,6 +49,8 @@ pub struct TypedTrainConfig {
     /// A checkpoint after every epoch goes here; `resume` continues from
     /// the one there, `overwrite` starts afresh over it.
     pub checkpoint_dir: Option<PathBuf>,
+    /// Also a checkpoint every this many steps inside an epoch.
+    pub checkpoint_every: Option<u64>,
     pub resume: bool,
     pub overwrite: bool,
     pub show_progress: bool,
@@ -416,28 +419,12 @@ pub fn train_typed(
     on_epoch: &mut dyn FnMut(&TypedEpoch),
 ) -> Result<TypedTrainSummary> {
     let started = Instant::now();
-    if ranks.world() > 1 && layout.cpu_cache_follows() {
-        return Err(Error::Layout(
-            "a node type's CPU cache follows the sampled batch order (packer --cpu-cache-policy belady, window or auto), which one process trains; for data-parallel training pack it with --cpu-cache-policy static".into(),
-        ));
-    }
+    let sampled = check_run(layout, cfg, ranks)?;
     tch::manual_seed(cfg.seed as i64);
     let model_cfg = model_config(&layout.manifest, cfg);
     let vs = nn::VarStore::new(cfg.device);
     let model = Rgnn::new(&vs.root(), &layout.schema, &model_cfg)?;
     let mut opt = Adam::new(&vs, cfg.lr);
-    let sampled = layout.sampled_epochs();
-    if sampled == 0 {
-        return Err(Error::InvalidArgument(
-            "the layout has no training epochs".into(),
-        ));
-    }
-    if cfg.epochs > sampled {
-        tracing::info!(
-            "{} epochs over {sampled} sampled: epoch e trains on sampled epoch e mod {sampled}",
-            cfg.epochs
-        );
-    }
     let writer = ranks.writer();
     // An export target that would be refused is refused before training.
     if let Some(x) = cfg.export.as_ref().filter(|_| writer) {
@@ -451,13 +438,17 @@ pub fn train_typed(
     };
     // Rank 0 reads the checkpoint; every rank starts from its model.
     let decided = if writer {
-        start(cfg, (&vs, &mut opt), &key)
+        checkpoint::start(cfg, (&vs, &mut opt), &key)
     } else {
-        Ok((Vec::new(), None))
+        Ok((Vec::new(), None, None))
     };
-    let (mut epochs, mut best_params) = match ranks.group() {
+    let (mut epochs, mut best_params, mut resume_at) = match ranks.group() {
         Some(g) => super::ranks::share_start(g, decided, &mut opt, cfg.device)?,
         None => decided?,
+    };
+    let mut done = Done {
+        here: 0,
+        interrupt_after: crate::test_hooks::current().interrupt_after,
     };
     let keep_best = writer && (cfg.export.is_some() || cfg.checkpoint_dir.is_some());
     let run = Run {
@@ -467,7 +458,21 @@ pub fn train_typed(
         ranks,
     };
     for epoch in epochs.len() as u32..cfg.epochs {
-        let row = run_epoch(layout, (&model, &mut opt), (epoch, sampled), run, cfg)?;
+        // A checkpoint inside the epoch (rank 0's; every rank sums).
+        let mut inside = |adam: &Adam, p: InEpoch| -> Result<()> {
+            let Some(dir) = cfg.checkpoint_dir.as_ref().filter(|_| writer) else {
+                return Ok(());
+            };
+            let state = checkpoint::State {
+                vs: &vs,
+                adam,
+                best: best_params.as_deref(),
+            };
+            let best = best_epoch(&epochs).map(|e| e.epoch);
+            checkpoint::save(dir, &state, &key, (&epochs, best), Some(p))
+        };
+        let at = (resume_at.take(), &mut inside as &mut MidEpoch, &mut done);
+        let row = run_epoch(layout, (&model, &mut opt), (epoch, sampled), run, cfg, at)?;
         on_epoch(&row);
         let improved = epochs
             .iter()
@@ -482,18 +487,13 @@ pub fn train_typed(
                 adam: &opt,
                 best: best_params.as_deref(),
             };
-            checkpoint::save(
-                dir,
-                &state,
-                &key,
-                &epochs,
-                best_epoch(&epochs).map(|e| e.epoch),
-            )?;
+            let best = best_epoch(&epochs).map(|e| e.epoch);
+            checkpoint::save(dir, &state, &key, (&epochs, best), None)?;
         }
     }
     let best = best_epoch(&epochs);
     let exports = match cfg.export.as_ref().filter(|_| writer) {
-        Some(x) => export(
+        Some(x) => super::export::run_exports(
             x,
             (layout, &model_cfg),
             (&epochs, best),
@@ -523,6 +523,55 @@ pub fn train_typed(
     })
 }
 
+/// Refuses what the run cannot train, before anything is built: a CPU
+/// cache that follows the batch order under ranks or mid-epoch
+/// checkpoints, a layout without training epochs. Returns the sampled
+/// epochs.
+fn check_run(layout: &TypedLayout, cfg: &TypedTrainConfig, ranks: Ranks<'_>) -> Result<u32> {
+    let follows = "a node type's CPU cache follows the sampled batch order (packer --cpu-cache-policy belady, window or auto)";
+    if cfg.checkpoint_every.is_some() && layout.cpu_cache_follows() {
+        return Err(Error::Layout(format!(
+            "--checkpoint-every: {follows}, which a run resumed inside an epoch cannot rebuild for typed layouts yet; pack with --cpu-cache-policy static"
+        )));
+    }
+    if ranks.world() > 1 && layout.cpu_cache_follows() {
+        return Err(Error::Layout(format!(
+            "{follows}, which one process trains; for data-parallel training pack it with --cpu-cache-policy static"
+        )));
+    }
+    let sampled = layout.sampled_epochs();
+    if sampled == 0 {
+        return Err(Error::InvalidArgument(
+            "the layout has no training epochs".into(),
+        ));
+    }
+    if cfg.epochs > sampled {
+        tracing::info!(
+            "{} epochs over {sampled} sampled: epoch e trains on sampled epoch e mod {sampled}",
+            cfg.epochs
+        );
+    }
+    Ok(sampled)
+}
+
+/// Where a run starts: the epochs done, the best parameters so far, and
+/// where the next epoch stands when the checkpoint was taken inside it.
+pub(super) type Started = (Vec<TypedEpoch>, Option<Named>, Option<InEpoch>);
+
+/// Saves a checkpoint inside an epoch.
+type MidEpoch<'a> = dyn FnMut(&Adam, InEpoch) -> Result<()> + 'a;
+
+/// Where an epoch starts (inside it, after a checkpoint taken there), what
+/// saves a checkpoint inside it, and the steps trained so far.
+type At<'a> = (Option<InEpoch>, &'a mut MidEpoch<'a>, &'a mut Done);
+
+/// Training steps this process took, and the test hook's stand-in for a
+/// kill after so many.
+struct Done {
+    here: u64,
+    interrupt_after: Option<u64>,
+}
+
 /// How batches are fetched and trained: the engine, the device, whether a
 /// loader thread reads ahead, and the ranks that share the epoch.
 #[derive(Clone, Copy)]
@@ -541,9 +590,10 @@ fn run_epoch(
     (epoch, sampled): (u32, u32),
     run: Run<'_>,
     cfg: &TypedTrainConfig,
+    at: At<'_>,
 ) -> Result<TypedEpoch> {
     let t = Instant::now();
-    let mut row = train_epoch(layout, (model, opt), (epoch, epoch % sampled), run, cfg)?;
+    let mut row = train_epoch(layout, (model, opt), (epoch, epoch % sampled), run, cfg, at)?;
     row.train_seconds = t.elapsed().as_secs_f64();
     let evaluate = |split| evaluate(layout, model, (split, 0), run);
     row.valid_accuracy = evaluate(Split::Valid)?;
@@ -584,80 +634,6 @@ fn best_epoch(epochs: &[TypedEpoch]) -> Option<&TypedEpoch> {
         })
 }
 
-/// Where the run starts: afresh, or after the epochs of the checkpoint it
-/// resumes (with the best parameters it holds). A checkpoint is not
-/// replaced without `overwrite`.
-fn start(
-    cfg: &TypedTrainConfig,
-    (vs, adam): (&nn::VarStore, &mut Adam),
-    key: &checkpoint::RunKey<'_>,
-) -> Result<(Vec<TypedEpoch>, Option<Named>)> {
-    let Some(dir) = &cfg.checkpoint_dir else {
-        if cfg.resume {
-            return Err(Error::InvalidArgument(
-                "--resume needs --checkpoint-dir".into(),
-            ));
-        }
-        return Ok((Vec::new(), None));
-    };
-    match (checkpoint::read(dir)?, cfg.resume) {
-        (Some(meta), true) => {
-            let best = checkpoint::resume(dir, &meta, (vs, adam), key, cfg.device)?;
-            tracing::info!("resuming after epoch {} from {}", meta.epoch, dir.display());
-            Ok((meta.history, best))
-        }
-        (Some(_), false) if !cfg.overwrite => Err(Error::InvalidArgument(format!(
-            "{} holds a checkpoint: pass --resume to continue it or --overwrite to start afresh",
-            dir.display()
-        ))),
-        (None, true) => Err(Error::InvalidArgument(format!(
-            "--resume: {} holds no checkpoint",
-            dir.display()
-        ))),
-        _ => Ok((Vec::new(), None)),
-    }
-}
-
-/// Writes the best validation epoch's parameters `best` to the export
-/// target, and with `last` the last epoch's to `TARGET/last`.
-fn export(
-    x: &crate::train::ExportTarget,
-    (layout, model_cfg): (&TypedLayout, &RgnnConfig),
-    (epochs, best): (&[TypedEpoch], Option<&TypedEpoch>),
-    (best_params, last_params): (Named, Named),
-) -> Result<Vec<String>> {
-    let last = epochs.last().expect("an epoch ran");
-    let at = best.unwrap_or(last);
-    let from = |which, e: &TypedEpoch| super::export::TypedProvenance {
-        manifest: &layout.manifest,
-        which,
-        epoch: e.epoch,
-        valid_acc: e.valid_accuracy.unwrap_or(0.0),
-        test_acc: e.test_accuracy.unwrap_or(0.0),
-    };
-    let shape = (&layout.schema, model_cfg);
-    let (location, _) = super::export::write(
-        &x.location,
-        shape,
-        &best_params,
-        &from("best", at),
-        x.overwrite,
-    )?;
-    let mut written = vec![location];
-    if x.last {
-        let target = format!("{}/last", x.location.trim_end_matches('/'));
-        let (location, _) = super::export::write(
-            &target,
-            shape,
-            &last_params,
-            &from("last", last),
-            x.overwrite,
-        )?;
-        written.push(location);
-    }
-    Ok(written)
-}
-
 /// One epoch's training batches (of sampled epoch `sampled`): each
 /// batch's forward and backward pass, and each step (a batch per local
 /// rank, dealt as homogeneous training deals them) the gradients averaged
@@ -669,6 +645,7 @@ fn train_epoch(
     (epoch, sampled): (u32, u32),
     run: Run<'_>,
     cfg: &TypedTrainConfig,
+    (resume_at, inside, done): At<'_>,
 ) -> Result<TypedEpoch> {
     let n = layout.batches(Split::Train, sampled);
     let n = cfg.max_batches.map_or(n, |m| m.min(n));
@@ -680,8 +657,10 @@ fn train_epoch(
         .map(|&r| crate::distributed::deal(n, world, r as usize))
         .collect();
     let per_step = shares.len();
-    let steps = shares.first().map_or(0, Vec::len);
-    let order: Vec<usize> = (0..steps)
+    let steps = shares.first().map_or(0, Vec::len) as u64;
+    // Resumed inside the epoch: the steps done are skipped, their sums kept.
+    let at = resume_at.unwrap_or_default();
+    let order: Vec<usize> = (at.steps.min(steps) as usize..steps as usize)
         .flat_map(|s| shares.iter().map(move |share| share[s]))
         .collect();
     let pb = offgnn_shared::progress::bar_if(
@@ -690,7 +669,8 @@ fn train_epoch(
         &format!("epoch {epoch}"),
         "batches",
     );
-    let (mut loss_sum, mut right, mut seen, mut disk_bytes) = (0.0, 0i64, 0i64, 0u64);
+    let mut sums = [at.loss_sum, at.right, at.seen, at.disk_bytes];
+    let mut step_no = at.steps;
     let mut diverged = None;
     let stages = layout.for_each_batch((Split::Train, sampled, &order), run, &mut |k, b| {
         if k % per_step == 0 {
@@ -699,7 +679,7 @@ fn train_epoch(
         // Dropout draws follow the batch's place in the epoch, whichever
         // rank trains it: a resumed run draws what one never stopped does.
         tch::manual_seed(crate::train::batch_seed(cfg.seed, epoch, order[k] as u64));
-        disk_bytes += b.disk_bytes;
+        sums[3] += b.disk_bytes as f64;
         let logits = model.forward(&b.x, &b.blocks, true)?;
         let loss = logits
             .f_log_softmax(-1, Kind::Float)?
@@ -712,9 +692,10 @@ fn train_epoch(
                 order[k]
             ));
         }
-        loss_sum += value * b.labels.size()[0] as f64;
-        right += hits(&logits, &b.labels)?;
-        seen += b.labels.size()[0];
+        let seeds = b.labels.size()[0] as f64;
+        sums[0] += value * seeds;
+        sums[1] += hits(&logits, &b.labels)? as f64;
+        sums[2] += seeds;
         pb.inc(1);
         if k % per_step == per_step - 1 {
             let any =
@@ -728,17 +709,32 @@ fn train_epoch(
                 )));
             }
             opt.step()?;
+            step_no += 1;
+            if let Some(every) = cfg.checkpoint_every
+                && step_no.is_multiple_of(every)
+                && step_no < steps
+            {
+                let total = super::ranks::summed(run.ranks, &sums, run.device)?;
+                let p = InEpoch {
+                    steps: step_no,
+                    loss_sum: total[0],
+                    right: total[1],
+                    seen: total[2],
+                    disk_bytes: total[3],
+                };
+                inside(opt, p)?;
+            }
+            done.here += 1;
+            if done.interrupt_after == Some(done.here) {
+                return Err(Error::Interrupted(done.here, "training batches"));
+            }
         }
         Ok(())
     })?;
     pb.finish_and_clear();
     // Evaluation and the next epoch read the static rows again.
-    disk_bytes += layout.restore_cpu_caches()?;
-    let sums = super::ranks::summed(
-        run.ranks,
-        &[loss_sum, right as f64, seen as f64, disk_bytes as f64],
-        run.device,
-    )?;
+    sums[3] += layout.restore_cpu_caches()? as f64;
+    let sums = super::ranks::summed(run.ranks, &sums, run.device)?;
     let seen = sums[2].max(1.0);
     Ok(TypedEpoch {
         epoch,
