@@ -232,3 +232,61 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     files
 }
+
+/// A typed layout packed into the store trains from it, staged into
+/// `--local-dir` (every type's objects and the topology tables, then the
+/// manifest), as the same samples packed locally train.
+#[test]
+fn a_typed_layout_trains_from_the_store() {
+    let Some(s3) = S3::from_env() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let local = offgnn_e2e::typed_pack(dir.path());
+    let env = s3.env();
+    let remote = s3.url(&format!("e2e-typed-{}/pack", std::process::id()));
+    let samples = dir.path().join("samples");
+    let r = run_env(
+        "packer",
+        &[
+            "--samples",
+            samples.to_str().unwrap(),
+            "--out",
+            &remote,
+            "--gpu-cache",
+            "8K",
+            "--cpu-cache",
+            "16K",
+            "--disk-budget",
+            "10x",
+            "--cpu-cache-policy",
+            "static",
+        ],
+        &env,
+    );
+    assert!(r.status.success(), "packer: {}", r.stderr);
+    let stage = dir.path().join("stage");
+    let train = |manifest: &str, extra: &[&str]| {
+        let mut args = vec!["--manifest", manifest, "--model", "sage", "--epochs", "2"];
+        args.extend_from_slice(extra);
+        let r = run_env("trainer", &args, &env);
+        assert!(r.status.success(), "trainer: {}", r.stderr);
+        r.json()["summary"]["epochs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["loss"].as_f64().unwrap())
+            .collect::<Vec<f64>>()
+    };
+    let staged = train(&remote, &["--local-dir", stage.to_str().unwrap()]);
+    assert!(stage.join("manifest.json").is_file());
+    let here = train(local.to_str().unwrap(), &[]);
+    assert_eq!(staged.len(), 2);
+    for (a, b) in staged.iter().zip(&here) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{staged:?} {here:?}");
+    }
+    // Without --local-dir a remote layout is refused in one line.
+    let r = run_env("trainer", &["--manifest", &remote], &env);
+    assert!(!r.status.success());
+    assert!(r.stderr.contains("--local-dir"), "{}", r.stderr);
+}

@@ -1,14 +1,15 @@
 //! Staging a remote layout onto local disk: every object copied with
 //! parallel ranged GETs, its CRC32C checked, and skipped on a rerun when the
-//! local copy is already whole. The manifest is copied last. A remote
-//! dataset (for `trainer infer`) is staged the same way, object by object.
+//! local copy is already whole. The manifest is copied last. A typed
+//! layout is staged whole the same way; a remote dataset (for `trainer
+//! infer`), object by object.
 
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use offgnn_manifests::{MANIFEST, Manifest};
+use offgnn_manifests::{MANIFEST, Manifest, Object, TypedManifest};
 use offgnn_shared::io_engine::IoEngine;
 use offgnn_shared::store::Store;
 use rayon::prelude::*;
@@ -39,13 +40,7 @@ pub fn resolve_part(
     show: bool,
     only: impl Fn(&Manifest) -> Option<BTreeSet<u32>>,
 ) -> Result<(PathBuf, Manifest)> {
-    let (dir, name) = match location.rsplit_once('/') {
-        Some((dir, name)) if name.ends_with(".json") => (dir.to_string(), name.to_string()),
-        _ => (
-            location.trim_end_matches('/').to_string(),
-            MANIFEST.to_string(),
-        ),
-    };
+    let (dir, name) = split_location(location);
     let remote = dir.contains("://") && !dir.starts_with("file://");
     if !remote {
         let dir = PathBuf::from(dir.trim_start_matches("file://"));
@@ -84,6 +79,59 @@ pub fn resolve_part(
             offgnn_shared::report::human_bytes(manifest.objects.iter().map(|o| o.size).sum())
         );
     }
+    stage_objects(&store, &bytes, &objects, (local, engine), show)?;
+    Ok((local.to_path_buf(), manifest))
+}
+
+/// Stages a remote typed layout (every object, then its manifest) into
+/// `local_dir` as [`resolve`] stages a homogeneous one; returns the local
+/// directory and the manifest's bytes. `None` where `location` is local,
+/// no `local_dir` is given, or the layout is not typed (the homogeneous
+/// path then says what it says).
+pub fn stage_typed(
+    location: &str,
+    local_dir: Option<&Path>,
+    engine: &IoEngine,
+    show: bool,
+) -> Result<Option<(PathBuf, Vec<u8>)>> {
+    let (dir, name) = split_location(location);
+    let remote = dir.contains("://") && !dir.starts_with("file://");
+    let Some(local) = local_dir.filter(|_| remote) else {
+        return Ok(None);
+    };
+    let store = Store::open(&dir)?;
+    let bytes = store.get(&name)?;
+    if !offgnn_manifests::is_typed(&bytes) {
+        return Ok(None);
+    }
+    let manifest = TypedManifest::parse(&format!("{}/{name}", store.url()), &bytes)?;
+    let objects: Vec<&Object> = manifest.objects.iter().collect();
+    stage_objects(&store, &bytes, &objects, (local, engine), show)?;
+    Ok(Some((local.to_path_buf(), bytes.to_vec())))
+}
+
+/// The directory and manifest file name of a manifest location.
+fn split_location(location: &str) -> (String, String) {
+    match location.rsplit_once('/') {
+        Some((dir, name)) if name.ends_with(".json") => (dir.to_string(), name.to_string()),
+        _ => (
+            location.trim_end_matches('/').to_string(),
+            MANIFEST.to_string(),
+        ),
+    }
+}
+
+/// Copies `objects` from `store` into `local` (each skipped where a whole
+/// copy is there, all refused before any download where they would not
+/// fit), then writes the manifest `bytes` there: the commit.
+fn stage_objects(
+    store: &Store,
+    bytes: &[u8],
+    objects: &[&Object],
+    (local, engine): (&Path, &IoEngine),
+    show: bool,
+) -> Result<()> {
+    let total: u64 = objects.iter().map(|o| o.size).sum();
     // What is not staged whole yet must fit: refused before any download.
     let missing: Vec<bool> = objects
         .iter()
@@ -112,13 +160,12 @@ pub fn resolve_part(
             pb.inc(o.size);
             continue;
         }
-        download(&store, &o.name, o.size, &local.join(&o.name), &pb)?;
+        download(store, &o.name, o.size, &local.join(&o.name), &pb)?;
         check_object(engine, local, o)?;
     }
     pb.finish_and_clear();
-    std::fs::write(local.join(MANIFEST), &bytes)
-        .map_err(|e| Error::io(local.join(MANIFEST).display(), e))?;
-    Ok((local.to_path_buf(), manifest))
+    std::fs::write(local.join(MANIFEST), bytes)
+        .map_err(|e| Error::io(local.join(MANIFEST).display(), e))
 }
 
 /// Copies object `name` (`size` bytes) to `path` with parallel ranged GETs,

@@ -214,8 +214,8 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     if a.emulate_ranks == Some(0) || a.dist_timeout == 0 {
         anyhow::bail!("--emulate-ranks and --dist-timeout must be at least 1");
     }
-    // A typed graph's layout trains R-SAGE or R-GAT (local layouts).
-    if let Some((dir, bytes)) = super::typed_train::local_typed(&location)? {
+    // A typed graph's layout trains R-SAGE or R-GAT.
+    if let Some((dir, bytes)) = super::typed_train::typed_layout(&location, &a)? {
         return super::typed_train::train_typed_command(
             &a,
             (device, kind, hidden),

@@ -24,12 +24,22 @@ use crate::model::ModelKind;
 use crate::pipeline::FeatureMode;
 use crate::train::Ranks;
 
-/// The directory and manifest bytes of `location` when it names a local
-/// typed layout.
-pub(super) fn local_typed(location: &str) -> anyhow::Result<Option<(PathBuf, Vec<u8>)>> {
+/// The directory and manifest bytes of `location` when it names a typed
+/// layout: a local one read in place, a remote one staged into
+/// `--local-dir` first.
+pub(super) fn typed_layout(
+    location: &str,
+    a: &TrainArgs,
+) -> anyhow::Result<Option<(PathBuf, Vec<u8>)>> {
     let location = location.trim_start_matches("file://");
     if location.contains("://") {
-        return Ok(None);
+        let engine = IoEngine::new(super::train::io_options(a));
+        return Ok(crate::staging::stage_typed(
+            location,
+            a.local_dir.as_deref(),
+            &engine,
+            true,
+        )?);
     }
     let path = Path::new(location);
     let (dir, file) = if location.ends_with(".json") {
@@ -44,7 +54,17 @@ pub(super) fn local_typed(location: &str) -> anyhow::Result<Option<(PathBuf, Vec
         // Not readable here: the homogeneous path says why.
         return Ok(None);
     };
-    Ok(offgnn_manifests::is_typed(&bytes).then_some((dir, bytes)))
+    if !offgnn_manifests::is_typed(&bytes) {
+        return Ok(None);
+    }
+    if let Some(local) = &a.local_dir {
+        tracing::warn!(
+            "--local-dir {} is not used: the layout in {} is local and is read in place",
+            local.display(),
+            dir.display()
+        );
+    }
+    Ok(Some((dir, bytes)))
 }
 
 /// Trains the typed layout in `dir` whose manifest is `bytes`.
@@ -258,7 +278,6 @@ fn refuse_unsupported(a: &TrainArgs) -> anyhow::Result<()> {
         (a.historical.is_some(), "--historical"),
         (a.dump_batches.is_some(), "--dump-batches"),
         (a.scorer.is_some(), "--scorer"),
-        (a.local_dir.is_some(), "--local-dir"),
     ] {
         if given {
             return not_yet(flag);
