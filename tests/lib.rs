@@ -660,6 +660,18 @@ pub fn files_under(dir: &Path) -> Vec<String> {
 /// edges, split for link prediction (20 negatives per held-out edge) into
 /// `dir/lp`, sampled with 3 negatives per training pair and packed; returns
 /// the manifest.
+/// The budgets and policy [`typed_pack`] packs with.
+pub const TYPED_PACK_FLAGS: [&str; 8] = [
+    "--gpu-cache",
+    "8K",
+    "--cpu-cache",
+    "16K",
+    "--disk-budget",
+    "10x",
+    "--cpu-cache-policy",
+    "static",
+];
+
 /// A small typed graph of IGBH's schema (3000 papers; every type with
 /// features), sampled for 2 epochs at fan-out 5,3 and packed; the layout's
 /// directory.
@@ -683,20 +695,13 @@ pub fn typed_pack(dir: &Path) -> PathBuf {
     let flags = ["--fanout", "5,3", "--batch-size", "128", "--epochs", "2"];
     sample(&ds, &samples, &flags);
     let out = dir.join("pack");
-    let args = [
+    let mut args = vec![
         "--samples",
         samples.to_str().unwrap(),
         "--out",
         out.to_str().unwrap(),
-        "--gpu-cache",
-        "8K",
-        "--cpu-cache",
-        "16K",
-        "--disk-budget",
-        "10x",
-        "--cpu-cache-policy",
-        "static",
     ];
+    args.extend(TYPED_PACK_FLAGS);
     let r = run("packer", &args);
     assert!(r.status.success(), "packer: {}", r.stderr);
     out

@@ -246,24 +246,9 @@ fn a_typed_layout_trains_from_the_store() {
     let env = s3.env();
     let remote = s3.url(&format!("e2e-typed-{}/pack", std::process::id()));
     let samples = dir.path().join("samples");
-    let r = run_env(
-        "packer",
-        &[
-            "--samples",
-            samples.to_str().unwrap(),
-            "--out",
-            &remote,
-            "--gpu-cache",
-            "8K",
-            "--cpu-cache",
-            "16K",
-            "--disk-budget",
-            "10x",
-            "--cpu-cache-policy",
-            "static",
-        ],
-        &env,
-    );
+    let mut args = vec!["--samples", samples.to_str().unwrap(), "--out", &remote];
+    args.extend(offgnn_e2e::TYPED_PACK_FLAGS);
+    let r = run_env("packer", &args, &env);
     assert!(r.status.success(), "packer: {}", r.stderr);
     let stage = dir.path().join("stage");
     let train = |manifest: &str, extra: &[&str]| {
