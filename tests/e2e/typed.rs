@@ -214,23 +214,24 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
             "typed graph's model",
         );
     }
-    // The loader thread reads ahead; the results are the same without it
-    // (within float rounding).
-    let r = run(
-        "trainer",
-        &[
+    // R-GAT on the layout for `epochs` epochs, with `extra` flags.
+    let gat = |epochs: &str, extra: &[&str]| {
+        let mut args = vec![
             "--manifest",
             &pack2,
             "--model",
             "gat",
             "--epochs",
-            "4",
+            epochs,
             "--hidden",
             "32",
-            "--pipeline",
-            "off",
-        ],
-    );
+        ];
+        args.extend_from_slice(extra);
+        args.iter().map(|s| s.to_string()).collect::<Vec<String>>()
+    };
+    // The loader thread reads ahead; the results are the same without it
+    // (within float rounding).
+    let r = run("trainer", &strs(&gat("4", &["--pipeline", "off"])));
     assert!(r.status.success(), "{}", r.stderr);
     let sequential = losses_of(&r);
     // libtorch's CPU kernels may sum in another order from run to run.
@@ -288,21 +289,7 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
     // aligned read per row, or all of them in memory): the same rows, the
     // same losses.
     for features in ["naive", "memory"] {
-        let r = run(
-            "trainer",
-            &[
-                "--manifest",
-                &pack2,
-                "--model",
-                "gat",
-                "--epochs",
-                "4",
-                "--hidden",
-                "32",
-                "--features",
-                features,
-            ],
-        );
+        let r = run("trainer", &strs(&gat("4", &["--features", features])));
         assert!(r.status.success(), "{features}: {}", r.stderr);
         assert_eq!(r.json()["summary"]["features"], features);
         let baseline = losses_of(&r);
@@ -318,23 +305,8 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
     // The run's memory is stated before training (from the largest batch
     // the packer recorded) and holds: too small a --memory is refused in
     // one line; the peak RSS stays within the statement.
-    let stated_run = |memory: &str| {
-        offgnn_e2e::run_peak(
-            "trainer",
-            &[
-                "--manifest",
-                &pack2,
-                "--model",
-                "gat",
-                "--epochs",
-                "2",
-                "--hidden",
-                "32",
-                "--memory",
-                memory,
-            ],
-        )
-    };
+    let stated_run =
+        |memory: &str| offgnn_e2e::run_peak("trainer", &strs(&gat("2", &["--memory", memory])));
     let (r, _) = stated_run("100M");
     assert_one_line(&r, "--memory 100.00 MiB");
     let (r, peak) = stated_run("1300M");
@@ -454,4 +426,9 @@ fn a_typed_run_resumes_inside_an_epoch() {
             .zip(&after)
             .all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs());
     assert!(same, "{straight:?} {after:?}");
+}
+
+/// Owned arguments as the runner takes them.
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }

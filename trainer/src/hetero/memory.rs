@@ -5,7 +5,7 @@
 //! type's reads, assembled rows and the typed blocks), the model with
 //! Adam's state, and the activations of every relation's convolution.
 
-use offgnn_manifests::TypedManifest;
+use offgnn_manifests::{TypedBatchShape, TypedManifest};
 use tch::{Device, Tensor, nn};
 
 use super::{RelationalKind, Rgnn, RgnnConfig, Schema};
@@ -67,7 +67,7 @@ pub fn estimate(
         read + graph + staged
     };
     let model_bytes = parameters(schema, cfg)? * 4 * 4;
-    let activations = activation_bytes(m, schema, cfg);
+    let activations = activation_bytes(shape, schema, cfg);
     let activation_bytes = if on_cpu { activations } else { 0 };
     let gpu_bytes = if on_cpu {
         0
@@ -120,10 +120,7 @@ fn parameters(schema: &Schema, cfg: &RgnnConfig) -> Result<u64> {
 /// their gradients: per block and relation, its convolution's; per block
 /// and type, the sum over relations, the activation and the dropout mask;
 /// then the classifier on the seeds.
-fn activation_bytes(m: &TypedManifest, schema: &Schema, cfg: &RgnnConfig) -> u64 {
-    let Some(shape) = &m.topology.largest_batch else {
-        return 0;
-    };
+fn activation_bytes(shape: &TypedBatchShape, schema: &Schema, cfg: &RgnnConfig) -> u64 {
     let hidden = cfg.hidden.max(1) as u64;
     let heads = cfg.heads.max(1) as u64;
     let mut src = shape.inputs.clone();
