@@ -115,24 +115,32 @@ impl Drop for Lease {
 }
 
 /// Locks the file at `path`, creating it, and writes `body` into it. Loops
-/// until the file it locked is the one at `path`: a run removing a dead
-/// run's objects unlinks the lease it held, and the lock on an unlinked file
-/// claims nothing.
+/// until the file it locked is the one at `path`: a run sweeping may find
+/// the file created and not yet locked, take its run for dead and remove it
+/// with its directory, and the lock on an unlinked file claims nothing; so
+/// each attempt creates the directory again.
 fn lock_file(path: &Path, body: &str) -> Result<std::fs::File> {
     use std::io::Write;
     use std::os::unix::fs::MetadataExt;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
     let started = std::time::Instant::now();
     loop {
-        let mut file = std::fs::OpenOptions::new()
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        let opened = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(path)
-            .map_err(|e| Error::io(path, e))?;
+            .open(path);
+        let mut file = match opened {
+            Ok(file) => file,
+            // The sweeper removed the directory between the two calls.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && started.elapsed() < LOCK_WAIT => {
+                continue;
+            }
+            Err(e) => return Err(Error::io(path, e)),
+        };
         if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
             if started.elapsed() > LOCK_WAIT {
                 return Err(Error::InvalidArgument(format!(
@@ -427,6 +435,30 @@ mod tests {
         let swept = sweep_within(&store, &KIND, &mine, Duration::ZERO).unwrap();
         assert_eq!(swept, Swept::default());
         assert_eq!(names(&store), before);
+    }
+
+    #[test]
+    fn a_lease_removed_with_its_directory_while_it_is_taken_is_taken() {
+        // A sweeper found this lease created and not yet locked, took its
+        // run for dead, locked it and is removing it with its directory:
+        // the run taking it waits, then creates both again.
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().to_str().unwrap()).unwrap();
+        let run = RunId::new();
+        let name = format!("runs/{run}/{LEASE}");
+        store.put(&name, Vec::new()).unwrap();
+        let path = store.local_file(&name).unwrap();
+        let sweeper = unheld(&path).unwrap();
+        std::thread::scope(|s| {
+            let taker = s.spawn(|| Lease::take(&store, &name, &run));
+            std::thread::sleep(Duration::from_millis(200));
+            store.delete(&name).unwrap();
+            assert!(!path.parent().unwrap().exists());
+            drop(sweeper);
+            let lease = taker.join().unwrap().unwrap();
+            assert!(unheld(&path).is_none(), "held by the run that took it");
+            lease.release();
+        });
     }
 
     #[test]
