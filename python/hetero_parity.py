@@ -14,7 +14,13 @@ With --export DIR, it loads a typed export of the trainer (model.json and
 its weights) into the model the card describes, with strict=True: the few
 lines docs/export-and-inference.md shows.
 
-Usage: python hetero_parity.py WORK | --export DIR
+With --infer DIR DATASET OUT, it runs the export's model over the whole
+graph of DATASET (every in-edge of every node, each relation's pairs once
+where the card says the sampler kept them once) and compares every type's
+embedding and the target type's logits and classes with what `trainer
+infer --outputs logits,embeddings` committed at OUT (within 1e-4).
+
+Usage: python hetero_parity.py WORK | --export DIR | --infer DIR DATASET OUT
 Prints one line of JSON; exits non-zero on a mismatch.
 """
 
@@ -63,7 +69,92 @@ def forward(model, card, x, edges, num_dst):
     return model.lin(x[card["target"]])
 
 
+def read_metadata(root):
+    """The edge and feature files of a metadata.yaml as the sampler writes
+    it (block lists of flat mappings; not YAML in general)."""
+    items, parents = [], []
+    with open(f"{root}/metadata.yaml") as f:
+        for line in f:
+            body = line.rstrip("\n")
+            if not body.strip():
+                continue
+            indent = len(body) - len(body.lstrip(" "))
+            text = body.strip()
+            if text.startswith("- "):
+                # A list's items sit at its key's indent or deeper.
+                while parents and parents[-1][0] > indent:
+                    parents.pop()
+                items.append((parents[-1][1] if parents else None, {}))
+                text = text[2:]
+                indent += 2
+            key, _, value = text.partition(":")
+            value = value.strip()
+            if not value:
+                while parents and parents[-1][0] >= indent:
+                    parents.pop()
+                parents.append((indent, key))
+            elif items:
+                items[-1][1][key] = value
+    edges = {i["type"]: f"{root}/{i['path']}" for parent, i in items if parent == "edges"}
+    features = {
+        i["type"]: f"{root}/{i['path']}"
+        for parent, i in items
+        if parent == "feature_data" and i.get("name") == "feat"
+    }
+    return edges, features
+
+
+def infer(export, dataset, out):
+    """The model over the whole graph against trainer infer's output."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    with open(f"{export}/model.json") as f:
+        card = json.load(f)
+    model = build(card)
+    model.load_state_dict(load_file(f"{export}/{card['weights']}"), strict=True)
+    model.eval()
+    edge_files, feature_files = read_metadata(dataset)
+    x = {t: torch.from_numpy(np.load(p)).float() for t, p in feature_files.items()}
+    edges = {}
+    for src, rel, dst in card["relations"]:
+        e = torch.from_numpy(np.load(edge_files[f"{src}:{rel}:{dst}"])).long()
+        edges[(src, rel, dst)] = torch.unique(e, dim=1) if card.get("dedup_edges", True) else e
+    with torch.no_grad():
+        for layer, conv in enumerate(model.convs):
+            x = conv(x, edges)
+            if layer != len(model.convs) - 1:
+                x = {t: F.leaky_relu(v) for t, v in x.items()}
+        logits = model.lin(x[card["target"]])
+    with open(f"{out}/_SUCCESS.json") as f:
+        summary = json.load(f)
+    got = {}
+    for name in summary["files"]:
+        node_type = name.split("/")[1]
+        got.setdefault(node_type, []).append(pq.read_table(f"{out}/{name}").to_pydict())
+    diff, rows = 0.0, 0
+    for t, want in x.items():
+        parts = got[t]
+        ids = torch.tensor([i for p in parts for i in p["node_id"]])
+        emb = torch.tensor([e for p in parts for e in p["embedding"]])
+        if ids.tolist() != list(range(want.shape[0])):
+            raise SystemExit(f"type {t}: rows {ids.shape[0]} of {want.shape[0]}, or out of order")
+        diff = max(diff, (emb - want).abs().max().item())
+        rows += ids.shape[0]
+        if t == card["target"]:
+            lg = torch.tensor([v for p in parts for v in p["logits"]])
+            diff = max(diff, (lg - logits).abs().max().item())
+            cls = torch.tensor([c for p in parts for c in p["class"]])
+            if not torch.equal(cls, lg.argmax(1)):
+                raise SystemExit("classes are not the logits' argmax")
+    ok = diff <= TOLERANCE
+    print(json.dumps({"architecture": card["architecture"], "max_abs_diff": diff, "rows": rows, "ok": ok}))
+    return 0 if ok else 1
+
+
 def main(argv):
+    if argv[0] == "--infer":
+        return infer(*argv[1:4])
     if argv[0] == "--export":
         # An export of the trainer: its weights load into the model its
         # card describes, with strict=True.

@@ -198,21 +198,7 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert_one_line(
-            &run(
-                "trainer",
-                &[
-                    "infer",
-                    "--model",
-                    &export,
-                    "--dataset",
-                    &derived,
-                    "--out",
-                    &path("inf"),
-                ],
-            ),
-            "typed graph's model",
-        );
+        typed_inference(&export, &derived, &path(&format!("inf-{model}")));
     }
     // R-GAT on the layout for `epochs` epochs, with `extra` flags.
     let gat = |epochs: &str, extra: &[&str]| {
@@ -431,4 +417,70 @@ fn a_typed_run_resumes_inside_an_epoch() {
 /// Owned arguments as the runner takes them.
 fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
+}
+
+/// `trainer infer` on a typed model, its groups small enough that every
+/// type takes several: every type's embedding and the target type's logits
+/// are PyG's `HeteroConv` model over the whole graph (python/hetero_parity.py
+/// --infer); a split writes only its rows; bad flags are one line each.
+fn typed_inference(export: &str, dataset: &str, out: &str) {
+    let infer = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "infer",
+            "--model",
+            export,
+            "--dataset",
+            dataset,
+            "--out",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        run("trainer", &args)
+    };
+    let r = infer(out, &["--outputs", "logits,embeddings", "--memory", "4M"]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let types = r.json()["summary"]["node_types"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(types.len(), 4);
+    for t in &types {
+        assert_eq!(t["nodes_written"], t["nodes"], "{t}");
+    }
+    assert!(types[0]["groups"].as_u64().unwrap() > 1, "{}", types[0]);
+    let python = workspace().join(".venv/bin/python");
+    let parity = std::process::Command::new(&python)
+        .arg(workspace().join("python/hetero_parity.py"))
+        .args(["--infer", export, dataset, out])
+        .output()
+        .expect("python starts");
+    let said = String::from_utf8_lossy(&parity.stdout);
+    assert!(
+        parity.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&parity.stderr)
+    );
+    eprintln!("typed inference against PyG: {said}");
+
+    let valid = format!("{out}-valid");
+    let r = infer(&valid, &["--nodes", "valid"]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let written: Vec<u64> = r.json()["summary"]["node_types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["nodes_written"].as_u64().unwrap())
+        .collect();
+    assert!(written[0] > 0 && written[0] < types[0]["nodes"].as_u64().unwrap());
+    assert_eq!(&written[1..], &[0, 0, 0]);
+
+    assert_one_line(&infer(out, &[]), "holds a committed inference result");
+    assert_one_line(
+        &infer(&format!("{out}-ids"), &["--nodes", "ids.npy"]),
+        "names homogeneous node ids",
+    );
+    assert_one_line(
+        &infer(&format!("{out}-dup"), &["--keep-duplicate-edges"]),
+        "kept each edge once",
+    );
 }

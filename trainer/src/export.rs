@@ -335,7 +335,7 @@ pub fn write_tensors(path: &std::path::Path, named: &[(String, Tensor)]) -> Resu
 }
 
 /// Decodes safetensors bytes into CPU float32 tensors.
-fn decode(bytes: &[u8], what: &str) -> Result<HashMap<String, Tensor>> {
+pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<HashMap<String, Tensor>> {
     let st = safetensors::SafeTensors::deserialize(bytes)
         .map_err(|e| Error::Checkpoint(format!("{what}: not a safetensors file: {e}")))?;
     let mut out = HashMap::new();
@@ -509,7 +509,7 @@ pub fn read_with_scorer(
         .ok_or_else(|| Error::Checkpoint(format!("{card_url}: no format_version")))?;
     if version == u64::from(crate::hetero::export::TYPED_FORMAT_VERSION) {
         return Err(Error::InvalidArgument(format!(
-            "{card_url}: a typed graph's model (R-SAGE or R-GAT); inference and scoring of typed models are not built yet"
+            "{card_url}: a typed graph's model (R-SAGE or R-GAT), which only `trainer infer` reads so far"
         )));
     }
     if version > u64::from(FORMAT_VERSION) {

@@ -98,6 +98,16 @@ pub(super) fn infer_command(a: InferArgs) -> anyhow::Result<()> {
     let engine = offgnn_shared::io_engine::IoEngine::new(Default::default());
     let (method, naive_blocks) = (a.method.clone(), a.naive_blocks);
     let cfg = infer_config(a, nodes, outputs, device, memory)?;
+    if crate::hetero::infer::is_typed_model(&cfg.model)? {
+        if method != "streamed" {
+            anyhow::bail!(
+                "--method {method}: a typed model's inference has one method, layer by layer per relation"
+            );
+        }
+        let summary = crate::hetero::infer::infer(&cfg)?;
+        report::typed_infer_summary(&summary);
+        return Ok(());
+    }
     match method.as_str() {
         "streamed" => {
             let summary = inference::infer(&cfg, &engine)?;

@@ -291,6 +291,74 @@ pub fn infer_summary(s: &InferSummary) {
     );
 }
 
+pub fn typed_infer_summary(s: &crate::hetero::infer::TypedInferSummary) {
+    let mut rows = vec![
+        (
+            "model".to_string(),
+            format!("{} ({:?})", s.model, s.architecture).to_lowercase(),
+        ),
+        (
+            "dataset".into(),
+            format!(
+                "{} ({} node types, {} relation edges)",
+                s.dataset,
+                s.node_types.len(),
+                s.edges
+            ),
+        ),
+    ];
+    for t in &s.node_types {
+        rows.push((
+            format!("type {}", t.name),
+            format!(
+                "{} nodes in {} groups, {} written{}",
+                t.nodes,
+                t.groups,
+                t.nodes_written,
+                match t.columns.is_empty() {
+                    true => String::new(),
+                    false => format!(" (columns {})", t.columns.join(",")),
+                }
+            ),
+        ));
+    }
+    rows.push((
+        "plan".into(),
+        format!(
+            "largest group {} (limit {}), edge bucketing {:.2} s",
+            human_bytes(s.memory_planned),
+            human_bytes(s.memory_limit),
+            s.edge_bucketing_seconds
+        ),
+    ));
+    for l in &s.layers {
+        rows.push((
+            format!("layer {}", l.layer),
+            format!(
+                "read {}, wrote {}, {:.2} s",
+                human_bytes(l.bytes_read),
+                human_bytes(l.bytes_written),
+                l.seconds
+            ),
+        ));
+    }
+    rows.push((
+        "total".into(),
+        format!(
+            "{:.2} s on {}, {} files",
+            s.seconds,
+            s.device,
+            s.files.len()
+        ),
+    ));
+    let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    print_summary(
+        "typed inference",
+        &rows,
+        &serde_json::json!({ "command": "infer", "summary": s }),
+    );
+}
+
 /// `trainer infer --method naive`: the sample timed and the first layer's
 /// time extrapolated from it.
 pub fn naive_summary(e: &NaiveEstimate) {

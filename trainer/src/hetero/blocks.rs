@@ -94,6 +94,24 @@ pub struct RelationEdges {
     pub offsets: Tensor,
 }
 
+impl RelationEdges {
+    /// Edges `src[i] -> dst[i]` (positions among the types' rows), sorted
+    /// by destination, `counts` the in-degree of each destination row.
+    pub fn new(src: &[i64], dst: &[i64], counts: &[i64], device: Device) -> RelationEdges {
+        let mut offsets = Vec::with_capacity(counts.len() + 1);
+        offsets.push(0i64);
+        for &c in counts {
+            offsets.push(offsets.last().copied().unwrap_or(0) + c);
+        }
+        RelationEdges {
+            src: Tensor::from_slice(src).to_device(device),
+            dst: Tensor::from_slice(dst).to_device(device),
+            counts: Tensor::from_slice(counts).to_device(device),
+            offsets: Tensor::from_slice(&offsets).to_device(device),
+        }
+    }
+}
+
 /// One block: each type's destination rows, and each relation's edges.
 pub struct TypedLayer {
     pub num_dst: Vec<i64>,
@@ -198,17 +216,7 @@ fn layer(
                 dst.push(position[d]);
                 counts[position[d] as usize] += 1;
             }
-            let mut offsets = Vec::with_capacity(counts.len() + 1);
-            offsets.push(0i64);
-            for &c in &counts {
-                offsets.push(offsets.last().copied().unwrap_or(0) + c);
-            }
-            Ok(RelationEdges {
-                src: Tensor::from_slice(&src).to_device(device),
-                dst: Tensor::from_slice(&dst).to_device(device),
-                counts: Tensor::from_slice(&counts).to_device(device),
-                offsets: Tensor::from_slice(&offsets).to_device(device),
-            })
+            Ok(RelationEdges::new(&src, &dst, &counts, device))
         })
         .collect::<Result<_>>()?;
     Ok(TypedLayer { num_dst, relations })

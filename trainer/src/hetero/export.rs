@@ -16,7 +16,7 @@ use tch::Tensor;
 use super::ranks::Named;
 use super::train::{TypedEpoch, TypedLayout};
 use super::{RelationalKind, RgnnConfig, Schema};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The export format of a typed model.
 pub const TYPED_FORMAT_VERSION: u32 = 3;
@@ -49,6 +49,11 @@ pub struct TypedModelCard {
     /// How the relations' convolutions combine at a type.
     pub aggr: String,
     pub dataset_fingerprint: String,
+    /// Whether the sampler kept each (source, destination) pair of a
+    /// relation once, as inference must build the graph (exports written
+    /// before this was recorded: the sampler's default, once).
+    #[serde(default = "dedup_by_default")]
+    pub dedup_edges: bool,
     pub samples_run_sha256: String,
     pub offgnn_version: String,
     /// `best` (best validation epoch) or `last`.
@@ -59,6 +64,68 @@ pub struct TypedModelCard {
     pub parameters: i64,
     pub weights: String,
     pub weights_sha256: String,
+}
+
+fn dedup_by_default() -> bool {
+    true
+}
+
+impl TypedModelCard {
+    /// The model's configuration and its schema over `types` (each type's
+    /// name, first homogenized id and rows, as a dataset gives them).
+    pub fn model(&self, types: Vec<(String, u64, u64)>) -> Result<(Schema, RgnnConfig)> {
+        let relations: Vec<String> = self.relations.iter().map(|r| r.join(":")).collect();
+        let schema = Schema::new(types, &relations, &self.target)?;
+        let in_dims = schema
+            .types
+            .iter()
+            .map(|(name, _, _)| {
+                self.node_types
+                    .iter()
+                    .find(|t| &t.name == name)
+                    .map(|t| t.in_channels)
+                    .filter(|&d| d > 0)
+            })
+            .collect();
+        let cfg = RgnnConfig {
+            kind: self.architecture,
+            in_dims,
+            hidden: self.hidden_channels,
+            classes: self.out_channels,
+            layers: self.num_layers,
+            heads: self.heads.unwrap_or(1),
+            dropout: self.dropout,
+        };
+        Ok((schema, cfg))
+    }
+}
+
+/// Reads a typed export at `location`: its card and weights, checked
+/// against the card's checksum.
+pub fn read(location: &str) -> Result<(TypedModelCard, std::collections::HashMap<String, Tensor>)> {
+    let store = offgnn_shared::store::Store::open(location)?;
+    let card_url = store.join(crate::export::CARD);
+    let card: TypedModelCard = serde_json::from_slice(&store.get(crate::export::CARD)?)
+        .map_err(|e| Error::Checkpoint(format!("{card_url}: malformed typed model card: {e}")))?;
+    if card.weights.contains('/') {
+        return Err(Error::Checkpoint(format!(
+            "{card_url}: names weights {:?} outside the export",
+            card.weights
+        )));
+    }
+    let weights_url = store.join(&card.weights);
+    let bytes = store.get(&card.weights)?;
+    let sha = {
+        use sha2::Digest;
+        offgnn_shared::store::hex(&sha2::Sha256::digest(&bytes))
+    };
+    if sha != card.weights_sha256 {
+        return Err(Error::Checkpoint(format!(
+            "{weights_url}: SHA-256 {sha} is not the {} that model.json names (another export overwrote it?)",
+            card.weights_sha256
+        )));
+    }
+    Ok((card, crate::export::decode(&bytes, &weights_url)?))
 }
 
 /// Where the parameters came from.
@@ -115,6 +182,7 @@ pub fn write(
                 dropout: cfg.dropout,
                 aggr: "sum".into(),
                 dataset_fingerprint: from.manifest.dataset.dataset_fingerprint.clone(),
+                dedup_edges: from.manifest.samples.graph.is_none_or(|g| g.dedup_edges),
                 samples_run_sha256: from.manifest.samples.run_sha256.clone(),
                 offgnn_version: env!("CARGO_PKG_VERSION").into(),
                 which: from.which.into(),

@@ -14,6 +14,7 @@
 pub mod blocks;
 pub mod checkpoint;
 pub mod export;
+pub mod infer;
 pub mod memory;
 mod ranks;
 pub mod train;
@@ -151,7 +152,49 @@ impl Rgnn {
                 })
                 .collect::<Result<_, TchError>>()?;
         }
-        h[self.target].f_linear(&self.lin.ws, self.lin.bs.as_ref())
+        self.classify(&h[self.target])
+    }
+
+    /// Layers of convolutions.
+    pub fn num_layers(&self) -> usize {
+        self.convs.len()
+    }
+
+    /// Each relation's source and destination type.
+    pub fn relations(&self) -> &[(usize, usize)] {
+        &self.relations
+    }
+
+    /// Whether a convolution reads its destinations' own rows (R-GAT's
+    /// attention does; R-SAGE without a root weight does not).
+    pub fn reads_destinations(&self) -> bool {
+        matches!(
+            self.convs.first().and_then(|c| c.first()),
+            Some(Conv::Gat { .. })
+        )
+    }
+
+    /// Relation `r`'s messages at layer `l` into the destination rows
+    /// `x_dst` from `x_src`, along `e`: what [`Rgnn::forward`] sums over
+    /// the relations that reach a type.
+    pub fn messages(
+        &self,
+        (l, r): (usize, usize),
+        x_src: &Tensor,
+        x_dst: &Tensor,
+        e: &blocks::RelationEdges,
+    ) -> Result<Tensor, TchError> {
+        self.convs[l][r].forward(x_src, x_dst, e)
+    }
+
+    /// What comes between two layers, in evaluation (dropout off).
+    pub fn between_layers(h: &Tensor) -> Result<Tensor, TchError> {
+        h.f_leaky_relu()
+    }
+
+    /// The target type's logits of its last layer's rows `h`.
+    pub fn classify(&self, h: &Tensor) -> Result<Tensor, TchError> {
+        h.f_linear(&self.lin.ws, self.lin.bs.as_ref())
     }
 }
 

@@ -45,7 +45,7 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
 /// The dataset's local directory: `--dataset` itself, or for a URL its
 /// copy staged into the work directory (kept there, so a rerun downloads
 /// nothing again).
-pub(super) fn local_dataset(cfg: &InferConfig) -> Result<PathBuf> {
+pub(crate) fn local_dataset(cfg: &InferConfig) -> Result<PathBuf> {
     crate::staging::resolve_dataset(
         &cfg.dataset,
         &cfg.work_dir.join("dataset"),

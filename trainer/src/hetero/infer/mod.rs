@@ -1,0 +1,605 @@
+//! `trainer infer` for a typed model: R-SAGE's or R-GAT's exact function
+//! on every node of every type, layer by layer over full neighbourhoods,
+//! per relation, out of core.
+//!
+//! Each type's destinations are cut into contiguous groups whose working
+//! state (their in-edges over every relation, the sources' rows, the
+//! convolutions' activations) fits `--memory`. Each relation's edges are
+//! bucketed once on disk by destination group. At layer `l`, a group of
+//! type `T` sums, over the relations that reach `T`, that relation's
+//! convolution of its sources' rows of layer `l - 1` (read in ascending
+//! order, neighbours in one read) into the group's rows; the sum, after
+//! leaky ReLU, is the group's rows of layer `l`, written front to back to
+//! the work directory. The last layer's rows go to Parquet under `--out`
+//! (each type's embedding, and the target type's classes through the
+//! classifier), committed by `_SUCCESS.json`. The functions are the
+//! training model's own ([`super::Rgnn::messages`]), so inference is the
+//! trained model on blocks holding every in-edge.
+
+mod edges;
+mod output;
+mod rows;
+
+use std::path::Path;
+use std::time::Instant;
+
+use offgnn_shared::commit::{self, RunId};
+use offgnn_shared::dataset::TypedDataset;
+use offgnn_shared::lease::{self, LEASE, Lease, Swept};
+use offgnn_shared::store::Store;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Tensor, nn};
+
+use super::blocks::RelationEdges;
+use super::export::TypedModelCard;
+use super::{RelationalKind, Rgnn, RgnnConfig, Schema};
+use crate::error::{Error, Result};
+use crate::inference::{COMMIT, InferConfig, NodeSet};
+use rows::{HiddenWriter, Rows};
+
+/// Whether the export at `location` is a typed model's.
+pub fn is_typed_model(location: &str) -> Result<bool> {
+    let store = Store::open(location)?;
+    if !store.exists(crate::export::CARD)? {
+        return Ok(false);
+    }
+    let card: serde_json::Value =
+        serde_json::from_slice(&store.get(crate::export::CARD)?).unwrap_or_default();
+    Ok(card["format_version"].as_u64() == Some(u64::from(super::export::TYPED_FORMAT_VERSION)))
+}
+
+/// One node type's figures.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TypeFigures {
+    pub name: String,
+    pub nodes: u64,
+    pub groups: u64,
+    pub nodes_written: u64,
+    pub columns: Vec<String>,
+}
+
+/// One layer's figures.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct TypedLayerFigures {
+    pub layer: usize,
+    /// Bytes of the layer's inputs read (feature files, then the previous
+    /// layer's outputs).
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub seconds: f64,
+}
+
+/// What a typed `trainer infer` reports, and what `_SUCCESS.json` holds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TypedInferSummary {
+    pub format_version: u32,
+    pub run_id: String,
+    pub model: String,
+    pub architecture: RelationalKind,
+    pub weights_sha256: String,
+    pub dataset: String,
+    pub dataset_fingerprint: String,
+    pub target: String,
+    pub node_types: Vec<TypeFigures>,
+    /// Edges over every relation, as the model's graph has them (each pair
+    /// once where the sampler kept it once).
+    pub edges: u64,
+    pub files: Vec<String>,
+    pub memory_limit: u64,
+    /// The largest group's working state, as planned.
+    pub memory_planned: u64,
+    pub layers: Vec<TypedLayerFigures>,
+    pub edge_bucketing_seconds: f64,
+    pub seconds: f64,
+    pub device: String,
+    pub leftovers_removed: Swept,
+}
+
+/// The model, loaded, over the dataset's schema.
+struct Loaded {
+    card: TypedModelCard,
+    cfg: RgnnConfig,
+    schema: Schema,
+    model: Rgnn,
+    _vs: nn::VarStore,
+}
+
+/// Runs typed inference as configured.
+pub fn infer(cfg: &InferConfig) -> Result<TypedInferSummary> {
+    let result = infer_run(cfg);
+    match offgnn_shared::signals::received() {
+        Some(signal) if result.is_err() => Err(Error::Stopped(format!(
+            "stopped by {signal}; nothing was committed under --out, and the next run starts over"
+        ))),
+        _ => result,
+    }
+}
+
+fn infer_run(cfg: &InferConfig) -> Result<TypedInferSummary> {
+    let started = Instant::now();
+    check_flags(cfg)?;
+    let ds = TypedDataset::open(crate::inference::local_dataset(cfg)?)?;
+    let fingerprint = ds.fingerprint()?;
+    let m = load(cfg, &ds, &fingerprint)?;
+    let out = Store::open(&cfg.out)?;
+    let previous = commit::read(&out, COMMIT)?;
+    if previous.is_some() && !cfg.overwrite {
+        return Err(Error::InvalidArgument(format!(
+            "{}: holds a committed inference result; pass --overwrite to replace it",
+            out.url()
+        )));
+    }
+    let _held = commit::hold_dir(
+        &cfg.work_dir,
+        "another trainer infer is working here; wait for it to end or pass another --work-dir",
+    )?;
+    let run_id = RunId::new();
+    let lease = Lease::take(&out, &format!("{run_id}/{LEASE}"), &run_id)?;
+    let swept = lease::sweep(
+        &out,
+        &lease::Kind {
+            what: "inference runs",
+            roots: &[""],
+            owns: &output::is_part,
+            commit: COMMIT,
+        },
+        &lease,
+    );
+    let mut run = Run::plan(cfg, &ds, &m)?;
+    let bucketing = Instant::now();
+    let edges = run.bucket(&ds)?;
+    let edge_bucketing_seconds = bucketing.elapsed().as_secs_f64();
+    let keep = selection(cfg, &ds)?;
+    let mut files = Vec::new();
+    let mut written = vec![0u64; ds.node_types.len()];
+    let mut layers = Vec::new();
+    for l in 0..m.cfg.layers {
+        layers.push(run.layer(
+            l,
+            &ds,
+            &m,
+            (&out, &run_id),
+            &keep,
+            (&mut files, &mut written),
+        )?);
+    }
+    let (target_columns, other_columns) = output::columns(cfg.outputs);
+    let summary = TypedInferSummary {
+        format_version: 1,
+        run_id: run_id.to_string(),
+        model: offgnn_shared::store::redact(&cfg.model),
+        architecture: m.card.architecture,
+        weights_sha256: m.card.weights_sha256.clone(),
+        dataset: cfg.dataset.clone(),
+        dataset_fingerprint: fingerprint,
+        target: m.card.target.clone(),
+        node_types: ds
+            .node_types
+            .iter()
+            .enumerate()
+            .map(|(t, nt)| TypeFigures {
+                name: nt.name.clone(),
+                nodes: nt.num,
+                groups: run.groups[t].len() as u64,
+                nodes_written: written[t],
+                columns: if t == ds.target {
+                    target_columns.clone()
+                } else if written[t] > 0 {
+                    other_columns.clone()
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect(),
+        edges,
+        files: files.clone(),
+        memory_limit: cfg.memory,
+        memory_planned: run.planned,
+        layers,
+        edge_bucketing_seconds,
+        seconds: started.elapsed().as_secs_f64(),
+        device: format!("{:?}", cfg.device),
+        leftovers_removed: swept,
+    };
+    let json = serde_json::to_vec_pretty(&summary).expect("summary serializes");
+    match commit::commit(&out, COMMIT, json, &run_id, previous.as_ref())? {
+        commit::Outcome::Committed => lease.release(),
+        commit::Outcome::Lost { winner } => {
+            let removed = files.iter().filter(|f| out.delete(f).is_ok()).count();
+            lease.release();
+            return Err(commit::lost(&out.join(COMMIT), &winner, removed).into());
+        }
+    }
+    if let Some(old) = previous {
+        remove_replaced(&out, &old.body, &files);
+    }
+    run.clear(&ds);
+    Ok(summary)
+}
+
+/// The graph flags a typed model takes: its relations (reverses included)
+/// are the dataset's, and repeated edges count as its card says.
+fn check_flags(cfg: &InferConfig) -> Result<()> {
+    let bad = |m: &str| Err(Error::InvalidArgument(m.into()));
+    if cfg.add_reverse_edges || !cfg.keep_self_loops {
+        return bad(
+            "--add-reverse-edges and --drop-self-loops are for homogeneous graphs; a typed graph's reverse relations are the dataset's own",
+        );
+    }
+    if matches!(cfg.nodes, NodeSet::File(_)) {
+        return bad(
+            "--nodes FILE.npy names homogeneous node ids; for a typed model pass all or a split (train, valid, test) of the target type",
+        );
+    }
+    if cfg.outputs.link_embedding {
+        return bad("typed link-prediction models are not built");
+    }
+    Ok(())
+}
+
+/// Reads the export, checks it against the dataset and builds the model.
+fn load(cfg: &InferConfig, ds: &TypedDataset, fingerprint: &str) -> Result<Loaded> {
+    let (card, named) = super::export::read(&cfg.model)?;
+    let model_url = offgnn_shared::store::redact(&cfg.model);
+    if card.dataset_fingerprint != fingerprint {
+        return Err(Error::InvalidArgument(format!(
+            "{model_url} was trained on dataset {}, and {} is {fingerprint}: infer on the dataset it was trained on",
+            card.dataset_fingerprint, cfg.dataset
+        )));
+    }
+    if cfg.keep_duplicate_edges && card.dedup_edges && !cfg.graph_override {
+        return Err(Error::InvalidArgument(format!(
+            "--keep-duplicate-edges: {model_url} was trained on a graph that kept each edge once; pass --graph-override to infer on another"
+        )));
+    }
+    let types = ds
+        .node_types
+        .iter()
+        .map(|t| (t.name.clone(), t.offset, t.num))
+        .collect();
+    let (schema, model_cfg) = card.model(types)?;
+    let dataset_relations: Vec<&str> = ds.relations.iter().map(|r| r.name.as_str()).collect();
+    let card_relations: Vec<String> = card.relations.iter().map(|r| r.join(":")).collect();
+    if dataset_relations != card_relations {
+        return Err(Error::InvalidArgument(format!(
+            "{model_url} convolves relations {card_relations:?}, the dataset has {dataset_relations:?}"
+        )));
+    }
+    // The schema's types are the dataset's, in its order.
+    if let Some(t) = ds.node_types.iter().enumerate().position(|(t, nt)| {
+        let width = nt
+            .features
+            .as_ref()
+            .map(|f| f.shape().get(1).copied().unwrap_or(1) as i64);
+        width != model_cfg.in_dims[t]
+    }) {
+        return Err(Error::InvalidArgument(format!(
+            "node type '{}': the dataset's feature width is not the model's ({:?})",
+            ds.node_types[t].name, model_cfg.in_dims[t]
+        )));
+    }
+    if let Some(t) = ds.node_types.iter().find(|t| t.num > u64::from(u32::MAX)) {
+        return Err(Error::InvalidArgument(format!(
+            "node type '{}' has {} nodes; inference takes up to {} of a type",
+            t.name,
+            t.num,
+            u32::MAX
+        )));
+    }
+    let vs = nn::VarStore::new(cfg.device);
+    let model = Rgnn::new(&vs.root(), &schema, &model_cfg)?;
+    crate::export::load_into(&vs, &named, &model_url)?;
+    Ok(Loaded {
+        card,
+        cfg: model_cfg,
+        schema,
+        model,
+        _vs: vs,
+    })
+}
+
+/// Which of each type's nodes get a row: every node of the target type
+/// (of every type with `--outputs embeddings`), or a split's.
+fn selection(cfg: &InferConfig, ds: &TypedDataset) -> Result<Vec<Option<Vec<bool>>>> {
+    let every = |t: usize| Some(vec![true; ds.node_types[t].num as usize]);
+    Ok((0..ds.node_types.len())
+        .map(|t| match &cfg.nodes {
+            NodeSet::All if t == ds.target || cfg.outputs.embeddings => every(t),
+            NodeSet::Split(split) if t == ds.target => {
+                let mut keep = vec![false; ds.node_types[t].num as usize];
+                let offset = ds.node_types[t].offset;
+                for &s in &ds.split(*split).seeds {
+                    keep[(u64::from(s) - offset) as usize] = true;
+                }
+                Some(keep)
+            }
+            _ => None,
+        })
+        .collect())
+}
+
+/// Removes the parts of a replaced result that this one does not list.
+fn remove_replaced(out: &Store, old: &[u8], ours: &[String]) {
+    let old_files = serde_json::from_slice::<serde_json::Value>(old)
+        .ok()
+        .and_then(|v| serde_json::from_value::<Vec<String>>(v["files"].clone()).ok())
+        .unwrap_or_default();
+    for name in old_files.iter().filter(|f| !ours.contains(f)) {
+        if let Err(e) = out.delete(name) {
+            tracing::warn!("could not remove the replaced result's parts: {e}");
+            break;
+        }
+    }
+}
+
+/// The run's plan and work directory.
+struct Run<'c> {
+    cfg: &'c InferConfig,
+    /// Each type's groups of type-local ids.
+    groups: Vec<Vec<(u64, u64)>>,
+    /// The largest group's planned working state.
+    planned: u64,
+    dedup: bool,
+    layers: usize,
+    show_progress: bool,
+}
+
+/// Bytes of a group's working state per in-edge and per destination, of
+/// type `t` at its widest layer.
+fn costs(m: &Loaded, t: usize) -> (u64, u64) {
+    let hidden = m.cfg.hidden as u64;
+    let width = |s: usize| (m.cfg.in_dims[s].unwrap_or(0) as u64).max(hidden);
+    let gat = m.cfg.kind == RelationalKind::Rgat;
+    let heads = m.cfg.heads as u64;
+    let per_edge = m
+        .schema
+        .relations
+        .iter()
+        .filter(|r| r.2 == t)
+        .map(|r| {
+            // The pair on disk and sorted, its ids as tensors, and at most
+            // one source row; R-GAT's per-edge scores and messages.
+            let base = 8 + 3 * 8 + 4 * width(r.0) + 4 * hidden;
+            base + if gat {
+                6 * 4 * heads + 2 * 4 * hidden
+            } else {
+                0
+            }
+        })
+        .max()
+        .unwrap_or(0);
+    // Its own rows, the sum, the layer's output, and the counts and
+    // offsets; at the last layer logits and probabilities.
+    let classes = m.cfg.classes as u64;
+    let per_node = 4 * width(t) + 3 * 4 * hidden + 2 * 8 + 3 * 4 * classes;
+    (per_edge, per_node)
+}
+
+impl<'c> Run<'c> {
+    /// Counts in-degrees and cuts each type's groups from them. Half of
+    /// `--memory` holds a group's working state; the rest libtorch's
+    /// runtime, the model and the degrees themselves.
+    fn plan(cfg: &'c InferConfig, ds: &TypedDataset, m: &Loaded) -> Result<Run<'c>> {
+        let total_edges: u64 = ds.relations.iter().filter_map(|r| r.edges.len_hint()).sum();
+        let pb = offgnn_shared::progress::bar_if(
+            cfg.show_progress,
+            total_edges,
+            "counting in-degrees",
+            "edges",
+        );
+        let degrees = edges::in_degrees(ds, &|n| pb.inc(n))?;
+        pb.finish_and_clear();
+        let budget = cfg.memory / 2;
+        let mut groups = Vec::with_capacity(ds.node_types.len());
+        let mut planned = 0;
+        for (t, deg) in degrees.iter().enumerate() {
+            let (per_edge, per_node) = costs(m, t);
+            let name = &ds.node_types[t].name;
+            let (g, largest) = edges::cut_groups(
+                deg.iter().map(|&d| u64::from(d) * per_edge + per_node),
+                budget,
+                &|v, c| {
+                    format!(
+                        "node {v} of type '{name}' has {} in-edges, whose working state ({}) is more than half of --memory {}: give more --memory",
+                        deg[v as usize],
+                        offgnn_shared::report::human_bytes(c),
+                        offgnn_shared::report::human_bytes(cfg.memory)
+                    )
+                },
+            )?;
+            groups.push(g);
+            planned = u64::max(planned, largest);
+        }
+        Ok(Run {
+            cfg,
+            groups,
+            planned,
+            // A flag left out takes the card's graph; one that contradicts
+            // it was refused without --graph-override.
+            dedup: match cfg.graph_override {
+                true => !cfg.keep_duplicate_edges,
+                false => m.card.dedup_edges,
+            },
+            layers: m.cfg.layers,
+            show_progress: cfg.show_progress,
+        })
+    }
+
+    fn work(&self) -> &Path {
+        &self.cfg.work_dir
+    }
+
+    /// Buckets every relation's edges by destination group; returns the
+    /// edges bucketed.
+    fn bucket(&mut self, ds: &TypedDataset) -> Result<u64> {
+        std::fs::create_dir_all(self.work()).map_err(|e| Error::io(self.work().display(), e))?;
+        let passes: u64 = ds
+            .relations
+            .iter()
+            .map(|r| {
+                let windows = self.groups[r.dst].len().div_ceil(256).max(1) as u64;
+                r.edges.len_hint().unwrap_or(0) * windows
+            })
+            .sum();
+        let pb =
+            offgnn_shared::progress::bar_if(self.show_progress, passes, "bucketing edges", "edges");
+        let mut total = 0;
+        for (r, rel) in ds.relations.iter().enumerate() {
+            total +=
+                edges::bucket_relation(ds, r, &self.groups[rel.dst], self.work(), &|n| pb.inc(n))?;
+        }
+        pb.finish_and_clear();
+        Ok(total)
+    }
+
+    fn hidden_file(&self, l: usize, t: usize) -> std::path::PathBuf {
+        self.work().join(format!("hidden-{l}-t{t:03}.bin"))
+    }
+
+    /// Layer `l`'s input rows of each type.
+    fn inputs(&self, l: usize, ds: &TypedDataset, m: &Loaded) -> Result<Vec<Rows>> {
+        (0..ds.node_types.len())
+            .map(|t| match l {
+                0 => Rows::features(ds.node_types[t].features.as_ref().ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "node type '{}' has no features",
+                        ds.node_types[t].name
+                    ))
+                })?),
+                _ => Rows::hidden(&self.hidden_file(l - 1, t), m.cfg.hidden as usize),
+            })
+            .collect()
+    }
+
+    /// Runs layer `l` over every type's groups: to the work directory, or
+    /// for the last layer to Parquet parts under `out`.
+    fn layer(
+        &mut self,
+        l: usize,
+        ds: &TypedDataset,
+        m: &Loaded,
+        (out, run_id): (&Store, &RunId),
+        keep: &[Option<Vec<bool>>],
+        (files, written): (&mut Vec<String>, &mut [u64]),
+    ) -> Result<TypedLayerFigures> {
+        let started = Instant::now();
+        let last = l + 1 == m.cfg.layers;
+        let inputs = self.inputs(l, ds, m)?;
+        let mut figures = TypedLayerFigures {
+            layer: l,
+            ..Default::default()
+        };
+        let pb = offgnn_shared::progress::bar_if(
+            self.show_progress,
+            ds.num_nodes(),
+            &format!("layer {} of {}", l + 1, m.cfg.layers),
+            "nodes",
+        );
+        for t in 0..ds.node_types.len() {
+            if last && keep[t].is_none() {
+                pb.inc(ds.node_types[t].num);
+                continue;
+            }
+            let mut writer = match last {
+                false => Some(HiddenWriter::create(self.hidden_file(l, t))?),
+                true => None,
+            };
+            for (g, &(lo, hi)) in self.groups[t].iter().enumerate() {
+                if let Some(signal) = offgnn_shared::signals::received() {
+                    return Err(Error::Stopped(format!("stopped by {signal}")));
+                }
+                let h = tch::no_grad(|| {
+                    self.group(l, (t, g), (lo, hi), &inputs, m, &mut figures.bytes_read)
+                })?;
+                match writer.as_mut() {
+                    Some(w) => w.append(&Rgnn::between_layers(&h)?)?,
+                    None => {
+                        let logits = (t == ds.target).then(|| m.model.classify(&h)).transpose()?;
+                        let keep = keep[t].as_ref().expect("checked above");
+                        let part = output::Part {
+                            type_name: &ds.node_types[t].name,
+                            group: g,
+                            first: lo,
+                            keep: keep[lo as usize..hi as usize].to_vec(),
+                            embedding: &h,
+                            logits: logits.as_ref(),
+                        };
+                        if let Some((name, rows)) =
+                            output::write_part(out, run_id, self.cfg.outputs, &part)?
+                        {
+                            files.push(name);
+                            written[t] += rows;
+                        }
+                    }
+                }
+                pb.inc(hi - lo);
+            }
+            if let Some(w) = writer {
+                figures.bytes_written += w.finish()?;
+            }
+        }
+        pb.finish_and_clear();
+        if l > 0 {
+            for t in 0..ds.node_types.len() {
+                let _ = std::fs::remove_file(self.hidden_file(l - 1, t));
+            }
+        }
+        figures.seconds = started.elapsed().as_secs_f64();
+        Ok(figures)
+    }
+
+    /// Group `g` of type `t` (destinations `lo..hi`) at layer `l`: the sum
+    /// over the relations that reach `t` of each one's messages, on the CPU.
+    fn group(
+        &self,
+        l: usize,
+        (t, g): (usize, usize),
+        (lo, hi): (u64, u64),
+        inputs: &[Rows],
+        m: &Loaded,
+        read: &mut u64,
+    ) -> Result<Tensor> {
+        let device = self.cfg.device;
+        let n = (hi - lo) as i64;
+        let x_dst = if m.model.reads_destinations() {
+            inputs[t].range((lo, hi), read)?.to_device(device)
+        } else {
+            Tensor::zeros([n, 0], (tch::Kind::Float, device))
+        };
+        let mut sum: Option<Tensor> = None;
+        for (r, &(s, d)) in m.model.relations().iter().enumerate() {
+            if d != t {
+                continue;
+            }
+            let e = edges::load_group(self.work(), (r, g), (lo, hi), self.dedup)?;
+            let x_src = if e.sources.is_empty() {
+                Tensor::zeros([0, inputs[s].width() as i64], (tch::Kind::Float, device))
+            } else {
+                inputs[s].gather(&e.sources, read)?.to_device(device)
+            };
+            let edges = RelationEdges::new(&e.src, &e.dst, &e.counts, device);
+            let y = m.model.messages((l, r), &x_src, &x_dst, &edges)?;
+            sum = Some(match sum {
+                Some(acc) => acc + y,
+                None => y,
+            });
+        }
+        Ok(sum
+            .expect("checked: every type is some relation's destination")
+            .to_device(Device::Cpu))
+    }
+
+    /// Removes the work directory's files once the result is committed.
+    fn clear(&self, ds: &TypedDataset) {
+        for (r, rel) in ds.relations.iter().enumerate() {
+            for g in 0..self.groups[rel.dst].len() {
+                let _ = std::fs::remove_file(edges::bucket_file(self.work(), r, g));
+            }
+        }
+        for t in 0..ds.node_types.len() {
+            for l in 0..self.layers {
+                let _ = std::fs::remove_file(self.hidden_file(l, t));
+            }
+        }
+    }
+}

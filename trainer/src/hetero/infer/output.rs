@@ -1,0 +1,154 @@
+//! The last layer's rows as Parquet parts under `--out`, one per group:
+//! `RUN/TYPE/part-GGGGGG.parquet`, each row a node's type-local id and the
+//! columns asked for (the target type's class, probabilities and logits;
+//! every type's embedding).
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int64Array, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use offgnn_shared::commit::RunId;
+use offgnn_shared::store::Store;
+use tch::{Kind, Tensor};
+
+use crate::error::{Error, Result};
+use crate::inference::Outputs;
+
+/// Whether `name` (relative to `--out`) is a part a typed run writes.
+pub(super) fn is_part(name: &str) -> bool {
+    let mut parts = name.split('/');
+    let (Some(run), Some(_type), Some(file), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    RunId::is_run_id(run)
+        && file
+            .strip_prefix("part-")
+            .and_then(|f| f.strip_suffix(".parquet"))
+            .is_some_and(|g| g.len() == 6 && g.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// One group's rows of the last layer, for one type.
+pub(super) struct Part<'a> {
+    pub type_name: &'a str,
+    pub group: usize,
+    /// The group's first type-local id.
+    pub first: u64,
+    /// Which of the group's rows are written.
+    pub keep: Vec<bool>,
+    /// The type's last layer's rows.
+    pub embedding: &'a Tensor,
+    /// The target type's logits.
+    pub logits: Option<&'a Tensor>,
+}
+
+/// Writes `p` under `run` in `out` (nothing when no row is kept); returns
+/// its name and rows.
+pub(super) fn write_part(
+    out: &Store,
+    run: &RunId,
+    outputs: Outputs,
+    p: &Part<'_>,
+) -> Result<Option<(String, u64)>> {
+    let keep: Vec<i64> = (0..p.keep.len() as i64)
+        .filter(|&i| p.keep[i as usize])
+        .collect();
+    if keep.is_empty() {
+        return Ok(None);
+    }
+    let index = Tensor::from_slice(&keep);
+    let ids: Vec<u64> = keep.iter().map(|&i| p.first + i as u64).collect();
+    let mut fields = vec![Field::new("node_id", DataType::UInt64, false)];
+    let mut columns: Vec<ArrayRef> = vec![Arc::new(UInt64Array::from(ids))];
+    if let Some(logits) = p.logits {
+        let logits = logits.index_select(0, &index);
+        let class = Vec::<i64>::try_from(logits.argmax(1, false)).map_err(Error::from)?;
+        fields.push(Field::new("class", DataType::Int64, false));
+        columns.push(Arc::new(Int64Array::from(class)));
+        if outputs.probabilities {
+            let prob = logits.softmax(1, Kind::Float);
+            push_list(&mut fields, &mut columns, "probabilities", &prob)?;
+        }
+        if outputs.logits {
+            push_list(&mut fields, &mut columns, "logits", &logits)?;
+        }
+    }
+    if outputs.embeddings {
+        let h = p.embedding.index_select(0, &index);
+        push_list(&mut fields, &mut columns, "embedding", &h)?;
+    }
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), columns)
+        .map_err(|e| Error::InvalidArgument(format!("output rows: {e}")))?;
+    let mut bytes = Vec::new();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::UNCOMPRESSED)
+        .build();
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, schema, Some(props))
+        .map_err(|cause| Error::Parquet { cause })?;
+    w.write(&batch).map_err(|cause| Error::Parquet { cause })?;
+    w.close().map_err(|cause| Error::Parquet { cause })?;
+    let name = format!("{run}/{}/part-{:06}.parquet", p.type_name, p.group);
+    out.put(&name, bytes)?;
+    Ok(Some((name, keep.len() as u64)))
+}
+
+/// Appends `t`'s rows as a column of fixed-size float32 lists.
+fn push_list(
+    fields: &mut Vec<Field>,
+    columns: &mut Vec<ArrayRef>,
+    name: &str,
+    t: &Tensor,
+) -> Result<()> {
+    let width = t.size()[1] as i32;
+    let values =
+        Vec::<f32>::try_from(t.to_kind(Kind::Float).flatten(0, -1)).map_err(Error::from)?;
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    let list = FixedSizeListArray::try_new(
+        item.clone(),
+        width,
+        Arc::new(Float32Array::from(values)),
+        None,
+    )
+    .map_err(|e| Error::InvalidArgument(format!("output column {name}: {e}")))?;
+    fields.push(Field::new(
+        name,
+        DataType::FixedSizeList(item, width),
+        false,
+    ));
+    columns.push(Arc::new(list));
+    Ok(())
+}
+
+/// The columns written for `outputs`, for the target type and the others.
+pub(super) fn columns(outputs: Outputs) -> (Vec<String>, Vec<String>) {
+    let mut target = vec!["node_id".to_string(), "class".to_string()];
+    if outputs.probabilities {
+        target.push("probabilities".into());
+    }
+    if outputs.logits {
+        target.push("logits".into());
+    }
+    let mut others = vec!["node_id".to_string()];
+    if outputs.embeddings {
+        target.push("embedding".into());
+        others.push("embedding".into());
+    }
+    (target, others)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_typed_parts_are_parts() {
+        let run = RunId::new();
+        assert!(is_part(&format!("{run}/paper/part-000003.parquet")));
+        assert!(!is_part(&format!("{run}/part-000003-0000.parquet")));
+        assert!(!is_part(&format!("{run}/paper/notes.txt")));
+        assert!(!is_part("not-a-run/paper/part-000003.parquet"));
+    }
+}
