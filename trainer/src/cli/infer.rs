@@ -104,7 +104,7 @@ pub(super) fn infer_command(a: InferArgs) -> anyhow::Result<()> {
                 "--method {method}: a typed model's inference has one method, layer by layer per relation"
             );
         }
-        let summary = crate::hetero::infer::infer(&cfg)?;
+        let summary = crate::hetero::infer::infer(&cfg, &engine)?;
         report::typed_infer_summary(&summary);
         return Ok(());
     }

@@ -25,6 +25,7 @@ use std::time::Instant;
 
 use offgnn_shared::commit::{self, RunId};
 use offgnn_shared::dataset::TypedDataset;
+use offgnn_shared::io_engine::IoEngine;
 use offgnn_shared::lease::{self, LEASE, Lease, Swept};
 use offgnn_shared::store::Store;
 use serde::{Deserialize, Serialize};
@@ -105,8 +106,8 @@ struct Loaded {
 }
 
 /// Runs typed inference as configured.
-pub fn infer(cfg: &InferConfig) -> Result<TypedInferSummary> {
-    let result = infer_run(cfg);
+pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> {
+    let result = infer_run(cfg, engine);
     match offgnn_shared::signals::received() {
         Some(signal) if result.is_err() => Err(Error::Stopped(format!(
             "stopped by {signal}; nothing was committed under --out, and the next run starts over"
@@ -115,7 +116,7 @@ pub fn infer(cfg: &InferConfig) -> Result<TypedInferSummary> {
     }
 }
 
-fn infer_run(cfg: &InferConfig) -> Result<TypedInferSummary> {
+fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> {
     let started = Instant::now();
     check_flags(cfg)?;
     let ds = TypedDataset::open(crate::inference::local_dataset(cfg)?)?;
@@ -145,7 +146,7 @@ fn infer_run(cfg: &InferConfig) -> Result<TypedInferSummary> {
         },
         &lease,
     );
-    let mut run = Run::plan(cfg, &ds, &m)?;
+    let mut run = Run::plan((cfg, engine), &ds, &m)?;
     let bucketing = Instant::now();
     let edges = run.bucket(&ds)?;
     let edge_bucketing_seconds = bucketing.elapsed().as_secs_f64();
@@ -229,6 +230,11 @@ fn check_flags(cfg: &InferConfig) -> Result<()> {
     if matches!(cfg.nodes, NodeSet::File(_)) {
         return bad(
             "--nodes FILE.npy names homogeneous node ids; for a typed model pass all or a split (train, valid, test) of the target type",
+        );
+    }
+    if cfg.hidden_f16 {
+        return bad(
+            "--hidden-dtype f16 is not built for typed models; their hidden layers are float32",
         );
     }
     if cfg.outputs.link_embedding {
@@ -335,6 +341,7 @@ fn remove_replaced(out: &Store, old: &[u8], ours: &[String]) {
 /// The run's plan and work directory.
 struct Run<'c> {
     cfg: &'c InferConfig,
+    engine: &'c IoEngine,
     /// Each type's groups of type-local ids.
     groups: Vec<Vec<(u64, u64)>>,
     /// The largest group's planned working state.
@@ -379,7 +386,11 @@ impl<'c> Run<'c> {
     /// Counts in-degrees and cuts each type's groups from them. Half of
     /// `--memory` holds a group's working state; the rest libtorch's
     /// runtime, the model and the degrees themselves.
-    fn plan(cfg: &'c InferConfig, ds: &TypedDataset, m: &Loaded) -> Result<Run<'c>> {
+    fn plan(
+        (cfg, engine): (&'c InferConfig, &'c IoEngine),
+        ds: &TypedDataset,
+        m: &Loaded,
+    ) -> Result<Run<'c>> {
         let total_edges: u64 = ds.relations.iter().filter_map(|r| r.edges.len_hint()).sum();
         let pb = offgnn_shared::progress::bar_if(
             cfg.show_progress,
@@ -412,6 +423,7 @@ impl<'c> Run<'c> {
         }
         Ok(Run {
             cfg,
+            engine,
             groups,
             planned,
             // A flag left out takes the card's graph; one that contradicts
@@ -457,16 +469,23 @@ impl<'c> Run<'c> {
     }
 
     /// Layer `l`'s input rows of each type.
-    fn inputs(&self, l: usize, ds: &TypedDataset, m: &Loaded) -> Result<Vec<Rows>> {
+    fn inputs(&self, l: usize, ds: &TypedDataset, m: &Loaded) -> Result<Vec<Rows<'c>>> {
         (0..ds.node_types.len())
             .map(|t| match l {
-                0 => Rows::features(ds.node_types[t].features.as_ref().ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "node type '{}' has no features",
-                        ds.node_types[t].name
-                    ))
-                })?),
-                _ => Rows::hidden(&self.hidden_file(l - 1, t), m.cfg.hidden as usize),
+                0 => Rows::features(
+                    self.engine,
+                    ds.node_types[t].features.as_ref().ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "node type '{}' has no features",
+                            ds.node_types[t].name
+                        ))
+                    })?,
+                ),
+                _ => Rows::hidden(
+                    self.engine,
+                    &self.hidden_file(l - 1, t),
+                    m.cfg.hidden as usize,
+                ),
             })
             .collect()
     }

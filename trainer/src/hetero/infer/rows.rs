@@ -1,29 +1,38 @@
 //! A node type's rows of a layer's input: its feature file for the first
 //! layer, the previous layer's output in the work directory after that.
-//! A group reads its sources' rows in ascending order, neighbouring rows
-//! coalesced into one read, so that a dense group reads its file nearly
-//! front to back; its own rows are one range.
+//! A group reads its sources' rows in ascending order through the I/O
+//! engine (O_DIRECT, many reads in flight), rows close together in one
+//! read of the pages that hold them, at most [`MAX_CALL`] bytes of pages
+//! per call, so that a dense group reads its file nearly front to back in
+//! bounded memory; its own rows are one range.
 
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, ReadReq};
 use offgnn_shared::npy::{DType, NpyFile};
 use tch::Tensor;
 
 use crate::error::{Error, Result};
 
-/// Rows closer than this are read in one read, the bytes between them
-/// discarded: cheaper than a second seek.
-const COALESCE_GAP: u64 = 64 << 10;
+const PAGE: u64 = 4096;
 
-/// The largest single read.
-const MAX_READ: u64 = 16 << 20;
+/// Rows whose pages are at most this far apart are read in one read, the
+/// pages between them discarded: cheaper than another request.
+const COALESCE_GAP: u64 = 16 << 10;
+
+/// The pages one engine call reads at most (the buffer they land in).
+const MAX_CALL: u64 = 32 << 20;
 
 /// One type's rows of a layer's input.
-pub(super) struct Rows {
-    file: File,
+pub(super) struct Rows<'e> {
+    engine: &'e IoEngine,
+    file: IoFile,
+    /// The same file, buffered: rows in its short last page, which O_DIRECT
+    /// cannot read whole.
+    tail: File,
     path: PathBuf,
     data_offset: u64,
     width: usize,
@@ -31,9 +40,9 @@ pub(super) struct Rows {
     dtype: DType,
 }
 
-impl Rows {
+impl<'e> Rows<'e> {
     /// A feature file (float32 or float16).
-    pub(super) fn features(npy: &NpyFile) -> Result<Rows> {
+    pub(super) fn features(engine: &'e IoEngine, npy: &NpyFile) -> Result<Rows<'e>> {
         let dtype = npy.dtype();
         if !matches!(dtype, DType::F32 | DType::F16) {
             return Err(Error::InvalidArgument(format!(
@@ -42,27 +51,28 @@ impl Rows {
                 dtype.name()
             )));
         }
-        let file = npy
-            .file()
-            .try_clone()
-            .map_err(|e| Error::io(npy.path().display(), e))?;
-        Ok(Rows {
-            file,
-            path: npy.path().to_path_buf(),
-            data_offset: npy.header().data_offset,
-            width: npy.shape().get(1).copied().unwrap_or(1) as usize,
-            dtype,
-        })
+        let width = npy.shape().get(1).copied().unwrap_or(1) as usize;
+        Rows::open(engine, npy.path(), (npy.header().data_offset, width, dtype))
     }
 
     /// A layer's output that [`HiddenWriter`] wrote.
-    pub(super) fn hidden(path: &Path, width: usize) -> Result<Rows> {
+    pub(super) fn hidden(engine: &'e IoEngine, path: &Path, width: usize) -> Result<Rows<'e>> {
+        Rows::open(engine, path, (0, width, DType::F32))
+    }
+
+    fn open(
+        engine: &'e IoEngine,
+        path: &Path,
+        (data_offset, width, dtype): (u64, usize, DType),
+    ) -> Result<Rows<'e>> {
         Ok(Rows {
-            file: File::open(path).map_err(|e| Error::io(path.display(), e))?,
+            engine,
+            file: engine.open(path)?,
+            tail: File::open(path).map_err(|e| Error::io(path.display(), e))?,
             path: path.to_path_buf(),
-            data_offset: 0,
+            data_offset,
             width,
-            dtype: DType::F32,
+            dtype,
         })
     }
 
@@ -74,59 +84,105 @@ impl Rows {
         (self.width * self.dtype.size()) as u64
     }
 
+    /// The pages that hold rows `first..=last`.
+    fn pages(&self, first: u64, last: u64) -> (u64, u64) {
+        let rb = self.row_bytes();
+        let from = self.data_offset + first * rb;
+        let to = self.data_offset + (last + 1) * rb;
+        (from / PAGE * PAGE, to.div_ceil(PAGE) * PAGE)
+    }
+
     /// The rows `ids` (ascending, distinct) as a `[ids, width]` float32
     /// tensor; adds the bytes read to `read`.
     pub(super) fn gather(&self, ids: &[u32], read: &mut u64) -> Result<Tensor> {
-        let rb = self.row_bytes();
         let mut out = vec![0f32; ids.len() * self.width];
-        let mut buf = Vec::new();
+        // Runs of ids whose pages are read in one request.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
         let mut i = 0;
         while i < ids.len() {
-            // The run of rows one read covers.
-            let first = u64::from(ids[i]);
             let mut j = i + 1;
             while j < ids.len() {
-                let next = u64::from(ids[j]);
-                let gap = (next - u64::from(ids[j - 1]) - 1) * rb;
-                if gap > COALESCE_GAP || (next + 1 - first) * rb > MAX_READ {
+                let (_, end) = self.pages(u64::from(ids[i]), u64::from(ids[j - 1]));
+                let (next, _) = self.pages(u64::from(ids[j]), u64::from(ids[j]));
+                let (start, span_end) = self.pages(u64::from(ids[i]), u64::from(ids[j]));
+                if next > end + COALESCE_GAP || span_end - start > MAX_CALL {
                     break;
                 }
                 j += 1;
             }
-            let span = (u64::from(ids[j - 1]) + 1 - first) * rb;
-            buf.resize(span as usize, 0);
-            self.read_at(first * rb, &mut buf)?;
-            *read += span;
-            for (k, &v) in ids[i..j].iter().enumerate() {
-                let at = ((u64::from(v) - first) * rb) as usize;
-                let row = &mut out[(i + k) * self.width..(i + k + 1) * self.width];
-                self.widen(&buf[at..at + rb as usize], row);
-            }
+            runs.push((i, j));
             i = j;
         }
+        self.read_runs(ids, &runs, &mut out, read)?;
         Ok(Tensor::from_slice(&out).view([ids.len() as i64, self.width as i64]))
     }
 
     /// Rows `lo..hi` as a `[hi - lo, width]` float32 tensor.
     pub(super) fn range(&self, (lo, hi): (u64, u64), read: &mut u64) -> Result<Tensor> {
-        let rb = self.row_bytes();
-        let mut buf = vec![0u8; ((hi - lo) * rb) as usize];
-        self.read_at(lo * rb, &mut buf)?;
-        *read += buf.len() as u64;
-        let mut out = vec![0f32; (hi - lo) as usize * self.width];
-        for (row, bytes) in out
-            .chunks_exact_mut(self.width.max(1))
-            .zip(buf.chunks_exact(rb.max(1) as usize))
-        {
-            self.widen(bytes, row);
-        }
-        Ok(Tensor::from_slice(&out).view([(hi - lo) as i64, self.width as i64]))
+        let ids: Vec<u32> = (lo as u32..hi as u32).collect();
+        self.gather(&ids, read)
     }
 
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.file
-            .read_exact_at(buf, self.data_offset + offset)
-            .map_err(|e| Error::io(self.path.display(), e))
+    /// Reads the pages of each run of `ids` (in calls of at most
+    /// [`MAX_CALL`] bytes) and widens the rows into `out`.
+    fn read_runs(
+        &self,
+        ids: &[u32],
+        runs: &[(usize, usize)],
+        out: &mut [f32],
+        read: &mut u64,
+    ) -> Result<()> {
+        let rb = self.row_bytes() as usize;
+        let mut buf = AlignedBuf::new(0);
+        let mut r = 0;
+        while r < runs.len() {
+            // The runs of this call, and where each lands in the buffer.
+            let mut reqs = Vec::new();
+            let mut placed = Vec::new();
+            let mut at = 0usize;
+            while r < runs.len() {
+                let (i, j) = runs[r];
+                let (from, to) = self.pages(u64::from(ids[i]), u64::from(ids[j - 1]));
+                let len = (to - from) as usize;
+                if !reqs.is_empty() && (at + len) as u64 > MAX_CALL {
+                    break;
+                }
+                // The short last page cannot be read with O_DIRECT: its
+                // rows are read buffered below.
+                let tail = self.file.is_direct() && to > self.file.len();
+                placed.push((r, from, at, tail));
+                if !tail {
+                    reqs.push(ReadReq {
+                        offset: from,
+                        len,
+                        buf_offset: at,
+                    });
+                }
+                at += len;
+                r += 1;
+            }
+            buf.resize(at);
+            *read += self.engine.read(&self.file, &reqs, &mut buf)?;
+            for &(run, from, at, tail) in &placed {
+                let (i, j) = runs[run];
+                let bytes = buf.as_mut_slice();
+                if tail {
+                    let start = self.data_offset + u64::from(ids[i]) * rb as u64;
+                    let len = (u64::from(ids[j - 1]) + 1 - u64::from(ids[i])) as usize * rb;
+                    let skip = (start - from) as usize;
+                    self.tail
+                        .read_exact_at(&mut bytes[at + skip..at + skip + len], start)
+                        .map_err(|e| Error::io(self.path.display(), e))?;
+                    *read += len as u64;
+                }
+                for (k, &v) in ids[i..j].iter().enumerate() {
+                    let off = at + (self.data_offset + u64::from(v) * rb as u64 - from) as usize;
+                    let row = &mut out[(i + k) * self.width..(i + k + 1) * self.width];
+                    self.widen(&bytes[off..off + rb], row);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn widen(&self, bytes: &[u8], row: &mut [f32]) {
@@ -202,14 +258,15 @@ mod tests {
         .view([i64::from(rows), width as i64]);
         w.append(&all).unwrap();
         w.finish().unwrap();
-        let r = Rows::hidden(&path, width).unwrap();
+        let engine = IoEngine::new(Default::default());
+        let r = Rows::hidden(&engine, &path, width).unwrap();
         // Neighbours, a gap to coalesce over and one too wide to.
         let ids = [0u32, 1, 2, 900, 30_000, 39_999];
         let mut read = 0;
         let got = r.gather(&ids, &mut read).unwrap();
         let want = all.index_select(0, &Tensor::from_slice(&ids.map(i64::from)));
         assert!(got.equal(&want));
-        assert!(read < u64::from(rows) * 12, "{read}");
+        assert!(read < u64::from(rows) * 12 / 4, "{read}");
         let range = r.range((5, 9), &mut read).unwrap();
         assert!(range.equal(&all.narrow(0, 5, 4)));
     }
