@@ -20,7 +20,12 @@ where the card says the sampler kept them once) and compares every type's
 embedding and the target type's logits and classes with what `trainer
 infer --outputs logits,embeddings` committed at OUT (within 1e-4).
 
-Usage: python hetero_parity.py WORK | --export DIR | --infer DIR DATASET OUT
+With --dump DIR FILE, it runs the export's model on each batch that
+`trainer --dump-batches FILE` wrote of a typed layout (each type's input
+rows, each block's edges per relation) and compares the logits the trainer
+wrote beside them (within 1e-4).
+
+Usage: python hetero_parity.py WORK | --export DIR | --infer DIR DATASET OUT | --dump DIR FILE
 Prints one line of JSON; exits non-zero on a mismatch.
 """
 
@@ -152,7 +157,38 @@ def infer(export, dataset, out):
     return 0 if ok else 1
 
 
+def dumped(export, dump):
+    """The export's model on the trainer's dumped batches."""
+    with open(f"{export}/model.json") as f:
+        card = json.load(f)
+    model = build(card)
+    model.load_state_dict(load_file(f"{export}/{card['weights']}"), strict=True)
+    model.eval()
+    batch = load_file(dump)
+    layers, relations = card["num_layers"], len(card["relations"])
+    diff, batches = 0.0, 0
+    while f"batch{batches}.logits" in batch:
+        k = f"batch{batches}"
+        x = {t["name"]: batch[f"{k}.x.{t['name']}"] for t in card["node_types"]}
+        edges = [
+            [torch.stack([batch[f"{k}.block{l}.rel{r}.src"], batch[f"{k}.block{l}.rel{r}.dst"]]) for r in range(relations)]
+            for l in range(layers)
+        ]
+        num_dst = [batch[f"{k}.block{l}.num_dst"] for l in range(layers)]
+        with torch.no_grad():
+            logits = forward(model, card, x, edges, num_dst)
+        if logits.shape != batch[f"{k}.logits"].shape:
+            raise SystemExit(f"{k}: logits {tuple(logits.shape)}, dumped {tuple(batch[k + '.logits'].shape)}")
+        diff = max(diff, (logits - batch[f"{k}.logits"]).abs().max().item())
+        batches += 1
+    ok = batches > 0 and diff <= TOLERANCE
+    print(json.dumps({"architecture": card["architecture"], "batches": batches, "max_abs_diff": diff, "ok": ok}))
+    return 0 if ok else 1
+
+
 def main(argv):
+    if argv[0] == "--dump":
+        return dumped(*argv[1:3])
     if argv[0] == "--infer":
         return infer(*argv[1:4])
     if argv[0] == "--export":

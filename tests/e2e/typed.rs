@@ -154,6 +154,7 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
     let mut losses = Vec::new();
     for model in ["sage", "gat"] {
         let export = path(&format!("export-{model}"));
+        let dump = path(&format!("dump-{model}.safetensors"));
         let r = run(
             "trainer",
             &[
@@ -167,6 +168,10 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
                 "32",
                 "--export",
                 &export,
+                "--dump-batches",
+                &dump,
+                "--dump-count",
+                "2",
             ],
         );
         assert!(r.status.success(), "{model}: {}", r.stderr);
@@ -196,6 +201,18 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
             out.status.success(),
             "{model}: {}{}",
             String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The dumped batches' logits are PyG's on the same blocks.
+        let out = std::process::Command::new(&python)
+            .arg(workspace().join("python/hetero_parity.py"))
+            .args(["--dump", &export, &dump])
+            .output()
+            .expect("python starts");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains("\"batches\": 2"),
+            "{model}: {said}{}",
             String::from_utf8_lossy(&out.stderr)
         );
         typed_inference(&export, &derived, &path(&format!("inf-{model}")));

@@ -110,6 +110,10 @@ pub(super) fn train_typed_command(
                 last: a.export_last,
             }),
         show_progress: writer,
+        dump: a.dump_batches.clone().map(|path| crate::train::DumpTarget {
+            path,
+            batches: a.dump_count,
+        }),
     };
     let memory = state_memory(&manifest, &cfg, a)?;
     let engine = IoEngine::new(super::train::io_options(a));
@@ -276,7 +280,6 @@ fn refuse_unsupported(a: &TrainArgs) -> anyhow::Result<()> {
     };
     for (given, flag) in [
         (a.historical.is_some(), "--historical"),
-        (a.dump_batches.is_some(), "--dump-batches"),
         (a.scorer.is_some(), "--scorer"),
     ] {
         if given {

@@ -13,6 +13,7 @@
 
 pub mod blocks;
 pub mod checkpoint;
+mod dump;
 pub mod export;
 pub mod infer;
 pub mod memory;

@@ -54,6 +54,8 @@ pub struct TypedTrainConfig {
     pub resume: bool,
     pub overwrite: bool,
     pub show_progress: bool,
+    /// The first test batches, as the best epoch's model sees them.
+    pub dump: Option<crate::train::DumpTarget>,
 }
 
 /// One epoch's figures.
@@ -105,6 +107,9 @@ pub struct TypedTrainSummary {
     pub test_accuracy_at_best: Option<f64>,
     /// The exports written (the best epoch's, then the last's).
     pub exports: Vec<String>,
+    /// Where `--dump-batches` wrote.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dump: Option<PathBuf>,
     pub seconds: f64,
 }
 
@@ -164,7 +169,7 @@ impl TypedLayout {
     }
 
     /// The batches of `split` in sampled epoch `epoch`, in order.
-    fn batches(&self, split: Split, epoch: u32) -> usize {
+    pub(super) fn batches(&self, split: Split, epoch: u32) -> usize {
         self.manifest
             .topology
             .schedule
@@ -241,7 +246,7 @@ impl TypedLayout {
     /// sampled epoch `epoch`), in turn: pipelined, a loader thread fetches
     /// up to two batches ahead; else each is fetched when its turn comes.
     /// `step` sees each batch's index in `order`.
-    fn for_each_batch(
+    pub(super) fn for_each_batch(
         &self,
         (split, epoch, order): (Split, u32, &[usize]),
         run: Run<'_>,
@@ -389,10 +394,10 @@ impl Reader<'_> {
 }
 
 /// One batch, ready for the model.
-struct Batch {
-    x: Vec<Tensor>,
-    blocks: TypedBlocks,
-    labels: Tensor,
+pub(super) struct Batch {
+    pub(super) x: Vec<Tensor>,
+    pub(super) blocks: TypedBlocks,
+    pub(super) labels: Tensor,
     disk_bytes: u64,
 }
 
@@ -450,7 +455,8 @@ pub fn train_typed(
         here: 0,
         interrupt_after: crate::test_hooks::current().interrupt_after,
     };
-    let keep_best = writer && (cfg.export.is_some() || cfg.checkpoint_dir.is_some());
+    let keep_best =
+        writer && (cfg.export.is_some() || cfg.checkpoint_dir.is_some() || cfg.dump.is_some());
     let run = Run {
         engine,
         device: cfg.device,
@@ -492,15 +498,19 @@ pub fn train_typed(
         }
     }
     let best = best_epoch(&epochs);
+    let last_params = crate::export::snapshot(&vs)?;
+    if let Some(target) = cfg.dump.as_ref().filter(|_| writer) {
+        let params = best_params.as_deref().expect("an epoch ran");
+        let params = params.iter().map(|(k, v)| (k.clone(), v.shallow_clone()));
+        crate::export::load_into(&vs, &params.collect(), "the best epoch's parameters")?;
+        super::dump::dump_batches(layout, &model, run, target)?;
+    }
     let exports = match cfg.export.as_ref().filter(|_| writer) {
         Some(x) => super::export::run_exports(
             x,
             (layout, &model_cfg),
             (&epochs, best),
-            (
-                best_params.take().expect("an epoch ran"),
-                crate::export::snapshot(&vs)?,
-            ),
+            (best_params.take().expect("an epoch ran"), last_params),
         )?,
         None => Vec::new(),
     };
@@ -519,6 +529,7 @@ pub fn train_typed(
         test_accuracy_at_best: best.and_then(|e| e.test_accuracy),
         exports,
         epochs,
+        dump: cfg.dump.as_ref().filter(|_| writer).map(|d| d.path.clone()),
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -575,7 +586,7 @@ struct Done {
 /// How batches are fetched and trained: the engine, the device, whether a
 /// loader thread reads ahead, and the ranks that share the epoch.
 #[derive(Clone, Copy)]
-struct Run<'a> {
+pub(super) struct Run<'a> {
     engine: &'a IoEngine,
     device: Device,
     pipelined: bool,
