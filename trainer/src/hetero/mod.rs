@@ -188,6 +188,52 @@ impl Rgnn {
         self.convs[l][r].forward(x_src, x_dst, e)
     }
 
+    /// An accumulator of relation `r`'s messages at layer `l` into `n`
+    /// destinations, fed source rows a chunk at a time
+    /// ([`Aggregator::add`]); R-GAT needs the destinations' own rows `x_dst`.
+    pub fn aggregator(
+        &self,
+        (l, r): (usize, usize),
+        x_dst: Option<&Tensor>,
+        n: i64,
+    ) -> Result<Aggregator<'_>, TchError> {
+        let opts = (Kind::Float, tch::Device::Cpu);
+        Ok(match &self.convs[l][r] {
+            Conv::Sage { lin_l } => Aggregator::Sage {
+                lin_l,
+                sum: Tensor::f_zeros([n, lin_l.ws.size()[0]], opts)?,
+                count: Tensor::f_zeros([n], opts)?,
+            },
+            Conv::Gat {
+                lin_src,
+                lin_dst,
+                att_src,
+                att_dst,
+                bias,
+                heads,
+                per_head,
+            } => {
+                let x_dst = x_dst.expect("R-GAT reads its destinations' rows");
+                let zd = x_dst
+                    .f_linear::<Tensor>(&lin_dst.as_ref().unwrap_or(lin_src).ws, None)?
+                    .f_view([-1, *heads, *per_head])?;
+                Aggregator::Gat {
+                    lin_src,
+                    att_src,
+                    bias,
+                    a_dst: zd.f_mul(att_dst)?.f_sum_dim_intlist(
+                        [-1i64].as_slice(),
+                        false,
+                        Kind::Float,
+                    )?,
+                    max: Tensor::f_full([n, *heads], f64::NEG_INFINITY, opts)?,
+                    denom: Tensor::f_zeros([n, *heads], opts)?,
+                    num: Tensor::f_zeros([n, *heads, *per_head], opts)?,
+                }
+            }
+        })
+    }
+
     /// What comes between two layers, in evaluation (dropout off).
     pub fn between_layers(h: &Tensor) -> Result<Tensor, TchError> {
         h.f_leaky_relu()
@@ -196,6 +242,98 @@ impl Rgnn {
     /// The target type's logits of its last layer's rows `h`.
     pub fn classify(&self, h: &Tensor) -> Result<Tensor, TchError> {
         h.f_linear(&self.lin.ws, self.lin.bs.as_ref())
+    }
+}
+
+/// One relation's messages into a group of destinations, summed as source
+/// rows stream by: what [`Conv::forward`] computes on a block holding every
+/// in-edge, without holding every source row at once. R-SAGE keeps each
+/// destination's sum of projected rows and its count (the mean's linear map
+/// commutes with the mean); R-GAT an online softmax per head (a running
+/// maximum, the exponentials' sum and the weighted messages, rescaled as
+/// the maximum grows), which equals PyG's shifted softmax.
+pub enum Aggregator<'m> {
+    Sage {
+        lin_l: &'m nn::Linear,
+        sum: Tensor,
+        count: Tensor,
+    },
+    Gat {
+        lin_src: &'m nn::Linear,
+        att_src: &'m Tensor,
+        bias: &'m Tensor,
+        a_dst: Tensor,
+        max: Tensor,
+        denom: Tensor,
+        num: Tensor,
+    },
+}
+
+impl Aggregator<'_> {
+    /// Adds the messages of edges `src[i] -> dst[i]`: `src` positions among
+    /// the rows `x` (a chunk of the source type's), `dst` among the group's.
+    pub fn add(&mut self, x: &Tensor, src: &Tensor, dst: &Tensor) -> Result<(), TchError> {
+        match self {
+            Aggregator::Sage { lin_l, sum, count } => {
+                let z = x.f_linear::<Tensor>(&lin_l.ws, None)?;
+                let _ = sum.f_index_add_(0, dst, &z.f_index_select(0, src)?)?;
+                let ones = Tensor::f_ones([dst.size()[0]], (Kind::Float, tch::Device::Cpu))?;
+                let _ = count.f_index_add_(0, dst, &ones)?;
+            }
+            Aggregator::Gat {
+                lin_src,
+                att_src,
+                a_dst,
+                max,
+                denom,
+                num,
+                ..
+            } => {
+                let (h, c) = (num.size()[1], num.size()[2]);
+                let zs = x
+                    .f_linear::<Tensor>(&lin_src.ws, None)?
+                    .f_view([-1, h, c])?;
+                let a_src =
+                    zs.f_mul(att_src)?
+                        .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Float)?;
+                let score = a_src
+                    .f_index_select(0, src)?
+                    .f_add(&a_dst.f_index_select(0, dst)?)?;
+                let score =
+                    score.f_maximum(&score.f_mul_scalar(crate::model::GAT_NEGATIVE_SLOPE)?)?;
+                let grown = max.f_index_reduce(0, dst, &score, "amax", true)?;
+                // exp(-inf - -inf) is NaN where a destination has no edge
+                // yet: its sums are 0, and stay so.
+                let scale = max.f_sub(&grown)?.f_exp()?.f_nan_to_num(0.0, None, None)?;
+                let _ = denom.f_mul_(&scale)?;
+                let _ = num.f_mul_(&scale.f_unsqueeze(-1)?)?;
+                *max = grown;
+                let w = score.f_sub(&max.f_index_select(0, dst)?)?.f_exp()?;
+                let _ = denom.f_index_add_(0, dst, &w)?;
+                let msg = zs.f_index_select(0, src)?.f_mul(&w.f_unsqueeze(-1)?)?;
+                let _ = num.f_index_add_(0, dst, &msg)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The relation's messages into each destination.
+    pub fn finish(self) -> Result<Tensor, TchError> {
+        match self {
+            Aggregator::Sage { lin_l, sum, count } => {
+                let mean = sum.f_div(&count.f_clamp_min(1.0)?.f_unsqueeze(1)?)?;
+                match &lin_l.bs {
+                    Some(b) => mean.f_add(b),
+                    None => Ok(mean),
+                }
+            }
+            Aggregator::Gat {
+                bias, denom, num, ..
+            } => num
+                .f_div(&denom.f_add_scalar(1e-16)?.f_unsqueeze(-1)?)?
+                .f_flatten(1, 2)?
+                .f_add(bias),
+        }
     }
 }
 

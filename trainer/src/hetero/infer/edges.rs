@@ -124,69 +124,39 @@ pub(super) fn bucket_relation(
     Ok(total)
 }
 
-/// One relation's edges into one group of destinations.
-pub(super) struct GroupEdges {
-    /// The distinct sources (type-local ids), ascending: the rows to read.
-    pub sources: Vec<u32>,
-    /// Each edge's source, as a position in `sources`, sorted by
-    /// destination.
-    pub src: Vec<i64>,
-    /// Each edge's destination, as a position in the group.
-    pub dst: Vec<i64>,
-    /// Each of the group's destinations' in-degree.
-    pub counts: Vec<i64>,
-}
-
 /// Relation `r`'s edges into group `g` (destinations `lo..hi`), from its
-/// bucket file; with `dedup`, each (source, destination) pair once, as the
-/// sampler built the graph.
+/// bucket file, as (source, destination within the group) sorted by source
+/// then destination; with `dedup`, each pair once, as the sampler built the
+/// graph.
 pub(super) fn load_group(
     work: &Path,
     (r, g): (usize, usize),
     (lo, hi): (u64, u64),
     dedup: bool,
-) -> Result<GroupEdges> {
+) -> Result<Vec<(u32, u32)>> {
     let path = bucket_file(work, r, g);
     let mut bytes = Vec::new();
     File::open(&path)
         .and_then(|mut f| f.read_to_end(&mut bytes))
         .map_err(|e| Error::io(path.display(), e))?;
     let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    let mut pairs: Vec<(u32, u32)> = bytes
-        .chunks_exact(8)
-        .map(|p| (word(&p[4..]), word(&p[..4])))
-        .collect();
+    let mut pairs = Vec::with_capacity(bytes.len() / 8);
+    for p in bytes.chunks_exact(8) {
+        let (s, d) = (word(&p[..4]), u64::from(word(&p[4..])));
+        if !(lo..hi).contains(&d) {
+            return Err(Error::InvalidArgument(format!(
+                "{}: destination {d} outside its group {lo}..{hi}; the work directory is not this run's",
+                path.display()
+            )));
+        }
+        pairs.push((s, (d - lo) as u32));
+    }
     drop(bytes);
     pairs.sort_unstable();
     if dedup {
         pairs.dedup();
     }
-    let mut sources: Vec<u32> = pairs.iter().map(|&(_, s)| s).collect();
-    sources.sort_unstable();
-    sources.dedup();
-    let mut counts = vec![0i64; (hi - lo) as usize];
-    let mut src = Vec::with_capacity(pairs.len());
-    let mut dst = Vec::with_capacity(pairs.len());
-    for &(d, s) in &pairs {
-        let d = u64::from(d)
-            .checked_sub(lo)
-            .filter(|&d| d < hi - lo)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "{}: destination {d} outside its group {lo}..{hi}; the work directory is not this run's",
-                    path.display()
-                ))
-            })?;
-        counts[d as usize] += 1;
-        dst.push(d as i64);
-        src.push(sources.binary_search(&s).expect("a source of the group") as i64);
-    }
-    Ok(GroupEdges {
-        sources,
-        src,
-        dst,
-        counts,
-    })
+    Ok(pairs)
 }
 
 #[cfg(test)]
@@ -208,7 +178,7 @@ mod tests {
     }
 
     #[test]
-    fn a_group_loads_sorted_by_destination_with_its_distinct_sources() {
+    fn a_group_loads_sorted_by_source_each_pair_once() {
         let dir = tempfile::tempdir().unwrap();
         let mut bytes = Vec::new();
         for (s, d) in [(7u32, 11u32), (2, 10), (7, 10), (2, 10), (5, 11)] {
@@ -217,11 +187,10 @@ mod tests {
         }
         std::fs::write(bucket_file(dir.path(), 1, 2), &bytes).unwrap();
         let e = load_group(dir.path(), (1, 2), (10, 13), true).unwrap();
-        assert_eq!(e.sources, vec![2, 5, 7]);
-        assert_eq!(e.dst, vec![0, 0, 1, 1]);
-        assert_eq!(e.src, vec![0, 2, 1, 2]);
-        assert_eq!(e.counts, vec![2, 2, 0]);
+        assert_eq!(e, vec![(2, 0), (5, 1), (7, 0), (7, 1)]);
         let kept = load_group(dir.path(), (1, 2), (10, 13), false).unwrap();
-        assert_eq!(kept.counts, vec![3, 2, 0]);
+        assert_eq!(kept.len(), 5);
+        let err = load_group(dir.path(), (1, 2), (10, 11), true).unwrap_err();
+        assert!(err.to_string().contains("outside its group"), "{err}");
     }
 }

@@ -29,11 +29,10 @@ use offgnn_shared::io_engine::IoEngine;
 use offgnn_shared::lease::{self, LEASE, Lease, Swept};
 use offgnn_shared::store::Store;
 use serde::{Deserialize, Serialize};
-use tch::{Device, Tensor, nn};
+use tch::{Tensor, nn};
 
-use super::blocks::RelationEdges;
 use super::export::TypedModelCard;
-use super::{RelationalKind, Rgnn, RgnnConfig, Schema};
+use super::{RelationalKind, Rgnn, RgnnConfig};
 use crate::error::{Error, Result};
 use crate::inference::{COMMIT, InferConfig, NodeSet};
 use rows::{HiddenWriter, Rows};
@@ -100,7 +99,6 @@ pub struct TypedInferSummary {
 struct Loaded {
     card: TypedModelCard,
     cfg: RgnnConfig,
-    schema: Schema,
     model: Rgnn,
     _vs: nn::VarStore,
 }
@@ -232,6 +230,9 @@ fn check_flags(cfg: &InferConfig) -> Result<()> {
             "--nodes FILE.npy names homogeneous node ids; for a typed model pass all or a split (train, valid, test) of the target type",
         );
     }
+    if cfg.device.is_cuda() {
+        return bad("--device cuda: typed inference runs on the CPU so far; pass --device cpu");
+    }
     if cfg.hidden_f16 {
         return bad(
             "--hidden-dtype f16 is not built for typed models; their hidden layers are float32",
@@ -298,7 +299,6 @@ fn load(cfg: &InferConfig, ds: &TypedDataset, fingerprint: &str) -> Result<Loade
     Ok(Loaded {
         card,
         cfg: model_cfg,
-        schema,
         model,
         _vs: vs,
     })
@@ -351,35 +351,43 @@ struct Run<'c> {
     show_progress: bool,
 }
 
-/// Bytes of a group's working state per in-edge and per destination, of
-/// type `t` at its widest layer.
-fn costs(m: &Loaded, t: usize) -> (u64, u64) {
+/// Source rows of one chunk, the rows a group reads and projects at once:
+/// a sixteenth of `--memory`, at most 64 MiB.
+fn chunk_bytes(memory: u64) -> u64 {
+    (memory / 16).clamp(64 << 10, 64 << 20)
+}
+
+/// Bytes of a group's working state per in-edge and per destination of
+/// type `t` at its widest layer, what one chunk and one slice of edges take
+/// besides, and the edges of a slice (whose messages are computed at once,
+/// a sixteenth of `memory`).
+fn costs(m: &Loaded, t: usize, memory: u64) -> (u64, u64, u64, usize) {
     let hidden = m.cfg.hidden as u64;
+    let heads = m.cfg.heads as u64;
+    let classes = m.cfg.classes as u64;
     let width = |s: usize| (m.cfg.in_dims[s].unwrap_or(0) as u64).max(hidden);
     let gat = m.cfg.kind == RelationalKind::Rgat;
-    let heads = m.cfg.heads as u64;
-    let per_edge = m
-        .schema
-        .relations
-        .iter()
-        .filter(|r| r.2 == t)
-        .map(|r| {
-            // The pair on disk and sorted, its ids as tensors, and at most
-            // one source row; R-GAT's per-edge scores and messages.
-            let base = 8 + 3 * 8 + 4 * width(r.0) + 4 * hidden;
-            base + if gat {
-                6 * 4 * heads + 2 * 4 * hidden
-            } else {
-                0
-            }
-        })
-        .max()
-        .unwrap_or(0);
-    // Its own rows, the sum, the layer's output, and the counts and
-    // offsets; at the last layer logits and probabilities.
-    let classes = m.cfg.classes as u64;
-    let per_node = 4 * width(t) + 3 * 4 * hidden + 2 * 8 + 3 * 4 * classes;
-    (per_edge, per_node)
+    // Each edge's pair, loaded and sorted.
+    let per_edge = 8;
+    // The type's sum over its relations and the layer's output, one
+    // relation's accumulators, at the last layer logits and probabilities;
+    // R-GAT's own rows, their projection and per-head state.
+    let mut per_node = 3 * 4 * hidden + 4 + 3 * 4 * classes;
+    if gat {
+        per_node += 4 * width(t) + 4 * hidden + 3 * 4 * heads;
+    }
+    // A chunk's rows as read and widened, projected; a slice of edges'
+    // indices, scores and messages.
+    let chunk = chunk_bytes(memory);
+    let chunk = 2 * chunk + chunk / 4 * hidden / width(t).max(1) * 4;
+    let per_slice_edge = 3 * 8 + 2 * 4 * hidden + 6 * 4 * heads;
+    let slice_edges = (memory / 16 / per_slice_edge).max(1);
+    (
+        per_edge,
+        per_node,
+        chunk + slice_edges * per_slice_edge,
+        slice_edges as usize,
+    )
 }
 
 impl<'c> Run<'c> {
@@ -400,11 +408,17 @@ impl<'c> Run<'c> {
         );
         let degrees = edges::in_degrees(ds, &|n| pb.inc(n))?;
         pb.finish_and_clear();
-        let budget = cfg.memory / 2;
         let mut groups = Vec::with_capacity(ds.node_types.len());
         let mut planned = 0;
         for (t, deg) in degrees.iter().enumerate() {
-            let (per_edge, per_node) = costs(m, t);
+            let (per_edge, per_node, fixed, _) = costs(m, t, cfg.memory);
+            let budget = (cfg.memory / 2).checked_sub(fixed).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "--memory {}: a group's source chunk and edge slice alone take {}, more than half of it; give more --memory",
+                    offgnn_shared::report::human_bytes(cfg.memory),
+                    offgnn_shared::report::human_bytes(fixed)
+                ))
+            })?;
             let name = &ds.node_types[t].name;
             let (g, largest) = edges::cut_groups(
                 deg.iter().map(|&d| u64::from(d) * per_edge + per_node),
@@ -419,7 +433,7 @@ impl<'c> Run<'c> {
                 },
             )?;
             groups.push(g);
-            planned = u64::max(planned, largest);
+            planned = u64::max(planned, largest + fixed);
         }
         Ok(Run {
             cfg,
@@ -568,7 +582,9 @@ impl<'c> Run<'c> {
     }
 
     /// Group `g` of type `t` (destinations `lo..hi`) at layer `l`: the sum
-    /// over the relations that reach `t` of each one's messages, on the CPU.
+    /// over the relations that reach `t` of each one's messages, its source
+    /// rows read a chunk at a time (only the rows the group's edges need),
+    /// on the CPU.
     fn group(
         &self,
         l: usize,
@@ -578,34 +594,47 @@ impl<'c> Run<'c> {
         m: &Loaded,
         read: &mut u64,
     ) -> Result<Tensor> {
-        let device = self.cfg.device;
-        let n = (hi - lo) as i64;
-        let x_dst = if m.model.reads_destinations() {
-            inputs[t].range((lo, hi), read)?.to_device(device)
-        } else {
-            Tensor::zeros([n, 0], (tch::Kind::Float, device))
+        let x_dst = match m.model.reads_destinations() {
+            true => Some(inputs[t].range((lo, hi), read)?),
+            false => None,
         };
         let mut sum: Option<Tensor> = None;
         for (r, &(s, d)) in m.model.relations().iter().enumerate() {
             if d != t {
                 continue;
             }
-            let e = edges::load_group(self.work(), (r, g), (lo, hi), self.dedup)?;
-            let x_src = if e.sources.is_empty() {
-                Tensor::zeros([0, inputs[s].width() as i64], (tch::Kind::Float, device))
-            } else {
-                inputs[s].gather(&e.sources, read)?.to_device(device)
-            };
-            let edges = RelationEdges::new(&e.src, &e.dst, &e.counts, device);
-            let y = m.model.messages((l, r), &x_src, &x_dst, &edges)?;
+            let edges = edges::load_group(self.work(), (r, g), (lo, hi), self.dedup)?;
+            let mut agg = m
+                .model
+                .aggregator((l, r), x_dst.as_ref(), (hi - lo) as i64)?;
+            let chunk_rows = (chunk_bytes(self.cfg.memory) / (inputs[s].width() as u64 * 4).max(1))
+                .max(1) as u32;
+            let (_, _, _, slice_edges) = costs(m, t, self.cfg.memory);
+            let mut i = 0;
+            while i < edges.len() {
+                // The edges whose sources are in the chunk of edge i's.
+                let end = (edges[i].0 / chunk_rows + 1).saturating_mul(chunk_rows);
+                let j = i + edges[i..].partition_point(|e| e.0 < end);
+                let mut sources: Vec<u32> = edges[i..j].iter().map(|e| e.0).collect();
+                sources.dedup();
+                let x = inputs[s].gather(&sources, read)?;
+                for slice in edges[i..j].chunks(slice_edges) {
+                    let src: Vec<i64> = slice
+                        .iter()
+                        .map(|e| sources.binary_search(&e.0).expect("a source of the chunk") as i64)
+                        .collect();
+                    let dst: Vec<i64> = slice.iter().map(|e| i64::from(e.1)).collect();
+                    agg.add(&x, &Tensor::from_slice(&src), &Tensor::from_slice(&dst))?;
+                }
+                i = j;
+            }
+            let y = agg.finish()?;
             sum = Some(match sum {
                 Some(acc) => acc + y,
                 None => y,
             });
         }
-        Ok(sum
-            .expect("checked: every type is some relation's destination")
-            .to_device(Device::Cpu))
+        Ok(sum.expect("checked: every type is some relation's destination"))
     }
 
     /// Removes the work directory's files once the result is committed.
