@@ -234,9 +234,10 @@ impl Rgnn {
         })
     }
 
-    /// What comes between two layers, in evaluation (dropout off).
-    pub fn between_layers(h: &Tensor) -> Result<Tensor, TchError> {
-        h.f_leaky_relu()
+    /// What comes between two layers, in evaluation (dropout off), in
+    /// `h`'s own memory.
+    pub fn between_layers(h: &mut Tensor) -> Result<(), TchError> {
+        h.f_leaky_relu_().map(|_| ())
     }
 
     /// The target type's logits of its last layer's rows `h`.
@@ -318,21 +319,32 @@ impl Aggregator<'_> {
     }
 
     /// The relation's messages into each destination.
+    /// The relation's messages into each destination, computed in the
+    /// accumulators' own memory.
     pub fn finish(self) -> Result<Tensor, TchError> {
         match self {
-            Aggregator::Sage { lin_l, sum, count } => {
-                let mean = sum.f_div(&count.f_clamp_min(1.0)?.f_unsqueeze(1)?)?;
-                match &lin_l.bs {
-                    Some(b) => mean.f_add(b),
-                    None => Ok(mean),
+            Aggregator::Sage {
+                lin_l,
+                mut sum,
+                count,
+            } => {
+                let _ = sum.f_div_(&count.f_clamp_min(1.0)?.f_unsqueeze(1)?)?;
+                if let Some(b) = &lin_l.bs {
+                    let _ = sum.f_add_(b)?;
                 }
+                Ok(sum)
             }
             Aggregator::Gat {
-                bias, denom, num, ..
-            } => num
-                .f_div(&denom.f_add_scalar(1e-16)?.f_unsqueeze(-1)?)?
-                .f_flatten(1, 2)?
-                .f_add(bias),
+                bias,
+                denom,
+                mut num,
+                ..
+            } => {
+                let _ = num.f_div_(&denom.f_add_scalar(1e-16)?.f_unsqueeze(-1)?)?;
+                let mut out = num.f_flatten(1, 2)?;
+                let _ = out.f_add_(bias)?;
+                Ok(out)
+            }
         }
     }
 }

@@ -352,15 +352,15 @@ struct Run<'c> {
 }
 
 /// Source rows of one chunk, the rows a group reads and projects at once:
-/// a sixteenth of `--memory`, at most 64 MiB.
+/// a thirty-second of `--memory`, at most 64 MiB.
 fn chunk_bytes(memory: u64) -> u64 {
-    (memory / 16).clamp(64 << 10, 64 << 20)
+    (memory / 32).clamp(64 << 10, 64 << 20)
 }
 
 /// Bytes of a group's working state per in-edge and per destination of
 /// type `t` at its widest layer, what one chunk and one slice of edges take
 /// besides, and the edges of a slice (whose messages are computed at once,
-/// a sixteenth of `memory`).
+/// a thirty-second of `memory`).
 fn costs(m: &Loaded, t: usize, memory: u64) -> (u64, u64, u64, usize) {
     let hidden = m.cfg.hidden as u64;
     let heads = m.cfg.heads as u64;
@@ -381,13 +381,12 @@ fn costs(m: &Loaded, t: usize, memory: u64) -> (u64, u64, u64, usize) {
     let chunk = chunk_bytes(memory);
     let chunk = 2 * chunk + chunk / 4 * hidden / width(t).max(1) * 4;
     let per_slice_edge = 3 * 8 + 2 * 4 * hidden + 6 * 4 * heads;
-    let slice_edges = (memory / 16 / per_slice_edge).max(1);
-    (
-        per_edge,
-        per_node,
-        chunk + slice_edges * per_slice_edge,
-        slice_edges as usize,
-    )
+    let slice_edges = (memory / 32 / per_slice_edge).max(1);
+    // A part's values as sliced, copied out, encoded and stored; a hidden
+    // layer's pieces as copied and encoded.
+    let writing = 4 * output::part_bytes(memory) + 2 * rows::piece_bytes(memory);
+    let fixed = chunk + slice_edges * per_slice_edge + writing;
+    (per_edge, per_node, fixed, slice_edges as usize)
 }
 
 impl<'c> Run<'c> {
@@ -545,7 +544,11 @@ impl<'c> Run<'c> {
                     self.group(l, (t, g), (lo, hi), &inputs, m, &mut figures.bytes_read)
                 })?;
                 match writer.as_mut() {
-                    Some(w) => w.append(&Rgnn::between_layers(&h)?)?,
+                    Some(w) => {
+                        let mut h = h;
+                        Rgnn::between_layers(&mut h)?;
+                        w.append(&h, rows::piece_bytes(self.cfg.memory))?
+                    }
                     None => {
                         let logits = (t == ds.target).then(|| m.model.classify(&h)).transpose()?;
                         let keep = keep[t].as_ref().expect("checked above");
@@ -557,9 +560,12 @@ impl<'c> Run<'c> {
                             embedding: &h,
                             logits: logits.as_ref(),
                         };
-                        if let Some((name, rows)) =
-                            output::write_part(out, run_id, self.cfg.outputs, &part)?
-                        {
+                        for (name, rows) in output::write_parts(
+                            out,
+                            run_id,
+                            (self.cfg.outputs, self.cfg.memory),
+                            &part,
+                        )? {
                             files.push(name);
                             written[t] += rows;
                         }
@@ -630,7 +636,10 @@ impl<'c> Run<'c> {
             }
             let y = agg.finish()?;
             sum = Some(match sum {
-                Some(acc) => acc + y,
+                Some(mut acc) => {
+                    let _ = acc.f_add_(&y)?;
+                    acc
+                }
                 None => y,
             });
         }

@@ -1,5 +1,6 @@
-//! The last layer's rows as Parquet parts under `--out`, one per group:
-//! `RUN/TYPE/part-GGGGGG.parquet`, each row a node's type-local id and the
+//! The last layer's rows as Parquet parts under `--out`, a group's in parts
+//! of bounded size ([`part_bytes`]): `RUN/TYPE/part-GGGGGG-KKKK.parquet`, each
+//! row a node's type-local id and the
 //! columns asked for (the target type's class, probabilities and logits;
 //! every type's embedding).
 
@@ -23,11 +24,47 @@ pub(super) fn is_part(name: &str) -> bool {
     else {
         return false;
     };
+    let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
     RunId::is_run_id(run)
         && file
             .strip_prefix("part-")
             .and_then(|f| f.strip_suffix(".parquet"))
-            .is_some_and(|g| g.len() == 6 && g.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|f| f.split_once('-'))
+            .is_some_and(|(g, k)| digits(g, 6) && digits(k, 4))
+}
+
+/// Values of the output a part holds at most: a sixty-fourth of `memory`, at
+/// most 64 MiB.
+pub(super) fn part_bytes(memory: u64) -> u64 {
+    (memory / 64).clamp(16 << 10, 64 << 20)
+}
+
+/// Writes `p`'s rows in parts of at most [`part_bytes`] of values; returns
+/// each part's name and rows.
+pub(super) fn write_parts(
+    out: &Store,
+    run: &RunId,
+    (outputs, memory): (Outputs, u64),
+    p: &Part<'_>,
+) -> Result<Vec<(String, u64)>> {
+    let width = p.embedding.size()[1] + 2 * p.logits.map_or(0, |l| l.size()[1]);
+    let rows = p.keep.len() as i64;
+    let step = (part_bytes(memory) as i64 / (4 * width + 16)).max(1);
+    let mut written = Vec::new();
+    for (k, at) in (0..rows).step_by(step as usize).enumerate() {
+        let n = step.min(rows - at);
+        let logits = p.logits.map(|l| l.narrow(0, at, n));
+        let piece = Part {
+            type_name: p.type_name,
+            group: p.group,
+            first: p.first + at as u64,
+            keep: p.keep[at as usize..(at + n) as usize].to_vec(),
+            embedding: &p.embedding.narrow(0, at, n),
+            logits: logits.as_ref(),
+        };
+        written.extend(write_part(out, run, outputs, &piece, k)?);
+    }
+    Ok(written)
 }
 
 /// One group's rows of the last layer, for one type.
@@ -46,11 +83,12 @@ pub(super) struct Part<'a> {
 
 /// Writes `p` under `run` in `out` (nothing when no row is kept); returns
 /// its name and rows.
-pub(super) fn write_part(
+fn write_part(
     out: &Store,
     run: &RunId,
     outputs: Outputs,
     p: &Part<'_>,
+    k: usize,
 ) -> Result<Option<(String, u64)>> {
     let keep: Vec<i64> = (0..p.keep.len() as i64)
         .filter(|&i| p.keep[i as usize])
@@ -90,7 +128,7 @@ pub(super) fn write_part(
         .map_err(|cause| Error::Parquet { cause })?;
     w.write(&batch).map_err(|cause| Error::Parquet { cause })?;
     w.close().map_err(|cause| Error::Parquet { cause })?;
-    let name = format!("{run}/{}/part-{:06}.parquet", p.type_name, p.group);
+    let name = format!("{run}/{}/part-{:06}-{k:04}.parquet", p.type_name, p.group);
     out.put(&name, bytes)?;
     Ok(Some((name, keep.len() as u64)))
 }
@@ -146,7 +184,8 @@ mod tests {
     #[test]
     fn only_typed_parts_are_parts() {
         let run = RunId::new();
-        assert!(is_part(&format!("{run}/paper/part-000003.parquet")));
+        assert!(is_part(&format!("{run}/paper/part-000003-0001.parquet")));
+        assert!(!is_part(&format!("{run}/paper/part-000003.parquet")));
         assert!(!is_part(&format!("{run}/part-000003-0000.parquet")));
         assert!(!is_part(&format!("{run}/paper/notes.txt")));
         assert!(!is_part("not-a-run/paper/part-000003.parquet"));

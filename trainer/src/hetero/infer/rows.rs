@@ -201,6 +201,12 @@ impl<'e> Rows<'e> {
     }
 }
 
+/// Bytes of a hidden layer's rows copied out and written at once: a
+/// hundred-and-twenty-eighth of `memory`, at most 16 MiB.
+pub(super) fn piece_bytes(memory: u64) -> u64 {
+    (memory / 128).clamp(4 << 10, 16 << 20)
+}
+
 /// A layer's output for one type, written group after group, front to back.
 pub(super) struct HiddenWriter {
     file: std::io::BufWriter<File>,
@@ -218,14 +224,20 @@ impl HiddenWriter {
         })
     }
 
-    /// Appends the rows of `h` (float32, on the CPU).
-    pub(super) fn append(&mut self, h: &Tensor) -> Result<()> {
-        let values = Vec::<f32>::try_from(h.flatten(0, -1)).map_err(Error::from)?;
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.file
-            .write_all(&bytes)
-            .map_err(|e| Error::io(self.path.display(), e))?;
-        self.bytes += bytes.len() as u64;
+    /// Appends the rows of `h` (float32, on the CPU), `piece` bytes at a
+    /// time.
+    pub(super) fn append(&mut self, h: &Tensor, piece: u64) -> Result<()> {
+        let (rows, width) = (h.size()[0], h.size().get(1).copied().unwrap_or(1).max(1));
+        let step = (piece as i64 / (width * 4)).max(1);
+        for at in (0..rows).step_by(step as usize) {
+            let piece = h.narrow(0, at, step.min(rows - at)).flatten(0, -1);
+            let values = Vec::<f32>::try_from(piece).map_err(Error::from)?;
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            self.file
+                .write_all(&bytes)
+                .map_err(|e| Error::io(self.path.display(), e))?;
+            self.bytes += bytes.len() as u64;
+        }
         Ok(())
     }
 
@@ -256,7 +268,7 @@ mod tests {
             (tch::Kind::Float, tch::Device::Cpu),
         )
         .view([i64::from(rows), width as i64]);
-        w.append(&all).unwrap();
+        w.append(&all, 4096).unwrap();
         w.finish().unwrap();
         let engine = IoEngine::new(Default::default());
         let r = Rows::hidden(&engine, &path, width).unwrap();
