@@ -454,7 +454,7 @@ fn typed_inference(export: &str, dataset: &str, out: &str) {
         args.extend_from_slice(extra);
         run("trainer", &args)
     };
-    let r = infer(out, &["--outputs", "logits,embeddings", "--memory", "4M"]);
+    let r = infer(out, &["--outputs", "logits,embeddings", "--memory", "1M"]);
     assert!(r.status.success(), "{}", r.stderr);
     let types = r.json()["summary"]["node_types"]
         .as_array()

@@ -369,10 +369,10 @@ fn costs(m: &Loaded, t: usize, memory: u64) -> (u64, u64, u64, usize) {
     let gat = m.cfg.kind == RelationalKind::Rgat;
     // Each edge's pair, loaded and sorted.
     let per_edge = 8;
-    // The type's sum over its relations and the layer's output, one
-    // relation's accumulators, at the last layer logits and probabilities;
-    // R-GAT's own rows, their projection and per-head state.
-    let mut per_node = 3 * 4 * hidden + 4 + 3 * 4 * classes;
+    // The type's sum over its relations (which becomes the layer's output
+    // in place), one relation's accumulators and count, at the last layer
+    // the logits; R-GAT's own rows, their projection and per-head state.
+    let mut per_node = 2 * 4 * hidden + 4 + 3 * 4 * classes;
     if gat {
         per_node += 4 * width(t) + 4 * hidden + 3 * 4 * heads;
     }
@@ -390,9 +390,9 @@ fn costs(m: &Loaded, t: usize, memory: u64) -> (u64, u64, u64, usize) {
 }
 
 impl<'c> Run<'c> {
-    /// Counts in-degrees and cuts each type's groups from them. Half of
-    /// `--memory` holds a group's working state; the rest libtorch's
-    /// runtime, the model and the degrees themselves.
+    /// Counts in-degrees and cuts each type's groups from them. Three
+    /// quarters of `--memory` hold a group's working state; the rest is for
+    /// libtorch's runtime, the model and the degrees themselves.
     fn plan(
         (cfg, engine): (&'c InferConfig, &'c IoEngine),
         ds: &TypedDataset,
@@ -411,9 +411,9 @@ impl<'c> Run<'c> {
         let mut planned = 0;
         for (t, deg) in degrees.iter().enumerate() {
             let (per_edge, per_node, fixed, _) = costs(m, t, cfg.memory);
-            let budget = (cfg.memory / 2).checked_sub(fixed).ok_or_else(|| {
+            let budget = (cfg.memory / 4 * 3).checked_sub(fixed).ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "--memory {}: a group's source chunk and edge slice alone take {}, more than half of it; give more --memory",
+                    "--memory {}: a group's source chunk and edge slice alone take {}, more than three quarters of it; give more --memory",
                     offgnn_shared::report::human_bytes(cfg.memory),
                     offgnn_shared::report::human_bytes(fixed)
                 ))
@@ -424,7 +424,7 @@ impl<'c> Run<'c> {
                 budget,
                 &|v, c| {
                     format!(
-                        "node {v} of type '{name}' has {} in-edges, whose working state ({}) is more than half of --memory {}: give more --memory",
+                        "node {v} of type '{name}' has {} in-edges, whose working state ({}) is more than three quarters of --memory {}: give more --memory",
                         deg[v as usize],
                         offgnn_shared::report::human_bytes(c),
                         offgnn_shared::report::human_bytes(cfg.memory)
