@@ -105,6 +105,7 @@ struct Loaded {
 
 /// Runs typed inference as configured.
 pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> {
+    crate::runtime::return_freed_memory();
     let result = infer_run(cfg, engine);
     match offgnn_shared::signals::received() {
         Some(signal) if result.is_err() => Err(Error::Stopped(format!(
