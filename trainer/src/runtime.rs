@@ -23,15 +23,16 @@ pub fn retain_freed_memory() {
 /// few and long-lived (a typed inference group's accumulators, a source
 /// chunk): kept on the heap, freed blocks of one group's sizes fragment it
 /// for the next group's, and its RSS grew past `--memory` (10.1 GiB under
-/// 8G on the typed bench graph). Allocations of 4 MiB and more are mapped
-/// on their own and unmapped when freed; the heap's free top over 64 MiB
-/// is trimmed.
+/// 8G on the typed bench graph). Allocations over 32 MiB (glibc's largest
+/// threshold: a group's accumulators) are mapped on their own and unmapped
+/// when freed, while smaller ones (a chunk's buffers, kept under it) reuse
+/// the heap; the heap's free top over 64 MiB is trimmed.
 pub fn return_freed_memory() {
     // SAFETY: mallopt only sets allocator parameters, under glibc's own
     // arena lock, so it may run while other threads allocate.
     #[cfg(target_env = "gnu")]
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_MMAP_MAX, 1 << 16);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
     }

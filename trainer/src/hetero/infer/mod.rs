@@ -353,15 +353,17 @@ struct Run<'c> {
 }
 
 /// Source rows of one chunk, the rows a group reads and projects at once:
-/// a thirty-second of `--memory`, at most 64 MiB.
+/// a thirty-second of `--memory`, at most 16 MiB (so that its buffers stay
+/// under the allocator's mapping threshold and are reused, see
+/// [`crate::runtime::return_freed_memory`]).
 fn chunk_bytes(memory: u64) -> u64 {
-    (memory / 32).clamp(64 << 10, 64 << 20)
+    (memory / 32).clamp(64 << 10, 16 << 20)
 }
 
 /// Bytes of a group's working state per in-edge and per destination of
 /// type `t` at its widest layer, what one chunk and one slice of edges take
 /// besides, and the edges of a slice (whose messages are computed at once,
-/// a thirty-second of `memory`).
+/// in a chunk's bytes).
 fn costs(m: &Loaded, t: usize, memory: u64) -> (u64, u64, u64, usize) {
     let hidden = m.cfg.hidden as u64;
     let heads = m.cfg.heads as u64;
@@ -382,7 +384,7 @@ fn costs(m: &Loaded, t: usize, memory: u64) -> (u64, u64, u64, usize) {
     let chunk = chunk_bytes(memory);
     let chunk = 2 * chunk + chunk / 4 * hidden / width(t).max(1) * 4;
     let per_slice_edge = 3 * 8 + 2 * 4 * hidden + 6 * 4 * heads;
-    let slice_edges = (memory / 32 / per_slice_edge).max(1);
+    let slice_edges = (chunk_bytes(memory) / per_slice_edge).max(1);
     // A part's values as sliced, copied out, encoded and stored; a hidden
     // layer's pieces as copied and encoded.
     let writing = 4 * output::part_bytes(memory) + 2 * rows::piece_bytes(memory);
