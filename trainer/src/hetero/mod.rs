@@ -270,33 +270,60 @@ pub enum Aggregator<'m> {
     },
 }
 
+/// A chunk of source rows projected by a relation's convolution: its
+/// messages' values (R-GAT's per head) and R-GAT's source scores.
+pub struct Projected {
+    z: Tensor,
+    a_src: Option<Tensor>,
+}
+
 impl Aggregator<'_> {
-    /// Adds the messages of edges `src[i] -> dst[i]`: `src` positions among
-    /// the rows `x` (a chunk of the source type's), `dst` among the group's.
-    pub fn add(&mut self, x: &Tensor, src: &Tensor, dst: &Tensor) -> Result<(), TchError> {
+    /// Projects a chunk `x` of the source type's rows, once for all the
+    /// edges from it.
+    pub fn project(&self, x: &Tensor) -> Result<Projected, TchError> {
         match self {
-            Aggregator::Sage { lin_l, sum, count } => {
-                let z = x.f_linear::<Tensor>(&lin_l.ws, None)?;
-                let _ = sum.f_index_add_(0, dst, &z.f_index_select(0, src)?)?;
+            Aggregator::Sage { lin_l, .. } => Ok(Projected {
+                z: x.f_linear::<Tensor>(&lin_l.ws, None)?,
+                a_src: None,
+            }),
+            Aggregator::Gat {
+                lin_src,
+                att_src,
+                num,
+                ..
+            } => {
+                let (h, c) = (num.size()[1], num.size()[2]);
+                let z = x
+                    .f_linear::<Tensor>(&lin_src.ws, None)?
+                    .f_view([-1, h, c])?;
+                let a_src =
+                    z.f_mul(att_src)?
+                        .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Float)?;
+                Ok(Projected {
+                    z,
+                    a_src: Some(a_src),
+                })
+            }
+        }
+    }
+
+    /// Adds the messages of edges `src[i] -> dst[i]`: `src` positions among
+    /// the rows of the projected chunk `p`, `dst` among the group's.
+    pub fn add(&mut self, p: &Projected, src: &Tensor, dst: &Tensor) -> Result<(), TchError> {
+        match self {
+            Aggregator::Sage { sum, count, .. } => {
+                let _ = sum.f_index_add_(0, dst, &p.z.f_index_select(0, src)?)?;
                 let ones = Tensor::f_ones([dst.size()[0]], (Kind::Float, tch::Device::Cpu))?;
                 let _ = count.f_index_add_(0, dst, &ones)?;
             }
             Aggregator::Gat {
-                lin_src,
-                att_src,
                 a_dst,
                 max,
                 denom,
                 num,
                 ..
             } => {
-                let (h, c) = (num.size()[1], num.size()[2]);
-                let zs = x
-                    .f_linear::<Tensor>(&lin_src.ws, None)?
-                    .f_view([-1, h, c])?;
-                let a_src =
-                    zs.f_mul(att_src)?
-                        .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Float)?;
+                let a_src = p.a_src.as_ref().expect("R-GAT's projection scores");
                 let score = a_src
                     .f_index_select(0, src)?
                     .f_add(&a_dst.f_index_select(0, dst)?)?;
@@ -311,14 +338,13 @@ impl Aggregator<'_> {
                 *max = grown;
                 let w = score.f_sub(&max.f_index_select(0, dst)?)?.f_exp()?;
                 let _ = denom.f_index_add_(0, dst, &w)?;
-                let msg = zs.f_index_select(0, src)?.f_mul(&w.f_unsqueeze(-1)?)?;
+                let msg = p.z.f_index_select(0, src)?.f_mul(&w.f_unsqueeze(-1)?)?;
                 let _ = num.f_index_add_(0, dst, &msg)?;
             }
         }
         Ok(())
     }
 
-    /// The relation's messages into each destination.
     /// The relation's messages into each destination, computed in the
     /// accumulators' own memory.
     pub fn finish(self) -> Result<Tensor, TchError> {

@@ -626,7 +626,7 @@ impl<'c> Run<'c> {
                 let j = i + edges[i..].partition_point(|e| e.0 < end);
                 let mut sources: Vec<u32> = edges[i..j].iter().map(|e| e.0).collect();
                 sources.dedup();
-                let x = inputs[s].gather(&sources, read)?;
+                let x = agg.project(&inputs[s].gather(&sources, read)?)?;
                 for slice in edges[i..j].chunks(slice_edges) {
                     let src: Vec<i64> = slice
                         .iter()
