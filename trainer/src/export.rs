@@ -335,7 +335,7 @@ pub fn write_tensors(path: &std::path::Path, named: &[(String, Tensor)]) -> Resu
 }
 
 /// Decodes safetensors bytes into CPU float32 tensors.
-pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<HashMap<String, Tensor>> {
+fn decode(bytes: &[u8], what: &str) -> Result<HashMap<String, Tensor>> {
     let st = safetensors::SafeTensors::deserialize(bytes)
         .map_err(|e| Error::Checkpoint(format!("{what}: not a safetensors file: {e}")))?;
     let mut out = HashMap::new();
@@ -525,26 +525,36 @@ pub fn read_with_scorer(
     let card: ModelCard = serde_json::from_value(raw)
         .map_err(|e| Error::Checkpoint(format!("{card_url}: malformed model card: {e}")))?;
     card.check_function(&card_url)?;
-    if card.weights.contains('/') {
-        return Err(Error::Checkpoint(format!(
-            "{card_url}: names weights {:?} outside the export",
-            card.weights
-        )));
-    }
-    let weights_url = store.join(&card.weights);
-    let bytes = store.get(&card.weights)?;
-    let sha = offgnn_shared::store::hex(&sha2::Sha256::digest(&bytes));
-    if sha != card.weights_sha256 {
-        return Err(Error::Checkpoint(format!(
-            "{weights_url}: SHA-256 {sha} is not the {} that model.json names (another export overwrote it?)",
-            card.weights_sha256
-        )));
-    }
-    let named = decode(&bytes, &weights_url)?;
+    let (named, weights_url) =
+        read_weights(&store, &card_url, (&card.weights, &card.weights_sha256))?;
     let vs = nn::VarStore::new(device);
     let (_net, scorer) = model::build_with_scorer(&vs.root(), &card.config());
     load_into(&vs, &named, &weights_url)?;
     Ok((card, vs, scorer))
+}
+
+/// The weights object `name` of the export in `store` (whose card is at
+/// `card_url`), checked against the card's `sha256`, decoded; and its URL.
+pub(crate) fn read_weights(
+    store: &Store,
+    card_url: &str,
+    (name, sha256): (&str, &str),
+) -> Result<(HashMap<String, Tensor>, String)> {
+    if name.contains('/') {
+        return Err(Error::Checkpoint(format!(
+            "{card_url}: names weights {name:?} outside the export"
+        )));
+    }
+    let weights_url = store.join(name);
+    let bytes = store.get(name)?;
+    let sha = offgnn_shared::store::hex(&sha2::Sha256::digest(&bytes));
+    if sha != sha256 {
+        return Err(Error::Checkpoint(format!(
+            "{weights_url}: SHA-256 {sha} is not the {sha256} that model.json names (another export overwrote it?)"
+        )));
+    }
+    let named = decode(&bytes, &weights_url)?;
+    Ok((named, weights_url))
 }
 
 #[cfg(test)]

@@ -107,25 +107,9 @@ pub fn read(location: &str) -> Result<(TypedModelCard, std::collections::HashMap
     let card_url = store.join(crate::export::CARD);
     let card: TypedModelCard = serde_json::from_slice(&store.get(crate::export::CARD)?)
         .map_err(|e| Error::Checkpoint(format!("{card_url}: malformed typed model card: {e}")))?;
-    if card.weights.contains('/') {
-        return Err(Error::Checkpoint(format!(
-            "{card_url}: names weights {:?} outside the export",
-            card.weights
-        )));
-    }
-    let weights_url = store.join(&card.weights);
-    let bytes = store.get(&card.weights)?;
-    let sha = {
-        use sha2::Digest;
-        offgnn_shared::store::hex(&sha2::Sha256::digest(&bytes))
-    };
-    if sha != card.weights_sha256 {
-        return Err(Error::Checkpoint(format!(
-            "{weights_url}: SHA-256 {sha} is not the {} that model.json names (another export overwrote it?)",
-            card.weights_sha256
-        )));
-    }
-    Ok((card, crate::export::decode(&bytes, &weights_url)?))
+    let (named, _) =
+        crate::export::read_weights(&store, &card_url, (&card.weights, &card.weights_sha256))?;
+    Ok((card, named))
 }
 
 /// Where the parameters came from.

@@ -63,7 +63,7 @@ mod stream;
 
 pub use naive::{NaiveEstimate, naive_first_layer};
 pub use run::infer;
-pub(crate) use run::local_dataset;
+pub(crate) use run::{local_dataset, remove_replaced};
 
 /// Groups and chunks are whole multiples of this many nodes: a row of d
 /// float32 values times 1024 is a multiple of 4 KiB, so every group's and

@@ -418,20 +418,26 @@ fn commit_result(
         }
     }
     if let Some(old) = previous {
-        let ours: HashSet<&String> = summary.files.iter().collect();
-        let old_files = serde_json::from_slice::<serde_json::Value>(&old.body)
-            .ok()
-            .and_then(|v| serde_json::from_value::<Vec<String>>(v["files"].clone()).ok())
-            .unwrap_or_default();
-        for name in old_files.iter().filter(|f| !ours.contains(f)) {
-            if let Err(e) = out.delete(name) {
-                tracing::warn!("could not remove the replaced result's parts: {e}");
-                break;
-            }
-        }
+        remove_replaced(out, &old.body, &summary.files);
         commit::fault_point(commit::REPLACED_REMOVED);
     }
     Ok(())
+}
+
+/// Removes the parts that the replaced result `old` (its `_SUCCESS.json`)
+/// lists and this one (`ours`) does not.
+pub(crate) fn remove_replaced(out: &Store, old: &[u8], ours: &[String]) {
+    let ours: HashSet<&String> = ours.iter().collect();
+    let old_files = serde_json::from_slice::<serde_json::Value>(old)
+        .ok()
+        .and_then(|v| serde_json::from_value::<Vec<String>>(v["files"].clone()).ok())
+        .unwrap_or_default();
+    for name in old_files.iter().filter(|f| !ours.contains(f)) {
+        if let Err(e) = out.delete(name) {
+            tracing::warn!("could not remove the replaced result's parts: {e}");
+            break;
+        }
+    }
 }
 
 /// Refuses to commit `files` unless every one is in `out`: a process that

@@ -211,7 +211,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> 
         }
     }
     if let Some(old) = previous {
-        remove_replaced(&out, &old.body, &files);
+        crate::inference::remove_replaced(&out, &old.body, &files);
     }
     run.clear(&ds);
     Ok(summary)
@@ -323,20 +323,6 @@ fn selection(cfg: &InferConfig, ds: &TypedDataset) -> Result<Vec<Option<Vec<bool
             _ => None,
         })
         .collect())
-}
-
-/// Removes the parts of a replaced result that this one does not list.
-fn remove_replaced(out: &Store, old: &[u8], ours: &[String]) {
-    let old_files = serde_json::from_slice::<serde_json::Value>(old)
-        .ok()
-        .and_then(|v| serde_json::from_value::<Vec<String>>(v["files"].clone()).ok())
-        .unwrap_or_default();
-    for name in old_files.iter().filter(|f| !ours.contains(f)) {
-        if let Err(e) = out.delete(name) {
-            tracing::warn!("could not remove the replaced result's parts: {e}");
-            break;
-        }
-    }
 }
 
 /// The run's plan and work directory.
