@@ -179,7 +179,8 @@ fn write_exports(
 }
 
 /// Runs the model on the first `target.batches` of `refs` and writes, per
-/// batch `k`: `batch{k}.x` (input rows, float32), `batch{k}.block{l}.src`,
+/// batch `k`: `batch{k}.x` (input rows, float32), `batch{k}.n_id` (their
+/// global node ids, int64), `batch{k}.block{l}.src`,
 /// `.dst` (int64 local ids, edges sorted by destination) and `.size`
 /// (`[num_src, num_dst]`) for each layer `l`, `batch{k}.logits` and
 /// `batch{k}.labels`. Written to a temporary name, then renamed.
@@ -194,6 +195,7 @@ fn dump_batches(
 ) -> Result<()> {
     let refs = &refs[..target.batches.min(refs.len())];
     let mut named: Vec<(String, Tensor)> = Vec::new();
+    let mut k = 0;
     tch::no_grad(|| {
         pipeline::run_batches(
             layout,
@@ -203,13 +205,14 @@ fn dump_batches(
             cfg.pipeline_options(),
             None,
             |r: Ready| {
-                let k = named.len();
                 let logits = net.forward(&r.x, &r.blocks, false)?;
                 let mut add = |name: String, t: Tensor| -> Result<()> {
                     named.push((name, t.f_to_device(Device::Cpu)?));
                     Ok(())
                 };
                 add(format!("batch{k}.x"), r.x.f_to_kind(Kind::Float)?)?;
+                let n_id: Vec<i64> = r.n_id.iter().map(|&v| i64::from(v)).collect();
+                add(format!("batch{k}.n_id"), Tensor::from_slice(&n_id))?;
                 for (l, b) in r.blocks.iter().enumerate() {
                     add(
                         format!("batch{k}.block{l}.src"),
@@ -225,7 +228,9 @@ fn dump_batches(
                     )?;
                 }
                 add(format!("batch{k}.logits"), logits)?;
-                add(format!("batch{k}.labels"), r.labels.f_to_kind(Kind::Int64)?)
+                add(format!("batch{k}.labels"), r.labels.f_to_kind(Kind::Int64)?)?;
+                k += 1;
+                Ok(())
             },
         )
     })
