@@ -14,6 +14,7 @@ pub mod inference;
 pub mod io_depth;
 pub mod layout;
 pub mod link;
+pub mod loader;
 pub mod memory;
 pub mod model;
 pub mod pipeline;

@@ -13,7 +13,7 @@ use serde::Serialize;
 use tch::Device;
 
 use crate::model::{ModelConfig, ModelKind};
-use crate::pipeline::FeatureMode;
+use crate::pipeline::{FeatureMode, PipelineOptions};
 use crate::train::TrainConfig;
 
 /// libtorch's CPU runtime once loaded and warmed (its code, OpenMP and
@@ -85,16 +85,8 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
     let recorded_inputs = m.largest_batch.as_ref().map_or(0, |s| s.inputs);
     let inputs = blocks.first().map_or(0, |b| b.0).max(recorded_inputs);
     let batch = BatchBytes::of(m, inputs, cfg.features, on_cpu);
-    // Each loader holds one batch it reads, `queue_depth` loaded ones and
-    // `queue_depth + 2` spare buffers; the assembler one, the model step
-    // `queue_depth` assembled inputs and the one it trains on.
-    let loaders = cfg.loaders.max(1) as u64;
+    let batches_in_flight_bytes = in_flight_bytes(&batch, cfg.pipeline_options());
     let depth = cfg.queue_depth.max(1) as u64;
-    let batches_in_flight_bytes = if cfg.pipelined {
-        loaders * (2 * depth + 3) * batch.read + (depth + 2) * batch.staged
-    } else {
-        batch.read + batch.staged
-    };
 
     let widths = layer_widths(&cfg.model);
     // Every layer has at most two weight matrices (self and neighbor, or
@@ -143,6 +135,67 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
         runtime_bytes,
         total_bytes,
         gpu_bytes,
+    }
+}
+
+/// The batches in the pipeline's queues: each loader holds one batch it
+/// reads, `queue_depth` loaded ones and `queue_depth + 2` spare buffers;
+/// the assembler one, the model step `queue_depth` assembled inputs and
+/// the one it trains on.
+fn in_flight_bytes(batch: &BatchBytes, opts: PipelineOptions) -> u64 {
+    let loaders = opts.loaders.max(1) as u64;
+    let depth = opts.queue_depth.max(1) as u64;
+    if opts.pipelined {
+        loaders * (2 * depth + 3) * batch.read + (depth + 2) * batch.staged
+    } else {
+        batch.read + batch.staged
+    }
+}
+
+/// States the peak host memory of a loader over `m` (the Python
+/// `offgnn.Loader`): the caches, the pipeline's batches in flight, and
+/// `held` finished batches beyond them (those it has ready and the one
+/// its caller holds; on CUDA those live on the device), and the runtime.
+pub fn loader_estimate(
+    m: &Manifest,
+    device: Device,
+    opts: PipelineOptions,
+    held: u64,
+) -> MemoryEstimate {
+    let on_cpu = device == Device::Cpu;
+    let cache_bytes = cache_bytes(m, FeatureMode::Packed);
+    let blocks = batch_bounds(m);
+    let recorded_inputs = m.largest_batch.as_ref().map_or(0, |s| s.inputs);
+    let inputs = blocks.first().map_or(0, |b| b.0).max(recorded_inputs);
+    let batch = BatchBytes::of(m, inputs, FeatureMode::Packed, on_cpu);
+    // A finished batch's blocks: each edge's two endpoints, and per
+    // destination a degree and an offset, as int64.
+    let graph: u64 = blocks
+        .iter()
+        .map(|&(_, d, e)| 8 * (2 * e + 2 * d + 1))
+        .sum();
+    let finished = batch.assembled + graph;
+    let batches_in_flight_bytes =
+        in_flight_bytes(&batch, opts) + if on_cpu { held * finished } else { 0 };
+    let gpu_bytes = if on_cpu {
+        0
+    } else {
+        let gpu_cache = m.gpu_cache.rows * m.dataset.store_row_bytes();
+        let depth = opts.queue_depth.max(1) as u64;
+        [gpu_cache, (depth + 2 + held) * finished, CUDA_CONTEXT_BYTES]
+            .into_iter()
+            .fold(0u64, u64::saturating_add)
+    };
+    let runtime_bytes = TORCH_RUNTIME_BYTES + PROCESS_BYTES;
+    MemoryEstimate {
+        cache_bytes,
+        batches_in_flight_bytes,
+        runtime_bytes,
+        total_bytes: cache_bytes
+            .saturating_add(batches_in_flight_bytes)
+            .saturating_add(runtime_bytes),
+        gpu_bytes,
+        ..MemoryEstimate::default()
     }
 }
 

@@ -37,6 +37,8 @@ pub struct Graph {
     pub labels: Tensor,
     /// A link-prediction batch's pairs (its labels are then empty).
     pub pairs: Option<PairTensors>,
+    /// The global id of each input row, on the host.
+    pub n_id: Vec<u32>,
 }
 
 /// Stage 3: the batch's blocks and labels as tensors on the device. Every
@@ -113,6 +115,7 @@ pub fn graph(t: &BatchTable, device: Device) -> Result<Graph> {
         blocks,
         labels,
         pairs,
+        n_id: t.input_nodes.clone(),
     })
 }
 

@@ -128,6 +128,7 @@ fn run_in_sequence(
             blocks: g.blocks,
             labels: g.labels,
             pairs: g.pairs,
+            n_id: g.n_id,
             disk_bytes: loaded.disk_bytes,
             disk_rows: loaded.disk_rows,
             tiers,

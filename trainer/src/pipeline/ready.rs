@@ -13,6 +13,8 @@ pub struct Ready {
     pub labels: Tensor,
     /// A link-prediction batch's node pairs among its seeds.
     pub pairs: Option<crate::link::PairTensors>,
+    /// The global id of each input row (row `i` of `x` is node `n_id[i]`).
+    pub n_id: Vec<u32>,
     pub disk_bytes: u64,
     pub disk_rows: u64,
     pub tiers: [u64; 3],

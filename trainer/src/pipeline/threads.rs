@@ -150,6 +150,8 @@ fn spawn_loaders<'scope, 'env>(
                         labels: std::mem::take(&mut loaded.table.labels),
                         blocks: std::mem::take(&mut loaded.table.blocks),
                         pairs: std::mem::take(&mut loaded.table.pairs),
+                        // Assembly still reads them (the baselines read rows by id).
+                        input_nodes: loaded.table.input_nodes.clone(),
                         ..Default::default()
                     },
                     loaded.plan.take(),
@@ -251,6 +253,7 @@ fn model_steps(
             blocks: g.blocks,
             labels: g.labels,
             pairs: g.pairs,
+            n_id: g.n_id,
             disk_bytes,
             disk_rows,
             tiers,

@@ -43,7 +43,7 @@ use context::{Job, ModelState, RunState};
 pub(crate) use metrics::correct;
 pub use metrics::{EpochMetrics, MachineShare, StageBusy, TrainSummary};
 pub(crate) use order::batch_seed;
-pub use order::segments_read;
+pub use order::{segments_read, split_order};
 pub use ranks::Ranks;
 pub(crate) use ranks::{all_reduce_gradients, divide_gradients};
 pub use sources::sources;

@@ -85,6 +85,39 @@ pub fn segments_read(
     read
 }
 
+/// The batches of `split` that `rank` of a world of `world` reads in epoch
+/// `t`, in the order the trainer reads them: training batches as
+/// [`EpochPlan`] orders and deals them (`kept` as there), evaluation
+/// batches the rank's share of the first sampled epoch (every epoch
+/// evaluates the same ones). Empty where the layout has none.
+pub fn split_order(
+    m: &offgnn_manifests::Manifest,
+    split: Split,
+    t: u32,
+    seed: u64,
+    kept: bool,
+    (world, rank): (u32, u32),
+) -> Vec<BatchRef> {
+    let Some(schedule) = m.schedule.get(&split).filter(|s| !s.is_empty()) else {
+        return Vec::new();
+    };
+    if split != Split::Train {
+        let refs = &schedule[0];
+        let part = distributed::eval_share(refs.len(), world as usize, rank as usize);
+        return refs[part].to_vec();
+    }
+    let (_, order) = if world == 1 {
+        epoch_order(schedule, t, seed, kept)
+    } else {
+        let sampled = t % schedule.len() as u32;
+        (sampled, schedule[sampled as usize].clone())
+    };
+    rank_positions(order.len(), world, rank, t, schedule.len(), seed)
+        .into_iter()
+        .map(|pos| order[pos])
+        .collect()
+}
+
 /// What epoch `t` trains on this process.
 pub(super) struct EpochPlan {
     /// The sampled epoch whose batches it trains.

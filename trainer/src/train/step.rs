@@ -337,6 +337,7 @@ mod tests {
             blocks: vec![],
             labels: Tensor::from_slice(labels),
             pairs: None,
+            n_id: vec![0, 1],
             disk_bytes: 0,
             disk_rows: 0,
             tiers: [0; 3],
