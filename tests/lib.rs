@@ -17,7 +17,7 @@ pub fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-/// Path of a workspace binary built by `cargo build --workspace --bins`
+/// Path of a workspace binary (or the Python extension) built by `cargo build --workspace`
 /// (scripts/test builds them first), from the profile this test runs under.
 pub fn binary(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -38,9 +38,7 @@ pub fn binary(name: &str) -> PathBuf {
             return path;
         }
     }
-    panic!(
-        "binary '{name}' is not built: run `cargo build --workspace --bins` (scripts/test does)"
-    );
+    panic!("binary '{name}' is not built: run `cargo build --workspace` (scripts/test does)");
 }
 
 /// The outcome of one run of a binary.

@@ -1,0 +1,131 @@
+"""``offgnn.Loader``: a packed layout's mini-batches as PyTorch Geometric
+``Data``, read and assembled ahead of the Python loop by the trainer's
+pipeline in Rust (``offgnn._offgnn``)."""
+
+import os
+import warnings
+
+import torch
+
+from offgnn import _offgnn
+
+
+def _tensor(capsule):
+    # DLPack: the tensor is libtorch's own, no copy.
+    return torch.utils.dlpack.from_dlpack(capsule)
+
+
+class Loader:
+    """Iterates the mini-batches of one split of a packed layout.
+
+    ``manifest`` is the layout's ``manifest.json`` (a path, or a URL of an
+    object store, staged into ``local_dir``). Each item is a
+    ``torch_geometric.data.Data`` in ``NeighborLoader``'s convention:
+
+    - ``x``: the input rows, float32 on ``device`` (widened from a layout
+      stored as float16 or bfloat16); row ``i`` is node ``n_id[i]``, the
+      ``batch_size`` seeds first;
+    - ``edge_index``: ``[2, E]`` (source, destination) local ids, each
+      node's in-edges as sampled at the hop that reached it, hop by hop;
+    - ``y``: the seeds' labels; ``n_id``: global node ids (on the CPU);
+    - ``num_sampled_nodes``, ``num_sampled_edges``: per hop, for PyG's
+      ``trim_to_layer``;
+    - ``blocks``: each layer's message-flow graph, input layer first, as
+      ``(edge_index, (num_src, num_dst))``, destinations the first
+      ``num_dst`` sources.
+
+    ``split`` is ``"train"``, ``"valid"`` or ``"test"``. Training batches
+    come in the order the trainer reads epoch ``epoch`` (``set_epoch``);
+    past the sampled epochs they are the sampled ones again, reshuffled per
+    epoch with ``seed`` as the trainer does. Under torchrun or srun, each
+    rank reads its share, as the trainer deals it. ``memory`` (bytes, or
+    text such as ``"8G"``) refuses a layout whose loader would need more;
+    ``prefetch`` is how many finished batches wait ahead of the loop.
+
+    Iterating starts a pass on background threads; leaving the loop early
+    or a KeyboardInterrupt stops them and joins them before returning.
+    ``close()`` (or the end of a ``with`` block) also lets the layout go.
+    """
+
+    def __init__(
+        self,
+        manifest,
+        split="train",
+        epoch=0,
+        device="cuda",
+        local_dir=None,
+        memory=None,
+        prefetch=2,
+        seed=0,
+    ):
+        if isinstance(device, torch.device):
+            device = str(device)
+        if memory is not None and not isinstance(memory, str):
+            memory = str(int(memory))
+        if local_dir is not None:
+            local_dir = os.fspath(local_dir)
+        self._inner = _offgnn.Loader(
+            os.fspath(manifest), device, local_dir, memory, prefetch, seed, None, None
+        )
+        info = self._inner.info()
+        self.num_features = info["feature_dim"]
+        self.num_classes = info["num_classes"]
+        self.num_nodes = info["num_nodes"]
+        #: The loader's stated peak host memory, in bytes.
+        self.memory_bytes = info["memory_bytes"]
+        self.split = split
+        self._said_reuse = False
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch):
+        """The epoch the next pass reads (training batches' order)."""
+        if epoch < 0:
+            raise ValueError(f"epoch {epoch}: epochs count from 0")
+        self.epoch = epoch
+        sampled = self._inner.sampled_epochs()
+        if self.split == "train" and epoch >= sampled and not self._said_reuse:
+            self._said_reuse = True
+            warnings.warn(
+                f"epoch {epoch} is past the layout's {sampled} sampled epoch(s): "
+                "it reads the sampled batches again, reshuffled (sample more epochs for new ones)",
+                stacklevel=2,
+            )
+
+    def __len__(self):
+        return self._inner.num_batches(self.split, self.epoch)
+
+    def __iter__(self):
+        from torch_geometric.data import Data
+
+        self._inner.start(self.split, self.epoch)
+        try:
+            while True:
+                d = self._inner.next()
+                if d is None:
+                    return
+                data = Data(
+                    x=_tensor(d["x"]),
+                    edge_index=_tensor(d["edge_index"]),
+                    y=_tensor(d["y"]),
+                    n_id=_tensor(d["n_id"]),
+                )
+                data.batch_size = d["batch_size"]
+                data.num_sampled_nodes = d["num_sampled_nodes"]
+                data.num_sampled_edges = d["num_sampled_edges"]
+                data.blocks = [(_tensor(e), size) for e, size in d["blocks"]]
+                yield data
+        finally:
+            self._inner.stop()
+
+    def close(self):
+        """Stops a pass in progress and lets the layout go (the I/O
+        threads, the caches); the threads are joined on return. A closed
+        loader refuses to iterate."""
+        self._inner.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

@@ -1,0 +1,74 @@
+//! `offgnn.Loader`, the Python module over the trainer's pipeline, checked
+//! from Python by python/loader_check.py: the trainer's batches bit for
+//! bit, PyG's conventions, models offgnn does not ship trained through it,
+//! and no thread left behind however a pass ends.
+
+use std::path::Path;
+
+use offgnn_e2e::{binary, cora_dir, workspace};
+
+/// The module as `pip install` lays it out: python/offgnn/ with the
+/// extension built by `cargo build --workspace` as `offgnn/_offgnn.so`.
+fn module_dir(into: &Path) {
+    let package = into.join("offgnn");
+    std::fs::create_dir_all(&package).unwrap();
+    let source = workspace().join("python/offgnn");
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "py") {
+            std::fs::copy(&path, package.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::copy(binary("lib_offgnn.so"), package.join("_offgnn.so")).unwrap();
+}
+
+#[test]
+fn the_loader_yields_the_trainers_batches_to_pyg_models() {
+    let python = workspace().join(".venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup",
+        python.display()
+    );
+    let work = tempfile::tempdir().unwrap();
+    let modules = work.path().join("modules");
+    module_dir(&modules);
+    let bin_dir = binary("trainer").parent().unwrap().to_path_buf();
+    // -P: the script's own folder (python/, which holds the package's
+    // sources without the extension) is not put first on the path.
+    let out = std::process::Command::new(&python)
+        .arg("-P")
+        .arg(workspace().join("python/loader_check.py"))
+        .arg("--bin-dir")
+        .arg(&bin_dir)
+        .arg("--work")
+        .arg(work.path())
+        .arg("--cora-dir")
+        .arg(cora_dir())
+        .env("PYTHONPATH", &modules)
+        .output()
+        .expect("python starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "loader_check.py failed:\n{stdout}\n{stderr}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
+    let same = summary["same_batches"].as_array().unwrap();
+    assert_eq!(same.len(), 3, "{summary}");
+    for case in same {
+        assert_eq!(case["batches"], 3, "{case}");
+    }
+    let accuracy = summary["accuracy"].as_array().unwrap();
+    assert_eq!(accuracy.len(), 3, "{summary}");
+    let ctrl_c = &summary["ctrl_c"];
+    assert_eq!(ctrl_c["threads_after"], ctrl_c["base"], "{ctrl_c}");
+    assert_eq!(
+        summary["refusals"].as_array().unwrap().len(),
+        5,
+        "{summary}"
+    );
+}
