@@ -17,9 +17,12 @@ on Cora, sampled and packed by the binaries:
    reach the accuracies stated below, and PyG's GraphSAGE reaches the
    trainer's own GraphSAGE test accuracy within 1 point with the same
    hyper-parameters on a generated graph of 60000 nodes;
-4. a good citizen: `len`, set_epoch (later epochs said once), a loop left
+4. under torchrun's variables, two ranks read their shares of each epoch
+   as the trainer deals them;
+5. a good citizen: `len`, set_epoch (later epochs said once), a loop left
    early, `close()`, a `with` block and a Ctrl-C leave no thread behind,
-   and bad input is a Python exception of one line.
+   and bad input (a typed or a link-prediction layout among it) is a
+   Python exception of one line.
 
 Prints one JSON line of figures last.
 """
@@ -62,7 +65,7 @@ def run(bin_dir, program, *args):
 def pack(bin_dir, work, name, dataset, *extra, fanout="5,10", batch=128, epochs=2):
     samples = os.path.join(work, name, "samples")
     out = os.path.join(work, name, "pack" + "".join(extra).replace("-", ""))
-    if not os.path.exists(os.path.join(samples, "_SUCCESS.json")):
+    if not os.path.exists(os.path.join(samples, "run.json")):
         run(bin_dir, "sampler", "--dataset", dataset, "--out", samples,
             "--fanout", fanout, "--batch-size", batch, "--epochs", epochs, "--overwrite")
     run(bin_dir, "packer", "--samples", samples,
@@ -74,6 +77,29 @@ def pack(bin_dir, work, name, dataset, *extra, fanout="5,10", batch=128, epochs=
 
 def threads():
     return len(os.listdir("/proc/self/task"))
+
+
+def quiet_threads():
+    """The thread count once no pass's thread is left (a pass that just
+    ended may leave its entry a moment, as below)."""
+    t = time.monotonic()
+    while time.monotonic() - t < 1.0:
+        names = [open(f"/proc/self/task/{x}/comm").read().strip()
+                 for x in os.listdir("/proc/self/task")]
+        if "offgnn-loader" not in names:
+            break
+        time.sleep(0.005)
+    return threads()
+
+
+def settles_to(base):
+    """The thread count back at `base` within a second: a joined thread's
+    /proc entry can outlive the join by a moment (the kernel wakes the
+    joiner as the thread exits, before its task is released)."""
+    t = time.monotonic()
+    while threads() != base and time.monotonic() - t < 1.0:
+        time.sleep(0.005)
+    return threads() == base
 
 
 def same_batches(bin_dir, work, name, dataset, manifest, store):
@@ -216,11 +242,11 @@ def no_threads_left(manifest):
     loader = offgnn.Loader(manifest, split="train", device="cpu", prefetch=1)
     n = len(loader)
     assert n == sum(1 for _ in loader) > 1, n
-    base = threads()
+    base = quiet_threads()
     for _ in loader:
         assert threads() > base
         break
-    assert threads() == base, ("a loop left early", threads(), base)
+    assert settles_to(base), ("a loop left early", threads(), base)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         loader.set_epoch(5)
@@ -230,7 +256,7 @@ def no_threads_left(manifest):
     with offgnn.Loader(manifest, split="train", device="cpu") as l2:
         it = iter(l2)
         next(it)
-    assert threads() == base, ("a with block left mid-pass", threads(), base)
+    assert settles_to(base), ("a with block left mid-pass", threads(), base)
     assert next(it, None) is None
     try:
         iter(l2).__next__()
@@ -248,13 +274,19 @@ CTRL_C = r"""
 import json, os, sys, time
 import offgnn
 loader = offgnn.Loader(sys.argv[1], split="train", device="cpu", prefetch=1)
+def names():
+    return [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
 for _ in loader:
     pass
-base = len(os.listdir("/proc/self/task"))
-print("ready", flush=True)
+# The pass's thread, joined, leaves /proc a moment later.
+while "offgnn-loader" in names():
+    time.sleep(0.005)
+base = len(names())
 try:
     while True:
-        for d in loader:
+        for k, d in enumerate(loader):
+            if k == 1:
+                print("in a pass", flush=True)
             time.sleep(0.02)
 except KeyboardInterrupt:
     t = time.monotonic()
@@ -268,8 +300,7 @@ except KeyboardInterrupt:
 def ctrl_c(manifest):
     p = subprocess.Popen([sys.executable, "-c", CTRL_C, manifest], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "ready"
-    time.sleep(0.5)
+    assert p.stdout.readline().strip() == "in a pass"
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
@@ -278,8 +309,75 @@ def ctrl_c(manifest):
     return r
 
 
-def refusals(manifest, work):
+def other_layouts(bin_dir, work, dataset):
+    """A typed layout and a link-prediction layout, which the loader
+    refuses."""
+    d = os.path.join(work, "other")
+    typed = os.path.join(d, "igbh")
+    run(bin_dir, "sampler", "generate", "--schema", "igbh", "--nodes", 1000, "--feature-dim", 8,
+        "--classes", 4, "--out", typed, "--overwrite")
+    run(bin_dir, "sampler", "--dataset", typed, "--fanout", "3,3", "--batch-size", 128,
+        "--epochs", 1, "--out", os.path.join(d, "typed-samples"), "--overwrite")
+    run(bin_dir, "packer", "--samples", os.path.join(d, "typed-samples"), "--out",
+        os.path.join(d, "typed-pack"), "--gpu-cache", "8K", "--cpu-cache", "16K",
+        "--disk-budget", "10x", "--overwrite")
+    lp = os.path.join(d, "lp")
+    run(bin_dir, "sampler", "split-edges", "--dataset", dataset, "--out", lp,
+        "--negatives", 5, "--overwrite")
+    run(bin_dir, "sampler", "--dataset", lp, "--out", os.path.join(d, "lp-samples"),
+        "--task", "link", "--negatives", 1, "--fanout", "3,3", "--batch-size", 128,
+        "--epochs", 1, "--overwrite")
+    run(bin_dir, "packer", "--samples", os.path.join(d, "lp-samples"), "--features",
+        os.path.join(lp, "data", "feat.npy"), "--out", os.path.join(d, "lp-pack"),
+        "--gpu-cache", "64K", "--cpu-cache", "128K", "--disk-budget", "40x", "--overwrite")
+    return [os.path.join(d, name, "manifest.json") for name in ("typed-pack", "lp-pack")]
+
+
+SEEDS = r"""
+import json, sys
+import offgnn
+loader = offgnn.Loader(sys.argv[1], split=sys.argv[2], epoch=int(sys.argv[3]), device="cpu")
+print(json.dumps([d.n_id[: d.batch_size].tolist() for d in loader]))
+"""
+
+
+def rank_shares(manifest):
+    """Under torchrun's variables, each of two ranks reads its share of an
+    epoch as the trainer deals it (DistributedSampler's padding: each rank
+    the same number of batches, the order's first batches again where the
+    world does not divide it), past the sampled epochs too; and its part
+    of the evaluation batches, each batch once."""
+    def seeds(split, epoch, rank=None):
+        env = dict(os.environ)
+        if rank is not None:
+            env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+        done = subprocess.run([sys.executable, "-c", SEEDS, manifest, split, str(epoch)],
+                              capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        return [tuple(b) for b in json.loads(done.stdout.strip().splitlines()[-1])]
+    out = {}
+    for split, epoch in (("train", 0), ("train", 3), ("test", 0)):
+        whole = seeds(split, epoch)
+        shares = [seeds(split, epoch, r) for r in (0, 1)]
+        got, n = shares[0] + shares[1], len(whole)
+        what = f"{split} epoch {epoch}: ranks read {[len(s) for s in shares]} of {n} batches"
+        if split != "train":
+            assert got == whole, what
+        else:
+            steps = -(-n // 2)
+            assert [len(s) for s in shares] == [steps, steps], what
+            assert set(got) == set(whole), what
+            if epoch == 0:
+                assert got == [whole[i % n] for i in range(2 * steps)], what
+        out[f"{split}{epoch}"] = [len(s) for s in shares]
+    return out
+
+
+def refusals(manifest, work, typed, link):
     cases = [
+        (lambda: offgnn.Loader(typed, device="cpu"), RuntimeError),
+        (lambda: offgnn.Loader(link, device="cpu"), RuntimeError),
         (lambda: offgnn.Loader(os.path.join(work, "missing", "manifest.json"), device="cpu"),
          RuntimeError),
         (lambda: offgnn.Loader(manifest, device="cpu", memory="1M"), MemoryError),
@@ -324,7 +422,9 @@ def main():
             out["same_batches"].append(same_batches(a.bin_dir, a.work, name, dataset, f16, "f16"))
             out["threads"] = no_threads_left(manifest)
             out["ctrl_c"] = ctrl_c(manifest)
-            out["refusals"] = refusals(manifest, a.work)
+            out["ranks"] = rank_shares(manifest)
+            typed, link = other_layouts(a.bin_dir, a.work, dataset)
+            out["refusals"] = refusals(manifest, a.work, typed, link)
         min_acc = GCN_CORA_MIN_ACC if name == "cora" else GCN_GENERATED_MIN_ACC
         out["accuracy"].append(gcn_jk(a.bin_dir, manifest, name, min_acc))
         print(json.dumps(out["accuracy"][-1]), file=sys.stderr)

@@ -27,7 +27,7 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 fn py_err(e: Error) -> PyErr {
     let line = e.to_string();
     match e {
-        Error::InvalidArgument(_) if line.starts_with("memory ") => PyMemoryError::new_err(line),
+        Error::OverMemory(_) => PyMemoryError::new_err(line),
         Error::InvalidArgument(_) => PyValueError::new_err(line),
         _ => PyRuntimeError::new_err(line),
     }
@@ -215,6 +215,13 @@ impl PyLoader {
                 }
             }
         }
+    }
+
+    /// The trainer's pipeline alone over `split`'s batches of `epoch`, no
+    /// batch handed over (a benchmark's reference): (batches, seconds).
+    fn pipeline_pass(&self, py: Python<'_>, split: &str, epoch: u32) -> PyResult<(usize, f64)> {
+        let split = split_of(split)?;
+        py.detach(|| self.with(|l| l.drain(split, epoch).map_err(py_err)))
     }
 
     /// Ends the pass in progress: its threads are joined on return.

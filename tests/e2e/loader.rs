@@ -68,7 +68,11 @@ fn the_loader_yields_the_trainers_batches_to_pyg_models() {
     assert_eq!(ctrl_c["threads_after"], ctrl_c["base"], "{ctrl_c}");
     assert_eq!(
         summary["refusals"].as_array().unwrap().len(),
-        5,
+        7,
         "{summary}"
     );
+    let ranks = &summary["ranks"];
+    for split in ["train0", "train3", "test0"] {
+        assert_eq!(ranks[split].as_array().unwrap().len(), 2, "{ranks}");
+    }
 }

@@ -8,6 +8,9 @@ pub enum Error {
     Layout(String),
     #[error("{0}")]
     Checkpoint(String),
+    /// A run's statement exceeds the memory it was given.
+    #[error("{0}")]
+    OverMemory(String),
     /// The loss or a gradient turned NaN or infinite: the run stops rather
     /// than go on training, and reporting accuracies of, a broken model.
     #[error(

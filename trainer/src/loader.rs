@@ -116,9 +116,16 @@ impl Loader {
         if opts.prefetch == 0 {
             return Err(Error::InvalidArgument("prefetch must be at least 1".into()));
         }
+        refuse_typed(&opts.manifest)?;
         let engine = IoEngine::new(IoOptions::default());
         let (dir, manifest) =
             staging::resolve(&opts.manifest, opts.local_dir.as_deref(), &engine, false)?;
+        if manifest.samples.link.is_some() {
+            return Err(Error::Layout(format!(
+                "{}: a link-prediction layout; the loader yields node batches (a batch's pairs are not handed over)",
+                offgnn_shared::store::redact(&opts.manifest)
+            )));
+        }
         let memory = memory::loader_estimate(
             &manifest,
             opts.device,
@@ -129,7 +136,7 @@ impl Loader {
             && memory.total_bytes > limit
         {
             let h = offgnn_shared::report::human_bytes;
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::OverMemory(format!(
                 "memory {}: this loader needs up to {} (caches {}, batches in flight {}, runtime {}); give more memory, or a smaller prefetch",
                 h(limit),
                 h(memory.total_bytes),
@@ -235,6 +242,31 @@ impl Loader {
         Ok(n)
     }
 
+    /// The pipeline alone over `split`'s batches of `epoch`, each batch
+    /// dropped where the model step would take it: what the trainer's
+    /// pipeline delivers without a model, for a benchmark to set the
+    /// loader's batches beside. Returns the batches and seconds.
+    pub fn drain(&mut self, split: Split, epoch: u32) -> Result<(usize, f64)> {
+        self.stop()?;
+        let order = self.batches(split, epoch);
+        let src = self.src.as_ref().expect("sources are back between passes");
+        let started = std::time::Instant::now();
+        pipeline::run_batches(
+            &self.layout,
+            &self.engine,
+            src,
+            &order,
+            pipeline_options(),
+            None,
+            |_: Ready| Ok(()),
+        )?;
+        let seconds = started.elapsed().as_secs_f64();
+        if let Some(cache) = src.assemble.cpu_rows.as_ref() {
+            cache.restore()?;
+        }
+        Ok((order.len(), seconds))
+    }
+
     /// The pass's next batch, waiting at most `wait` for it.
     pub fn next(&mut self, wait: Duration) -> Result<Next> {
         let Some(pass) = &self.pass else {
@@ -272,6 +304,28 @@ impl Loader {
 impl Drop for Loader {
     fn drop(&mut self) {
         let _ = self.stop();
+    }
+}
+
+/// A local typed layout, refused in one line (a remote one fails to parse
+/// as a homogeneous manifest, which says so too).
+fn refuse_typed(location: &str) -> Result<()> {
+    let location = location.trim_start_matches("file://");
+    if location.contains("://") {
+        return Ok(());
+    }
+    let path = std::path::Path::new(location);
+    let file = if location.ends_with(".json") {
+        path.to_path_buf()
+    } else {
+        path.join(offgnn_manifests::MANIFEST)
+    };
+    match std::fs::read(&file) {
+        Ok(bytes) if offgnn_manifests::is_typed(&bytes) => Err(Error::Layout(format!(
+            "{}: a typed layout; the loader reads homogeneous layouts (typed ones, as HeteroData, are not built yet)",
+            file.display()
+        ))),
+        _ => Ok(()),
     }
 }
 
