@@ -6,6 +6,7 @@ import os
 import warnings
 
 import torch
+from torch_geometric.data import Data
 
 from offgnn import _offgnn
 
@@ -95,8 +96,6 @@ class Loader:
         return self._inner.num_batches(self.split, self.epoch)
 
     def __iter__(self):
-        from torch_geometric.data import Data
-
         self._inner.start(self.split, self.epoch)
         try:
             while True:
