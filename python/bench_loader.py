@@ -9,6 +9,8 @@
             no sampling is timed, which favours this loop). A batch takes
             seconds here, so its figure is of MEMMAP_BATCHES batches after
             MEMMAP_WARM untimed ones, not of whole passes
+  memmap-random  the same with the mapping advised MADV_RANDOM (no
+            read-ahead around each faulting row), as a careful user would
 
 The loader and the pipeline make one untimed pass first (imports, the
 caches), then PASSES timed ones. Prints one JSON line: mode,
@@ -18,6 +20,7 @@ RSS.
 
 import argparse
 import json
+import mmap
 import resource
 import time
 
@@ -26,22 +29,25 @@ import torch
 
 import offgnn
 
-MEMMAP_WARM, MEMMAP_BATCHES = 4, 12
+MEMMAP_WARM, MEMMAP_BATCHES = 1, 3
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["loader", "pipeline", "memmap"])
+    p.add_argument("mode", choices=["loader", "pipeline", "memmap", "memmap-random"])
     p.add_argument("--manifest", required=True)
     p.add_argument("--features", required=True)
     p.add_argument("--passes", type=int, default=2)
     a = p.parse_args()
     torch.set_num_threads(2)
     loader = offgnn.Loader(a.manifest, split="train", device="cpu")
-    if a.mode == "memmap":
+    memmap = a.mode.startswith("memmap")
+    if memmap:
         ids = [d.n_id.numpy().copy() for d in loader]
         loader.close()
         feat = np.load(a.features, mmap_mode="r")
+        if a.mode == "memmap-random":
+            feat._mmap.madvise(mmap.MADV_RANDOM)
         for n_id in ids[:MEMMAP_WARM]:
             torch.from_numpy(feat[n_id])
         ids = ids[MEMMAP_WARM:MEMMAP_WARM + MEMMAP_BATCHES]
@@ -61,11 +67,11 @@ def main():
                 rows += x.size(0)
         return batches, rows
 
-    if a.mode != "memmap":
+    if not memmap:
         one_pass()
     t = time.perf_counter()
     batches = rows = 0
-    for _ in range(a.passes if a.mode != "memmap" else 1):
+    for _ in range(1 if memmap else a.passes):
         b, r = one_pass()
         batches, rows = batches + b, rows + r
     seconds = time.perf_counter() - t
