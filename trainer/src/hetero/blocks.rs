@@ -122,6 +122,8 @@ pub struct TypedLayer {
 pub struct TypedBlocks {
     /// Rows of each type among the batch's inputs.
     pub num_inputs: Vec<i64>,
+    /// Each type's input rows' node ids, type-local, on the host.
+    pub n_id: Vec<Vec<i64>>,
     pub layers: Vec<TypedLayer>,
 }
 
@@ -136,6 +138,7 @@ impl TypedBlocks {
         device: Device,
     ) -> Result<TypedBlocks> {
         let mut num_inputs = vec![0i64; schema.types.len()];
+        let mut n_id = vec![Vec::new(); schema.types.len()];
         let mut type_of = Vec::with_capacity(input_nodes.len());
         let mut position = Vec::with_capacity(input_nodes.len());
         for &v in input_nodes {
@@ -143,6 +146,7 @@ impl TypedBlocks {
                 Error::InvalidArgument(format!("input node {v} is of no node type"))
             })?;
             type_of.push(t);
+            n_id[t].push((u64::from(v) - schema.types[t].1) as i64);
             position.push(num_inputs[t]);
             num_inputs[t] += 1;
         }
@@ -156,7 +160,11 @@ impl TypedBlocks {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(TypedBlocks { num_inputs, layers })
+        Ok(TypedBlocks {
+            num_inputs,
+            n_id,
+            layers,
+        })
     }
 }
 

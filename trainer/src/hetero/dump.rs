@@ -14,7 +14,8 @@ use crate::train::DumpTarget;
 
 /// Runs `model` on the first `target.batches` test batches of epoch 0 and
 /// writes, per batch `k`: `batch{k}.x.{type}` (each type's input rows,
-/// float32), for each layer `l` and relation `r` `batch{k}.block{l}.rel{r}.src`
+/// float32) and `batch{k}.n_id.{type}` (their type-local node ids, int64),
+/// for each layer `l` and relation `r` `batch{k}.block{l}.rel{r}.src`
 /// and `.dst` (int64 positions among the source and destination types'
 /// rows, sorted by destination), `batch{k}.block{l}.num_dst` (each type's
 /// destination rows), `batch{k}.logits` and `batch{k}.labels`, the types
@@ -41,6 +42,10 @@ pub(super) fn dump_batches(
                 add(
                     format!("batch{k}.x.{}", types[t]),
                     &x.f_to_kind(Kind::Float)?,
+                )?;
+                add(
+                    format!("batch{k}.n_id.{}", types[t]),
+                    &Tensor::from_slice(&b.blocks.n_id[t]),
                 )?;
             }
             for (l, layer) in b.blocks.layers.iter().enumerate() {

@@ -15,6 +15,7 @@ pub mod blocks;
 pub mod checkpoint;
 mod dump;
 pub mod export;
+mod fetch;
 pub mod infer;
 pub mod memory;
 mod ranks;

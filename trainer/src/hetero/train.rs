@@ -8,20 +8,20 @@
 //! feature file instead, one aligned read per row: the baseline the packed
 //! layout is measured against.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use offgnn_manifests::{BatchRef, Split, TypedManifest};
-use offgnn_shared::address_table::{self, BatchTable};
-use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
+use offgnn_manifests::{Split, TypedManifest};
+use offgnn_shared::io_engine::IoEngine;
 use serde::Serialize;
 use tch::nn;
 use tch::{Device, Kind, Reduction, Tensor};
 
 use super::checkpoint::InEpoch;
+pub(crate) use super::fetch::Batch;
+use super::fetch::{Fetched, Reader};
 use super::ranks::Named;
-use super::{RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks, checkpoint};
+use super::{RelationalKind, Rgnn, RgnnConfig, Schema, checkpoint};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, TableFile};
 use crate::model::Adam;
@@ -169,7 +169,7 @@ impl TypedLayout {
     }
 
     /// The batches of `split` in sampled epoch `epoch`, in order.
-    pub(super) fn batches(&self, split: Split, epoch: u32) -> usize {
+    pub(crate) fn batches(&self, split: Split, epoch: u32) -> usize {
         self.manifest
             .topology
             .schedule
@@ -179,7 +179,7 @@ impl TypedLayout {
     }
 
     /// Sampled epochs of training batches.
-    fn sampled_epochs(&self) -> u32 {
+    pub(crate) fn sampled_epochs(&self) -> u32 {
         self.manifest
             .topology
             .schedule
@@ -190,7 +190,7 @@ impl TypedLayout {
     /// Reads back the rows each type's CPU cache changed, where it follows
     /// the batch order (Belady): evaluation and the next epoch start from
     /// the tier's own rows. Returns the bytes read.
-    fn restore_cpu_caches(&self) -> Result<u64> {
+    pub(crate) fn restore_cpu_caches(&self) -> Result<u64> {
         let mut bytes = 0;
         for cache in self
             .assembles
@@ -246,7 +246,7 @@ impl TypedLayout {
     /// sampled epoch `epoch`), in turn: pipelined, a loader thread fetches
     /// up to two batches ahead; else each is fetched when its turn comes.
     /// `step` sees each batch's index in `order`.
-    pub(super) fn for_each_batch(
+    pub(crate) fn for_each_batch(
         &self,
         (split, epoch, order): (Split, u32, &[usize]),
         run: Run<'_>,
@@ -310,107 +310,6 @@ impl TypedLayout {
             Ok(stages)
         })
     }
-}
-
-/// What fetching a batch reads: each type's layout and loading sources,
-/// the topology tables. Shared with the loader thread.
-#[derive(Clone, Copy)]
-struct Reader<'a> {
-    manifest: &'a TypedManifest,
-    schema: &'a Schema,
-    reads: &'a [Option<(Layout, LoadSources)>],
-    topology: &'a [TableFile],
-    /// Whether a signal stops the fetch (else the step's all-reduce).
-    stops_on_signal: bool,
-}
-
-/// A batch as the loader thread leaves it: each type's rows read, its
-/// blocks and labels on the device.
-struct Fetched {
-    loaded: Vec<Option<pipeline::Loaded>>,
-    blocks: TypedBlocks,
-    labels: Tensor,
-    disk_bytes: u64,
-    device: Device,
-}
-
-impl Reader<'_> {
-    /// Batch `k` of `split` in sampled epoch `epoch`: its topology record
-    /// and blocks, and each type's table and disk reads.
-    fn fetch(
-        &self,
-        (split, epoch, k): (Split, u32, usize),
-        engine: &IoEngine,
-        device: Device,
-    ) -> Result<Fetched> {
-        if self.stops_on_signal {
-            offgnn_shared::signals::check()?;
-        }
-        let at = |refs: &BTreeMap<Split, Vec<Vec<BatchRef>>>| -> Result<BatchRef> {
-            refs.get(&split)
-                .and_then(|e| e.get(epoch as usize))
-                .and_then(|b| b.get(k))
-                .copied()
-                .ok_or_else(|| {
-                    Error::InvalidArgument(format!("{split} epoch {epoch} has no batch {k}"))
-                })
-        };
-        let r = at(&self.manifest.topology.schedule)?;
-        let top = topology_record(
-            &self.topology[r.segment as usize],
-            r.record,
-            self.schema.relations.len(),
-        )?;
-        let blocks = TypedBlocks::new(self.schema, &top.input_nodes, &top.blocks, device)?;
-        let mut loaded = Vec::with_capacity(self.reads.len());
-        let mut disk_bytes = 0;
-        for (t, part) in self.reads.iter().enumerate() {
-            let Some((layout, src)) = part else {
-                loaded.push(None);
-                continue;
-            };
-            let r = at(&layout.manifest.schedule)?;
-            let l = pipeline::load(layout, engine, src, r, AlignedBuf::new(0), None)?;
-            if (l.table.index, i64::from(l.table.num_inputs)) != (top.index, blocks.num_inputs[t]) {
-                return Err(Error::InvalidArgument(format!(
-                    "node type '{}': {split} epoch {epoch} batch {k} is not the topology's (its rows do not match)",
-                    self.schema.types[t].0
-                )));
-            }
-            disk_bytes += l.disk_bytes;
-            loaded.push(Some(l));
-        }
-        let labels =
-            Tensor::from_slice(&top.labels.iter().map(|&l| i64::from(l)).collect::<Vec<_>>())
-                .to_device(device);
-        Ok(Fetched {
-            loaded,
-            blocks,
-            labels,
-            disk_bytes,
-            device,
-        })
-    }
-}
-
-/// One batch, ready for the model.
-pub(super) struct Batch {
-    pub(super) x: Vec<Tensor>,
-    pub(super) blocks: TypedBlocks,
-    pub(super) labels: Tensor,
-    disk_bytes: u64,
-}
-
-/// Record `record` of a topology table, decoded for `relations` relations.
-fn topology_record(table: &TableFile, record: u32, relations: usize) -> Result<BatchTable> {
-    let frame = table.record_bytes(record).ok_or_else(|| {
-        Error::InvalidArgument(format!("{}: no record {record}", table.path.display()))
-    })??;
-    Ok(address_table::decode_typed_topology(
-        &table.path.display().to_string(),
-        &frame,
-        relations,
-    )?)
 }
 
 /// Trains `cfg`'s model on `layout` as `ranks` take part: every epoch's
@@ -586,11 +485,23 @@ struct Done {
 /// How batches are fetched and trained: the engine, the device, whether a
 /// loader thread reads ahead, and the ranks that share the epoch.
 #[derive(Clone, Copy)]
-pub(super) struct Run<'a> {
+pub(crate) struct Run<'a> {
     engine: &'a IoEngine,
     device: Device,
     pipelined: bool,
     ranks: Ranks<'a>,
+}
+
+impl<'a> Run<'a> {
+    /// One process reading pipelined, as a caller's own loop does.
+    pub(crate) fn one(engine: &'a IoEngine, device: Device) -> Run<'a> {
+        Run {
+            engine,
+            device,
+            pipelined: true,
+            ranks: Ranks::One,
+        }
+    }
 }
 
 /// Epoch `epoch` (on sampled epoch `epoch mod sampled`): its training

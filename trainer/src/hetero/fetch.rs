@@ -1,0 +1,116 @@
+//! Fetching a typed batch: its topology record and blocks, and each node
+//! type's table and disk reads through the homogeneous loading stage (on
+//! the loader thread); the batch the model takes once assembled.
+
+use std::collections::BTreeMap;
+
+use offgnn_manifests::{BatchRef, Split, TypedManifest};
+use offgnn_shared::address_table::{self, BatchTable};
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
+use tch::{Device, Tensor};
+
+use super::{Schema, TypedBlocks};
+use crate::error::{Error, Result};
+use crate::layout::{Layout, TableFile};
+use crate::pipeline::{self, LoadSources};
+
+/// What fetching a batch reads: each type's layout and loading sources,
+/// the topology tables. Shared with the loader thread.
+#[derive(Clone, Copy)]
+pub(super) struct Reader<'a> {
+    pub(super) manifest: &'a TypedManifest,
+    pub(super) schema: &'a Schema,
+    pub(super) reads: &'a [Option<(Layout, LoadSources)>],
+    pub(super) topology: &'a [TableFile],
+    /// Whether a signal stops the fetch (else the step's all-reduce).
+    pub(super) stops_on_signal: bool,
+}
+
+/// A batch as the loader thread leaves it: each type's rows read, its
+/// blocks and labels on the device.
+pub(super) struct Fetched {
+    pub(super) loaded: Vec<Option<pipeline::Loaded>>,
+    pub(super) blocks: TypedBlocks,
+    pub(super) labels: Tensor,
+    pub(super) disk_bytes: u64,
+    pub(super) device: Device,
+}
+
+impl Reader<'_> {
+    /// Batch `k` of `split` in sampled epoch `epoch`: its topology record
+    /// and blocks, and each type's table and disk reads.
+    pub(super) fn fetch(
+        &self,
+        (split, epoch, k): (Split, u32, usize),
+        engine: &IoEngine,
+        device: Device,
+    ) -> Result<Fetched> {
+        if self.stops_on_signal {
+            offgnn_shared::signals::check()?;
+        }
+        let at = |refs: &BTreeMap<Split, Vec<Vec<BatchRef>>>| -> Result<BatchRef> {
+            refs.get(&split)
+                .and_then(|e| e.get(epoch as usize))
+                .and_then(|b| b.get(k))
+                .copied()
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!("{split} epoch {epoch} has no batch {k}"))
+                })
+        };
+        let r = at(&self.manifest.topology.schedule)?;
+        let top = topology_record(
+            &self.topology[r.segment as usize],
+            r.record,
+            self.schema.relations.len(),
+        )?;
+        let blocks = TypedBlocks::new(self.schema, &top.input_nodes, &top.blocks, device)?;
+        let mut loaded = Vec::with_capacity(self.reads.len());
+        let mut disk_bytes = 0;
+        for (t, part) in self.reads.iter().enumerate() {
+            let Some((layout, src)) = part else {
+                loaded.push(None);
+                continue;
+            };
+            let r = at(&layout.manifest.schedule)?;
+            let l = pipeline::load(layout, engine, src, r, AlignedBuf::new(0), None)?;
+            if (l.table.index, i64::from(l.table.num_inputs)) != (top.index, blocks.num_inputs[t]) {
+                return Err(Error::InvalidArgument(format!(
+                    "node type '{}': {split} epoch {epoch} batch {k} is not the topology's (its rows do not match)",
+                    self.schema.types[t].0
+                )));
+            }
+            disk_bytes += l.disk_bytes;
+            loaded.push(Some(l));
+        }
+        let labels =
+            Tensor::from_slice(&top.labels.iter().map(|&l| i64::from(l)).collect::<Vec<_>>())
+                .to_device(device);
+        Ok(Fetched {
+            loaded,
+            blocks,
+            labels,
+            disk_bytes,
+            device,
+        })
+    }
+}
+
+/// One batch, ready for the model.
+pub(crate) struct Batch {
+    pub(crate) x: Vec<Tensor>,
+    pub(crate) blocks: TypedBlocks,
+    pub(crate) labels: Tensor,
+    pub(super) disk_bytes: u64,
+}
+
+/// Record `record` of a topology table, decoded for `relations` relations.
+fn topology_record(table: &TableFile, record: u32, relations: usize) -> Result<BatchTable> {
+    let frame = table.record_bytes(record).ok_or_else(|| {
+        Error::InvalidArgument(format!("{}: no record {record}", table.path.display()))
+    })??;
+    Ok(address_table::decode_typed_topology(
+        &table.path.display().to_string(),
+        &frame,
+        relations,
+    )?)
+}
