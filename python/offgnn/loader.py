@@ -6,7 +6,7 @@ import os
 import warnings
 
 import torch
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
 from offgnn import _offgnn
 
@@ -14,6 +14,31 @@ from offgnn import _offgnn
 def _tensor(capsule):
     # DLPack: the tensor is libtorch's own, no copy.
     return torch.utils.dlpack.from_dlpack(capsule)
+
+
+def _hetero(d):
+    data = HeteroData()
+    for t in d["types"]:
+        store = data[t["name"]]
+        store.x = _tensor(t["x"])
+        store.n_id = _tensor(t["n_id"])
+        store.num_sampled_nodes = t["num_sampled_nodes"]
+    target = data[d["target"]]
+    target.y = _tensor(d["y"])
+    target.batch_size = d["batch_size"]
+    for r in d["relations"]:
+        store = data[tuple(r["key"])]
+        store.edge_index = _tensor(r["edge_index"])
+        store.num_sampled_edges = r["num_sampled_edges"]
+    keys = [tuple(r["key"]) for r in d["relations"]]
+    names = [t["name"] for t in d["types"]]
+    data.blocks = [
+        ({k: _tensor(e) for k, e in zip(keys, edges)}, dict(zip(names, num_src)),
+         dict(zip(names, num_dst)))
+        for edges, num_src, num_dst in d["blocks"]
+    ]
+    data.target = d["target"]
+    return data
 
 
 class Loader:
@@ -34,6 +59,14 @@ class Loader:
     - ``blocks``: each layer's message-flow graph, input layer first, as
       ``(edge_index, (num_src, num_dst))``, destinations the first
       ``num_dst`` sources.
+
+    A typed layout (R-SAGE's and R-GAT's) yields ``HeteroData`` the same
+    way: per node type ``x`` (``[n, 0]`` for a type without features),
+    ``n_id`` (type-local ids) and ``num_sampled_nodes``; the seeds' type
+    also ``y`` and ``batch_size``; per relation ``(src, rel, dst)``
+    ``edge_index`` (positions among its types' rows, hop by hop) and
+    ``num_sampled_edges``; ``blocks`` per layer ``(edge_index per relation,
+    num_src per type, num_dst per type)``. ``target`` names the seeds' type.
 
     ``split`` is ``"train"``, ``"valid"`` or ``"test"``. Training batches
     come in the order the trainer reads epoch ``epoch`` (``set_epoch``);
@@ -69,7 +102,10 @@ class Loader:
             os.fspath(manifest), device, local_dir, memory, prefetch, seed, None, None
         )
         info = self._inner.info()
+        #: The feature width; of a typed layout, a dict of each type's.
         self.num_features = info["feature_dim"]
+        #: The seeds' node type (typed layouts), else None.
+        self.target = info.get("target")
         self.num_classes = info["num_classes"]
         self.num_nodes = info["num_nodes"]
         #: The loader's stated peak host memory, in bytes.
@@ -102,6 +138,9 @@ class Loader:
                 d = self._inner.next()
                 if d is None:
                     return
+                if "types" in d:
+                    yield _hetero(d)
+                    continue
                 data = Data(
                     x=_tensor(d["x"]),
                     edge_index=_tensor(d["edge_index"]),

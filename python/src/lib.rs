@@ -15,7 +15,7 @@ use pyo3::types::{PyDict, PyList};
 use tch::{Device, Kind, Tensor};
 use trainer::distributed::Launch;
 use trainer::error::Error;
-use trainer::loader::{Loader, LoaderBatch, LoaderOptions, Next};
+use trainer::loader::{LoaderBatch, LoaderOptions, Next, Opened, TypedLoaderBatch};
 
 /// How long a wait for the next batch lasts before Python's signals are
 /// checked again (a Ctrl-C is seen within it).
@@ -82,16 +82,54 @@ fn batch_dict(py: Python<'_>, b: LoaderBatch) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
+/// A typed batch as a dict (python/offgnn/loader.py makes it a
+/// `HeteroData`): per node type and per relation, as `batch_dict` has them.
+fn typed_dict(py: Python<'_>, b: TypedLoaderBatch) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("target", b.target)?;
+    d.set_item("batch_size", b.batch_size)?;
+    d.set_item("y", capsule(py, b.y)?)?;
+    let types = PyList::empty(py);
+    for t in b.types {
+        let n = PyDict::new(py);
+        n.set_item("name", t.name)?;
+        n.set_item("x", capsule(py, t.x)?)?;
+        n.set_item("n_id", capsule(py, t.n_id)?)?;
+        n.set_item("num_sampled_nodes", t.num_sampled_nodes)?;
+        types.append(n)?;
+    }
+    d.set_item("types", types)?;
+    let relations = PyList::empty(py);
+    for r in b.relations {
+        let e = PyDict::new(py);
+        e.set_item("key", r.key)?;
+        e.set_item("edge_index", capsule(py, r.edge_index)?)?;
+        e.set_item("num_sampled_edges", r.num_sampled_edges)?;
+        relations.append(e)?;
+    }
+    d.set_item("relations", relations)?;
+    let blocks = PyList::empty(py);
+    for (edges, num_src, num_dst) in b.blocks {
+        let edges = edges
+            .into_iter()
+            .map(|e| capsule(py, e))
+            .collect::<PyResult<Vec<_>>>()?;
+        blocks.append((edges, num_src, num_dst))?;
+    }
+    d.set_item("blocks", blocks)?;
+    Ok(d)
+}
+
 /// The loader: a packed layout opened, read in passes.
 #[pyclass(name = "Loader", module = "offgnn._offgnn")]
 struct PyLoader {
     /// `None` once closed.
-    inner: Mutex<Option<Loader>>,
+    inner: Mutex<Option<Opened>>,
 }
 
 impl PyLoader {
     /// The open loader, or a refusal once it is closed.
-    fn with<T>(&self, f: impl FnOnce(&mut Loader) -> PyResult<T>) -> PyResult<T> {
+    fn with<T>(&self, f: impl FnOnce(&mut Opened) -> PyResult<T>) -> PyResult<T> {
         // A panic with the lock held already ended the process's use of it.
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         match guard.as_mut() {
@@ -157,7 +195,7 @@ impl PyLoader {
             seed,
             ranks,
         };
-        let loader = py.detach(|| Loader::open(opts)).map_err(py_err)?;
+        let loader = py.detach(|| trainer::loader::open(opts)).map_err(py_err)?;
         Ok(PyLoader {
             inner: Mutex::new(Some(loader)),
         })
@@ -166,23 +204,50 @@ impl PyLoader {
     /// Batches `split` reads in `epoch`.
     fn num_batches(&self, split: &str, epoch: u32) -> PyResult<usize> {
         let split = split_of(split)?;
-        self.with(|l| Ok(l.batches(split, epoch).len()))
+        self.with(|l| {
+            Ok(match l {
+                Opened::Nodes(l) => l.batches(split, epoch).len(),
+                Opened::Typed(l) => l.batches(split, epoch).1.len(),
+            })
+        })
     }
 
     fn sampled_epochs(&self) -> PyResult<usize> {
-        self.with(|l| Ok(l.sampled_epochs()))
+        self.with(|l| {
+            Ok(match l {
+                Opened::Nodes(l) => l.sampled_epochs(),
+                Opened::Typed(l) => l.sampled_epochs(),
+            })
+        })
     }
 
-    /// The layout's feature width, classes and nodes, and the loader's
-    /// stated peak host memory.
+    /// The layout's classes and nodes, its feature widths (one, or per
+    /// node type with the seeds' type), and the loader's stated peak host
+    /// memory (homogeneous layouts).
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.with(|l| {
-            let m = l.manifest();
             let d = PyDict::new(py);
-            d.set_item("feature_dim", m.dataset.feature_dim)?;
-            d.set_item("num_classes", m.dataset.num_classes)?;
-            d.set_item("num_nodes", m.dataset.num_nodes)?;
-            d.set_item("memory_bytes", l.memory.total_bytes)?;
+            match l {
+                Opened::Nodes(l) => {
+                    let m = l.manifest();
+                    d.set_item("feature_dim", m.dataset.feature_dim)?;
+                    d.set_item("num_classes", m.dataset.num_classes)?;
+                    d.set_item("num_nodes", m.dataset.num_nodes)?;
+                    d.set_item("memory_bytes", l.memory.total_bytes)?;
+                }
+                Opened::Typed(l) => {
+                    let m = l.manifest();
+                    let dims = PyDict::new(py);
+                    for t in &m.node_types {
+                        dims.set_item(&t.name, t.feature_dim.unwrap_or(0))?;
+                    }
+                    d.set_item("feature_dim", dims)?;
+                    d.set_item("num_classes", m.dataset.num_classes)?;
+                    d.set_item("num_nodes", m.dataset.num_nodes)?;
+                    d.set_item("target", &m.dataset.target_type)?;
+                    d.set_item("memory_bytes", py.None())?;
+                }
+            }
             Ok(d)
         })
     }
@@ -190,7 +255,15 @@ impl PyLoader {
     /// Starts a pass over `split`'s batches of `epoch`; returns how many.
     fn start(&self, py: Python<'_>, split: &str, epoch: u32) -> PyResult<usize> {
         let split = split_of(split)?;
-        py.detach(|| self.with(|l| l.start(split, epoch).map_err(py_err)))
+        py.detach(|| {
+            self.with(|l| {
+                match l {
+                    Opened::Nodes(l) => l.start(split, epoch),
+                    Opened::Typed(l) => l.start(split, epoch),
+                }
+                .map_err(py_err)
+            })
+        })
     }
 
     /// The pass's next batch, or None at its end (or once closed). Waits
@@ -200,14 +273,17 @@ impl PyLoader {
         loop {
             let next = py.detach(|| {
                 let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-                guard
-                    .as_mut()
-                    .map_or(Ok(Next::Done), |l| l.next(SIGNAL_CHECK))
+                match guard.as_mut() {
+                    None => Ok(Got::Done),
+                    Some(Opened::Nodes(l)) => l.next(SIGNAL_CHECK).map(Got::nodes),
+                    Some(Opened::Typed(l)) => l.next(SIGNAL_CHECK).map(Got::typed),
+                }
             });
             match next.map_err(py_err)? {
-                Next::Batch(b) => return batch_dict(py, *b).map(Some),
-                Next::Done => return Ok(None),
-                Next::Waiting => {
+                Got::Nodes(b) => return batch_dict(py, *b).map(Some),
+                Got::Typed(b) => return typed_dict(py, *b).map(Some),
+                Got::Done => return Ok(None),
+                Got::Waiting => {
                     if let Err(e) = py.check_signals() {
                         self.stop(py)?;
                         return Err(e);
@@ -221,14 +297,26 @@ impl PyLoader {
     /// batch handed over (a benchmark's reference): (batches, seconds).
     fn pipeline_pass(&self, py: Python<'_>, split: &str, epoch: u32) -> PyResult<(usize, f64)> {
         let split = split_of(split)?;
-        py.detach(|| self.with(|l| l.drain(split, epoch).map_err(py_err)))
+        py.detach(|| {
+            self.with(|l| match l {
+                Opened::Nodes(l) => l.drain(split, epoch).map_err(py_err),
+                Opened::Typed(_) => Err(PyValueError::new_err(
+                    "pipeline_pass is for homogeneous layouts",
+                )),
+            })
+        })
     }
 
     /// Ends the pass in progress: its threads are joined on return.
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            guard.as_mut().map_or(Ok(()), Loader::stop).map_err(py_err)
+            match guard.as_mut() {
+                None => Ok(()),
+                Some(Opened::Nodes(l)) => l.stop(),
+                Some(Opened::Typed(l)) => l.stop(),
+            }
+            .map_err(py_err)
         })
     }
 
@@ -237,8 +325,39 @@ impl PyLoader {
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| {
             let taken = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
-            taken.map_or(Ok(()), |mut l| l.stop()).map_err(py_err)
+            match taken {
+                None => Ok(()),
+                Some(Opened::Nodes(mut l)) => l.stop(),
+                Some(Opened::Typed(mut l)) => l.stop(),
+            }
+            .map_err(py_err)
         })
+    }
+}
+
+/// A batch of either kind, or why there is none.
+enum Got {
+    Nodes(Box<LoaderBatch>),
+    Typed(Box<TypedLoaderBatch>),
+    Waiting,
+    Done,
+}
+
+impl Got {
+    fn nodes(n: Next<LoaderBatch>) -> Got {
+        match n {
+            Next::Batch(b) => Got::Nodes(b),
+            Next::Waiting => Got::Waiting,
+            Next::Done => Got::Done,
+        }
+    }
+
+    fn typed(n: Next<TypedLoaderBatch>) -> Got {
+        match n {
+            Next::Batch(b) => Got::Typed(b),
+            Next::Waiting => Got::Waiting,
+            Next::Done => Got::Done,
+        }
     }
 }
 

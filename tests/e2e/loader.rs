@@ -1,7 +1,8 @@
 //! `offgnn.Loader`, the Python module over the trainer's pipeline, checked
 //! from Python by python/loader_check.py: the trainer's batches bit for
-//! bit, PyG's conventions, models offgnn does not ship trained through it,
-//! and no thread left behind however a pass ends.
+//! bit (typed layouts' HeteroData too), PyG's conventions, models offgnn
+//! does not ship trained through it, and no thread left behind however a
+//! pass ends.
 
 use std::path::Path;
 
@@ -63,14 +64,15 @@ fn the_loader_yields_the_trainers_batches_to_pyg_models() {
         assert_eq!(case["batches"], 3, "{case}");
     }
     let accuracy = summary["accuracy"].as_array().unwrap();
-    assert_eq!(accuracy.len(), 3, "{summary}");
+    assert_eq!(accuracy.len(), 4, "{summary}");
     let ctrl_c = &summary["ctrl_c"];
     assert_eq!(ctrl_c["threads_after"], ctrl_c["base"], "{ctrl_c}");
     assert_eq!(
         summary["refusals"].as_array().unwrap().len(),
-        7,
+        6,
         "{summary}"
     );
+    assert_eq!(summary["typed"]["batches"], 3, "{summary}");
     let ranks = &summary["ranks"];
     for split in ["train0", "train3", "test0"] {
         assert_eq!(ranks[split].as_array().unwrap().len(), 2, "{ranks}");

@@ -1,7 +1,8 @@
 //! The trainer's pipeline for a caller's own model (the Python
 //! `offgnn.Loader`): a split's batches of one epoch, in the trainer's
 //! order, read, assembled and graph-loaded on background threads, and
-//! handed over finished in PyTorch Geometric's `NeighborLoader` convention.
+//! handed over finished in PyTorch Geometric's `NeighborLoader` convention
+//! (typed layouts in `typed`, as `HeteroData`; [`open`] takes either).
 //!
 //! One pass runs at a time. Its threads are the pipeline's (loaders, the
 //! assembler, the graph loader) and one that takes the place of the model
@@ -277,8 +278,8 @@ impl Drop for Loader {
 
 /// A loader of either kind of layout.
 pub enum Opened {
-    Nodes(Loader),
-    Typed(TypedLoader),
+    Nodes(Box<Loader>),
+    Typed(Box<TypedLoader>),
 }
 
 /// Opens the layout `opts` names with the loader of its kind: a typed
@@ -303,8 +304,10 @@ pub fn open(opts: LoaderOptions) -> Result<Opened> {
             .map(|b| (dir, b))
     };
     match typed {
-        Some((dir, bytes)) => TypedLoader::open(opts, &dir, &bytes).map(Opened::Typed),
-        None => Loader::open(opts).map(Opened::Nodes),
+        Some((dir, bytes)) => {
+            TypedLoader::open(opts, &dir, &bytes).map(|l| Opened::Typed(Box::new(l)))
+        }
+        None => Loader::open(opts).map(|l| Opened::Nodes(Box::new(l))),
     }
 }
 
