@@ -27,7 +27,7 @@ use crate::layout::Layout;
 use crate::memory::{self, MemoryEstimate};
 use crate::pipeline::{self, FeatureMode, PipelineOptions, Ready, Sources};
 use crate::{staging, train};
-use pass::{Got, Pass};
+use pass::Pass;
 pub use typed::{TypedEdges, TypedLoader, TypedLoaderBatch, TypedNodes};
 
 /// What a loader opens and how it runs.
@@ -245,15 +245,11 @@ impl Loader {
         let Some(pass) = &self.pass else {
             return Ok(Next::Done);
         };
-        match pass.next(wait) {
-            Ok(Got::Batch(b)) => Ok(Next::Batch(Box::new(b))),
-            Ok(Got::Waiting) => Ok(Next::Waiting),
-            Ok(Got::Ended) => self.stop().map(|()| Next::Done),
-            Err(e) => {
-                self.stop()?;
-                Err(e)
-            }
+        let got = pass.next(wait);
+        if pass::over(&got) {
+            self.stop()?;
         }
+        got
     }
 
     /// Ends the pass in progress, if any: closes its queue, joins its

@@ -6,16 +6,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::Next;
 use crate::error::{Error, Result};
-
-/// What the queue held when asked.
-pub(super) enum Got<B> {
-    Batch(B),
-    /// Nothing within the wait.
-    Waiting,
-    /// The producer is done (or stopped).
-    Ended,
-}
 
 /// A pass in progress: the queue of finished batches, and the thread that
 /// produces them from `S` and gives `S` back when it ends.
@@ -56,13 +48,13 @@ impl<B: Send + 'static, S: Send + 'static> Pass<B, S> {
     }
 
     /// The next batch, waiting at most `wait`; the producer's failure as
-    /// an error.
-    pub(super) fn next(&self, wait: Duration) -> Result<Got<B>> {
+    /// an error. After `Done` or an error the pass is over: end it.
+    pub(super) fn next(&self, wait: Duration) -> Result<Next<B>> {
         match self.batches.recv_timeout(wait) {
-            Ok(Ok(b)) => Ok(Got::Batch(b)),
+            Ok(Ok(b)) => Ok(Next::Batch(Box::new(b))),
             Ok(Err(e)) => Err(e),
-            Err(RecvTimeoutError::Timeout) => Ok(Got::Waiting),
-            Err(RecvTimeoutError::Disconnected) => Ok(Got::Ended),
+            Err(RecvTimeoutError::Timeout) => Ok(Next::Waiting),
+            Err(RecvTimeoutError::Disconnected) => Ok(Next::Done),
         }
     }
 
@@ -73,4 +65,9 @@ impl<B: Send + 'static, S: Send + 'static> Pass<B, S> {
             .join()
             .expect("the loader's thread does not panic")
     }
+}
+
+/// Whether what [`Pass::next`] found ends the pass.
+pub(super) fn over<B>(got: &Result<Next<B>>) -> bool {
+    !matches!(got, Ok(Next::Batch(_) | Next::Waiting))
 }

@@ -12,7 +12,7 @@ use offgnn_manifests::{Split, TypedManifest};
 use offgnn_shared::io_engine::{IoEngine, IoOptions};
 use tch::{Device, Kind, Tensor};
 
-use super::pass::{Got, Pass};
+use super::pass::{self, Pass};
 use super::{LoaderOptions, Next};
 use crate::error::{Error, Result};
 use crate::hetero::TypedBlocks;
@@ -163,15 +163,11 @@ impl TypedLoader {
         let Some(pass) = &self.pass else {
             return Ok(Next::Done);
         };
-        match pass.next(wait) {
-            Ok(Got::Batch(b)) => Ok(Next::Batch(Box::new(b))),
-            Ok(Got::Waiting) => Ok(Next::Waiting),
-            Ok(Got::Ended) => self.stop().map(|()| Next::Done),
-            Err(e) => {
-                self.stop()?;
-                Err(e)
-            }
+        let got = pass.next(wait);
+        if pass::over(&got) {
+            self.stop()?;
         }
+        got
     }
 
     /// Ends the pass in progress, if any: joins its threads, takes the
