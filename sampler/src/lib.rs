@@ -26,6 +26,7 @@ pub mod link_sampling;
 pub mod memory;
 pub mod neighbor_sampling;
 pub mod parquet_import;
+mod parquet_out;
 pub mod sample_run;
 mod shards;
 pub mod synthetic;

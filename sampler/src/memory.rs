@@ -124,7 +124,8 @@ pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>)
     };
     let graph_bytes = 8 * (shape.graph_rows + 1) + graph_edges.saturating_mul(4);
     // Cursors (later the rows' deduplicated degrees), and a chunk of
-    // sources and destinations as read and as u64 pairs.
+    // sources and destinations as read (one side's bytes at a time), as
+    // u64s, and sorted into row buckets (up to two u32 pairs an edge).
     let graph_build_bytes = 8 * shape.graph_rows + 4 * (CHUNK as u64) * 16;
     let threads = cfg.threads as u64;
     let scratch_bytes = threads * 4 * n;

@@ -15,14 +15,10 @@ use offgnn_shared::commit::{self, Previous, RunId};
 use offgnn_shared::dataset::{Dataset, LinkTask, Split, TypedDataset, is_typed};
 use offgnn_shared::lease::{self, LEASE, Lease, Swept};
 use offgnn_shared::samples::{
-    self, FORMAT, FORMAT_VERSION, RUN_SUMMARY, RunSummary, SampleFile, SampledBatch, ShardFiles,
-    ShardSummary, SplitCounts,
+    self, FORMAT, FORMAT_VERSION, RUN_SUMMARY, RunSummary, SampleFile, ShardFiles, ShardSummary,
+    SplitCounts,
 };
 use offgnn_shared::store::Store;
-use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::schema::types::ColumnPath;
 use rayon::prelude::*;
 
 use crate::batches::{Links, Task, Unit};
@@ -32,11 +28,9 @@ use crate::input::{Graph, Input};
 use crate::link_sampling::{LinkSampler, NegativeSampler};
 use crate::memory::MemoryEstimate;
 use crate::neighbor_sampling::Scratch;
+use crate::parquet_out::{Encoded, Encoder};
 use crate::shards;
 use offgnn_shared::report::human_bytes;
-
-/// Row groups are flushed once this much is buffered.
-const ROW_GROUP_BYTES: usize = 64 << 20;
 
 /// What a run (or shard) did.
 #[derive(Debug)]
@@ -534,51 +528,26 @@ fn write_unit(
         fault: e.to_string(),
         kind: offgnn_shared::error::io_kind_in(&e),
     };
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(
-            ZstdLevel::try_new(1).expect("level 1 is valid"),
-        ))
-        .set_dictionary_enabled(false)
-        .set_statistics_enabled(EnabledStatistics::None)
-        // Destinations are runs of equal ids: delta encoding stores them in bits.
-        .set_column_encoding(
-            ColumnPath::from(vec!["edge_dst".into(), "list".into(), "item".into()]),
-            Encoding::DELTA_BINARY_PACKED,
-        )
-        .set_max_row_group_row_count(Some(1 << 20))
-        .build();
-    let mut writer =
-        ArrowWriter::try_new(store.writer(&name), samples::schema(), Some(props)).map_err(fail)?;
+    let mut encoder = Encoder::new(store.writer(&name), pool).map_err(fail)?;
 
     let window = (cfg.threads * 2).max(2);
-    let (tx, rx) = sync_channel::<Vec<SampledBatch>>(1);
+    let (tx, rx) = sync_channel::<Vec<Encoded>>(1);
     let (edges, inputs, object) = std::thread::scope(|s| {
         let encoder = s.spawn(move || -> Result<_> {
             let (mut edges, mut inputs) = (0u64, 0u64);
             for batches in rx {
-                edges += batches.iter().map(SampledBatch::num_edges).sum::<u64>();
-                inputs += batches
-                    .iter()
-                    .map(|b| b.input_nodes.len() as u64)
-                    .sum::<u64>();
-                // One row per write and a flush decision after each, so
-                // that row groups and pages end at the same batches
-                // whatever the window (the thread count): the bytes, and so
-                // the checksums, depend only on the samples.
-                for batch in &batches {
-                    let rb = samples::to_record_batch(std::slice::from_ref(batch))?;
-                    writer.write(&rb).map_err(fail)?;
-                    if writer.in_progress_size() > ROW_GROUP_BYTES {
-                        writer.flush().map_err(fail)?;
-                    }
+                for batch in batches {
+                    edges += batch.edges;
+                    inputs += batch.inputs;
+                    encoder.write(batch).map_err(fail)?;
                 }
             }
-            let object = writer.into_inner().map_err(fail)?;
+            let object = encoder.finish().map_err(fail)?;
             Ok((edges, inputs, object.finish()?))
         });
         for (w, chunk) in unit.batches.chunks(window).enumerate() {
             let first = unit.first_batch + (w * window) as u32;
-            let sampled: Vec<SampledBatch> = pool.install(|| {
+            let encoded: Result<Vec<Encoded>> = pool.install(|| {
                 chunk
                     .par_iter()
                     .enumerate()
@@ -591,12 +560,20 @@ fn write_unit(
                             .unwrap_or_else(|| Scratch::new(graph.num_nodes()));
                         let sampled = task.sample(cfg, graph, (unit, index, batch), &mut mine);
                         scratch.lock().expect("scratch pool").push(mine);
-                        sampled
+                        Encoded::new(sampled).map_err(fail)
                     })
                     .collect()
             });
-            bar.inc(sampled.len() as u64);
-            if tx.send(sampled).is_err() {
+            let encoded = match encoded {
+                Ok(encoded) => encoded,
+                Err(e) => {
+                    drop(tx);
+                    let _ = encoder.join();
+                    return Err(e);
+                }
+            };
+            bar.inc(encoded.len() as u64);
+            if tx.send(encoded).is_err() {
                 break; // the encoder failed; its error is returned below
             }
             if offgnn_shared::signals::received().is_some() {

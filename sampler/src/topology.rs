@@ -3,7 +3,9 @@
 //! `v` aggregates). Edge offsets are u64, so graphs past 2^31 (or 2^32) edges
 //! do not overflow; node ids are u32, so graphs of 2^32 nodes or more are
 //! refused. Built in two streaming passes over the edge list (count, then
-//! fill), so memory is the CSR itself plus one counter per node.
+//! fill), so memory is the CSR itself plus one counter per node and a
+//! chunk of edges; each chunk is sorted into buckets of rows first, so that
+//! the threads count and fill disjoint rows, each bucket's in cache.
 
 use rayon::prelude::*;
 
@@ -107,22 +109,27 @@ impl Csr {
             Ok(())
         };
 
+        // Both passes sort each chunk's edges by row bucket first, then
+        // handle the buckets in parallel: a bucket's rows are a narrow range
+        // whose counters and slots stay in cache, and each row still takes
+        // its edges in stream order, whatever the thread count.
+        let mut buckets = Buckets::new(n, opts);
+
         // Pass 1: in-degrees (and out-degrees when reversing) into `offsets[v + 1]`.
         let mut offsets = vec![0u64; n + 1];
         stream(&mut |src, dst| {
             in_range(src, dst)?;
-            for (&u, &v) in src.iter().zip(dst) {
-                if u == v {
-                    if opts.keep_self_loops {
-                        offsets[v as usize + 1] += 1;
+            buckets.fill(src, dst);
+            let entries = &buckets;
+            split_at_bounds(&mut offsets[1..], &buckets.rows)
+                .into_par_iter()
+                .enumerate()
+                .for_each(|(b, degrees)| {
+                    let first = entries.rows[b] as u32;
+                    for &(row, _) in entries.of(b) {
+                        degrees[(row - first) as usize] += 1;
                     }
-                    continue;
-                }
-                offsets[v as usize + 1] += 1;
-                if opts.add_reverse {
-                    offsets[u as usize + 1] += 1;
-                }
-            }
+                });
             Ok(())
         })?;
         for i in 0..n {
@@ -135,39 +142,36 @@ impl Csr {
         // Pass 2: fill. `cursor[v]` is the next free slot of row v.
         let mut indices = vec![0u32; total_usize];
         let mut cursor: Vec<u64> = offsets[..n].to_vec();
+        let slots: Vec<usize> = buckets.rows.iter().map(|&v| offsets[v] as usize).collect();
         let mut seen = 0u64;
+        let changed = || Error::Topology("the edge stream changed between passes".into());
         stream(&mut |src, dst| {
             in_range(src, dst)?;
-            for (&u, &v) in src.iter().zip(dst) {
-                let mut put = |row: u64, id: u64| -> Result<()> {
-                    let slot = cursor[row as usize];
-                    if slot >= offsets[row as usize + 1] {
-                        return Err(Error::Topology(
-                            "the edge stream changed between passes".into(),
-                        ));
+            buckets.fill(src, dst);
+            let entries = &buckets;
+            split_at_bounds(&mut indices, &slots)
+                .into_par_iter()
+                .zip(split_at_bounds(&mut cursor, &buckets.rows))
+                .enumerate()
+                .try_for_each(|(b, (part, cursor))| -> Result<()> {
+                    let first = entries.rows[b];
+                    let base = offsets[first];
+                    for &(row, id) in entries.of(b) {
+                        let (row, r) = (row as usize, row as usize - first);
+                        let slot = cursor[r];
+                        if slot >= offsets[row + 1] {
+                            return Err(changed());
+                        }
+                        part[(slot - base) as usize] = id;
+                        cursor[r] += 1;
                     }
-                    indices[slot as usize] = id as u32;
-                    cursor[row as usize] += 1;
-                    seen += 1;
                     Ok(())
-                };
-                if u == v {
-                    if opts.keep_self_loops {
-                        put(v, u)?;
-                    }
-                    continue;
-                }
-                put(v, u)?;
-                if opts.add_reverse {
-                    put(u, v)?;
-                }
-            }
+                })?;
+            seen += buckets.len() as u64;
             Ok(())
         })?;
         if seen != total {
-            return Err(Error::Topology(
-                "the edge stream changed between passes".into(),
-            ));
+            return Err(changed());
         }
         drop(cursor);
 
@@ -283,6 +287,117 @@ impl Csr {
     }
 }
 
+/// Rows per bucket at the least (a power of two).
+const MIN_BUCKET_ROWS: usize = 1 << 12;
+/// Buckets at the most, so that sorting a chunk into them stays cheap.
+const MAX_BUCKETS: usize = 1 << 10;
+
+/// One chunk's edges as `(row, id)` entries (a row's new neighbour id:
+/// `v`'s source `u`, and with `add_reverse` also `u`'s `v`), sorted by row
+/// bucket, in stream order within each; bucket `b` holds rows
+/// `rows[b]..rows[b + 1]`. The chunk is sorted in one part per thread.
+struct Buckets {
+    opts: CsrOptions,
+    shift: u32,
+    rows: Vec<usize>,
+    parts: Vec<Part>,
+}
+
+/// A consecutive piece of a chunk, sorted into the buckets.
+#[derive(Default)]
+struct Part {
+    starts: Vec<usize>,
+    entries: Vec<(u32, u32)>,
+}
+
+impl Buckets {
+    fn new(n: usize, opts: CsrOptions) -> Self {
+        let per_bucket = n
+            .div_ceil(MAX_BUCKETS)
+            .next_power_of_two()
+            .max(MIN_BUCKET_ROWS);
+        let count = n.div_ceil(per_bucket).max(1);
+        Buckets {
+            opts,
+            shift: per_bucket.trailing_zeros(),
+            rows: (0..=count).map(|b| (b * per_bucket).min(n)).collect(),
+            parts: Vec::new(),
+        }
+    }
+
+    /// Sorts a chunk's edges into the buckets.
+    fn fill(&mut self, src: &[u64], dst: &[u64]) {
+        let threads = rayon::current_num_threads();
+        let len = src.len().div_ceil(threads).max(1);
+        self.parts
+            .resize_with(src.len().div_ceil(len), Part::default);
+        let (opts, shift, count) = (self.opts, self.shift, self.rows.len() - 1);
+        self.parts
+            .par_iter_mut()
+            .zip(src.par_chunks(len).zip(dst.par_chunks(len)))
+            .for_each(|(part, (src, dst))| part.fill(src, dst, opts, shift, count));
+    }
+
+    /// Bucket `b`'s entries, in stream order.
+    fn of(&self, b: usize) -> impl Iterator<Item = &(u32, u32)> {
+        self.parts
+            .iter()
+            .flat_map(move |p| &p.entries[p.starts[b]..p.starts[b + 1]])
+    }
+
+    fn len(&self) -> usize {
+        self.parts.iter().map(|p| p.entries.len()).sum()
+    }
+}
+
+impl Part {
+    /// A counting sort of `(src, dst)` into `count` buckets of `1 << shift`
+    /// rows.
+    fn fill(&mut self, src: &[u64], dst: &[u64], opts: CsrOptions, shift: u32, count: usize) {
+        let mut sizes = vec![0usize; count];
+        for_entries(src, dst, opts, |row, _| sizes[(row >> shift) as usize] += 1);
+        self.starts.clear();
+        self.starts.push(0);
+        let mut at = 0;
+        for size in sizes {
+            at += size;
+            self.starts.push(at);
+        }
+        let mut next = self.starts[..count].to_vec();
+        self.entries.resize(self.starts[count], (0, 0));
+        for_entries(src, dst, opts, |row, id| {
+            let b = (row >> shift) as usize;
+            self.entries[next[b]] = (row as u32, id as u32);
+            next[b] += 1;
+        });
+    }
+}
+
+/// Calls `visit(row, id)` for each entry of the edges `(src[i], dst[i])`.
+#[inline(always)]
+fn for_entries(src: &[u64], dst: &[u64], opts: CsrOptions, mut visit: impl FnMut(u64, u64)) {
+    for (&u, &v) in src.iter().zip(dst) {
+        if u != v || opts.keep_self_loops {
+            visit(v, u);
+        }
+        if u != v && opts.add_reverse {
+            visit(u, v);
+        }
+    }
+}
+
+/// `items` cut at `bounds` (from 0 to `items.len()`, non-decreasing) into
+/// consecutive slices.
+fn split_at_bounds<'a, T>(mut items: &'a mut [T], bounds: &[usize]) -> Vec<&'a mut [T]> {
+    let mut parts = Vec::with_capacity(bounds.len().saturating_sub(1));
+    for w in bounds.windows(2) {
+        let (head, tail) = items.split_at_mut(w[1] - w[0]);
+        parts.push(head);
+        items = tail;
+    }
+    parts
+}
+
 /// Removes repeats from a sorted slice in place; returns the unique length.
 fn dedup_sorted(row: &mut [u32]) -> usize {
     if row.is_empty() {
@@ -360,6 +475,50 @@ mod tests {
             }
             prop_assert_eq!(csr.num_edges(), total);
             prop_assert_eq!(*csr.offsets().last().unwrap(), total);
+        }
+    }
+
+    #[test]
+    fn many_buckets_on_several_threads_match_naive_adjacency() {
+        // Past MIN_BUCKET_ROWS rows, chunks are sorted into several buckets,
+        // in one part per thread.
+        let n = 3 * MIN_BUCKET_ROWS as u64 + 17;
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut edges: Vec<(u64, u64)> = (0..40_000).map(|_| (next(), next())).collect();
+        edges.extend([(5, 5), (n - 1, 0), (0, n - 1), (n - 1, 0)]);
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for (add_reverse, dedup, keep_self_loops) in [
+                (false, false, true),
+                (true, true, false),
+                (true, false, true),
+            ] {
+                let opts = CsrOptions {
+                    add_reverse,
+                    dedup,
+                    keep_self_loops,
+                };
+                let csr = pool.install(|| build(n, &edges, opts, 7_000)).unwrap();
+                let want = naive(n, &edges, opts);
+                for (v, list) in &want {
+                    assert_eq!(
+                        csr.neighbors(*v),
+                        list.as_slice(),
+                        "{threads} threads, {opts:?}"
+                    );
+                }
+                let total: usize = want.values().map(Vec::len).sum();
+                assert_eq!(csr.num_edges(), total as u64);
+            }
         }
     }
 

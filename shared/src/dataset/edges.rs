@@ -134,10 +134,11 @@ impl EdgeList {
             EdgeSource::Numpy(file) => {
                 let e = file.shape()[1];
                 let mut start = 0u64;
+                let (mut raw, mut src, mut dst) = (Vec::new(), Vec::new(), Vec::new());
                 while start < e {
                     let n = chunk.min((e - start) as usize);
-                    let src = file.read_u64(start, n)?;
-                    let dst = file.read_u64(e + start, n)?;
+                    file.read_u64_into(start, n, &mut raw, &mut src)?;
+                    file.read_u64_into(e + start, n, &mut raw, &mut dst)?;
                     check(file.path(), &src, start, "source")?;
                     check(file.path(), &dst, start, "destination")?;
                     f(&src, &dst)?;

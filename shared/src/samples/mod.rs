@@ -39,15 +39,17 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, AsArray, ListArray, ListBuilder, RecordBatch, StringArray, UInt32Array,
-    UInt32Builder, UInt64Builder,
+    ArrayRef, ArrowPrimitiveType, AsArray, BinaryArray, ListArray, PrimitiveArray, RecordBatch,
+    StringArray, UInt32Array,
 };
+use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type, UInt64Type};
 
 use crate::dataset::Split;
 use crate::error::{Error, Result};
 use crate::store::Store;
 
+pub mod packed_ids;
 mod run;
 pub use run::{
     DatasetInfo, LinkParams, NodeTypeInfo, RunSummary, SampleFile, SamplingParams, ShardFiles,
@@ -58,7 +60,9 @@ pub use run::{
 pub const RUN_SUMMARY: &str = "run.json";
 /// Format identifier and version of the samples layout.
 pub const FORMAT: &str = "offgnn-samples";
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2 packs `input_nodes`, `edge_src` and `edge_dst` ([`packed_ids`]);
+/// version 1 held them as Parquet lists, and is still read.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// One layer's sampled edges in local ids: `src[i] -> dst[i]`, with
 /// `dst < num_dst <= num_src`, grouped by destination in increasing order
@@ -146,12 +150,12 @@ pub fn schema() -> SchemaRef {
         Field::new("index", DataType::UInt32, false),
         list("seeds", DataType::UInt32),
         list("labels", DataType::UInt32),
-        list("input_nodes", DataType::UInt32),
+        Field::new("input_nodes", DataType::Binary, false),
         list("block_num_src", DataType::UInt32),
         list("block_num_dst", DataType::UInt32),
         list("block_edge_offsets", DataType::UInt64),
-        list("edge_src", DataType::UInt32),
-        list("edge_dst", DataType::UInt32),
+        Field::new("edge_src", DataType::Binary, false),
+        Field::new("edge_dst", DataType::Binary, false),
         list("pair_src", DataType::UInt32),
         list("pair_dst", DataType::UInt32),
         list("pair_label", DataType::UInt32),
@@ -163,70 +167,88 @@ pub fn schema() -> SchemaRef {
 /// The pair columns, absent from files written before link prediction.
 const PAIR_COLUMNS: [&str; 4] = ["pair_src", "pair_dst", "pair_label", "pair_query"];
 
-fn u32_list(rows: impl Iterator<Item = Vec<u32>>) -> ArrayRef {
-    let mut b = ListBuilder::new(UInt32Builder::new())
-        .with_field(Arc::new(Field::new_list_field(DataType::UInt32, false)));
-    for row in rows {
-        b.values().append_slice(&row);
-        b.append(true);
+/// One list row holding `values`, which the array takes without a copy.
+fn list_row<T: ArrowPrimitiveType>(values: Vec<T::Native>) -> ArrayRef {
+    Arc::new(ListArray::new(
+        Arc::new(Field::new_list_field(T::DATA_TYPE, false)),
+        OffsetBuffer::from_lengths([values.len()]),
+        Arc::new(PrimitiveArray::<T>::new(ScalarBuffer::from(values), None)),
+        None,
+    ))
+}
+
+/// One binary row holding `values` packed ([`packed_ids`]).
+fn packed_row(values: &[u32], delta: bool) -> ArrayRef {
+    let bytes = packed_ids::pack(values, delta);
+    Arc::new(BinaryArray::new(
+        OffsetBuffer::from_lengths([bytes.len()]),
+        Buffer::from_vec(bytes),
+        None,
+    ))
+}
+
+/// Every block's `part` end to end: the one block's own vector when there
+/// is one.
+fn concat_blocks(blocks: &mut [Block], part: fn(&mut Block) -> &mut Vec<u32>) -> Vec<u32> {
+    if let [one] = blocks {
+        return std::mem::take(part(one));
     }
-    Arc::new(b.finish())
+    let mut out = Vec::with_capacity(blocks.iter_mut().map(|k| part(k).len()).sum());
+    for block in blocks {
+        out.extend_from_slice(part(block));
+    }
+    out
+}
+
+/// Encodes one batch as an Arrow record batch of one row, moving its
+/// vectors into the arrays.
+pub fn into_record_batch(mut b: SampledBatch) -> Result<RecordBatch> {
+    let mut at = 0u64;
+    let offsets: Vec<u64> = std::iter::once(0)
+        .chain(b.blocks.iter().map(|k| {
+            at += k.src.len() as u64;
+            at
+        }))
+        .collect();
+    let num_src = b.blocks.iter().map(|k| k.num_src).collect();
+    let num_dst = b.blocks.iter().map(|k| k.num_dst).collect();
+    let relations = b
+        .blocks
+        .iter()
+        .flat_map(|k| k.relations.iter().copied())
+        .collect();
+    let src = concat_blocks(&mut b.blocks, |k| &mut k.src);
+    let dst = concat_blocks(&mut b.blocks, |k| &mut k.dst);
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from(vec![b.split.name()])),
+        Arc::new(UInt32Array::from(vec![b.epoch])),
+        Arc::new(UInt32Array::from(vec![b.index])),
+        list_row::<UInt32Type>(b.seeds),
+        list_row::<UInt32Type>(b.labels),
+        packed_row(&b.input_nodes, false),
+        list_row::<UInt32Type>(num_src),
+        list_row::<UInt32Type>(num_dst),
+        list_row::<UInt64Type>(offsets),
+        packed_row(&src, false),
+        packed_row(&dst, true),
+        list_row::<UInt32Type>(b.pairs.src),
+        list_row::<UInt32Type>(b.pairs.dst),
+        list_row::<UInt32Type>(b.pairs.label),
+        list_row::<UInt32Type>(b.pairs.query),
+        list_row::<UInt32Type>(relations),
+    ];
+    RecordBatch::try_new(schema(), columns)
+        .map_err(|e| Error::InvalidArgument(format!("cannot encode batches: {e}")))
 }
 
 /// Encodes batches as one Arrow record batch (one row each).
 pub fn to_record_batch(batches: &[SampledBatch]) -> Result<RecordBatch> {
-    let split = StringArray::from_iter_values(batches.iter().map(|b| b.split.name()));
-    let epoch = UInt32Array::from_iter_values(batches.iter().map(|b| b.epoch));
-    let index = UInt32Array::from_iter_values(batches.iter().map(|b| b.index));
-    let mut offsets = ListBuilder::new(UInt64Builder::new())
-        .with_field(Arc::new(Field::new_list_field(DataType::UInt64, false)));
-    for b in batches {
-        let mut at = 0u64;
-        offsets.values().append_value(0);
-        for block in &b.blocks {
-            at += block.src.len() as u64;
-            offsets.values().append_value(at);
-        }
-        offsets.append(true);
-    }
-    let concat = |b: &SampledBatch, f: fn(&Block) -> &Vec<u32>| -> Vec<u32> {
-        let mut out = Vec::with_capacity(b.num_edges() as usize);
-        for block in &b.blocks {
-            out.extend_from_slice(f(block));
-        }
-        out
-    };
-    let columns: Vec<ArrayRef> = vec![
-        Arc::new(split),
-        Arc::new(epoch),
-        Arc::new(index),
-        u32_list(batches.iter().map(|b| b.seeds.clone())),
-        u32_list(batches.iter().map(|b| b.labels.clone())),
-        u32_list(batches.iter().map(|b| b.input_nodes.clone())),
-        u32_list(
-            batches
-                .iter()
-                .map(|b| b.blocks.iter().map(|k| k.num_src).collect()),
-        ),
-        u32_list(
-            batches
-                .iter()
-                .map(|b| b.blocks.iter().map(|k| k.num_dst).collect()),
-        ),
-        Arc::new(offsets.finish()),
-        u32_list(batches.iter().map(|b| concat(b, |k| &k.src))),
-        u32_list(batches.iter().map(|b| concat(b, |k| &k.dst))),
-        u32_list(batches.iter().map(|b| b.pairs.src.clone())),
-        u32_list(batches.iter().map(|b| b.pairs.dst.clone())),
-        u32_list(batches.iter().map(|b| b.pairs.label.clone())),
-        u32_list(batches.iter().map(|b| b.pairs.query.clone())),
-        u32_list(
-            batches
-                .iter()
-                .map(|b| b.blocks.iter().flat_map(|k| k.relations.clone()).collect()),
-        ),
-    ];
-    RecordBatch::try_new(schema(), columns)
+    let rows = batches
+        .iter()
+        .cloned()
+        .map(into_record_batch)
+        .collect::<Result<Vec<_>>>()?;
+    arrow::compute::concat_batches(&schema(), &rows)
         .map_err(|e| Error::InvalidArgument(format!("cannot encode batches: {e}")))
 }
 
@@ -256,6 +278,16 @@ impl<'a> Columns<'a> {
         self.col(name)?
             .as_list_opt::<i32>()
             .ok_or_else(|| self.bad(format!("column '{name}' is not a list")))
+    }
+
+    /// Row `row` of an id column: packed (format 2, differences when
+    /// `delta`) or a Parquet list (format 1).
+    fn ids_of(&self, name: &str, row: usize, delta: bool) -> Result<Vec<u32>> {
+        match self.col(name)?.as_binary_opt::<i32>() {
+            Some(packed) => packed_ids::unpack(packed.value(row), delta)
+                .map_err(|e| self.bad(format!("row {row}: column '{name}': {e}"))),
+            None => self.u32s(self.list(name)?, row),
+        }
     }
 
     fn u32s(&self, l: &ListArray, row: usize) -> Result<Vec<u32>> {
@@ -322,7 +354,7 @@ impl<'a> Columns<'a> {
     /// Row `row`'s seeds and input nodes, the seeds a prefix of the inputs.
     fn seeds_and_inputs(&self, row: usize) -> Result<(Vec<u32>, Vec<u32>)> {
         let seeds = self.u32s(self.list("seeds")?, row)?;
-        let inputs = self.u32s(self.list("input_nodes")?, row)?;
+        let inputs = self.ids_of("input_nodes", row, false)?;
         if inputs.get(..seeds.len()) != Some(&seeds[..]) {
             return Err(self.bad(format!(
                 "row {row}: the seeds are not the first input nodes"
@@ -364,7 +396,6 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
         list("block_num_dst")?,
         list("block_edge_offsets")?,
     );
-    let (esrc, edst) = (list("edge_src")?, list("edge_dst")?);
     // Absent from files written before typed graphs.
     let relations = match rb.column_by_name("block_relations") {
         Some(_) => Some(list("block_relations")?),
@@ -378,7 +409,10 @@ pub fn from_record_batch(origin: &str, rb: &RecordBatch) -> Result<Vec<SampledBa
             .map(|a| a.values().to_vec())
             .ok_or_else(|| bad("column 'block_edge_offsets' is not uint64".into()))?;
         let (num_src, num_dst) = (u32s(nsrc, row)?, u32s(ndst, row)?);
-        let (src, dst) = (u32s(esrc, row)?, u32s(edst, row)?);
+        let (src, dst) = (
+            cols.ids_of("edge_src", row, false)?,
+            cols.ids_of("edge_dst", row, true)?,
+        );
         let (seeds, input_nodes) = cols.seeds_and_inputs(row)?;
         let layers = num_src.len();
         if num_dst.len() != layers
@@ -683,6 +717,54 @@ mod tests {
         ];
         let rb = to_record_batch(&batches).unwrap();
         assert_eq!(from_record_batch("x", &rb).unwrap(), batches);
+    }
+
+    #[test]
+    fn version_1_files_with_id_lists_still_read_and_damaged_packed_ids_are_refused() {
+        let batches = vec![batch(), link_batch()];
+        let rb = to_record_batch(&batches).unwrap();
+        // Version 1: the packed columns as Parquet lists of uint32.
+        let mut fields: Vec<Field> = rb.schema().fields().iter().map(|f| (**f).clone()).collect();
+        let mut columns = rb.columns().to_vec();
+        for (name, rows) in [
+            (
+                "input_nodes",
+                batches.iter().map(|b| b.input_nodes.clone()).collect(),
+            ),
+            (
+                "edge_src",
+                batches
+                    .iter()
+                    .map(|b| concat_blocks(&mut b.blocks.clone(), |k| &mut k.src))
+                    .collect(),
+            ),
+            (
+                "edge_dst",
+                batches
+                    .iter()
+                    .map(|b| concat_blocks(&mut b.blocks.clone(), |k| &mut k.dst))
+                    .collect::<Vec<_>>(),
+            ),
+        ] {
+            let at = rb.schema().index_of(name).unwrap();
+            let list = ListArray::from_iter_primitive::<UInt32Type, _, _>(
+                rows.into_iter()
+                    .map(|r: Vec<u32>| Some(r.into_iter().map(Some))),
+            );
+            let item = Arc::new(Field::new_list_field(DataType::UInt32, false));
+            let list = ListArray::new(item, list.offsets().clone(), list.values().clone(), None);
+            fields[at] = Field::new(name, arrow::array::Array::data_type(&list).clone(), false);
+            columns[at] = Arc::new(list);
+        }
+        let v1 = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+        assert_eq!(from_record_batch("x", &v1).unwrap(), batches);
+
+        let mut columns = rb.columns().to_vec();
+        let at = rb.schema().index_of("edge_src").unwrap();
+        columns[at] = Arc::new(BinaryArray::from_vec(vec![&[1u8, 0][..], &[0u8; 4][..]]));
+        let damaged = RecordBatch::try_new(rb.schema(), columns).unwrap();
+        let e = from_record_batch("x", &damaged).unwrap_err().to_string();
+        assert!(e.contains("row 0: column 'edge_src'"), "{e}");
     }
 
     #[test]

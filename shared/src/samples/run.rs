@@ -170,12 +170,12 @@ impl RunSummary {
             url: origin.clone(),
             fault: format!("malformed run summary: {e}"),
         })?;
-        if run.format != FORMAT || run.format_version != FORMAT_VERSION {
+        if run.format != FORMAT || !(1..=FORMAT_VERSION).contains(&run.format_version) {
             return Err(Error::Store {
                 kind: None,
                 url: origin,
                 fault: format!(
-                    "format {} version {} is not {FORMAT} version {FORMAT_VERSION}",
+                    "format {} version {} is not {FORMAT} version 1 to {FORMAT_VERSION}",
                     run.format, run.format_version
                 ),
             });
