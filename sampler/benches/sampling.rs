@@ -8,11 +8,17 @@
 //! - `OFFGNN_BENCH_BATCHES`: batches per measurement (default 100);
 //! - `OFFGNN_BENCH_PAIRS`: alternating offgnn/DGL pairs per figure, whose
 //!   median is reported (default 3);
-//! - `OFFGNN_DGL_PYTHON`: a Python with dgl==2.1.0 (DGL is skipped without it).
+//! - `OFFGNN_DGL_PYTHON`: a Python with dgl==2.1.0 (DGL is skipped without it);
+//! - `OFFGNN_SAMPLER_BIN`: the `sampler` binary, for the job end to end;
+//! - `OFFGNN_BENCH_JOB_DATASETS`: the names of the datasets whose job is
+//!   run (default all).
 //!
-//! What is timed is sampling alone (blocks built, ids compacted), the same
-//! work `dgl.dataloading.NeighborSampler.sample_blocks` does; writing
-//! Parquet is measured by the sampler binary's own summary.
+//! The kernel table times sampling alone (blocks built, ids compacted), the
+//! same work `dgl.dataloading.NeighborSampler.sample_blocks` does. The job
+//! table runs the `sampler` binary over the dataset's splits at all cores
+//! (topology built, every batch sampled, Parquet written, committed) and
+//! sets its sampled edges per second, for the sampling stage and for the
+//! whole job, beside DGL's kernel at as many threads.
 
 use std::process::Command;
 use std::time::Instant;
@@ -103,6 +109,117 @@ fn dgl(python: &str, dataset: &str, seeds_file: &str, threads: usize) -> anyhow:
         edges: j["edges"].as_u64().unwrap_or(0),
         seconds: j["seconds"].as_f64().unwrap_or(f64::NAN),
     })
+}
+
+/// One run of the `sampler` job.
+struct Job {
+    edges: u64,
+    bytes: u64,
+    stage_seconds: f64,
+    job_seconds: f64,
+}
+
+/// Runs `sampler` over `dataset` at `threads` into a scratch directory
+/// (removed after), with the kernel table's fan-out and batch size.
+fn job(bin: &str, dataset: &str, threads: usize) -> anyhow::Result<Job> {
+    let out = std::env::temp_dir().join(format!("offgnn-bench-job-{}", std::process::id()));
+    let run = Command::new(bin)
+        .args(["--dataset", dataset, "--out"])
+        .arg(&out)
+        .args(["--fanout", "10,15,20", "--batch-size", &BATCH.to_string()])
+        .args([
+            "--epochs",
+            "1",
+            "--threads",
+            &threads.to_string(),
+            "--overwrite",
+        ])
+        .output()
+        .with_context(|| format!("running {bin}"));
+    let _ = std::fs::remove_dir_all(&out);
+    let run = run?;
+    if !run.status.success() {
+        bail!("sampler failed: {}", String::from_utf8_lossy(&run.stderr));
+    }
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let line = stdout.lines().last().unwrap_or_default();
+    let j: serde_json::Value =
+        serde_json::from_str(line).with_context(|| format!("sampler printed {line}"))?;
+    Ok(Job {
+        edges: j["edges"].as_u64().unwrap_or(0),
+        bytes: j["bytes"].as_u64().unwrap_or(0),
+        stage_seconds: j["sample_seconds"].as_f64().unwrap_or(f64::NAN),
+        job_seconds: j["run"]["seconds"].as_f64().unwrap_or(f64::NAN),
+    })
+}
+
+/// The job table: each named dataset's `sampler` job at `threads`, the
+/// median of `pairs` runs, beside DGL's kernel rate at as many threads
+/// (`dgl`: name to edges/s, from the kernel table).
+fn job_table(
+    sets: &[(String, String)],
+    threads: usize,
+    pairs: usize,
+    dgl: &[(String, f64)],
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let Ok(bin) = std::env::var("OFFGNN_SAMPLER_BIN") else {
+        eprintln!("OFFGNN_SAMPLER_BIN is not set: the job end to end is not measured");
+        return Ok(Vec::new());
+    };
+    let wanted = std::env::var("OFFGNN_BENCH_JOB_DATASETS").ok();
+    println!(
+        "sampler job end to end (topology, every split sampled, Parquet written, commit), fan-out 10,15,20, batch {BATCH}, {threads} threads, median of {pairs}"
+    );
+    println!(
+        "  {:<10} {:>14} {:>10} {:>16} {:>16} {:>16} {:>11} {:>11}",
+        "graph",
+        "sampled edges",
+        "B/edge",
+        "stage edges/s",
+        "job edges/s",
+        "dgl kernel",
+        "stage/dgl",
+        "job/dgl"
+    );
+    let mut json = Vec::new();
+    for (name, path) in sets {
+        if wanted
+            .as_ref()
+            .is_some_and(|w| !w.split(',').any(|n| n == name))
+        {
+            continue;
+        }
+        let runs = (0..pairs)
+            .map(|_| job(&bin, path, threads))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let rate = |f: fn(&Job) -> f64| {
+            median(
+                &runs
+                    .iter()
+                    .map(|r| r.edges as f64 / f(r))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let (stage, whole) = (rate(|r| r.stage_seconds), rate(|r| r.job_seconds));
+        let dgl = dgl
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(f64::NAN, |d| d.1);
+        let (edges, bytes) = (runs[0].edges, runs[0].bytes);
+        println!(
+            "  {name:<10} {edges:>14} {:>10.2} {stage:>16.0} {whole:>16.0} {dgl:>16.0} {:>10.2}x {:>10.2}x",
+            bytes as f64 / edges.max(1) as f64,
+            stage / dgl,
+            whole / dgl
+        );
+        json.push(serde_json::json!({
+            "graph": name, "threads": threads, "runs": pairs, "edges": edges, "bytes": bytes,
+            "stage_edges_per_s": stage, "job_edges_per_s": whole, "dgl_kernel_edges_per_s": dgl,
+            "stage_seconds": runs.iter().map(|r| r.stage_seconds).collect::<Vec<_>>(),
+            "job_seconds": runs.iter().map(|r| r.job_seconds).collect::<Vec<_>>(),
+        }));
+    }
+    Ok(json)
 }
 
 /// Seed batches of `BATCH` nodes drawn from every node (a benchmark of
@@ -201,6 +318,8 @@ fn main() -> anyhow::Result<()> {
         "", "", "", "per core", "per core", "per core", "per core"
     );
     let mut json = Vec::new();
+    // DGL's kernel at all cores, edges/s, for the job table.
+    let mut dgl_at_cores = Vec::new();
     for (name, path) in &sets {
         let ds = Dataset::open(path)?;
         let started = Instant::now();
@@ -251,6 +370,9 @@ fn main() -> anyhow::Result<()> {
                 .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &r| {
                     (l.min(r), h.max(r))
                 });
+            if t == cores {
+                dgl_at_cores.push((name.clone(), de * t as f64));
+            }
             println!(
                 "  {name:<10} {degree:>10.1} {t:>7} {ob:>16.1} {db:>16.1} {oe:>18.0} {de:>18.0} {:>10.2}x ({lo:.2}-{hi:.2})",
                 median(&ratios)
@@ -265,9 +387,10 @@ fn main() -> anyhow::Result<()> {
         }
         let _ = std::fs::remove_file(&seeds_file);
     }
+    let jobs = job_table(&sets, cores, pairs, &dgl_at_cores)?;
     println!(
         "{}",
-        serde_json::json!({ "bench": "sampling", "runs": json })
+        serde_json::json!({ "bench": "sampling", "runs": json, "jobs": jobs })
     );
     Ok(())
 }
