@@ -107,6 +107,39 @@ mod tests {
         assert_eq!(pack(&grouped, true).len(), 4 + 100 * (1 + 16));
     }
 
+    /// The layout as docs/format.md states it, for readers in other
+    /// languages: id `i` in lane `i % 4` at position `i / 4`, each lane's
+    /// ids packed low bits first into the words `4w + lane`.
+    #[test]
+    fn blocks_follow_the_documented_layout() {
+        let values: Vec<u32> = (0..300u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) >> 13)
+            .collect();
+        let packed = pack(&values, false);
+        let mut rest = &packed[4..];
+        let mut decoded = Vec::new();
+        while !rest.is_empty() {
+            let b = rest[0] as usize;
+            let words: Vec<u32> = rest[1..1 + 16 * b]
+                .chunks_exact(4)
+                .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+                .collect();
+            for i in 0..BLOCK {
+                let (lane, pos) = (i % 4, i / 4);
+                let mut v = 0u64;
+                for bit in 0..b {
+                    let at = pos * b + bit;
+                    let word = words[4 * (at / 32) + lane];
+                    v |= u64::from((word >> (at % 32)) & 1) << bit;
+                }
+                decoded.push(v as u32);
+            }
+            rest = &rest[1 + 16 * b..];
+        }
+        decoded.truncate(values.len());
+        assert_eq!(decoded, values);
+    }
+
     #[test]
     fn damaged_lists_are_refused_not_trusted() {
         let packed = pack(&(0..300).collect::<Vec<u32>>(), false);
