@@ -123,10 +123,13 @@ pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>)
         input_edges
     };
     let graph_bytes = 8 * (shape.graph_rows + 1) + graph_edges.saturating_mul(4);
-    // Cursors (later the rows' deduplicated degrees), and a chunk of
-    // sources and destinations as read (one side's bytes at a time), as
-    // u64s, and sorted into row buckets (up to two u32 pairs an edge).
-    let graph_build_bytes = 8 * shape.graph_rows + 4 * (CHUNK as u64) * 16;
+    // Cursors (later the rows' deduplicated degrees); the reader's chunk
+    // (one side's bytes, then both sides as u64s) and at most four copies
+    // of it between the reader and the pool (being made, queued, being
+    // placed, spare); and the chunk sorted into row buckets (up to two u32
+    // pairs an edge).
+    let chunk = CHUNK as u64;
+    let graph_build_bytes = 8 * shape.graph_rows + chunk * (8 + 16 + 4 * 16 + 16);
     let threads = cfg.threads as u64;
     let scratch_bytes = threads * 4 * n;
     // Windows of 2 x threads batches: one being sampled, one in the

@@ -54,7 +54,7 @@ impl Csr {
         progress: impl Fn(u64),
     ) -> Result<Csr> {
         Csr::build(edges.num_nodes, opts, |sink| {
-            edges.for_each_chunk(CHUNK, |src, dst| {
+            stream_ahead(edges, |src, dst| {
                 progress(src.len() as u64);
                 sink(src, dst)
             })
@@ -285,6 +285,45 @@ impl Csr {
     pub fn memory_bytes(&self) -> u64 {
         (self.offsets.len() * 8 + self.indices.len() * 4) as u64
     }
+}
+
+/// Streams `edges` in chunks of [`CHUNK`] as [`EdgeList::for_each_chunk`]
+/// does, reading the next chunk on a thread of its own while `f` handles
+/// this one: reading a chunk takes about as long as the pool takes to count
+/// or place it.
+pub fn stream_ahead(
+    edges: &EdgeList,
+    mut f: impl FnMut(&[u64], &[u64]) -> Result<()>,
+) -> Result<()> {
+    type Chunk = (Vec<u64>, Vec<u64>);
+    let (ahead, chunks) = std::sync::mpsc::sync_channel::<Chunk>(1);
+    let (recycle, spare) = std::sync::mpsc::channel::<Chunk>();
+    std::thread::scope(|s| {
+        let reader = s.spawn(move || {
+            edges.for_each_chunk::<Error>(CHUNK, |src, dst| {
+                let (mut a, mut b) = spare.try_recv().unwrap_or_default();
+                a.clear();
+                a.extend_from_slice(src);
+                b.clear();
+                b.extend_from_slice(dst);
+                // Refused only once `f` failed, whose error is the one returned.
+                ahead
+                    .send((a, b))
+                    .map_err(|_| Error::Topology("the edge stream was stopped".into()))
+            })
+        });
+        let mut handled = Ok(());
+        for (src, dst) in chunks.iter() {
+            handled = f(&src, &dst);
+            if handled.is_err() {
+                break;
+            }
+            let _ = recycle.send((src, dst));
+        }
+        drop(chunks);
+        let read = reader.join().expect("the edge reader does not panic");
+        handled.and(read)
+    })
 }
 
 /// Rows per bucket at the least (a power of two).

@@ -17,7 +17,7 @@ use offgnn_shared::samples::Block;
 
 use crate::error::{Error, Result};
 use crate::neighbor_sampling::{AHEAD, Scratch, choose};
-use crate::topology::{CHUNK, Csr, CsrOptions};
+use crate::topology::{Csr, CsrOptions, stream_ahead};
 use offgnn_shared::prefetch;
 
 /// One relation's sampling graph.
@@ -54,7 +54,7 @@ impl TypedGraph {
                 keep_self_loops: true,
             };
             let csr = Csr::build_rows(dst.num, src.num, opts, |sink| {
-                r.edges.for_each_chunk(CHUNK, |s, d| {
+                stream_ahead(&r.edges, |s, d| {
                     progress(s.len() as u64);
                     sink(s, d)
                 })
@@ -201,21 +201,28 @@ pub fn sample_typed_blocks(
     let mut picks = std::mem::take(&mut scratch.picks);
     let mut bounds: Vec<(u32, u64, u64)> = Vec::new();
     for layer in fanouts.layers.iter().rev() {
-        let (mut src, mut dst) = (Vec::new(), Vec::new());
+        // The layer's destinations by type, as (local id, row in the type).
+        let mut by_type: Vec<Vec<(u32, usize)>> = vec![Vec::new(); g.offsets.len() - 1];
+        for (d, (&v, &t)) in nodes[..num_dst].iter().zip(&types).enumerate() {
+            let t = t as usize;
+            by_type[t].push((d as u32, (v as u64 - g.offsets[t]) as usize));
+        }
+        // At most each destination's fan-out over each relation reaching it.
+        let most: usize = (g.relations.iter().zip(layer))
+            .map(|(rel, &fanout)| by_type[rel.dst].len() * fanout)
+            .sum();
+        let (mut src, mut dst) = (Vec::with_capacity(most), Vec::with_capacity(most));
         let mut relations = vec![0u32];
         for (r, rel) in g.relations.iter().enumerate() {
             let fanout = layer[r];
-            let (src_base, dst_base) = (g.offsets[rel.src], g.offsets[rel.dst]);
+            let src_base = g.offsets[rel.src];
             let offsets = rel.csr.offsets();
             let indices = rel.csr.indices();
             // In three passes, as `sample_blocks` does, each prefetching
             // what it loads AHEAD items on: this relation's destinations'
             // row bounds, then the picks (as global ids), then their local
             // ids. The draws come in the same order as in one fused loop.
-            let rows: Vec<(u32, usize)> = (0..num_dst)
-                .filter(|&d| types[d] as usize == rel.dst)
-                .map(|d| (d as u32, (nodes[d] as u64 - dst_base) as usize))
-                .collect();
+            let rows = &by_type[rel.dst];
             bounds.clear();
             bounds.extend(rows.iter().enumerate().map(|(i, &(d, row))| {
                 if let Some(&(_, ahead)) = rows.get(i + AHEAD) {
