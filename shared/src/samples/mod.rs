@@ -177,9 +177,9 @@ fn list_row<T: ArrowPrimitiveType>(values: Vec<T::Native>) -> ArrayRef {
     ))
 }
 
-/// One binary row holding `values` packed ([`packed_ids`]).
-fn packed_row(values: &[u32], delta: bool) -> ArrayRef {
-    let bytes = packed_ids::pack(values, delta);
+/// One binary row holding `parts` packed end to end ([`packed_ids`]).
+fn packed_row(parts: &[&[u32]], delta: bool) -> ArrayRef {
+    let bytes = packed_ids::pack_parts(parts, delta);
     Arc::new(BinaryArray::new(
         OffsetBuffer::from_lengths([bytes.len()]),
         Buffer::from_vec(bytes),
@@ -187,22 +187,9 @@ fn packed_row(values: &[u32], delta: bool) -> ArrayRef {
     ))
 }
 
-/// Every block's `part` end to end: the one block's own vector when there
-/// is one.
-fn concat_blocks(blocks: &mut [Block], part: fn(&mut Block) -> &mut Vec<u32>) -> Vec<u32> {
-    if let [one] = blocks {
-        return std::mem::take(part(one));
-    }
-    let mut out = Vec::with_capacity(blocks.iter_mut().map(|k| part(k).len()).sum());
-    for block in blocks {
-        out.extend_from_slice(part(block));
-    }
-    out
-}
-
 /// Encodes one batch as an Arrow record batch of one row, moving its
-/// vectors into the arrays.
-pub fn into_record_batch(mut b: SampledBatch) -> Result<RecordBatch> {
+/// vectors into the arrays (the long id lists packed).
+pub fn into_record_batch(b: SampledBatch) -> Result<RecordBatch> {
     let mut at = 0u64;
     let offsets: Vec<u64> = std::iter::once(0)
         .chain(b.blocks.iter().map(|k| {
@@ -217,15 +204,15 @@ pub fn into_record_batch(mut b: SampledBatch) -> Result<RecordBatch> {
         .iter()
         .flat_map(|k| k.relations.iter().copied())
         .collect();
-    let src = concat_blocks(&mut b.blocks, |k| &mut k.src);
-    let dst = concat_blocks(&mut b.blocks, |k| &mut k.dst);
+    let src: Vec<&[u32]> = b.blocks.iter().map(|k| &k.src[..]).collect();
+    let dst: Vec<&[u32]> = b.blocks.iter().map(|k| &k.dst[..]).collect();
     let columns: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from(vec![b.split.name()])),
         Arc::new(UInt32Array::from(vec![b.epoch])),
         Arc::new(UInt32Array::from(vec![b.index])),
         list_row::<UInt32Type>(b.seeds),
         list_row::<UInt32Type>(b.labels),
-        packed_row(&b.input_nodes, false),
+        packed_row(&[&b.input_nodes], false),
         list_row::<UInt32Type>(num_src),
         list_row::<UInt32Type>(num_dst),
         list_row::<UInt64Type>(offsets),
@@ -735,14 +722,14 @@ mod tests {
                 "edge_src",
                 batches
                     .iter()
-                    .map(|b| concat_blocks(&mut b.blocks.clone(), |k| &mut k.src))
+                    .map(|b| b.blocks.iter().flat_map(|k| k.src.clone()).collect())
                     .collect(),
             ),
             (
                 "edge_dst",
                 batches
                     .iter()
-                    .map(|b| concat_blocks(&mut b.blocks.clone(), |k| &mut k.dst))
+                    .map(|b| b.blocks.iter().flat_map(|k| k.dst.clone()).collect())
                     .collect::<Vec<_>>(),
             ),
         ] {

@@ -17,26 +17,50 @@ const BLOCK: usize = BitPacker4x::BLOCK_LEN;
 
 /// Packs `values`, as differences when `delta`.
 pub fn pack(values: &[u32], delta: bool) -> Vec<u8> {
+    pack_parts(&[values], delta)
+}
+
+/// Packs `parts` end to end as one list (a batch's blocks without
+/// concatenating them first): the bytes [`pack`] writes for their
+/// concatenation.
+pub fn pack_parts(parts: &[&[u32]], delta: bool) -> Vec<u8> {
+    let n: usize = parts.iter().map(|p| p.len()).sum();
     let packer = BitPacker4x::new();
-    let mut out = Vec::with_capacity(4 + values.len() / 2);
-    out.extend_from_slice(&(values.len() as u32).to_le_bytes());
+    let mut out = Vec::with_capacity(4 + n / 2);
+    out.extend_from_slice(&(n as u32).to_le_bytes());
     let mut block = [0u32; BLOCK];
     let mut bits = [0u8; 4 * BLOCK];
-    let mut previous = 0u32;
-    for chunk in values.chunks(BLOCK) {
-        block[chunk.len()..].fill(0);
-        if delta {
-            for (slot, &v) in block.iter_mut().zip(chunk) {
-                *slot = v.wrapping_sub(previous);
-                previous = v;
-            }
-        } else {
-            block[..chunk.len()].copy_from_slice(chunk);
-        }
-        let width = packer.num_bits(&block);
-        let len = packer.compress(&block, &mut bits, width);
+    let mut flush = |block: &mut [u32; BLOCK], filled: usize| {
+        block[filled..].fill(0);
+        let width = packer.num_bits(block);
+        let len = packer.compress(block, &mut bits, width);
         out.push(width);
         out.extend_from_slice(&bits[..len]);
+    };
+    let (mut filled, mut previous) = (0, 0u32);
+    for mut rest in parts.iter().copied() {
+        while !rest.is_empty() {
+            let take = (BLOCK - filled).min(rest.len());
+            let (head, tail) = rest.split_at(take);
+            let slots = &mut block[filled..filled + take];
+            if delta {
+                for (slot, &v) in slots.iter_mut().zip(head) {
+                    *slot = v.wrapping_sub(previous);
+                    previous = v;
+                }
+            } else {
+                slots.copy_from_slice(head);
+            }
+            filled += take;
+            rest = tail;
+            if filled == BLOCK {
+                flush(&mut block, BLOCK);
+                filled = 0;
+            }
+        }
+    }
+    if filled > 0 {
+        flush(&mut block, filled);
     }
     out
 }
@@ -94,6 +118,19 @@ mod tests {
         #[test]
         fn lists_come_back_as_they_went(values in proptest::collection::vec(any::<u32>(), 0..700), delta: bool) {
             prop_assert_eq!(unpack(&pack(&values, delta), delta).unwrap(), values);
+        }
+
+        #[test]
+        fn parts_pack_as_their_concatenation(values in proptest::collection::vec(any::<u32>(), 0..700), cuts in proptest::collection::vec(0usize..700, 0..4), delta: bool) {
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(values.len())).collect();
+            cuts.sort_unstable();
+            let mut parts = Vec::new();
+            let mut at = 0;
+            for c in cuts.into_iter().chain([values.len()]) {
+                parts.push(&values[at..c]);
+                at = c;
+            }
+            prop_assert_eq!(pack_parts(&parts, delta), pack(&values, delta));
         }
     }
 
