@@ -173,7 +173,7 @@ impl Task<'_> {
                     rows.extend(set.negatives[range].iter().map(|&p| (p, 0, q as u32)));
                 }
                 // Evaluation pairs are held out of the graph already.
-                let b = sample_rows(sampler.csr, sampler.fanouts, &rows, None, &mut rng, scratch);
+                let b = sample_rows(sampler.graph, &rows, None, &mut rng, scratch);
                 (b.seeds, vec![], b.nodes, b.blocks, b.pairs)
             }
             (_, Batch::Nodes(items)) => {

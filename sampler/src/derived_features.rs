@@ -187,15 +187,24 @@ fn plan(ds: &TypedDataset, relations: &[String]) -> Result<Vec<usize>> {
     Ok(plan)
 }
 
-/// Hard-links `from` to `to` (copies it across filesystems), making the
-/// directories `to` needs.
-fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
+/// Hard-links `from` to `to` (copies it where the two are on different
+/// filesystems: a dataset's files may not resolve outside its directory, so
+/// a symbolic link would not do), making the directories `to` needs.
+pub(crate) fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
     if let Some(parent) = to.parent() {
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     }
     if std::fs::hard_link(from, to).is_ok() {
         return Ok(());
     }
+    let bytes = std::fs::metadata(from)
+        .map_err(|e| Error::io(from, e))?
+        .len();
+    tracing::info!(
+        "copying {} ({}): the output is on another filesystem, so it cannot be hard-linked",
+        from.display(),
+        offgnn_shared::report::human_bytes(bytes)
+    );
     std::fs::copy(from, to).map_err(|e| Error::io(to, e))?;
     Ok(())
 }

@@ -14,12 +14,22 @@
 //! source and draw the destination uniformly among the nodes that are
 //! neither it nor its neighbour (OGB's corruption of the tail). Everything
 //! follows from `--seed`.
+//!
+//! On a typed graph one relation `src:relation:dst` is split (`--relation`):
+//! its held-out pairs leave it and its reverse relation (`--reverse`, by
+//! default `dst:rev_relation:src` where the graph has it), negatives are
+//! drawn among the destination type's nodes, and the task's sets name the
+//! relation as their type, the pairs in type-local ids, as GraphBolt's
+//! heterogeneous link tasks hold them. Every other file is the input's.
 
+use std::collections::HashSet;
+use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
 
 use offgnn_shared::dataset::{
-    Dataset, DatasetSpec, DatasetWriter, SetDataMeta, SetMeta, Split, TaskMeta, layout,
+    Dataset, DatasetSpec, DatasetWriter, EdgeList, EdgeMeta, Metadata, SetDataMeta, SetMeta, Split,
+    TaskMeta, TypedDataset, is_typed, layout,
 };
 use offgnn_shared::npy::{DType, NpyWriter};
 use rand::seq::SliceRandom;
@@ -27,6 +37,7 @@ use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 use serde::Serialize;
 
+use crate::derived_features::link_or_copy;
 use crate::error::{Error, Result};
 use crate::link_sampling::pair_key as key;
 
@@ -42,6 +53,10 @@ pub struct SplitConfig {
     /// Negatives drawn for each held-out pair.
     pub negatives: u32,
     pub seed: u64,
+    /// Typed graphs: the relation `src:relation:dst` to split, and its
+    /// reverse where it is not `dst:rev_relation:src`.
+    pub relation: Option<String>,
+    pub reverse: Option<String>,
 }
 
 impl SplitConfig {
@@ -85,8 +100,10 @@ pub struct EdgeSplit {
     pub test: Held,
 }
 
-/// Splits `edges` (`num_nodes` nodes) as `cfg` says.
-pub fn split_edges(edges: &[(u32, u32)], num_nodes: u32, cfg: &SplitConfig) -> EdgeSplit {
+/// Splits `edges` as `cfg` says, drawing negatives' destinations from
+/// `targets` (every node of a graph of one type; the destination type's
+/// homogenized ids on a typed graph).
+pub fn split_edges(edges: &[(u32, u32)], targets: Range<u32>, cfg: &SplitConfig) -> EdgeSplit {
     // Each pair once, in the direction it was first stored.
     let mut first: Vec<(u64, usize)> = edges
         .iter()
@@ -129,7 +146,7 @@ pub fn split_edges(edges: &[(u32, u32)], num_nodes: u32, cfg: &SplitConfig) -> E
         let mut negatives = Vec::with_capacity(pairs.len() * cfg.negatives as usize);
         for &(u, v) in &pairs {
             for _ in 0..cfg.negatives {
-                negatives.push(negative(u, v, num_nodes, &keys, rng));
+                negatives.push(negative(u, v, targets.clone(), &keys, rng));
             }
         }
         Held { pairs, negatives }
@@ -144,24 +161,34 @@ pub fn split_edges(edges: &[(u32, u32)], num_nodes: u32, cfg: &SplitConfig) -> E
     }
 }
 
-/// A destination for source `u` that is neither `v`, `u` nor a neighbour
-/// of `u` in the whole graph; after 64 draws that all hit one (a node
-/// joined to nearly every other), any node but `v`.
-fn negative(u: u32, v: u32, num_nodes: u32, keys: &[u64], rng: &mut Pcg64Mcg) -> u32 {
+/// A destination in `targets` for source `u` that is neither `v`, `u` nor
+/// a neighbour of `u` in the whole graph; after 64 draws that all hit one
+/// (a node joined to nearly every other), any node but `v`.
+fn negative(u: u32, v: u32, targets: Range<u32>, keys: &[u64], rng: &mut Pcg64Mcg) -> u32 {
     let mut w = v;
     for _ in 0..64 {
-        w = rng.random_range(0..num_nodes);
+        w = rng.random_range(targets.clone());
         if w != u && w != v && keys.binary_search(&key(u, w)).is_err() {
             return w;
         }
     }
-    if w == v { (v + 1) % num_nodes } else { w }
+    if w == v {
+        targets.start + (v - targets.start + 1) % targets.len() as u32
+    } else {
+        w
+    }
 }
 
 /// What `split-edges` wrote.
 #[derive(Debug, Serialize)]
 pub struct SplitSummary {
     pub num_nodes: u64,
+    /// Typed graphs: the relation split, and the reverse relation that lost
+    /// the held-out pairs too (if the graph has one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relation: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reverse: Option<String>,
     /// Edges as stored in the input, and in the training graph.
     pub edges: u64,
     pub train_edges: u64,
@@ -187,6 +214,15 @@ pub fn split_dataset(
     show_progress: bool,
 ) -> Result<SplitSummary> {
     cfg.check().map_err(Error::InvalidArgument)?;
+    if is_typed(dataset)? {
+        return split_typed(dataset, out, cfg, overwrite, show_progress);
+    }
+    if let Some(r) = &cfg.relation {
+        return Err(Error::InvalidArgument(format!(
+            "--relation {r}: {} has one edge type; --relation names the relation to split on typed graphs",
+            dataset.display()
+        )));
+    }
     let started = Instant::now();
     let ds = Dataset::open(dataset)?;
     if ds.num_nodes < 3 {
@@ -196,33 +232,29 @@ pub fn split_dataset(
             ds.num_nodes
         )));
     }
-    let edges = read_edges(&ds, show_progress)?;
-    let split = split_edges(&edges, ds.num_nodes as u32, cfg);
+    let edges = read_edges(&ds.edges, (0, 0), show_progress)?;
+    let split = split_edges(&edges, 0..ds.num_nodes as u32, cfg);
     let writer = DatasetWriter::create(out, overwrite)?;
-    write_edges(&writer.path(layout::EDGES), &split.train_edges)?;
-    link_features(ds.features.path(), &writer.path(layout::FEATURES))?;
+    write_edges(&writer.path(layout::EDGES), &split.train_edges, (0, 0))?;
+    link_or_copy(ds.features.path(), &writer.path(layout::FEATURES))?;
     for s in Split::ALL {
         let set = ds.split(s);
         let seeds: Vec<u64> = set.seeds.iter().map(|&v| u64::from(v)).collect();
         let labels: Vec<u64> = set.labels.iter().map(|&v| u64::from(v)).collect();
         writer.write_split(s, &seeds, &labels)?;
     }
-    write_pairs(
-        &writer.path(&layout::link("train_seeds")),
-        &split.train_pairs,
-    )?;
-    for (name, held) in [("valid", &split.valid), ("test", &split.test)] {
-        write_held(&writer, name, held, cfg.negatives)?;
-    }
+    write_task(&writer, &split, cfg.negatives, (0, 0))?;
     writer.commit(&DatasetSpec {
         name: format!("{}-split-edges", ds.name),
         num_nodes: ds.num_nodes,
         num_classes: ds.num_classes,
         node_labels: false,
-        extra_tasks: vec![link_task()],
+        extra_tasks: vec![link_task(None)],
     })?;
     Ok(SplitSummary {
         num_nodes: ds.num_nodes,
+        relation: None,
+        reverse: None,
         edges: edges.len() as u64,
         train_edges: split.train_edges.len() as u64,
         train_pairs: split.train_pairs.len() as u64,
@@ -233,52 +265,239 @@ pub fn split_dataset(
     })
 }
 
-/// Every edge of the dataset, in memory (ids checked as they stream).
-fn read_edges(ds: &Dataset, show_progress: bool) -> Result<Vec<(u32, u32)>> {
-    let pb = offgnn_shared::progress::bar_if(
-        show_progress,
-        ds.edges.len_hint().unwrap_or(0),
-        "edges",
-        "edges",
-    );
-    let mut edges = Vec::with_capacity(ds.edges.len_hint().unwrap_or(0) as usize);
-    ds.edges.for_each_chunk::<Error>(1 << 20, |src, dst| {
-        edges.extend(src.iter().zip(dst).map(|(&u, &v)| (u as u32, v as u32)));
+/// [`split_dataset`] on a typed graph: `cfg.relation` split, the held-out
+/// pairs taken out of it and of its reverse, every other file the input's.
+fn split_typed(
+    dataset: &Path,
+    out: &Path,
+    cfg: &SplitConfig,
+    overwrite: bool,
+    show_progress: bool,
+) -> Result<SplitSummary> {
+    let started = Instant::now();
+    let ds = TypedDataset::open(dataset)?;
+    let (r, reverse) = typed_relations(&ds, cfg)?;
+    let rel = &ds.relations[r];
+    let (src, dst) = (&ds.node_types[rel.src], &ds.node_types[rel.dst]);
+    let offsets = (src.offset as u32, dst.offset as u32);
+    let edges = read_edges(&rel.edges, offsets, show_progress)?;
+    let targets = dst.offset as u32..(dst.offset + dst.num) as u32;
+    if targets.len() < 2 || (rel.src == rel.dst && targets.len() < 3) {
+        return Err(Error::InvalidArgument(format!(
+            "--relation {}: {} nodes of type '{}' leave no negative for a held-out edge",
+            rel.name, dst.num, dst.name
+        )));
+    }
+    let split = split_edges(&edges, targets, cfg);
+    let writer = DatasetWriter::create(out, overwrite)?;
+    let mut meta = Metadata::read(dataset)?;
+    // The split relations' files are written anew, the old task's dropped,
+    // everything else linked.
+    let mut replaced: HashSet<String> = meta
+        .tasks
+        .iter()
+        .filter(|t| t.name == "link_prediction")
+        .flat_map(|t| [&t.train_set, &t.validation_set, &t.test_set])
+        .flatten()
+        .flatten()
+        .flat_map(|e| e.data.iter().map(|d| d.path.clone()))
+        .collect();
+    let split_relations: Vec<usize> = std::iter::once(r).chain(reverse).collect();
+    for edge in &meta.graph.edges {
+        if split_relations
+            .iter()
+            .any(|&i| Some(&ds.relations[i].name) == edge.edge_type.as_ref())
+        {
+            replaced.insert(edge.path.clone());
+        }
+    }
+    for path in meta.named_paths().filter(|p| !replaced.contains(p)) {
+        link_or_copy(&dataset.join(&path), &writer.path(&path))?;
+    }
+    write_edges(
+        &writer.path(&layout::typed_edges(&rel.name)),
+        &split.train_edges,
+        offsets,
+    )?;
+    let held: HashSet<u64> = (split.valid.pairs.iter().chain(&split.test.pairs))
+        .map(|&(u, v)| key(u, v))
+        .collect();
+    if let Some(rev) = reverse.map(|i| &ds.relations[i]) {
+        let kept: Vec<(u32, u32)> = read_edges(&rev.edges, (offsets.1, offsets.0), show_progress)?
+            .into_iter()
+            .filter(|&(u, v)| !held.contains(&key(u, v)))
+            .collect();
+        write_edges(
+            &writer.path(&layout::typed_edges(&rev.name)),
+            &kept,
+            (offsets.1, offsets.0),
+        )?;
+    }
+    for edge in &mut meta.graph.edges {
+        if let Some(name) = edge.edge_type.as_ref()
+            && split_relations
+                .iter()
+                .any(|&i| &ds.relations[i].name == name)
+        {
+            *edge = EdgeMeta {
+                edge_type: Some(name.clone()),
+                format: "numpy".into(),
+                path: layout::typed_edges(name),
+            };
+        }
+    }
+    write_task(&writer, &split, cfg.negatives, offsets)?;
+    meta.tasks.retain(|t| t.name != "link_prediction");
+    meta.tasks.push(link_task(Some(&rel.name)));
+    meta.dataset_name = Some(format!("{}-split-edges", ds.name));
+    writer.commit_metadata(&meta)?;
+    Ok(SplitSummary {
+        num_nodes: ds.num_nodes(),
+        relation: Some(rel.name.clone()),
+        reverse: reverse.map(|i| ds.relations[i].name.clone()),
+        edges: edges.len() as u64,
+        train_edges: split.train_edges.len() as u64,
+        train_pairs: split.train_pairs.len() as u64,
+        valid_pairs: split.valid.pairs.len() as u64,
+        test_pairs: split.test.pairs.len() as u64,
+        negatives: cfg.negatives,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The relation `--relation` names and its reverse (`--reverse`, else
+/// `dst:rev_relation:src` if the graph has it), as indices.
+fn typed_relations(ds: &TypedDataset, cfg: &SplitConfig) -> Result<(usize, Option<usize>)> {
+    let names = || {
+        ds.relations
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let find = |flag: &str, name: &str| {
+        ds.relations
+            .iter()
+            .position(|r| r.name == name)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{flag} {name}: no such relation (the graph's are {})",
+                    names()
+                ))
+            })
+    };
+    let Some(name) = &cfg.relation else {
+        return Err(Error::InvalidArgument(format!(
+            "a typed graph: --relation names the relation to split (one of {})",
+            names()
+        )));
+    };
+    let r = find("--relation", name)?;
+    let rel = &ds.relations[r];
+    let (src, dst) = (&ds.node_types[rel.src].name, &ds.node_types[rel.dst].name);
+    let reverse = match &cfg.reverse {
+        Some(rev) => {
+            let i = find("--reverse", rev)?;
+            let back = &ds.relations[i];
+            if (back.src, back.dst) != (rel.dst, rel.src) || i == r {
+                return Err(Error::InvalidArgument(format!(
+                    "--reverse {rev}: the reverse of {name} is another relation from '{dst}' to '{src}'"
+                )));
+            }
+            Some(i)
+        }
+        None => {
+            let middle = name.split(':').nth(1).unwrap_or_default();
+            let guess = format!("{dst}:rev_{middle}:{src}");
+            ds.relations.iter().position(|r| r.name == guess)
+        }
+    };
+    Ok((r, reverse))
+}
+
+/// Every edge of `edges`, in memory (ids checked as they stream), each
+/// side moved by its `offsets` (into homogenized ids on a typed graph).
+fn read_edges(
+    edges: &EdgeList,
+    offsets: (u32, u32),
+    show_progress: bool,
+) -> Result<Vec<(u32, u32)>> {
+    let hint = edges.len_hint().unwrap_or(0);
+    let pb = offgnn_shared::progress::bar_if(show_progress, hint, "edges", "edges");
+    let mut out = Vec::with_capacity(hint as usize);
+    edges.for_each_chunk::<Error>(1 << 20, |src, dst| {
+        out.extend(
+            src.iter()
+                .zip(dst)
+                .map(|(&u, &v)| (u as u32 + offsets.0, v as u32 + offsets.1)),
+        );
         pb.inc(src.len() as u64);
         Ok(())
     })?;
     pb.finish_and_clear();
-    Ok(edges)
+    Ok(out)
 }
 
-/// The training graph as `[2, E]` int64.
-fn write_edges(path: &Path, edges: &[(u32, u32)]) -> Result<()> {
+/// Edges as `[2, E]` int64, each side less its `offsets` (back to
+/// type-local ids).
+fn write_edges(path: &Path, edges: &[(u32, u32)], offsets: (u32, u32)) -> Result<()> {
     let mut w = NpyWriter::create(path, DType::I64, &[2, edges.len() as u64])?;
     for side in [0, 1] {
         let bytes: Vec<u8> = edges
             .iter()
-            .flat_map(|&(u, v)| i64::from(if side == 0 { u } else { v }).to_le_bytes())
+            .flat_map(|&(u, v)| {
+                let id = if side == 0 {
+                    u - offsets.0
+                } else {
+                    v - offsets.1
+                };
+                i64::from(id).to_le_bytes()
+            })
             .collect();
         w.write_bytes(&bytes)?;
     }
     Ok(w.finish()?)
 }
 
-/// Node pairs as `[N, 2]` int64.
-fn write_pairs(path: &Path, pairs: &[(u32, u32)]) -> Result<()> {
+/// Node pairs as `[N, 2]` int64, each side less its `offsets`.
+fn write_pairs(path: &Path, pairs: &[(u32, u32)], offsets: (u32, u32)) -> Result<()> {
     let mut w = NpyWriter::create(path, DType::I64, &[pairs.len() as u64, 2])?;
     let bytes: Vec<u8> = pairs
         .iter()
-        .flat_map(|&(u, v)| [i64::from(u), i64::from(v)])
+        .flat_map(|&(u, v)| [i64::from(u - offsets.0), i64::from(v - offsets.1)])
         .flat_map(i64::to_le_bytes)
         .collect();
     w.write_bytes(&bytes)?;
     Ok(w.finish()?)
 }
 
+/// The task's files: the training pairs and both held-out sets.
+fn write_task(
+    writer: &DatasetWriter,
+    split: &EdgeSplit,
+    negatives: u32,
+    offsets: (u32, u32),
+) -> Result<()> {
+    write_pairs(
+        &writer.path(&layout::link("train_seeds")),
+        &split.train_pairs,
+        offsets,
+    )?;
+    for (name, held) in [("valid", &split.valid), ("test", &split.test)] {
+        write_held(writer, name, held, negatives, offsets)?;
+    }
+    Ok(())
+}
+
 /// A held-out set as GraphBolt lays it out: each positive, then its
 /// negatives, with their labels (1, then 0s) and the positive's index.
-fn write_held(writer: &DatasetWriter, name: &str, held: &Held, negatives: u32) -> Result<()> {
+fn write_held(
+    writer: &DatasetWriter,
+    name: &str,
+    held: &Held,
+    negatives: u32,
+    offsets: (u32, u32),
+) -> Result<()> {
     let k = negatives as usize;
     let mut seeds = Vec::with_capacity(held.pairs.len() * (k + 1));
     let mut labels = Vec::with_capacity(seeds.capacity());
@@ -296,6 +515,7 @@ fn write_held(writer: &DatasetWriter, name: &str, held: &Held, negatives: u32) -
     write_pairs(
         &writer.path(&layout::link(&format!("{name}_seeds"))),
         &seeds,
+        offsets,
     )?;
     offgnn_shared::npy::write_i64(
         writer.path(&layout::link(&format!("{name}_labels"))),
@@ -308,27 +528,9 @@ fn write_held(writer: &DatasetWriter, name: &str, held: &Held, negatives: u32) -
     Ok(())
 }
 
-/// The output's feature file: the input's, hard-linked; copied where the
-/// two directories are on different filesystems (a dataset's files may not
-/// resolve outside its directory, so a symbolic link would not do).
-fn link_features(from: &Path, to: &Path) -> Result<()> {
-    if std::fs::hard_link(from, to).is_ok() {
-        return Ok(());
-    }
-    let bytes = std::fs::metadata(from)
-        .map_err(|e| offgnn_shared::Error::io(from, e))?
-        .len();
-    tracing::info!(
-        "copying the features ({}): --out is on another filesystem than {}, so they cannot be hard-linked",
-        offgnn_shared::report::human_bytes(bytes),
-        from.display()
-    );
-    std::fs::copy(from, to).map_err(|e| offgnn_shared::Error::io(to, e))?;
-    Ok(())
-}
-
-/// The `link_prediction` task's entry in metadata.yaml.
-fn link_task() -> TaskMeta {
+/// The `link_prediction` task's entry in metadata.yaml; on a typed graph
+/// each set names `relation`.
+fn link_task(relation: Option<&str>) -> TaskMeta {
     let data = |name: &str, file: &str| SetDataMeta {
         name: name.into(),
         format: "numpy".into(),
@@ -337,7 +539,7 @@ fn link_task() -> TaskMeta {
     };
     let held = |set: &str| {
         Some(vec![SetMeta {
-            node_type: None,
+            node_type: relation.map(String::from),
             data: vec![
                 data("seeds", &format!("{set}_seeds")),
                 data("labels", &format!("{set}_labels")),
@@ -349,7 +551,7 @@ fn link_task() -> TaskMeta {
         name: "link_prediction".into(),
         num_classes: Some(2),
         train_set: Some(vec![SetMeta {
-            node_type: None,
+            node_type: relation.map(String::from),
             data: vec![data("seeds", "train_seeds")],
         }]),
         validation_set: held("valid"),
@@ -367,6 +569,8 @@ mod tests {
             test,
             negatives,
             seed,
+            relation: None,
+            reverse: None,
         }
     }
 
@@ -387,7 +591,7 @@ mod tests {
     #[test]
     fn held_out_pairs_leave_the_training_graph_both_ways_and_the_sets_are_disjoint() {
         let edges = graph();
-        let s = split_edges(&edges, 200, &cfg(0.1, 0.2, 5, 7));
+        let s = split_edges(&edges, 0..200, &cfg(0.1, 0.2, 5, 7));
         let pairs = |v: &[(u32, u32)]| -> std::collections::BTreeSet<u64> {
             v.iter().map(|&(u, w)| key(u, w)).collect()
         };
@@ -428,9 +632,9 @@ mod tests {
             }
         }
         // The same seed, the same split; another seed, another.
-        assert_eq!(split_edges(&edges, 200, &cfg(0.1, 0.2, 5, 7)), s);
+        assert_eq!(split_edges(&edges, 0..200, &cfg(0.1, 0.2, 5, 7)), s);
         assert_ne!(
-            split_edges(&edges, 200, &cfg(0.1, 0.2, 5, 8)).valid,
+            split_edges(&edges, 0..200, &cfg(0.1, 0.2, 5, 8)).valid,
             s.valid
         );
     }

@@ -112,6 +112,7 @@ impl Input<'_> {
                 node_types: Vec::new(),
                 relations: Vec::new(),
                 target_type: String::new(),
+                link_relation: String::new(),
             },
             Input::Typed(ds) => {
                 let mut node_types = Vec::with_capacity(ds.node_types.len());
@@ -142,6 +143,7 @@ impl Input<'_> {
                     graph_edges: graph.num_edges(),
                     relations: ds.relations.iter().map(|r| r.name.clone()).collect(),
                     target_type: target.name.clone(),
+                    link_relation: String::new(),
                     node_types,
                 }
             }

@@ -13,37 +13,47 @@
 //! Negatives are drawn uniformly, or in proportion to degree^0.75
 //! (word2vec's unigram^0.75, as DGL's and PyG's link-prediction examples
 //! offer for graphs where popular nodes are the hard negatives).
+//!
+//! On a typed graph the pairs are of one relation `src:relation:dst`
+//! (homogenized ids), negatives are nodes of `dst` (by their in-degree
+//! over that relation), the blocks are typed ([`sample_typed_blocks`]),
+//! and exclusion removes a positive pair's edges over every relation that
+//! joins its two nodes, the reverse relation's among them.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 
 use offgnn_shared::samples::{Block, Pairs};
 use rand::Rng;
 
 use crate::neighbor_sampling::{Scratch, sample_blocks};
 use crate::topology::Csr;
+use crate::typed_sampling::{RelationFanouts, TypedGraph, sample_typed_blocks};
 
-/// How a negative's destination is drawn.
+/// How a negative's destination is drawn, among the nodes `first..` (the
+/// destination type's homogenized ids on a typed graph).
 #[derive(Debug)]
 pub enum NegativeSampler {
     Uniform {
-        num_nodes: u32,
+        nodes: Range<u32>,
     },
-    /// Node `v` with probability `degree(v)^0.75 / Σ`, by the running sums
-    /// of those weights.
+    /// Node `first + i` with probability `degree(i)^0.75 / Σ`, by the
+    /// running sums of those weights.
     Degree {
+        first: u32,
         cumulative: Vec<f64>,
     },
 }
 
 impl NegativeSampler {
-    pub fn uniform(num_nodes: u32) -> Self {
-        NegativeSampler::Uniform { num_nodes }
+    pub fn uniform(nodes: Range<u32>) -> Self {
+        NegativeSampler::Uniform { nodes }
     }
 
-    /// Weights `degree^0.75` of `csr`'s nodes (their in-degree: the
+    /// Weights `degree^0.75` of `csr`'s rows (their in-degree: the
     /// neighbours a node aggregates, the graph's degree where it stores
-    /// each edge both ways).
-    pub fn by_degree(csr: &Csr) -> Self {
+    /// each edge both ways), row `i` being node `first + i`.
+    pub fn by_degree(csr: &Csr, first: u32) -> Self {
         let mut total = 0.0;
         let cumulative = (0..csr.num_nodes() as u32)
             .map(|v| {
@@ -51,22 +61,45 @@ impl NegativeSampler {
                 total
             })
             .collect();
-        NegativeSampler::Degree { cumulative }
+        NegativeSampler::Degree { first, cumulative }
     }
 
     /// One node. A graph without edges draws uniformly.
     pub fn draw(&self, rng: &mut impl Rng) -> u32 {
         match self {
-            NegativeSampler::Uniform { num_nodes } => rng.random_range(0..*num_nodes),
-            NegativeSampler::Degree { cumulative } => {
+            NegativeSampler::Uniform { nodes } => rng.random_range(nodes.clone()),
+            NegativeSampler::Degree { first, cumulative } => {
                 let total = cumulative.last().copied().unwrap_or(0.0);
                 if total <= 0.0 {
-                    return rng.random_range(0..cumulative.len().max(1) as u32);
+                    return first + rng.random_range(0..cumulative.len().max(1) as u32);
                 }
                 let x = rng.random::<f64>() * total;
                 let i = cumulative.partition_point(|&c| c <= x);
-                i.min(cumulative.len() - 1) as u32
+                first + i.min(cumulative.len() - 1) as u32
             }
+        }
+    }
+}
+
+/// The graph a link batch's blocks are sampled from, with its fan-outs.
+#[derive(Clone, Copy)]
+pub enum BlockSource<'a> {
+    /// One edge type: neighbours per layer, input layer first.
+    Plain(&'a Csr, &'a [usize]),
+    Typed(&'a TypedGraph, &'a RelationFanouts),
+}
+
+impl BlockSource<'_> {
+    /// The input nodes (`seeds` first) and blocks around `seeds`.
+    fn sample(
+        self,
+        seeds: &[u32],
+        rng: &mut impl Rng,
+        scratch: &mut Scratch,
+    ) -> (Vec<u32>, Vec<Block>) {
+        match self {
+            BlockSource::Plain(csr, fanouts) => sample_blocks(csr, fanouts, seeds, rng, scratch),
+            BlockSource::Typed(g, fanouts) => sample_typed_blocks(g, fanouts, seeds, rng, scratch),
         }
     }
 }
@@ -94,9 +127,7 @@ pub(crate) fn pair_key(u: u32, v: u32) -> u64 {
 
 /// How link-prediction training batches are sampled from a graph.
 pub struct LinkSampler<'a> {
-    pub csr: &'a Csr,
-    /// Neighbours per layer, input layer first.
-    pub fanouts: &'a [usize],
+    pub graph: BlockSource<'a>,
     /// Negatives per positive pair.
     pub k: usize,
     pub negatives: NegativeSampler,
@@ -123,16 +154,15 @@ impl LinkSampler<'_> {
             }
         }
         let exclude = self.exclude.then_some(pairs);
-        sample_rows(self.csr, self.fanouts, &rows, exclude, rng, scratch)
+        sample_rows(self.graph, &rows, exclude, rng, scratch)
     }
 }
 
 /// The batch of `rows` (`(pair, label, query)`, global ids): the blocks of
-/// `fanouts` around every distinct endpoint, without any sampled edge
+/// `graph` around every distinct endpoint, without any sampled edge
 /// between the two nodes of a pair of `exclude`.
 pub fn sample_rows(
-    csr: &Csr,
-    fanouts: &[usize],
+    graph: BlockSource,
     rows: &[((u32, u32), u32, u32)],
     exclude: Option<&[(u32, u32)]>,
     rng: &mut impl Rng,
@@ -152,7 +182,7 @@ pub fn sample_rows(
         let lv = id(v, &mut seeds);
         pairs.push((lu, lv), label, query);
     }
-    let (nodes, mut blocks) = sample_blocks(csr, fanouts, &seeds, rng, scratch);
+    let (nodes, mut blocks) = graph.sample(&seeds, rng, scratch);
     let mut excluded = 0u64;
     if let Some(exclude) = exclude {
         let banned: HashSet<u64> = exclude
@@ -161,18 +191,9 @@ pub fn sample_rows(
             .map(|&(u, v)| pair_key(u, v))
             .collect();
         for b in &mut blocks {
-            let before = b.src.len();
-            let (src, dst): (Vec<u32>, Vec<u32>) = b
-                .src
-                .iter()
-                .zip(&b.dst)
-                .filter(|&(&s, &d)| {
-                    !banned.contains(&pair_key(nodes[s as usize], nodes[d as usize]))
-                })
-                .map(|(&s, &d)| (s, d))
-                .unzip();
-            excluded += (before - src.len()) as u64;
-            (b.src, b.dst) = (src, dst);
+            excluded += remove_edges(b, |s, d| {
+                banned.contains(&pair_key(nodes[s as usize], nodes[d as usize]))
+            });
         }
     }
     LinkBatch {
@@ -182,6 +203,35 @@ pub fn sample_rows(
         pairs,
         excluded,
     }
+}
+
+/// Removes the edges of `b` that `banned` says (by local source and
+/// destination), keeping each relation's run (a typed block's
+/// [`Block::relations`]) in place; returns how many went.
+fn remove_edges(b: &mut Block, banned: impl Fn(u32, u32) -> bool) -> u64 {
+    let runs: Vec<usize> = match b.relations.as_slice() {
+        [] => vec![0, b.src.len()],
+        offsets => offsets.iter().map(|&o| o as usize).collect(),
+    };
+    let before = b.src.len();
+    let (mut src, mut dst) = (Vec::with_capacity(before), Vec::with_capacity(before));
+    let mut relations = Vec::with_capacity(runs.len());
+    relations.push(0u32);
+    for run in runs.windows(2) {
+        for i in run[0]..run[1] {
+            let (s, d) = (b.src[i], b.dst[i]);
+            if !banned(s, d) {
+                src.push(s);
+                dst.push(d);
+            }
+        }
+        relations.push(src.len() as u32);
+    }
+    if !b.relations.is_empty() {
+        b.relations = relations;
+    }
+    (b.src, b.dst) = (src, dst);
+    (before - b.src.len()) as u64
 }
 
 #[cfg(test)]
@@ -245,10 +295,9 @@ mod tests {
             let sample = |exclude: bool, scratch: &mut Scratch| {
                 let mut rng = batch_rng(7, Split::Train, 0, index);
                 let sampler = LinkSampler {
-                    csr: &csr,
-                    fanouts: &[3, 3],
+                    graph: BlockSource::Plain(&csr, &[3, 3]),
                     k: 4,
-                    negatives: NegativeSampler::uniform(400),
+                    negatives: NegativeSampler::uniform(0..400),
                     exclude,
                 };
                 sampler.sample(&batch, &mut rng, scratch)
@@ -286,7 +335,7 @@ mod tests {
     #[test]
     fn degree_negatives_follow_degree_to_the_three_quarters() {
         let (csr, _) = graph(400);
-        let sampler = NegativeSampler::by_degree(&csr);
+        let sampler = NegativeSampler::by_degree(&csr, 0);
         let weights: Vec<f64> = (0..400)
             .map(|v| (csr.degree(v) as f64).powf(0.75))
             .collect();
@@ -320,8 +369,81 @@ mod tests {
             .sum();
         assert!(chi2 < 500.0, "chi-square {chi2}");
         // Uniform draws would put a hub at a ring node's rate: far off.
-        let uniform = NegativeSampler::uniform(400);
+        let uniform = NegativeSampler::uniform(0..400);
         let hub = (0..draws).filter(|_| uniform.draw(&mut rng) == 0).count() as f64;
         assert!(hub < 0.5 * draws as f64 * weights[0] / total);
+    }
+
+    #[test]
+    fn a_typed_batch_loses_its_pairs_edges_over_every_relation_and_keeps_its_relation_runs() {
+        use crate::synthetic::{GeneratorConfig, TypedFeatures, generate_typed};
+        use crate::typed_sampling::{RelationFanouts, TypedGraph};
+        use offgnn_shared::dataset::TypedDataset;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("igbh");
+        let cfg = GeneratorConfig {
+            num_nodes: 2_000,
+            feature_dim: 4,
+            ..GeneratorConfig::default()
+        };
+        generate_typed(&out, &cfg, &TypedFeatures::default(), false, false).unwrap();
+        let ds = TypedDataset::open(&out).unwrap();
+        let g = TypedGraph::from_dataset(&ds, true, |_| {}).unwrap();
+        let names: Vec<String> = ds.relations.iter().map(|r| r.name.clone()).collect();
+        let fanouts = RelationFanouts::parse(&["4,4".to_string()], &names).unwrap();
+        let r = names
+            .iter()
+            .position(|n| n == "paper:written_by:author")
+            .unwrap();
+        let rel = &g.relations[r];
+        let (src_base, dst_base) = (g.offsets[rel.src] as u32, g.offsets[rel.dst] as u32);
+        // Pairs (paper, author) of the relation: each author row's papers.
+        let pairs: Vec<(u32, u32)> = (0..rel.csr.num_nodes() as u32)
+            .flat_map(|a| {
+                rel.csr
+                    .neighbors(a)
+                    .iter()
+                    .map(move |&p| (p + src_base, a + dst_base))
+            })
+            .step_by(7)
+            .take(24)
+            .collect();
+        assert_eq!(pairs.len(), 24);
+        let mut scratch = Scratch::new(g.num_nodes());
+        let authors = dst_base..g.offsets[rel.dst + 1] as u32;
+        let sample = |exclude: bool, scratch: &mut Scratch| {
+            let sampler = LinkSampler {
+                graph: BlockSource::Typed(&g, &fanouts),
+                k: 2,
+                negatives: NegativeSampler::uniform(authors.clone()),
+                exclude,
+            };
+            sampler.sample(&pairs, &mut batch_rng(5, Split::Train, 0, 0), scratch)
+        };
+        let with = sample(true, &mut scratch);
+        let without = sample(false, &mut scratch);
+        assert_eq!(leaks(&with, &pairs), 0);
+        // Each positive is one edge of the relation and one of its reverse
+        // at least, in the first layer's blocks around the endpoints.
+        assert!(leaks(&without, &pairs) >= 24, "{}", leaks(&without, &pairs));
+        assert_eq!(with.excluded as usize, leaks(&without, &pairs));
+        // Negatives are authors; every run still holds only its relation's
+        // edges, its destinations in order.
+        let p = &with.pairs;
+        for row in 0..p.len() {
+            assert!(authors.contains(&with.seeds[p.dst[row] as usize]));
+        }
+        for b in &with.blocks {
+            assert_eq!(b.relations.len(), g.relations.len() + 1);
+            assert_eq!(*b.relations.last().unwrap() as usize, b.src.len());
+            for (r, rel) in g.relations.iter().enumerate() {
+                let run = b.relations[r] as usize..b.relations[r + 1] as usize;
+                assert!(b.dst[run.clone()].is_sorted());
+                for i in run {
+                    let (s, d) = (with.nodes[b.src[i] as usize], with.nodes[b.dst[i] as usize]);
+                    assert_eq!((g.type_of(s), g.type_of(d)), (rel.src, rel.dst));
+                }
+            }
+        }
     }
 }

@@ -22,10 +22,10 @@ use offgnn_shared::store::Store;
 use rayon::prelude::*;
 
 use crate::batches::{Links, Task, Unit};
-use crate::config::{NegativeKind, SampleConfig};
+use crate::config::{LinkOptions, NegativeKind, SampleConfig};
 use crate::error::{Error, Result};
 use crate::input::{Graph, Input};
-use crate::link_sampling::{LinkSampler, NegativeSampler};
+use crate::link_sampling::{BlockSource, LinkSampler, NegativeSampler};
 use crate::memory::MemoryEstimate;
 use crate::neighbor_sampling::Scratch;
 use crate::parquet_out::{Encoded, Encoder};
@@ -187,11 +187,6 @@ pub fn run_typed_in(cfg: &SampleConfig, ds: &TypedDataset, store: &Store) -> Res
             ds.relations.len()
         )));
     }
-    if cfg.link.is_some() {
-        return Err(Error::InvalidArgument(
-            "--task link: typed graphs are sampled for node classification only so far".into(),
-        ));
-    }
     run_input(cfg, Input::Typed(ds), store)
 }
 
@@ -199,14 +194,20 @@ fn run_input(cfg: &SampleConfig, input: Input, store: &Store) -> Result<Outcome>
     cfg.validate()?;
     let started = Instant::now();
     let previous = check_output(store, cfg)?;
-    let link_task = match (&cfg.link, input) {
-        (Some(_), Input::Plain(ds)) => Some(LinkTask::open(&ds.root, ds.num_nodes)?.ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "--task link: {} has no link_prediction task (sampler split-edges writes one from the graph)",
-                ds.root.display()
-            ))
-        })?),
-        _ => None,
+    let link_task = match cfg.link {
+        None => None,
+        Some(_) => {
+            let task = match input {
+                Input::Plain(ds) => LinkTask::open(&ds.root, ds.num_nodes)?,
+                Input::Typed(ds) => LinkTask::open_typed(ds)?,
+            };
+            Some(task.ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "--task link: {} has no link_prediction task (sampler split-edges writes one from the graph)",
+                    input.root().display()
+                ))
+            })?)
+        }
     };
     let memory = state_memory(&input.shape(cfg), cfg, link_task.as_ref())?;
     let pool = rayon::ThreadPoolBuilder::new()
@@ -234,26 +235,18 @@ fn run_input(cfg: &SampleConfig, input: Input, store: &Store) -> Result<Outcome>
     };
     let lease = Lease::take(store, &lease_name, &run_id)?;
     let leftovers_removed = lease::sweep(store, &SAMPLER_RUNS, &lease);
-    let dataset = input.info(&graph)?;
-
+    let mut dataset = input.info(&graph)?;
+    if let (Input::Typed(ds), Some(r)) = (input, link_task.as_ref().and_then(|t| t.relation)) {
+        dataset.link_relation = ds.relations[r].name.clone();
+    }
     let task = Task {
         input,
         links: link_task
             .as_ref()
             .zip(cfg.link.as_ref())
-            .zip(graph.plain())
-            .map(|((task, o), csr)| Links {
+            .map(|(task, o)| Links {
                 task,
-                sampler: LinkSampler {
-                    csr,
-                    fanouts: &cfg.fanouts,
-                    k: o.negatives as usize,
-                    negatives: match o.sampler {
-                        NegativeKind::Uniform => NegativeSampler::uniform(csr.num_nodes() as u32),
-                        NegativeKind::Degree => NegativeSampler::by_degree(csr),
-                    },
-                    exclude: true,
-                },
+                sampler: link_sampler(&graph, &cfg.fanouts, task, o),
             }),
     };
     let units = task.plan(cfg, true);
@@ -296,6 +289,45 @@ fn run_input(cfg: &SampleConfig, input: Input, store: &Store) -> Result<Outcome>
         memory,
         leftovers_removed,
     })
+}
+
+/// How the run's training pairs are sampled: `fanouts` on a graph of one
+/// edge type; negatives among all nodes, or the predicted relation's
+/// destination type, by `o.sampler`.
+fn link_sampler<'a>(
+    graph: &'a Graph,
+    fanouts: &'a [usize],
+    task: &LinkTask,
+    o: &LinkOptions,
+) -> LinkSampler<'a> {
+    let (source, negatives) = match graph {
+        Graph::Plain(csr) => (
+            BlockSource::Plain(csr, fanouts),
+            match o.sampler {
+                NegativeKind::Uniform => NegativeSampler::uniform(0..csr.num_nodes() as u32),
+                NegativeKind::Degree => NegativeSampler::by_degree(csr, 0),
+            },
+        ),
+        Graph::Typed(g, fanouts) => {
+            let rel = &g.relations[task.relation.expect("a typed graph's task has a relation")];
+            let first = g.offsets[rel.dst] as u32;
+            (
+                BlockSource::Typed(g, fanouts),
+                match o.sampler {
+                    NegativeKind::Uniform => {
+                        NegativeSampler::uniform(first..g.offsets[rel.dst + 1] as u32)
+                    }
+                    NegativeKind::Degree => NegativeSampler::by_degree(&rel.csr, first),
+                },
+            )
+        }
+    };
+    LinkSampler {
+        graph: source,
+        k: o.negatives as usize,
+        negatives,
+        exclude: true,
+    }
 }
 
 /// The run committed at the output before, if any. Refuses a committed run

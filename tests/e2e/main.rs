@@ -21,3 +21,4 @@ mod signals;
 mod slurm;
 mod trainer;
 mod typed;
+mod typed_link;

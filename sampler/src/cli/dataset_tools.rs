@@ -176,6 +176,8 @@ pub fn split_edges(args: &SplitEdgesArgs) -> anyhow::Result<()> {
         test: args.test,
         negatives: args.negatives,
         seed: args.seed,
+        relation: args.relation.clone(),
+        reverse: args.reverse.clone(),
     };
     let s = crate::edge_split::split_dataset(&args.dataset, &args.out, &cfg, args.overwrite, true)
         .with_context(|| format!("splitting the edges of {}", args.dataset.display()))?;
@@ -187,6 +189,14 @@ pub fn split_edges(args: &SplitEdgesArgs) -> anyhow::Result<()> {
         ),
         &[
             ("nodes", s.num_nodes.to_string()),
+            (
+                "relation",
+                match (&s.relation, &s.reverse) {
+                    (None, _) => "the graph's one edge type".into(),
+                    (Some(r), None) => format!("{r} (no reverse relation)"),
+                    (Some(r), Some(rev)) => format!("{r}, and its reverse {rev}"),
+                },
+            ),
             (
                 "edges",
                 format!("{} stored, {} left to train on", s.edges, s.train_edges),

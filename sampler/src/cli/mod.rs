@@ -302,6 +302,15 @@ pub struct SplitEdgesArgs {
     pub negatives: u32,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Typed graphs: the relation `src:relation:dst` whose edges are split
+    /// and predicted.
+    #[arg(long)]
+    pub relation: Option<String>,
+    /// Typed graphs: the relation that stores --relation's edges the other
+    /// way, whose copies of the held-out pairs go too (default:
+    /// `dst:rev_relation:src` where the graph has it).
+    #[arg(long)]
+    pub reverse: Option<String>,
     #[arg(long)]
     pub overwrite: bool,
 }

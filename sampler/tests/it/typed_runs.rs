@@ -172,7 +172,7 @@ fn typed_fanouts_and_tasks_are_checked_in_one_line() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("a graph of one edge type takes one list"), "{e}");
-    // Link prediction over typed graphs is not sampled yet.
+    // Link prediction needs the dataset's link task, typed or not.
     let cfg = SampleConfig {
         link: Some(sampler::config::LinkOptions {
             negatives: 1,
@@ -182,7 +182,7 @@ fn typed_fanouts_and_tasks_are_checked_in_one_line() {
     };
     let e = run(&cfg).unwrap_err().to_string();
     assert!(
-        e.contains("typed graphs are sampled for node classification only"),
+        e.contains("has no link_prediction task (sampler split-edges writes one"),
         "{e}"
     );
 }

@@ -3,11 +3,17 @@
 //! `seeds`, `labels` (1 a true edge, 0 a negative) and `indexes` (the
 //! query each row belongs to). Each evaluation query must hold one positive
 //! and at least one negative: MRR and Hits@K rank the positive among them.
+//!
+//! On a typed graph every set is of one relation `src:relation:dst` (its
+//! `type`, as GraphBolt's heterogeneous link tasks name it), the pairs in
+//! type-local ids (a source of `src`, a destination of `dst`); they are held
+//! here in homogenized ids, as the typed dataset holds its seeds.
 
 use std::path::Path;
 
 use super::checks::{require_integer, resolve};
 use super::metadata::{METADATA_FILE, Metadata, SetMeta, read_metadata};
+use super::typed::TypedDataset;
 use crate::error::{Error, Result};
 use crate::npy::NpyFile;
 
@@ -33,6 +39,16 @@ pub struct LinkTask {
     pub train: PairSet,
     pub valid: RankedSet,
     pub test: RankedSet,
+    /// On a typed graph, the relation whose edges are predicted (an index
+    /// into [`TypedDataset::relations`]).
+    pub relation: Option<usize>,
+}
+
+/// Where a set's pairs may point: each side's first homogenized id and
+/// node count, and how to name its type in an error.
+struct Ends {
+    src: (u64, u64, String),
+    dst: (u64, u64, String),
 }
 
 impl LinkTask {
@@ -40,24 +56,94 @@ impl LinkTask {
     /// nodes), or `None` if it has none. Each fault is one error naming
     /// its file.
     pub fn open(root: &Path, num_nodes: u64) -> Result<Option<LinkTask>> {
+        let everyone = || (0, num_nodes, String::new());
+        Self::open_with(root, |meta_path, set, entry| {
+            if entry.node_type.is_some() {
+                return Err(Error::dataset(
+                    meta_path,
+                    format!("link_prediction's {set} is typed, but the graph has one node type"),
+                ));
+            }
+            Ok((
+                None,
+                Ends {
+                    src: everyone(),
+                    dst: everyone(),
+                },
+            ))
+        })
+    }
+
+    /// The `link_prediction` task of the typed dataset `ds`, or `None` if
+    /// it has none: every set of one relation of its graph.
+    pub fn open_typed(ds: &TypedDataset) -> Result<Option<LinkTask>> {
+        let ends = |t: usize| {
+            let n = &ds.node_types[t];
+            (n.offset, n.num, format!(" of type '{}'", n.name))
+        };
+        let mut relation: Option<usize> = None;
+        Self::open_with(&ds.root, |meta_path, set, entry| {
+            let bad = |fault: String| {
+                Error::dataset(meta_path, format!("link_prediction's {set} {fault}"))
+            };
+            let name = entry.node_type.as_deref().ok_or_else(|| {
+                bad("names no relation; on a typed graph each set's type is the relation 'src:relation:dst' it predicts".into())
+            })?;
+            let r = ds
+                .relations
+                .iter()
+                .position(|r| r.name == name)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "is of relation '{name}', which is not in graph.edges (the graph's are {})",
+                        ds.relations
+                            .iter()
+                            .map(|r| r.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?;
+            if let Some(first) = relation
+                && first != r
+            {
+                return Err(bad(format!(
+                    "is of relation '{name}' but train_set of '{}': the sets of one task predict one relation",
+                    ds.relations[first].name
+                )));
+            }
+            relation = Some(r);
+            let rel = &ds.relations[r];
+            Ok((
+                Some(r),
+                Ends {
+                    src: ends(rel.src),
+                    dst: ends(rel.dst),
+                },
+            ))
+        })
+    }
+
+    /// The task, each set's entry checked by `ends` (which says the pairs'
+    /// relation and where they may point).
+    fn open_with(
+        root: &Path,
+        mut ends: impl FnMut(&Path, &str, &SetMeta) -> Result<(Option<usize>, Ends)>,
+    ) -> Result<Option<LinkTask>> {
         let meta_path = root.join(METADATA_FILE);
         let meta: Metadata = read_metadata(&meta_path)?;
         let Some(task) = meta.tasks.iter().find(|t| t.name == "link_prediction") else {
             return Ok(None);
         };
         let bad = |fault: String| Error::dataset(&meta_path, fault);
-        let set = |name: &str, set: &Option<Vec<SetMeta>>| -> Result<Vec<(String, NpyFile)>> {
+        type Files = (Vec<(String, NpyFile)>, Ends);
+        let mut relation = None;
+        let mut set = |name: &str, set: &Option<Vec<SetMeta>>| -> Result<Files> {
             let Some([entry]) = set.as_deref() else {
-                return Err(bad(format!(
-                    "link_prediction has no {name} of one untyped entry"
-                )));
+                return Err(bad(format!("link_prediction has no {name} of one entry")));
             };
-            if entry.node_type.is_some() {
-                return Err(bad(format!(
-                    "link_prediction's {name} is typed: only homogeneous graphs are supported"
-                )));
-            }
-            entry
+            let (r, ends) = ends(&meta_path, name, entry)?;
+            relation = r;
+            let files = entry
                 .data
                 .iter()
                 .map(|d| {
@@ -65,7 +151,8 @@ impl LinkTask {
                     require_integer(&f)?;
                     Ok((d.name.clone(), f))
                 })
-                .collect()
+                .collect::<Result<_>>()?;
+            Ok((files, ends))
         };
         let find = |files: &[(String, NpyFile)], set: &str, name: &str| -> Result<Vec<u64>> {
             let (_, f) = files
@@ -74,7 +161,7 @@ impl LinkTask {
                 .ok_or_else(|| bad(format!("link_prediction's {set} has no '{name}' data")))?;
             f.read_all_u64()
         };
-        let pairs_of = |files: &[(String, NpyFile)], set: &str| -> Result<Vec<(u32, u32)>> {
+        let pairs_of = |(files, ends): &Files, set: &str| -> Result<Vec<(u32, u32)>> {
             let (_, f) = files
                 .iter()
                 .find(|(n, _)| n == "seeds")
@@ -86,31 +173,42 @@ impl LinkTask {
                 ));
             }
             let ids = f.read_all_u64()?;
-            if let Some((i, &v)) = ids.iter().enumerate().find(|(_, v)| **v >= num_nodes) {
-                return Err(Error::npy(
-                    f.path(),
-                    format!(
-                        "pair {} holds node {v}, out of range for {num_nodes} nodes",
-                        i / 2
-                    ),
-                ));
+            for (i, &v) in ids.iter().enumerate() {
+                let (_, num, of_type) = if i % 2 == 0 { &ends.src } else { &ends.dst };
+                if v >= *num {
+                    return Err(Error::npy(
+                        f.path(),
+                        format!(
+                            "pair {} holds node {v}, out of range for {num} nodes{of_type}",
+                            i / 2
+                        ),
+                    ));
+                }
             }
-            Ok(ids.chunks(2).map(|p| (p[0] as u32, p[1] as u32)).collect())
+            Ok(ids
+                .chunks(2)
+                .map(|p| ((p[0] + ends.src.0) as u32, (p[1] + ends.dst.0) as u32))
+                .collect())
         };
         let train = set("train_set", &task.train_set)?;
         let train = PairSet {
             pairs: pairs_of(&train, "train_set")?,
         };
-        let ranked = |name: &str, s: &Option<Vec<SetMeta>>| -> Result<RankedSet> {
+        let mut ranked = |name: &str, s: &Option<Vec<SetMeta>>| -> Result<RankedSet> {
             let files = set(name, s)?;
             let pairs = pairs_of(&files, name)?;
-            let labels = find(&files, name, "labels")?;
-            let indexes = find(&files, name, "indexes")?;
+            let labels = find(&files.0, name, "labels")?;
+            let indexes = find(&files.0, name, "indexes")?;
             ranked_set(&meta_path, name, &pairs, &labels, &indexes)
         };
         let valid = ranked("validation_set", &task.validation_set)?;
         let test = ranked("test_set", &task.test_set)?;
-        Ok(Some(LinkTask { train, valid, test }))
+        Ok(Some(LinkTask {
+            train,
+            valid,
+            test,
+            relation,
+        }))
     }
 }
 

@@ -61,6 +61,10 @@ pub struct DatasetInfo {
     /// type).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub target_type: String,
+    /// A typed graph's link-prediction run: the relation whose pairs it
+    /// scores (empty otherwise).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub link_relation: String,
 }
 
 /// One node type of a typed graph.

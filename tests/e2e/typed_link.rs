@@ -1,0 +1,222 @@
+//! Link prediction on a typed graph (issues 36 and 38): one relation split
+//! into a GraphBolt heterogeneous link task, and its training pairs
+//! sampled with typed blocks that never hold the pairs' own edges, over
+//! the relation or its reverse.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use offgnn_e2e::{assert_one_line, run};
+use offgnn_shared::dataset::{LinkTask, Split, TypedDataset};
+use offgnn_shared::npy::NpyFile;
+use offgnn_shared::samples::{RunSummary, SampledBatch, read_file};
+
+const RELATION: &str = "paper:written_by:author";
+const REVERSE: &str = "author:rev_written_by:paper";
+
+fn read(path: &Path) -> Vec<u64> {
+    NpyFile::open(path).unwrap().read_all_u64().unwrap()
+}
+
+/// A relation's edges as (source, destination) pairs, type-local.
+fn edges(ds: &Path, relation: &str) -> HashSet<(u64, u64)> {
+    let e = read(&ds.join(format!("edges/{}.npy", relation.replace(':', "__"))));
+    let n = e.len() / 2;
+    (0..n).map(|i| (e[i], e[n + i])).collect()
+}
+
+fn batches(out: &Path) -> (RunSummary, Vec<SampledBatch>) {
+    let store = offgnn_shared::store::Store::open(out.to_str().unwrap()).unwrap();
+    let run = RunSummary::read(&store).unwrap();
+    let batches = run
+        .files
+        .iter()
+        .flat_map(|f| read_file(&store, f).unwrap())
+        .collect();
+    (run, batches)
+}
+
+#[test]
+fn a_typed_relation_splits_into_a_link_task_and_samples_without_its_own_edges() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let ds = path("igbh");
+    let r = run(
+        "sampler",
+        &[
+            "generate",
+            "--schema",
+            "igbh",
+            "--nodes",
+            "3000",
+            "--feature-dim",
+            "8",
+            "--out",
+            ds.to_str().unwrap(),
+        ],
+    );
+    assert!(r.status.success(), "{}", r.stderr);
+    let lp = path("lp");
+    let split = |extra: &[&str]| {
+        let mut args = vec![
+            "split-edges",
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            lp.to_str().unwrap(),
+            "--negatives",
+            "10",
+        ];
+        args.extend_from_slice(extra);
+        run("sampler", &args)
+    };
+    let r = split(&["--relation", RELATION]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let s = r.json()["summary"].clone();
+    assert_eq!(s["relation"], RELATION, "{s}");
+    assert_eq!(s["reverse"], REVERSE, "{s}");
+
+    // The held-out pairs left the relation and its reverse; the other
+    // relations' files are the input's.
+    let task_ds = TypedDataset::open(&lp).unwrap();
+    let task = LinkTask::open_typed(&task_ds).unwrap().unwrap();
+    let rel = task.relation.expect("a typed task's relation");
+    assert_eq!(task_ds.relations[rel].name, RELATION);
+    let (paper, author) = (
+        task_ds.node_type("paper").unwrap(),
+        task_ds.node_type("author").unwrap(),
+    );
+    let local = |(u, v): (u32, u32)| {
+        (
+            u64::from(u) - task_ds.node_types[paper].offset,
+            u64::from(v) - task_ds.node_types[author].offset,
+        )
+    };
+    let (forward, backward) = (edges(&lp, RELATION), edges(&lp, REVERSE));
+    let held: Vec<(u64, u64)> = (task.valid.positives.iter().chain(&task.test.positives))
+        .map(|&p| local(p))
+        .collect();
+    assert_eq!(
+        held.len() as u64,
+        s["valid_pairs"].as_u64().unwrap() + s["test_pairs"].as_u64().unwrap()
+    );
+    let input = edges(&ds, RELATION);
+    for &(p, a) in &held {
+        assert!(
+            input.contains(&(p, a)),
+            "({p}, {a}) is an edge of the input"
+        );
+        assert!(
+            !forward.contains(&(p, a)) && !backward.contains(&(a, p)),
+            "({p}, {a}) held out"
+        );
+    }
+    assert_eq!(forward.len(), input.len() - held.len());
+    let cites = "paper__cites__paper.npy";
+    assert_eq!(
+        std::fs::read(lp.join("edges").join(cites)).unwrap(),
+        std::fs::read(ds.join("edges").join(cites)).unwrap()
+    );
+    // Evaluation negatives are authors; training pairs the rest of the
+    // relation, in type-local ids in the files.
+    let papers = task_ds.node_types[paper].offset..task_ds.node_types[author].offset;
+    let authors = task_ds.node_types[author].offset
+        ..task_ds.node_types[author].offset + task_ds.node_types[author].num;
+    for &(u, v) in task.valid.negatives.iter().chain(&task.test.negatives) {
+        assert!(papers.contains(&u64::from(u)) && authors.contains(&u64::from(v)));
+    }
+    let train = read(&lp.join("set/lp_train_seeds.npy"));
+    assert_eq!(train.len() / 2, task.train.pairs.len());
+    assert!(train.chunks(2).all(|p| forward.contains(&(p[0], p[1]))));
+
+    // Sampling: pairs of the relation, negatives of its destination type,
+    // typed blocks without the batch's positive edges in either direction.
+    let sample = |out: &str, extra: &[&str]| {
+        let out = path(out);
+        let mut flags = vec!["--task", "link", "--negatives", "3", "--fanout", "4,3"];
+        flags.extend_from_slice(&["--batch-size", "64", "--epochs", "2"]);
+        flags.extend_from_slice(extra);
+        offgnn_e2e::sample(&lp, &out, &flags);
+        out
+    };
+    let out = sample("samples", &[]);
+    let (summary, all) = batches(&out);
+    assert_eq!(summary.dataset.link_relation, RELATION);
+    assert_eq!(summary.dataset.relations.len(), task_ds.relations.len());
+    let key = |u: u32, v: u32| (u.min(v), u.max(v));
+    let (mut pairs, mut queries) = (0, 0);
+    for b in &all {
+        let p = &b.pairs;
+        let global = |r: usize| (b.seeds[p.src[r] as usize], b.seeds[p.dst[r] as usize]);
+        for r in 0..p.len() {
+            let (u, v) = global(r);
+            assert!(papers.contains(&u64::from(u)) && authors.contains(&u64::from(v)));
+        }
+        for block in &b.blocks {
+            assert_eq!(block.relations.len(), task_ds.relations.len() + 1);
+        }
+        if b.split != Split::Train {
+            queries += p.label.iter().sum::<u32>() as usize;
+            continue;
+        }
+        let positives: HashSet<(u32, u32)> = (0..p.len())
+            .filter(|&r| p.label[r] == 1)
+            .map(|r| key(global(r).0, global(r).1))
+            .collect();
+        pairs += positives.len();
+        for block in &b.blocks {
+            for (&s, &d) in block.src.iter().zip(&block.dst) {
+                let e = key(b.input_nodes[s as usize], b.input_nodes[d as usize]);
+                assert!(
+                    !positives.contains(&e),
+                    "batch {}: {e:?} in a block",
+                    b.index
+                );
+            }
+        }
+    }
+    assert_eq!(pairs, 2 * task.train.pairs.len());
+    assert_eq!(queries, held.len());
+    // Threads never change what is sampled.
+    let again = sample("again", &["--threads", "1"]);
+    assert_eq!(batches(&again).1, all);
+
+    // Bad input, one line each.
+    let none = path("none");
+    for (flags, says) in [
+        (vec![], "--relation names the relation to split"),
+        (vec!["--relation", "paper:likes:paper"], "no such relation"),
+        (
+            vec!["--relation", RELATION, "--reverse", "paper:cites:paper"],
+            "another relation from 'author' to 'paper'",
+        ),
+    ] {
+        let mut args = vec![
+            "split-edges",
+            "--dataset",
+            ds.to_str().unwrap(),
+            "--out",
+            none.to_str().unwrap(),
+        ];
+        args.extend(flags);
+        assert_one_line(&run("sampler", &args), says);
+        assert!(!none.exists());
+    }
+    // The packer says what it cannot pack yet.
+    let r = run(
+        "packer",
+        &[
+            "--samples",
+            out.to_str().unwrap(),
+            "--out",
+            none.to_str().unwrap(),
+            "--gpu-cache",
+            "8K",
+            "--cpu-cache",
+            "16K",
+            "--disk-budget",
+            "10x",
+        ],
+    );
+    assert_one_line(&r, "the packer packs typed node tasks only");
+}
