@@ -51,6 +51,10 @@ pub struct TypedDatasetRef {
     pub num_classes: u32,
     /// The type whose nodes carry the task (the seeds and their labels).
     pub target_type: String,
+    /// Link prediction: the relation whose pairs the batches score (with
+    /// `samples.link`); empty for node classification.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub link_relation: String,
 }
 
 /// One node type: its homogenized id range and, if it has features, its
@@ -245,6 +249,16 @@ impl TypedManifest {
                 self.dataset.target_type
             ));
         }
+        let link = &self.dataset.link_relation;
+        if self.samples.link.is_some() == link.is_empty() {
+            return Err(
+                "samples.link and dataset.link_relation come together (a link-prediction layout)"
+                    .into(),
+            );
+        }
+        if !link.is_empty() && !self.relations.contains(link) {
+            return Err(format!("link relation '{link}' is not among the relations"));
+        }
         Ok(())
     }
 
@@ -341,6 +355,7 @@ mod tests {
                 dataset_fingerprint: "a".into(),
                 num_classes: 2,
                 target_type: "paper".into(),
+                link_relation: String::new(),
             },
             samples: paper.samples.clone(),
             node_types: vec![

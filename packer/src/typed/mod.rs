@@ -229,12 +229,6 @@ fn measure_and_split(
 
 /// What a typed run cannot be packed with yet, in one line each.
 fn refuse_unsupported(cfg: &PackConfig, run: &RunSummary) -> Result<()> {
-    if run.params.link.is_some() {
-        return Err(Error::InvalidArgument(
-            "link-prediction samples of a typed graph: the packer packs typed node tasks only"
-                .into(),
-        ));
-    }
     if cfg.rank_by == RankBy::Graph {
         return Err(Error::InvalidArgument(
             "--rank-by graph ranks a homogeneous graph's rows; a typed graph's are ranked by its samples (--rank-by samples)"
@@ -386,6 +380,7 @@ fn typed_manifest(
             dataset_fingerprint: d.fingerprint.clone(),
             num_classes: d.num_classes,
             target_type: d.target_type.clone(),
+            link_relation: d.link_relation.clone(),
         },
         samples: crate::commit::samples_ref_of(run, run_bytes, samples),
         node_types,

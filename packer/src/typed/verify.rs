@@ -148,9 +148,13 @@ fn check_against_samples<'a>(
             let t = unseen
                 .remove(&(b.split, b.epoch, b.index))
                 .ok_or_else(|| Error::Verify(format!("{name}: not in the topology tables")))?;
-            if t.input_nodes != b.input_nodes || t.labels != b.labels || t.blocks != b.blocks {
+            if t.input_nodes != b.input_nodes
+                || t.labels != b.labels
+                || t.blocks != b.blocks
+                || t.pairs != b.pairs
+            {
                 return Err(Error::Verify(format!(
-                    "{name}: the topology table's inputs, labels or blocks differ from the samples"
+                    "{name}: the topology table's inputs, labels, blocks or pairs differ from the samples"
                 )));
             }
         }

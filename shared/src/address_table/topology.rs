@@ -135,7 +135,7 @@ pub fn typed_topology_frame(
 
 /// Decodes a record of a typed layout's topology table into a table
 /// without addresses, checking every block and its relation offsets
-/// (`relations` relations each).
+/// (`relations` relations each) and a link batch's pairs.
 pub fn decode_typed_topology(origin: &str, frame: &[u8], relations: usize) -> Result<BatchTable> {
     let t = read_topology(origin, frame, Some(relations))?;
     if t.input_nodes.len() != t.num_inputs as usize || t.labels.len() > t.num_inputs as usize {
@@ -154,6 +154,7 @@ pub fn decode_typed_topology(origin: &str, frame: &[u8], relations: usize) -> Re
         labels: t.labels,
         input_nodes: t.input_nodes,
         blocks: t.blocks,
+        pairs: t.pairs,
         ..Default::default()
     })
 }

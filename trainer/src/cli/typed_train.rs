@@ -86,7 +86,9 @@ pub(super) fn train_typed_command(
     };
     let origin = dir.join(MANIFEST).display().to_string();
     let manifest = TypedManifest::parse(&origin, bytes)?;
+    let scorer = typed_scorer(a, &manifest, &origin)?;
     let cfg = TypedTrainConfig {
+        scorer,
         kind,
         hidden,
         heads: a.heads,
@@ -141,6 +143,12 @@ pub(super) fn train_typed_command(
             acc(e.test_accuracy),
             human_bytes(e.disk_bytes)
         );
+        if let (Some(v), Some(t)) = (e.valid_rank, e.test_rank) {
+            println!(
+                "           valid MRR {:.4}  Hits@50 {:.4}   test MRR {:.4}  Hits@50 {:.4}",
+                v.mrr, v.hits_at_50, t.mrr, t.hits_at_50
+            );
+        }
         if let Some((path, f)) = &mut metrics
             && let Err(err) = writeln!(f, "{}", serde_json::to_string(e).expect("epochs serialize"))
         {
@@ -190,11 +198,22 @@ fn report(s: &TypedTrainSummary, memory: Option<&MemoryEstimate>) {
             ("ranks", s.world_size.to_string()),
             (
                 "best epoch",
-                format!(
-                    "{} (test accuracy then {})",
-                    s.best_epoch.map_or("-".to_string(), |e| e.to_string()),
-                    acc(s.test_accuracy_at_best)
-                ),
+                match (&s.best_valid_rank, &s.test_rank_at_best_valid) {
+                    (Some(v), Some(t)) => format!(
+                        "{} by validation MRR {:.4} (test MRR then {:.4}, Hits@10 {:.4}, Hits@50 {:.4}, Hits@100 {:.4})",
+                        s.best_epoch.map_or("-".to_string(), |e| e.to_string()),
+                        v.mrr,
+                        t.mrr,
+                        t.hits_at_10,
+                        t.hits_at_50,
+                        t.hits_at_100
+                    ),
+                    _ => format!(
+                        "{} (test accuracy then {})",
+                        s.best_epoch.map_or("-".to_string(), |e| e.to_string()),
+                        acc(s.test_accuracy_at_best)
+                    ),
+                },
             ),
             (
                 "export",
@@ -278,13 +297,32 @@ fn refuse_unsupported(a: &TrainArgs) -> anyhow::Result<()> {
     let not_yet = |what: &str| -> anyhow::Result<()> {
         anyhow::bail!("{what}: not built for typed layouts yet")
     };
-    for (given, flag) in [
-        (a.historical.is_some(), "--historical"),
-        (a.scorer.is_some(), "--scorer"),
-    ] {
-        if given {
-            return not_yet(flag);
-        }
+    if a.historical.is_some() {
+        return not_yet("--historical");
     }
     Ok(())
+}
+
+/// The scorer of a typed link-prediction layout (`--scorer`, else the
+/// MLP); none for a node layout, which refuses `--scorer`. What a typed
+/// link model cannot do yet is refused in one line.
+fn typed_scorer(
+    a: &TrainArgs,
+    m: &TypedManifest,
+    location: &str,
+) -> anyhow::Result<Option<crate::link::ScorerKind>> {
+    let at = offgnn_shared::store::redact(location);
+    match (&m.samples.link, a.scorer) {
+        (Some(_), _) if a.export.is_some() => anyhow::bail!(
+            "--export: a typed link-prediction model's export is not built yet ({at}); train without it"
+        ),
+        (Some(_), _) if a.dump_batches.is_some() => {
+            anyhow::bail!("--dump-batches writes node logits; {at} is a link-prediction layout")
+        }
+        (Some(_), s) => Ok(Some(s.unwrap_or(crate::link::ScorerKind::Mlp))),
+        (None, None) => Ok(None),
+        (None, Some(_)) => anyhow::bail!(
+            "--scorer is for link-prediction layouts (sampler --task link); {at} is a node-classification layout"
+        ),
+    }
 }

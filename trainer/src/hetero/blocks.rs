@@ -125,6 +125,9 @@ pub struct TypedBlocks {
     /// Each type's input rows' node ids, type-local, on the host.
     pub n_id: Vec<Vec<i64>>,
     pub layers: Vec<TypedLayer>,
+    /// Each seed's row among the last layer's rows of every type, one type
+    /// after another (what [`super::Rgnn::embed`] returns).
+    pub seed_rows: Vec<i64>,
 }
 
 impl TypedBlocks {
@@ -159,11 +162,27 @@ impl TypedBlocks {
                     e => e,
                 })
             })
-            .collect::<Result<_>>()?;
+            .collect::<Result<Vec<TypedLayer>>>()?;
+        // The seeds are the last block's destinations, each type's a prefix
+        // of its rows.
+        let seed_rows = match layers.last() {
+            Some(last) => {
+                let mut base = vec![0i64; last.num_dst.len()];
+                for t in 1..base.len() {
+                    base[t] = base[t - 1] + last.num_dst[t - 1];
+                }
+                let seeds: i64 = last.num_dst.iter().sum();
+                (0..seeds as usize)
+                    .map(|i| base[type_of[i]] + position[i])
+                    .collect()
+            }
+            None => Vec::new(),
+        };
         Ok(TypedBlocks {
             num_inputs,
             n_id,
             layers,
+            seed_rows,
         })
     }
 }
@@ -228,4 +247,34 @@ fn layer(
         })
         .collect::<Result<_>>()?;
     Ok(TypedLayer { num_dst, relations })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_map_to_their_rows_among_every_types_last_layer_rows() {
+        // Types a (ids 0..5) and b (5..10); seeds b, a, b, a, then two
+        // more inputs; one block over a:r:b and b:s:a.
+        let schema = Schema::new(
+            vec![("a".into(), 0, 5), ("b".into(), 5, 5)],
+            &["a:r:b".into(), "b:s:a".into()],
+            "a",
+        )
+        .unwrap();
+        let block = Block {
+            num_src: 6,
+            num_dst: 4,
+            src: vec![4, 5],
+            dst: vec![0, 1],
+            relations: vec![0, 1, 2],
+        };
+        let blocks = TypedBlocks::new(&schema, &[6, 1, 7, 2, 3, 8], &[block], Device::Cpu).unwrap();
+        assert_eq!(blocks.layers[0].num_dst, [2, 2]);
+        assert_eq!(blocks.num_inputs, [3, 3]);
+        // a's rows come first (seeds 1 and 2), then b's (6 and 7).
+        assert_eq!(blocks.seed_rows, [2, 0, 3, 1]);
+        assert_eq!(blocks.n_id, [vec![1, 2, 3], vec![1, 2, 3]]);
+    }
 }

@@ -95,6 +95,7 @@ impl TypedModelCard {
             layers: self.num_layers,
             heads: self.heads.unwrap_or(1),
             dropout: self.dropout,
+            scorer: None,
         };
         Ok((schema, cfg))
     }

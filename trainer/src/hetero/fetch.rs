@@ -12,6 +12,7 @@ use tch::{Device, Tensor};
 use super::{Schema, TypedBlocks};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, TableFile};
+use crate::link::PairTensors;
 use crate::pipeline::{self, LoadSources};
 
 /// What fetching a batch reads: each type's layout and loading sources,
@@ -32,6 +33,7 @@ pub(super) struct Fetched {
     pub(super) loaded: Vec<Option<pipeline::Loaded>>,
     pub(super) blocks: TypedBlocks,
     pub(super) labels: Tensor,
+    pub(super) pairs: Option<PairTensors>,
     pub(super) disk_bytes: u64,
     pub(super) device: Device,
 }
@@ -85,14 +87,57 @@ impl Reader<'_> {
         let labels =
             Tensor::from_slice(&top.labels.iter().map(|&l| i64::from(l)).collect::<Vec<_>>())
                 .to_device(device);
+        let pairs = pair_tensors(&top, &blocks, device)?;
         Ok(Fetched {
             loaded,
             blocks,
             labels,
+            pairs,
             disk_bytes,
             device,
         })
     }
+}
+
+/// A link batch's pairs on the device, their endpoints as rows of the
+/// model's embeddings ([`TypedBlocks::seed_rows`]); none in a node batch.
+fn pair_tensors(
+    top: &BatchTable,
+    blocks: &TypedBlocks,
+    device: Device,
+) -> Result<Option<PairTensors>> {
+    let p = &top.pairs;
+    if p.is_empty() {
+        return Ok(None);
+    }
+    let row = |s: u32| {
+        blocks.seed_rows.get(s as usize).copied().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "batch {}: a pair's endpoint {s} is not among its {} seeds",
+                top.index,
+                blocks.seed_rows.len()
+            ))
+        })
+    };
+    let src = p
+        .src
+        .iter()
+        .map(|&s| row(s))
+        .collect::<Result<Vec<i64>>>()?;
+    let dst = p
+        .dst
+        .iter()
+        .map(|&s| row(s))
+        .collect::<Result<Vec<i64>>>()?;
+    let ints = |v: &[u32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<i64>>();
+    let on = |v: &[i64]| Tensor::from_slice(v).to_device(device);
+    Ok(Some(PairTensors {
+        src: on(&src),
+        dst: on(&dst),
+        label: on(&ints(&p.label)),
+        query: on(&ints(&p.query)),
+        num_queries: p.query.iter().max().map_or(0, |&q| i64::from(q) + 1),
+    }))
 }
 
 /// One batch, ready for the model.
@@ -100,6 +145,8 @@ pub(crate) struct Batch {
     pub(crate) x: Vec<Tensor>,
     pub(crate) blocks: TypedBlocks,
     pub(crate) labels: Tensor,
+    /// A link batch's pairs.
+    pub(crate) pairs: Option<PairTensors>,
     pub(super) disk_bytes: u64,
 }
 

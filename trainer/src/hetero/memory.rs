@@ -67,7 +67,13 @@ pub fn estimate(
         read + graph + staged
     };
     let model_bytes = parameters(schema, cfg)? * 4 * 4;
-    let activations = activation_bytes(shape, schema, cfg);
+    // A link batch's pairs: the training batch's positives and their
+    // negatives; an evaluation batch's queries fill about a batch and
+    // overflow it by less than one query, bounded here by a second batch.
+    let pairs = m.samples.link.as_ref().map_or(0, |l| {
+        m.samples.batch_size as u64 * (2 + u64::from(l.negatives))
+    });
+    let activations = activation_bytes(shape, schema, cfg, pairs);
     let activation_bytes = if on_cpu { activations } else { 0 };
     let gpu_bytes = if on_cpu {
         0
@@ -119,8 +125,11 @@ fn parameters(schema: &Schema, cfg: &RgnnConfig) -> Result<u64> {
 /// The activations kept for the backward pass of the largest batch, with
 /// their gradients: per block and relation, its convolution's; per block
 /// and type, the sum over relations, the activation and the dropout mask;
-/// then the classifier on the seeds.
-fn activation_bytes(shape: &TypedBatchShape, schema: &Schema, cfg: &RgnnConfig) -> u64 {
+/// then the classifier on the seeds; or, in a link model, every seed's
+/// embedding gathered into one matrix and the scorer over `pairs` pairs
+/// (both endpoints' rows, their product and the MLP's two hidden layers,
+/// each with its gradient).
+fn activation_bytes(shape: &TypedBatchShape, schema: &Schema, cfg: &RgnnConfig, pairs: u64) -> u64 {
     let hidden = cfg.hidden.max(1) as u64;
     let heads = cfg.heads.max(1) as u64;
     let mut src = shape.inputs.clone();
@@ -152,8 +161,15 @@ fn activation_bytes(shape: &TypedBatchShape, schema: &Schema, cfg: &RgnnConfig) 
         .blocks
         .last()
         .map_or(0, |b| b.dst.get(schema.target).copied().unwrap_or(0));
-    let classes = cfg.classes.max(1) as u64;
-    elements = elements.saturating_add(seeds.saturating_mul(hidden + 3 * classes));
+    if cfg.scorer.is_some() {
+        let all_seeds: u64 = shape.blocks.last().map_or(0, |b| b.dst.iter().sum());
+        elements = elements
+            .saturating_add(all_seeds.saturating_mul(2 * hidden))
+            .saturating_add(pairs.saturating_mul(10 * hidden + 8));
+    } else {
+        let classes = cfg.classes.max(1) as u64;
+        elements = elements.saturating_add(seeds.saturating_mul(hidden + 3 * classes));
+    }
     elements.saturating_mul(4 * ACTIVATION_FACTOR)
 }
 

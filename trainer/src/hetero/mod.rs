@@ -6,7 +6,9 @@
 //! in_dst), hidden / heads, heads=heads, add_self_loops=False)` (attention
 //! over the relation's in-edges only, heads concatenated, then `bias`);
 //! leaky ReLU (slope 0.01) and dropout between layers; a linear layer on
-//! the target type's rows. Parameters are named as PyG names them
+//! the target type's rows. A link-prediction model has no linear layer:
+//! its last layer's rows of every type are the embeddings its scorer
+//! ([`crate::link::Scorer`]) takes. Parameters are named as PyG names them
 //! (`convs.{l}.convs.<src___rel___dst>.lin_l.weight`, `...lin.weight` or
 //! `lin_src` / `lin_dst` where the two types' widths differ, `att_src`,
 //! `att_dst`, `bias`; `lin.weight`, `lin.bias`).
@@ -45,6 +47,10 @@ pub struct RgnnConfig {
     pub layers: usize,
     pub heads: i64,
     pub dropout: f64,
+    /// Link prediction: the scorer over the last layer's rows (`classes`
+    /// is then 0: no linear layer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scorer: Option<crate::link::ScorerKind>,
 }
 
 /// One relation's convolution in one layer.
@@ -67,7 +73,9 @@ enum Conv {
 /// R-SAGE or R-GAT over a schema's relations.
 pub struct Rgnn {
     convs: Vec<Vec<Conv>>,
-    lin: nn::Linear,
+    /// The classifier on the target type (none in a link model).
+    lin: Option<nn::Linear>,
+    scorer: Option<crate::link::Scorer>,
     /// Each relation's source and destination type.
     relations: Vec<(usize, usize)>,
     types: usize,
@@ -113,7 +121,13 @@ impl Rgnn {
         }
         Ok(Rgnn {
             convs,
-            lin: nn::linear(vs / "lin", cfg.hidden, cfg.classes, Default::default()),
+            lin: cfg
+                .scorer
+                .is_none()
+                .then(|| nn::linear(vs / "lin", cfg.hidden, cfg.classes, Default::default())),
+            scorer: cfg
+                .scorer
+                .map(|kind| crate::link::Scorer::new(vs, kind, cfg.hidden)),
             relations: schema.relations.iter().map(|&(s, _, d)| (s, d)).collect(),
             types: schema.types.len(),
             target: schema.target,
@@ -129,6 +143,34 @@ impl Rgnn {
         blocks: &TypedBlocks,
         train: bool,
     ) -> Result<Tensor, TchError> {
+        let h = self.layers(x, blocks, train)?;
+        self.classify(&h[self.target])
+    }
+
+    /// A link model's embeddings of the batch's seeds: the last layer's
+    /// rows of every type, one type after another in the schema's order
+    /// (the rows [`TypedBlocks::seed_rows`] name).
+    pub fn embed(
+        &self,
+        x: &[Tensor],
+        blocks: &TypedBlocks,
+        train: bool,
+    ) -> Result<Tensor, TchError> {
+        Tensor::f_cat(&self.layers(x, blocks, train)?, 0)
+    }
+
+    /// The scorer of a link model.
+    pub fn scorer(&self) -> Option<&crate::link::Scorer> {
+        self.scorer.as_ref()
+    }
+
+    /// Every type's rows after the last layer.
+    fn layers(
+        &self,
+        x: &[Tensor],
+        blocks: &TypedBlocks,
+        train: bool,
+    ) -> Result<Vec<Tensor>, TchError> {
         let mut h: Vec<Tensor> = x.iter().map(Tensor::shallow_clone).collect();
         let last = blocks.layers.len().saturating_sub(1);
         for (l, layer) in blocks.layers.iter().enumerate() {
@@ -154,7 +196,7 @@ impl Rgnn {
                 })
                 .collect::<Result<_, TchError>>()?;
         }
-        self.classify(&h[self.target])
+        Ok(h)
     }
 
     /// Layers of convolutions.
@@ -243,7 +285,11 @@ impl Rgnn {
 
     /// The target type's logits of its last layer's rows `h`.
     pub fn classify(&self, h: &Tensor) -> Result<Tensor, TchError> {
-        h.f_linear(&self.lin.ws, self.lin.bs.as_ref())
+        let lin = self
+            .lin
+            .as_ref()
+            .ok_or_else(|| TchError::Kind("a link-prediction model has no classifier".into()))?;
+        h.f_linear(&lin.ws, lin.bs.as_ref())
     }
 }
 
@@ -525,8 +571,11 @@ fn check(schema: &Schema, cfg: &RgnnConfig) -> Result<()> {
             schema.types[t].0
         ));
     }
-    if cfg.layers == 0 || cfg.hidden <= 0 || cfg.classes <= 0 {
-        return bad("layers, hidden and classes must be positive".into());
+    if cfg.layers == 0 || cfg.hidden <= 0 || (cfg.classes <= 0) == cfg.scorer.is_none() {
+        return bad(
+            "layers and hidden must be positive, and classes too unless the model scores links (then 0)"
+                .into(),
+        );
     }
     if cfg.kind == RelationalKind::Rgat && (cfg.heads <= 0 || cfg.hidden % cfg.heads != 0) {
         return bad(format!(

@@ -24,6 +24,7 @@ use super::ranks::Named;
 use super::{RelationalKind, Rgnn, RgnnConfig, Schema, checkpoint};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, TableFile};
+use crate::link::{self, RankMetrics, RankSums};
 use crate::model::Adam;
 use crate::pipeline::{self, AssembleSources, FeatureMode, LoadSources, Sources};
 use crate::train::Ranks;
@@ -56,6 +57,8 @@ pub struct TypedTrainConfig {
     pub show_progress: bool,
     /// The first test batches, as the best epoch's model sees them.
     pub dump: Option<crate::train::DumpTarget>,
+    /// A link-prediction layout's scorer (none for node classification).
+    pub scorer: Option<crate::link::ScorerKind>,
 }
 
 /// One epoch's figures.
@@ -66,6 +69,13 @@ pub struct TypedEpoch {
     pub train_accuracy: f64,
     pub valid_accuracy: Option<f64>,
     pub test_accuracy: Option<f64>,
+    /// Link prediction: the ranking figures of the validation and test
+    /// queries (the accuracies are then the share of pairs scored on
+    /// their label's side of 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_rank: Option<RankMetrics>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_rank: Option<RankMetrics>,
     /// Feature bytes the epoch's training batches read from disk.
     pub disk_bytes: u64,
     /// Where the training batches' time went.
@@ -105,6 +115,11 @@ pub struct TypedTrainSummary {
     /// then.
     pub best_epoch: Option<u32>,
     pub test_accuracy_at_best: Option<f64>,
+    /// Link prediction: the best epoch's validation and test ranking.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_valid_rank: Option<RankMetrics>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test_rank_at_best_valid: Option<RankMetrics>,
     /// The exports written (the best epoch's, then the last's).
     pub exports: Vec<String>,
     /// Where `--dump-batches` wrote.
@@ -238,6 +253,7 @@ impl TypedLayout {
             x,
             blocks: f.blocks,
             labels: f.labels,
+            pairs: f.pairs,
             disk_bytes: f.disk_bytes,
         })
     }
@@ -381,7 +397,7 @@ pub fn train_typed(
         on_epoch(&row);
         let improved = epochs
             .iter()
-            .all(|e| e.valid_accuracy < row.valid_accuracy || row.valid_accuracy.is_none());
+            .all(|e| e.valid_score() < row.valid_score() || row.valid_score().is_none());
         if keep_best && (improved || best_params.is_none()) {
             best_params = Some(crate::export::snapshot(&vs)?);
         }
@@ -426,6 +442,8 @@ pub fn train_typed(
             .sum::<usize>() as i64,
         best_epoch: best.map(|e| e.epoch),
         test_accuracy_at_best: best.and_then(|e| e.test_accuracy),
+        best_valid_rank: best.and_then(|e| e.valid_rank),
+        test_rank_at_best_valid: best.and_then(|e| e.test_rank),
         exports,
         epochs,
         dump: cfg.dump.as_ref().filter(|_| writer).map(|d| d.path.clone()),
@@ -518,8 +536,8 @@ fn run_epoch(
     let mut row = train_epoch(layout, (model, opt), (epoch, epoch % sampled), run, cfg, at)?;
     row.train_seconds = t.elapsed().as_secs_f64();
     let evaluate = |split| evaluate(layout, model, (split, 0), run);
-    row.valid_accuracy = evaluate(Split::Valid)?;
-    row.test_accuracy = evaluate(Split::Test)?;
+    (row.valid_accuracy, row.valid_rank) = evaluate(Split::Valid)?;
+    (row.test_accuracy, row.test_rank) = evaluate(Split::Test)?;
     row.seconds = t.elapsed().as_secs_f64();
     row.eval_seconds = row.seconds - row.train_seconds;
     Ok(row)
@@ -535,20 +553,32 @@ pub fn model_config(m: &TypedManifest, cfg: &TypedTrainConfig) -> RgnnConfig {
             .map(|t| t.feature_dim.map(|d| d as i64))
             .collect(),
         hidden: cfg.hidden,
-        classes: i64::from(m.dataset.num_classes),
+        classes: match cfg.scorer {
+            Some(_) => 0,
+            None => i64::from(m.dataset.num_classes),
+        },
         layers: m.samples.fanouts.len(),
         heads: cfg.heads,
         dropout: cfg.dropout,
+        scorer: cfg.scorer,
     }
 }
 
-/// The first epoch of the best validation accuracy.
+impl TypedEpoch {
+    /// What picks the best epoch: the validation MRR of a link model, else
+    /// the validation accuracy.
+    pub fn valid_score(&self) -> Option<f64> {
+        self.valid_rank.map(|r| r.mrr).or(self.valid_accuracy)
+    }
+}
+
+/// The first epoch of the best validation score.
 fn best_epoch(epochs: &[TypedEpoch]) -> Option<&TypedEpoch> {
     epochs
         .iter()
-        .filter(|e| e.valid_accuracy.is_some())
+        .filter(|e| e.valid_score().is_some())
         .reduce(|a, b| {
-            if b.valid_accuracy > a.valid_accuracy {
+            if b.valid_score() > a.valid_score() {
                 b
             } else {
                 a
@@ -602,10 +632,7 @@ fn train_epoch(
         // rank trains it: a resumed run draws what one never stopped does.
         tch::manual_seed(crate::train::batch_seed(cfg.seed, epoch, order[k] as u64));
         sums[3] += b.disk_bytes as f64;
-        let logits = model.forward(&b.x, &b.blocks, true)?;
-        let loss = logits
-            .f_log_softmax(-1, Kind::Float)?
-            .f_nll_loss::<Tensor>(&b.labels, None, Reduction::Mean, -100)?;
+        let (loss, right, seen) = step_loss(model, &b)?;
         loss.f_backward()?;
         let value = loss.f_double_value(&[])?;
         if !value.is_finite() {
@@ -614,10 +641,9 @@ fn train_epoch(
                 order[k]
             ));
         }
-        let seeds = b.labels.size()[0] as f64;
-        sums[0] += value * seeds;
-        sums[1] += hits(&logits, &b.labels)? as f64;
-        sums[2] += seeds;
+        sums[0] += value * seen;
+        sums[1] += right;
+        sums[2] += seen;
         pb.inc(1);
         if k % per_step == per_step - 1 {
             let any =
@@ -673,29 +699,79 @@ fn hits(logits: &Tensor, labels: &Tensor) -> Result<i64> {
     Ok(crate::train::correct(logits, labels)?.f_int64_value(&[])?)
 }
 
-/// The model's accuracy on every batch of `split` (none: no such batches);
-/// ranks of a group each evaluate their part and add up.
+/// A training batch's loss (the mean over its seeds, or over its pairs in
+/// a link batch), with the seeds or pairs it got right and how many it has.
+fn step_loss(model: &Rgnn, b: &Batch) -> Result<(Tensor, f64, f64)> {
+    if let (Some(pairs), Some(scorer)) = (&b.pairs, model.scorer()) {
+        let h = model.embed(&b.x, &b.blocks, true)?;
+        let scores = scorer.score(&h, &pairs.src, &pairs.dst)?;
+        let right = link::pairs_right(&scores, pairs)?.f_int64_value(&[])?;
+        let seen = scores.size()[0] as f64;
+        return Ok((link::pair_loss(&scores, pairs)?, right as f64, seen));
+    }
+    refuse_pairs(model, b)?;
+    let logits = model.forward(&b.x, &b.blocks, true)?;
+    let loss = logits
+        .f_log_softmax(-1, Kind::Float)?
+        .f_nll_loss::<Tensor>(&b.labels, None, Reduction::Mean, -100)?;
+    let right = hits(&logits, &b.labels)? as f64;
+    Ok((loss, right, b.labels.size()[0] as f64))
+}
+
+/// A node batch for a link model, or a link batch for a node model.
+fn refuse_pairs(model: &Rgnn, b: &Batch) -> Result<()> {
+    match (b.pairs.is_some(), model.scorer().is_some()) {
+        (false, false) => Ok(()),
+        (true, _) => Err(Error::InvalidArgument(
+            "a link-prediction batch for a node-classification model".into(),
+        )),
+        (false, true) => Err(Error::InvalidArgument(
+            "a node-classification batch for a link-prediction model".into(),
+        )),
+    }
+}
+
+/// The model's accuracy on every batch of `split` (none: no such batches),
+/// and a link model's ranking figures; ranks of a group each evaluate
+/// their part and add up.
 fn evaluate(
     layout: &TypedLayout,
     model: &Rgnn,
     (split, epoch): (Split, u32),
     run: Run<'_>,
-) -> Result<Option<f64>> {
+) -> Result<(Option<f64>, Option<RankMetrics>)> {
     let n = layout.batches(split, epoch);
     if n == 0 {
-        return Ok(None);
+        return Ok((None, None));
     }
     let part: Vec<usize> = match run.ranks.group() {
         Some(g) => crate::distributed::eval_share(n, g.world as usize, g.rank as usize).collect(),
         None => (0..n).collect(),
     };
+    if let Some(scorer) = model.scorer() {
+        let mut sums = RankSums::new(run.device);
+        layout.for_each_batch((split, epoch, &part), run, &mut |_, b| {
+            let Some(pairs) = &b.pairs else {
+                return refuse_pairs(model, &b);
+            };
+            let scores = tch::no_grad(|| {
+                let h = model.embed(&b.x, &b.blocks, false)?;
+                scorer.score(&h, &pairs.src, &pairs.dst)
+            })?;
+            Ok(sums.add(&scores, pairs)?)
+        })?;
+        let values = super::ranks::summed(run.ranks, &sums.values()?, run.device)?;
+        let (rank, right) = RankMetrics::of(&values);
+        return Ok((Some(right), Some(rank)));
+    }
     let (mut right, mut seen) = (0i64, 0i64);
     layout.for_each_batch((split, epoch, &part), run, &mut |_, b| {
+        refuse_pairs(model, &b)?;
         let logits = tch::no_grad(|| model.forward(&b.x, &b.blocks, false))?;
         right += hits(&logits, &b.labels)?;
         seen += b.labels.size()[0];
         Ok(())
     })?;
     let sums = super::ranks::summed(run.ranks, &[right as f64, seen as f64], run.device)?;
-    Ok(Some(sums[0] / sums[1].max(1.0)))
+    Ok((Some(sums[0] / sums[1].max(1.0)), None))
 }

@@ -109,6 +109,7 @@ fn relational_models_compute_pyg_heteroconv_logits() {
             layers: 2,
             heads: 2,
             dropout: 0.5,
+            scorer: None,
         };
         let vs = nn::VarStore::new(Device::Cpu);
         let model = Rgnn::new(&vs.root(), &schema, &cfg).unwrap();
@@ -191,6 +192,7 @@ fn typed_blocks_refuse_edges_across_the_wrong_types_and_models_name_what_they_la
         layers: 2,
         heads: 4,
         dropout: 0.0,
+        scorer: None,
     };
     let err = Rgnn::new(&vs.root(), &schema, &cfg)
         .err()
