@@ -12,7 +12,9 @@ same blocks, and compares logits (within 1e-4, absolute).
 
 With --export DIR, it loads a typed export of the trainer (model.json and
 its weights) into the model the card describes, with strict=True: the few
-lines docs/export-and-inference.md shows.
+lines docs/export-and-inference.md shows. A link-prediction model (format
+4) has no Linear on the target type, and its MLP scorer (if it has one) is
+a torch.nn.Sequential under `scorer`.
 
 With --infer DIR DATASET OUT, it runs the export's model over the whole
 graph of DATASET (every in-edge of every node, each relation's pairs once
@@ -58,7 +60,13 @@ def build(card):
         convs.append(HeteroConv(per_relation, aggr="sum"))
     model = torch.nn.Module()
     model.convs = convs
-    model.lin = torch.nn.Linear(hidden, card["out_channels"])
+    if card.get("scorer") is None:
+        model.lin = torch.nn.Linear(hidden, card["out_channels"])
+    elif card["scorer"] == "mlp":
+        d = card["out_channels"]
+        model.scorer = torch.nn.Sequential(
+            torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, 1)
+        )
     return model
 
 
@@ -130,7 +138,7 @@ def infer(export, dataset, out):
             x = conv(x, edges)
             if layer != len(model.convs) - 1:
                 x = {t: F.leaky_relu(v) for t, v in x.items()}
-        logits = model.lin(x[card["target"]])
+        logits = model.lin(x[card["target"]]) if hasattr(model, "lin") else None
     with open(f"{out}/_SUCCESS.json") as f:
         summary = json.load(f)
     got = {}
@@ -146,7 +154,7 @@ def infer(export, dataset, out):
             raise SystemExit(f"type {t}: rows {ids.shape[0]} of {want.shape[0]}, or out of order")
         diff = max(diff, (emb - want).abs().max().item())
         rows += ids.shape[0]
-        if t == card["target"]:
+        if t == card["target"] and logits is not None:
             lg = torch.tensor([v for p in parts for v in p["logits"]])
             diff = max(diff, (lg - logits).abs().max().item())
             cls = torch.tensor([c for p in parts for c in p["class"]])

@@ -507,9 +507,13 @@ pub fn read_with_scorer(
         .get("format_version")
         .and_then(serde_json::Value::as_u64)
         .ok_or_else(|| Error::Checkpoint(format!("{card_url}: no format_version")))?;
-    if version == u64::from(crate::hetero::export::TYPED_FORMAT_VERSION) {
+    let typed = [
+        crate::hetero::export::TYPED_FORMAT_VERSION,
+        crate::hetero::export::TYPED_LINK_FORMAT_VERSION,
+    ];
+    if typed.contains(&(version as u32)) {
         return Err(Error::InvalidArgument(format!(
-            "{card_url}: a typed graph's model (R-SAGE or R-GAT), which only `trainer infer` reads so far"
+            "{card_url}: a typed graph's model (R-SAGE or R-GAT), which only `trainer infer` and `trainer score` read so far"
         )));
     }
     if version > u64::from(FORMAT_VERSION) {

@@ -304,8 +304,7 @@ fn refuse_unsupported(a: &TrainArgs) -> anyhow::Result<()> {
 }
 
 /// The scorer of a typed link-prediction layout (`--scorer`, else the
-/// MLP); none for a node layout, which refuses `--scorer`. What a typed
-/// link model cannot do yet is refused in one line.
+/// MLP); none for a node layout, which refuses `--scorer`.
 fn typed_scorer(
     a: &TrainArgs,
     m: &TypedManifest,
@@ -313,9 +312,6 @@ fn typed_scorer(
 ) -> anyhow::Result<Option<crate::link::ScorerKind>> {
     let at = offgnn_shared::store::redact(location);
     match (&m.samples.link, a.scorer) {
-        (Some(_), _) if a.export.is_some() => anyhow::bail!(
-            "--export: a typed link-prediction model's export is not built yet ({at}); train without it"
-        ),
         (Some(_), _) if a.dump_batches.is_some() => {
             anyhow::bail!("--dump-batches writes node logits; {at} is a link-prediction layout")
         }

@@ -9,6 +9,11 @@
 //! pair); `leaky_relu` and dropout between layers; then `lin`, a `Linear`
 //! from `hidden_channels` to `out_channels` on the `target` type. The
 //! weights load with `strict=True` (docs/export-and-inference.md).
+//!
+//! A link-prediction model's export is format 4: no `lin`; its `scorer`
+//! (`dot`, or `mlp` with weights under `scorer.` as the homogeneous export
+//! names them) over every type's last-layer rows (`out_channels` =
+//! `hidden_channels` wide), and the `link_relation` it was trained on.
 
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
@@ -20,6 +25,9 @@ use crate::error::{Error, Result};
 
 /// The export format of a typed model.
 pub const TYPED_FORMAT_VERSION: u32 = 3;
+/// ... and of a typed link-prediction model (readers of format 3 refuse it:
+/// it has no classifier).
+pub const TYPED_LINK_FORMAT_VERSION: u32 = 4;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TypedNodeType {
@@ -48,6 +56,12 @@ pub struct TypedModelCard {
     pub dropout: f64,
     /// How the relations' convolutions combine at a type.
     pub aggr: String,
+    /// Link prediction: the scorer over two endpoints' rows, and the
+    /// relation `src:relation:dst` whose pairs it scores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scorer: Option<crate::link::ScorerKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_relation: Option<String>,
     pub dataset_fingerprint: String,
     /// Whether the sampler kept each (source, destination) pair of a
     /// relation once, as inference must build the graph (exports written
@@ -61,6 +75,11 @@ pub struct TypedModelCard {
     pub epoch: u32,
     pub valid_acc: f64,
     pub test_acc: f64,
+    /// Link prediction: the epoch's validation and test MRR.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_mrr: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_mrr: Option<f64>,
     pub parameters: i64,
     pub weights: String,
     pub weights_sha256: String,
@@ -91,11 +110,14 @@ impl TypedModelCard {
             kind: self.architecture,
             in_dims,
             hidden: self.hidden_channels,
-            classes: self.out_channels,
+            classes: match self.scorer {
+                Some(_) => 0,
+                None => self.out_channels,
+            },
             layers: self.num_layers,
             heads: self.heads.unwrap_or(1),
             dropout: self.dropout,
-            scorer: None,
+            scorer: self.scorer,
         };
         Ok((schema, cfg))
     }
@@ -120,6 +142,8 @@ pub struct TypedProvenance<'a> {
     pub epoch: u32,
     pub valid_acc: f64,
     pub test_acc: f64,
+    /// A link model's epoch: its validation and test MRR.
+    pub mrr: Option<(f64, f64)>,
 }
 
 /// Writes the export of `named` (a model of `cfg` over `schema`) to
@@ -134,8 +158,12 @@ pub fn write(
     let mut card = None;
     let (location, _) =
         crate::export::write_with(location, named, overwrite, |run_id, sha, parameters| {
+            let link = cfg.scorer.is_some();
             let c = TypedModelCard {
-                format_version: TYPED_FORMAT_VERSION,
+                format_version: match link {
+                    true => TYPED_LINK_FORMAT_VERSION,
+                    false => TYPED_FORMAT_VERSION,
+                },
                 run_id: run_id.to_string(),
                 architecture: cfg.kind,
                 num_layers: cfg.layers,
@@ -161,11 +189,17 @@ pub fn write(
                     .collect(),
                 target: schema.types[schema.target].0.clone(),
                 hidden_channels: cfg.hidden,
-                out_channels: cfg.classes,
+                out_channels: match link {
+                    true => cfg.hidden,
+                    false => cfg.classes,
+                },
                 heads: (cfg.kind == RelationalKind::Rgat).then_some(cfg.heads),
                 act: "leaky_relu".into(),
                 dropout: cfg.dropout,
                 aggr: "sum".into(),
+                scorer: cfg.scorer,
+                link_relation: Some(from.manifest.dataset.link_relation.clone())
+                    .filter(|r| link && !r.is_empty()),
                 dataset_fingerprint: from.manifest.dataset.dataset_fingerprint.clone(),
                 dedup_edges: from.manifest.samples.graph.is_none_or(|g| g.dedup_edges),
                 samples_run_sha256: from.manifest.samples.run_sha256.clone(),
@@ -174,6 +208,8 @@ pub fn write(
                 epoch: from.epoch,
                 valid_acc: from.valid_acc,
                 test_acc: from.test_acc,
+                valid_mrr: from.mrr.map(|m| m.0),
+                test_mrr: from.mrr.map(|m| m.1),
                 parameters,
                 weights: crate::export::weights_name(run_id),
                 weights_sha256: sha,
@@ -201,6 +237,7 @@ pub(super) fn run_exports(
         epoch: e.epoch,
         valid_acc: e.valid_accuracy.unwrap_or(0.0),
         test_acc: e.test_accuracy.unwrap_or(0.0),
+        mrr: e.valid_rank.zip(e.test_rank).map(|(v, t)| (v.mrr, t.mrr)),
     };
     let shape = (&layout.schema, model_cfg);
     let (location, _) = write(

@@ -21,6 +21,7 @@ mod fetch;
 pub mod infer;
 pub mod memory;
 mod ranks;
+pub mod score;
 pub mod train;
 
 use tch::nn;

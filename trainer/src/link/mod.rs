@@ -7,7 +7,7 @@
 //! width; a batch's seeds are the distinct endpoints of its pairs, and its
 //! pairs index them (`samples::Pairs`).
 
-mod score;
+pub(crate) mod score;
 
 pub use score::{ScoreConfig, ScoreSummary, score};
 

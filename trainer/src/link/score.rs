@@ -2,7 +2,9 @@
 //! from the embeddings `trainer infer --outputs embeddings` wrote with the
 //! same model. Only the pairs' endpoints' embeddings are held; the pairs
 //! stream through in chunks, and the scores go to a `.npy` file that is
-//! whole or absent.
+//! whole or absent. A typed model's pairs are of its relation, in
+//! type-local ids: sources of its source type, destinations of its
+//! destination type ([`crate::hetero::score`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -61,6 +63,9 @@ pub fn score(cfg: &ScoreConfig) -> Result<ScoreSummary> {
             cfg.out.display()
         )));
     }
+    if crate::hetero::infer::is_typed_model(&cfg.model)? {
+        return crate::hetero::score::score_typed(cfg, started);
+    }
     let (card, _vs, scorer) = export::read_with_scorer(&cfg.model, Device::Cpu)?;
     let (Some(kind), Some(scorer)) = (card.scorer, scorer) else {
         return Err(Error::InvalidArgument(format!(
@@ -71,30 +76,13 @@ pub fn score(cfg: &ScoreConfig) -> Result<ScoreSummary> {
     let pairs = open_pairs(&cfg.pairs)?;
     let n = pairs.shape()[0];
     let summary = infer_summary(cfg, &card)?;
-    let endpoints = endpoints(&pairs, summary.num_nodes)?;
+    let endpoints = endpoints(&pairs, None, summary.num_nodes)?;
     let width = card.out_channels as usize;
-    let table = read_embeddings(cfg, &summary, &endpoints, width)?;
-    let tmp = cfg.out.with_extension("npy.partial");
-    let mut w = NpyWriter::create(&tmp, DType::F32, &[n])?;
+    let written = (summary.nodes_written, "");
+    let table = read_embeddings(cfg, &summary.files, &endpoints, width, written)?;
     let rows = Tensor::f_from_slice(&table)?.f_view([endpoints.len() as i64, width as i64])?;
-    let mut at = 0;
-    while at < n {
-        offgnn_shared::signals::check()?;
-        let count = CHUNK.min(n - at);
-        let ids = pairs.read_u64(2 * at, 2 * count as usize)?;
-        let position = |v: &u64| endpoints.binary_search(v).expect("an endpoint") as i64;
-        let src: Vec<i64> = ids.iter().step_by(2).map(position).collect();
-        let dst: Vec<i64> = ids.iter().skip(1).step_by(2).map(position).collect();
-        let scores = tch::no_grad(|| {
-            scorer.score(&rows, &Tensor::from_slice(&src), &Tensor::from_slice(&dst))
-        })?;
-        let values = Vec::<f32>::try_from(&scores.f_to_kind(Kind::Float)?)?;
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        w.write_bytes(&bytes)?;
-        at += count;
-    }
-    w.finish()?;
-    std::fs::rename(&tmp, &cfg.out).map_err(|e| Error::io(cfg.out.display(), e))?;
+    let position = |_: usize, v: u64| endpoints.binary_search(&v).expect("an endpoint") as i64;
+    write_scores(cfg, &pairs, (&scorer, &rows), &position)?;
     Ok(ScoreSummary {
         model: offgnn_shared::store::redact(&cfg.model),
         scorer: kind.name().into(),
@@ -108,8 +96,45 @@ pub fn score(cfg: &ScoreConfig) -> Result<ScoreSummary> {
     })
 }
 
+/// Scores every pair of `pairs` with `scorer` over `rows`, where
+/// `position(side, id)` is a pair's endpoint's row (side 0 its source, 1
+/// its destination), into `cfg.out` (whole or absent), in chunks.
+pub(crate) fn write_scores(
+    cfg: &ScoreConfig,
+    pairs: &NpyFile,
+    (scorer, rows): (&super::Scorer, &Tensor),
+    position: &dyn Fn(usize, u64) -> i64,
+) -> Result<()> {
+    let n = pairs.shape()[0];
+    let tmp = cfg.out.with_extension("npy.partial");
+    let mut w = NpyWriter::create(&tmp, DType::F32, &[n])?;
+    let mut at = 0;
+    while at < n {
+        offgnn_shared::signals::check()?;
+        let count = CHUNK.min(n - at);
+        let ids = pairs.read_u64(2 * at, 2 * count as usize)?;
+        let src: Vec<i64> = ids.iter().step_by(2).map(|&v| position(0, v)).collect();
+        let dst: Vec<i64> = ids
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .map(|&v| position(1, v))
+            .collect();
+        let scores = tch::no_grad(|| {
+            scorer.score(rows, &Tensor::from_slice(&src), &Tensor::from_slice(&dst))
+        })?;
+        let values = Vec::<f32>::try_from(&scores.f_to_kind(Kind::Float)?)?;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.write_bytes(&bytes)?;
+        at += count;
+    }
+    w.finish()?;
+    std::fs::rename(&tmp, &cfg.out).map_err(|e| Error::io(cfg.out.display(), e))?;
+    Ok(())
+}
+
 /// The pairs file, checked: integers of shape `[N, 2]`.
-fn open_pairs(path: &Path) -> Result<NpyFile> {
+pub(crate) fn open_pairs(path: &Path) -> Result<NpyFile> {
     let f = NpyFile::open(path)?;
     if !f.dtype().is_integer() || f.shape().len() != 2 || f.shape()[1] != 2 {
         return Err(Error::InvalidArgument(format!(
@@ -149,8 +174,9 @@ fn infer_summary(cfg: &ScoreConfig, card: &ModelCard) -> Result<InferSummary> {
     Ok(summary)
 }
 
-/// The distinct nodes of the pairs, sorted, each below `num_nodes`.
-fn endpoints(pairs: &NpyFile, num_nodes: u64) -> Result<Vec<u64>> {
+/// The distinct nodes of the pairs (of one `side`, 0 the sources and 1 the
+/// destinations, or both), sorted, each below `num_nodes`.
+pub(crate) fn endpoints(pairs: &NpyFile, side: Option<usize>, num_nodes: u64) -> Result<Vec<u64>> {
     let n = pairs.shape()[0];
     let mut seen = vec![0u64; num_nodes.div_ceil(64) as usize];
     let mut at = 0;
@@ -158,6 +184,9 @@ fn endpoints(pairs: &NpyFile, num_nodes: u64) -> Result<Vec<u64>> {
         let count = CHUNK.min(n - at);
         let ids = pairs.read_u64(2 * at, 2 * count as usize)?;
         for (i, &v) in ids.iter().enumerate() {
+            if side.is_some_and(|s| s != i % 2) {
+                continue;
+            }
             if v >= num_nodes {
                 return Err(Error::InvalidArgument(format!(
                     "{}: pair {} holds node {v}, out of range for the {num_nodes} nodes the embeddings are of",
@@ -175,12 +204,14 @@ fn endpoints(pairs: &NpyFile, num_nodes: u64) -> Result<Vec<u64>> {
 }
 
 /// The embeddings of `endpoints` (sorted), row by row, read from the
-/// output's parts.
-fn read_embeddings(
+/// output's parts `files`; `written` says how many rows they hold (of what
+/// type) where one is missing.
+pub(crate) fn read_embeddings(
     cfg: &ScoreConfig,
-    summary: &InferSummary,
+    files: &[String],
     endpoints: &[u64],
     width: usize,
+    written: (u64, &str),
 ) -> Result<Vec<f32>> {
     let store = Store::open(&cfg.embeddings)?;
     let mut table = vec![0f32; endpoints.len() * width];
@@ -191,7 +222,7 @@ fn read_embeddings(
             offgnn_shared::store::redact(&store.join(name))
         ))
     };
-    for name in &summary.files {
+    for name in files {
         let bytes = store.get(name)?;
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
             .and_then(|b| b.build())
@@ -226,10 +257,11 @@ fn read_embeddings(
     }
     if let Some(k) = found.iter().position(|f| !f) {
         return Err(Error::InvalidArgument(format!(
-            "{}: node {} of the pairs has no embedding there (trainer infer wrote {} nodes; run it with --nodes all)",
+            "{}: node {}{} of the pairs has no embedding there (trainer infer wrote {} nodes; run it with --nodes all)",
             offgnn_shared::store::redact(&cfg.embeddings),
             endpoints[k],
-            summary.nodes_written
+            written.1,
+            written.0
         )));
     }
     Ok(table)

@@ -45,7 +45,13 @@ pub fn is_typed_model(location: &str) -> Result<bool> {
     }
     let card: serde_json::Value =
         serde_json::from_slice(&store.get(crate::export::CARD)?).unwrap_or_default();
-    Ok(card["format_version"].as_u64() == Some(u64::from(super::export::TYPED_FORMAT_VERSION)))
+    let typed = [
+        super::export::TYPED_FORMAT_VERSION,
+        super::export::TYPED_LINK_FORMAT_VERSION,
+    ];
+    Ok(card["format_version"]
+        .as_u64()
+        .is_some_and(|v| typed.contains(&(v as u32))))
 }
 
 /// One node type's figures.
@@ -121,6 +127,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> 
     let ds = TypedDataset::open(crate::inference::local_dataset(cfg)?)?;
     let fingerprint = ds.fingerprint()?;
     let m = load(cfg, &ds, &fingerprint)?;
+    let cfg = &outputs_of(cfg, &m.card)?;
     let out = Store::open(&cfg.out)?;
     let previous = commit::read(&out, COMMIT)?;
     if previous.is_some() && !cfg.overwrite {
@@ -239,10 +246,30 @@ fn check_flags(cfg: &InferConfig) -> Result<()> {
             "--hidden-dtype f16 is not built for typed models; their hidden layers are float32",
         );
     }
-    if cfg.outputs.link_embedding {
-        return bad("typed link-prediction models are not built");
-    }
     Ok(())
+}
+
+/// The columns a typed model writes: a link-prediction model has no
+/// classes, and `--outputs embeddings` is its output, every type's
+/// last-layer rows (what its scorer takes).
+fn outputs_of(cfg: &InferConfig, card: &TypedModelCard) -> Result<InferConfig> {
+    let o = cfg.outputs;
+    match card.scorer {
+        None => Ok(cfg.clone()),
+        Some(_) if o.embeddings && !o.probabilities && !o.logits => Ok(InferConfig {
+            outputs: crate::inference::Outputs {
+                embeddings: true,
+                link_embedding: true,
+                ..Default::default()
+            },
+            ..cfg.clone()
+        }),
+        Some(scorer) => Err(Error::InvalidArgument(format!(
+            "{}: a link-prediction model ({} scorer) has no classes; pass --outputs embeddings for every node's embedding",
+            offgnn_shared::store::redact(&cfg.model),
+            scorer.name()
+        ))),
+    }
 }
 
 /// Reads the export, checks it against the dataset and builds the model.
@@ -542,7 +569,9 @@ impl<'c> Run<'c> {
                         w.append(&h, rows::piece_bytes(self.cfg.memory))?
                     }
                     None => {
-                        let logits = (t == ds.target).then(|| m.model.classify(&h)).transpose()?;
+                        let logits = (t == ds.target && m.card.scorer.is_none())
+                            .then(|| m.model.classify(&h))
+                            .transpose()?;
                         let keep = keep[t].as_ref().expect("checked above");
                         let part = output::Part {
                             type_name: &ds.node_types[t].name,

@@ -162,7 +162,10 @@ fn push_list(
 
 /// The columns written for `outputs`, for the target type and the others.
 pub(super) fn columns(outputs: Outputs) -> (Vec<String>, Vec<String>) {
-    let mut target = vec!["node_id".to_string(), "class".to_string()];
+    let mut target = vec!["node_id".to_string()];
+    if outputs.class() {
+        target.push("class".into());
+    }
     if outputs.probabilities {
         target.push("probabilities".into());
     }
