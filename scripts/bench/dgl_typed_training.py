@@ -96,8 +96,8 @@ class RGNN(nn.Module):
 
 
 fanouts = [int(x) for x in args.fanout.split(",")]
-# offgnn lists fan-outs input layer first; DGL's sampler, output layer first.
-sampler = dgl.dataloading.NeighborSampler(list(reversed(fanouts)))
+# Both list the input layer first: DGL's sample_blocks walks reversed(fanouts) from the seeds.
+sampler = dgl.dataloading.NeighborSampler(fanouts)
 model = RGNN(g.canonical_etypes, {t: f.shape[1] for t, f in feats.items()}, args.hidden,
              meta["tasks"][0]["num_classes"], len(fanouts), args.model, args.heads, args.dropout)
 opt = torch.optim.Adam(model.parameters(), lr=args.lr)
