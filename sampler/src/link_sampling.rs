@@ -368,6 +368,13 @@ mod tests {
             })
             .sum();
         assert!(chi2 < 500.0, "chi-square {chi2}");
+        // Rows of another type's range: the same draws, moved by its first id.
+        let moved = NegativeSampler::by_degree(&csr, 1_000);
+        let (mut a, mut b) = (
+            batch_rng(4, Split::Train, 0, 0),
+            batch_rng(4, Split::Train, 0, 0),
+        );
+        assert!((0..1000).all(|_| moved.draw(&mut a) == 1_000 + sampler.draw(&mut b)));
         // Uniform draws would put a hub at a ring node's rate: far off.
         let uniform = NegativeSampler::uniform(0..400);
         let hub = (0..draws).filter(|_| uniform.draw(&mut rng) == 0).count() as f64;

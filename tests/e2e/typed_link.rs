@@ -202,6 +202,56 @@ fn a_typed_relation_splits_into_a_link_task_and_samples_without_its_own_edges() 
         assert_one_line(&run("sampler", &args), says);
         assert!(!none.exists());
     }
+    // A task of a relation the graph lacks, or a pair out of its type's
+    // range, stops sampling in one line naming the file.
+    let broken = |name: &str, edit: &dyn Fn(&Path)| {
+        let copy = path(name);
+        let cp = std::process::Command::new("cp")
+            .args(["-r", lp.to_str().unwrap(), copy.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(cp.success());
+        edit(&copy);
+        let out = path(&format!("{name}-samples"));
+        run(
+            "sampler",
+            &[
+                "--dataset",
+                copy.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--task",
+                "link",
+            ],
+        )
+    };
+    let r = broken("no-relation", &|d| {
+        let meta = std::fs::read_to_string(d.join("metadata.yaml")).unwrap();
+        let at = meta.find("name: link_prediction").unwrap();
+        let tasks = meta[at..].replace(RELATION, "paper:likes:author");
+        std::fs::write(d.join("metadata.yaml"), format!("{}{tasks}", &meta[..at])).unwrap();
+    });
+    assert_one_line(
+        &r,
+        "is of relation 'paper:likes:author', which is not in graph.edges",
+    );
+    let authors_count = task_ds.node_types[author].num;
+    let r = broken("out-of-range", &|d| {
+        let f = d.join("set/lp_train_seeds.npy");
+        std::fs::remove_file(&f).unwrap();
+        let mut w =
+            offgnn_shared::npy::NpyWriter::create(&f, offgnn_shared::npy::DType::I64, &[1, 2])
+                .unwrap();
+        w.write_bytes(&[0i64.to_le_bytes(), (authors_count as i64).to_le_bytes()].concat())
+            .unwrap();
+        w.finish().unwrap();
+    });
+    assert_one_line(
+        &r,
+        &format!(
+            "pair 0 holds node {authors_count}, out of range for {authors_count} nodes of type 'author'"
+        ),
+    );
     // Packed, verified, and trained: R-SAGE encodes both types, the MLP
     // scores pairs, evaluation ranks each held-out pair against its 10
     // negatives.
