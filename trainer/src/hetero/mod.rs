@@ -106,12 +106,14 @@ impl Rgnn {
                     let (s, _, d) = &schema.relations[r];
                     let p = &layer / schema.conv_name(r);
                     match cfg.kind {
+                        // PyG's `SAGEConv` initializes `lin_l` as
+                        // `torch.nn.Linear` does.
                         RelationalKind::Rsage => Conv::Sage {
                             lin_l: nn::linear(
                                 &p / "lin_l",
                                 width(*s),
                                 cfg.hidden,
-                                Default::default(),
+                                crate::model::torch_linear_init(width(*s)),
                             ),
                         },
                         RelationalKind::Rgat => gat_conv(&p, (width(*s), width(*d)), cfg),
@@ -122,10 +124,10 @@ impl Rgnn {
         }
         Ok(Rgnn {
             convs,
-            lin: cfg
-                .scorer
-                .is_none()
-                .then(|| nn::linear(vs / "lin", cfg.hidden, cfg.classes, Default::default())),
+            lin: cfg.scorer.is_none().then(|| {
+                let init = crate::model::torch_linear_init(cfg.hidden);
+                nn::linear(vs / "lin", cfg.hidden, cfg.classes, init)
+            }),
             scorer: cfg
                 .scorer
                 .map(|kind| crate::link::Scorer::new(vs, kind, cfg.hidden)),

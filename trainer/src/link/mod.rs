@@ -53,7 +53,7 @@ impl Scorer {
             ScorerKind::Dot => Vec::new(),
             ScorerKind::Mlp => [(0, dim), (2, dim), (4, 1)]
                 .into_iter()
-                .map(|(i, out)| nn::linear(&p / i, dim, out, torch_linear_init(dim)))
+                .map(|(i, out)| nn::linear(&p / i, dim, out, crate::model::torch_linear_init(dim)))
                 .collect(),
         };
         Scorer { lins }
@@ -77,23 +77,6 @@ impl Scorer {
             }
         }
         z.f_squeeze_dim(-1)
-    }
-}
-
-/// `torch.nn.Linear`'s own initialization, weights and bias uniform in
-/// `±1/sqrt(fan_in)` (tch's default draws the weights 2.45 times wider,
-/// Kaiming's ReLU gain), as DGL's and PyG's link-prediction examples
-/// initialize their predictors.
-fn torch_linear_init(fan_in: i64) -> nn::LinearConfig {
-    let bound = 1.0 / (fan_in as f64).sqrt();
-    let uniform = nn::Init::Uniform {
-        lo: -bound,
-        up: bound,
-    };
-    nn::LinearConfig {
-        ws_init: uniform,
-        bs_init: Some(uniform),
-        bias: true,
     }
 }
 
