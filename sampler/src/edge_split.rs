@@ -200,6 +200,31 @@ pub struct SplitSummary {
     pub seconds: f64,
 }
 
+impl SplitSummary {
+    /// The summary of `split` (of `edges` edges over `num_nodes` nodes),
+    /// the typed graph's relation and reverse named.
+    fn of(
+        (num_nodes, edges): (u64, usize),
+        split: &EdgeSplit,
+        cfg: &SplitConfig,
+        (relation, reverse): (Option<String>, Option<String>),
+        started: Instant,
+    ) -> SplitSummary {
+        SplitSummary {
+            num_nodes,
+            relation,
+            reverse,
+            edges: edges as u64,
+            train_edges: split.train_edges.len() as u64,
+            train_pairs: split.train_pairs.len() as u64,
+            valid_pairs: split.valid.pairs.len() as u64,
+            test_pairs: split.test.pairs.len() as u64,
+            negatives: cfg.negatives,
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
 /// Splits the edges of the dataset at `dataset` as `cfg` says and writes
 /// the dataset with the training graph and the `link_prediction` task to
 /// `out` (whole or not at all; `overwrite` replaces a dataset this program
@@ -251,18 +276,13 @@ pub fn split_dataset(
         node_labels: false,
         extra_tasks: vec![link_task(None)],
     })?;
-    Ok(SplitSummary {
-        num_nodes: ds.num_nodes,
-        relation: None,
-        reverse: None,
-        edges: edges.len() as u64,
-        train_edges: split.train_edges.len() as u64,
-        train_pairs: split.train_pairs.len() as u64,
-        valid_pairs: split.valid.pairs.len() as u64,
-        test_pairs: split.test.pairs.len() as u64,
-        negatives: cfg.negatives,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    Ok(SplitSummary::of(
+        (ds.num_nodes, edges.len()),
+        &split,
+        cfg,
+        (None, None),
+        started,
+    ))
 }
 
 /// [`split_dataset`] on a typed graph: `cfg.relation` split, the held-out
@@ -351,18 +371,17 @@ fn split_typed(
     meta.tasks.push(link_task(Some(&rel.name)));
     meta.dataset_name = Some(format!("{}-split-edges", ds.name));
     writer.commit_metadata(&meta)?;
-    Ok(SplitSummary {
-        num_nodes: ds.num_nodes(),
-        relation: Some(rel.name.clone()),
-        reverse: reverse.map(|i| ds.relations[i].name.clone()),
-        edges: edges.len() as u64,
-        train_edges: split.train_edges.len() as u64,
-        train_pairs: split.train_pairs.len() as u64,
-        valid_pairs: split.valid.pairs.len() as u64,
-        test_pairs: split.test.pairs.len() as u64,
-        negatives: cfg.negatives,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    let names = (
+        Some(rel.name.clone()),
+        reverse.map(|i| ds.relations[i].name.clone()),
+    );
+    Ok(SplitSummary::of(
+        (ds.num_nodes(), edges.len()),
+        &split,
+        cfg,
+        names,
+        started,
+    ))
 }
 
 /// The relation `--relation` names and its reverse (`--reverse`, else

@@ -383,19 +383,8 @@ mod tests {
 
     #[test]
     fn a_typed_batch_loses_its_pairs_edges_over_every_relation_and_keeps_its_relation_runs() {
-        use crate::synthetic::{GeneratorConfig, TypedFeatures, generate_typed};
-        use crate::typed_sampling::{RelationFanouts, TypedGraph};
-        use offgnn_shared::dataset::TypedDataset;
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("igbh");
-        let cfg = GeneratorConfig {
-            num_nodes: 2_000,
-            feature_dim: 4,
-            ..GeneratorConfig::default()
-        };
-        generate_typed(&out, &cfg, &TypedFeatures::default(), false, false).unwrap();
-        let ds = TypedDataset::open(&out).unwrap();
-        let g = TypedGraph::from_dataset(&ds, true, |_| {}).unwrap();
+        use crate::typed_sampling::RelationFanouts;
+        let (_dir, ds, g) = crate::typed_sampling::tests::graph();
         let names: Vec<String> = ds.relations.iter().map(|r| r.name.clone()).collect();
         let fanouts = RelationFanouts::parse(&["4,4".to_string()], &names).unwrap();
         let r = names

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import yaml
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--dataset", required=True)
@@ -42,23 +41,11 @@ torch.manual_seed(args.seed)
 np.random.seed(args.seed)
 import dgl  # noqa: E402  (after the thread settings)
 import dgl.nn as dglnn  # noqa: E402
+import dgl_typed_data  # noqa: E402  (beside this script)
 
 dgl.seed(args.seed)
 root = args.dataset
-with open(os.path.join(root, "metadata.yaml")) as f:
-    meta = yaml.safe_load(f)
-counts = {n["type"]: n["num"] for n in meta["graph"]["nodes"]}
-data = {}
-for e in meta["graph"]["edges"]:
-    s, r, d = e["type"].split(":")
-    ei = np.load(os.path.join(root, e["path"]))
-    data[(s, r, d)] = (torch.from_numpy(ei[0].astype(np.int64)), torch.from_numpy(ei[1].astype(np.int64)))
-g = dgl.to_simple(dgl.heterograph(data, num_nodes_dict=counts), copy_ndata=False)
-feats = {
-    fd["type"]: torch.from_numpy(np.load(os.path.join(root, fd["path"])).astype(np.float32))
-    for fd in meta["feature_data"]
-    if fd["name"] == "feat"
-}
+meta, g, feats = dgl_typed_data.load(root)
 task = next(t for t in meta["tasks"] if t["name"] == "link_prediction")
 target = tuple(task["train_set"][0]["type"].split(":"))
 src_type, _, dst_type = target

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import yaml
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--dataset", required=True)
@@ -36,24 +35,11 @@ torch.set_num_threads(args.threads)
 torch.manual_seed(args.seed)
 import dgl  # noqa: E402  (after the thread settings)
 import dgl.nn as dglnn  # noqa: E402
+import dgl_typed_data  # noqa: E402  (beside this script)
 
 root = args.dataset
-with open(os.path.join(root, "metadata.yaml")) as f:
-    meta = yaml.safe_load(f)
-counts = {n["type"]: n["num"] for n in meta["graph"]["nodes"]}
-data = {}
-for e in meta["graph"]["edges"]:
-    s, r, d = e["type"].split(":")
-    ei = np.load(os.path.join(root, e["path"]))
-    data[(s, r, d)] = (torch.from_numpy(ei[0].astype(np.int64)), torch.from_numpy(ei[1].astype(np.int64)))
-g = dgl.heterograph(data, num_nodes_dict=counts)
-g = dgl.to_simple(g, copy_ndata=False)
-feats, label_path = {}, None
-for fd in meta["feature_data"]:
-    if fd["name"] == "feat":
-        feats[fd["type"]] = torch.from_numpy(np.load(os.path.join(root, fd["path"])).astype(np.float32))
-    elif fd["name"] == "label":
-        label_path = os.path.join(root, fd["path"])
+meta, g, feats = dgl_typed_data.load(root)
+label_path = next(os.path.join(root, fd["path"]) for fd in meta["feature_data"] if fd["name"] == "label")
 task = meta["tasks"][0]
 target = task["train_set"][0]["type"]
 labels = torch.from_numpy(np.load(label_path).astype(np.int64))

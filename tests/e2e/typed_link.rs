@@ -25,6 +25,15 @@ fn edges(ds: &Path, relation: &str) -> HashSet<(u64, u64)> {
     (0..n).map(|i| (e[i], e[n + i])).collect()
 }
 
+/// One node pair as an `[1, 2]` int64 `.npy`.
+fn write_pair(path: &Path, (u, v): (u64, u64)) {
+    use offgnn_shared::npy::{DType, NpyWriter};
+    let mut w = NpyWriter::create(path, DType::I64, &[1, 2]).unwrap();
+    w.write_bytes(&[u.to_le_bytes(), v.to_le_bytes()].concat())
+        .unwrap();
+    w.finish().unwrap();
+}
+
 fn batches(out: &Path) -> (RunSummary, Vec<SampledBatch>) {
     let store = offgnn_shared::store::Store::open(out.to_str().unwrap()).unwrap();
     let run = RunSummary::read(&store).unwrap();
@@ -239,12 +248,7 @@ fn a_typed_relation_splits_into_a_link_task_and_samples_without_its_own_edges() 
     let r = broken("out-of-range", &|d| {
         let f = d.join("set/lp_train_seeds.npy");
         std::fs::remove_file(&f).unwrap();
-        let mut w =
-            offgnn_shared::npy::NpyWriter::create(&f, offgnn_shared::npy::DType::I64, &[1, 2])
-                .unwrap();
-        w.write_bytes(&[0i64.to_le_bytes(), (authors_count as i64).to_le_bytes()].concat())
-            .unwrap();
-        w.finish().unwrap();
+        write_pair(&f, (0, authors_count));
     });
     assert_one_line(
         &r,
@@ -379,22 +383,23 @@ fn a_typed_relation_splits_into_a_link_task_and_samples_without_its_own_edges() 
     ]);
     eprintln!("typed link embeddings against PyG: {said}");
     // The test queries' pairs, type-local, scored.
-    let scores = path("scores.npy");
-    let seeds = lp.join("set/lp_test_seeds.npy");
-    let r = run(
-        "trainer",
-        &[
+    let score = |pairs: &Path, out: &Path| {
+        let args = [
             "score",
             "--model",
             export.to_str().unwrap(),
             "--embeddings",
             emb.to_str().unwrap(),
             "--pairs",
-            seeds.to_str().unwrap(),
+            pairs.to_str().unwrap(),
             "--out",
-            scores.to_str().unwrap(),
-        ],
-    );
+            out.to_str().unwrap(),
+        ];
+        run("trainer", &args)
+    };
+    let scores = path("scores.npy");
+    let seeds = lp.join("set/lp_test_seeds.npy");
+    let r = score(&seeds, &scores);
     assert!(r.status.success(), "{}", r.stderr);
     let rows = read(&seeds).len() / 2;
     let f = NpyFile::open(&scores).unwrap();
@@ -418,27 +423,8 @@ fn a_typed_relation_splits_into_a_link_task_and_samples_without_its_own_edges() 
     );
     // Pairs out of the relation's types' ranges are refused in one line.
     let bad = path("bad.npy");
-    let mut w =
-        offgnn_shared::npy::NpyWriter::create(&bad, offgnn_shared::npy::DType::I64, &[1, 2])
-            .unwrap();
-    w.write_bytes(&[0i64.to_le_bytes(), 999_999i64.to_le_bytes()].concat())
-        .unwrap();
-    w.finish().unwrap();
+    write_pair(&bad, (0, 999_999));
     let bad2 = path("bad2.npy");
-    let r = run(
-        "trainer",
-        &[
-            "score",
-            "--model",
-            export.to_str().unwrap(),
-            "--embeddings",
-            emb.to_str().unwrap(),
-            "--pairs",
-            bad.to_str().unwrap(),
-            "--out",
-            bad2.to_str().unwrap(),
-        ],
-    );
-    assert_one_line(&r, "holds node 999999, out of range for the");
+    assert_one_line(&score(&bad, &bad2), "holds node 999999, out of range for the");
     assert!(!bad2.exists());
 }

@@ -6,13 +6,11 @@
 
 use std::time::Instant;
 
-use offgnn_shared::store::Store;
 use tch::{Device, Tensor, nn};
 
 use super::Rgnn;
 use super::infer::TypedInferSummary;
 use crate::error::{Error, Result};
-use crate::inference::COMMIT;
 use crate::link::score::{ScoreConfig, ScoreSummary, endpoints, open_pairs, read_embeddings};
 
 /// Scores `cfg.pairs` with the typed model's scorer.
@@ -24,7 +22,11 @@ pub fn score_typed(cfg: &ScoreConfig, started: Instant) -> Result<ScoreSummary> 
             "{shown}: a node-classification model; `trainer score` scores pairs with a link-prediction model's scorer"
         )));
     };
-    let summary = typed_summary(cfg, &card.weights_sha256)?;
+    let summary: TypedInferSummary = crate::link::score::committed(
+        cfg,
+        |s: &TypedInferSummary| &s.weights_sha256,
+        &card.weights_sha256,
+    )?;
     // The model whole, as exported, for its scorer.
     let mut offset = 0;
     let types: Vec<(String, u64, u64)> = summary
@@ -97,29 +99,4 @@ pub fn score_typed(cfg: &ScoreConfig, started: Instant) -> Result<ScoreSummary> 
         out: cfg.out.display().to_string(),
         seconds: started.elapsed().as_secs_f64(),
     })
-}
-
-/// The commit of the embeddings, checked to be this model's embeddings of
-/// every type.
-fn typed_summary(cfg: &ScoreConfig, weights_sha256: &str) -> Result<TypedInferSummary> {
-    let store = Store::open(&cfg.embeddings)?;
-    let shown = offgnn_shared::store::redact(&cfg.embeddings);
-    let commit = offgnn_shared::commit::read(&store, COMMIT)?.ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "{shown}: no {COMMIT}; is it the output of `trainer infer --outputs embeddings`?"
-        ))
-    })?;
-    let summary: TypedInferSummary = serde_json::from_slice(&commit.body).map_err(|e| {
-        Error::InvalidArgument(format!(
-            "{shown}/{COMMIT}: not a typed model's output ({e})"
-        ))
-    })?;
-    if summary.weights_sha256 != weights_sha256 {
-        return Err(Error::InvalidArgument(format!(
-            "{shown}: holds another model's output (weights {}), not {}'s; run trainer infer --outputs embeddings with this model",
-            summary.weights_sha256,
-            offgnn_shared::store::redact(&cfg.model)
-        )));
-    }
-    Ok(summary)
 }

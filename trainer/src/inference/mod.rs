@@ -58,6 +58,7 @@ mod plan;
 mod pull;
 mod resume;
 mod run;
+pub(crate) use run::outputs_of;
 mod sage;
 mod stream;
 
@@ -119,6 +120,12 @@ impl Outputs {
     /// Whether rows have a predicted class.
     pub fn class(&self) -> bool {
         !self.link_embedding
+    }
+
+    /// Whether rows have an `embedding` column (a node model's hidden
+    /// layer, or a link model's output).
+    pub fn embedding(&self) -> bool {
+        self.embeddings || self.link_embedding
     }
 }
 

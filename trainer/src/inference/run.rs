@@ -57,7 +57,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let started = Instant::now();
     let model = Model::load(&cfg.model, cfg.device)?;
     let card = &model.card;
-    let cfg = &outputs_of(cfg, card)?;
+    let cfg = &outputs_of(cfg, card.scorer)?;
     let (cfg, graph_override) = &graph_of(cfg, card)?;
     let ds = Dataset::open(&local_dataset(cfg)?)?;
     let fingerprint = ds.fingerprint()?;
@@ -143,11 +143,15 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
 /// it (refused in one line) or `graph_override` makes the flags win (then
 /// the second value says so). A card that records no graph (an older
 /// trainer's) leaves the flags as given.
-/// The columns a model writes: a link-prediction model has no classes, and
-/// `--outputs embeddings` is its output, the embedding its scorer takes.
-fn outputs_of(cfg: &InferConfig, card: &ModelCard) -> Result<InferConfig> {
+/// The columns a model writes: a link-prediction model (one with a
+/// `scorer`) has no classes, and `--outputs embeddings` is its output, the
+/// embedding its scorer takes.
+pub(crate) fn outputs_of(
+    cfg: &InferConfig,
+    scorer: Option<crate::link::ScorerKind>,
+) -> Result<InferConfig> {
     let o = cfg.outputs;
-    match card.scorer {
+    match scorer {
         None => Ok(cfg.clone()),
         Some(_) if o.embeddings && !o.probabilities && !o.logits => Ok(InferConfig {
             outputs: Outputs {
@@ -383,7 +387,7 @@ fn columns(cfg: &InferConfig) -> Vec<String> {
         (o.class(), "class"),
         (o.probabilities, "probabilities"),
         (o.logits, "logits"),
-        (o.embeddings || o.link_embedding, "embedding"),
+        (o.embedding(), "embedding"),
     ] {
         if on {
             columns.push(name.into());

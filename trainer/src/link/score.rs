@@ -147,8 +147,14 @@ pub(crate) fn open_pairs(path: &Path) -> Result<NpyFile> {
     Ok(f)
 }
 
-/// The commit of the embeddings, checked to be this model's embeddings.
-fn infer_summary(cfg: &ScoreConfig, card: &ModelCard) -> Result<InferSummary> {
+/// The commit of the embeddings (a summary of `trainer infer`'s, whose
+/// weights `weights_of` gives), checked to be of the model whose weights
+/// are `weights_sha256`.
+pub(crate) fn committed<T: serde::de::DeserializeOwned>(
+    cfg: &ScoreConfig,
+    weights_of: impl Fn(&T) -> &str,
+    weights_sha256: &str,
+) -> Result<T> {
     let store = Store::open(&cfg.embeddings)?;
     let shown = offgnn_shared::store::redact(&cfg.embeddings);
     let commit = offgnn_shared::commit::read(&store, COMMIT)?.ok_or_else(|| {
@@ -156,15 +162,26 @@ fn infer_summary(cfg: &ScoreConfig, card: &ModelCard) -> Result<InferSummary> {
             "{shown}: no {COMMIT}; is it the output of `trainer infer --outputs embeddings`?"
         ))
     })?;
-    let summary: InferSummary = serde_json::from_slice(&commit.body)
-        .map_err(|e| Error::InvalidArgument(format!("{shown}/{COMMIT}: malformed: {e}")))?;
-    if summary.weights_sha256 != card.weights_sha256 {
+    let summary: T = serde_json::from_slice(&commit.body).map_err(|e| {
+        Error::InvalidArgument(format!(
+            "{shown}/{COMMIT}: not the output of a model of this kind ({e})"
+        ))
+    })?;
+    if weights_of(&summary) != weights_sha256 {
         return Err(Error::InvalidArgument(format!(
             "{shown}: holds another model's output (weights {}), not {}'s; run trainer infer --outputs embeddings with this model",
-            summary.weights_sha256,
+            weights_of(&summary),
             offgnn_shared::store::redact(&cfg.model)
         )));
     }
+    Ok(summary)
+}
+
+/// The commit of the embeddings, checked to be this model's embeddings.
+fn infer_summary(cfg: &ScoreConfig, card: &ModelCard) -> Result<InferSummary> {
+    let shown = offgnn_shared::store::redact(&cfg.embeddings);
+    let summary: InferSummary =
+        committed(cfg, |s: &InferSummary| &s.weights_sha256, &card.weights_sha256)?;
     if summary.columns != ["node_id", "embedding"] {
         return Err(Error::InvalidArgument(format!(
             "{shown}: has columns {:?}, not a link model's node_id and embedding",

@@ -127,7 +127,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> 
     let ds = TypedDataset::open(crate::inference::local_dataset(cfg)?)?;
     let fingerprint = ds.fingerprint()?;
     let m = load(cfg, &ds, &fingerprint)?;
-    let cfg = &outputs_of(cfg, &m.card)?;
+    let cfg = &crate::inference::outputs_of(cfg, m.card.scorer)?;
     let out = Store::open(&cfg.out)?;
     let previous = commit::read(&out, COMMIT)?;
     if previous.is_some() && !cfg.overwrite {
@@ -249,29 +249,6 @@ fn check_flags(cfg: &InferConfig) -> Result<()> {
     Ok(())
 }
 
-/// The columns a typed model writes: a link-prediction model has no
-/// classes, and `--outputs embeddings` is its output, every type's
-/// last-layer rows (what its scorer takes).
-fn outputs_of(cfg: &InferConfig, card: &TypedModelCard) -> Result<InferConfig> {
-    let o = cfg.outputs;
-    match card.scorer {
-        None => Ok(cfg.clone()),
-        Some(_) if o.embeddings && !o.probabilities && !o.logits => Ok(InferConfig {
-            outputs: crate::inference::Outputs {
-                embeddings: true,
-                link_embedding: true,
-                ..Default::default()
-            },
-            ..cfg.clone()
-        }),
-        Some(scorer) => Err(Error::InvalidArgument(format!(
-            "{}: a link-prediction model ({} scorer) has no classes; pass --outputs embeddings for every node's embedding",
-            offgnn_shared::store::redact(&cfg.model),
-            scorer.name()
-        ))),
-    }
-}
-
 /// Reads the export, checks it against the dataset and builds the model.
 fn load(cfg: &InferConfig, ds: &TypedDataset, fingerprint: &str) -> Result<Loaded> {
     let (card, named) = super::export::read(&cfg.model)?;
@@ -338,7 +315,7 @@ fn selection(cfg: &InferConfig, ds: &TypedDataset) -> Result<Vec<Option<Vec<bool
     let every = |t: usize| Some(vec![true; ds.node_types[t].num as usize]);
     Ok((0..ds.node_types.len())
         .map(|t| match &cfg.nodes {
-            NodeSet::All if t == ds.target || cfg.outputs.embeddings => every(t),
+            NodeSet::All if t == ds.target || cfg.outputs.embedding() => every(t),
             NodeSet::Split(split) if t == ds.target => {
                 let mut keep = vec![false; ds.node_types[t].num as usize];
                 let offset = ds.node_types[t].offset;

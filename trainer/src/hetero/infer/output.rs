@@ -113,7 +113,7 @@ fn write_part(
             push_list(&mut fields, &mut columns, "logits", &logits)?;
         }
     }
-    if outputs.embeddings {
+    if outputs.embedding() {
         let h = p.embedding.index_select(0, &index);
         push_list(&mut fields, &mut columns, "embedding", &h)?;
     }
@@ -173,7 +173,7 @@ pub(super) fn columns(outputs: Outputs) -> (Vec<String>, Vec<String>) {
         target.push("logits".into());
     }
     let mut others = vec!["node_id".to_string()];
-    if outputs.embeddings {
+    if outputs.embedding() {
         target.push("embedding".into());
         others.push("embedding".into());
     }
