@@ -425,6 +425,9 @@ fn a_typed_relation_splits_into_a_link_task_and_samples_without_its_own_edges() 
     let bad = path("bad.npy");
     write_pair(&bad, (0, 999_999));
     let bad2 = path("bad2.npy");
-    assert_one_line(&score(&bad, &bad2), "holds node 999999, out of range for the");
+    assert_one_line(
+        &score(&bad, &bad2),
+        "holds node 999999, out of range for the",
+    );
     assert!(!bad2.exists());
 }

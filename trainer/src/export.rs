@@ -657,10 +657,16 @@ mod tests {
         std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
         let err = read(loc, Device::Cpu).unwrap_err().to_string();
         assert!(err.contains("a typed graph's model"), "{err}");
-        card["format_version"] = (typed + 1).into();
+        // ... and so is format 4, a typed link-prediction model's.
+        let typed_link = crate::hetero::export::TYPED_LINK_FORMAT_VERSION;
+        card["format_version"] = typed_link.into();
+        std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
+        let err = read(loc, Device::Cpu).unwrap_err().to_string();
+        assert!(err.contains("a typed graph's model"), "{err}");
+        card["format_version"] = (typed_link + 1).into();
         std::fs::write(&card_path, serde_json::to_vec(&card).unwrap()).unwrap();
         let newer = read(loc, Device::Cpu).unwrap_err().to_string();
-        let want = format!("format version {} is newer", typed + 1);
+        let want = format!("format version {} is newer", typed_link + 1);
         assert!(newer.contains(&want), "{newer}");
         let card_given = read(&format!("{loc}/{CARD}"), Device::Cpu)
             .unwrap_err()

@@ -180,8 +180,11 @@ pub(crate) fn committed<T: serde::de::DeserializeOwned>(
 /// The commit of the embeddings, checked to be this model's embeddings.
 fn infer_summary(cfg: &ScoreConfig, card: &ModelCard) -> Result<InferSummary> {
     let shown = offgnn_shared::store::redact(&cfg.embeddings);
-    let summary: InferSummary =
-        committed(cfg, |s: &InferSummary| &s.weights_sha256, &card.weights_sha256)?;
+    let summary: InferSummary = committed(
+        cfg,
+        |s: &InferSummary| &s.weights_sha256,
+        &card.weights_sha256,
+    )?;
     if summary.columns != ["node_id", "embedding"] {
         return Err(Error::InvalidArgument(format!(
             "{shown}: has columns {:?}, not a link model's node_id and embedding",
