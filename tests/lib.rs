@@ -246,6 +246,19 @@ pub fn import_cora(out: &Path, extra: &[&str]) {
     assert!(r.status.success(), "{}", r.stderr);
 }
 
+/// `sampler split-edges` of the dataset at `ds` into `out` with `flags`.
+pub fn split_edges(ds: &Path, out: &Path, flags: &[&str]) -> Run {
+    let mut args = vec![
+        "split-edges",
+        "--dataset",
+        ds.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(flags);
+    run("sampler", &args)
+}
+
 /// Samples the dataset at `ds` into `out` with `flags`, and checks that it
 /// succeeded.
 pub fn sample(ds: &Path, out: &Path, flags: &[&str]) {

@@ -436,17 +436,7 @@ fn split_edges_writes_a_link_prediction_dataset_without_its_held_out_edges() {
     let ds = offgnn_e2e::generate(dir.path(), &["--nodes", "3000", "--feature-dim", "8"]);
     let out = dir.path().join("lp");
     let split = |extra: &[&str]| {
-        let mut args = vec![
-            "split-edges",
-            "--dataset",
-            ds.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--negatives",
-            "20",
-        ];
-        args.extend_from_slice(extra);
-        run("sampler", &args)
+        offgnn_e2e::split_edges(&ds, &out, &[&["--negatives", "20"], extra].concat())
     };
     let r = split(&[]);
     assert!(r.status.success(), "{}", r.stderr);
@@ -538,15 +528,7 @@ fn split_edges_writes_a_link_prediction_dataset_without_its_held_out_edges() {
         ),
         (vec!["--negatives", "0"], "--negatives must be at least 1"),
     ] {
-        let mut args = vec![
-            "split-edges",
-            "--dataset",
-            ds.to_str().unwrap(),
-            "--out",
-            other.to_str().unwrap(),
-        ];
-        args.extend(flags);
-        let r = run("sampler", &args);
+        let r = offgnn_e2e::split_edges(&ds, &other, &flags);
         assert!(!r.status.success());
         assert!(r.stderr.contains(says), "{}", r.stderr);
         assert!(!other.exists());
@@ -596,18 +578,7 @@ fn link_prediction_batches_never_hold_their_own_edges_and_rank_the_given_negativ
     let dir = tempfile::tempdir().unwrap();
     let ds = offgnn_e2e::generate(dir.path(), &["--nodes", "3000", "--feature-dim", "8"]);
     let lp = dir.path().join("lp");
-    let r = run(
-        "sampler",
-        &[
-            "split-edges",
-            "--dataset",
-            ds.to_str().unwrap(),
-            "--out",
-            lp.to_str().unwrap(),
-            "--negatives",
-            "20",
-        ],
-    );
+    let r = offgnn_e2e::split_edges(&ds, &lp, &["--negatives", "20"]);
     assert!(r.status.success(), "{}", r.stderr);
     let task = LinkTask::open(&lp, 3000).unwrap().unwrap();
     let sample = |out: &str, extra: &[&str]| {

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use offgnn_e2e::{assert_one_line, run, workspace};
+use offgnn_e2e::{assert_one_line, run, split_edges, workspace};
 use offgnn_shared::dataset::{LinkTask, Split, TypedDataset};
 use offgnn_shared::npy::NpyFile;
 use offgnn_shared::samples::{RunSummary, SampledBatch, read_file};
@@ -66,19 +66,7 @@ fn a_typed_relation_splits_into_a_link_task_and_samples_without_its_own_edges() 
     );
     assert!(r.status.success(), "{}", r.stderr);
     let lp = path("lp");
-    let split = |extra: &[&str]| {
-        let mut args = vec![
-            "split-edges",
-            "--dataset",
-            ds.to_str().unwrap(),
-            "--out",
-            lp.to_str().unwrap(),
-            "--negatives",
-            "10",
-        ];
-        args.extend_from_slice(extra);
-        run("sampler", &args)
-    };
+    let split = |extra: &[&str]| split_edges(&ds, &lp, &[&["--negatives", "10"], extra].concat());
     let r = split(&["--relation", RELATION]);
     assert!(r.status.success(), "{}", r.stderr);
     let s = r.json()["summary"].clone();
@@ -200,15 +188,7 @@ fn a_typed_relation_splits_into_a_link_task_and_samples_without_its_own_edges() 
             "another relation from 'author' to 'paper'",
         ),
     ] {
-        let mut args = vec![
-            "split-edges",
-            "--dataset",
-            ds.to_str().unwrap(),
-            "--out",
-            none.to_str().unwrap(),
-        ];
-        args.extend(flags);
-        assert_one_line(&run("sampler", &args), says);
+        assert_one_line(&split_edges(&ds, &none, &flags), says);
         assert!(!none.exists());
     }
     // A task of a relation the graph lacks, or a pair out of its type's
