@@ -359,11 +359,12 @@ fn a_card_given_for_its_export_is_refused(t: &Trained) {
 fn a_model_of_a_newer_format_is_refused(t: &Trained) {
     let newer = String::from_utf8(std::fs::read(t.export.join("model.json")).unwrap())
         .unwrap()
-        .replacen("\"format_version\": 1", "\"format_version\": 4", 1);
+        .replacen("\"format_version\": 1", "\"format_version\": 5", 1);
     std::fs::write(t.export.join("model.json"), newer).unwrap();
+    // (3 and 4 are typed models' formats, named as such.)
     offgnn_e2e::assert_one_line(
         &run("trainer", &["show-model", "--model", t.x()]),
-        "format version 4 is newer",
+        "format version 5 is newer",
     );
 }
 
