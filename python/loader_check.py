@@ -279,8 +279,10 @@ def no_threads_left(manifest):
 
 
 CTRL_C = r"""
-import json, os, sys, time
+import faulthandler, json, os, signal, sys, time
 import offgnn
+# Where each thread is, on SIGUSR1: what a check that times out reports.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 loader = offgnn.Loader(sys.argv[1], split="train", device="cpu", prefetch=1)
 def names():
     return [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
@@ -310,7 +312,20 @@ def ctrl_c(manifest):
                          stderr=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "in a pass"
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=30)
+    # The threads' joining is timed inside (joined_s); the wait here only
+    # bounds a child that never exits, and says where its threads are.
+    try:
+        out, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        tasks = {}
+        for t in os.listdir(f"/proc/{p.pid}/task"):
+            with open(f"/proc/{p.pid}/task/{t}/comm") as f, open(f"/proc/{p.pid}/task/{t}/wchan") as w:
+                tasks[t] = (f.read().strip(), w.read().strip())
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"no exit 120 s after Ctrl-C; threads {tasks}; stdout {out!r}; stderr {err[-6000:]}")
     assert p.returncode == 0, err
     r = json.loads(out.strip().splitlines()[-1])
     assert r["threads_after"] == r["base"] and r["joined_s"] < 1.0, r
