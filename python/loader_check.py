@@ -283,6 +283,10 @@ import faulthandler, json, os, signal, sys, time
 import offgnn
 # Where each thread is, on SIGUSR1: what a check that times out reports.
 faulthandler.register(signal.SIGUSR1, all_threads=True)
+# Ctrl-C raises KeyboardInterrupt, as in an interactive Python, even when
+# this runs under a background job (a non-interactive shell starts those
+# with SIGINT ignored, and Python then leaves it ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 loader = offgnn.Loader(sys.argv[1], split="train", device="cpu", prefetch=1)
 def names():
     return [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
