@@ -11,7 +11,7 @@ use offgnn_shared::samples::{DatasetInfo, NodeTypeInfo};
 use crate::config::SampleConfig;
 use crate::error::Result;
 use crate::memory::InputShape;
-use crate::topology::Csr;
+use crate::topology::{Csr, CsrOptions};
 use crate::typed_sampling::{RelationFanouts, TypedGraph};
 
 /// The dataset a run samples.
@@ -58,11 +58,14 @@ impl Input<'_> {
         }
     }
 
-    /// Builds the sampling graph on the pool, showing progress over
-    /// `edges` (all relations'); returns it with the seconds it took.
+    /// Builds the sampling graph on the pool, each relation's build holding
+    /// up to `hold_bytes` ([`crate::topology::CsrOptions::hold_bytes`]),
+    /// showing progress over `edges` (all relations'); returns it with the
+    /// seconds it took.
     pub fn build_graph(
         &self,
         cfg: &SampleConfig,
+        hold_bytes: u64,
         pool: &rayon::ThreadPool,
     ) -> Result<(Graph, f64)> {
         let started = Instant::now();
@@ -74,21 +77,26 @@ impl Input<'_> {
                 .map(|r| r.edges.len_hint().unwrap_or(0))
                 .sum(),
         };
-        // Two passes over the edges (count, then fill).
+        // Two passes over the edges (count, then fill); the second counts
+        // nothing where the first pass's chunks are held.
         let bar =
             offgnn_shared::progress::bar_if(cfg.show_progress, edges * 2, "topology", "edges");
         let graph = match self {
             Input::Plain(ds) => {
-                let csr =
-                    pool.install(|| Csr::from_edge_list(&ds.edges, cfg.csr, |n| bar.inc(n)))?;
+                let opts = CsrOptions {
+                    hold_bytes,
+                    ..cfg.csr
+                };
+                let csr = pool.install(|| Csr::from_edge_list(&ds.edges, opts, |n| bar.inc(n)))?;
                 Graph::Plain(csr)
             }
             Input::Typed(ds) => {
                 let layers = RelationFanouts {
                     layers: cfg.relation_fanouts.clone(),
                 };
-                let g =
-                    pool.install(|| TypedGraph::from_dataset(ds, cfg.csr.dedup, |n| bar.inc(n)))?;
+                let g = pool.install(|| {
+                    TypedGraph::from_dataset(ds, cfg.csr.dedup, hold_bytes, |n| bar.inc(n))
+                })?;
                 Graph::Typed(g, layers)
             }
         };

@@ -3,7 +3,7 @@
 //! statement exceeds it). Every part is an upper bound on what the run
 //! allocates; the end-to-end suite checks a run's peak RSS against it.
 
-use crate::topology::CHUNK;
+use crate::topology::{CHUNK, held_bytes};
 use offgnn_shared::dataset::{Dataset, EdgeList, EdgeSource, LinkTask, Split, TypedDataset};
 use serde::Serialize;
 
@@ -27,8 +27,14 @@ const UPLOAD_BYTES: u64 = 9 * (16 << 20);
 pub struct MemoryEstimate {
     /// The sampling graph: u64 offsets and u32 neighbor ids.
     pub graph_bytes: u64,
-    /// Extra while the graph is built: per-node cursors and edge chunks.
+    /// Extra while the graph is built: per-node cursors and edge chunks,
+    /// and `graph_hold_bytes`.
     pub graph_build_bytes: u64,
+    /// The first pass's sorted edges, kept for the second pass (the largest
+    /// relation's, one relation being built at a time) when that fits
+    /// under what the sampling after the build takes anyway, so that the
+    /// peak stays where it is; 0 when the edges are read twice instead.
+    pub graph_hold_bytes: u64,
     /// Per-thread node maps of the sampler.
     pub scratch_bytes: u64,
     /// Sampled batches between the threads and the Parquet encoder, at
@@ -63,6 +69,8 @@ pub struct InputShape {
     pub num_nodes: u64,
     pub graph_rows: u64,
     pub input_edges: u64,
+    /// The edges of the largest relation (all of them on an untyped graph).
+    pub largest_relation_edges: u64,
     pub seeds: [u64; 3],
     pub fanouts: Vec<usize>,
 }
@@ -81,6 +89,7 @@ impl InputShape {
             num_nodes: ds.num_nodes,
             graph_rows: ds.num_nodes,
             input_edges: file_edges(&ds.edges),
+            largest_relation_edges: file_edges(&ds.edges),
             seeds: Split::ALL.map(|s| ds.split(s).seeds.len() as u64),
             fanouts: cfg.fanouts.clone(),
         }
@@ -98,6 +107,12 @@ impl InputShape {
                 .map(|r| ds.node_types[r.dst].num + 1)
                 .sum(),
             input_edges: ds.relations.iter().map(|r| file_edges(&r.edges)).sum(),
+            largest_relation_edges: ds
+                .relations
+                .iter()
+                .map(|r| file_edges(&r.edges))
+                .max()
+                .unwrap_or(0),
             seeds: Split::ALL.map(|s| ds.split(s).seeds.len() as u64),
             fanouts: fanouts
                 .iter()
@@ -175,10 +190,22 @@ pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>)
     };
     let output_bytes = ROW_GROUP_BYTES + UPLOAD_BYTES;
     let sampling = scratch_bytes + batches_in_flight_bytes + output_bytes + plan_bytes;
+    let held = held_bytes(
+        shape.largest_relation_edges,
+        cfg.csr.add_reverse,
+        cfg.threads,
+    );
+    let graph_hold_bytes = if graph_build_bytes.saturating_add(held) <= sampling {
+        held
+    } else {
+        0
+    };
+    let graph_build_bytes = graph_build_bytes + graph_hold_bytes;
     let total_bytes = RUNTIME_BYTES + graph_bytes + graph_build_bytes.max(sampling);
     MemoryEstimate {
         graph_bytes,
         graph_build_bytes,
+        graph_hold_bytes,
         scratch_bytes,
         batches_in_flight_bytes,
         output_bytes,

@@ -216,7 +216,7 @@ fn run_input(cfg: &SampleConfig, input: Input, store: &Store) -> Result<Outcome>
         .map_err(|e| {
             Error::InvalidArgument(format!("cannot start {} threads: {e}", cfg.threads))
         })?;
-    let (graph, csr_seconds) = input.build_graph(cfg, &pool)?;
+    let (graph, csr_seconds) = input.build_graph(cfg, memory.graph_hold_bytes, &pool)?;
     log_graph(&graph, csr_seconds);
 
     if let Some(signal) = offgnn_shared::signals::received() {
@@ -389,7 +389,7 @@ fn state_memory(
 /// Logs the sampling graph's size, and the repeated edges it dropped.
 fn log_graph(graph: &Graph, seconds: f64) {
     tracing::info!(
-        "topology: {} nodes, {} edges in CSR ({seconds:.1} s)",
+        "topology: {} nodes, {} edges in CSR ({seconds:.2} s)",
         graph.num_nodes(),
         graph.num_edges(),
     );

@@ -5,7 +5,9 @@
 //! refused. Built in two streaming passes over the edge list (count, then
 //! fill), so memory is the CSR itself plus one counter per node and a
 //! chunk of edges; each chunk is sorted into buckets of rows first, so that
-//! the threads count and fill disjoint rows, each bucket's in cache.
+//! the threads count and fill disjoint rows, each bucket's in cache. Where
+//! memory allows ([`CsrOptions::hold_bytes`]), the first pass keeps its
+//! sorted chunks and the second places them without reading the edges again.
 
 use rayon::prelude::*;
 
@@ -22,6 +24,11 @@ pub struct CsrOptions {
     pub dedup: bool,
     /// Keep `v -> v` edges.
     pub keep_self_loops: bool,
+    /// Bytes the build may spend keeping the first pass's sorted chunks (see
+    /// [`held_bytes`]), so that the second pass places them from memory
+    /// instead of reading, converting and sorting the edges again; an edge
+    /// stream larger than this is read twice.
+    pub hold_bytes: u64,
 }
 
 impl Default for CsrOptions {
@@ -30,8 +37,19 @@ impl Default for CsrOptions {
             add_reverse: false,
             dedup: false,
             keep_self_loops: true,
+            hold_bytes: 0,
         }
     }
+}
+
+/// What [`CsrOptions::hold_bytes`] must be for the build to keep every
+/// sorted chunk of `edges` edges: two u32s an entry (two entries an edge
+/// with `add_reverse`) and each chunk's bucket starts, on `threads` threads.
+pub fn held_bytes(edges: u64, add_reverse: bool, threads: usize) -> u64 {
+    let entries = if add_reverse { 2 * edges } else { edges };
+    let chunks = edges.div_ceil(CHUNK as u64);
+    let starts = chunks * threads as u64 * (MAX_BUCKETS as u64 + 1) * 8;
+    entries.saturating_mul(8).saturating_add(starts)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,7 +118,10 @@ impl Csr {
                 return Err(Error::Topology("edge chunk with unequal sides".into()));
             }
             for (ids, bound) in [(src, num_cols), (dst, num_rows)] {
-                if let Some(&bad) = ids.iter().find(|&&id| id >= bound) {
+                // The largest id first (vectorized); the scan for a bad one only past a bound.
+                if ids.iter().max().is_some_and(|&max| max >= bound)
+                    && let Some(&bad) = ids.iter().find(|&&id| id >= bound)
+                {
                     return Err(Error::Topology(format!(
                         "node id {bad} is out of range for {bound} nodes"
                     )));
@@ -115,8 +136,12 @@ impl Csr {
         // its edges in stream order, whatever the thread count.
         let mut buckets = Buckets::new(n, opts);
 
-        // Pass 1: in-degrees (and out-degrees when reversing) into `offsets[v + 1]`.
+        // Pass 1: in-degrees (and out-degrees when reversing) into
+        // `offsets[v + 1]`; each sorted chunk kept while they fit in
+        // `opts.hold_bytes`.
         let mut offsets = vec![0u64; n + 1];
+        let mut held: Option<Vec<Vec<Part>>> = (opts.hold_bytes > 0).then(Vec::new);
+        let mut held_size = 0u64;
         stream(&mut |src, dst| {
             in_range(src, dst)?;
             buckets.fill(src, dst);
@@ -130,6 +155,14 @@ impl Csr {
                         degrees[(row - first) as usize] += 1;
                     }
                 });
+            if let Some(chunks) = held.as_mut() {
+                held_size += buckets.bytes();
+                if held_size <= opts.hold_bytes {
+                    chunks.push(std::mem::take(&mut buckets.parts));
+                } else {
+                    held = None;
+                }
+            }
             Ok(())
         })?;
         for i in 0..n {
@@ -145,10 +178,8 @@ impl Csr {
         let slots: Vec<usize> = buckets.rows.iter().map(|&v| offsets[v] as usize).collect();
         let mut seen = 0u64;
         let changed = || Error::Topology("the edge stream changed between passes".into());
-        stream(&mut |src, dst| {
-            in_range(src, dst)?;
-            buckets.fill(src, dst);
-            let entries = &buckets;
+        let mut place = |buckets: &Buckets| -> Result<()> {
+            let entries = buckets;
             split_at_bounds(&mut indices, &slots)
                 .into_par_iter()
                 .zip(split_at_bounds(&mut cursor, &buckets.rows))
@@ -169,7 +200,21 @@ impl Csr {
                 })?;
             seen += buckets.len() as u64;
             Ok(())
-        })?;
+        };
+        match held {
+            Some(chunks) => {
+                for parts in chunks {
+                    buckets.parts = parts;
+                    place(&buckets)?;
+                }
+            }
+            None => stream(&mut |src, dst| {
+                in_range(src, dst)?;
+                buckets.fill(src, dst);
+                place(&buckets)
+            })?,
+        }
+        drop(buckets);
         if seen != total {
             return Err(changed());
         }
@@ -300,12 +345,11 @@ pub fn stream_ahead(
     let (recycle, spare) = std::sync::mpsc::channel::<Chunk>();
     std::thread::scope(|s| {
         let reader = s.spawn(move || {
-            edges.for_each_chunk::<Error>(CHUNK, |src, dst| {
+            edges.for_each_chunk_vec::<Error>(CHUNK, |src, dst| {
+                // The chunk's own vectors go ahead; a spare pair takes their place.
                 let (mut a, mut b) = spare.try_recv().unwrap_or_default();
-                a.clear();
-                a.extend_from_slice(src);
-                b.clear();
-                b.extend_from_slice(dst);
+                std::mem::swap(&mut a, src);
+                std::mem::swap(&mut b, dst);
                 // Refused only once `f` failed, whose error is the one returned.
                 ahead
                     .send((a, b))
@@ -387,6 +431,14 @@ impl Buckets {
     fn len(&self) -> usize {
         self.parts.iter().map(|p| p.entries.len()).sum()
     }
+
+    /// Bytes the sorted chunk holds (as [`held_bytes`] counts them).
+    fn bytes(&self) -> u64 {
+        self.parts
+            .iter()
+            .map(|p| 8 * (p.entries.len() + p.starts.len()) as u64)
+            .sum()
+    }
 }
 
 impl Part {
@@ -396,6 +448,7 @@ impl Part {
         let mut sizes = vec![0usize; count];
         for_entries(src, dst, opts, |row, _| sizes[(row >> shift) as usize] += 1);
         self.starts.clear();
+        self.starts.reserve_exact(count + 1);
         self.starts.push(0);
         let mut at = 0;
         for size in sizes {
@@ -501,8 +554,11 @@ mod tests {
             dedup: bool,
             keep_self_loops: bool,
             chunk in 1usize..64,
+            hold_bytes in prop_oneof![Just(0u64), Just(u64::MAX), 1u64..4000],
         ) {
-            let opts = CsrOptions { add_reverse, dedup, keep_self_loops };
+            // Holding nothing, everything, or the first chunks only (then
+            // reading the stream again).
+            let opts = CsrOptions { add_reverse, dedup, keep_self_loops, hold_bytes };
             let csr = build(n, &edges, opts, chunk).unwrap();
             let want = naive(n, &edges, opts);
             prop_assert_eq!(csr.num_nodes(), n);
@@ -536,15 +592,16 @@ mod tests {
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            for (add_reverse, dedup, keep_self_loops) in [
-                (false, false, true),
-                (true, true, false),
-                (true, false, true),
+            for (add_reverse, dedup, keep_self_loops, hold_bytes) in [
+                (false, false, true, 0),
+                (true, true, false, u64::MAX),
+                (true, false, true, 200_000),
             ] {
                 let opts = CsrOptions {
                     add_reverse,
                     dedup,
                     keep_self_loops,
+                    hold_bytes,
                 };
                 let csr = pool.install(|| build(n, &edges, opts, 7_000)).unwrap();
                 let want = naive(n, &edges, opts);
@@ -559,6 +616,48 @@ mod tests {
                 assert_eq!(csr.num_edges(), total as u64);
             }
         }
+    }
+
+    #[test]
+    fn held_chunks_spare_the_second_read_and_too_few_bytes_read_twice() {
+        let edges: Vec<(u64, u64)> = (0..1000).map(|i| (i % 97, (i * 7) % 101)).collect();
+        let (src, dst): (Vec<u64>, Vec<u64>) = edges.iter().copied().unzip();
+        let reads = |hold_bytes: u64| {
+            let mut reads = 0;
+            let opts = CsrOptions {
+                dedup: true,
+                hold_bytes,
+                ..Default::default()
+            };
+            let csr = Csr::build(101, opts, |sink| {
+                reads += 1;
+                for (s, d) in src.chunks(100).zip(dst.chunks(100)) {
+                    sink(s, d)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(
+                csr,
+                build(
+                    101,
+                    &edges,
+                    CsrOptions {
+                        dedup: true,
+                        ..Default::default()
+                    },
+                    100
+                )
+                .unwrap()
+            );
+            reads
+        };
+        assert_eq!(
+            reads(held_bytes(1000, false, rayon::current_num_threads())),
+            1
+        );
+        assert_eq!(reads(4000), 2);
+        assert_eq!(reads(0), 2);
     }
 
     #[test]

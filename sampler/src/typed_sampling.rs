@@ -39,9 +39,15 @@ pub struct TypedGraph {
 
 impl TypedGraph {
     /// Builds every relation's CSR from the dataset's edge files; `dedup`
-    /// keeps each (source, destination) pair of a relation once.
+    /// keeps each (source, destination) pair of a relation once; each
+    /// relation's build may hold `hold_bytes` ([`CsrOptions::hold_bytes`]).
     /// `progress` gets the edges consumed.
-    pub fn from_dataset(ds: &TypedDataset, dedup: bool, progress: impl Fn(u64)) -> Result<Self> {
+    pub fn from_dataset(
+        ds: &TypedDataset,
+        dedup: bool,
+        hold_bytes: u64,
+        progress: impl Fn(u64),
+    ) -> Result<Self> {
         let mut offsets: Vec<u64> = ds.node_types.iter().map(|t| t.offset).collect();
         offsets.push(ds.num_nodes());
         let mut relations = Vec::with_capacity(ds.relations.len());
@@ -52,6 +58,7 @@ impl TypedGraph {
                 add_reverse: false,
                 dedup,
                 keep_self_loops: true,
+                hold_bytes,
             };
             let csr = Csr::build_rows(dst.num, src.num, opts, |sink| {
                 stream_ahead(&r.edges, |s, d| {
@@ -307,7 +314,7 @@ pub(crate) mod tests {
         };
         generate_typed(&out, &cfg, &TypedFeatures::default(), false, false).unwrap();
         let ds = TypedDataset::open(&out).unwrap();
-        let g = TypedGraph::from_dataset(&ds, true, |_| {}).unwrap();
+        let g = TypedGraph::from_dataset(&ds, true, 0, |_| {}).unwrap();
         (dir, ds, g)
     }
 

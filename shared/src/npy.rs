@@ -534,6 +534,26 @@ impl NpyFile {
     /// As [`NpyFile::read_u64`], into `out`, with `raw` for the file's
     /// bytes: a caller reading chunk after chunk keeps both, so that no
     /// chunk pays for fresh pages.
+    /// `count` elements of an i64 or u64 array from element `start`, read
+    /// straight into `out` (no staging copy): a negative i64 comes out as
+    /// 2^63 or more, for the caller's bound to catch.
+    pub fn read_u64_direct(&self, start: u64, count: usize, out: &mut Vec<u64>) -> Result<()> {
+        let dtype = self.header.dtype;
+        if !matches!(dtype, DType::I64 | DType::U64) {
+            return Err(Error::npy(
+                &self.path,
+                format!("expected a 64-bit integer array, found {dtype}"),
+            ));
+        }
+        out.resize(count, 0);
+        self.read_data_at(start * 8, bytemuck::cast_slice_mut(out.as_mut_slice()))?;
+        // The file is little-endian: a no-op on this kind of host.
+        for v in out.iter_mut() {
+            *v = u64::from_le(*v);
+        }
+        Ok(())
+    }
+
     pub fn read_u64_into(
         &self,
         start: u64,

@@ -225,6 +225,7 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
         add_reverse: args.add_reverse,
         dedup: args.dedup,
         keep_self_loops: !args.drop_self_loops,
+        hold_bytes: 0,
     };
     let started = Instant::now();
     let bar = progress::bar(ds.edges.len_hint().unwrap_or(0) * 2, "edges", "edges");

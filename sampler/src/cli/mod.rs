@@ -456,6 +456,8 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
             add_reverse: args.add_reverse_edges,
             dedup: !args.keep_duplicate_edges,
             keep_self_loops: !args.drop_self_loops,
+            // Set from the run's memory statement, once the dataset's shape is known.
+            hold_bytes: 0,
         },
         show_progress: true,
         memory_limit: args

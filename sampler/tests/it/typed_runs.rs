@@ -60,7 +60,7 @@ fn a_typed_run_samples_every_relation_within_its_fanouts() {
     let store = Store::open(out.to_str().unwrap()).unwrap();
     let summary = RunSummary::read(&store).unwrap();
     let ds = TypedDataset::open(&ds_path).unwrap();
-    let g = TypedGraph::from_dataset(&ds, true, |_| {}).unwrap();
+    let g = TypedGraph::from_dataset(&ds, true, u64::MAX, |_| {}).unwrap();
     let names: Vec<String> = ds.relations.iter().map(|r| r.name.clone()).collect();
     assert_eq!(summary.dataset.relations, names);
     let types: Vec<(&str, u64, Option<u64>)> = summary

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use super::checks::{require_integer, resolve};
 use super::metadata::{EdgeMeta, Metadata};
 use crate::error::{Error, Result};
-use crate::npy::NpyFile;
+use crate::npy::{DType, NpyFile};
 
 /// Where the edges live.
 #[derive(Debug)]
@@ -106,6 +106,17 @@ impl EdgeList {
         chunk: usize,
         mut f: impl FnMut(&[u64], &[u64]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
+        self.for_each_chunk_vec(chunk, |src, dst| f(src, dst))
+    }
+
+    /// As [`EdgeList::for_each_chunk`], handing `f` the vectors the chunk
+    /// was read into: `f` may swap them for others and keep them, so that
+    /// a reader thread passes chunks on without copying them.
+    pub fn for_each_chunk_vec<E: From<Error>>(
+        &self,
+        chunk: usize,
+        mut f: impl FnMut(&mut Vec<u64>, &mut Vec<u64>) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
         let chunk = chunk.max(1);
         let check = |path: &Path, ids: &[u64], base: u64, what: &str| -> Result<()> {
             let (bound, of_type) = match what {
@@ -115,7 +126,27 @@ impl EdgeList {
                     self.endpoint_types.as_ref().map(|t| &t[1]),
                 ),
             };
-            if let Some((i, &v)) = ids.iter().enumerate().find(|(_, v)| **v >= bound) {
+            // One comparison an id: the branch is taken once, at a bad id.
+            if ids.iter().fold(false, |bad, &v| bad | (v >= bound)) {
+                let (i, &v) = ids
+                    .iter()
+                    .enumerate()
+                    .find(|(_, v)| **v >= bound)
+                    .expect("an id out of range");
+                if let EdgeSource::Numpy(file) = &self.source
+                    && file.dtype() == DType::I64
+                    && (v as i64) < 0
+                {
+                    let side = if what == "source" { 0 } else { file.shape()[1] };
+                    return Err(Error::npy(
+                        path,
+                        format!(
+                            "negative value {} at element {}",
+                            v as i64,
+                            side + base + i as u64
+                        ),
+                    ));
+                }
                 let nodes = match of_type {
                     Some(t) => format!("{bound} nodes of type '{t}'"),
                     None => format!("{bound} nodes"),
@@ -135,13 +166,21 @@ impl EdgeList {
                 let e = file.shape()[1];
                 let mut start = 0u64;
                 let (mut raw, mut src, mut dst) = (Vec::new(), Vec::new(), Vec::new());
+                // Edge files' usual dtypes are read straight into the ids; a
+                // negative i64 comes out past every bound, and `check` names it.
+                let direct = matches!(file.dtype(), DType::I64 | DType::U64);
                 while start < e {
                     let n = chunk.min((e - start) as usize);
-                    file.read_u64_into(start, n, &mut raw, &mut src)?;
-                    file.read_u64_into(e + start, n, &mut raw, &mut dst)?;
+                    if direct {
+                        file.read_u64_direct(start, n, &mut src)?;
+                        file.read_u64_direct(e + start, n, &mut dst)?;
+                    } else {
+                        file.read_u64_into(start, n, &mut raw, &mut src)?;
+                        file.read_u64_into(e + start, n, &mut raw, &mut dst)?;
+                    }
                     check(file.path(), &src, start, "source")?;
                     check(file.path(), &dst, start, "destination")?;
-                    f(&src, &dst)?;
+                    f(&mut src, &mut dst)?;
                     start += n as u64;
                 }
                 Ok(())
@@ -194,8 +233,9 @@ impl EdgeList {
                     if src.len() == chunk {
                         check(path, &src, base, "source")?;
                         check(path, &dst, base, "destination")?;
-                        f(&src, &dst)?;
-                        base += src.len() as u64;
+                        let len = src.len() as u64;
+                        f(&mut src, &mut dst)?;
+                        base += len;
                         src.clear();
                         dst.clear();
                     }
@@ -203,7 +243,7 @@ impl EdgeList {
                 if !src.is_empty() {
                     check(path, &src, base, "source")?;
                     check(path, &dst, base, "destination")?;
-                    f(&src, &dst)?;
+                    f(&mut src, &mut dst)?;
                 }
                 Ok(())
             }

@@ -256,6 +256,16 @@ fn an_id_out_of_its_types_range_is_refused() {
         "{err}"
     );
 
+    // A negative id, read straight into the unsigned ids, is named as such
+    // (element 4: the destination row's second).
+    let root = tiny_typed(&dir.path().join("n"));
+    write_authorship(&root, &[0, 1, 2], &[0, -1, 1]);
+    let err = open_err(&root);
+    assert!(
+        err.contains("written_by.npy") && err.contains("negative value -1 at element 4"),
+        "{err}"
+    );
+
     let root = tiny_typed(&dir.path().join("b"));
     fs::write(root.join("edges/cites.csv"), "0,1\n5,2\n").unwrap();
     let err = open_err(&root);
