@@ -195,6 +195,12 @@ fn run_input(cfg: &SampleConfig, input: Input, store: &Store) -> Result<Outcome>
     let started = Instant::now();
     let previous = check_output(store, cfg)?;
     let link_task = match cfg.link {
+        None if input.split(Split::Train).seeds.is_empty() => {
+            return Err(Error::InvalidArgument(format!(
+                "{} has no node classification task (its only task is link_prediction): sample it with --task link",
+                input.root().display()
+            )));
+        }
         None => None,
         Some(_) => {
             let task = match input {

@@ -12,6 +12,7 @@ mod full_disk;
 mod help;
 mod historical;
 mod link;
+mod link_only;
 mod loader;
 mod packer;
 mod pipeline;

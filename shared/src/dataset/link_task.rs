@@ -13,6 +13,7 @@ use std::path::Path;
 
 use super::checks::{require_integer, resolve};
 use super::metadata::{METADATA_FILE, Metadata, SetMeta, read_metadata};
+use super::tasks::LINK_TASK;
 use super::typed::TypedDataset;
 use crate::error::{Error, Result};
 use crate::npy::NpyFile;
@@ -131,7 +132,7 @@ impl LinkTask {
     ) -> Result<Option<LinkTask>> {
         let meta_path = root.join(METADATA_FILE);
         let meta: Metadata = read_metadata(&meta_path)?;
-        let Some(task) = meta.tasks.iter().find(|t| t.name == "link_prediction") else {
+        let Some(task) = meta.tasks.iter().find(|t| t.name == LINK_TASK) else {
             return Ok(None);
         };
         let bad = |fault: String| Error::dataset(&meta_path, fault);

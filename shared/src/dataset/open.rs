@@ -17,6 +17,7 @@ pub struct Dataset {
     pub root: PathBuf,
     pub name: String,
     pub num_nodes: u64,
+    /// 0 for a graph for link prediction alone (its seed sets are empty).
     pub num_classes: u32,
     pub edges: EdgeList,
     pub features: NpyFile,
@@ -47,18 +48,24 @@ impl Dataset {
         let node_features = node_features(&meta);
         let features = open_features(&root, &meta_path, &node_features, num_nodes)?;
         let node_labels = open_node_labels(&root, &meta_path, &node_features, num_nodes)?;
-        let (task, num_classes) = classification_task(&meta, &meta_path)?;
-        if let Some((path, labels)) = &node_labels {
-            check_labels(path, labels, num_classes)?;
-        }
-        let [train, valid, test] = load_sets(
-            &root,
-            &meta_path,
-            task,
-            num_nodes,
-            num_classes,
-            node_labels.as_ref().map(|(_, l)| l.as_slice()),
-        )?;
+        // A graph for link prediction alone has no classes and no seed sets.
+        let (num_classes, [train, valid, test]) = match classification_task(&meta, &meta_path)? {
+            Some((task, num_classes)) => {
+                if let Some((path, labels)) = &node_labels {
+                    check_labels(path, labels, num_classes)?;
+                }
+                let sets = load_sets(
+                    &root,
+                    &meta_path,
+                    task,
+                    num_nodes,
+                    num_classes,
+                    node_labels.as_ref().map(|(_, l)| l.as_slice()),
+                )?;
+                (num_classes, sets)
+            }
+            None => (0, Default::default()),
+        };
         Ok(Dataset {
             name: dataset_name(&meta, &root),
             root,

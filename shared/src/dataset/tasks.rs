@@ -28,27 +28,40 @@ pub struct SeedSet {
     pub labels: Vec<u32>,
 }
 
-/// The task to train: the one named `node_classification`, else the first;
-/// and its class count, which must fit 32 bits and not be 0.
+/// The node classification task: the one named `node_classification`,
+/// else the first task that is not `link_prediction`; and its class count,
+/// which must fit 32 bits and not be 0. `None` where `link_prediction` is
+/// the dataset's only task (a graph for link prediction alone, as
+/// GraphBolt's ogbl-citation2 is).
 pub(super) fn classification_task<'m>(
     meta: &'m Metadata,
     meta_path: &Path,
-) -> Result<(&'m TaskMeta, u64)> {
+) -> Result<Option<(&'m TaskMeta, u64)>> {
     let bad = |fault: String| Error::dataset(meta_path, fault);
     let task = meta
         .tasks
         .iter()
         .find(|t| t.name == "node_classification")
-        .or(meta.tasks.first())
-        .ok_or_else(|| bad("no task: a node classification task is required".into()))?;
+        .or_else(|| meta.tasks.iter().find(|t| t.name != LINK_TASK));
+    let Some(task) = task else {
+        if meta.tasks.is_empty() {
+            return Err(bad(
+                "no task: a node classification or link_prediction task is required".into(),
+            ));
+        }
+        return Ok(None);
+    };
     let num_classes = task
         .num_classes
         .ok_or_else(|| bad(format!("task '{}' has no num_classes", task.name)))?;
     if num_classes == 0 || num_classes > u32::MAX as u64 {
         return Err(bad(format!("num_classes {num_classes} is out of range")));
     }
-    Ok((task, num_classes))
+    Ok(Some((task, num_classes)))
 }
+
+/// The name of GraphBolt's link prediction task.
+pub(super) const LINK_TASK: &str = "link_prediction";
 
 /// The entries of `task`'s set for `split`, which it must have.
 pub(super) fn task_set<'t>(

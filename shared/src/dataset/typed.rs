@@ -16,9 +16,11 @@ use std::path::{Path, PathBuf};
 use super::checks::check_labels;
 use super::edges::{EdgeList, open_edge_file};
 use super::features::{open_feature_file, open_label_file};
-use super::metadata::{METADATA_FILE, Metadata, read_metadata};
+use super::metadata::{METADATA_FILE, Metadata, TaskMeta, read_metadata};
 use super::open::dataset_name;
-use super::tasks::{SeedSet, Split, classification_task, read_set_entry, task_set, yaml_key};
+use super::tasks::{
+    LINK_TASK, SeedSet, Split, classification_task, read_set_entry, task_set, yaml_key,
+};
 use crate::error::{Error, Result};
 use crate::npy::NpyFile;
 
@@ -50,8 +52,10 @@ pub struct TypedDataset {
     pub name: String,
     pub node_types: Vec<NodeType>,
     pub relations: Vec<Relation>,
+    /// 0 for a graph for link prediction alone (its seed sets are empty).
     pub num_classes: u32,
-    /// The node type the task's seeds are of.
+    /// The node type the task's seeds are of (for link prediction alone,
+    /// the source type of the task's relation).
     pub target: usize,
     /// Seeds in homogenized ids.
     pub train: SeedSet,
@@ -84,66 +88,21 @@ impl TypedDataset {
         let mut node_types = node_types(&meta, &meta_path)?;
         let relations = relations(&root, &meta_path, &meta, &node_types)?;
         attach_features(&root, &meta_path, &meta, &mut node_types)?;
-        let (task, num_classes) = classification_task(&meta, &meta_path)?;
-        let bad = |fault: String| Error::dataset(&meta_path, fault);
-        let by_name = index_by_name(&node_types);
-        let mut target: Option<usize> = None;
-        let mut sets = Vec::with_capacity(3);
-        for split in Split::ALL {
-            let set = task_set(task, split, &meta_path)?;
-            let [entry] = set else {
-                return Err(bad(format!(
-                    "{} has {} entries; node classification trains one node type, so one",
-                    yaml_key(split),
-                    set.len()
-                )));
+        let (num_classes, target, [train, valid, test]) =
+            match classification_task(&meta, &meta_path)? {
+                Some((task, num_classes)) => {
+                    let (target, sets) =
+                        node_task(&root, &meta_path, task, num_classes, &node_types)?;
+                    (num_classes, target, sets)
+                }
+                // A graph for link prediction alone: no classes, no seed
+                // sets, and the pairs' source type in the summaries.
+                None => (
+                    0,
+                    link_source_type(&meta, &meta_path, &node_types)?,
+                    Default::default(),
+                ),
             };
-            let type_name = entry.node_type.as_deref().ok_or_else(|| {
-                bad(format!(
-                    "{} names no node type; in a typed graph each set names the type of its seeds",
-                    yaml_key(split)
-                ))
-            })?;
-            let &t = by_name.get(type_name).ok_or_else(|| {
-                bad(format!(
-                    "{} is of node type '{type_name}', which is not in graph.nodes",
-                    yaml_key(split)
-                ))
-            })?;
-            if let Some(first) = target
-                && first != t
-            {
-                return Err(bad(format!(
-                    "{} is of node type '{type_name}' but train_set of '{}': the sets of one task are of one type",
-                    yaml_key(split),
-                    node_types[first].name
-                )));
-            }
-            target = Some(t);
-            let node = &node_types[t];
-            let node_labels = node.labels.as_ref().map(|(_, l)| l.as_slice());
-            let mut seeds = read_set_entry(
-                &root,
-                &meta_path,
-                split,
-                entry,
-                (node.num, Some(&node.name)),
-                num_classes,
-                node_labels,
-            )?;
-            for s in &mut seeds.seeds {
-                *s += node.offset as u32;
-            }
-            sets.push(seeds);
-        }
-        let target = target.expect("three sets");
-        if let Some((path, labels)) = &node_types[target].labels {
-            check_labels(path, labels, num_classes)?;
-        }
-        let [train, valid, test]: [SeedSet; 3] = sets.try_into().expect("three sets");
-        if train.seeds.is_empty() {
-            return Err(bad("the train set is empty".into()));
-        }
         Ok(TypedDataset {
             name: dataset_name(&meta, &root),
             root,
@@ -180,6 +139,102 @@ impl TypedDataset {
             Split::Test => &self.test,
         }
     }
+}
+
+/// The node classification task's target type and its three sets, seeds
+/// in homogenized ids, checked against their type and its labels.
+fn node_task(
+    root: &Path,
+    meta_path: &Path,
+    task: &TaskMeta,
+    num_classes: u64,
+    node_types: &[NodeType],
+) -> Result<(usize, [SeedSet; 3])> {
+    let bad = |fault: String| Error::dataset(meta_path, fault);
+    let by_name = index_by_name(node_types);
+    let mut target: Option<usize> = None;
+    let mut sets = Vec::with_capacity(3);
+    for split in Split::ALL {
+        let set = task_set(task, split, meta_path)?;
+        let [entry] = set else {
+            return Err(bad(format!(
+                "{} has {} entries; node classification trains one node type, so one",
+                yaml_key(split),
+                set.len()
+            )));
+        };
+        let type_name = entry.node_type.as_deref().ok_or_else(|| {
+            bad(format!(
+                "{} names no node type; in a typed graph each set names the type of its seeds",
+                yaml_key(split)
+            ))
+        })?;
+        let &t = by_name.get(type_name).ok_or_else(|| {
+            bad(format!(
+                "{} is of node type '{type_name}', which is not in graph.nodes",
+                yaml_key(split)
+            ))
+        })?;
+        if let Some(first) = target
+            && first != t
+        {
+            return Err(bad(format!(
+                "{} is of node type '{type_name}' but train_set of '{}': the sets of one task are of one type",
+                yaml_key(split),
+                node_types[first].name
+            )));
+        }
+        target = Some(t);
+        let node = &node_types[t];
+        let node_labels = node.labels.as_ref().map(|(_, l)| l.as_slice());
+        let mut seeds = read_set_entry(
+            root,
+            meta_path,
+            split,
+            entry,
+            (node.num, Some(&node.name)),
+            num_classes,
+            node_labels,
+        )?;
+        for s in &mut seeds.seeds {
+            *s += node.offset as u32;
+        }
+        sets.push(seeds);
+    }
+    let target = target.expect("three sets");
+    if let Some((path, labels)) = &node_types[target].labels {
+        check_labels(path, labels, num_classes)?;
+    }
+    let sets: [SeedSet; 3] = sets.try_into().expect("three sets");
+    if sets[0].seeds.is_empty() {
+        return Err(bad("the train set is empty".into()));
+    }
+    Ok((target, sets))
+}
+
+/// The node type a link-prediction-only dataset names as its target: the
+/// source type of the relation its `link_prediction` task's train set is
+/// of (the task itself is checked as [`crate::dataset::LinkTask`] opens it).
+fn link_source_type(meta: &Metadata, meta_path: &Path, node_types: &[NodeType]) -> Result<usize> {
+    let relation = meta
+        .tasks
+        .iter()
+        .find(|t| t.name == LINK_TASK)
+        .and_then(|t| t.train_set.as_deref())
+        .and_then(|set| set.first())
+        .and_then(|entry| entry.node_type.as_deref());
+    let source = relation.and_then(|r| r.split(':').next());
+    source
+        .and_then(|name| node_types.iter().position(|t| t.name == name))
+        .ok_or_else(|| {
+            Error::dataset(
+                meta_path,
+                format!(
+                    "link_prediction's train_set is of relation {}: in a typed graph it names one relation of graph.edges as 'src:relation:dst'",
+                    relation.map_or("(none)".to_string(), |r| format!("'{r}'"))
+                ),
+            )
+        })
 }
 
 fn index_by_name(node_types: &[NodeType]) -> HashMap<&str, usize> {
