@@ -143,18 +143,20 @@ pub fn sample_blocks(
 pub(crate) fn choose(neighbors: &[u32], k: usize, rng: &mut impl Rng, out: &mut Vec<u32>) {
     let n = neighbors.len();
     out.clear();
-    // Floyd picks positions; a linear membership test is fastest for the
-    // small k of GNN fan-outs.
-    let mut positions: [usize; 64] = [0; 64];
-    if k <= positions.len() {
-        let mut len = 0;
-        for j in (n - k)..n {
+    // Floyd picks positions; for the small k of GNN fan-outs, a membership
+    // test over all picks so far without an early exit (which the compiler
+    // vectorizes) is fastest, and u32 positions halve its work. Rows of
+    // 2^32 neighbours or more take the general path.
+    let mut positions: [u32; 64] = [0; 64];
+    if k <= positions.len() && n <= u32::MAX as usize {
+        for (len, j) in ((n - k) as u32..n as u32).enumerate() {
             let t = rng.random_range(0..=j);
-            let pick = if positions[..len].contains(&t) { j } else { t };
-            positions[len] = pick;
-            len += 1;
+            let seen = positions[..len]
+                .iter()
+                .fold(false, |seen, &p| seen | (p == t));
+            positions[len] = if seen { j } else { t };
         }
-        out.extend(positions[..len].iter().map(|&p| neighbors[p]));
+        out.extend(positions[..k].iter().map(|&p| neighbors[p as usize]));
     } else {
         let mut chosen = std::collections::HashSet::with_capacity(k);
         for j in (n - k)..n {
@@ -254,6 +256,26 @@ mod tests {
         // Each neighbor is picked with probability 3/10: 6000 expected.
         for c in counts {
             assert!((5600..6400).contains(&c), "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn floyd_draws_every_subset_alike() {
+        // 3 of 6 neighbours: 20 subsets, each 1/20 of 40,000 draws (2,000,
+        // standard deviation 44), and never a neighbour twice.
+        let neighbors: Vec<u32> = (10..16).collect();
+        let mut counts = std::collections::BTreeMap::new();
+        let mut rng = Pcg64Mcg::seed_from_u64(11);
+        let mut out = Vec::new();
+        for _ in 0..40_000 {
+            choose(&neighbors, 3, &mut rng, &mut out);
+            out.sort_unstable();
+            assert!(out.windows(2).all(|w| w[0] < w[1]), "{out:?}");
+            *counts.entry(out.clone()).or_insert(0u32) += 1;
+        }
+        assert_eq!(counts.len(), 20);
+        for (subset, &c) in &counts {
+            assert!((1750..2250).contains(&c), "{subset:?}: {c}");
         }
     }
 
