@@ -110,6 +110,13 @@ fn a_graph_for_link_prediction_alone_samples_packs_and_trains() {
     let opened = TypedDataset::open(&lp).unwrap();
     assert_eq!(opened.num_classes, 0);
     assert_eq!(opened.node_types[opened.target].name, "paper");
+    let r = run("sampler", &["inspect", "--dataset", lp.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let inspected = r.json();
+    assert_eq!(inspected["num_classes"], 0);
+    let task = &inspected["link_prediction"];
+    assert_eq!(task["relation"], "paper:written_by:author", "{inspected}");
+    assert!(task["train_pairs"].as_u64().unwrap() > 0, "{inspected}");
     let s = sample_pack_train(&dir.path().join("igbh-run"), &lp, &[], &["--model", "sage"]);
     assert!(
         s["test_rank_at_best_valid"]["mrr"].as_f64().unwrap() > 0.0,

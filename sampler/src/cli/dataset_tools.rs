@@ -249,16 +249,7 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
             ds.features.path().display()
         );
     }
-    let link_row = link.as_ref().map(|t| {
-        format!(
-            "{} train pairs; {} validation and {} test queries, {} and {} negatives",
-            t.train.pairs.len(),
-            t.valid.positives.len(),
-            t.test.positives.len(),
-            t.valid.negatives.len(),
-            t.test.negatives.len()
-        )
-    });
+    let (link_row, link_json) = link_summary(link.as_ref(), None);
     let mut rows = vec![
         ("nodes", ds.num_nodes.to_string()),
         (
@@ -322,16 +313,39 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
             "valid": ds.valid.seeds.len(),
             "test": ds.test.seeds.len(),
             "csr_seconds": csr_seconds,
-            "link_prediction": link.as_ref().map(|t| serde_json::json!({
-                "train_pairs": t.train.pairs.len(),
-                "valid_queries": t.valid.positives.len(),
-                "valid_negatives": t.valid.negatives.len(),
-                "test_queries": t.test.positives.len(),
-                "test_negatives": t.test.negatives.len(),
-            })),
+            "link_prediction": link_json,
         }),
     );
     Ok(())
+}
+
+/// `inspect`'s line and JSON of a dataset's link prediction task (`relation`:
+/// a typed task's, named in both).
+fn link_summary(
+    link: Option<&offgnn_shared::dataset::LinkTask>,
+    relation: Option<&str>,
+) -> (Option<String>, serde_json::Value) {
+    let Some(t) = link else {
+        return (None, serde_json::Value::Null);
+    };
+    let row = format!(
+        "{}{} train pairs; {} validation and {} test queries, {} and {} negatives",
+        relation.map_or(String::new(), |r| format!("{r}: ")),
+        t.train.pairs.len(),
+        t.valid.positives.len(),
+        t.test.positives.len(),
+        t.valid.negatives.len(),
+        t.test.negatives.len()
+    );
+    let json = serde_json::json!({
+        "relation": relation,
+        "train_pairs": t.train.pairs.len(),
+        "valid_queries": t.valid.positives.len(),
+        "valid_negatives": t.valid.negatives.len(),
+        "test_queries": t.test.positives.len(),
+        "test_negatives": t.test.negatives.len(),
+    });
+    (Some(row), json)
 }
 
 /// `generate --schema igbh`: a typed graph of IGBH's schema.
@@ -441,6 +455,15 @@ fn inspect_typed(args: &InspectArgs) -> anyhow::Result<()> {
             ds.test.seeds.len()
         ),
     ));
+    let link = offgnn_shared::dataset::LinkTask::open_typed(&ds)?;
+    let relation = link
+        .as_ref()
+        .and_then(|t| t.relation)
+        .map(|r| ds.relations[r].name.as_str());
+    let (link_row, link_json) = link_summary(link.as_ref(), relation);
+    if let Some(row) = link_row {
+        rows.push(("link prediction".into(), row));
+    }
     let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     print_summary(
         &format!("dataset {} ({}), typed", ds.name, ds.root.display()),
@@ -459,6 +482,7 @@ fn inspect_typed(args: &InspectArgs) -> anyhow::Result<()> {
             "train": ds.train.seeds.len(),
             "valid": ds.valid.seeds.len(),
             "test": ds.test.seeds.len(),
+            "link_prediction": link_json,
         }),
     );
     Ok(())
