@@ -667,10 +667,6 @@ pub fn files_under(dir: &Path) -> Vec<String> {
     out
 }
 
-/// A generated graph of 3000 nodes whose classes show in its features and
-/// edges, split for link prediction (20 negatives per held-out edge) into
-/// `dir/lp`, sampled with 3 negatives per training pair and packed; returns
-/// the manifest.
 /// The budgets and policy [`typed_pack`] packs with.
 pub const TYPED_PACK_FLAGS: [&str; 8] = [
     "--gpu-cache",
@@ -718,6 +714,10 @@ pub fn typed_pack(dir: &Path) -> PathBuf {
     out
 }
 
+/// A generated graph of 3000 nodes whose classes show in its features and
+/// edges, split for link prediction (20 negatives per held-out edge) into
+/// `dir/lp`, sampled with 3 negatives per training pair and packed; returns
+/// the manifest.
 pub fn link_pack(dir: &Path) -> PathBuf {
     let ds = generate(
         dir,

@@ -50,8 +50,15 @@ fn sample_pack_train(
     );
     let out = dir.join("pack");
     let (samples, out) = (samples.to_str().unwrap(), out.to_str().unwrap());
-    let mut args = vec!["--samples", samples, "--out", out, "--gpu-cache", "8K"];
-    args.extend_from_slice(&["--cpu-cache", "16K", "--disk-budget", "30x"]);
+    let mut args = vec!["--samples", samples, "--out", out];
+    args.extend_from_slice(&[
+        "--gpu-cache",
+        "8K",
+        "--cpu-cache",
+        "16K",
+        "--disk-budget",
+        "30x",
+    ]);
     args.extend_from_slice(packing);
     let r = run("packer", &args);
     assert!(r.status.success(), "{}", r.stderr);
@@ -86,22 +93,10 @@ fn a_graph_for_link_prediction_alone_samples_packs_and_trains() {
         "{s}"
     );
 
-    let typed = dir.path().join("igbh");
-    let r = run(
-        "sampler",
-        &[
-            "generate",
-            "--schema",
-            "igbh",
-            "--nodes",
-            "1500",
-            "--feature-dim",
-            "8",
-            "--out",
-            typed.to_str().unwrap(),
-        ],
+    let typed = generate(
+        &dir.path().join("igbh"),
+        &["--schema", "igbh", "--nodes", "1500", "--feature-dim", "8"],
     );
-    assert!(r.status.success(), "{}", r.stderr);
     let lp = dir.path().join("igbh-lp");
     let flags = ["--negatives", "10", "--relation", "paper:written_by:author"];
     let r = split_edges(&typed, &lp, &flags);
