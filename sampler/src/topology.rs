@@ -101,34 +101,9 @@ impl Csr {
     where
         S: FnMut(&mut dyn FnMut(&[u64], &[u64]) -> Result<()>) -> Result<()>,
     {
-        if let Some(&big) = [num_rows, num_cols].iter().find(|&&n| n >= 1 << 32) {
-            return Err(Error::Topology(format!(
-                "{big} nodes: node ids are 32-bit, so at most {} nodes are supported",
-                u32::MAX
-            )));
-        }
-        if opts.add_reverse && num_rows != num_cols {
-            return Err(Error::Topology(
-                "reverse edges need sources and destinations of one id space".into(),
-            ));
-        }
+        check_shape(num_rows, num_cols, opts)?;
         let n = num_rows as usize;
-        let in_range = |src: &[u64], dst: &[u64]| -> Result<()> {
-            if src.len() != dst.len() {
-                return Err(Error::Topology("edge chunk with unequal sides".into()));
-            }
-            for (ids, bound) in [(src, num_cols), (dst, num_rows)] {
-                // The largest id first (vectorized); the scan for a bad one only past a bound.
-                if ids.iter().max().is_some_and(|&max| max >= bound)
-                    && let Some(&bad) = ids.iter().find(|&&id| id >= bound)
-                {
-                    return Err(Error::Topology(format!(
-                        "node id {bad} is out of range for {bound} nodes"
-                    )));
-                }
-            }
-            Ok(())
-        };
+        let in_range = |src: &[u64], dst: &[u64]| check_chunk(src, dst, num_cols, num_rows);
 
         // Both passes sort each chunk's edges by row bucket first, then
         // handle the buckets in parallel: a bucket's rows are a narrow range
@@ -330,6 +305,42 @@ impl Csr {
     pub fn memory_bytes(&self) -> u64 {
         (self.offsets.len() * 8 + self.indices.len() * 4) as u64
     }
+}
+
+/// A graph of `num_rows` destinations and `num_cols` sources that ids of 32
+/// bits hold, and that `opts` can build.
+fn check_shape(num_rows: u64, num_cols: u64, opts: CsrOptions) -> Result<()> {
+    if let Some(&big) = [num_rows, num_cols].iter().find(|&&n| n >= 1 << 32) {
+        return Err(Error::Topology(format!(
+            "{big} nodes: node ids are 32-bit, so at most {} nodes are supported",
+            u32::MAX
+        )));
+    }
+    if opts.add_reverse && num_rows != num_cols {
+        return Err(Error::Topology(
+            "reverse edges need sources and destinations of one id space".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A chunk's two sides of one length, its sources below `num_cols` and its
+/// destinations below `num_rows`.
+fn check_chunk(src: &[u64], dst: &[u64], num_cols: u64, num_rows: u64) -> Result<()> {
+    if src.len() != dst.len() {
+        return Err(Error::Topology("edge chunk with unequal sides".into()));
+    }
+    for (ids, bound) in [(src, num_cols), (dst, num_rows)] {
+        // The largest id first (vectorized); the scan for a bad one only past a bound.
+        if ids.iter().max().is_some_and(|&max| max >= bound)
+            && let Some(&bad) = ids.iter().find(|&&id| id >= bound)
+        {
+            return Err(Error::Topology(format!(
+                "node id {bad} is out of range for {bound} nodes"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Streams `edges` in chunks of [`CHUNK`] as [`EdgeList::for_each_chunk`]

@@ -98,6 +98,53 @@ impl EdgeList {
         }
     }
 
+    /// `ids` (edge `base` on, the `what` side: "source" or "destination")
+    /// below their side's node count; the first that is not named with its
+    /// edge, or as a negative value of the file.
+    fn check_ids(&self, path: &Path, ids: &[u64], base: u64, what: &str) -> Result<()> {
+        let (bound, of_type) = match what {
+            "source" => (self.num_nodes, self.endpoint_types.as_ref().map(|t| &t[0])),
+            _ => (
+                self.num_dst_nodes,
+                self.endpoint_types.as_ref().map(|t| &t[1]),
+            ),
+        };
+        // One comparison an id: the branch is taken once, at a bad id.
+        if ids.iter().fold(false, |bad, &v| bad | (v >= bound)) {
+            let (i, &v) = ids
+                .iter()
+                .enumerate()
+                .find(|(_, v)| **v >= bound)
+                .expect("an id out of range");
+            if let EdgeSource::Numpy(file) = &self.source
+                && file.dtype() == DType::I64
+                && (v as i64) < 0
+            {
+                let side = if what == "source" { 0 } else { file.shape()[1] };
+                return Err(Error::npy(
+                    path,
+                    format!(
+                        "negative value {} at element {}",
+                        v as i64,
+                        side + base + i as u64
+                    ),
+                ));
+            }
+            let nodes = match of_type {
+                Some(t) => format!("{bound} nodes of type '{t}'"),
+                None => format!("{bound} nodes"),
+            };
+            return Err(Error::npy(
+                path,
+                format!(
+                    "{what} id {v} of edge {} is out of range for {nodes}",
+                    base + i as u64
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Streams the edges in chunks of at most `chunk` pairs, checking every
     /// id against the node count. Memory stays at `O(chunk)`. `f`'s errors
     /// are the caller's own type, which this module's convert into.
@@ -118,49 +165,8 @@ impl EdgeList {
         mut f: impl FnMut(&mut Vec<u64>, &mut Vec<u64>) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
         let chunk = chunk.max(1);
-        let check = |path: &Path, ids: &[u64], base: u64, what: &str| -> Result<()> {
-            let (bound, of_type) = match what {
-                "source" => (self.num_nodes, self.endpoint_types.as_ref().map(|t| &t[0])),
-                _ => (
-                    self.num_dst_nodes,
-                    self.endpoint_types.as_ref().map(|t| &t[1]),
-                ),
-            };
-            // One comparison an id: the branch is taken once, at a bad id.
-            if ids.iter().fold(false, |bad, &v| bad | (v >= bound)) {
-                let (i, &v) = ids
-                    .iter()
-                    .enumerate()
-                    .find(|(_, v)| **v >= bound)
-                    .expect("an id out of range");
-                if let EdgeSource::Numpy(file) = &self.source
-                    && file.dtype() == DType::I64
-                    && (v as i64) < 0
-                {
-                    let side = if what == "source" { 0 } else { file.shape()[1] };
-                    return Err(Error::npy(
-                        path,
-                        format!(
-                            "negative value {} at element {}",
-                            v as i64,
-                            side + base + i as u64
-                        ),
-                    ));
-                }
-                let nodes = match of_type {
-                    Some(t) => format!("{bound} nodes of type '{t}'"),
-                    None => format!("{bound} nodes"),
-                };
-                return Err(Error::npy(
-                    path,
-                    format!(
-                        "{what} id {v} of edge {} is out of range for {nodes}",
-                        base + i as u64
-                    ),
-                ));
-            }
-            Ok(())
-        };
+        let check =
+            |path: &Path, ids: &[u64], base: u64, what: &str| self.check_ids(path, ids, base, what);
         match &self.source {
             EdgeSource::Numpy(file) => {
                 let e = file.shape()[1];
