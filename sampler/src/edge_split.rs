@@ -262,7 +262,8 @@ pub fn split_dataset(
     let writer = DatasetWriter::create(out, overwrite)?;
     write_edges(&writer.path(layout::EDGES), &split.train_edges, (0, 0))?;
     link_or_copy(ds.features.path(), &writer.path(layout::FEATURES))?;
-    for s in Split::ALL {
+    // The node-classification task carried over, where there is one.
+    for s in Split::ALL.into_iter().filter(|_| ds.num_classes > 0) {
         let set = ds.split(s);
         let seeds: Vec<u64> = set.seeds.iter().map(|&v| u64::from(v)).collect();
         let labels: Vec<u64> = set.labels.iter().map(|&v| u64::from(v)).collect();

@@ -85,6 +85,13 @@ fn a_graph_for_link_prediction_alone_samples_packs_and_trains() {
     let opened = Dataset::open(&lp).unwrap();
     assert_eq!(opened.num_classes, 0);
     assert!(opened.train.seeds.is_empty());
+    // It splits anew: the link task replaced, still no node task.
+    let again = dir.path().join("plain-lp-again");
+    let r = split_edges(&lp, &again, &["--negatives", "5"]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let meta = Metadata::read(&again).unwrap();
+    let tasks: Vec<&str> = meta.tasks.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(tasks, ["link_prediction"]);
     let features = lp.join("data/feat.npy");
     let packing = ["--features", features.to_str().unwrap()];
     let s = sample_pack_train(&dir.path().join("plain-run"), &lp, &packing, &[]);
@@ -102,6 +109,12 @@ fn a_graph_for_link_prediction_alone_samples_packs_and_trains() {
     let r = split_edges(&typed, &lp, &flags);
     assert!(r.status.success(), "{}", r.stderr);
     keep_link_task_only(&lp);
+    let again = dir.path().join("igbh-lp-again");
+    let r = split_edges(&lp, &again, &flags);
+    assert!(r.status.success(), "{}", r.stderr);
+    let meta = Metadata::read(&again).unwrap();
+    let tasks: Vec<&str> = meta.tasks.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(tasks, ["link_prediction"]);
     let opened = TypedDataset::open(&lp).unwrap();
     assert_eq!(opened.num_classes, 0);
     assert_eq!(opened.node_types[opened.target].name, "paper");

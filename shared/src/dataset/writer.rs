@@ -129,6 +129,8 @@ fn remove_stale_partials(out: &Path, name: &str) {
 pub struct DatasetSpec {
     pub name: String,
     pub num_nodes: u64,
+    /// 0 for a graph for link prediction alone: no node-classification
+    /// task (and no split files) then.
     pub num_classes: u32,
     /// Whether `data/label.npy` (every node's label) was written; without
     /// it, the splits' label files carry the labels.
@@ -426,15 +428,17 @@ impl DatasetWriter {
                 path: layout::LABELS.into(),
             }))
             .collect(),
-            tasks: std::iter::once(TaskMeta {
-                name: "node_classification".into(),
-                num_classes: Some(spec.num_classes as u64),
-                train_set: set(Split::Train),
-                validation_set: set(Split::Valid),
-                test_set: set(Split::Test),
-            })
-            .chain(spec.extra_tasks.iter().cloned())
-            .collect(),
+            tasks: (spec.num_classes > 0)
+                .then(|| TaskMeta {
+                    name: "node_classification".into(),
+                    num_classes: Some(spec.num_classes as u64),
+                    train_set: set(Split::Train),
+                    validation_set: set(Split::Valid),
+                    test_set: set(Split::Test),
+                })
+                .into_iter()
+                .chain(spec.extra_tasks.iter().cloned())
+                .collect(),
         };
         self.commit_metadata(&meta)
     }
