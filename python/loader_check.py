@@ -449,6 +449,28 @@ def other_layouts(bin_dir, work, dataset):
     return os.path.join(d, "lp-pack", "manifest.json")
 
 
+def typed_link_refused(bin_dir, work):
+    """A typed link-prediction layout, refused as the untyped one is (its
+    batches' pairs are not handed over)."""
+    d = os.path.join(work, "typed")
+    lp = os.path.join(d, "lp")
+    run(bin_dir, "sampler", "split-edges", "--dataset", os.path.join(d, "igbh"), "--out", lp,
+        "--relation", "paper:written_by:author", "--negatives", 5, "--overwrite")
+    run(bin_dir, "sampler", "--dataset", lp, "--out", os.path.join(d, "lp-samples"),
+        "--task", "link", "--negatives", 1, "--fanout", "3,3", "--batch-size", 128,
+        "--epochs", 1, "--overwrite")
+    run(bin_dir, "packer", "--samples", os.path.join(d, "lp-samples"), "--out",
+        os.path.join(d, "lp-pack"), "--gpu-cache", "8K", "--cpu-cache", "16K",
+        "--disk-budget", "40x", "--overwrite")
+    try:
+        offgnn.Loader(os.path.join(d, "lp-pack", "manifest.json"), device="cpu")
+    except RuntimeError as e:
+        line = str(e)
+        assert "\n" not in line and "a link-prediction layout (of paper:written_by:author)" in line, line
+        return line
+    raise AssertionError("a typed link-prediction layout was not refused")
+
+
 SEEDS = r"""
 import json, sys
 import offgnn
@@ -544,6 +566,7 @@ def main():
         out["accuracy"].append(gcn_jk(a.bin_dir, manifest, name, min_acc))
         print(json.dumps(out["accuracy"][-1]), file=sys.stderr)
     typed, out["typed"] = typed_batches(a.bin_dir, a.work)
+    out["refusals"].append(typed_link_refused(a.bin_dir, a.work))
     out["accuracy"].append(hetero_model(typed, HETERO_MIN_ACC))
     out["accuracy"].append(sage_against_trainer(a.bin_dir, a.work))
     print(json.dumps(out))

@@ -67,9 +67,10 @@ fn the_loader_yields_the_trainers_batches_to_pyg_models() {
     assert_eq!(accuracy.len(), 4, "{summary}");
     let ctrl_c = &summary["ctrl_c"];
     assert_eq!(ctrl_c["threads_after"], ctrl_c["base"], "{ctrl_c}");
+    // Six on the untyped layout, and a typed link-prediction layout.
     assert_eq!(
         summary["refusals"].as_array().unwrap().len(),
-        6,
+        7,
         "{summary}"
     );
     assert_eq!(summary["typed"]["batches"], 3, "{summary}");
