@@ -165,15 +165,13 @@ impl EdgeList {
         mut f: impl FnMut(&mut Vec<u64>, &mut Vec<u64>) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
         let chunk = chunk.max(1);
-        let check =
-            |path: &Path, ids: &[u64], base: u64, what: &str| self.check_ids(path, ids, base, what);
         match &self.source {
             EdgeSource::Numpy(file) => {
                 let e = file.shape()[1];
                 let mut start = 0u64;
                 let (mut raw, mut src, mut dst) = (Vec::new(), Vec::new(), Vec::new());
                 // Edge files' usual dtypes are read straight into the ids; a
-                // negative i64 comes out past every bound, and `check` names it.
+                // negative i64 comes out past every bound, and `check_ids` names it.
                 let direct = matches!(file.dtype(), DType::I64 | DType::U64);
                 while start < e {
                     let n = chunk.min((e - start) as usize);
@@ -184,8 +182,8 @@ impl EdgeList {
                         file.read_u64_into(start, n, &mut raw, &mut src)?;
                         file.read_u64_into(e + start, n, &mut raw, &mut dst)?;
                     }
-                    check(file.path(), &src, start, "source")?;
-                    check(file.path(), &dst, start, "destination")?;
+                    self.check_ids(file.path(), &src, start, "source")?;
+                    self.check_ids(file.path(), &dst, start, "destination")?;
                     f(&mut src, &mut dst)?;
                     start += n as u64;
                 }
@@ -237,8 +235,8 @@ impl EdgeList {
                     src.push(s);
                     dst.push(d);
                     if src.len() == chunk {
-                        check(path, &src, base, "source")?;
-                        check(path, &dst, base, "destination")?;
+                        self.check_ids(path, &src, base, "source")?;
+                        self.check_ids(path, &dst, base, "destination")?;
                         let len = src.len() as u64;
                         f(&mut src, &mut dst)?;
                         base += len;
@@ -247,8 +245,8 @@ impl EdgeList {
                     }
                 }
                 if !src.is_empty() {
-                    check(path, &src, base, "source")?;
-                    check(path, &dst, base, "destination")?;
+                    self.check_ids(path, &src, base, "source")?;
+                    self.check_ids(path, &dst, base, "destination")?;
                     f(&mut src, &mut dst)?;
                 }
                 Ok(())

@@ -138,11 +138,6 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     Ok(summary)
 }
 
-/// The configuration to run with: the graph the model was trained on, as
-/// its card records it, built from the edges unless the flags contradict
-/// it (refused in one line) or `graph_override` makes the flags win (then
-/// the second value says so). A card that records no graph (an older
-/// trainer's) leaves the flags as given.
 /// The columns a model writes: a link-prediction model (one with a
 /// `scorer`) has no classes, and `--outputs embeddings` is its output, the
 /// embedding its scorer takes.
@@ -168,6 +163,11 @@ pub(crate) fn outputs_of(
     }
 }
 
+/// The configuration to run with: the graph the model was trained on, as
+/// its card records it, built from the edges unless the flags contradict
+/// it (refused in one line) or `graph_override` makes the flags win (then
+/// the second value says so). A card that records no graph (an older
+/// trainer's) leaves the flags as given.
 fn graph_of(cfg: &InferConfig, card: &ModelCard) -> Result<(InferConfig, Option<String>)> {
     let Some(trained) = card.graph else {
         return Ok((cfg.clone(), None));

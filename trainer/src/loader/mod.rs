@@ -100,6 +100,15 @@ fn pipeline_options() -> PipelineOptions {
     }
 }
 
+/// The refusal of the link-prediction layout at `location` (of `relation`
+/// on a typed graph): the loader hands over node batches only.
+fn link_layout(location: &str, relation: Option<&str>) -> Error {
+    let of = relation.map_or(String::new(), |r| format!(" (of {r})"));
+    Error::Layout(format!(
+        "{location}: a link-prediction layout{of}; the loader yields node batches (a batch's pairs are not handed over)"
+    ))
+}
+
 impl Loader {
     /// Stages (a remote layout into `local_dir`) and opens the layout,
     /// checks its statement against `memory`, and loads its caches.
@@ -117,10 +126,10 @@ impl Loader {
         let (dir, manifest) =
             staging::resolve(&opts.manifest, opts.local_dir.as_deref(), &engine, false)?;
         if manifest.samples.link.is_some() {
-            return Err(Error::Layout(format!(
-                "{}: a link-prediction layout; the loader yields node batches (a batch's pairs are not handed over)",
-                offgnn_shared::store::redact(&opts.manifest)
-            )));
+            return Err(link_layout(
+                &offgnn_shared::store::redact(&opts.manifest),
+                None,
+            ));
         }
         let memory = memory::loader_estimate(
             &manifest,

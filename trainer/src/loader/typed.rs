@@ -77,11 +77,8 @@ impl TypedLoader {
         }
         let manifest = TypedManifest::parse(&dir.display().to_string(), bytes)?;
         if manifest.samples.link.is_some() {
-            return Err(Error::Layout(format!(
-                "{}: a link-prediction layout (of {}); the loader yields node batches (a batch's pairs are not handed over)",
-                dir.display(),
-                manifest.dataset.link_relation
-            )));
+            let relation = Some(manifest.dataset.link_relation.as_str());
+            return Err(super::link_layout(&dir.display().to_string(), relation));
         }
         let engine = IoEngine::new(IoOptions::default());
         let layout = TypedLayout::open(
