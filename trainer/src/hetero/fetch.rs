@@ -40,12 +40,15 @@ pub(super) struct Fetched {
 
 impl Reader<'_> {
     /// Batch `k` of `split` in sampled epoch `epoch`: its topology record
-    /// and blocks, and each type's table and disk reads.
+    /// and blocks, and each type's table and disk reads, into `bufs` (a
+    /// buffer per node type, as [`Fetched::spare_buffers`] hands back;
+    /// empty: fresh ones).
     pub(super) fn fetch(
         &self,
         (split, epoch, k): (Split, u32, usize),
         engine: &IoEngine,
         device: Device,
+        mut bufs: Vec<AlignedBuf>,
     ) -> Result<Fetched> {
         if self.stops_on_signal {
             offgnn_shared::signals::check()?;
@@ -74,7 +77,11 @@ impl Reader<'_> {
                 continue;
             };
             let r = at(&layout.manifest.schedule)?;
-            let l = pipeline::load(layout, engine, src, r, AlignedBuf::new(0), None)?;
+            let buf = bufs.get_mut(t).map_or_else(
+                || AlignedBuf::new(0),
+                |b| std::mem::replace(b, AlignedBuf::new(0)),
+            );
+            let l = pipeline::load(layout, engine, src, r, buf, None)?;
             if (l.table.index, i64::from(l.table.num_inputs)) != (top.index, blocks.num_inputs[t]) {
                 return Err(Error::InvalidArgument(format!(
                     "node type '{}': {split} epoch {epoch} batch {k} is not the topology's (its rows do not match)",
@@ -96,6 +103,23 @@ impl Reader<'_> {
             disk_bytes,
             device,
         })
+    }
+}
+
+impl Fetched {
+    /// The read buffers, one per node type, once the batch is assembled:
+    /// the loader reads the next batches into them, so that after the
+    /// first batches no read lands in fresh (zeroed on first touch) pages.
+    pub(super) fn spare_buffers(&mut self) -> Vec<AlignedBuf> {
+        self.loaded
+            .iter_mut()
+            .map(|l| {
+                l.as_mut().map_or_else(
+                    || AlignedBuf::new(0),
+                    |l| std::mem::replace(&mut l.buf, AlignedBuf::new(0)),
+                )
+            })
+            .collect()
     }
 }
 

@@ -15,7 +15,9 @@ use crate::memory::{PROCESS_BYTES, TORCH_RUNTIME_BYTES};
 use crate::pipeline::FeatureMode;
 
 /// Batches a pipelined run holds read at once: the one the loader thread
-/// reads, two in its queue, and the one the model steps on.
+/// reads, two in its queue, and the one the model steps on. Their read
+/// buffers go round (the loader takes a fresh one only when none is spare
+/// then), so no more than four sets exist.
 const PIPELINED_READS: u64 = 4;
 
 /// States the peak host memory of training `cfg`'s model on `m` with rows

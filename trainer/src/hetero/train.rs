@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use offgnn_manifests::{Split, TypedManifest};
-use offgnn_shared::io_engine::IoEngine;
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
 use serde::Serialize;
 use tch::nn;
 use tch::{Device, Kind, Reduction, Tensor};
@@ -237,8 +237,9 @@ impl TypedLayout {
         }
     }
 
-    /// A fetched batch assembled: each type's rows, float32 on `device`.
-    fn ready(&self, f: Fetched) -> Result<Batch> {
+    /// A fetched batch assembled: each type's rows, float32 on `device`;
+    /// and its read buffers, spare now.
+    fn ready(&self, mut f: Fetched) -> Result<(Batch, Vec<AlignedBuf>)> {
         let mut x = Vec::with_capacity(f.loaded.len());
         for (t, loaded) in f.loaded.iter().enumerate() {
             match (loaded, &self.assembles[t]) {
@@ -249,13 +250,15 @@ impl TypedLayout {
                 )?),
             }
         }
-        Ok(Batch {
+        let spare = f.spare_buffers();
+        let b = Batch {
             x,
             blocks: f.blocks,
             labels: f.labels,
             pairs: f.pairs,
             disk_bytes: f.disk_bytes,
-        })
+        };
+        Ok((b, spare))
     }
 
     /// Runs `step` on the batches `order` names (positions into `split`'s
@@ -277,32 +280,36 @@ impl TypedLayout {
             stops_on_signal: run.ranks.group().is_none(),
             ..self.reader()
         };
-        let mut train = |k: usize, f: Fetched, stages: &mut StageSeconds| -> Result<()> {
+        let mut train = |k: usize, f: Fetched, stages: &mut StageSeconds| {
             let t = Instant::now();
-            let b = self.ready(f)?;
+            let (b, spare) = self.ready(f)?;
             stages.assemble += since(t);
             let t = Instant::now();
             step(k, b)?;
             stages.step += since(t);
-            Ok(())
+            Ok::<_, Error>(spare)
         };
         if !run.pipelined {
+            let mut bufs = Vec::new();
             for (k, &b) in order.iter().enumerate() {
                 let t = Instant::now();
-                let f = reader.fetch((split, epoch, b), engine, device)?;
+                let f = reader.fetch((split, epoch, b), engine, device, bufs)?;
                 stages.fetch += since(t);
                 stages.wait += since(t);
-                train(k, f, &mut stages)?;
+                bufs = train(k, f, &mut stages)?;
             }
             return Ok(stages);
         }
         std::thread::scope(|s| {
             let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Fetched>>(2);
+            // Read buffers back from assembled batches, for the next ones.
+            let (give_back, spares) = std::sync::mpsc::sync_channel::<Vec<AlignedBuf>>(2);
             let loader = s.spawn(move || {
                 let mut busy = 0.0;
                 for &b in order {
                     let t = Instant::now();
-                    let fetched = reader.fetch((split, epoch, b), engine, device);
+                    let bufs = spares.try_recv().unwrap_or_default();
+                    let fetched = reader.fetch((split, epoch, b), engine, device, bufs);
                     busy += since(t);
                     let failed = fetched.is_err();
                     // The receiver is gone when the step failed: stop.
@@ -318,7 +325,9 @@ impl TypedLayout {
                     .recv()
                     .map_err(|_| Error::Internal("the typed loader stopped early".into()))??;
                 stages.wait += since(t);
-                train(k, f, &mut stages)?;
+                let spare = train(k, f, &mut stages)?;
+                // A full queue (the loader ahead on fresh buffers) drops them.
+                let _ = give_back.try_send(spare);
             }
             stages.fetch = loader
                 .join()
