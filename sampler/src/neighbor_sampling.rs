@@ -110,18 +110,7 @@ pub fn sample_blocks(
             }
         }
         let mut src = picked;
-        for i in 0..src.len() {
-            if let Some(&ahead) = src.get(i + AHEAD) {
-                prefetch::line(&scratch.local, ahead as usize);
-            }
-            let u = &mut src[i];
-            let slot = &mut scratch.local[*u as usize];
-            if *slot == u32::MAX {
-                *slot = nodes.len() as u32;
-                nodes.push(*u);
-            }
-            *u = *slot;
-        }
+        relabel(&mut scratch.local, &mut src, &mut nodes, None);
         blocks.push(Block {
             num_src: nodes.len() as u32,
             num_dst: num_dst as u32,
@@ -136,6 +125,46 @@ pub fn sample_blocks(
     }
     blocks.reverse();
     (nodes, blocks)
+}
+
+/// Replaces each global id in `ids` by its local id, giving the next one
+/// (appending the node to `nodes`, and `tag` to the tags vector with it)
+/// to a node that has none yet in `local`. Whether a node is new is a coin
+/// toss a branch would mispredict, so the loop has none: the node is
+/// written past the end unconditionally and kept by advancing the length
+/// by one or zero. Prefetches `local` [`AHEAD`] ids on.
+pub(crate) fn relabel(
+    local: &mut [u32],
+    ids: &mut [u32],
+    nodes: &mut Vec<u32>,
+    mut tags: Option<(&mut Vec<u32>, u32)>,
+) {
+    let mut len = nodes.len();
+    // Room for every id to be new, and one write past the last.
+    nodes.resize(len + ids.len() + 1, 0);
+    if let Some((t, _)) = tags.as_mut() {
+        t.resize(len + ids.len() + 1, 0);
+    }
+    for i in 0..ids.len() {
+        if let Some(&ahead) = ids.get(i + AHEAD) {
+            prefetch::line(local, ahead as usize);
+        }
+        let u = ids[i];
+        let slot = &mut local[u as usize];
+        let fresh = *slot == u32::MAX;
+        let id = if fresh { len as u32 } else { *slot };
+        *slot = id;
+        nodes[len] = u;
+        if let Some((t, tag)) = tags.as_mut() {
+            t[len] = *tag;
+        }
+        len += usize::from(fresh);
+        ids[i] = id;
+    }
+    nodes.truncate(len);
+    if let Some((t, _)) = tags {
+        t.truncate(len);
+    }
 }
 
 /// Picks `k < neighbors.len()` distinct neighbors uniformly (Floyd's
@@ -174,6 +203,48 @@ mod tests {
     use crate::topology::CsrOptions;
     use proptest::prelude::*;
     use std::collections::HashSet;
+
+    proptest! {
+        /// `relabel` gives what a map from global to local ids gives:
+        /// known nodes keep their id, new ones are numbered in the order
+        /// they first appear, each with its tag.
+        #[test]
+        fn relabel_numbers_new_nodes_in_first_seen_order(
+            known in proptest::collection::vec(0u32..64, 0..8),
+            ids in proptest::collection::vec(0u32..64, 0..200),
+        ) {
+            let mut local = vec![u32::MAX; 64];
+            let mut nodes: Vec<u32> = Vec::new();
+            for &k in &known {
+                if local[k as usize] == u32::MAX {
+                    local[k as usize] = nodes.len() as u32;
+                    nodes.push(k);
+                }
+            }
+            let mut types = vec![9u32; nodes.len()];
+            let mut want_map: std::collections::HashMap<u32, u32> =
+                nodes.iter().enumerate().map(|(i, &v)| (v, i as u32)).collect();
+            let mut want_nodes = nodes.clone();
+            let want: Vec<u32> = ids
+                .iter()
+                .map(|&u| {
+                    *want_map.entry(u).or_insert_with(|| {
+                        want_nodes.push(u);
+                        want_nodes.len() as u32 - 1
+                    })
+                })
+                .collect();
+            let mut got = ids.clone();
+            relabel(&mut local, &mut got, &mut nodes, Some((&mut types, 3)));
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(&nodes, &want_nodes);
+            prop_assert_eq!(types.len(), nodes.len());
+            prop_assert!(types[known.iter().collect::<HashSet<_>>().len()..].iter().all(|&t| t == 3));
+            for (i, &v) in nodes.iter().enumerate() {
+                prop_assert_eq!(local[v as usize], i as u32);
+            }
+        }
+    }
 
     fn csr(n: u64, edges: &[(u64, u64)]) -> Csr {
         let (src, dst): (Vec<u64>, Vec<u64>) = edges.iter().copied().unzip();

@@ -16,7 +16,7 @@ use offgnn_shared::dataset::TypedDataset;
 use offgnn_shared::samples::Block;
 
 use crate::error::{Error, Result};
-use crate::neighbor_sampling::{AHEAD, Scratch, choose};
+use crate::neighbor_sampling::{AHEAD, Scratch, choose, relabel};
 use crate::topology::{Csr, CsrOptions, stream_ahead};
 use offgnn_shared::prefetch;
 
@@ -252,17 +252,12 @@ pub fn sample_typed_blocks(
                 src.extend(chosen.iter().map(|&u| (u as u64 + src_base) as u32));
                 dst.extend(std::iter::repeat_n(d, chosen.len()));
             }
-            for i in first..src.len() {
-                if let Some(&ahead) = src.get(i + AHEAD) {
-                    prefetch::line(&scratch.local, ahead as usize);
-                }
-                src[i] = add(
-                    &mut scratch.local,
-                    (&mut nodes, &mut types),
-                    src[i],
-                    rel.src,
-                );
-            }
+            relabel(
+                &mut scratch.local,
+                &mut src[first..],
+                &mut nodes,
+                Some((&mut types, rel.src as u32)),
+            );
             relations.push(src.len() as u32);
         }
         blocks.push(Block {
