@@ -237,13 +237,19 @@ impl TypedLayout {
         }
     }
 
-    /// A fetched batch assembled: each type's rows, float32 on `device`;
-    /// and its read buffers, spare now.
-    fn ready(&self, mut f: Fetched) -> Result<(Batch, Vec<AlignedBuf>)> {
+    /// A fetched batch assembled: each type's rows, float32 on `device`
+    /// (copied on every core if `parallel`); and its read buffers, spare
+    /// now.
+    fn ready(&self, mut f: Fetched, parallel: bool) -> Result<(Batch, Vec<AlignedBuf>)> {
+        let assemble = if parallel {
+            pipeline::assemble_parallel
+        } else {
+            pipeline::assemble
+        };
         let mut x = Vec::with_capacity(f.loaded.len());
         for (t, loaded) in f.loaded.iter().enumerate() {
             match (loaded, &self.assembles[t]) {
-                (Some(loaded), Some(src)) => x.push(pipeline::assemble(src, loaded)?.0),
+                (Some(loaded), Some(src)) => x.push(assemble(src, loaded)?.0),
                 _ => x.push(Tensor::f_zeros(
                     [f.blocks.num_inputs[t], 0],
                     (Kind::Float, f.device),
@@ -282,7 +288,7 @@ impl TypedLayout {
         };
         let mut train = |k: usize, f: Fetched, stages: &mut StageSeconds| {
             let t = Instant::now();
-            let (b, spare) = self.ready(f)?;
+            let (b, spare) = self.ready(f, run.parallel_assembly)?;
             stages.assemble += since(t);
             let t = Instant::now();
             step(k, b)?;
@@ -385,6 +391,7 @@ pub fn train_typed(
         engine,
         device: cfg.device,
         pipelined: cfg.pipelined,
+        parallel_assembly: true,
         ranks,
     };
     for epoch in epochs.len() as u32..cfg.epochs {
@@ -516,6 +523,10 @@ pub(crate) struct Run<'a> {
     engine: &'a IoEngine,
     device: Device,
     pipelined: bool,
+    /// Whether a batch's rows are copied on every core: where the model
+    /// steps between assemblies (training, evaluation), not where a
+    /// caller's model runs beside them (the loader).
+    parallel_assembly: bool,
     ranks: Ranks<'a>,
 }
 
@@ -526,6 +537,7 @@ impl<'a> Run<'a> {
             engine,
             device,
             pipelined: true,
+            parallel_assembly: false,
             ranks: Ranks::One,
         }
     }

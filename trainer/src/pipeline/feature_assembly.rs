@@ -120,7 +120,21 @@ fn gather(out: &mut [u8], pos: &[u32], from: &[u8], slots: &[u32], rb: usize) {
 
 /// Stage 2: one `[inputs, d]` float tensor on the device from the GPU
 /// cache, the CPU cache and the loaded rows (DiskGNN §4, feature assembling).
+/// On the CPU the rows are copied on the calling thread: the pipeline's
+/// assembler runs beside the model step, whose threads take the cores.
 pub fn assemble(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])> {
+    assemble_with(src, l, false)
+}
+
+/// [`assemble`], the rows copied on rayon's threads on the CPU: for a
+/// caller that assembles between model steps, not beside them (the typed
+/// loop), where one thread's copy of a batch's hundreds of MB would leave
+/// the other cores idle.
+pub fn assemble_parallel(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])> {
+    assemble_with(src, l, true)
+}
+
+fn assemble_with(src: &AssembleSources, l: &Loaded, parallel: bool) -> Result<(Tensor, [u64; 3])> {
     let t = &l.table;
     let tiers = [t.gpu_pos.len() as u64, t.cpu_pos.len() as u64, l.disk_rows];
     if src.device != Device::Cpu {
@@ -129,35 +143,122 @@ pub fn assemble(src: &AssembleSources, l: &Loaded) -> Result<(Tensor, [u64; 3])>
     check_addresses(src, l)?;
     let n = t.num_inputs as usize;
     let rb = src.row_bytes;
+    let cpu = match src.mode {
+        FeatureMode::Packed if !t.cpu_pos.is_empty() => Some(
+            src.cpu_rows
+                .as_ref()
+                .ok_or_else(|| missing("cache"))?
+                .rows(),
+        ),
+        _ => None,
+    };
+    let gpu = match src.mode {
+        FeatureMode::Packed if !t.gpu_pos.is_empty() => Some(
+            src.gpu_rows
+                .as_ref()
+                .ok_or_else(|| missing("cache"))?
+                .as_slice(),
+        ),
+        _ => None,
+    };
+    let all = match src.mode {
+        FeatureMode::Memory => Some(
+            src.all_rows
+                .as_ref()
+                .ok_or_else(|| missing("memory"))?
+                .as_slice(),
+        ),
+        _ => None,
+    };
+    let host = HostRows {
+        all,
+        gpu,
+        cpu: cpu.as_ref().map(|c| c.as_slice()),
+    };
     let x = host_matrix(src, n, |out| {
-        match src.mode {
-            FeatureMode::Memory => {
-                let all = src.all_rows.as_ref().ok_or_else(|| missing("memory"))?;
-                for (row, &v) in out.chunks_exact_mut(rb).zip(&t.input_nodes) {
-                    row.copy_from_slice(&all[v as usize * rb..][..rb]);
-                }
-            }
-            FeatureMode::Packed => {
-                if !t.gpu_pos.is_empty() {
-                    let rows = src.gpu_rows.as_ref().ok_or_else(|| missing("cache"))?;
-                    gather(out, &t.gpu_pos, rows, &t.gpu_slot, rb);
-                }
-                if !t.cpu_pos.is_empty() {
-                    let cache = src.cpu_rows.as_ref().ok_or_else(|| missing("cache"))?;
-                    gather(out, &t.cpu_pos, cache.rows().as_slice(), &t.cpu_slot, rb);
-                }
-            }
-            FeatureMode::Naive => {}
+        if parallel {
+            copy_rows_parallel(out, host, l, rb)
+        } else {
+            copy_rows(out, host, l, rb);
+            Ok(())
         }
-        let data = l.buf.as_slice();
-        for &(p, off) in &l.disk {
-            let d = p as usize * rb;
-            out[d..d + rb].copy_from_slice(&data[off..off + rb]);
-        }
-        Ok(())
     })?;
+    drop(cpu);
     admit(src, l)?;
     Ok((x.to_kind(Kind::Float), tiers))
+}
+
+/// The host rows a CPU batch is gathered from: every node's (memory
+/// mode), or the caches' (packed).
+#[derive(Clone, Copy)]
+struct HostRows<'a> {
+    all: Option<&'a [u8]>,
+    gpu: Option<&'a [u8]>,
+    cpu: Option<&'a [u8]>,
+}
+
+/// Copies each input row of batch `l` into `out` from its tier, in turn.
+fn copy_rows(out: &mut [u8], host: HostRows<'_>, l: &Loaded, rb: usize) {
+    let t = &l.table;
+    if let Some(all) = host.all {
+        for (row, &v) in out.chunks_exact_mut(rb).zip(&t.input_nodes) {
+            row.copy_from_slice(&all[v as usize * rb..][..rb]);
+        }
+    }
+    if let Some(rows) = host.gpu {
+        gather(out, &t.gpu_pos, rows, &t.gpu_slot, rb);
+    }
+    if let Some(rows) = host.cpu {
+        gather(out, &t.cpu_pos, rows, &t.cpu_slot, rb);
+    }
+    let data = l.buf.as_slice();
+    for &(p, off) in &l.disk {
+        let d = p as usize * rb;
+        out[d..d + rb].copy_from_slice(&data[off..off + rb]);
+    }
+}
+
+/// [`copy_rows`] on rayon's threads: where each input row comes from is
+/// listed first, so that the threads write disjoint runs of `out` in
+/// order. A row that no tier gives is an error (the serial copy would
+/// leave it as the allocator left it).
+fn copy_rows_parallel(out: &mut [u8], host: HostRows<'_>, l: &Loaded, rb: usize) -> Result<()> {
+    use rayon::prelude::*;
+    let t = &l.table;
+    let n = t.num_inputs as usize;
+    if rb == 0 || n == 0 {
+        return Ok(());
+    }
+    let mut from: Vec<&[u8]> = vec![&[]; n];
+    if let Some(all) = host.all {
+        for (f, &v) in from.iter_mut().zip(&t.input_nodes) {
+            *f = &all[v as usize * rb..][..rb];
+        }
+    }
+    for (rows, pos, slots) in [
+        (host.gpu, &t.gpu_pos, &t.gpu_slot),
+        (host.cpu, &t.cpu_pos, &t.cpu_slot),
+    ] {
+        let Some(rows) = rows else { continue };
+        for (&p, &s) in pos.iter().zip(slots) {
+            from[p as usize] = &rows[s as usize * rb..][..rb];
+        }
+    }
+    let data = l.buf.as_slice();
+    for &(p, off) in &l.disk {
+        from[p as usize] = &data[off..off + rb];
+    }
+    if let Some(p) = from.iter().position(|f| f.is_empty()) {
+        return Err(Error::Layout(format!(
+            "the address table of batch {} gives input {p} of {n} no row",
+            t.index
+        )));
+    }
+    out.par_chunks_mut(rb)
+        .zip(from.par_iter())
+        .with_min_len(64)
+        .for_each(|(o, f)| o.copy_from_slice(f));
+    Ok(())
 }
 
 /// After a batch is gathered: the rows it admits into a CPU cache that
@@ -440,6 +541,37 @@ mod tests {
         assert_eq!(got, [106.0, 107.0, 202.0, 203.0, 0.0, 0.0]);
         let staged = assemble_staged(&src, &batch(3, 0)).unwrap();
         assert!(staged.equal(&Tensor::from_slice(&got).view([3, 2])));
+    }
+
+    /// The rows copied on rayon's threads are the serial copy's, packed
+    /// and in memory mode; a row no tier gives is an error there.
+    #[test]
+    fn the_parallel_copy_gives_the_serial_copys_rows() {
+        for mode in [FeatureMode::Packed, FeatureMode::Memory] {
+            let src = sources(mode, 4);
+            let mut l = batch(3, 0);
+            l.buf.as_mut_slice()[..RB].copy_from_slice(
+                &[5.0f32, 6.0]
+                    .iter()
+                    .flat_map(|v| v.to_ne_bytes())
+                    .collect::<Vec<u8>>(),
+            );
+            if mode == FeatureMode::Memory {
+                l.disk.clear();
+            }
+            let (serial, tiers) = assemble(&src, &l).unwrap();
+            let (parallel, same) = assemble_parallel(&src, &l).unwrap();
+            assert_eq!(tiers, same);
+            assert!(parallel.equal(&serial), "{mode:?}");
+        }
+        let src = sources(FeatureMode::Packed, 4);
+        let mut l = batch(3, 0);
+        l.disk.clear();
+        let e = assemble_parallel(&src, &l).map(|_| ()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the address table of batch 7 gives input 2 of 3 no row"
+        );
     }
 
     /// A CPU cache that follows the batch order: after either assembly
