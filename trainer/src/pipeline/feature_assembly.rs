@@ -143,36 +143,13 @@ fn assemble_with(src: &AssembleSources, l: &Loaded, parallel: bool) -> Result<(T
     check_addresses(src, l)?;
     let n = t.num_inputs as usize;
     let rb = src.row_bytes;
-    let cpu = match src.mode {
-        FeatureMode::Packed if !t.cpu_pos.is_empty() => Some(
-            src.cpu_rows
-                .as_ref()
-                .ok_or_else(|| missing("cache"))?
-                .rows(),
-        ),
-        _ => None,
-    };
-    let gpu = match src.mode {
-        FeatureMode::Packed if !t.gpu_pos.is_empty() => Some(
-            src.gpu_rows
-                .as_ref()
-                .ok_or_else(|| missing("cache"))?
-                .as_slice(),
-        ),
-        _ => None,
-    };
-    let all = match src.mode {
-        FeatureMode::Memory => Some(
-            src.all_rows
-                .as_ref()
-                .ok_or_else(|| missing("memory"))?
-                .as_slice(),
-        ),
-        _ => None,
-    };
+    let packed = src.mode == FeatureMode::Packed;
+    let cpu = wanted(packed && !t.cpu_pos.is_empty(), &src.cpu_rows, "cache")?.map(|c| c.rows());
+    let gpu = wanted(packed && !t.gpu_pos.is_empty(), &src.gpu_rows, "cache")?;
+    let all = wanted(src.mode == FeatureMode::Memory, &src.all_rows, "memory")?;
     let host = HostRows {
-        all,
-        gpu,
+        all: all.map(|a| a.as_slice()),
+        gpu: gpu.map(|g| g.as_slice()),
         cpu: cpu.as_ref().map(|c| c.as_slice()),
     };
     let x = host_matrix(src, n, |out| {
@@ -186,6 +163,16 @@ fn assemble_with(src: &AssembleSources, l: &Loaded, parallel: bool) -> Result<(T
     drop(cpu);
     admit(src, l)?;
     Ok((x.to_kind(Kind::Float), tiers))
+}
+
+/// `rows` where the batch reads them (`read`), else none; an error where
+/// it reads rows the sources lack.
+fn wanted<'a, T>(read: bool, rows: &'a Option<T>, what: &str) -> Result<Option<&'a T>> {
+    match (read, rows) {
+        (false, _) => Ok(None),
+        (true, Some(r)) => Ok(Some(r)),
+        (true, None) => Err(missing(what)),
+    }
 }
 
 /// The host rows a CPU batch is gathered from: every node's (memory
