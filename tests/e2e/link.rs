@@ -74,6 +74,14 @@ fn link_prediction_packs_trains_and_ranks_held_out_edges_above_chance() {
         "{}",
         r.stdout
     );
+    // Its accuracies are said to be the pairs'.
+    assert!(
+        r.stdout
+            .contains(&format!("MRR at epoch {best}, pair accuracy"))
+            && r.stdout.contains("pair accuracy 0."),
+        "{}",
+        r.stdout
+    );
 
     let dump = dir.path().join("dump.safetensors");
     let dumped = train_env(&manifest, &["--dump-batches", dump.to_str().unwrap()], &[]);

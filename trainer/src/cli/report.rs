@@ -49,6 +49,7 @@ pub fn epoch_row(e: &EpochMetrics) {
 }
 
 pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
+    let link = s.best_valid_rank.is_some();
     let rows = vec![
         (
             "device",
@@ -77,11 +78,24 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
         ("epochs", s.epochs.len().to_string()),
         (
             "best validation",
-            format!("{:.4} at epoch {}", s.best_valid_acc, s.best_epoch),
+            if link {
+                // The epoch of the best validation MRR; the accuracy is
+                // the share of pairs its scores classify right.
+                format!(
+                    "MRR at epoch {}, pair accuracy {:.4}",
+                    s.best_epoch, s.best_valid_acc
+                )
+            } else {
+                format!("{:.4} at epoch {}", s.best_valid_acc, s.best_epoch)
+            },
         ),
         (
             "test at best validation",
-            format!("{:.4}", s.test_acc_at_best_valid),
+            if link {
+                format!("pair accuracy {:.4}", s.test_acc_at_best_valid)
+            } else {
+                format!("{:.4}", s.test_acc_at_best_valid)
+            },
         ),
         (
             "mean epoch time",
@@ -94,8 +108,6 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
     ];
     let mut rows = rows;
     if let (Some(v), Some(t)) = (&s.best_valid_rank, &s.test_rank_at_best_valid) {
-        // A link run's accuracies above are of pairs; its epoch is the best
-        // validation MRR's.
         rows.push((
             "ranking at best validation",
             format!(
