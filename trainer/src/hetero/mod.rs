@@ -18,6 +18,7 @@ pub mod checkpoint;
 mod dump;
 pub mod export;
 mod fetch;
+mod figures;
 pub mod infer;
 pub mod memory;
 mod ranks;

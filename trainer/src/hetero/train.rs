@@ -13,7 +13,6 @@ use std::time::Instant;
 
 use offgnn_manifests::{Split, TypedManifest};
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
-use serde::Serialize;
 use tch::nn;
 use tch::{Device, Kind, Reduction, Tensor};
 
@@ -28,6 +27,8 @@ use crate::link::{self, RankMetrics, RankSums};
 use crate::model::Adam;
 use crate::pipeline::{self, AssembleSources, FeatureMode, LoadSources, Sources};
 use crate::train::Ranks;
+
+pub use super::figures::{StageSeconds, TypedEpoch, TypedTrainSummary};
 
 /// What a typed training run is asked.
 #[derive(Clone, Debug)]
@@ -59,73 +60,6 @@ pub struct TypedTrainConfig {
     pub dump: Option<crate::train::DumpTarget>,
     /// A link-prediction layout's scorer (none for node classification).
     pub scorer: Option<crate::link::ScorerKind>,
-}
-
-/// One epoch's figures.
-#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
-pub struct TypedEpoch {
-    pub epoch: u32,
-    pub loss: f64,
-    pub train_accuracy: f64,
-    pub valid_accuracy: Option<f64>,
-    pub test_accuracy: Option<f64>,
-    /// Link prediction: the ranking figures of the validation and test
-    /// queries (the accuracies are then the share of pairs scored on
-    /// their label's side of 0).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub valid_rank: Option<RankMetrics>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub test_rank: Option<RankMetrics>,
-    /// Feature bytes the epoch's training batches read from disk.
-    pub disk_bytes: u64,
-    /// Where the training batches' time went.
-    #[serde(default)]
-    pub stages: StageSeconds,
-    /// Training, then evaluation; and the whole epoch.
-    pub train_seconds: f64,
-    pub eval_seconds: f64,
-    pub seconds: f64,
-}
-
-/// Seconds an epoch's stages took: the loader's fetches (topology
-/// records, each type's tables and disk reads; beside the training thread
-/// when pipelined), this thread's wait for them, each batch's assembly
-/// and the model's steps (forward, backward, gradients averaged, Adam).
-#[derive(Clone, Copy, Debug, Default, Serialize, serde::Deserialize)]
-pub struct StageSeconds {
-    pub fetch: f64,
-    pub wait: f64,
-    pub assemble: f64,
-    pub step: f64,
-}
-
-/// A typed run's figures.
-#[derive(Clone, Debug, Serialize)]
-pub struct TypedTrainSummary {
-    pub model: RelationalKind,
-    /// Where the rows came from.
-    pub features: FeatureMode,
-    /// The ranks that trained it.
-    pub world_size: u32,
-    pub node_types: Vec<String>,
-    pub relations: usize,
-    pub parameters: i64,
-    pub epochs: Vec<TypedEpoch>,
-    /// The epoch of the best validation accuracy, and the test accuracy
-    /// then.
-    pub best_epoch: Option<u32>,
-    pub test_accuracy_at_best: Option<f64>,
-    /// Link prediction: the best epoch's validation and test ranking.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub best_valid_rank: Option<RankMetrics>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub test_rank_at_best_valid: Option<RankMetrics>,
-    /// The exports written (the best epoch's, then the last's).
-    pub exports: Vec<String>,
-    /// Where `--dump-batches` wrote.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dump: Option<PathBuf>,
-    pub seconds: f64,
 }
 
 /// A typed layout opened for training: each featured type's layout and
