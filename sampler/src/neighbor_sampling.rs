@@ -140,10 +140,11 @@ pub(crate) fn relabel(
     mut tags: Option<(&mut Vec<u32>, u32)>,
 ) {
     let mut len = nodes.len();
-    // Room for every id to be new, and one write past the last.
-    nodes.resize(len + ids.len() + 1, 0);
+    // Room for every id to be new: the write for id i lands at most i
+    // past the first length.
+    nodes.resize(len + ids.len(), 0);
     if let Some((t, _)) = tags.as_mut() {
-        t.resize(len + ids.len() + 1, 0);
+        t.resize(len + ids.len(), 0);
     }
     for i in 0..ids.len() {
         if let Some(&ahead) = ids.get(i + AHEAD) {

@@ -513,6 +513,12 @@ mod tests {
         }
     }
 
+    /// Writes `row` as the batch's one row read from disk.
+    fn put_disk_row(l: &mut Loaded, row: [f32; DIM]) {
+        let bytes: Vec<u8> = row.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        l.buf.as_mut_slice()[..RB].copy_from_slice(&bytes);
+    }
+
     fn refused(src: &AssembleSources, l: &Loaded) -> (String, String) {
         let host = assemble(src, l).map(|_| ()).unwrap_err().to_string();
         let staged = assemble_staged(src, l).map(|_| ()).unwrap_err().to_string();
@@ -537,12 +543,7 @@ mod tests {
         for mode in [FeatureMode::Packed, FeatureMode::Memory] {
             let src = sources(mode, 4);
             let mut l = batch(3, 0);
-            l.buf.as_mut_slice()[..RB].copy_from_slice(
-                &[5.0f32, 6.0]
-                    .iter()
-                    .flat_map(|v| v.to_ne_bytes())
-                    .collect::<Vec<u8>>(),
-            );
+            put_disk_row(&mut l, [5.0f32, 6.0]);
             if mode == FeatureMode::Memory {
                 l.disk.clear();
             }
@@ -577,12 +578,7 @@ mod tests {
             let cache = Arc::new(CpuCache::new(object.clone(), rows.clone(), RB, true));
             src.cpu_rows = Some(cache.clone());
             let mut l = batch(3, 0);
-            l.buf.as_mut_slice()[..RB].copy_from_slice(
-                &[7.0f32, 8.0]
-                    .iter()
-                    .flat_map(|v| v.to_ne_bytes())
-                    .collect::<Vec<u8>>(),
-            );
+            put_disk_row(&mut l, [7.0f32, 8.0]);
             (l.table.admit_pos, l.table.admit_slot) = (vec![2], vec![1]);
             // The batch itself reads slot 1 as it was.
             let x = if staged {
