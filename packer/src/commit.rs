@@ -516,7 +516,7 @@ fn upload(out: &Store, staging: &Path, objects: &[Object], show: bool) -> Result
         for attempt in 1..=UPLOAD_ATTEMPTS {
             let sent = (|| -> Result<u64> {
                 let mut f = File::open(&path).map_err(|e| Error::io(path.display(), e))?;
-                let mut w = out.writer(&o.name);
+                let mut w = out.writer(&o.name)?;
                 let n =
                     std::io::copy(&mut f, &mut w).map_err(|e| Error::io(out.join(&o.name), e))?;
                 w.finish()?;

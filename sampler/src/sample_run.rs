@@ -566,7 +566,7 @@ fn write_unit(
         fault: e.to_string(),
         kind: offgnn_shared::error::io_kind_in(&e),
     };
-    let mut encoder = Encoder::new(store.writer(&name), pool).map_err(fail)?;
+    let mut encoder = Encoder::new(store.writer(&name)?, pool).map_err(fail)?;
 
     let window = (cfg.threads * 2).max(2);
     let (tx, rx) = sync_channel::<Vec<Encoded>>(1);

@@ -9,6 +9,7 @@
 //! `client` builds the `object_store` client behind a URL and retries its
 //! requests; `object_writer` and `staged` hold the two writers.
 
+mod background;
 mod client;
 pub(crate) mod faults;
 mod http;
@@ -519,7 +520,7 @@ mod tests {
         let big: Vec<u8> = (0..(MULTIPART_THRESHOLD as u32 + 12345))
             .map(|i| (i % 251) as u8)
             .collect();
-        let mut w = store.writer("a/big.bin");
+        let mut w = store.writer("a/big.bin").unwrap();
         for chunk in big.chunks(1 << 20) {
             w.write_all(chunk).unwrap();
         }
@@ -583,7 +584,7 @@ mod tests {
         assert_eq!(store.size("a/dropped.bin").unwrap(), None);
 
         // An abandoned writer leaves nothing under its name.
-        let mut w = store.writer("a/abandoned.bin");
+        let mut w = store.writer("a/abandoned.bin").unwrap();
         w.write_all(&big[..1000]).unwrap();
         drop(w);
         assert_eq!(store.size("a/abandoned.bin").unwrap(), None);

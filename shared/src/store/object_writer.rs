@@ -1,5 +1,6 @@
-//! [`ObjectWriter`]: a `std::io::Write` into one object, uploaded in parts
-//! above a threshold and checksummed as it goes.
+//! [`ObjectWriter`]: a `std::io::Write` into one object, checksummed as it
+//! goes: to a local store past the page cache (a [`StagedWriter`]), to any
+//! other uploaded in parts above a threshold.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use object_store::buffered::BufWriter;
 use sha2::{Digest, Sha256};
 use tokio_util::io::SyncIoBridge;
 
+use super::background::Background;
 use super::client::runtime;
 use super::{Store, hex};
 use crate::error::Result;
@@ -18,22 +20,35 @@ pub(super) const MULTIPART_THRESHOLD: usize = 16 << 20;
 pub(super) const MULTIPART_CONCURRENCY: usize = 4;
 
 impl Store {
-    /// A streaming writer for one object: multipart above 16 MiB, checksummed.
-    /// Must be called from a plain thread, not from async code.
-    pub fn writer(&self, rel: &str) -> ObjectWriter {
-        let path = self.path(rel);
-        let inner = BufWriter::with_capacity(Arc::clone(&self.inner), path, MULTIPART_THRESHOLD)
-            .with_max_concurrency(MULTIPART_CONCURRENCY);
-        ObjectWriter {
-            bridge: Some(SyncIoBridge::new_with_handle(
-                inner,
-                runtime().handle().clone(),
-            )),
+    /// A streaming writer for one object, checksummed. To a local store it
+    /// writes a staging file past the page cache, as [`Store::staged_writer`]
+    /// does (through the cache, each page written was a copy into a fresh
+    /// page, a tenth of a sampler job's cycles), hashing and writing on a
+    /// thread of its own. To any other store it uploads in parts above
+    /// 16 MiB. Must be called from a plain thread, not from async code.
+    pub fn writer(&self, rel: &str) -> Result<ObjectWriter> {
+        let sink = match self.local_file(rel) {
+            Some(file) => Sink::Local(Background::new(self.local_writer(rel, &file)?)),
+            None => {
+                let inner = BufWriter::with_capacity(
+                    Arc::clone(&self.inner),
+                    self.path(rel),
+                    MULTIPART_THRESHOLD,
+                )
+                .with_max_concurrency(MULTIPART_CONCURRENCY);
+                Sink::Remote(SyncIoBridge::new_with_handle(
+                    inner,
+                    runtime().handle().clone(),
+                ))
+            }
+        };
+        Ok(ObjectWriter {
+            sink: Some(sink),
             hasher: Sha256::new(),
             size: 0,
             name: rel.to_string(),
             store: self.clone(),
-        }
+        })
     }
 }
 
@@ -50,18 +65,33 @@ pub struct WrittenObject {
 /// A `std::io::Write` into an object. Nothing is visible under the name until
 /// [`ObjectWriter::finish`]; dropped unfinished, the upload is abandoned.
 pub struct ObjectWriter {
-    bridge: Option<SyncIoBridge<BufWriter>>,
+    /// `None` once finished.
+    sink: Option<Sink>,
     hasher: Sha256,
     size: u64,
     name: String,
     store: Store,
 }
 
+/// Where an [`ObjectWriter`]'s bytes go.
+enum Sink {
+    /// A local store's staging file, renamed over the object when finished,
+    /// and hashed on the same thread as it is written.
+    Local(Background),
+    /// Any other store's multipart upload.
+    Remote(SyncIoBridge<BufWriter>),
+}
+
 impl Write for ObjectWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let bridge = self.bridge.as_mut().expect("writer used after finish");
-        let n = bridge.write(buf)?;
-        self.hasher.update(&buf[..n]);
+        let n = match self.sink.as_mut().expect("writer used after finish") {
+            Sink::Local(w) => w.write(buf).map(|()| buf.len())?,
+            Sink::Remote(bridge) => {
+                let n = bridge.write(buf)?;
+                self.hasher.update(&buf[..n]);
+                n
+            }
+        };
         self.size += n as u64;
         Ok(n)
     }
@@ -75,21 +105,33 @@ impl Write for ObjectWriter {
 impl ObjectWriter {
     /// Completes the upload and returns the object's size and checksum.
     pub fn finish(mut self) -> Result<WrittenObject> {
-        let mut bridge = self.bridge.take().expect("finish called once");
-        bridge
-            .shutdown()
-            .map_err(|e| self.store.err(&self.name, e))?;
+        let hasher = match self.sink.take().expect("finish called once") {
+            Sink::Local(w) => {
+                let (staged, hasher) = w.finish().map_err(|e| self.store.err(&self.name, e))?;
+                let size = staged.finish()?;
+                debug_assert_eq!(size, self.size);
+                hasher
+            }
+            Sink::Remote(mut bridge) => {
+                bridge
+                    .shutdown()
+                    .map_err(|e| self.store.err(&self.name, e))?;
+                self.hasher.clone()
+            }
+        };
         Ok(WrittenObject {
             name: self.name.clone(),
             size: self.size,
-            sha256: hex(&self.hasher.clone().finalize()),
+            sha256: hex(&hasher.finalize()),
         })
     }
 }
 
 impl Drop for ObjectWriter {
+    /// An unfinished upload is abandoned; a local staging file is removed
+    /// by its [`StagedWriter`]'s own drop.
     fn drop(&mut self) {
-        if let Some(bridge) = self.bridge.take() {
+        if let Some(Sink::Remote(bridge)) = self.sink.take() {
             let mut inner = bridge.into_inner();
             let _ = runtime().block_on(inner.abort());
         }

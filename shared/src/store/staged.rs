@@ -119,11 +119,17 @@ enum Staging {
 impl StagedWriter {
     /// Appends `bytes` to the object.
     pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
-        let written = match self.to.as_mut().expect("appended before finish") {
+        self.append_io(bytes)
+            .map_err(|e| self.store.err(&self.name, e))
+    }
+
+    /// [`StagedWriter::append`], its error the I/O error as it came (an
+    /// [`ObjectWriter`]'s `Write` passes it on).
+    pub(super) fn append_io(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self.to.as_mut().expect("appended before finish") {
             Staging::Local { file, .. } => file.append(bytes),
             Staging::Remote(w) => w.write_all(bytes),
-        };
-        written.map_err(|e| self.store.err(&self.name, e))
+        }
     }
 
     /// Makes the object visible under its name, whole; returns its size.
@@ -185,7 +191,7 @@ impl Store {
         match self.local_file(rel) {
             Some(file) => self.local_writer(rel, &file),
             None => Ok(StagedWriter {
-                to: Some(Staging::Remote(Box::new(self.writer(rel)))),
+                to: Some(Staging::Remote(Box::new(self.writer(rel)?))),
                 name: rel.to_string(),
                 store: self.clone(),
             }),
@@ -202,7 +208,7 @@ impl Store {
         }
     }
 
-    fn local_writer(&self, rel: &str, file: &std::path::Path) -> Result<StagedWriter> {
+    pub(super) fn local_writer(&self, rel: &str, file: &std::path::Path) -> Result<StagedWriter> {
         static STAGED: AtomicU64 = AtomicU64::new(0);
         let dir = file
             .parent()
