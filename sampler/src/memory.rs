@@ -146,7 +146,6 @@ pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>)
     let chunk = CHUNK as u64;
     let graph_build_bytes = 8 * shape.graph_rows + chunk * (8 + 16 + 4 * 16 + 16);
     let threads = cfg.threads as u64;
-    let scratch_bytes = threads * 4 * n;
     // Windows of 2 x threads batches: one being sampled, one in the
     // channel, one being encoded.
     let window = (2 * threads).max(2);
@@ -160,6 +159,14 @@ pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>)
         None => (cfg.batch_size as u64, 0),
     };
     let per_batch = batch_bytes_bound(n, seeds_per_batch, &shape.fanouts) + pair_bytes;
+    // Each thread's global-to-local map, and a layer's picks as positions
+    // in the neighbour lists (`Scratch::at`, 8 bytes a pick).
+    let most_picks = offgnn_shared::samples::block_bounds(n, seeds_per_batch, &shape.fanouts)
+        .iter()
+        .map(|b| b.2)
+        .max()
+        .unwrap_or(0);
+    let scratch_bytes = threads * (4 * n + 8 * most_picks);
     let batches_in_flight_bytes = 3 * window * per_batch * 2;
     let epochs = |s: Split| {
         if s == Split::Train {

@@ -16,7 +16,7 @@ use offgnn_shared::dataset::TypedDataset;
 use offgnn_shared::samples::Block;
 
 use crate::error::{Error, Result};
-use crate::neighbor_sampling::{AHEAD, Scratch, choose, relabel};
+use crate::neighbor_sampling::{AHEAD, Scratch, gather, pick, relabel};
 use crate::topology::{Csr, CsrOptions, stream_ahead};
 use offgnn_shared::prefetch;
 
@@ -205,7 +205,6 @@ pub fn sample_typed_blocks(
     }
     let mut blocks = Vec::with_capacity(fanouts.layers.len());
     let mut num_dst = nodes.len();
-    let mut picks = std::mem::take(&mut scratch.picks);
     let mut bounds: Vec<(u32, u64, u64)> = Vec::new();
     for layer in fanouts.layers.iter().rev() {
         // The layer's destinations by type, as (local id, row in the type).
@@ -225,10 +224,11 @@ pub fn sample_typed_blocks(
             let src_base = g.offsets[rel.src];
             let offsets = rel.csr.offsets();
             let indices = rel.csr.indices();
-            // In three passes, as `sample_blocks` does, each prefetching
-            // what it loads AHEAD items on: this relation's destinations'
-            // row bounds, then the picks (as global ids), then their local
-            // ids. The draws come in the same order as in one fused loop.
+            // In passes, as `sample_blocks` does, each prefetching what it
+            // loads AHEAD items on: this relation's destinations' row
+            // bounds, then the picks' positions, the picks (as global ids),
+            // their local ids. The draws come in the same order as in one
+            // fused loop.
             let rows = &by_type[rel.dst];
             bounds.clear();
             bounds.extend(rows.iter().enumerate().map(|(i, &(d, row))| {
@@ -238,20 +238,8 @@ pub fn sample_typed_blocks(
                 (d, offsets[row], offsets[row + 1])
             }));
             let first = src.len();
-            for (i, &(d, start, end)) in bounds.iter().enumerate() {
-                if let Some(&(_, ahead, _)) = bounds.get(i + AHEAD) {
-                    prefetch::line(indices, ahead as usize);
-                }
-                let neighbors = &indices[start as usize..end as usize];
-                let chosen: &[u32] = if neighbors.len() <= fanout {
-                    neighbors
-                } else {
-                    choose(neighbors, fanout, rng, &mut picks);
-                    &picks
-                };
-                src.extend(chosen.iter().map(|&u| (u as u64 + src_base) as u32));
-                dst.extend(std::iter::repeat_n(d, chosen.len()));
-            }
+            pick(bounds.iter().copied(), fanout, rng, scratch, &mut dst);
+            gather(indices, &scratch.at, src_base as u32, &mut src);
             relabel(
                 &mut scratch.local,
                 &mut src[first..],
@@ -269,7 +257,6 @@ pub fn sample_typed_blocks(
         });
         num_dst = nodes.len();
     }
-    scratch.picks = picks;
     for &v in &nodes {
         scratch.local[v as usize] = u32::MAX;
     }
