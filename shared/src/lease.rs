@@ -452,8 +452,10 @@ mod tests {
         std::thread::scope(|s| {
             let taker = s.spawn(|| Lease::take(&store, &name, &run));
             std::thread::sleep(Duration::from_millis(200));
+            // The lease and its directory go; the taker, retrying every
+            // 50 ms, may create both again at once, so their absence is not
+            // asserted here (it failed so under load).
             store.delete(&name).unwrap();
-            assert!(!path.parent().unwrap().exists());
             drop(sweeper);
             let lease = taker.join().unwrap().unwrap();
             assert!(unheld(&path).is_none(), "held by the run that took it");

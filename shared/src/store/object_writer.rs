@@ -1,5 +1,6 @@
 //! [`ObjectWriter`]: a `std::io::Write` into one object, checksummed as it
-//! goes: to a local store past the page cache (a [`StagedWriter`]), to any
+//! goes: to a local store past the page cache (a
+//! [`StagedWriter`](super::StagedWriter)), to any
 //! other uploaded in parts above a threshold.
 
 use std::io::Write;
@@ -129,7 +130,7 @@ impl ObjectWriter {
 
 impl Drop for ObjectWriter {
     /// An unfinished upload is abandoned; a local staging file is removed
-    /// by its [`StagedWriter`]'s own drop.
+    /// by its [`StagedWriter`](super::StagedWriter)'s own drop.
     fn drop(&mut self) {
         if let Some(Sink::Remote(bridge)) = self.sink.take() {
             let mut inner = bridge.into_inner();
