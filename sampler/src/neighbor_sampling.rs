@@ -103,9 +103,8 @@ pub fn sample_blocks(
             .enumerate()
             .map(|(d, &(s, e))| (d as u32, s, e));
         pick(rows, fanout, rng, scratch, &mut dst);
-        let mut picked = Vec::with_capacity(scratch.at.len());
-        gather(indices, &scratch.at, 0, &mut picked);
-        let mut src = picked;
+        let mut src = Vec::new();
+        gather(indices, &scratch.at, 0, &mut src);
         relabel(&mut scratch.local, &mut src, &mut nodes, None);
         blocks.push(Block {
             num_src: nodes.len() as u32,

@@ -1,8 +1,9 @@
 //! [`Background`]: a local object's bytes checksummed and written past the
 //! page cache on a thread of their own, so that the thread producing them
-//! goes on. A sampler's encoder closing a 64 MiB row group spent a tenth of
-//! a typed job hashing it while the sampling pool, its queue full, stood
-//! idle.
+//! goes on: while a sampler's encoder hashed a 64 MiB row group it closed,
+//! the sampling pool, its queue full, stood idle. On the heavy 2M-node
+//! graph the job took 20.5 to 22.1 s with this thread against 22.1 to
+//! 22.6 s hashing and writing on the encoder's (3 alternating pairs).
 
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
