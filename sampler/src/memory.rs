@@ -15,9 +15,9 @@ const MIN_CSV_LINE: u64 = 4;
 /// arenas and the Tokio runtime of the object store, stated with room over
 /// what it measures.
 const RUNTIME_BYTES: u64 = 64 << 20;
-/// Parquet's open row group (flushed past 64 MiB, by one batch at most)
+/// Parquet's open row group (flushed past 16 MiB, by one batch at most)
 /// and its encoded pages beside it.
-const ROW_GROUP_BYTES: u64 = 2 * (64 << 20);
+const ROW_GROUP_BYTES: u64 = 2 * (16 << 20);
 /// The store writer's buffer plus the multipart parts it keeps in flight
 /// (object_store's BufWriter: 16 MiB parts, up to 8 at once).
 const UPLOAD_BYTES: u64 = 9 * (16 << 20);
@@ -40,7 +40,7 @@ pub struct MemoryEstimate {
     /// Sampled batches between the threads and the Parquet encoder, at
     /// the fan-outs' worst case, and one Arrow copy of each.
     pub batches_in_flight_bytes: u64,
-    /// Parquet row group, encoded pages and upload buffers.
+    /// Parquet row groups, encoded pages and upload buffers of two files.
     pub output_bytes: u64,
     /// Every split's seeds and labels, in plan order.
     pub plan_bytes: u64,
@@ -195,7 +195,8 @@ pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>)
             seeds * 8 * 2
         }
     };
-    let output_bytes = ROW_GROUP_BYTES + UPLOAD_BYTES;
+    // Two files' at once: one finishing while the next is written.
+    let output_bytes = 2 * (ROW_GROUP_BYTES + UPLOAD_BYTES);
     let sampling = scratch_bytes + batches_in_flight_bytes + output_bytes + plan_bytes;
     let held = held_bytes(
         shape.largest_relation_edges,

@@ -26,7 +26,7 @@ use rayon::prelude::*;
 use offgnn_shared::samples::{self, SampledBatch};
 
 /// Row groups are closed once this much is buffered.
-const ROW_GROUP_BYTES: usize = 64 << 20;
+const ROW_GROUP_BYTES: usize = 16 << 20;
 
 fn properties() -> WriterProperties {
     WriterProperties::builder()

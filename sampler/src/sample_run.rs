@@ -18,10 +18,10 @@ use offgnn_shared::samples::{
     self, FORMAT, FORMAT_VERSION, RUN_SUMMARY, RunSummary, SampleFile, ShardFiles, ShardSummary,
     SplitCounts,
 };
-use offgnn_shared::store::Store;
+use offgnn_shared::store::{ObjectWriter, Store};
 use rayon::prelude::*;
 
-use crate::batches::{Links, Task, Unit};
+use crate::batches::{Batch, Links, Task, Unit};
 use crate::config::{LinkOptions, NegativeKind, SampleConfig};
 use crate::error::{Error, Result};
 use crate::input::{Graph, Input};
@@ -408,7 +408,11 @@ fn log_graph(graph: &Graph, seconds: f64) {
 }
 
 /// Samples and writes this shard's files in plan order; returns them with
-/// the seconds sampling took. On a failure, see [`abandon`].
+/// the seconds sampling took. After a store failure the first unfinished
+/// file is made again from its start, with the files after it: a multipart
+/// upload cannot resend one failed part, and sampling is deterministic
+/// (the store's own requests were retried already). On a failure for
+/// good, see [`abandon`].
 #[allow(clippy::too_many_arguments)]
 fn write_units(
     store: &Store,
@@ -424,20 +428,39 @@ fn write_units(
     let bar = offgnn_shared::progress::bar_if(cfg.show_progress, total, "sampling", "batches");
     let scratch = Mutex::new(Vec::<Scratch>::new());
     let sample_started = Instant::now();
-    let mut files = Vec::with_capacity(units.len());
-    for unit in units {
-        let written = write_unit_with_retry(
+    let mut files: Vec<SampleFile> = Vec::with_capacity(units.len());
+    let mut wait = std::time::Duration::from_millis(500);
+    let mut attempt = 1;
+    while files.len() < units.len() {
+        let rest = &units[files.len()..];
+        let (done, written) = write_stream(
             store,
             (task, graph),
             cfg,
             run_id,
-            unit,
+            rest,
             pool,
             &scratch,
             &bar,
         );
+        if !done.is_empty() {
+            // A file's tries count from its own first.
+            (attempt, wait) = (1, std::time::Duration::from_millis(500));
+        }
+        files.extend(done);
         match written {
-            Ok(file) => files.push(file),
+            Ok(()) => debug_assert_eq!(files.len(), units.len(), "every file finished"),
+            Err(e @ (Error::Write { .. } | Error::Shared(_)))
+                if attempt < WRITE_ATTEMPTS
+                    && offgnn_shared::signals::received().is_none()
+                    && e.io_kind() != Some(std::io::ErrorKind::StorageFull) =>
+            {
+                tracing::warn!("{e}; writing the file again in {wait:?}");
+                bar.set_position(files.iter().map(|f| u64::from(f.batches)).sum());
+                std::thread::sleep(wait);
+                wait *= 2;
+                attempt += 1;
+            }
             Err(e) => return Err(abandon(store, cfg, run_id, previous_committed, e)),
         }
     }
@@ -512,125 +535,216 @@ fn commit_shard(
 /// Tries of one output file.
 const WRITE_ATTEMPTS: u32 = 4;
 
-/// [`write_unit`], again from the start after a store failure: a multipart
-/// upload cannot resend one failed part, and sampling is deterministic, so
-/// the file is made anew (the store's own requests were retried already).
+/// Samples `units`' batches in parallel windows of 2 x threads, which run
+/// on from one file's batches into the next's, and streams them to
+/// [`write_files`] on a thread of its own: the pool does not wait while a
+/// file is finished, nor sample a small file's one batch on one thread.
+/// Returns the files finished, in order, and what stopped the others.
 #[allow(clippy::too_many_arguments)]
-fn write_unit_with_retry(
+fn write_stream(
     store: &Store,
     (task, graph): (&Task, &Graph),
     cfg: &SampleConfig,
     run_id: &RunId,
-    unit: &Unit,
+    units: &[Unit],
     pool: &rayon::ThreadPool,
     scratch: &Mutex<Vec<Scratch>>,
     bar: &indicatif::ProgressBar,
-) -> Result<SampleFile> {
-    let position = bar.position();
-    let mut wait = std::time::Duration::from_millis(500);
-    let mut attempt = 1;
-    loop {
-        match write_unit(store, (task, graph), cfg, run_id, unit, pool, scratch, bar) {
-            Err(e @ (Error::Write { .. } | Error::Shared(_)))
-                if attempt < WRITE_ATTEMPTS
-                    && offgnn_shared::signals::received().is_none()
-                    && e.io_kind() != Some(std::io::ErrorKind::StorageFull) =>
-            {
-                tracing::warn!("{e}; writing the file again in {wait:?}");
-                bar.set_position(position);
-                std::thread::sleep(wait);
-                wait *= 2;
-                attempt += 1;
-            }
-            result => return result,
-        }
-    }
-}
-
-/// Samples one unit's batches in parallel windows and streams them into one
-/// Parquet object; a writer thread encodes while the pool samples.
-#[allow(clippy::too_many_arguments)]
-fn write_unit(
-    store: &Store,
-    (task, graph): (&Task, &Graph),
-    cfg: &SampleConfig,
-    run_id: &RunId,
-    unit: &Unit,
-    pool: &rayon::ThreadPool,
-    scratch: &Mutex<Vec<Scratch>>,
-    bar: &indicatif::ProgressBar,
-) -> Result<SampleFile> {
-    let name = samples::file_name(run_id.as_str(), unit.split, unit.epoch, unit.part);
-    let fail = |e: parquet::errors::ParquetError| Error::Write {
-        file: format!("{}/{name}", store.url().trim_end_matches('/')),
-        fault: e.to_string(),
-        kind: offgnn_shared::error::io_kind_in(&e),
-    };
-    let mut encoder = Encoder::new(store.writer(&name)?, pool).map_err(fail)?;
-
+) -> (Vec<SampleFile>, Result<()>) {
     let window = (cfg.threads * 2).max(2);
-    let (tx, rx) = sync_channel::<Vec<Encoded>>(1);
-    let (edges, inputs, object) = std::thread::scope(|s| {
-        let encoder = s.spawn(move || -> Result<_> {
-            let (mut edges, mut inputs) = (0u64, 0u64);
-            for batches in rx {
-                for batch in batches {
-                    edges += batch.edges;
-                    inputs += batch.inputs;
-                    encoder.write(batch).map_err(fail)?;
-                }
-            }
-            let object = encoder.finish().map_err(fail)?;
-            Ok((edges, inputs, object.finish()?))
-        });
-        for (w, chunk) in unit.batches.chunks(window).enumerate() {
-            let first = unit.first_batch + (w * window) as u32;
-            let encoded: Result<Vec<Encoded>> = pool.install(|| {
-                chunk
-                    .par_iter()
-                    .enumerate()
-                    .map(|(k, batch)| {
-                        let index = first + k as u32;
+    // Every batch as (its unit, its index in the unit's split and epoch).
+    let batches: Vec<(usize, u32, &Batch)> = (units.iter().enumerate())
+        .flat_map(|(u, unit)| {
+            (unit.batches.iter().enumerate()).map(move |(k, b)| (u, unit.first_batch + k as u32, b))
+        })
+        .collect();
+    let (tx, rx) = sync_channel::<Vec<(usize, Encoded)>>(1);
+    std::thread::scope(|s| {
+        let writer = s.spawn(move || write_files(store, run_id, units, pool, rx));
+        let mut sampled = Ok(());
+        for chunk in batches.chunks(window) {
+            let encoded: Result<Vec<(usize, Encoded)>> = pool.install(|| {
+                (chunk.par_iter())
+                    .map(|&(u, index, batch)| {
+                        let unit = &units[u];
                         let mut mine = scratch
                             .lock()
                             .expect("scratch pool")
                             .pop()
                             .unwrap_or_else(|| Scratch::new(graph.num_nodes()));
-                        let sampled = task.sample(cfg, graph, (unit, index, batch), &mut mine);
+                        let batch = task.sample(cfg, graph, (unit, index, batch), &mut mine);
                         scratch.lock().expect("scratch pool").push(mine);
-                        Encoded::new(sampled).map_err(fail)
+                        let encoded = Encoded::new(batch).map_err(|e| {
+                            let name = samples::file_name(
+                                run_id.as_str(),
+                                unit.split,
+                                unit.epoch,
+                                unit.part,
+                            );
+                            write_error(store.url(), &name, e)
+                        })?;
+                        Ok((u, encoded))
                     })
                     .collect()
             });
-            let encoded = match encoded {
-                Ok(encoded) => encoded,
-                Err(e) => {
-                    drop(tx);
-                    let _ = encoder.join();
-                    return Err(e);
+            match encoded {
+                Ok(encoded) => {
+                    bar.inc(encoded.len() as u64);
+                    if tx.send(encoded).is_err() {
+                        break; // the writer failed; its error is returned below
+                    }
                 }
-            };
-            bar.inc(encoded.len() as u64);
-            if tx.send(encoded).is_err() {
-                break; // the encoder failed; its error is returned below
+                Err(e) => {
+                    sampled = Err(e);
+                    break;
+                }
             }
             if offgnn_shared::signals::received().is_some() {
-                break; // stopped: the file ends here, and is removed
+                break; // stopped: the open file is abandoned, and removed
             }
         }
         drop(tx);
-        encoder.join().expect("the encoder thread does not panic")
-    })?;
-    offgnn_shared::signals::check()?;
-    Ok(SampleFile {
-        object,
-        split: unit.split,
-        epoch: unit.epoch,
-        first_batch: unit.first_batch,
-        batches: unit.batches.len() as u32,
-        edges,
-        input_nodes: inputs,
+        let (files, written) = writer.join().expect("the writer thread does not panic");
+        let stopped = sampled
+            .and(written)
+            .and_then(|()| Ok(offgnn_shared::signals::check()?));
+        (files, stopped)
     })
+}
+
+/// The writer thread of [`write_stream`]: appends each batch to its file,
+/// opened at its first batch. A file that has all its batches is finished
+/// (its last row group closed, its bytes hashed and stored) on a thread of
+/// its own while the next file's batches come in, one file at a time: the
+/// memory statement counts two files' buffers. A file that the stream
+/// leaves unfinished is dropped, which removes what it wrote.
+fn write_files(
+    store: &Store,
+    run_id: &RunId,
+    units: &[Unit],
+    pool: &rayon::ThreadPool,
+    rx: std::sync::mpsc::Receiver<Vec<(usize, Encoded)>>,
+) -> (Vec<SampleFile>, Result<()>) {
+    std::thread::scope(|s| {
+        let mut files = Vec::with_capacity(units.len());
+        let mut finishing: Option<std::thread::ScopedJoinHandle<Result<SampleFile>>> = None;
+        let mut open: Option<OpenFile> = None;
+        let mut written = Ok(());
+        let mut join = |finishing: &mut Option<std::thread::ScopedJoinHandle<_>>| {
+            let Some(handle) = finishing.take() else {
+                return Ok(());
+            };
+            let file = handle.join().expect("a file's finisher does not panic")?;
+            files.push(file);
+            Ok(())
+        };
+        'stream: for encoded in rx {
+            for (u, batch) in encoded {
+                let file = match open.take() {
+                    Some(file) => file,
+                    None => match OpenFile::new(store, run_id, &units[u], pool) {
+                        Ok(file) => file,
+                        Err(e) => {
+                            written = Err(e);
+                            break 'stream;
+                        }
+                    },
+                };
+                let file = match file.write(batch) {
+                    Ok(file) => file,
+                    Err(e) => {
+                        written = Err(e);
+                        break 'stream;
+                    }
+                };
+                if file.written < file.unit.batches.len() {
+                    open = Some(file);
+                    continue;
+                }
+                if let Err(e) = join(&mut finishing) {
+                    written = Err(e);
+                    break 'stream;
+                }
+                finishing = Some(s.spawn(move || file.finish()));
+            }
+        }
+        drop(open);
+        let last = join(&mut finishing);
+        (files, written.and(last))
+    })
+}
+
+/// One samples file being written by [`write_files`].
+struct OpenFile<'a> {
+    unit: &'a Unit,
+    name: String,
+    url: String,
+    encoder: Encoder<'a, ObjectWriter>,
+    edges: u64,
+    inputs: u64,
+    written: usize,
+}
+
+impl<'a> OpenFile<'a> {
+    fn new(
+        store: &Store,
+        run_id: &RunId,
+        unit: &'a Unit,
+        pool: &'a rayon::ThreadPool,
+    ) -> Result<Self> {
+        let name = samples::file_name(run_id.as_str(), unit.split, unit.epoch, unit.part);
+        let encoder = Encoder::new(store.writer(&name)?, pool)
+            .map_err(|e| write_error(store.url(), &name, e))?;
+        Ok(OpenFile {
+            unit,
+            url: store.url().to_string(),
+            name,
+            encoder,
+            edges: 0,
+            inputs: 0,
+            written: 0,
+        })
+    }
+
+    fn write(mut self, batch: Encoded) -> Result<Self> {
+        self.edges += batch.edges;
+        self.inputs += batch.inputs;
+        self.written += 1;
+        let (url, name) = (&self.url, &self.name);
+        (self.encoder.write(batch)).map_err(|e| write_error(url, name, e))?;
+        Ok(self)
+    }
+
+    fn finish(self) -> Result<SampleFile> {
+        let Self {
+            unit,
+            name,
+            url,
+            encoder,
+            edges,
+            inputs,
+            ..
+        } = self;
+        let object = encoder.finish().map_err(|e| write_error(&url, &name, e))?;
+        Ok(SampleFile {
+            object: object.finish()?,
+            split: unit.split,
+            epoch: unit.epoch,
+            first_batch: unit.first_batch,
+            batches: unit.batches.len() as u32,
+            edges,
+            input_nodes: inputs,
+        })
+    }
+}
+
+/// A samples file's encoding or writing failed.
+fn write_error(url: &str, name: &str, e: parquet::errors::ParquetError) -> Error {
+    Error::Write {
+        file: format!("{}/{name}", url.trim_end_matches('/')),
+        fault: e.to_string(),
+        kind: offgnn_shared::error::io_kind_in(&e),
+    }
 }
 
 /// Writes the run summary from every shard's summary: the commit point.
