@@ -232,17 +232,26 @@ impl Csr {
             rest = tail;
         }
         let offsets = &self.offsets;
-        // Each block returns the deduplicated length of each of its rows.
+        // Each block sorts its rows and, deduplicating, packs their kept
+        // neighbours to its front; it returns the rows' kept lengths.
         let new_degrees: Vec<Vec<u64>> = blocks
             .into_par_iter()
             .map(|(first, end, block)| {
                 let base = offsets[first];
                 let mut degrees = Vec::with_capacity(end - first);
+                let mut write = 0usize;
                 for v in first..end {
-                    let row =
-                        &mut block[(offsets[v] - base) as usize..(offsets[v + 1] - base) as usize];
+                    let (start, stop) = (
+                        (offsets[v] - base) as usize,
+                        (offsets[v + 1] - base) as usize,
+                    );
+                    let row = &mut block[start..stop];
                     row.sort_unstable();
                     let keep = if dedup { dedup_sorted(row) } else { row.len() };
+                    if dedup && write != start {
+                        block.copy_within(start..start + keep, write);
+                    }
+                    write += keep;
                     degrees.push(keep as u64);
                 }
                 degrees
@@ -251,14 +260,18 @@ impl Csr {
         if !dedup {
             return;
         }
-        // Compact rows leftwards and rewrite the offsets.
+        // Move each block's kept neighbours left, to follow the previous
+        // block's, and rewrite the offsets.
         let mut write = 0usize;
         let mut v = 0usize;
         for degrees in new_degrees {
-            for keep in degrees {
-                let start = self.offsets[v] as usize;
+            let start = self.offsets[v] as usize;
+            let kept: u64 = degrees.iter().sum();
+            if write != start {
                 self.indices
-                    .copy_within(start..start + keep as usize, write);
+                    .copy_within(start..start + kept as usize, write);
+            }
+            for keep in degrees {
                 self.offsets[v] = write as u64;
                 write += keep as usize;
                 v += 1;
@@ -331,8 +344,12 @@ fn check_chunk(src: &[u64], dst: &[u64], num_cols: u64, num_rows: u64) -> Result
         return Err(Error::Topology("edge chunk with unequal sides".into()));
     }
     for (ids, bound) in [(src, num_cols), (dst, num_rows)] {
-        // The largest id first (vectorized); the scan for a bad one only past a bound.
-        if ids.iter().max().is_some_and(|&max| max >= bound)
+        // The largest id first (vectorized, on the pool); the scan for a
+        // bad one only past a bound.
+        let max = (ids.par_chunks(1 << 16))
+            .map(|part| part.iter().max().copied().unwrap_or(0))
+            .max();
+        if max.is_some_and(|max| max >= bound)
             && let Some(&bad) = ids.iter().find(|&&id| id >= bound)
         {
             return Err(Error::Topology(format!(
@@ -351,6 +368,9 @@ pub fn stream_ahead(
     edges: &EdgeList,
     mut f: impl FnMut(&[u64], &[u64]) -> Result<()>,
 ) -> Result<()> {
+    if let Some(streamed) = edges.for_each_chunk_mapped(CHUNK, &mut f) {
+        return streamed;
+    }
     type Chunk = (Vec<u64>, Vec<u64>);
     let (ahead, chunks) = std::sync::mpsc::sync_channel::<Chunk>(1);
     let (recycle, spare) = std::sync::mpsc::channel::<Chunk>();

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use super::checks::{require_integer, resolve};
 use super::metadata::{EdgeMeta, Metadata};
 use crate::error::{Error, Result};
-use crate::npy::{DType, NpyFile};
+use crate::npy::{DType, MappedU64, NpyFile};
 
 /// Where the edges live.
 #[derive(Debug)]
@@ -154,6 +154,47 @@ impl EdgeList {
         mut f: impl FnMut(&[u64], &[u64]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
         self.for_each_chunk_vec(chunk, |src, dst| f(src, dst))
+    }
+
+    /// As [`EdgeList::for_each_chunk`] for a NumPy file of 64-bit ids,
+    /// each chunk's two sides mapped from the file rather than read into
+    /// vectors: no copy, no fresh pages, and no thread to read ahead.
+    /// `None` where the file is not such a file (the caller reads it).
+    pub fn for_each_chunk_mapped<E: From<Error>>(
+        &self,
+        chunk: usize,
+        mut f: impl FnMut(&[u64], &[u64]) -> std::result::Result<(), E>,
+    ) -> Option<std::result::Result<(), E>> {
+        let EdgeSource::Numpy(file) = &self.source else {
+            return None;
+        };
+        let e = file.shape()[1];
+        let chunk = chunk.max(1);
+        let sides = |start: u64| -> Result<Option<(MappedU64, MappedU64)>> {
+            let n = chunk.min((e - start) as usize);
+            Ok(file.map_u64(start, n)?.zip(file.map_u64(e + start, n)?))
+        };
+        if e > 0 && matches!(sides(0), Ok(None)) {
+            return None;
+        }
+        let mut start = 0u64;
+        let mut each = || -> std::result::Result<(), E> {
+            while start < e {
+                let (src, dst) = sides(start)?.ok_or_else(|| {
+                    Error::npy(file.path(), "an edge chunk could not be mapped aligned")
+                })?;
+                let (src, dst) = (src.as_slice(), dst.as_slice());
+                let (checked_src, checked_dst) = rayon::join(
+                    || self.check_ids(file.path(), src, start, "source"),
+                    || self.check_ids(file.path(), dst, start, "destination"),
+                );
+                checked_src.and(checked_dst)?;
+                f(src, dst)?;
+                start += src.len() as u64;
+            }
+            Ok(())
+        };
+        Some(each())
     }
 
     /// As [`EdgeList::for_each_chunk`], handing `f` the vectors the chunk

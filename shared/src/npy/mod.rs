@@ -395,6 +395,34 @@ impl NpyFile {
         Ok(())
     }
 
+    /// Elements `[start, start + count)` of an i64 or u64 array mapped
+    /// from the file rather than read: no copy, and only a mapping's worth
+    /// of the page cache in the process's memory (it leaves with the
+    /// mapping). A negative i64 shows as 2^63 or more, as in
+    /// [`NpyFile::read_u64_direct`]. `None` for other dtypes, or where the
+    /// elements would not lie 8-byte aligned.
+    pub fn map_u64(&self, start: u64, count: usize) -> Result<Option<MappedU64>> {
+        if !matches!(self.header.dtype, DType::I64 | DType::U64) || count == 0 {
+            return Ok(None);
+        }
+        let at = self.header.data_offset + start * 8;
+        // SAFETY: a private read-only mapping, only read as `&[u64]`;
+        // offgnn never changes a dataset's files in place. Another process
+        // that truncated the file while it is mapped would end this one
+        // with SIGBUS, as with any mapping.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(at)
+                .len(count * 8)
+                .map(&self.file)
+        }
+        .map_err(|e| Error::io(&self.path, e))?;
+        if bytemuck::try_cast_slice::<u8, u64>(&map).is_err() {
+            return Ok(None);
+        }
+        Ok(Some(MappedU64 { map }))
+    }
+
     pub fn read_u64_into(
         &self,
         start: u64,
@@ -645,6 +673,18 @@ pub fn first_non_finite_in(bytes: &[u8], dtype: DType) -> Option<(usize, f64)> {
             )
         }),
         _ => None,
+    }
+}
+
+/// Elements of a 64-bit integer array mapped from its file
+/// ([`NpyFile::map_u64`]), little-endian as the dtypes read here are.
+pub struct MappedU64 {
+    map: memmap2::Mmap,
+}
+
+impl MappedU64 {
+    pub fn as_slice(&self) -> &[u64] {
+        bytemuck::cast_slice(&self.map)
     }
 }
 
