@@ -257,9 +257,7 @@ pub fn sample_typed_blocks(
         });
         num_dst = nodes.len();
     }
-    for &v in &nodes {
-        scratch.local[v as usize] = u32::MAX;
-    }
+    scratch.clear(&nodes);
     blocks.reverse();
     (nodes, blocks)
 }
