@@ -246,7 +246,11 @@ impl Csr {
                         (offsets[v + 1] - base) as usize,
                     );
                     let row = &mut block[start..stop];
-                    row.sort_unstable();
+                    // Edge files sorted by source fill each row in order:
+                    // checking is cheaper than sorting them again.
+                    if !row.is_sorted() {
+                        row.sort_unstable();
+                    }
                     let keep = if dedup { dedup_sorted(row) } else { row.len() };
                     if dedup && write != start {
                         block.copy_within(start..start + keep, write);
