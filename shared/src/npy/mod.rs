@@ -805,6 +805,25 @@ mod tests {
     }
 
     #[test]
+    fn mapped_ids_are_the_ids_read_and_other_dtypes_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.npy");
+        // Past a page, so that a chunk's mapping starts inside one.
+        let values: Vec<u64> = (0..3000).map(|i| i * 7 + 1).collect();
+        write_i64(&path, &values).unwrap();
+        let f = NpyFile::open(&path).unwrap();
+        for (start, count) in [(0, 3000), (511, 3), (1000, 2000), (2999, 1)] {
+            let mapped = f.map_u64(start, count).unwrap().expect("int64 maps");
+            assert_eq!(mapped.as_slice(), f.read_u64(start, count).unwrap());
+        }
+        let floats = dir.path().join("x.npy");
+        let mut w = NpyWriter::create(&floats, DType::F32, &[2]).unwrap();
+        w.write_bytes(&[0u8; 8]).unwrap();
+        w.finish().unwrap();
+        assert!(NpyFile::open(&floats).unwrap().map_u64(0, 2).unwrap().is_none());
+    }
+
+    #[test]
     fn writer_refuses_short_output() {
         let dir = tempfile::tempdir().unwrap();
         let mut w = NpyWriter::create(dir.path().join("x.npy"), DType::F32, &[2, 2]).unwrap();
