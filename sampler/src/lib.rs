@@ -6,7 +6,8 @@
 //! Output layout and Parquet schema: [`offgnn_shared::samples`] (one row per
 //! mini-batch; `run.json` written last as the commit point). Sampling itself:
 //! [`neighbor_sampling`] over the graph in CSR ([`topology`]); planning,
-//! threads, shards and commit: [`sample_run`], as [`config`] asks; which
+//! threads, shards and commit: [`sample_run`], as [`config`] asks, its files
+//! written by `sample_files`; which
 //! shard an array job's task samples: [`array_job`]. The datasets it reads
 //! come from the [`synthetic`] generator or the [`parquet_import`] importer;
 //! [`edge_split`] holds out edges for link prediction and
@@ -27,6 +28,7 @@ pub mod memory;
 pub mod neighbor_sampling;
 pub mod parquet_import;
 mod parquet_out;
+mod sample_files;
 pub mod sample_run;
 mod shards;
 pub mod synthetic;
