@@ -820,7 +820,13 @@ mod tests {
         let mut w = NpyWriter::create(&floats, DType::F32, &[2]).unwrap();
         w.write_bytes(&[0u8; 8]).unwrap();
         w.finish().unwrap();
-        assert!(NpyFile::open(&floats).unwrap().map_u64(0, 2).unwrap().is_none());
+        assert!(
+            NpyFile::open(&floats)
+                .unwrap()
+                .map_u64(0, 2)
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]
