@@ -295,3 +295,70 @@ impl EdgeList {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::npy::NpyWriter;
+
+    fn edge_file(path: &Path, dtype: DType, src: &[u64], dst: &[u64]) -> EdgeList {
+        let mut w = NpyWriter::create(path, dtype, &[2, src.len() as u64]).unwrap();
+        let mut bytes = Vec::new();
+        for &v in src.iter().chain(dst) {
+            match dtype {
+                DType::I32 => bytes.extend_from_slice(&(v as i32).to_le_bytes()),
+                _ => bytes.extend_from_slice(&(v as i64).to_le_bytes()),
+            }
+        }
+        w.write_bytes(&bytes).unwrap();
+        w.finish().unwrap();
+        EdgeList {
+            source: EdgeSource::Numpy(NpyFile::open(path).unwrap()),
+            num_nodes: 1000,
+            num_dst_nodes: 1000,
+            endpoint_types: None,
+        }
+    }
+
+    fn chunks(
+        edges: &EdgeList,
+        mapped: bool,
+        chunk: usize,
+    ) -> Option<Result<Vec<(Vec<u64>, Vec<u64>)>>> {
+        let mut got = Vec::new();
+        let mut keep = |s: &[u64], d: &[u64]| -> Result<()> {
+            got.push((s.to_vec(), d.to_vec()));
+            Ok(())
+        };
+        let streamed = if mapped {
+            edges.for_each_chunk_mapped(chunk, &mut keep)?
+        } else {
+            edges.for_each_chunk(chunk, &mut keep)
+        };
+        Some(streamed.map(|()| got))
+    }
+
+    #[test]
+    fn mapped_chunks_are_the_chunks_read_and_ids_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        // Chunks of 700 ids cross the file's pages at odd places.
+        let src: Vec<u64> = (0..2500).map(|i| i * 7 % 1000).collect();
+        let dst: Vec<u64> = (0..2500).map(|i| i * 13 % 1000).collect();
+        let edges = edge_file(&dir.path().join("e.npy"), DType::I64, &src, &dst);
+        let read = chunks(&edges, false, 700).unwrap().unwrap();
+        assert_eq!(read.len(), 4);
+        assert_eq!(chunks(&edges, true, 700).unwrap().unwrap(), read);
+
+        let narrow = edge_file(&dir.path().join("n.npy"), DType::I32, &src, &dst);
+        assert!(
+            chunks(&narrow, true, 700).is_none(),
+            "int32 is read, not mapped"
+        );
+
+        let mut bad = dst.clone();
+        bad[1900] = 1000;
+        let edges = edge_file(&dir.path().join("b.npy"), DType::I64, &src, &bad);
+        let e = chunks(&edges, true, 700).unwrap().unwrap_err().to_string();
+        assert!(e.contains("destination id 1000 of edge 1900"), "{e}");
+    }
+}
