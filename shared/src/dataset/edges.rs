@@ -320,11 +320,10 @@ mod tests {
         }
     }
 
-    fn chunks(
-        edges: &EdgeList,
-        mapped: bool,
-        chunk: usize,
-    ) -> Option<Result<Vec<(Vec<u64>, Vec<u64>)>>> {
+    /// Each chunk's two sides.
+    type Chunks = Vec<(Vec<u64>, Vec<u64>)>;
+
+    fn chunks(edges: &EdgeList, mapped: bool, chunk: usize) -> Option<Result<Chunks>> {
         let mut got = Vec::new();
         let mut keep = |s: &[u64], d: &[u64]| -> Result<()> {
             got.push((s.to_vec(), d.to_vec()));
