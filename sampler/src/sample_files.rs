@@ -64,7 +64,9 @@ pub(crate) fn write_units(
         }
         files.extend(done);
         match written {
-            Ok(()) => debug_assert_eq!(files.len(), units.len(), "every file finished"),
+            // Every unit has a batch (the plan makes none without), so a
+            // stream that ends well has finished every file.
+            Ok(()) => assert_eq!(files.len(), units.len(), "every file finished"),
             Err(e @ (Error::Write { .. } | Error::Shared(_)))
                 if attempt < WRITE_ATTEMPTS
                     && offgnn_shared::signals::received().is_none()
@@ -238,7 +240,7 @@ fn write_files(
             for (u, batch) in encoded {
                 let file = match open.take() {
                     Some(file) => file,
-                    None => match OpenFile::new(store, run_id, &units[u], pool) {
+                    None => match OpenFile::new(store, run_id, (u, &units[u]), pool) {
                         Ok(file) => file,
                         Err(e) => {
                             written = Err(e);
@@ -246,6 +248,7 @@ fn write_files(
                         }
                     },
                 };
+                assert_eq!(file.index, u, "a file's batches come in order, together");
                 let file = match file.write(batch) {
                     Ok(file) => file,
                     Err(e) => {
@@ -272,6 +275,8 @@ fn write_files(
 
 /// One samples file being written by [`write_files`].
 struct OpenFile<'a> {
+    /// The unit's place in the stream's units.
+    index: usize,
     unit: &'a Unit,
     name: String,
     url: String,
@@ -285,13 +290,14 @@ impl<'a> OpenFile<'a> {
     fn new(
         store: &Store,
         run_id: &RunId,
-        unit: &'a Unit,
+        (index, unit): (usize, &'a Unit),
         pool: &'a rayon::ThreadPool,
     ) -> Result<Self> {
         let name = samples::file_name(run_id.as_str(), unit.split, unit.epoch, unit.part);
         let encoder = Encoder::new(store.writer(&name)?, pool)
             .map_err(|e| write_error(store.url(), &name, e))?;
         Ok(OpenFile {
+            index,
             unit,
             url: store.url().to_string(),
             name,
