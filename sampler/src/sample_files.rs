@@ -172,15 +172,8 @@ fn write_stream(
                             .unwrap_or_else(|| Scratch::new(graph.num_nodes()));
                         let batch = task.sample(cfg, graph, (unit, index, batch), &mut mine);
                         scratch.lock().expect("scratch pool").push(mine);
-                        let encoded = Encoded::new(batch).map_err(|e| {
-                            let name = samples::file_name(
-                                run_id.as_str(),
-                                unit.split,
-                                unit.epoch,
-                                unit.part,
-                            );
-                            write_error(store.url(), &name, e)
-                        })?;
+                        let encoded = Encoded::new(batch)
+                            .map_err(|e| write_error(store.url(), &file_name(run_id, unit), e))?;
                         Ok((u, encoded))
                     })
                     .collect()
@@ -293,7 +286,7 @@ impl<'a> OpenFile<'a> {
         (index, unit): (usize, &'a Unit),
         pool: &'a rayon::ThreadPool,
     ) -> Result<Self> {
-        let name = samples::file_name(run_id.as_str(), unit.split, unit.epoch, unit.part);
+        let name = file_name(run_id, unit);
         let encoder = Encoder::new(store.writer(&name)?, pool)
             .map_err(|e| write_error(store.url(), &name, e))?;
         Ok(OpenFile {
@@ -338,6 +331,11 @@ impl<'a> OpenFile<'a> {
             input_nodes: inputs,
         })
     }
+}
+
+/// The name of `unit`'s samples file.
+fn file_name(run_id: &RunId, unit: &Unit) -> String {
+    samples::file_name(run_id.as_str(), unit.split, unit.epoch, unit.part)
 }
 
 /// A samples file's encoding or writing failed.

@@ -365,9 +365,10 @@ fn check_chunk(src: &[u64], dst: &[u64], num_cols: u64, num_rows: u64) -> Result
 }
 
 /// Streams `edges` in chunks of [`CHUNK`] as [`EdgeList::for_each_chunk`]
-/// does, reading the next chunk on a thread of its own while `f` handles
-/// this one: reading a chunk takes about as long as the pool takes to count
-/// or place it.
+/// does: each chunk mapped from a 64-bit `.npy` file
+/// ([`EdgeList::for_each_chunk_mapped`]); from any other file, the next
+/// chunk read on a thread of its own while `f` handles this one (reading a
+/// chunk takes about as long as the pool takes to count or place it).
 pub fn stream_ahead(
     edges: &EdgeList,
     mut f: impl FnMut(&[u64], &[u64]) -> Result<()>,

@@ -168,15 +168,15 @@ impl EdgeList {
         let EdgeSource::Numpy(file) = &self.source else {
             return None;
         };
+        if !file.maps_u64() {
+            return None;
+        }
         let e = file.shape()[1];
         let chunk = chunk.max(1);
         let sides = |start: u64| -> Result<Option<(MappedU64, MappedU64)>> {
             let n = chunk.min((e - start) as usize);
             Ok(file.map_u64(start, n)?.zip(file.map_u64(e + start, n)?))
         };
-        if e > 0 && matches!(sides(0), Ok(None)) {
-            return None;
-        }
         let mut start = 0u64;
         let mut each = || -> std::result::Result<(), E> {
             while start < e {

@@ -395,6 +395,13 @@ impl NpyFile {
         Ok(())
     }
 
+    /// Whether [`NpyFile::map_u64`] maps this file: an i64 or u64 array
+    /// whose data starts 8-byte aligned (mappings start on a page).
+    pub fn maps_u64(&self) -> bool {
+        matches!(self.header.dtype, DType::I64 | DType::U64)
+            && self.header.data_offset.is_multiple_of(8)
+    }
+
     /// Elements `[start, start + count)` of an i64 or u64 array mapped
     /// from the file rather than read: no copy, and only a mapping's worth
     /// of the page cache in the process's memory (it leaves with the
@@ -402,7 +409,7 @@ impl NpyFile {
     /// [`NpyFile::read_u64_direct`]. `None` for other dtypes, or where the
     /// elements would not lie 8-byte aligned.
     pub fn map_u64(&self, start: u64, count: usize) -> Result<Option<MappedU64>> {
-        if !matches!(self.header.dtype, DType::I64 | DType::U64) || count == 0 {
+        if !self.maps_u64() || count == 0 {
             return Ok(None);
         }
         let at = self.header.data_offset + start * 8;
