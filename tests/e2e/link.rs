@@ -83,9 +83,27 @@ fn link_prediction_packs_trains_and_ranks_held_out_edges_above_chance() {
         r.stdout
     );
 
+    // A dump holds each batch's pairs among its seeds' embeddings.
     let dump = dir.path().join("dump.safetensors");
-    let dumped = train_env(&manifest, &["--dump-batches", dump.to_str().unwrap()], &[]);
-    assert_one_line(&dumped, "--dump-batches writes node logits");
+    train(&manifest, &["--dump-batches", dump.to_str().unwrap()]);
+    let bytes = std::fs::read(&dump).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let ints = |name: &str| -> Vec<i64> {
+        let t = tensors.tensor(name).unwrap();
+        t.data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let seeds = tensors.tensor("batch0.embeddings").unwrap().shape()[0] as i64;
+    let (src, dst, label) = (
+        ints("batch0.pairs.src"),
+        ints("batch0.pairs.dst"),
+        ints("batch0.pairs.label"),
+    );
+    assert!(!src.is_empty() && src.len() == dst.len() && dst.len() == label.len());
+    assert!(src.iter().chain(&dst).all(|&s| (0..seeds).contains(&s)));
+    assert!(label.contains(&0) && label.contains(&1), "{label:?}");
 
     let dot = train(&manifest, &["--scorer", "dot"]);
     let mrr = dot.json()["summary"]["test_rank_at_best_valid"]["mrr"]

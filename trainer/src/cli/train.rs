@@ -157,8 +157,9 @@ pub struct TrainArgs {
     #[arg(long)]
     pub overwrite: bool,
     /// Write the first --dump-count test batches (blocks, input rows, and
-    /// the best model's logits) to this safetensors file, to check the
-    /// export against another implementation.
+    /// the best model's logits; a link batch's pairs and its seeds'
+    /// embeddings) to this safetensors file, to check the export or a
+    /// loader against another implementation.
     #[arg(long)]
     pub dump_batches: Option<PathBuf>,
     #[arg(long, default_value_t = 2)]
@@ -426,19 +427,14 @@ fn open_layout(
     Ok((layout, share))
 }
 
-/// The scorer of a link-prediction layout (`--scorer`, else the MLP),
-/// which refuses `--dump-batches`; none for a node layout, which refuses
-/// `--scorer`.
+/// The scorer of a link-prediction layout (`--scorer`, else the MLP);
+/// none for a node layout, which refuses `--scorer`.
 fn scorer_of(
     a: &TrainArgs,
     m: &Manifest,
     location: &str,
 ) -> anyhow::Result<Option<crate::link::ScorerKind>> {
     match (&m.samples.link, a.scorer) {
-        (Some(_), _) if a.dump_batches.is_some() => anyhow::bail!(
-            "--dump-batches writes node logits; {} is a link-prediction layout",
-            offgnn_shared::store::redact(location)
-        ),
         (Some(_), s) => Ok(Some(s.unwrap_or(crate::link::ScorerKind::Mlp))),
         (None, None) => Ok(None),
         (None, Some(_)) => anyhow::bail!(

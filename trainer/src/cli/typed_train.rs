@@ -312,9 +312,6 @@ fn typed_scorer(
 ) -> anyhow::Result<Option<crate::link::ScorerKind>> {
     let at = offgnn_shared::store::redact(location);
     match (&m.samples.link, a.scorer) {
-        (Some(_), _) if a.dump_batches.is_some() => {
-            anyhow::bail!("--dump-batches writes node logits; {at} is a link-prediction layout")
-        }
         (Some(_), s) => Ok(Some(s.unwrap_or(crate::link::ScorerKind::Mlp))),
         (None, None) => Ok(None),
         (None, Some(_)) => anyhow::bail!(

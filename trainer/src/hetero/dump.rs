@@ -19,8 +19,11 @@ use crate::train::DumpTarget;
 /// and `.dst` (int64 positions among the source and destination types'
 /// rows, sorted by destination), `batch{k}.block{l}.num_dst` (each type's
 /// destination rows), `batch{k}.logits` and `batch{k}.labels`, the types
-/// and relations in the layout's order. Written to a temporary name, then
-/// renamed.
+/// and relations in the layout's order; a link batch's
+/// `batch{k}.embeddings` (every type's seeds', one type after another) in
+/// place of logits, and its pairs as `batch{k}.pairs.src`, `.dst` (rows
+/// of those embeddings), `.label` and `.query`. Written to a temporary name,
+/// then renamed.
 pub(super) fn dump_batches(
     layout: &TypedLayout,
     model: &Rgnn,
@@ -33,7 +36,17 @@ pub(super) fn dump_batches(
     let types: Vec<String> = layout.schema.types.iter().map(|t| t.0.clone()).collect();
     layout
         .for_each_batch((Split::Test, 0, &order), run, &mut |k, b| {
-            let logits = tch::no_grad(|| model.forward(&b.x, &b.blocks, false))?;
+            // A link model's outputs are its seeds' embeddings.
+            let (out, logits) = match &b.pairs {
+                Some(_) => (
+                    "embeddings",
+                    tch::no_grad(|| model.embed(&b.x, &b.blocks, false))?,
+                ),
+                None => (
+                    "logits",
+                    tch::no_grad(|| model.forward(&b.x, &b.blocks, false))?,
+                ),
+            };
             let mut add = |name: String, t: &Tensor| -> Result<()> {
                 named.push((name, t.f_to_device(Device::Cpu)?));
                 Ok(())
@@ -58,7 +71,10 @@ pub(super) fn dump_batches(
                     &Tensor::from_slice(&layer.num_dst),
                 )?;
             }
-            add(format!("batch{k}.logits"), &logits)?;
+            add(format!("batch{k}.{out}"), &logits)?;
+            for (name, t) in crate::link::dumped_pairs(b.pairs.as_ref()) {
+                add(format!("batch{k}.pairs.{name}"), t)?;
+            }
             add(
                 format!("batch{k}.labels"),
                 &b.labels.f_to_kind(Kind::Int64)?,

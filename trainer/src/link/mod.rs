@@ -91,6 +91,18 @@ pub struct PairTensors {
     pub num_queries: i64,
 }
 
+/// A batch's pairs as `--dump-batches` names them (none for a node batch).
+pub fn dumped_pairs(p: Option<&PairTensors>) -> Vec<(&'static str, &Tensor)> {
+    p.map_or_else(Vec::new, |p| {
+        vec![
+            ("src", &p.src),
+            ("dst", &p.dst),
+            ("label", &p.label),
+            ("query", &p.query),
+        ]
+    })
+}
+
 /// Binary cross-entropy of the pairs' logits against their labels, the
 /// mean over the batch's pairs (DGL's and PyG's link-prediction loss).
 pub fn pair_loss(scores: &Tensor, pairs: &PairTensors) -> Result<Tensor, TchError> {

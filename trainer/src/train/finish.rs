@@ -183,7 +183,10 @@ fn write_exports(
 /// global node ids, int64), `batch{k}.block{l}.src`,
 /// `.dst` (int64 local ids, edges sorted by destination) and `.size`
 /// (`[num_src, num_dst]`) for each layer `l`, `batch{k}.logits` and
-/// `batch{k}.labels`. Written to a temporary name, then renamed.
+/// `batch{k}.labels`; a link batch's `batch{k}.embeddings` (its seeds')
+/// in place of logits, and its pairs as `batch{k}.pairs.src`, `.dst` (seed
+/// rows), `.label` and `.query`. Written to a temporary name, then
+/// renamed.
 fn dump_batches(
     layout: &Layout,
     engine: &IoEngine,
@@ -227,8 +230,17 @@ fn dump_batches(
                         Tensor::from_slice(&[b.num_src, b.num_dst]),
                     )?;
                 }
-                add(format!("batch{k}.logits"), logits)?;
+                // A link model's outputs are its seeds' embeddings.
+                let out = if r.pairs.is_some() {
+                    "embeddings"
+                } else {
+                    "logits"
+                };
+                add(format!("batch{k}.{out}"), logits)?;
                 add(format!("batch{k}.labels"), r.labels.f_to_kind(Kind::Int64)?)?;
+                for (name, t) in crate::link::dumped_pairs(r.pairs.as_ref()) {
+                    add(format!("batch{k}.pairs.{name}"), t.shallow_clone())?;
+                }
                 k += 1;
                 Ok(())
             },
