@@ -21,10 +21,11 @@ on Cora, sampled and packed by the binaries:
    as the trainer deals them;
 5. a good citizen: `len`, set_epoch (later epochs said once), a loop left
    early, `close()`, a `with` block and a Ctrl-C leave no thread behind,
-   and bad input (a link-prediction layout among it) is a Python
-   exception of one line;
+   and bad input is a Python exception of one line;
 6. on a typed layout, HeteroData batches equal the trainer's typed dump,
    and a PyG HeteroConv model trained over them reaches a stated accuracy.
+
+Link-prediction layouts are checked by loader_link_check.py.
 
 Prints one JSON line of figures last.
 """
@@ -434,43 +435,6 @@ def hetero_model(manifest, min_acc):
     return {"graph": "igbh-3000", "model": "HeteroConv(SAGEConv)", "min_acc": min_acc, **r}
 
 
-def other_layouts(bin_dir, work, dataset):
-    """A link-prediction layout, which the loader refuses."""
-    d = os.path.join(work, "other")
-    lp = os.path.join(d, "lp")
-    run(bin_dir, "sampler", "split-edges", "--dataset", dataset, "--out", lp,
-        "--negatives", 5, "--overwrite")
-    run(bin_dir, "sampler", "--dataset", lp, "--out", os.path.join(d, "lp-samples"),
-        "--task", "link", "--negatives", 1, "--fanout", "3,3", "--batch-size", 128,
-        "--epochs", 1, "--overwrite")
-    run(bin_dir, "packer", "--samples", os.path.join(d, "lp-samples"), "--features",
-        os.path.join(lp, "data", "feat.npy"), "--out", os.path.join(d, "lp-pack"),
-        "--gpu-cache", "64K", "--cpu-cache", "128K", "--disk-budget", "40x", "--overwrite")
-    return os.path.join(d, "lp-pack", "manifest.json")
-
-
-def typed_link_refused(bin_dir, work):
-    """A typed link-prediction layout, refused as the untyped one is (its
-    batches' pairs are not handed over)."""
-    d = os.path.join(work, "typed")
-    lp = os.path.join(d, "lp")
-    run(bin_dir, "sampler", "split-edges", "--dataset", os.path.join(d, "igbh"), "--out", lp,
-        "--relation", "paper:written_by:author", "--negatives", 5, "--overwrite")
-    run(bin_dir, "sampler", "--dataset", lp, "--out", os.path.join(d, "lp-samples"),
-        "--task", "link", "--negatives", 1, "--fanout", "3,3", "--batch-size", 128,
-        "--epochs", 1, "--overwrite")
-    run(bin_dir, "packer", "--samples", os.path.join(d, "lp-samples"), "--out",
-        os.path.join(d, "lp-pack"), "--gpu-cache", "8K", "--cpu-cache", "16K",
-        "--disk-budget", "40x", "--overwrite")
-    try:
-        offgnn.Loader(os.path.join(d, "lp-pack", "manifest.json"), device="cpu")
-    except RuntimeError as e:
-        line = str(e)
-        assert "\n" not in line and "a link-prediction layout (of paper:written_by:author)" in line, line
-        return line
-    raise AssertionError("a typed link-prediction layout was not refused")
-
-
 SEEDS = r"""
 import json, sys
 import offgnn
@@ -512,9 +476,8 @@ def rank_shares(manifest):
     return out
 
 
-def refusals(manifest, work, link):
+def refusals(manifest, work):
     cases = [
-        (lambda: offgnn.Loader(link, device="cpu"), RuntimeError),
         (lambda: offgnn.Loader(os.path.join(work, "missing", "manifest.json"), device="cpu"),
          RuntimeError),
         (lambda: offgnn.Loader(manifest, device="cpu", memory="1M"), MemoryError),
@@ -560,13 +523,11 @@ def main():
             out["threads"] = no_threads_left(manifest)
             out["ctrl_c"] = ctrl_c(manifest)
             out["ranks"] = rank_shares(manifest)
-            link = other_layouts(a.bin_dir, a.work, dataset)
-            out["refusals"] = refusals(manifest, a.work, link)
+            out["refusals"] = refusals(manifest, a.work)
         min_acc = GCN_CORA_MIN_ACC if name == "cora" else GCN_GENERATED_MIN_ACC
         out["accuracy"].append(gcn_jk(a.bin_dir, manifest, name, min_acc))
         print(json.dumps(out["accuracy"][-1]), file=sys.stderr)
     typed, out["typed"] = typed_batches(a.bin_dir, a.work)
-    out["refusals"].append(typed_link_refused(a.bin_dir, a.work))
     out["accuracy"].append(hetero_model(typed, HETERO_MIN_ACC))
     out["accuracy"].append(sage_against_trainer(a.bin_dir, a.work))
     print(json.dumps(out))

@@ -16,6 +16,13 @@ def _tensor(capsule):
     return torch.utils.dlpack.from_dlpack(capsule)
 
 
+def _edge_labels(store, d):
+    # LinkNeighborLoader's names (binary labels), and each pair's query.
+    store.edge_label_index = _tensor(d["edge_label_index"])
+    store.edge_label = _tensor(d["edge_label"])
+    store.edge_label_query = _tensor(d["edge_label_query"])
+
+
 def _hetero(d):
     data = HeteroData()
     for t in d["types"]:
@@ -24,8 +31,11 @@ def _hetero(d):
         store.n_id = _tensor(t["n_id"])
         store.num_sampled_nodes = t["num_sampled_nodes"]
     target = data[d["target"]]
-    target.y = _tensor(d["y"])
     target.batch_size = d["batch_size"]
+    if "link" in d:
+        _edge_labels(data[tuple(d["link"]["key"])], d["link"])
+    else:
+        target.y = _tensor(d["y"])
     for r in d["relations"]:
         store = data[tuple(r["key"])]
         store.edge_index = _tensor(r["edge_index"])
@@ -68,6 +78,17 @@ class Loader:
     ``num_sampled_edges``; ``blocks`` per layer ``(edge_index per relation,
     num_src per type, num_dst per type)``. ``target`` names the seeds' type.
 
+    A link-prediction layout (``sampler --task link``; ``task`` is then
+    ``"link"``) yields its batches as ``LinkNeighborLoader`` does with
+    binary negative sampling: the seeds are the distinct endpoints of the
+    batch's pairs, and instead of ``y`` there are ``edge_label_index``
+    (``[2, P]``: each pair's endpoints as rows of ``x``), ``edge_label``
+    (float32, 1 an edge and 0 a negative) and ``edge_label_query`` (the
+    query each pair is ranked in: a held-out edge and its given negatives
+    share one, numbered within the batch). A typed layout puts them on the
+    relation the pairs are of (``link_edge_type``), the endpoints as rows
+    of its source and destination types.
+
     ``split`` is ``"train"``, ``"valid"`` or ``"test"``. Training batches
     come in the order the trainer reads epoch ``epoch`` (``set_epoch``);
     past the sampled epochs they are the sampled ones again, reshuffled per
@@ -108,6 +129,10 @@ class Loader:
         self.target = info.get("target")
         self.num_classes = info["num_classes"]
         self.num_nodes = info["num_nodes"]
+        #: "node" or "link": what the batches' labels are.
+        self.task = info["task"]
+        #: A typed link-prediction layout's (src, rel, dst), else None.
+        self.link_edge_type = tuple(info["link_edge_type"]) if info.get("link_edge_type") else None
         #: The loader's stated peak host memory, in bytes.
         self.memory_bytes = info["memory_bytes"]
         self.split = split
@@ -144,9 +169,12 @@ class Loader:
                 data = Data(
                     x=_tensor(d["x"]),
                     edge_index=_tensor(d["edge_index"]),
-                    y=_tensor(d["y"]),
                     n_id=_tensor(d["n_id"]),
                 )
+                if "y" in d:
+                    data.y = _tensor(d["y"])
+                else:
+                    _edge_labels(data, d)
                 data.batch_size = d["batch_size"]
                 data.num_sampled_nodes = d["num_sampled_nodes"]
                 data.num_sampled_edges = d["num_sampled_edges"]

@@ -15,7 +15,7 @@ use pyo3::types::{PyDict, PyList};
 use tch::{Device, Kind, Tensor};
 use trainer::distributed::Launch;
 use trainer::error::Error;
-use trainer::loader::{LoaderBatch, LoaderOptions, Next, Opened, TypedLoaderBatch};
+use trainer::loader::{EdgeLabels, LoaderBatch, LoaderOptions, Next, Opened, TypedLoaderBatch};
 
 /// How long a wait for the next batch lasts before Python's signals are
 /// checked again (a Ctrl-C is seen within it).
@@ -63,13 +63,23 @@ fn capsule(py: Python<'_>, t: Tensor) -> PyResult<Bound<'_, PyAny>> {
     managed.into_pyobject(py)
 }
 
+/// A link batch's pairs into `d`, under `LinkNeighborLoader`'s names.
+fn set_link(py: Python<'_>, d: &Bound<'_, PyDict>, l: EdgeLabels) -> PyResult<()> {
+    d.set_item("edge_label_index", capsule(py, l.edge_label_index)?)?;
+    d.set_item("edge_label", capsule(py, l.edge_label)?)?;
+    d.set_item("edge_label_query", capsule(py, l.edge_label_query)?)
+}
+
 /// A batch as a dict of capsules and counts (python/offgnn/loader.py makes
-/// it a `Data`).
+/// it a `Data`): a node batch's `y`, or a link batch's pairs.
 fn batch_dict(py: Python<'_>, b: LoaderBatch) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("x", capsule(py, b.x)?)?;
     d.set_item("edge_index", capsule(py, b.edge_index)?)?;
-    d.set_item("y", capsule(py, b.y)?)?;
+    match b.link {
+        Some(l) => set_link(py, &d, l)?,
+        None => d.set_item("y", capsule(py, b.y)?)?,
+    }
     d.set_item("n_id", capsule(py, b.n_id)?)?;
     d.set_item("batch_size", b.batch_size)?;
     d.set_item("num_sampled_nodes", b.num_sampled_nodes)?;
@@ -83,12 +93,21 @@ fn batch_dict(py: Python<'_>, b: LoaderBatch) -> PyResult<Bound<'_, PyDict>> {
 }
 
 /// A typed batch as a dict (python/offgnn/loader.py makes it a
-/// `HeteroData`): per node type and per relation, as `batch_dict` has them.
+/// `HeteroData`): per node type and per relation, as `batch_dict` has them;
+/// a link batch's pairs on their relation, under `link`.
 fn typed_dict(py: Python<'_>, b: TypedLoaderBatch) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("target", b.target)?;
     d.set_item("batch_size", b.batch_size)?;
-    d.set_item("y", capsule(py, b.y)?)?;
+    match b.link {
+        Some((r, l)) => {
+            let link = PyDict::new(py);
+            link.set_item("key", b.relations[r].key.clone())?;
+            set_link(py, &link, l)?;
+            d.set_item("link", link)?;
+        }
+        None => d.set_item("y", capsule(py, b.y)?)?,
+    }
     let types = PyList::empty(py);
     for t in b.types {
         let n = PyDict::new(py);
@@ -118,6 +137,11 @@ fn typed_dict(py: Python<'_>, b: TypedLoaderBatch) -> PyResult<Bound<'_, PyDict>
     }
     d.set_item("blocks", blocks)?;
     Ok(d)
+}
+
+/// What a layout's batches predict.
+fn task(link: bool) -> &'static str {
+    if link { "link" } else { "node" }
 }
 
 /// The loader: a packed layout opened, read in passes.
@@ -222,8 +246,9 @@ impl PyLoader {
     }
 
     /// The layout's classes and nodes, its feature widths (one, or per
-    /// node type with the seeds' type), and the loader's stated peak host
-    /// memory (homogeneous layouts).
+    /// node type with the seeds' type), its task (a typed link layout's
+    /// relation too), and the loader's stated peak host memory
+    /// (homogeneous layouts).
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.with(|l| {
             let d = PyDict::new(py);
@@ -234,6 +259,7 @@ impl PyLoader {
                     d.set_item("num_classes", m.dataset.num_classes)?;
                     d.set_item("num_nodes", m.dataset.num_nodes)?;
                     d.set_item("memory_bytes", l.memory.total_bytes)?;
+                    d.set_item("task", task(m.samples.link.is_some()))?;
                 }
                 Opened::Typed(l) => {
                     let m = l.manifest();
@@ -246,6 +272,10 @@ impl PyLoader {
                     d.set_item("num_nodes", m.dataset.num_nodes)?;
                     d.set_item("target", &m.dataset.target_type)?;
                     d.set_item("memory_bytes", py.None())?;
+                    let link = &m.dataset.link_relation;
+                    d.set_item("task", task(!link.is_empty()))?;
+                    let key = (!link.is_empty()).then(|| link.split(':').collect::<Vec<_>>());
+                    d.set_item("link_edge_type", key)?;
                 }
             }
             Ok(d)

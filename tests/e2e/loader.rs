@@ -2,7 +2,8 @@
 //! from Python by python/loader_check.py: the trainer's batches bit for
 //! bit (typed layouts' HeteroData too), PyG's conventions, models offgnn
 //! does not ship trained through it, and no thread left behind however a
-//! pass ends.
+//! pass ends; and by python/loader_link_check.py on link-prediction
+//! layouts, untyped and typed.
 
 use std::path::Path;
 
@@ -23,8 +24,9 @@ fn module_dir(into: &Path) {
     std::fs::copy(binary("lib_offgnn.so"), package.join("_offgnn.so")).unwrap();
 }
 
-#[test]
-fn the_loader_yields_the_trainers_batches_to_pyg_models() {
+/// Runs python/`script` with the module importable, the built binaries
+/// and a work directory; returns the JSON line it prints last.
+fn check(script: &str, extra: &[&std::ffi::OsStr]) -> serde_json::Value {
     let python = workspace().join(".venv/bin/python");
     assert!(
         python.exists(),
@@ -39,25 +41,29 @@ fn the_loader_yields_the_trainers_batches_to_pyg_models() {
     // sources without the extension) is not put first on the path.
     let out = std::process::Command::new(&python)
         .arg("-P")
-        .arg(workspace().join("python/loader_check.py"))
+        .arg(workspace().join("python").join(script))
         .arg("--bin-dir")
         .arg(&bin_dir)
         .arg("--work")
         .arg(work.path())
-        .arg("--cora-dir")
-        .arg(cora_dir())
+        .args(extra)
         .env("PYTHONPATH", &modules)
         .output()
         .expect("python starts");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "loader_check.py failed:\n{stdout}\n{stderr}"
+    assert!(out.status.success(), "{script} failed:\n{stdout}\n{stderr}");
+    serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap()
+}
+
+#[test]
+fn the_loader_yields_the_trainers_batches_to_pyg_models() {
+    let cora = cora_dir();
+    let summary = check(
+        "loader_check.py",
+        &["--cora-dir".as_ref(), cora.as_os_str()],
     );
-    let summary: serde_json::Value =
-        serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
     let same = summary["same_batches"].as_array().unwrap();
     assert_eq!(same.len(), 3, "{summary}");
     for case in same {
@@ -67,15 +73,32 @@ fn the_loader_yields_the_trainers_batches_to_pyg_models() {
     assert_eq!(accuracy.len(), 4, "{summary}");
     let ctrl_c = &summary["ctrl_c"];
     assert_eq!(ctrl_c["threads_after"], ctrl_c["base"], "{ctrl_c}");
-    // Six on the untyped layout, and a typed link-prediction layout.
     assert_eq!(
         summary["refusals"].as_array().unwrap().len(),
-        7,
+        5,
         "{summary}"
     );
     assert_eq!(summary["typed"]["batches"], 3, "{summary}");
     let ranks = &summary["ranks"];
     for split in ["train0", "train3", "test0"] {
         assert_eq!(ranks[split].as_array().unwrap().len(), 2, "{ranks}");
+    }
+}
+
+#[test]
+fn the_loader_yields_link_batches_as_link_neighbor_loader_does() {
+    let summary = check("loader_link_check.py", &[]);
+    let same = summary["same_batches"].as_array().unwrap();
+    assert_eq!(same.len(), 2, "{summary}");
+    for case in same {
+        assert_eq!(case["batches"], 3, "{case}");
+    }
+    let mrr = summary["mrr"].as_array().unwrap();
+    assert_eq!(mrr.len(), 2, "{summary}");
+    for case in mrr {
+        assert!(
+            case["test_mrr"].as_f64().unwrap() >= case["min_mrr"].as_f64().unwrap(),
+            "{case}"
+        );
     }
 }

@@ -2,7 +2,9 @@
 //! `offgnn.Loader`): a split's batches of one epoch, in the trainer's
 //! order, read, assembled and graph-loaded on background threads, and
 //! handed over finished in PyTorch Geometric's `NeighborLoader` convention
-//! (typed layouts in `typed`, as `HeteroData`; [`open`] takes either).
+//! (typed layouts in `typed`, as `HeteroData`; [`open`] takes either), a
+//! link-prediction batch with its pairs as `LinkNeighborLoader` labels
+//! them.
 //!
 //! One pass runs at a time. Its threads are the pipeline's (loaders, the
 //! assembler, the graph loader) and one that takes the place of the model
@@ -69,6 +71,34 @@ pub struct LoaderBatch {
     /// Each layer's message-flow graph, input layer first: `[2, E]` int64
     /// (source, destination) edges, sources and destinations.
     pub blocks: Vec<(Tensor, i64, i64)>,
+    /// A link-prediction batch's pairs (`y` is then empty).
+    pub link: Option<EdgeLabels>,
+}
+
+/// A link-prediction batch's pairs in `LinkNeighborLoader`'s convention
+/// (binary labels), with each pair's query for ranking. The pairs'
+/// endpoints are the batch's seeds.
+pub struct EdgeLabels {
+    /// `[2, P]` int64 (source, destination): each pair's endpoints as rows
+    /// of `x` (of a typed batch: of its relation's source and destination
+    /// types' rows).
+    pub edge_label_index: Tensor,
+    /// `[P]` float32: 1 an edge, 0 a negative.
+    pub edge_label: Tensor,
+    /// `[P]` int64: the query each pair is ranked in, numbered within the
+    /// batch: a positive and its negatives share one.
+    pub edge_label_query: Tensor,
+}
+
+impl EdgeLabels {
+    /// The pairs of `p`, their endpoints `src` and `dst` as rows already.
+    fn of(src: &Tensor, dst: &Tensor, p: &crate::link::PairTensors) -> Result<EdgeLabels> {
+        Ok(EdgeLabels {
+            edge_label_index: Tensor::f_stack(&[src, dst], 0)?,
+            edge_label: p.label.f_to_kind(Kind::Float)?,
+            edge_label_query: p.query.shallow_clone(),
+        })
+    }
 }
 
 /// What a loader's `next` found.
@@ -100,15 +130,6 @@ fn pipeline_options() -> PipelineOptions {
     }
 }
 
-/// The refusal of the link-prediction layout at `location` (of `relation`
-/// on a typed graph): the loader hands over node batches only.
-fn link_layout(location: &str, relation: Option<&str>) -> Error {
-    let of = relation.map_or(String::new(), |r| format!(" (of {r})"));
-    Error::Layout(format!(
-        "{location}: a link-prediction layout{of}; the loader yields node batches (a batch's pairs are not handed over)"
-    ))
-}
-
 impl Loader {
     /// Stages (a remote layout into `local_dir`) and opens the layout,
     /// checks its statement against `memory`, and loads its caches.
@@ -125,12 +146,6 @@ impl Loader {
         let engine = IoEngine::new(IoOptions::default());
         let (dir, manifest) =
             staging::resolve(&opts.manifest, opts.local_dir.as_deref(), &engine, false)?;
-        if manifest.samples.link.is_some() {
-            return Err(link_layout(
-                &offgnn_shared::store::redact(&opts.manifest),
-                None,
-            ));
-        }
         let memory = memory::loader_estimate(
             &manifest,
             opts.device,
@@ -355,6 +370,11 @@ fn finish(r: Ready) -> Result<LoaderBatch> {
         .map(|b| Ok((Tensor::f_stack(&[&b.src, &b.dst], 0)?, b.num_src, b.num_dst)))
         .collect::<Result<Vec<_>>>()?;
     let n_id: Vec<i64> = r.n_id.iter().map(|&v| i64::from(v)).collect();
+    let link = r
+        .pairs
+        .as_ref()
+        .map(|p| EdgeLabels::of(&p.src, &p.dst, p))
+        .transpose()?;
     typed::sync(device)?;
     Ok(LoaderBatch {
         x: r.x,
@@ -365,5 +385,6 @@ fn finish(r: Ready) -> Result<LoaderBatch> {
         num_sampled_nodes,
         num_sampled_edges,
         blocks,
+        link,
     })
 }

@@ -2,7 +2,8 @@
 //! shaped on a background thread by the typed training's stages, handed
 //! over in PyTorch Geometric's heterogeneous `NeighborLoader` convention
 //! (a `HeteroData`: per node type its rows, node ids and nodes per hop;
-//! per relation its edges, hop by hop, and edges per hop).
+//! per relation its edges, hop by hop, and edges per hop; a link batch's
+//! pairs on their relation).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use offgnn_shared::io_engine::{IoEngine, IoOptions};
 use tch::{Device, Kind, Tensor};
 
 use super::pass::{self, Pass};
-use super::{LoaderOptions, Next};
+use super::{EdgeLabels, LoaderOptions, Next};
 use crate::error::{Error, Result};
 use crate::hetero::TypedBlocks;
 use crate::hetero::train::{Batch, Run, TypedLayout};
@@ -54,6 +55,9 @@ pub struct TypedLoaderBatch {
     /// Each layer's message-flow graph, input layer first: each relation's
     /// `[2, E]` edges, and each type's sources and destinations.
     pub blocks: Vec<(Vec<Tensor>, Vec<i64>, Vec<i64>)>,
+    /// A link-prediction batch's pairs, on the relation they are of
+    /// (`relations[i]`'s key).
+    pub link: Option<(usize, EdgeLabels)>,
 }
 
 /// A typed layout opened for reading batches in passes.
@@ -76,10 +80,6 @@ impl TypedLoader {
             ));
         }
         let manifest = TypedManifest::parse(&dir.display().to_string(), bytes)?;
-        if manifest.samples.link.is_some() {
-            let relation = Some(manifest.dataset.link_relation.as_str());
-            return Err(super::link_layout(&dir.display().to_string(), relation));
-        }
         let engine = IoEngine::new(IoOptions::default());
         let layout = TypedLayout::open(
             dir,
@@ -264,6 +264,10 @@ fn finish(layout: &TypedLayout, b: Batch) -> Result<TypedLoaderBatch> {
             num_sampled_edges,
         });
     }
+    let link = match &b.pairs {
+        Some(p) => Some(link_labels(layout, &relations, &sizes, p)?),
+        None => None,
+    };
     let blocks = b
         .blocks
         .layers
@@ -286,7 +290,51 @@ fn finish(layout: &TypedLayout, b: Batch) -> Result<TypedLoaderBatch> {
         types,
         relations,
         blocks,
+        link,
     })
+}
+
+/// A typed link batch's pairs on the layout's link relation: their
+/// endpoints, rows among every type's seeds one type after another (as the
+/// model's embeddings stack them), as rows of the relation's source and
+/// destination types.
+fn link_labels(
+    layout: &TypedLayout,
+    relations: &[TypedEdges],
+    sizes: &[(Vec<i64>, Vec<i64>)],
+    p: &crate::link::PairTensors,
+) -> Result<(usize, EdgeLabels)> {
+    let name = &layout.manifest.dataset.link_relation;
+    let r = relations
+        .iter()
+        .position(|e| &format!("{}:{}:{}", e.key.0, e.key.1, e.key.2) == name)
+        .ok_or_else(|| Error::Layout(format!("link relation '{name}' is not in the schema")))?;
+    let (s, _, d) = layout.schema.relations[r];
+    let seeds = sizes.last().map_or(&[][..], |(_, dst)| &dst[..]);
+    if seeds.len() <= s.max(d) {
+        return Err(Error::Layout(format!("a link batch of {name} without blocks")));
+    }
+    let first = |t: usize| seeds[..t].iter().sum::<i64>();
+    let local = |rows: &Tensor, t: usize| -> Result<Tensor> {
+        let local = rows.f_sub_scalar(first(t))?;
+        if local.numel() > 0 {
+            let (lo, hi) = (
+                local.f_min()?.f_int64_value(&[])?,
+                local.f_max()?.f_int64_value(&[])?,
+            );
+            if lo < 0 || hi >= seeds[t] {
+                return Err(Error::Layout(format!(
+                    "a pair of {name} has an endpoint outside the {} seeds of type '{}'",
+                    seeds[t], layout.schema.types[t].0
+                )));
+            }
+        }
+        Ok(local)
+    };
+    Ok((
+        r,
+        EdgeLabels::of(&local(&p.src, s)?, &local(&p.dst, d)?, p)?,
+    ))
 }
 
 /// On CUDA, the batch's kernels done before another thread's stream reads
