@@ -23,7 +23,8 @@ on Cora, sampled and packed by the binaries:
    early, `close()`, a `with` block and a Ctrl-C leave no thread behind,
    and bad input is a Python exception of one line;
 6. on a typed layout, HeteroData batches equal the trainer's typed dump,
-   and a PyG HeteroConv model trained over them reaches a stated accuracy.
+   the loader refuses a `memory` under its statement and opens at it, and
+   a PyG HeteroConv model trained over them reaches a stated accuracy.
 
 Link-prediction layouts are checked by loader_link_check.py.
 
@@ -360,6 +361,15 @@ def typed_batches(bin_dir, work):
     dump = load_file(dump_path)
     loader = offgnn.Loader(manifest, split="test", device="cpu")
     assert loader.target == "paper" and set(loader.num_features) >= {"paper", "author"}
+    # The statement: refused under it, opened at it.
+    stated = loader.memory_bytes
+    assert isinstance(stated, int) and stated > 0, stated
+    try:
+        offgnn.Loader(manifest, device="cpu", memory=stated - 1)
+        raise AssertionError("a typed loader under its statement was not refused")
+    except MemoryError as e:
+        assert "\n" not in str(e) and "this loader needs up to" in str(e), str(e)
+    offgnn.Loader(manifest, device="cpu", memory=stated).close()
     feats = {t: np.load(os.path.join(ds, "data", f"{t}-feat.npy"), mmap_mode="r")
              for t in ("paper", "author", "institute", "fos")}
     checked, types, keys = 0, [], []

@@ -247,8 +247,8 @@ impl PyLoader {
 
     /// The layout's classes and nodes, its feature widths (one, or per
     /// node type with the seeds' type), its task (a typed link layout's
-    /// relation too), and the loader's stated peak host memory
-    /// (homogeneous layouts).
+    /// relation too), and the loader's stated peak host memory (None for a
+    /// typed layout packed before the packer recorded its largest batch).
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.with(|l| {
             let d = PyDict::new(py);
@@ -271,7 +271,7 @@ impl PyLoader {
                     d.set_item("num_classes", m.dataset.num_classes)?;
                     d.set_item("num_nodes", m.dataset.num_nodes)?;
                     d.set_item("target", &m.dataset.target_type)?;
-                    d.set_item("memory_bytes", py.None())?;
+                    d.set_item("memory_bytes", l.memory.as_ref().map(|m| m.total_bytes))?;
                     let link = &m.dataset.link_relation;
                     d.set_item("task", task(!link.is_empty()))?;
                     let key = (!link.is_empty()).then(|| link.split(':').collect::<Vec<_>>());

@@ -3,7 +3,8 @@
 //! largest batch the packer recorded (each figure the most of any batch):
 //! every type's cache tiers, the batches in the loader's queue (each
 //! type's reads, assembled rows and the typed blocks), the model with
-//! Adam's state, and the activations of every relation's convolution.
+//! Adam's state, and the activations of every relation's convolution; and
+//! a typed loader's, which holds finished batches in place of a model.
 
 use offgnn_manifests::{TypedBatchShape, TypedManifest};
 use tch::{Device, Tensor, nn};
@@ -20,6 +21,80 @@ use crate::pipeline::FeatureMode;
 /// then), so no more than four sets exist.
 const PIPELINED_READS: u64 = 4;
 
+/// What every type's rows and the blocks of the largest batch take: the
+/// caches (host tiers, and the GPU tier alone), and per batch the reads,
+/// the staging, the assembled rows and the blocks' tensors.
+struct Parts {
+    cache_bytes: u64,
+    gpu_cache: u64,
+    read: u64,
+    staged: u64,
+    assembled: u64,
+    graph: u64,
+    /// The largest batch's edges over every block and relation.
+    edges: u64,
+}
+
+impl Parts {
+    fn of(
+        m: &TypedManifest,
+        shape: &TypedBatchShape,
+        schema: &Schema,
+        features: FeatureMode,
+        on_cpu: bool,
+    ) -> Parts {
+        let (mut cache_bytes, mut read, mut staged, mut assembled, mut gpu_cache) = (0, 0, 0, 0, 0);
+        for (t, part) in m.node_types.iter().enumerate() {
+            let Some(layout) = &part.layout else { continue };
+            let d = &layout.dataset;
+            cache_bytes += match features {
+                FeatureMode::Packed => {
+                    (layout.gpu_cache.rows + layout.cpu_cache.rows) * d.store_row_bytes()
+                }
+                FeatureMode::Memory => d.num_nodes * d.row_bytes,
+                FeatureMode::Naive => 0,
+            };
+            if features == FeatureMode::Packed {
+                gpu_cache += layout.gpu_cache.rows * d.store_row_bytes();
+            }
+            let b = BatchBytes::of(layout, shape.inputs[t], features, on_cpu);
+            read += b.read;
+            staged += b.staged;
+            assembled += b.assembled;
+        }
+        // Each block's edges as source and destination positions, and each
+        // destination row's in-degree, per relation (int64).
+        let graph: u64 = shape
+            .blocks
+            .iter()
+            .map(|b| {
+                let edges: u64 = b.edges.iter().sum();
+                let dst: u64 = schema.relations.iter().map(|r| b.dst[r.2]).sum();
+                16 * edges + 8 * dst
+            })
+            .sum();
+        let edges = shape.blocks.iter().flat_map(|b| &b.edges).sum();
+        Parts {
+            cache_bytes,
+            gpu_cache,
+            read,
+            staged,
+            assembled,
+            graph,
+            edges,
+        }
+    }
+
+    /// The batches a run's loader holds at once, read and not yet stepped.
+    fn in_flight(&self, pipelined: bool) -> u64 {
+        if pipelined {
+            PIPELINED_READS * (self.read + self.graph) + self.staged
+        } else {
+            self.read + self.graph + self.staged
+        }
+    }
+}
+
 /// States the peak host memory of training `cfg`'s model on `m` with rows
 /// from `features` on `device`; `None` where the layout records no largest
 /// batch (packed before it did).
@@ -33,41 +108,9 @@ pub fn estimate(
         return Ok(None);
     };
     let on_cpu = device == Device::Cpu;
-    let (mut cache_bytes, mut read, mut staged, mut assembled, mut gpu_cache) = (0, 0, 0, 0, 0);
-    for (t, part) in m.node_types.iter().enumerate() {
-        let Some(layout) = &part.layout else { continue };
-        let d = &layout.dataset;
-        cache_bytes += match features {
-            FeatureMode::Packed => {
-                (layout.gpu_cache.rows + layout.cpu_cache.rows) * d.store_row_bytes()
-            }
-            FeatureMode::Memory => d.num_nodes * d.row_bytes,
-            FeatureMode::Naive => 0,
-        };
-        if features == FeatureMode::Packed {
-            gpu_cache += layout.gpu_cache.rows * d.store_row_bytes();
-        }
-        let b = BatchBytes::of(layout, shape.inputs[t], features, on_cpu);
-        read += b.read;
-        staged += b.staged;
-        assembled += b.assembled;
-    }
-    // Each block's edges as source and destination positions, and each
-    // destination row's in-degree, per relation (int64).
-    let graph: u64 = shape
-        .blocks
-        .iter()
-        .map(|b| {
-            let edges: u64 = b.edges.iter().sum();
-            let dst: u64 = schema.relations.iter().map(|r| b.dst[r.2]).sum();
-            16 * edges + 8 * dst
-        })
-        .sum();
-    let batches_in_flight_bytes = if pipelined {
-        PIPELINED_READS * (read + graph) + staged
-    } else {
-        read + graph + staged
-    };
+    let p = Parts::of(m, shape, schema, features, on_cpu);
+    let (cache_bytes, gpu_cache, assembled) = (p.cache_bytes, p.gpu_cache, p.assembled);
+    let batches_in_flight_bytes = p.in_flight(pipelined);
     let model_bytes = parameters(schema, cfg)? * 4 * 4;
     // A link batch's pairs: the training batch's positives and their
     // negatives; an evaluation batch's queries fill about a batch and
@@ -110,6 +153,47 @@ pub fn estimate(
         total_bytes,
         gpu_bytes,
     }))
+}
+
+/// States the peak host memory of a loader over `m` (the Python
+/// `offgnn.Loader`): every type's caches, the batches its pipeline reads
+/// ahead, and `held` finished batches beyond them (those it has ready and
+/// the one its caller holds; on CUDA their rows and edges live on the
+/// device), each with its edges twice more (as `edge_index` and as
+/// `blocks`); `None` where the layout records no largest batch.
+pub fn loader_estimate(
+    m: &TypedManifest,
+    schema: &Schema,
+    device: Device,
+    held: u64,
+) -> Option<MemoryEstimate> {
+    let shape = m.topology.largest_batch.as_ref()?;
+    let on_cpu = device == Device::Cpu;
+    let p = Parts::of(m, shape, schema, FeatureMode::Packed, on_cpu);
+    let finished = p.assembled + p.graph + 32 * p.edges;
+    // The batch being shaped beside those held.
+    let finished_bytes = (held + 1).saturating_mul(finished);
+    let batches_in_flight_bytes =
+        p.in_flight(true)
+            .saturating_add(if on_cpu { finished_bytes } else { 0 });
+    let gpu_bytes = if on_cpu {
+        0
+    } else {
+        [p.gpu_cache, finished_bytes, CUDA_CONTEXT_BYTES]
+            .into_iter()
+            .fold(0u64, u64::saturating_add)
+    };
+    let runtime_bytes = TORCH_RUNTIME_BYTES + PROCESS_BYTES;
+    Some(MemoryEstimate {
+        cache_bytes: p.cache_bytes,
+        batches_in_flight_bytes,
+        runtime_bytes,
+        total_bytes: [p.cache_bytes, batches_in_flight_bytes, runtime_bytes]
+            .into_iter()
+            .fold(0u64, u64::saturating_add),
+        gpu_bytes,
+        ..MemoryEstimate::default()
+    })
 }
 
 /// The model's parameters, counted on a model built for the purpose (it

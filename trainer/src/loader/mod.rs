@@ -130,6 +130,22 @@ fn pipeline_options() -> PipelineOptions {
     }
 }
 
+/// A loader's statement against the `memory` it was given.
+fn check_memory(limit: u64, memory: &MemoryEstimate) -> Result<()> {
+    if memory.total_bytes <= limit {
+        return Ok(());
+    }
+    let h = offgnn_shared::report::human_bytes;
+    Err(Error::OverMemory(format!(
+        "memory {}: this loader needs up to {} (caches {}, batches in flight {}, runtime {}); give more memory, or a smaller prefetch",
+        h(limit),
+        h(memory.total_bytes),
+        h(memory.cache_bytes),
+        h(memory.batches_in_flight_bytes),
+        h(memory.runtime_bytes),
+    )))
+}
+
 impl Loader {
     /// Stages (a remote layout into `local_dir`) and opens the layout,
     /// checks its statement against `memory`, and loads its caches.
@@ -152,18 +168,8 @@ impl Loader {
             pipeline_options(),
             opts.prefetch as u64 + 1,
         );
-        if let Some(limit) = opts.memory
-            && memory.total_bytes > limit
-        {
-            let h = offgnn_shared::report::human_bytes;
-            return Err(Error::OverMemory(format!(
-                "memory {}: this loader needs up to {} (caches {}, batches in flight {}, runtime {}); give more memory, or a smaller prefetch",
-                h(limit),
-                h(memory.total_bytes),
-                h(memory.cache_bytes),
-                h(memory.batches_in_flight_bytes),
-                h(memory.runtime_bytes),
-            )));
+        if let Some(limit) = opts.memory {
+            check_memory(limit, &memory)?;
         }
         let layout = Layout::open(&dir, manifest, &engine, false)?;
         let src = train::sources(&layout, &engine, (FeatureMode::Packed, opts.device))?;

@@ -16,8 +16,9 @@ use tch::{Device, Kind, Tensor};
 use super::pass::{self, Pass};
 use super::{EdgeLabels, LoaderOptions, Next};
 use crate::error::{Error, Result};
-use crate::hetero::TypedBlocks;
 use crate::hetero::train::{Batch, Run, TypedLayout};
+use crate::hetero::{Schema, TypedBlocks};
+use crate::memory::MemoryEstimate;
 use crate::pipeline::FeatureMode;
 
 /// One node type of a typed batch.
@@ -68,18 +69,29 @@ pub struct TypedLoader {
     pass: Option<Pass<TypedLoaderBatch, TypedLayout>>,
     opts: LoaderOptions,
     manifest: TypedManifest,
+    /// The stated peak host memory; `None` where the layout records no
+    /// largest batch to state it from (packed before it did).
+    pub memory: Option<MemoryEstimate>,
 }
 
 impl TypedLoader {
     /// Opens the typed layout in `dir` (staged already where it was
     /// remote) whose manifest is `bytes`, and loads each type's caches.
     pub fn open(opts: LoaderOptions, dir: &Path, bytes: &[u8]) -> Result<TypedLoader> {
-        if opts.memory.is_some() {
-            return Err(Error::InvalidArgument(
-                "memory: the loader states its memory for homogeneous layouts only, so far; leave it out for a typed layout".into(),
-            ));
-        }
         let manifest = TypedManifest::parse(&dir.display().to_string(), bytes)?;
+        let schema = Schema::of(&manifest)?;
+        let memory = crate::hetero::memory::loader_estimate(
+            &manifest,
+            &schema,
+            opts.device,
+            opts.prefetch as u64 + 1,
+        );
+        if let Some(limit) = opts.memory {
+            let Some(m) = &memory else {
+                return Err(crate::hetero::memory::unstated(limit));
+            };
+            super::check_memory(limit, m)?;
+        }
         let engine = IoEngine::new(IoOptions::default());
         let layout = TypedLayout::open(
             dir,
@@ -94,6 +106,7 @@ impl TypedLoader {
             pass: None,
             opts,
             manifest,
+            memory,
         })
     }
 
@@ -312,7 +325,9 @@ fn link_labels(
     let (s, _, d) = layout.schema.relations[r];
     let seeds = sizes.last().map_or(&[][..], |(_, dst)| &dst[..]);
     if seeds.len() <= s.max(d) {
-        return Err(Error::Layout(format!("a link batch of {name} without blocks")));
+        return Err(Error::Layout(format!(
+            "a link batch of {name} without blocks"
+        )));
     }
     let first = |t: usize| seeds[..t].iter().sum::<i64>();
     let local = |rows: &Tensor, t: usize| -> Result<Tensor> {
