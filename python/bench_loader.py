@@ -13,7 +13,7 @@
             read-ahead around each faulting row), as a careful user would
 
 The loader and the pipeline make one untimed pass first (imports, the
-caches), then PASSES timed ones. Prints one JSON line: mode,
+caches), then PASSES timed ones, over SPLIT's batches (train by default). Prints one JSON line: mode,
 batches, seconds, batches per second, input rows, and the process's peak
 RSS.
 """
@@ -38,9 +38,10 @@ def main():
     p.add_argument("--manifest", required=True)
     p.add_argument("--features", required=True)
     p.add_argument("--passes", type=int, default=2)
+    p.add_argument("--split", default="train")
     a = p.parse_args()
     torch.set_num_threads(2)
-    loader = offgnn.Loader(a.manifest, split="train", device="cpu")
+    loader = offgnn.Loader(a.manifest, split=a.split, device="cpu")
     memmap = a.mode.startswith("memmap")
     if memmap:
         ids = [d.n_id.numpy().copy() for d in loader]
@@ -59,7 +60,7 @@ def main():
                 batches += 1
                 rows += d.x.size(0)
         elif a.mode == "pipeline":
-            batches, _ = loader._inner.pipeline_pass("train", 0)
+            batches, _ = loader._inner.pipeline_pass(a.split, 0)
         else:
             for n_id in ids:
                 x = torch.from_numpy(feat[n_id])

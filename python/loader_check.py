@@ -83,6 +83,14 @@ def pack(bin_dir, work, name, dataset, *extra, fanout="5,10", batch=128, epochs=
     return os.path.join(out, "manifest.json")
 
 
+def generated(bin_dir, work):
+    """The generated graph of 3000 nodes the checks start from."""
+    gen = os.path.join(work, "generated", "dataset")
+    run(bin_dir, "sampler", "generate", "--out", gen, "--nodes", 3000,
+        "--feature-dim", 24, "--classes", 5, "--overwrite")
+    return gen
+
+
 def threads():
     return len(os.listdir("/proc/self/task"))
 
@@ -515,9 +523,7 @@ def main():
     p.add_argument("--cora-dir", required=True)
     a = p.parse_args()
     torch.set_num_threads(2)
-    gen = os.path.join(a.work, "generated", "dataset")
-    run(a.bin_dir, "sampler", "generate", "--out", gen, "--nodes", 3000,
-        "--feature-dim", 24, "--classes", 5, "--overwrite")
+    gen = generated(a.bin_dir, a.work)
     cora = os.path.join(a.work, "cora", "dataset")
     run(a.bin_dir, "sampler", "import-parquet", "--preset", "cora",
         "--nodes", os.path.join(a.cora_dir, "cora_nodes.parquet.gzip"),

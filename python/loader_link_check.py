@@ -44,7 +44,7 @@ import offgnn
 # loader_check.py's helpers; its folder goes last on the path, after the
 # installed `offgnn`.
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
-from loader_check import run  # noqa: E402
+from loader_check import generated, run  # noqa: E402
 
 # Test MRR over five negatives per held-out edge (chance: (1 + 1/2 + ...
 # + 1/6) / 6 = 0.41) that the models below reach through the loader, under
@@ -265,10 +265,7 @@ def main():
     p.add_argument("--work", required=True)
     a = p.parse_args()
     torch.set_num_threads(2)
-    gen = os.path.join(a.work, "generated", "dataset")
-    run(a.bin_dir, "sampler", "generate", "--out", gen, "--nodes", 3000,
-        "--feature-dim", 24, "--classes", 5, "--overwrite")
-    untyped, same = same_untyped(a.bin_dir, a.work, gen)
+    untyped, same = same_untyped(a.bin_dir, a.work, generated(a.bin_dir, a.work))
     typed, same_t = same_typed(a.bin_dir, a.work)
     out = {"same_batches": [same, same_t], "mrr": []}
     out["mrr"].append(graphsage(a.bin_dir, untyped))
