@@ -255,7 +255,7 @@ fn state_memory(
     let run = (a.features.mode(), cfg.device, cfg.pipelined);
     let Some(memory) = crate::hetero::memory::estimate(m, &schema, &model, run)? else {
         if let Some(limit) = limit {
-            return Err(crate::hetero::memory::unstated(limit).into());
+            return Err(crate::hetero::memory::unstated("--memory", limit).into());
         }
         tracing::info!("memory: not stated (the layout records no largest batch; pack it again)");
         return Ok(None);

@@ -259,10 +259,12 @@ fn activation_bytes(shape: &TypedBatchShape, schema: &Schema, cfg: &RgnnConfig, 
     elements.saturating_mul(4 * ACTIVATION_FACTOR)
 }
 
-/// The statement's refusal where the layout records no largest batch.
-pub fn unstated(limit: u64) -> Error {
+/// The statement's refusal where the layout records no largest batch, of
+/// the limit given as `given` (the trainer's `--memory`, the loader's
+/// `memory`).
+pub fn unstated(given: &str, limit: u64) -> Error {
     Error::InvalidArgument(format!(
-        "--memory {}: this typed layout records no largest batch to state a run's memory from; pack it again",
+        "{given} {}: this typed layout records no largest batch to state the memory it takes from; pack it again",
         offgnn_shared::report::human_bytes(limit)
     ))
 }

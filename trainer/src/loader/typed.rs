@@ -88,7 +88,7 @@ impl TypedLoader {
         );
         if let Some(limit) = opts.memory {
             let Some(m) = &memory else {
-                return Err(crate::hetero::memory::unstated(limit));
+                return Err(crate::hetero::memory::unstated("memory", limit));
             };
             super::check_memory(limit, m)?;
         }
