@@ -278,7 +278,7 @@ fn finish(layout: &TypedLayout, b: Batch) -> Result<TypedLoaderBatch> {
         });
     }
     let link = match &b.pairs {
-        Some(p) => Some(link_labels(layout, &relations, &sizes, p)?),
+        Some(p) => Some(link_labels(layout, &sizes, p)?),
         None => None,
     };
     let blocks = b
@@ -313,14 +313,16 @@ fn finish(layout: &TypedLayout, b: Batch) -> Result<TypedLoaderBatch> {
 /// destination types.
 fn link_labels(
     layout: &TypedLayout,
-    relations: &[TypedEdges],
     sizes: &[(Vec<i64>, Vec<i64>)],
     p: &crate::link::PairTensors,
 ) -> Result<(usize, EdgeLabels)> {
+    // The schema's relations are the manifest's, in its order.
     let name = &layout.manifest.dataset.link_relation;
-    let r = relations
+    let r = layout
+        .manifest
+        .relations
         .iter()
-        .position(|e| &format!("{}:{}:{}", e.key.0, e.key.1, e.key.2) == name)
+        .position(|rel| rel == name)
         .ok_or_else(|| Error::Layout(format!("link relation '{name}' is not in the schema")))?;
     let (s, _, d) = layout.schema.relations[r];
     let seeds = sizes.last().map_or(&[][..], |(_, dst)| &dst[..]);
