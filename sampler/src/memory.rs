@@ -5,6 +5,7 @@
 
 use crate::topology::{CHUNK, held_bytes};
 use offgnn_shared::dataset::{Dataset, EdgeList, EdgeSource, LinkTask, Split, TypedDataset};
+use offgnn_shared::samples::block_bounds;
 use serde::Serialize;
 
 use crate::config::SampleConfig;
@@ -50,21 +51,50 @@ pub struct MemoryEstimate {
     pub total_bytes: u64,
 }
 
-/// Upper bound on one batch's bytes: seeds and labels, input node ids, and
-/// each block's edges (two u32s each).
-pub fn batch_bytes_bound(num_nodes: u64, batch_size: u64, fanouts: &[usize]) -> u64 {
-    let blocks = offgnn_shared::samples::block_bounds(num_nodes, batch_size, fanouts);
-    let inputs = blocks.first().map_or(batch_size.min(num_nodes), |b| b.0);
+/// Upper bound on one batch's bytes from its blocks' bounds (input layer
+/// first, as [`block_bounds`] gives them): seeds and labels, input node
+/// ids, and each block's edges (two u32s each).
+pub fn batch_bytes_bound(seeds: u64, blocks: &[(u64, u64, u64)]) -> u64 {
+    let inputs = blocks.first().map_or(seeds, |b| b.0);
     blocks.iter().fold(
-        8 * batch_size.min(num_nodes) + 4 * inputs,
+        seeds
+            .saturating_mul(8)
+            .saturating_add(inputs.saturating_mul(4)),
         |bytes, &(_, _, edges)| bytes.saturating_add(edges.saturating_mul(8)),
     )
 }
 
+/// Upper bounds on one batch's blocks over a typed graph, input layer
+/// first, as [`block_bounds`] gives them for one edge type, for `seeds`
+/// per node type. A
+/// destination draws at most its fan-out over each relation into its
+/// type, a layer at most all of a relation's edges (a destination's picks
+/// are distinct, and a layer's destinations too), and each type's nodes
+/// stop at its count.
+pub fn typed_block_bounds(shape: &TypedShape, seeds: &[u64]) -> Vec<(u64, u64, u64)> {
+    let mut dst: Vec<u64> = (seeds.iter().zip(&shape.type_nodes))
+        .map(|(&s, &n)| s.min(n))
+        .collect();
+    let mut out = Vec::with_capacity(shape.fanouts.len());
+    for layer in shape.fanouts.iter().rev() {
+        let mut src = dst.clone();
+        let mut edges = 0u64;
+        for (&(s, d, e), &f) in shape.relations.iter().zip(layer) {
+            let drawn = dst[d].saturating_mul(f as u64).min(e);
+            edges = edges.saturating_add(drawn);
+            src[s] = src[s].saturating_add(drawn).min(shape.type_nodes[s]);
+        }
+        let sum = |v: &[u64]| v.iter().fold(0u64, |a, &b| a.saturating_add(b));
+        out.push((sum(&src), sum(&dst), edges));
+        dst = src;
+    }
+    out.reverse();
+    out
+}
+
 /// What the memory statement needs of a dataset: its nodes, the rows of
 /// its sampling graph (one per node, or per relation's destination), the
-/// edges in its files, each split's seeds, and per layer the most edges
-/// one destination draws.
+/// edges in its files, each split's seeds, and the fan-outs.
 pub struct InputShape {
     pub num_nodes: u64,
     pub graph_rows: u64,
@@ -72,7 +102,27 @@ pub struct InputShape {
     /// The edges of the largest relation (all of them on an untyped graph).
     pub largest_relation_edges: u64,
     pub seeds: [u64; 3],
-    pub fanouts: Vec<usize>,
+    pub fanouts: Fanouts,
+}
+
+/// Fan-outs, as a batch's bounds are taken from them.
+pub enum Fanouts {
+    /// One edge type's, per layer (input layer first).
+    Plain(Vec<usize>),
+    /// A typed graph's, with the types and relations they apply to.
+    Typed(TypedShape),
+}
+
+/// What the memory statement needs of a typed graph's schema.
+pub struct TypedShape {
+    /// Nodes of each type.
+    pub type_nodes: Vec<u64>,
+    /// Each relation's source type, destination type and edges.
+    pub relations: Vec<(usize, usize, u64)>,
+    /// The node classification task's type (its seeds').
+    pub target: usize,
+    /// Per layer (input layer first), each relation's fan-out.
+    pub fanouts: Vec<Vec<usize>>,
 }
 
 /// Edges in a file, counted from its shape (or a CSV's smallest lines).
@@ -91,13 +141,12 @@ impl InputShape {
             input_edges: file_edges(&ds.edges),
             largest_relation_edges: file_edges(&ds.edges),
             seeds: Split::ALL.map(|s| ds.split(s).seeds.len() as u64),
-            fanouts: cfg.fanouts.clone(),
+            fanouts: Fanouts::Plain(cfg.fanouts.clone()),
         }
     }
 
-    /// A typed dataset sampled at `fanouts` (per layer, per relation): a
-    /// destination draws at most the layer's sum over the relations into
-    /// its type.
+    /// A typed dataset sampled at `fanouts` (per layer, input layer first,
+    /// per relation).
     pub fn of_typed(ds: &TypedDataset, fanouts: &[Vec<usize>]) -> Self {
         InputShape {
             num_nodes: ds.num_nodes(),
@@ -114,16 +163,14 @@ impl InputShape {
                 .max()
                 .unwrap_or(0),
             seeds: Split::ALL.map(|s| ds.split(s).seeds.len() as u64),
-            fanouts: fanouts
-                .iter()
-                .map(|layer| {
-                    let mut into = vec![0usize; ds.node_types.len()];
-                    for (r, f) in ds.relations.iter().zip(layer) {
-                        into[r.dst] += f;
-                    }
-                    into.into_iter().max().unwrap_or(0)
-                })
-                .collect(),
+            fanouts: Fanouts::Typed(TypedShape {
+                type_nodes: ds.node_types.iter().map(|t| t.num).collect(),
+                relations: (ds.relations.iter())
+                    .map(|r| (r.src, r.dst, file_edges(&r.edges)))
+                    .collect(),
+                target: ds.target,
+                fanouts: fanouts.to_vec(),
+            }),
         }
     }
 }
@@ -158,14 +205,31 @@ pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>)
         }
         None => (cfg.batch_size as u64, 0),
     };
-    let per_batch = batch_bytes_bound(n, seeds_per_batch, &shape.fanouts) + pair_bytes;
+    let blocks = match &shape.fanouts {
+        Fanouts::Plain(fanouts) => block_bounds(n, seeds_per_batch, fanouts),
+        Fanouts::Typed(typed) => {
+            // A node batch's seeds are of the task's type; a link batch's
+            // are endpoints of its relation's two types.
+            let ends = match link.and_then(|t| t.relation) {
+                Some(r) => vec![typed.relations[r].0, typed.relations[r].1],
+                None => vec![typed.target],
+            };
+            let seeds: Vec<u64> = (0..typed.type_nodes.len())
+                .map(|t| {
+                    if ends.contains(&t) {
+                        seeds_per_batch
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            typed_block_bounds(typed, &seeds)
+        }
+    };
+    let per_batch = batch_bytes_bound(seeds_per_batch.min(n), &blocks) + pair_bytes;
     // Each thread's global-to-local map, and a layer's picks as positions
     // in the neighbour lists (`Scratch::at`, 8 bytes a pick).
-    let most_picks = offgnn_shared::samples::block_bounds(n, seeds_per_batch, &shape.fanouts)
-        .iter()
-        .map(|b| b.2)
-        .max()
-        .unwrap_or(0);
+    let most_picks = blocks.iter().map(|b| b.2).max().unwrap_or(0);
     let scratch_bytes = threads * (4 * n + 8 * most_picks);
     let batches_in_flight_bytes = 3 * window * per_batch * 2;
     let epochs = |s: Split| {
@@ -229,16 +293,85 @@ mod tests {
 
     #[test]
     fn a_batch_bound_grows_by_fanout_and_stops_at_the_node_count() {
+        let bound = |n: u64, seeds: u64, fanouts: &[usize]| {
+            batch_bytes_bound(seeds.min(n), &block_bounds(n, seeds, fanouts))
+        };
         // 2 seeds, fan-out 3: 6 edges, at most 8 input nodes.
-        assert_eq!(batch_bytes_bound(1000, 2, &[3]), 8 * 2 + 6 * 8 + 4 * 8);
+        assert_eq!(bound(1000, 2, &[3]), 8 * 2 + 6 * 8 + 4 * 8);
         // Two layers: output layer 2 -> 6 edges (8 nodes), input layer
         // 8 -> 24 edges (32 nodes).
-        assert_eq!(
-            batch_bytes_bound(1000, 2, &[3, 3]),
-            8 * 2 + 6 * 8 + 24 * 8 + 4 * 32
-        );
+        assert_eq!(bound(1000, 2, &[3, 3]), 8 * 2 + 6 * 8 + 24 * 8 + 4 * 32);
         // Node counts cap at the graph's size.
-        assert_eq!(batch_bytes_bound(4, 2, &[3]), 8 * 2 + 6 * 8 + 4 * 4);
-        assert_eq!(batch_bytes_bound(10, u64::MAX, &[usize::MAX]), u64::MAX);
+        assert_eq!(bound(4, 2, &[3]), 8 * 2 + 6 * 8 + 4 * 4);
+        assert_eq!(bound(10, u64::MAX, &[usize::MAX]), u64::MAX);
+    }
+
+    #[test]
+    fn a_typed_bound_grows_type_by_type() {
+        // Papers cite papers (100 edges) and are written by authors (7
+        // edges in all); 3 paper seeds, fan-out 2 then 4 (input layer
+        // first), 5 per layer for the authorship.
+        let shape = TypedShape {
+            type_nodes: vec![50, 1000],
+            relations: vec![(0, 0, 100), (1, 0, 7)],
+            target: 0,
+            fanouts: vec![vec![2, 5], vec![4, 5]],
+        };
+        let bounds = typed_block_bounds(&shape, &[3, 0]);
+        // Output layer: 3 papers draw 12 citations and 15 authors, capped
+        // at the relation's 7 edges: 15 papers (3 + 12), 7 authors.
+        // Input layer: the 15 papers draw 30 citations (45 papers) and 7
+        // more authors (the relation's edges again; 14); authors draw
+        // nothing, no relation reaching them.
+        assert_eq!(bounds, vec![(45 + 14, 15 + 7, 30 + 7), (15 + 7, 3, 12 + 7)]);
+        // Paper counts stop at their 50: 15 + 30 = 45 < 50 here; with 10
+        // seeds, 10 + 40 = 50 at the output layer, then at most 50.
+        let bounds = typed_block_bounds(&shape, &[10, 0]);
+        assert_eq!(bounds[1].0, 50 + 7);
+        assert_eq!(bounds[0].0, 50 + 14);
+    }
+
+    #[test]
+    fn sampled_typed_batches_stay_within_their_bound() {
+        use rand::SeedableRng;
+        let (_dir, ds, g) = crate::typed_sampling::tests::graph();
+        let names: Vec<String> = ds.relations.iter().map(|r| r.name.clone()).collect();
+        let fanouts =
+            crate::typed_sampling::RelationFanouts::parse(&["4,3,2".to_string()], &names).unwrap();
+        let shape = InputShape::of_typed(&ds, &fanouts.layers);
+        let Fanouts::Typed(typed) = &shape.fanouts else {
+            panic!("a typed dataset's shape is typed")
+        };
+        let mut scratch = crate::neighbor_sampling::Scratch::new(g.num_nodes());
+        let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(3);
+        let mut tight = 0;
+        for (k, seeds) in ds.train.seeds.chunks(64).enumerate() {
+            let mut per_type = vec![0u64; typed.type_nodes.len()];
+            per_type[typed.target] = seeds.len() as u64;
+            let bounds = typed_block_bounds(typed, &per_type);
+            let (nodes, blocks) = crate::typed_sampling::sample_typed_blocks(
+                &g,
+                &fanouts,
+                seeds,
+                &mut rng,
+                &mut scratch,
+            );
+            assert!(nodes.len() as u64 <= bounds[0].0, "batch {k}");
+            for (l, (b, &(src, dst, edges))) in blocks.iter().zip(&bounds).enumerate() {
+                let seen = (
+                    u64::from(b.num_src),
+                    u64::from(b.num_dst),
+                    b.src.len() as u64,
+                );
+                assert!(
+                    seen.0 <= src && seen.1 <= dst && seen.2 <= edges,
+                    "batch {k} layer {l}: {seen:?} over {:?}",
+                    (src, dst, edges)
+                );
+                tight += usize::from(seen.1 == dst);
+            }
+        }
+        // The output layer's destinations are the seeds: the bound is met.
+        assert!(tight >= ds.train.seeds.len() / 64);
     }
 }
