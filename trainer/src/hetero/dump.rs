@@ -35,16 +35,16 @@ pub(super) fn dump_batches(
     let mut named: Vec<(String, Tensor)> = Vec::new();
     let types: Vec<String> = layout.schema.types.iter().map(|t| t.0.clone()).collect();
     layout
-        .for_each_batch((Split::Test, 0, &order), run, &mut |k, b| {
+        .for_each_batch((Split::Test, 0, &order), run.with_rows(), &mut |k, b| {
             // A link model's outputs are its seeds' embeddings.
             let (out, logits) = match &b.pairs {
                 Some(_) => (
                     "embeddings",
-                    tch::no_grad(|| model.embed(&b.x, &b.blocks, false))?,
+                    tch::no_grad(|| model.embed(super::Inputs::Rows(&b.x), &b.blocks, false))?,
                 ),
                 None => (
                     "logits",
-                    tch::no_grad(|| model.forward(&b.x, &b.blocks, false))?,
+                    tch::no_grad(|| model.forward(super::Inputs::Rows(&b.x), &b.blocks, false))?,
                 ),
             };
             let mut add = |name: String, t: &Tensor| -> Result<()> {

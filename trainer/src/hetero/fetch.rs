@@ -166,12 +166,26 @@ fn pair_tensors(
 
 /// One batch, ready for the model.
 pub(crate) struct Batch {
+    /// Each type's input rows; empty where `first_means` is given.
     pub(crate) x: Vec<Tensor>,
+    /// R-SAGE's first layer aggregated already, where the rows were not
+    /// assembled ([`super::first_layer`]): each relation's means.
+    pub(crate) first_means: Option<Vec<Tensor>>,
     pub(crate) blocks: TypedBlocks,
     pub(crate) labels: Tensor,
     /// A link batch's pairs.
     pub(crate) pairs: Option<PairTensors>,
     pub(super) disk_bytes: u64,
+}
+
+impl Batch {
+    /// The batch's input to the model.
+    pub(crate) fn inputs(&self) -> super::Inputs<'_> {
+        match &self.first_means {
+            Some(means) => super::Inputs::FirstMeans(means),
+            None => super::Inputs::Rows(&self.x),
+        }
+    }
 }
 
 /// Record `record` of a topology table, decoded for `relations` relations.

@@ -19,6 +19,7 @@ mod dump;
 pub mod export;
 mod fetch;
 mod figures;
+pub mod first_layer;
 pub mod infer;
 pub mod memory;
 mod ranks;
@@ -139,11 +140,11 @@ impl Rgnn {
         })
     }
 
-    /// The target type's logits for the batch's seeds: `x` holds each
-    /// type's input rows (in the schema's order), `blocks` the batch.
+    /// The target type's logits for the batch's seeds: `x` is the batch's
+    /// input, `blocks` the batch.
     pub fn forward(
         &self,
-        x: &[Tensor],
+        x: Inputs<'_>,
         blocks: &TypedBlocks,
         train: bool,
     ) -> Result<Tensor, TchError> {
@@ -156,7 +157,7 @@ impl Rgnn {
     /// (the rows [`TypedBlocks::seed_rows`] name).
     pub fn embed(
         &self,
-        x: &[Tensor],
+        x: Inputs<'_>,
         blocks: &TypedBlocks,
         train: bool,
     ) -> Result<Tensor, TchError> {
@@ -171,18 +172,26 @@ impl Rgnn {
     /// Every type's rows after the last layer.
     fn layers(
         &self,
-        x: &[Tensor],
+        x: Inputs<'_>,
         blocks: &TypedBlocks,
         train: bool,
     ) -> Result<Vec<Tensor>, TchError> {
-        let mut h: Vec<Tensor> = x.iter().map(Tensor::shallow_clone).collect();
+        let mut h: Vec<Tensor> = match x {
+            Inputs::Rows(x) => x.iter().map(Tensor::shallow_clone).collect(),
+            Inputs::FirstMeans(_) => Vec::new(),
+        };
         let last = blocks.layers.len().saturating_sub(1);
         for (l, layer) in blocks.layers.iter().enumerate() {
             let mut out: Vec<Option<Tensor>> = (0..self.types).map(|_| None).collect();
             for (r, conv) in self.convs[l].iter().enumerate() {
                 let (s, d) = self.relations[r];
-                let nd = layer.num_dst[d];
-                let y = conv.forward(&h[s], &h[d].f_narrow(0, 0, nd)?, &layer.relations[r])?;
+                let y = match x {
+                    Inputs::FirstMeans(means) if l == 0 => conv.of_mean(&means[r])?,
+                    _ => {
+                        let nd = layer.num_dst[d];
+                        conv.forward(&h[s], &h[d].f_narrow(0, 0, nd)?, &layer.relations[r])?
+                    }
+                };
                 out[d] = Some(match out[d].take() {
                     Some(o) => o.f_add(&y)?,
                     None => y,
@@ -295,6 +304,17 @@ impl Rgnn {
             .ok_or_else(|| TchError::Kind("a link-prediction model has no classifier".into()))?;
         h.f_linear(&lin.ws, lin.bs.as_ref())
     }
+}
+
+/// A batch's input to a model.
+#[derive(Clone, Copy)]
+pub enum Inputs<'a> {
+    /// Each type's input rows, in the schema's order.
+    Rows(&'a [Tensor]),
+    /// R-SAGE's first layer aggregated already: each relation's mean over
+    /// its destinations' in-neighbours ([`first_layer::neighbour_means`]),
+    /// the rows themselves never assembled.
+    FirstMeans(&'a [Tensor]),
 }
 
 /// One relation's messages into a group of destinations, summed as source
@@ -474,6 +494,17 @@ fn gat_conv(p: &nn::Path, (in_src, in_dst): (i64, i64), cfg: &RgnnConfig) -> Con
 }
 
 impl Conv {
+    /// R-SAGE's messages from each destination's mean over its
+    /// in-neighbours' rows, taken already ([`first_layer`]).
+    fn of_mean(&self, mean: &Tensor) -> Result<Tensor, TchError> {
+        match self {
+            Conv::Sage { lin_l } => mean.f_linear(&lin_l.ws, lin_l.bs.as_ref()),
+            Conv::Gat { .. } => Err(TchError::Kind(
+                "R-GAT's attention reads its rows, not their means".into(),
+            )),
+        }
+    }
+
     /// The relation's messages into its destination rows `x_dst` (a
     /// prefix of the destination type's rows) from `x_src`.
     fn forward(

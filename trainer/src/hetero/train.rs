@@ -20,7 +20,7 @@ use super::checkpoint::InEpoch;
 pub(crate) use super::fetch::Batch;
 use super::fetch::{Fetched, Reader};
 use super::ranks::Named;
-use super::{RelationalKind, Rgnn, RgnnConfig, Schema, checkpoint};
+use super::{RelationalKind, Rgnn, RgnnConfig, Schema, checkpoint, first_layer};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, TableFile};
 use crate::link::{self, RankMetrics, RankSums};
@@ -172,9 +172,29 @@ impl TypedLayout {
     }
 
     /// A fetched batch assembled: each type's rows, float32 on `device`
-    /// (copied on every core if `parallel`); and its read buffers, spare
-    /// now.
-    fn ready(&self, mut f: Fetched, parallel: bool) -> Result<(Batch, Vec<AlignedBuf>)> {
+    /// (copied on every core if `run.parallel_assembly`), or where
+    /// `run.first_means`, R-SAGE's first-layer means taken where the rows
+    /// lie; and its read buffers, spare now.
+    fn ready(&self, mut f: Fetched, run: Run<'_>) -> Result<(Batch, Vec<AlignedBuf>)> {
+        let (x, first_means) = if run.first_means && self.rows_are_float32() {
+            (Vec::new(), Some(self.first_means(&f)?))
+        } else {
+            (self.assemble(&f, run.parallel_assembly)?, None)
+        };
+        let spare = f.spare_buffers();
+        let b = Batch {
+            x,
+            first_means,
+            blocks: f.blocks,
+            labels: f.labels,
+            pairs: f.pairs,
+            disk_bytes: f.disk_bytes,
+        };
+        Ok((b, spare))
+    }
+
+    /// Each type's rows of batch `f` in one matrix.
+    fn assemble(&self, f: &Fetched, parallel: bool) -> Result<Vec<Tensor>> {
         let assemble = if parallel {
             pipeline::assemble_parallel
         } else {
@@ -190,15 +210,56 @@ impl TypedLayout {
                 )?),
             }
         }
-        let spare = f.spare_buffers();
-        let b = Batch {
-            x,
-            blocks: f.blocks,
-            labels: f.labels,
-            pairs: f.pairs,
-            disk_bytes: f.disk_bytes,
-        };
-        Ok((b, spare))
+        Ok(x)
+    }
+
+    /// Whether every type's stored rows are float32 (the means read them
+    /// in place).
+    fn rows_are_float32(&self) -> bool {
+        self.assembles
+            .iter()
+            .flatten()
+            .all(|src| src.kind == Kind::Float)
+    }
+
+    /// Each relation's first-layer means of batch `f`, source type by
+    /// source type, from where that type's rows lie; a type without
+    /// features gives zero-width means.
+    fn first_means(&self, f: &Fetched) -> Result<Vec<Tensor>> {
+        let layer = f
+            .blocks
+            .layers
+            .first()
+            .ok_or_else(|| Error::Internal("a typed batch without blocks".into()))?;
+        let mut means: Vec<Option<Tensor>> = (0..layer.relations.len()).map(|_| None).collect();
+        for (t, loaded) in f.loaded.iter().enumerate() {
+            let from_t = (self.schema.relations.iter().enumerate())
+                .filter(|(_, rel)| rel.0 == t)
+                .map(|(r, _)| r);
+            match (loaded, &self.assembles[t]) {
+                (Some(loaded), Some(src)) => pipeline::with_host_rows(src, loaded, |rows| {
+                    for r in from_t {
+                        let dim = src.dim as usize;
+                        means[r] = Some(first_layer::neighbour_means(
+                            rows,
+                            dim,
+                            &layer.relations[r],
+                        )?);
+                    }
+                    Ok(())
+                })?,
+                _ => {
+                    for r in from_t {
+                        let nd = layer.num_dst[self.schema.relations[r].2];
+                        means[r] = Some(Tensor::f_zeros([nd, 0], (Kind::Float, f.device))?);
+                    }
+                }
+            }
+        }
+        Ok(means
+            .into_iter()
+            .map(|m| m.expect("every relation's source is a type"))
+            .collect())
     }
 
     /// Runs `step` on the batches `order` names (positions into `split`'s
@@ -222,7 +283,7 @@ impl TypedLayout {
         };
         let mut train = |k: usize, f: Fetched, stages: &mut StageSeconds| {
             let t = Instant::now();
-            let (b, spare) = self.ready(f, run.parallel_assembly)?;
+            let (b, spare) = self.ready(f, run)?;
             stages.assemble += since(t);
             let t = Instant::now();
             step(k, b)?;
@@ -326,6 +387,7 @@ pub fn train_typed(
         device: cfg.device,
         pipelined: cfg.pipelined,
         parallel_assembly: true,
+        first_means: cfg.device == Device::Cpu && !model.reads_destinations(),
         ranks,
     };
     for epoch in epochs.len() as u32..cfg.epochs {
@@ -461,10 +523,23 @@ pub(crate) struct Run<'a> {
     /// steps between assemblies (training, evaluation), not where a
     /// caller's model runs beside them (the loader).
     parallel_assembly: bool,
+    /// Whether R-SAGE's first layer takes its means where the rows lie
+    /// instead of from an assembled matrix (on the CPU, where the rows are
+    /// not wanted themselves: not for `--dump-batches`).
+    first_means: bool,
     ranks: Ranks<'a>,
 }
 
 impl<'a> Run<'a> {
+    /// The same run with each type's rows assembled, for a caller that
+    /// wants the rows themselves.
+    pub(crate) fn with_rows(self) -> Run<'a> {
+        Run {
+            first_means: false,
+            ..self
+        }
+    }
+
     /// One process reading pipelined, as a caller's own loop does.
     pub(crate) fn one(engine: &'a IoEngine, device: Device) -> Run<'a> {
         Run {
@@ -472,6 +547,7 @@ impl<'a> Run<'a> {
             device,
             pipelined: true,
             parallel_assembly: false,
+            first_means: false,
             ranks: Ranks::One,
         }
     }
@@ -658,14 +734,14 @@ fn hits(logits: &Tensor, labels: &Tensor) -> Result<i64> {
 /// a link batch), with the seeds or pairs it got right and how many it has.
 fn step_loss(model: &Rgnn, b: &Batch) -> Result<(Tensor, f64, f64)> {
     if let (Some(pairs), Some(scorer)) = (&b.pairs, model.scorer()) {
-        let h = model.embed(&b.x, &b.blocks, true)?;
+        let h = model.embed(b.inputs(), &b.blocks, true)?;
         let scores = scorer.score(&h, &pairs.src, &pairs.dst)?;
         let right = link::pairs_right(&scores, pairs)?.f_int64_value(&[])?;
         let seen = scores.size()[0] as f64;
         return Ok((link::pair_loss(&scores, pairs)?, right as f64, seen));
     }
     refuse_pairs(model, b)?;
-    let logits = model.forward(&b.x, &b.blocks, true)?;
+    let logits = model.forward(b.inputs(), &b.blocks, true)?;
     let loss = logits
         .f_log_softmax(-1, Kind::Float)?
         .f_nll_loss::<Tensor>(&b.labels, None, Reduction::Mean, -100)?;
@@ -710,7 +786,7 @@ fn evaluate(
                 return refuse_pairs(model, &b);
             };
             let scores = tch::no_grad(|| {
-                let h = model.embed(&b.x, &b.blocks, false)?;
+                let h = model.embed(b.inputs(), &b.blocks, false)?;
                 scorer.score(&h, &pairs.src, &pairs.dst)
             })?;
             Ok(sums.add(&scores, pairs)?)
@@ -722,7 +798,7 @@ fn evaluate(
     let (mut right, mut seen) = (0i64, 0i64);
     layout.for_each_batch((split, epoch, &part), run, &mut |_, b| {
         refuse_pairs(model, &b)?;
-        let logits = tch::no_grad(|| model.forward(&b.x, &b.blocks, false))?;
+        let logits = tch::no_grad(|| model.forward(b.inputs(), &b.blocks, false))?;
         right += hits(&logits, &b.labels)?;
         seen += b.labels.size()[0];
         Ok(())

@@ -206,16 +206,27 @@ fn copy_rows(out: &mut [u8], host: HostRows<'_>, l: &Loaded, rb: usize) {
 }
 
 /// [`copy_rows`] on rayon's threads: where each input row comes from is
-/// listed first, so that the threads write disjoint runs of `out` in
-/// order. A row that no tier gives is an error (the serial copy would
-/// leave it as the allocator left it).
+/// listed first ([`row_sources`]), so that the threads write disjoint runs
+/// of `out` in order.
 fn copy_rows_parallel(out: &mut [u8], host: HostRows<'_>, l: &Loaded, rb: usize) -> Result<()> {
     use rayon::prelude::*;
-    let t = &l.table;
-    let n = t.num_inputs as usize;
-    if rb == 0 || n == 0 {
+    if rb == 0 || l.table.num_inputs == 0 {
         return Ok(());
     }
+    let from = row_sources(host, l, rb)?;
+    out.par_chunks_mut(rb)
+        .zip(from.par_iter())
+        .with_min_len(64)
+        .for_each(|(o, f)| o.copy_from_slice(f));
+    Ok(())
+}
+
+/// Each input row of batch `l`, in input order, where it lies: its tier's
+/// rows or the bytes read. A row that no tier gives is an error (a serial
+/// copy would leave it as the allocator left it).
+fn row_sources<'a>(host: HostRows<'a>, l: &'a Loaded, rb: usize) -> Result<Vec<&'a [u8]>> {
+    let t = &l.table;
+    let n = t.num_inputs as usize;
     let mut from: Vec<&[u8]> = vec![&[]; n];
     if let Some(all) = host.all {
         for (f, &v) in from.iter_mut().zip(&t.input_nodes) {
@@ -235,17 +246,46 @@ fn copy_rows_parallel(out: &mut [u8], host: HostRows<'_>, l: &Loaded, rb: usize)
     for &(p, off) in &l.disk {
         from[p as usize] = &data[off..off + rb];
     }
-    if let Some(p) = from.iter().position(|f| f.is_empty()) {
+    if rb > 0
+        && let Some(p) = from.iter().position(|f| f.is_empty())
+    {
         return Err(Error::Layout(format!(
             "the address table of batch {} gives input {p} of {n} no row",
             t.index
         )));
     }
-    out.par_chunks_mut(rb)
-        .zip(from.par_iter())
-        .with_min_len(64)
-        .for_each(|(o, f)| o.copy_from_slice(f));
-    Ok(())
+    Ok(from)
+}
+
+/// Runs `f` on each input row of batch `l` where it lies (the caches, the
+/// bytes read), in input order, instead of copying them into one matrix:
+/// for a CPU consumer that reads each row there (R-SAGE's first layer,
+/// [`crate::hetero::first_layer`]). The addresses are checked first, as
+/// for assembly, and the rows the batch admits into a CPU cache that
+/// follows the batch order are admitted once `f` is done.
+pub fn with_host_rows<T>(
+    src: &AssembleSources,
+    l: &Loaded,
+    f: impl FnOnce(&[&[u8]]) -> Result<T>,
+) -> Result<T> {
+    if src.device != Device::Cpu {
+        return Err(Error::Internal("host rows are a CPU batch's".into()));
+    }
+    check_addresses(src, l)?;
+    let t = &l.table;
+    let packed = src.mode == FeatureMode::Packed;
+    let cpu = wanted(packed && !t.cpu_pos.is_empty(), &src.cpu_rows, "cache")?.map(|c| c.rows());
+    let gpu = wanted(packed && !t.gpu_pos.is_empty(), &src.gpu_rows, "cache")?;
+    let all = wanted(src.mode == FeatureMode::Memory, &src.all_rows, "memory")?;
+    let host = HostRows {
+        all: all.map(|a| a.as_slice()),
+        gpu: gpu.map(|g| g.as_slice()),
+        cpu: cpu.as_ref().map(|c| c.as_slice()),
+    };
+    let out = f(&row_sources(host, l, src.row_bytes)?)?;
+    drop(cpu);
+    admit(src, l)?;
+    Ok(out)
 }
 
 /// After a batch is gathered: the rows it admits into a CPU cache that

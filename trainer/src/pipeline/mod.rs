@@ -27,7 +27,7 @@ use offgnn_manifests::BatchRef;
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
 
 pub use cpu_cache::CpuCache;
-pub use feature_assembly::{assemble, assemble_parallel, assemble_staged};
+pub use feature_assembly::{assemble, assemble_parallel, assemble_staged, with_host_rows};
 pub use feature_loading::{Loaded, load};
 pub use graph_loading::{Graph, graph};
 pub use ready::Ready;

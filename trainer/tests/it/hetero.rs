@@ -8,7 +8,8 @@ use std::path::Path;
 
 use offgnn_shared::samples::Block;
 use tch::{Device, Kind, Tensor, nn};
-use trainer::hetero::{RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks};
+use trainer::hetero::first_layer::neighbour_means;
+use trainer::hetero::{Inputs, RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks};
 
 /// paper (ids 0..30, 8-d), author (30..70, 5-d), fos (70..80, 8-d).
 fn schema() -> Schema {
@@ -125,8 +126,30 @@ fn relational_models_compute_pyg_heteroconv_logits() {
             .zip(dims)
             .map(|(&n, d)| Tensor::randn([n, d], (Kind::Float, Device::Cpu)))
             .collect();
-        let logits = model.forward(&x, &typed, false).unwrap();
+        let logits = model.forward(Inputs::Rows(&x), &typed, false).unwrap();
         assert_eq!(logits.size(), [4, 3]);
+        if kind == RelationalKind::Rsage {
+            // The first layer's means taken where each row lies (the CPU
+            // path that assembles no matrix) give the same logits.
+            let bytes: Vec<Vec<u8>> = (x.iter())
+                .map(|t| {
+                    bytemuck::cast_slice(&Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap()).to_vec()
+                })
+                .collect();
+            let layer = &typed.layers[0];
+            let means: Vec<Tensor> = (schema.relations.iter().enumerate())
+                .map(|(r, &(s, _, _))| {
+                    let d = dims[s] as usize;
+                    let rows: Vec<&[u8]> = bytes[s].chunks(4 * d).collect();
+                    neighbour_means(&rows, d, &layer.relations[r]).unwrap()
+                })
+                .collect();
+            let fused = model
+                .forward(Inputs::FirstMeans(&means), &typed, false)
+                .unwrap();
+            let diff = (&fused - &logits).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "first-layer means: logits differ by {diff}");
+        }
 
         let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
         named.sort_by(|a, b| a.0.cmp(&b.0));
