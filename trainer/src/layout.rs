@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use offgnn_manifests::{Manifest, Object};
 use offgnn_shared::address_table::{self, BatchTable, FOOTER};
-use offgnn_shared::io_engine::{IoEngine, IoFile, PAGE};
+use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, PAGE};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
@@ -74,13 +74,21 @@ impl TableFile {
 const CRC_REQUEST: usize = 4 << 20;
 const CRC_PER_CALL: usize = 8;
 
-/// CRC32C of a local file, read through `engine` in large requests, several
-/// in flight (O_DIRECT where the filesystem allows: a layout of gigabytes is
-/// checked at the disk's speed and leaves the page cache alone, where
-/// buffered reads one at a time are several times slower).
-/// An O_DIRECT read cannot take a short last page: those bytes are read
-/// buffered.
-pub fn file_crc(engine: &IoEngine, path: &Path) -> Result<(u64, u32)> {
+/// A buffer for [`file_crc`]'s reads, two engine calls' worth (the next
+/// call's reads queued while this one's bytes are summed), to be used for
+/// file after file: a fresh one a file would have the kernel map and zero
+/// its pages again for every object of a layout.
+pub fn crc_buffer() -> AlignedBuf {
+    AlignedBuf::new(2 * CRC_REQUEST * (CRC_PER_CALL / 2))
+}
+
+/// CRC32C of a local file, read through `engine` into `buf`
+/// ([`crc_buffer`]) in large requests, several in flight (O_DIRECT where
+/// the filesystem allows: a layout of gigabytes is checked at the disk's
+/// speed and leaves the page cache alone, where buffered reads one at a
+/// time are several times slower). An O_DIRECT read cannot take a short
+/// last page: those bytes are read buffered.
+pub fn file_crc(engine: &IoEngine, path: &Path, buf: &mut AlignedBuf) -> Result<(u64, u32)> {
     let file = engine.open(path)?;
     let size = file.len();
     let direct_end = if file.is_direct() {
@@ -89,9 +97,18 @@ pub fn file_crc(engine: &IoEngine, path: &Path) -> Result<(u64, u32)> {
         size
     };
     let mut crc = 0u32;
-    let at = engine.read_sequential(&file, direct_end, CRC_REQUEST, CRC_PER_CALL, |bytes| {
-        crc = crc32c::crc32c_append(crc, bytes);
-    })?;
+    let per_call = CRC_PER_CALL / 2;
+    let at = engine.read_span(
+        &file,
+        (0, direct_end),
+        CRC_REQUEST,
+        per_call,
+        buf,
+        |bytes| {
+            crc = crc32c::crc32c_append(crc, bytes);
+            true
+        },
+    )?;
     if at < size {
         let mut tail = vec![0u8; (size - at) as usize];
         let f = File::open(path).map_err(|e| Error::io(path.display(), e))?;
@@ -102,8 +119,9 @@ pub fn file_crc(engine: &IoEngine, path: &Path) -> Result<(u64, u32)> {
     Ok((size, crc))
 }
 
-/// Checks one object: present, its size, its CRC32C.
-pub fn check_object(engine: &IoEngine, dir: &Path, o: &Object) -> Result<()> {
+/// Checks one object: present, its size, its CRC32C (read into `buf`,
+/// [`crc_buffer`]).
+pub fn check_object(engine: &IoEngine, dir: &Path, o: &Object, buf: &mut AlignedBuf) -> Result<()> {
     let path = dir.join(&o.name);
     if !path.exists() {
         return Err(Error::Layout(format!(
@@ -112,7 +130,7 @@ pub fn check_object(engine: &IoEngine, dir: &Path, o: &Object) -> Result<()> {
             o.name
         )));
     }
-    let (size, crc) = file_crc(engine, &path)?;
+    let (size, crc) = file_crc(engine, &path, buf)?;
     if size != o.size {
         return Err(Error::Layout(format!(
             "{}: {size} bytes, the manifest says {}",
@@ -171,8 +189,8 @@ impl Layout {
         let objects = objects_read(&manifest, only);
         let total: u64 = objects.iter().map(|o| o.size).sum();
         let pb = offgnn_shared::progress::bytes_bar_if(show, total, "checking");
-        objects.par_iter().try_for_each(|o| {
-            check_object(engine, dir, o)?;
+        objects.par_iter().try_for_each_init(crc_buffer, |buf, o| {
+            check_object(engine, dir, o, buf)?;
             pb.inc(o.size);
             Ok::<_, Error>(())
         })?;

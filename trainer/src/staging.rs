@@ -133,9 +133,10 @@ fn stage_objects(
 ) -> Result<()> {
     let total: u64 = objects.iter().map(|o| o.size).sum();
     // What is not staged whole yet must fit: refused before any download.
+    let mut buf = crate::layout::crc_buffer();
     let missing: Vec<bool> = objects
         .iter()
-        .map(|o| check_object(engine, local, o).is_err())
+        .map(|o| check_object(engine, local, o, &mut buf).is_err())
         .collect();
     let need: u64 = objects
         .iter()
@@ -161,7 +162,7 @@ fn stage_objects(
             continue;
         }
         download(store, &o.name, o.size, &local.join(&o.name), &pb)?;
-        check_object(engine, local, o)?;
+        check_object(engine, local, o, &mut buf)?;
     }
     pb.finish_and_clear();
     std::fs::write(local.join(MANIFEST), bytes)
