@@ -9,8 +9,60 @@
 use rayon::prelude::*;
 use tch::{Device, Kind, Tensor};
 
+use super::Schema;
 use super::blocks::RelationEdges;
+use super::fetch::Fetched;
 use crate::error::{Error, Result};
+use crate::pipeline::{self, AssembleSources};
+
+/// Whether every type's stored rows are float32 (the means read them in
+/// place).
+pub(super) fn rows_are_float32(assembles: &[Option<AssembleSources>]) -> bool {
+    assembles
+        .iter()
+        .flatten()
+        .all(|src| src.kind == Kind::Float)
+}
+
+/// Each relation's first-layer means of batch `f`, source type by source
+/// type, from where that type's rows lie (`assembles`, each type's
+/// sources); a type without features gives zero-width means.
+pub(super) fn batch_means(
+    f: &Fetched,
+    assembles: &[Option<AssembleSources>],
+    schema: &Schema,
+) -> Result<Vec<Tensor>> {
+    let layer = f
+        .blocks
+        .layers
+        .first()
+        .ok_or_else(|| Error::Internal("a typed batch without blocks".into()))?;
+    let mut means: Vec<Option<Tensor>> = (0..layer.relations.len()).map(|_| None).collect();
+    for (t, loaded) in f.loaded.iter().enumerate() {
+        let from_t = (schema.relations.iter().enumerate())
+            .filter(|(_, rel)| rel.0 == t)
+            .map(|(r, _)| r);
+        match (loaded, &assembles[t]) {
+            (Some(loaded), Some(src)) => pipeline::with_host_rows(src, loaded, |rows| {
+                for r in from_t {
+                    let e = &layer.relations[r];
+                    means[r] = Some(neighbour_means(rows, src.dim as usize, e)?);
+                }
+                Ok(())
+            })?,
+            _ => {
+                for r in from_t {
+                    let nd = layer.num_dst[schema.relations[r].2];
+                    means[r] = Some(Tensor::f_zeros([nd, 0], (Kind::Float, f.device))?);
+                }
+            }
+        }
+    }
+    Ok(means
+        .into_iter()
+        .map(|m| m.expect("every relation's source is a type"))
+        .collect())
+}
 
 /// Each destination row's mean over its in-neighbours' rows along `e`
 /// (zeros without any), as `embedding_bag` in mean mode gives it: `rows`

@@ -176,8 +176,10 @@ impl TypedLayout {
     /// `run.first_means`, R-SAGE's first-layer means taken where the rows
     /// lie; and its read buffers, spare now.
     fn ready(&self, mut f: Fetched, run: Run<'_>) -> Result<(Batch, Vec<AlignedBuf>)> {
-        let (x, first_means) = if run.first_means && self.rows_are_float32() {
-            (Vec::new(), Some(self.first_means(&f)?))
+        let (x, first_means) = if run.first_means && first_layer::rows_are_float32(&self.assembles)
+        {
+            let means = first_layer::batch_means(&f, &self.assembles, &self.schema)?;
+            (Vec::new(), Some(means))
         } else {
             (self.assemble(&f, run.parallel_assembly)?, None)
         };
@@ -211,55 +213,6 @@ impl TypedLayout {
             }
         }
         Ok(x)
-    }
-
-    /// Whether every type's stored rows are float32 (the means read them
-    /// in place).
-    fn rows_are_float32(&self) -> bool {
-        self.assembles
-            .iter()
-            .flatten()
-            .all(|src| src.kind == Kind::Float)
-    }
-
-    /// Each relation's first-layer means of batch `f`, source type by
-    /// source type, from where that type's rows lie; a type without
-    /// features gives zero-width means.
-    fn first_means(&self, f: &Fetched) -> Result<Vec<Tensor>> {
-        let layer = f
-            .blocks
-            .layers
-            .first()
-            .ok_or_else(|| Error::Internal("a typed batch without blocks".into()))?;
-        let mut means: Vec<Option<Tensor>> = (0..layer.relations.len()).map(|_| None).collect();
-        for (t, loaded) in f.loaded.iter().enumerate() {
-            let from_t = (self.schema.relations.iter().enumerate())
-                .filter(|(_, rel)| rel.0 == t)
-                .map(|(r, _)| r);
-            match (loaded, &self.assembles[t]) {
-                (Some(loaded), Some(src)) => pipeline::with_host_rows(src, loaded, |rows| {
-                    for r in from_t {
-                        let dim = src.dim as usize;
-                        means[r] = Some(first_layer::neighbour_means(
-                            rows,
-                            dim,
-                            &layer.relations[r],
-                        )?);
-                    }
-                    Ok(())
-                })?,
-                _ => {
-                    for r in from_t {
-                        let nd = layer.num_dst[self.schema.relations[r].2];
-                        means[r] = Some(Tensor::f_zeros([nd, 0], (Kind::Float, f.device))?);
-                    }
-                }
-            }
-        }
-        Ok(means
-            .into_iter()
-            .map(|m| m.expect("every relation's source is a type"))
-            .collect())
     }
 
     /// Runs `step` on the batches `order` names (positions into `split`'s
@@ -382,14 +335,7 @@ pub fn train_typed(
     };
     let keep_best =
         writer && (cfg.export.is_some() || cfg.checkpoint_dir.is_some() || cfg.dump.is_some());
-    let run = Run {
-        engine,
-        device: cfg.device,
-        pipelined: cfg.pipelined,
-        parallel_assembly: true,
-        first_means: cfg.device == Device::Cpu && !model.reads_destinations(),
-        ranks,
-    };
+    let run = Run::training(engine, cfg, &model, ranks);
     for epoch in epochs.len() as u32..cfg.epochs {
         // A checkpoint inside the epoch (rank 0's; every rank sums).
         let mut inside = |adam: &Adam, p: InEpoch| -> Result<()> {
@@ -537,6 +483,24 @@ impl<'a> Run<'a> {
         Run {
             first_means: false,
             ..self
+        }
+    }
+
+    /// Training `model` as `cfg` says: each batch assembled on every core
+    /// between steps; R-SAGE on the CPU from its first layer's means.
+    fn training(
+        engine: &'a IoEngine,
+        cfg: &TypedTrainConfig,
+        model: &Rgnn,
+        ranks: Ranks<'a>,
+    ) -> Run<'a> {
+        Run {
+            engine,
+            device: cfg.device,
+            pipelined: cfg.pipelined,
+            parallel_assembly: true,
+            first_means: cfg.device == Device::Cpu && !model.reads_destinations(),
+            ranks,
         }
     }
 
