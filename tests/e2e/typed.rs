@@ -511,31 +511,23 @@ fn typed_inference(export: &str, dataset: &str, out: &str) {
 #[test]
 fn a_typed_sampling_run_states_its_memory_type_by_type() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = dir.path().join("igbh").to_str().unwrap().to_string();
-    let r = run(
-        "sampler",
-        &[
-            "generate",
-            "--schema",
-            "igbh",
-            "--nodes",
-            "100000",
-            "--feature-dim",
-            "4",
-            "--classes",
-            "4",
-            "--out",
-            &ds,
-        ],
-    );
-    assert!(r.status.success(), "{}", r.stderr);
+    let flags = [
+        "--schema",
+        "igbh",
+        "--nodes",
+        "100000",
+        "--feature-dim",
+        "4",
+    ];
+    let ds = offgnn_e2e::generate(dir.path(), &flags);
+    let ds = ds.to_str().unwrap();
     let sample = |out: &str, memory: &str| {
         let out = dir.path().join(out).to_str().unwrap().to_string();
         offgnn_e2e::run_peak(
             "sampler",
             &[
                 "--dataset",
-                &ds,
+                ds,
                 "--out",
                 &out,
                 "--fanout",

@@ -136,7 +136,7 @@ mod tests {
         let (n, dim) = (7usize, 5usize);
         let values: Vec<f32> = (0..n * dim).map(|i| (i as f32 * 0.37).sin()).collect();
         let bytes: Vec<u8> = bytemuck::cast_slice(&values).to_vec();
-        // Rows in a scattered order, as the tiers hold them; one of them
+        // Each row a slice of its own, as the tiers hold them; one of them
         // misaligned, as a plain byte buffer may hold it.
         let mut shifted = vec![0u8; 4 * dim + 1];
         shifted[1..].copy_from_slice(&bytes[3 * 4 * dim..4 * 4 * dim]);

@@ -140,9 +140,31 @@ fn assemble_with(src: &AssembleSources, l: &Loaded, parallel: bool) -> Result<(T
     if src.device != Device::Cpu {
         return Ok((assemble_staged(src, l)?, tiers));
     }
+    let (n, rb) = (t.num_inputs as usize, src.row_bytes);
+    let x = with_host(src, l, |host| {
+        host_matrix(src, n, |out| {
+            if parallel {
+                copy_rows_parallel(out, host, l, rb)
+            } else {
+                copy_rows(out, host, l, rb);
+                Ok(())
+            }
+        })
+    })?;
+    Ok((x.to_kind(Kind::Float), tiers))
+}
+
+/// Runs `f` on the host rows batch `l` is gathered from, its addresses
+/// checked first; the CPU cache is held while `f` runs, and the rows the
+/// batch admits into a CPU cache that follows the batch order are
+/// admitted once `f` is done.
+fn with_host<T>(
+    src: &AssembleSources,
+    l: &Loaded,
+    f: impl FnOnce(HostRows<'_>) -> Result<T>,
+) -> Result<T> {
     check_addresses(src, l)?;
-    let n = t.num_inputs as usize;
-    let rb = src.row_bytes;
+    let t = &l.table;
     let packed = src.mode == FeatureMode::Packed;
     let cpu = wanted(packed && !t.cpu_pos.is_empty(), &src.cpu_rows, "cache")?.map(|c| c.rows());
     let gpu = wanted(packed && !t.gpu_pos.is_empty(), &src.gpu_rows, "cache")?;
@@ -152,17 +174,10 @@ fn assemble_with(src: &AssembleSources, l: &Loaded, parallel: bool) -> Result<(T
         gpu: gpu.map(|g| g.as_slice()),
         cpu: cpu.as_ref().map(|c| c.as_slice()),
     };
-    let x = host_matrix(src, n, |out| {
-        if parallel {
-            copy_rows_parallel(out, host, l, rb)
-        } else {
-            copy_rows(out, host, l, rb);
-            Ok(())
-        }
-    })?;
+    let out = f(host)?;
     drop(cpu);
     admit(src, l)?;
-    Ok((x.to_kind(Kind::Float), tiers))
+    Ok(out)
 }
 
 /// `rows` where the batch reads them (`read`), else none; an error where
@@ -260,9 +275,8 @@ fn row_sources<'a>(host: HostRows<'a>, l: &'a Loaded, rb: usize) -> Result<Vec<&
 /// Runs `f` on each input row of batch `l` where it lies (the caches, the
 /// bytes read), in input order, instead of copying them into one matrix:
 /// for a CPU consumer that reads each row there (R-SAGE's first layer,
-/// [`crate::hetero::first_layer`]). The addresses are checked first, as
-/// for assembly, and the rows the batch admits into a CPU cache that
-/// follows the batch order are admitted once `f` is done.
+/// [`crate::hetero::first_layer`]), with the addresses checked and the
+/// admissions made as for assembly.
 pub fn with_host_rows<T>(
     src: &AssembleSources,
     l: &Loaded,
@@ -271,21 +285,7 @@ pub fn with_host_rows<T>(
     if src.device != Device::Cpu {
         return Err(Error::Internal("host rows are a CPU batch's".into()));
     }
-    check_addresses(src, l)?;
-    let t = &l.table;
-    let packed = src.mode == FeatureMode::Packed;
-    let cpu = wanted(packed && !t.cpu_pos.is_empty(), &src.cpu_rows, "cache")?.map(|c| c.rows());
-    let gpu = wanted(packed && !t.gpu_pos.is_empty(), &src.gpu_rows, "cache")?;
-    let all = wanted(src.mode == FeatureMode::Memory, &src.all_rows, "memory")?;
-    let host = HostRows {
-        all: all.map(|a| a.as_slice()),
-        gpu: gpu.map(|g| g.as_slice()),
-        cpu: cpu.as_ref().map(|c| c.as_slice()),
-    };
-    let out = f(&row_sources(host, l, src.row_bytes)?)?;
-    drop(cpu);
-    admit(src, l)?;
-    Ok(out)
+    with_host(src, l, |host| f(&row_sources(host, l, src.row_bytes)?))
 }
 
 /// After a batch is gathered: the rows it admits into a CPU cache that
