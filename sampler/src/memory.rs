@@ -66,11 +66,10 @@ pub fn batch_bytes_bound(seeds: u64, blocks: &[(u64, u64, u64)]) -> u64 {
 
 /// Upper bounds on one batch's blocks over a typed graph, input layer
 /// first, as [`block_bounds`] gives them for one edge type, for `seeds`
-/// per node type. A
-/// destination draws at most its fan-out over each relation into its
-/// type, a layer at most all of a relation's edges (a destination's picks
-/// are distinct, and a layer's destinations too), and each type's nodes
-/// stop at its count.
+/// per node type. A destination draws at most its fan-out over each
+/// relation into its type, a layer at most all of a relation's edges (a
+/// destination's picks are distinct, and a layer's destinations too), and
+/// each type's nodes stop at its count.
 pub fn typed_block_bounds(shape: &TypedShape, seeds: &[u64]) -> Vec<(u64, u64, u64)> {
     let mut dst: Vec<u64> = (seeds.iter().zip(&shape.type_nodes))
         .map(|(&s, &n)| s.min(n))
@@ -148,6 +147,9 @@ impl InputShape {
     /// A typed dataset sampled at `fanouts` (per layer, input layer first,
     /// per relation).
     pub fn of_typed(ds: &TypedDataset, fanouts: &[Vec<usize>]) -> Self {
+        let relations: Vec<(usize, usize, u64)> = (ds.relations.iter())
+            .map(|r| (r.src, r.dst, file_edges(&r.edges)))
+            .collect();
         InputShape {
             num_nodes: ds.num_nodes(),
             graph_rows: ds
@@ -155,19 +157,12 @@ impl InputShape {
                 .iter()
                 .map(|r| ds.node_types[r.dst].num + 1)
                 .sum(),
-            input_edges: ds.relations.iter().map(|r| file_edges(&r.edges)).sum(),
-            largest_relation_edges: ds
-                .relations
-                .iter()
-                .map(|r| file_edges(&r.edges))
-                .max()
-                .unwrap_or(0),
+            input_edges: relations.iter().map(|r| r.2).sum(),
+            largest_relation_edges: relations.iter().map(|r| r.2).max().unwrap_or(0),
             seeds: Split::ALL.map(|s| ds.split(s).seeds.len() as u64),
             fanouts: Fanouts::Typed(TypedShape {
                 type_nodes: ds.node_types.iter().map(|t| t.num).collect(),
-                relations: (ds.relations.iter())
-                    .map(|r| (r.src, r.dst, file_edges(&r.edges)))
-                    .collect(),
+                relations,
                 target: ds.target,
                 fanouts: fanouts.to_vec(),
             }),

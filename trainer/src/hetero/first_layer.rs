@@ -99,7 +99,6 @@ pub fn neighbour_means(rows: &[&[u8]], dim: usize, e: &RelationEdges) -> Result<
         .for_each(|(d, acc)| {
             acc.fill(0.0);
             let (first, end) = (offsets[d] as usize, offsets[d + 1] as usize);
-            let bag = &src[first..end];
             for e in first..end {
                 // The next edge's row is a random one: its loads start
                 // while this row is summed.
@@ -109,8 +108,8 @@ pub fn neighbour_means(rows: &[&[u8]], dim: usize, e: &RelationEdges) -> Result<
                 }
                 add_row(acc, rows[src[e] as usize]);
             }
-            if !bag.is_empty() {
-                let scale = 1.0 / bag.len() as f32;
+            if end > first {
+                let scale = 1.0 / (end - first) as f32;
                 acc.iter_mut().for_each(|a| *a *= scale);
             }
         });
