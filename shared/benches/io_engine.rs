@@ -285,6 +285,7 @@ fn main() -> anyhow::Result<()> {
             queue_depth: DEPTH,
             direct: true,
             force_pread: backend == Backend::Pread,
+            read_through: 0,
         });
         let mut figures = [None; 4];
         if engine.backend() == backend {

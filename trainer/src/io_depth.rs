@@ -4,9 +4,11 @@
 //! depth's IOPS, and Little's law its latency (in flight / IOPS). The depth
 //! chosen is the knee, the fewest reads in flight from which every point
 //! up to the best reaches 95% of the best IOPS measured: past it more
-//! reads in flight only queue. A disk is
-//! probed once per machine and the curve kept in the user's cache
-//! directory (`~/.cache/offgnn/io-depth.json`).
+//! reads in flight only queue. At the chosen depth, reads of one page and
+//! of [`SPAN_PAGES`] pages side by side give a read's fixed cost and each
+//! page's: the gap between two reads worth reading through rather than
+//! asking for twice. A disk is probed once per machine and the curve kept
+//! in the user's cache directory (`~/.cache/offgnn/io-depth.json`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,6 +43,40 @@ pub struct DepthPoint {
     pub latency_us: f64,
 }
 
+/// Pages of the longer read measured beside single pages.
+pub const SPAN_PAGES: u32 = 16;
+
+/// Read through at most this many pages (256 KiB) between two reads.
+pub const MAX_READ_THROUGH: u32 = 64;
+
+/// Reads of one page and of `pages` pages at the chosen depth, measured
+/// side by side.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SpanPoint {
+    pub pages: u32,
+    /// Reads a second of one page.
+    pub page_iops: f64,
+    /// Reads a second of `pages` pages.
+    pub span_iops: f64,
+}
+
+impl SpanPoint {
+    /// The most pages between two reads that cost less to read through
+    /// than a read of their own: a read's disk time is a fixed cost plus
+    /// one per page (both from the two rates), and two reads merged over
+    /// `g` pages save the fixed cost for `g` pages' worth.
+    pub fn read_through_pages(&self) -> u32 {
+        let one = 1.0 / self.page_iops.max(1e-9);
+        let span = 1.0 / self.span_iops.max(1e-9);
+        let per_page = (span - one) / (self.pages.max(2) - 1) as f64;
+        if per_page <= 0.0 {
+            return MAX_READ_THROUGH;
+        }
+        let fixed = (one - per_page).max(0.0);
+        ((fixed / per_page).floor() as u32).min(MAX_READ_THROUGH)
+    }
+}
+
 /// A disk's measured curve and the depth chosen from it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DepthProbe {
@@ -51,6 +87,17 @@ pub struct DepthProbe {
     pub points: Vec<DepthPoint>,
     /// Reads in flight: IOPS × latency at the knee.
     pub chosen: u32,
+    /// Short and long reads at the chosen depth (absent from curves kept
+    /// by earlier versions, which are measured again).
+    #[serde(default)]
+    pub span: Option<SpanPoint>,
+}
+
+impl DepthProbe {
+    /// Pages between two reads worth reading through (0 without a span).
+    pub fn read_through_pages(&self) -> u32 {
+        self.span.map_or(0, |s| s.read_through_pages())
+    }
 }
 
 /// What [`resolve`] found.
@@ -111,15 +158,14 @@ pub fn probe(path: &Path, seconds: f64) -> Result<DepthProbe> {
     let mut rates = vec![Vec::with_capacity(ROUNDS); DEPTHS.len()];
     for _ in 0..ROUNDS {
         for ((depth, engine, file), rates) in engines.iter().zip(&mut rates) {
-            rates.push(random_reads(engine, file, *depth, seconds)?);
+            rates.push(random_reads(engine, file, *depth, 1, seconds)?);
         }
     }
     let points: Vec<DepthPoint> = DEPTHS
         .iter()
         .zip(rates)
-        .map(|(&depth, mut rates)| {
-            rates.sort_by(f64::total_cmp);
-            let iops = rates[rates.len() / 2];
+        .map(|(&depth, rates)| {
+            let iops = median(rates);
             DepthPoint {
                 depth,
                 iops,
@@ -128,22 +174,50 @@ pub fn probe(path: &Path, seconds: f64) -> Result<DepthProbe> {
         })
         .collect();
     let chosen = knee(&points, KNEE_SHARE);
+    let (_, engine, file) = engines
+        .iter()
+        .find(|(depth, _, _)| *depth == chosen)
+        .expect("the knee is a probed depth");
+    let (mut page, mut span) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        page.push(random_reads(engine, file, chosen, 1, seconds)?);
+        span.push(random_reads(engine, file, chosen, SPAN_PAGES, seconds)?);
+    }
     Ok(DepthProbe {
         disk: disk_of(path),
         file: path.display().to_string(),
         points,
         chosen,
+        span: Some(SpanPoint {
+            pages: SPAN_PAGES,
+            page_iops: median(page),
+            span_iops: median(span),
+        }),
     })
 }
 
-/// IOPS of random page reads of `file` with `depth` in flight, for
-/// `seconds`: calls of 16 × depth requests, so that the drain at the end
-/// of a call is a small share of it.
-fn random_reads(engine: &IoEngine, file: &IoFile, depth: u32, seconds: f64) -> Result<f64> {
-    let pages = (file.len() / PAGE as u64).max(1);
+fn median(mut rates: Vec<f64>) -> f64 {
+    rates.sort_by(f64::total_cmp);
+    rates[rates.len() / 2]
+}
+
+/// Reads a second of `len` random pages each of `file` with `depth` in
+/// flight, for `seconds`: calls of 16 × depth requests, so that the drain
+/// at the end of a call is a small share of it.
+fn random_reads(
+    engine: &IoEngine,
+    file: &IoFile,
+    depth: u32,
+    len: u32,
+    seconds: f64,
+) -> Result<f64> {
+    let len = len as usize;
+    let pages = (file.len() / PAGE as u64)
+        .saturating_sub(len as u64 - 1)
+        .max(1);
     let per_call = 16 * depth as usize;
     let mut rng = rand::rngs::StdRng::seed_from_u64(depth as u64);
-    let mut buf = AlignedBuf::new(per_call * PAGE);
+    let mut buf = AlignedBuf::new(per_call * len * PAGE);
     let mut reqs = Vec::with_capacity(per_call);
     let mut ios = 0u64;
     let started = Instant::now();
@@ -151,8 +225,8 @@ fn random_reads(engine: &IoEngine, file: &IoFile, depth: u32, seconds: f64) -> R
         reqs.clear();
         reqs.extend((0..per_call).map(|i| ReadReq {
             offset: rng.random_range(0..pages) * PAGE as u64,
-            len: PAGE,
-            buf_offset: i * PAGE,
+            len: len * PAGE,
+            buf_offset: i * len * PAGE,
         }));
         engine.read(file, &reqs, &mut buf)?;
         ios += per_call as u64;
@@ -200,7 +274,10 @@ pub fn resolve(path: &Path, fresh: bool) -> Result<Resolved> {
         .and_then(|f| std::fs::read(f).ok())
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default();
-    if !fresh && let Some(probe) = known.get(&disk) {
+    if !fresh
+        && let Some(probe) = known.get(&disk)
+        && probe.span.is_some()
+    {
         return Ok(Resolved {
             probe: probe.clone(),
             cached: true,
@@ -325,5 +402,34 @@ mod tests {
         assert!(probe.points.iter().all(|p| p.iops > 0.0), "{probe:?}");
         assert!(DEPTHS.contains(&probe.chosen));
         assert_eq!(probe.chosen, knee(&probe.points, KNEE_SHARE));
+        let span = probe.span.expect("the probe measures long reads");
+        assert!(span.page_iops > 0.0 && span.span_iops > 0.0, "{span:?}");
+        assert!(probe.read_through_pages() <= MAX_READ_THROUGH);
+    }
+
+    #[test]
+    fn gaps_are_read_through_where_a_read_costs_more_than_their_pages() {
+        let span = |page_iops: f64, bytes_per_s: f64| SpanPoint {
+            pages: SPAN_PAGES,
+            page_iops,
+            span_iops: bytes_per_s / (SPAN_PAGES as usize * PAGE) as f64,
+        };
+        // This VM's disk: 92k page reads a second, 1.6 GB/s in long
+        // reads: a read costs about 4.5 pages' time.
+        assert_eq!(span(92e3, 1.6e9).read_through_pages(), 4);
+        // An NVMe drive, 1M reads and 6.5 GB/s: a read costs less than
+        // a page; nothing is read through.
+        assert_eq!(span(1e6, 6.5e9).read_through_pages(), 0);
+        // Long reads no slower than short ones: any gap, up to the cap.
+        let flat = SpanPoint {
+            span_iops: 5e5,
+            ..span(5e5, 1e9)
+        };
+        assert_eq!(flat.read_through_pages(), MAX_READ_THROUGH);
+        // An older curve without long reads reads nothing through.
+        let old: DepthProbe =
+            serde_json::from_str(r#"{"disk": "d", "file": "f", "points": [], "chosen": 32}"#)
+                .unwrap();
+        assert_eq!((old.span, old.read_through_pages()), (None, 0));
     }
 }

@@ -33,6 +33,11 @@ pub struct IoOptions {
     pub direct: bool,
     /// Use the `pread` pool even where io_uring works (tests, comparisons).
     pub force_pread: bool,
+    /// Bytes of a gap between two reads of one file that are cheaper to
+    /// read through than to ask for separately (0: never). The engine
+    /// reads what it is asked; callers that lay out their own buffers (the
+    /// trainer's packed reads) merge their requests by it.
+    pub read_through: usize,
 }
 
 impl Default for IoOptions {
@@ -42,6 +47,7 @@ impl Default for IoOptions {
             queue_depth: 64,
             direct: true,
             force_pread: false,
+            read_through: 0,
         }
     }
 }
@@ -445,6 +451,7 @@ mod tests {
             queue_depth,
             direct: true,
             force_pread: backend == Backend::Pread,
+            read_through: 0,
         });
         if engine.backend() == backend {
             return Some(engine);

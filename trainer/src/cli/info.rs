@@ -93,7 +93,8 @@ pub(super) fn print_info() -> anyhow::Result<()> {
 }
 
 /// `trainer probe-disk`: the curve of the disk holding `file` (kept, or
-/// measured now) and the depth `--io-depth auto` takes from it.
+/// measured now), the depth `--io-depth auto` takes from it and the gap
+/// `--read-through auto` reads through.
 pub(super) fn probe_disk(file: &std::path::Path, fresh: bool) -> anyhow::Result<()> {
     let found = crate::io_depth::resolve(file, fresh)?;
     let p = &found.probe;
@@ -131,6 +132,19 @@ pub(super) fn probe_disk(file: &std::path::Path, fresh: bool) -> anyhow::Result<
             100.0 * crate::io_depth::KNEE_SHARE
         ),
     ));
+    if let Some(span) = p.span {
+        rows.push((
+            "read-through",
+            format!(
+                "{:.0} reads a second of 1 page, {:.0} of {} pages, at {} in flight: gaps of up to {} pages are read through",
+                span.page_iops,
+                span.span_iops,
+                span.pages,
+                p.chosen,
+                span.read_through_pages()
+            ),
+        ));
+    }
     print_summary(
         "disk probe",
         &rows,

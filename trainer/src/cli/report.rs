@@ -54,7 +54,7 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
         (
             "device",
             format!(
-                "{} (I/O: {}, {} x {} reads in flight{})",
+                "{} (I/O: {}, {} x {} reads in flight{}, gaps of up to {} pages read through)",
                 s.device,
                 s.io_backend,
                 s.io_rings,
@@ -62,7 +62,8 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
                 match &s.io_depth_probe {
                     Some(p) => format!(", the knee of {}'s curve", p.probe.disk),
                     None => String::new(),
-                }
+                },
+                s.read_through_pages
             ),
         ),
         (

@@ -78,6 +78,32 @@ impl std::str::FromStr for IoDepth {
     }
 }
 
+/// `--read-through`: pages of a gap between two reads that are read
+/// through, or chosen from the disk's measured costs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadThrough {
+    Auto,
+    Pages(u32),
+}
+
+impl std::str::FromStr for ReadThrough {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(ReadThrough::Auto),
+            n => match n.parse::<u32>() {
+                Ok(n) if n <= crate::io_depth::MAX_READ_THROUGH => Ok(ReadThrough::Pages(n)),
+                Ok(_) => Err(format!(
+                    "at most {} pages",
+                    crate::io_depth::MAX_READ_THROUGH
+                )),
+                Err(_) => Err(format!("{n:?} is neither auto nor a number of pages")),
+            },
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct TrainArgs {
     /// manifest.json of a packed layout: a local path or an object-store URL.
@@ -136,6 +162,14 @@ pub struct TrainArgs {
     /// cannot be probed (the pread pool, no O_DIRECT), 64 per ring.
     #[arg(long, default_value = "auto")]
     pub io_depth: IoDepth,
+    /// Pages of a gap between two of a batch's reads of the packed layout
+    /// that are read through rather than asked for apart, or `auto` (the
+    /// default): from the disk's measured time for a read of one page and
+    /// of 16 (probed with --io-depth's curve), the largest gap that costs
+    /// less than a read of its own; 0 where it cannot be probed. A disk
+    /// that runs out of requests before bytes reads faster through gaps.
+    #[arg(long, default_value = "auto")]
+    pub read_through: ReadThrough,
     /// Use the pread thread pool even where io_uring works.
     #[arg(long)]
     pub pread: bool,
@@ -236,10 +270,7 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         &engine,
         writer,
     )?;
-    let (engine, probe) = match a.io_depth {
-        IoDepth::Auto => engine_for_disk(&layout, engine),
-        IoDepth::PerRing(_) => (engine, None),
-    };
+    let (engine, probe) = engine_for_disk((&layout.dir, &layout.manifest.objects), engine, &a);
     let m = &layout.manifest;
     let scorer = scorer_of(&a, m, &location)?;
     let cfg = train_config(&a, (kind, hidden, scorer), device, m, writer);
@@ -266,27 +297,39 @@ pub(super) fn io_options(a: &TrainArgs) -> IoOptions {
             IoDepth::Auto => IoOptions::default().queue_depth,
         },
         force_pread: a.pread,
+        read_through: match a.read_through {
+            ReadThrough::Pages(n) => n as usize * offgnn_shared::io_engine::PAGE,
+            ReadThrough::Auto => 0,
+        },
         ..Default::default()
     }
 }
 
-/// `--io-depth auto`: the engine again, keeping as many reads in flight as
-/// the disk holding the layout needs (GIDS §3.2), from the curve of its
-/// largest object's disk. The `pread` pool keeps its depth: it has no queue.
-fn engine_for_disk(layout: &Layout, engine: IoEngine) -> (IoEngine, Option<Resolved>) {
-    let largest = layout
-        .manifest
-        .objects
+/// `--io-depth auto` and `--read-through auto`: the engine again, keeping
+/// as many reads in flight as the disk holding the layout (in `dir`, its
+/// largest object) needs (GIDS §3.2) and reading through the gaps a read
+/// of their own costs more than, both from that disk's measured curve.
+/// The `pread` pool keeps its depth: it has no queue.
+pub(super) fn engine_for_disk(
+    (dir, objects): (&std::path::Path, &[offgnn_manifests::Object]),
+    engine: IoEngine,
+    a: &TrainArgs,
+) -> (IoEngine, Option<Resolved>) {
+    let (depth, through) = (
+        a.io_depth == IoDepth::Auto,
+        a.read_through == ReadThrough::Auto,
+    );
+    let largest = objects
         .iter()
-        .map(|o| (o.size, layout.dir.join(&o.name)))
+        .map(|o| (o.size, dir.join(&o.name)))
         .filter(|(_, path)| path.is_file())
         .max();
-    let Some((_, path)) = largest else {
+    let Some((_, path)) = largest.filter(|_| depth || through) else {
         return (engine, None);
     };
     if engine.backend() != offgnn_shared::io_engine::Backend::IoUring {
         tracing::info!(
-            "--io-depth auto: the pread pool reads one request per thread; depth unchanged"
+            "--io-depth/--read-through auto: the pread pool reads one request per thread; depth unchanged, no read-through"
         );
         return (engine, None);
     }
@@ -295,26 +338,36 @@ fn engine_for_disk(layout: &Layout, engine: IoEngine) -> (IoEngine, Option<Resol
         Ok(found) => found,
         Err(e) => {
             tracing::warn!(
-                "--io-depth auto: {e}; keeping {} per ring",
+                "--io-depth/--read-through auto: {e}; keeping {} per ring, no read-through",
                 opts.queue_depth
             );
             return (engine, None);
         }
     };
-    let per_ring = crate::io_depth::per_ring(found.probe.chosen, opts.rings);
+    let per_ring = if depth {
+        crate::io_depth::per_ring(found.probe.chosen, opts.rings)
+    } else {
+        opts.queue_depth
+    };
+    let read_through = if through {
+        found.probe.read_through_pages() as usize * offgnn_shared::io_engine::PAGE
+    } else {
+        opts.read_through
+    };
     tracing::info!(
-        "--io-depth auto: {} reads in flight ({} rings x {per_ring}), the knee of {}'s curve{}",
-        found.probe.chosen,
-        opts.rings,
+        "disk {}{}: {} rings x {per_ring} reads in flight, reading through gaps of up to {} pages",
         found.probe.disk,
         if found.cached {
             " (measured before)"
         } else {
             ""
-        }
+        },
+        opts.rings,
+        read_through / offgnn_shared::io_engine::PAGE
     );
     let engine = IoEngine::new(IoOptions {
         queue_depth: per_ring,
+        read_through,
         ..opts
     });
     (engine, Some(found))

@@ -117,8 +117,9 @@ pub(super) fn train_typed_command(
             batches: a.dump_count,
         }),
     };
-    let memory = state_memory(&manifest, &cfg, a)?;
     let engine = IoEngine::new(super::train::io_options(a));
+    let (engine, _) = super::train::engine_for_disk((dir, &manifest.objects), engine, a);
+    let memory = state_memory(&manifest, &cfg, a)?;
     let layout = TypedLayout::open(dir, manifest, &engine, (a.features.mode(), device), writer)
         .with_context(|| format!("opening {origin}"))?;
     let mut metrics = if writer { open_metrics(a)? } else { None };

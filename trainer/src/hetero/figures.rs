@@ -73,5 +73,9 @@ pub struct TypedTrainSummary {
     /// Where `--dump-batches` wrote.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dump: Option<PathBuf>,
+    /// Reads in flight per ring, and the most pages between two packed
+    /// reads that were read through.
+    pub io_depth: u32,
+    pub read_through_pages: usize,
     pub seconds: f64,
 }

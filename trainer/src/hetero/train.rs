@@ -405,6 +405,8 @@ pub fn train_typed(
         exports,
         epochs,
         dump: cfg.dump.as_ref().filter(|_| writer).map(|d| d.path.clone()),
+        io_depth: engine.options().queue_depth,
+        read_through_pages: engine.options().read_through / offgnn_shared::io_engine::PAGE,
         seconds: started.elapsed().as_secs_f64(),
     })
 }

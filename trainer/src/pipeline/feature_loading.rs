@@ -118,6 +118,56 @@ fn narrow_to_needed(
     out
 }
 
+/// `reqs` (in file and buffer order) with neighbours whose gap in the file
+/// is at most `max_gap` bytes read as one request, through the gap, while
+/// the buffer stays within `limit` bytes: the gap's pages land between
+/// them (where the buffer has no room, the later requests move up). The
+/// rows of `disk` move with their pages. Returns the buffer's new length.
+fn read_through_gaps(
+    reqs: &mut Vec<ReadReq>,
+    disk: &mut [(u32, usize)],
+    max_gap: u64,
+    limit: usize,
+) -> usize {
+    let end_of = |q: &ReadReq| q.buf_offset + q.len;
+    let mut budget = limit.saturating_sub(reqs.last().map_or(0, end_of));
+    // Each request's old buffer start and how far it moved.
+    let mut moves: Vec<(usize, usize)> = Vec::with_capacity(reqs.len());
+    let mut out: Vec<ReadReq> = Vec::with_capacity(reqs.len());
+    let mut moved = 0usize;
+    for q in reqs.drain(..) {
+        if let Some(last) = out.last_mut() {
+            let file_end = last.offset + last.len as u64;
+            let gap = q.offset.wrapping_sub(file_end);
+            // Where q lands read through the gap, against where it lands
+            // otherwise: what merging adds to the buffer.
+            let through = end_of(last) + gap as usize;
+            let grows = through.checked_sub(q.buf_offset + moved);
+            if q.offset >= file_end
+                && gap <= max_gap
+                && let Some(grows) = grows.filter(|&g| g <= budget)
+            {
+                budget -= grows;
+                moved += grows;
+                last.len = through + q.len - last.buf_offset;
+                moves.push((q.buf_offset, moved));
+                continue;
+            }
+        }
+        moves.push((q.buf_offset, moved));
+        out.push(ReadReq {
+            buf_offset: q.buf_offset + moved,
+            ..q
+        });
+    }
+    for (_, off) in disk.iter_mut() {
+        let i = moves.partition_point(|&(start, _)| start <= *off);
+        *off += moves[i.max(1) - 1].1;
+    }
+    *reqs = out;
+    reqs.last().map_or(0, end_of)
+}
+
 /// The packed layout's reads: the batch's page runs of the segment's disk
 /// cache, then its packed chunk.
 fn load_packed(
@@ -159,6 +209,17 @@ fn load_packed(
     }
     if let Some(needed) = needed {
         reqs = narrow_to_needed(reqs, &mut disk, needed, rb);
+    }
+    let gap = engine.options().read_through as u64;
+    if gap > 0 {
+        // What the memory statement holds a batch's read to: a page per
+        // input row at most, never more than its segment's disk cache,
+        // and its packed chunk.
+        let cache = layout.manifest.segments[r.segment as usize].disk_cache_bytes as usize;
+        let limit = (table.num_inputs as usize * PAGE).min(cache.next_multiple_of(PAGE))
+            + table.chunk_len as usize;
+        let len = read_through_gaps(&mut reqs, &mut disk, gap, limit);
+        buf.resize(len.max(at));
     }
     let disk_bytes = engine.read(layout.segment(r.segment)?, &reqs, &mut buf)?;
     let disk_rows = disk.len() as u64;
@@ -278,5 +339,57 @@ mod tests {
             got,
             vec![(10 * 4096, 2 * 4096, 0), ((1 << 20) + 4096, 4096, 4 * 4096)]
         );
+    }
+
+    fn req(page: u64, pages: usize, buf_page: usize) -> ReadReq {
+        ReadReq {
+            offset: page * PAGE as u64,
+            len: pages * PAGE,
+            buf_offset: buf_page * PAGE,
+        }
+    }
+
+    fn spans(reqs: &[ReadReq]) -> Vec<(u64, usize, usize)> {
+        reqs.iter()
+            .map(|q| (q.offset / PAGE as u64, q.len / PAGE, q.buf_offset / PAGE))
+            .collect()
+    }
+
+    #[test]
+    fn reads_merge_through_small_gaps_and_rows_move_with_their_pages() {
+        // Runs at file pages 10-11, 13, 20 and 22, back to back in the
+        // buffer; a row in each (the second run's at byte 100 of it).
+        let mut reqs = vec![req(10, 2, 0), req(13, 1, 2), req(20, 1, 3), req(22, 1, 4)];
+        let mut disk = vec![(0, 4096), (1, 2 * 4096 + 100), (2, 3 * 4096), (3, 4 * 4096)];
+        let len = read_through_gaps(&mut reqs, &mut disk, 2 * PAGE as u64, usize::MAX);
+        // Gaps of 1 page and 1 page merge; the 6-page gap does not.
+        assert_eq!(spans(&reqs), vec![(10, 4, 0), (20, 3, 4)]);
+        assert_eq!(len, 7 * PAGE);
+        // Each row sits where its file page now lands in the buffer.
+        assert_eq!(
+            disk,
+            vec![(0, 4096), (1, 3 * 4096 + 100), (2, 4 * 4096), (3, 6 * 4096)]
+        );
+        // A buffer limit stops the merging where the gaps would pass it.
+        let mut reqs = vec![req(10, 2, 0), req(13, 1, 2), req(20, 1, 3), req(22, 1, 4)];
+        let mut disk = vec![(3, 4 * 4096)];
+        read_through_gaps(&mut reqs, &mut disk, 2 * PAGE as u64, 6 * PAGE);
+        assert_eq!(spans(&reqs), vec![(10, 4, 0), (20, 1, 4), (22, 1, 5)]);
+        assert_eq!(disk, vec![(3, 5 * 4096)]);
+    }
+
+    #[test]
+    fn pages_skipped_by_narrowing_are_read_through_in_place() {
+        // A 4-page run narrowed to its pages 0 and 2: the buffer keeps
+        // page 1's room, so reading through it grows nothing.
+        let mut reqs = vec![req(10, 1, 0), req(12, 1, 2)];
+        let mut disk = vec![(0, 0), (1, 2 * 4096)];
+        let len = read_through_gaps(&mut reqs, &mut disk, PAGE as u64, 3 * PAGE);
+        assert_eq!(spans(&reqs), vec![(10, 3, 0)]);
+        assert_eq!((len, disk), (3 * PAGE, vec![(0, 0), (1, 2 * 4096)]));
+        // Reads out of file order, or apart by more than the gap, stay.
+        let mut reqs = vec![req(30, 1, 0), req(10, 1, 1), req(14, 1, 2)];
+        read_through_gaps(&mut reqs, &mut [], 2 * PAGE as u64, usize::MAX);
+        assert_eq!(spans(&reqs), vec![(30, 1, 0), (10, 1, 1), (14, 1, 2)]);
     }
 }

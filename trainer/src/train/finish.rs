@@ -57,6 +57,7 @@ pub(super) fn finish(
         io_backend: job.engine.backend().to_string(),
         io_rings: job.engine.options().rings,
         io_depth: job.engine.options().queue_depth,
+        read_through_pages: job.engine.options().read_through / offgnn_shared::io_engine::PAGE,
         io_depth_probe: None,
         features: cfg.features,
         rows_dtype: match cfg.features {

@@ -107,6 +107,8 @@ pub struct TrainSummary {
     /// io_uring rings (or pread threads), and reads in flight on each.
     pub io_rings: usize,
     pub io_depth: u32,
+    /// The most pages between two packed reads that were read through.
+    pub read_through_pages: usize,
     /// `--io-depth auto`: the disk's curve the depth came from.
     pub io_depth_probe: Option<crate::io_depth::Resolved>,
     pub features: FeatureMode,

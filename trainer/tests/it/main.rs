@@ -247,6 +247,19 @@ fn the_feature_modes_agree_on_the_pread_engine_too() {
     feature_modes_agree(e);
 }
 
+/// The same check with the packed reads merged through gaps of up to 16
+/// pages: every row still lands where assembly looks for it, and the
+/// merged reads take more bytes (gaps) in fewer requests.
+#[test]
+fn the_feature_modes_agree_reading_through_gaps() {
+    let apart = feature_modes_agree(engine());
+    let through = feature_modes_agree(IoEngine::new(IoOptions {
+        read_through: 16 * offgnn_shared::io_engine::PAGE,
+        ..IoOptions::default()
+    }));
+    assert!(through > apart, "read through {through} B, apart {apart} B");
+}
+
 /// `src`'s assembly sources with the GPU cache tier as a tensor, as on
 /// CUDA (here on the CPU).
 fn gpu_tier_as_tensor(src: &pipeline::Sources) -> pipeline::AssembleSources {
@@ -257,7 +270,9 @@ fn gpu_tier_as_tensor(src: &pipeline::Sources) -> pipeline::AssembleSources {
     a
 }
 
-fn feature_modes_agree(e: IoEngine) {
+/// Checks that every batch's inputs agree across the feature modes and
+/// with the feature file; returns the bytes the packed mode read.
+fn feature_modes_agree(e: IoEngine) -> u64 {
     let _serial = serial();
     let f = fixture();
     let layout = open(&f, &e);
@@ -269,6 +284,7 @@ fn feature_modes_agree(e: IoEngine) {
         make(FeatureMode::Naive),
         make(FeatureMode::Memory),
     ];
+    let mut packed_bytes = 0;
     for r in refs {
         let xs: Vec<tch::Tensor> = modes
             .iter()
@@ -292,6 +308,7 @@ fn feature_modes_agree(e: IoEngine) {
         assert!(!table.gpu_pos.is_empty() && !table.cpu_pos.is_empty());
         let loaded =
             pipeline::load(&layout, &e, &modes[0].load, r, AlignedBuf::new(0), None).unwrap();
+        packed_bytes += loaded.disk_bytes;
         let staged = pipeline::assemble_staged(&gpu_tier_as_tensor(&modes[0]), &loaded).unwrap();
         assert!(
             staged.equal(&xs[0]),
@@ -314,6 +331,7 @@ fn feature_modes_agree(e: IoEngine) {
         let got: Vec<f32> = Vec::try_from(xs[0].flatten(0, 1)).unwrap();
         assert_eq!(got, want, "packed rows of {r:?} against the feature file");
     }
+    packed_bytes
 }
 
 /// Layouts stored in float16 and bfloat16: the assembled batch is the
