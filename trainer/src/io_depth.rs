@@ -11,7 +11,7 @@
 //! in the user's cache directory (`~/.cache/offgnn/io-depth.json`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use offgnn_shared::io_engine::{AlignedBuf, Backend, IoEngine, IoFile, IoOptions, PAGE, ReadReq};
@@ -19,6 +19,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::user_cache;
 
 /// The depths probed: powers of two.
 const DEPTHS: [u32; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
@@ -250,14 +251,6 @@ fn disk_of(path: &Path) -> String {
     format!("{host}:{name}")
 }
 
-/// Where the measured curves are kept.
-fn cache_file() -> Option<PathBuf> {
-    let dir = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(dir.join("offgnn").join("io-depth.json"))
-}
-
 /// The curve of the disk holding `path`: the cached one, unless `fresh`;
 /// else measured now (and cached).
 ///
@@ -267,13 +260,10 @@ fn cache_file() -> Option<PathBuf> {
 /// it while the rest wait for its curve.
 pub fn resolve(path: &Path, fresh: bool) -> Result<Resolved> {
     let disk = disk_of(path);
-    let cache = cache_file();
-    let _turn = cache.as_deref().and_then(take_turn);
-    let mut known: BTreeMap<String, DepthProbe> = cache
-        .as_ref()
-        .and_then(|f| std::fs::read(f).ok())
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
+    let cache = user_cache::file("io-depth.json");
+    let _turn = cache.as_deref().and_then(user_cache::take_turn);
+    let mut known: BTreeMap<String, DepthProbe> =
+        cache.as_deref().map(user_cache::load).unwrap_or_default();
     if !fresh
         && let Some(probe) = known.get(&disk)
         && probe.span.is_some()
@@ -290,7 +280,7 @@ pub fn resolve(path: &Path, fresh: bool) -> Result<Resolved> {
     let probe = probe(path, SECONDS_PER_DEPTH)?;
     known.insert(disk, probe.clone());
     if let Some(file) = cache
-        && let Err(e) = save(&file, &known)
+        && let Err(e) = user_cache::save(&file, &known)
     {
         tracing::warn!(
             "could not keep the measured read depth in {}: {e}",
@@ -301,39 +291,6 @@ pub fn resolve(path: &Path, fresh: bool) -> Result<Resolved> {
         probe,
         cached: false,
     })
-}
-
-/// An exclusive lock on `cache`'s lock file, held until dropped; none
-/// (and a probe of its own) where the file cannot be opened.
-fn take_turn(cache: &Path) -> Option<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    let lock = cache.with_extension("lock");
-    if let Some(dir) = lock.parent() {
-        std::fs::create_dir_all(dir).ok()?;
-    }
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock)
-        .ok()?;
-    // SAFETY: flock on a descriptor this function owns; it blocks until
-    // the lock is free, and the lock goes with the descriptor.
-    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0;
-    locked.then_some(file)
-}
-
-/// Writes `known` to `file` whole (a temporary file renamed over it).
-fn save(file: &Path, known: &BTreeMap<String, DepthProbe>) -> std::io::Result<()> {
-    if let Some(dir) = file.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = file.with_extension(format!("json.{}", std::process::id()));
-    std::fs::write(
-        &tmp,
-        serde_json::to_vec_pretty(known).expect("curves serialize"),
-    )?;
-    std::fs::rename(&tmp, file)
 }
 
 /// Reads in flight per ring for `rings` rings to keep `total` in flight.

@@ -1,5 +1,7 @@
 //! A packed layout on local disk, ready to train from: the manifest, every
-//! object checked against its size and CRC32C before use, the segment
+//! object checked against its size and CRC32C before use (read once: an
+//! object unchanged since it was verified is not read again,
+//! [`crate::verified`]), the segment
 //! objects opened for the I/O engine, and each table object's index.
 //! Remote layouts are first staged here by [`crate::staging`].
 
@@ -14,6 +16,7 @@ use offgnn_shared::io_engine::{AlignedBuf, IoEngine, IoFile, PAGE};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::verified::Verified;
 
 pub struct Layout {
     pub dir: PathBuf,
@@ -120,15 +123,24 @@ pub fn file_crc(engine: &IoEngine, path: &Path, buf: &mut AlignedBuf) -> Result<
 }
 
 /// Checks one object: present, its size, its CRC32C (read into `buf`,
-/// [`crc_buffer`]).
-pub fn check_object(engine: &IoEngine, dir: &Path, o: &Object, buf: &mut AlignedBuf) -> Result<()> {
+/// [`crc_buffer`]), unless `verified` holds it unchanged since it last
+/// matched. Returns whether it was read.
+pub fn check_object(
+    engine: &IoEngine,
+    (dir, o): (&Path, &Object),
+    buf: &mut AlignedBuf,
+    verified: &Verified,
+) -> Result<bool> {
     let path = dir.join(&o.name);
-    if !path.exists() {
+    let Ok(meta) = std::fs::metadata(&path) else {
         return Err(Error::Layout(format!(
             "{}: missing object {}",
             dir.display(),
             o.name
         )));
+    };
+    if verified.holds(&path, o) {
+        return Ok(false);
     }
     let (size, crc) = file_crc(engine, &path, buf)?;
     if size != o.size {
@@ -144,7 +156,8 @@ pub fn check_object(engine: &IoEngine, dir: &Path, o: &Object, buf: &mut Aligned
             path.display()
         )));
     }
-    Ok(())
+    verified.record(&path, &meta, o, std::time::SystemTime::now());
+    Ok(true)
 }
 
 /// The names of the objects of the segments not in `only`: what a machine
@@ -189,12 +202,24 @@ impl Layout {
         let objects = objects_read(&manifest, only);
         let total: u64 = objects.iter().map(|o| o.size).sum();
         let pb = offgnn_shared::progress::bytes_bar_if(show, total, "checking");
-        objects.par_iter().try_for_each_init(crc_buffer, |buf, o| {
-            check_object(engine, dir, o, buf)?;
-            pb.inc(o.size);
-            Ok::<_, Error>(())
-        })?;
+        let verified = Verified::load();
+        let read: u64 = objects
+            .par_iter()
+            .map_init(crc_buffer, |buf, o| {
+                let read = check_object(engine, (dir, o), buf, &verified)?;
+                pb.inc(o.size);
+                Ok::<_, Error>(if read { o.size } else { 0 })
+            })
+            .sum::<Result<u64>>()?;
         pb.finish_and_clear();
+        verified.save();
+        tracing::info!(
+            "{}: {} objects checked, {} read, {} unchanged since verified",
+            dir.display(),
+            objects.len(),
+            offgnn_shared::report::human_bytes(read),
+            offgnn_shared::report::human_bytes(total - read)
+        );
         let mut segments = Vec::with_capacity(manifest.segments.len());
         let mut tables = Vec::with_capacity(manifest.segments.len());
         for (i, s) in manifest.segments.iter().enumerate() {

@@ -23,6 +23,8 @@ pub mod staging;
 #[doc(hidden)]
 pub mod test_hooks;
 pub mod train;
+pub mod user_cache;
+pub mod verified;
 
 pub use cli::{Cli, Command, ExportArgs, Features, InferArgs, Model, OnOff, TrainArgs, run};
 pub use runtime::{OMP_WAIT_POLICY, passive_openmp_where_it_helps, retain_freed_memory};

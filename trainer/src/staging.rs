@@ -134,9 +134,10 @@ fn stage_objects(
     let total: u64 = objects.iter().map(|o| o.size).sum();
     // What is not staged whole yet must fit: refused before any download.
     let mut buf = crate::layout::crc_buffer();
+    let verified = crate::verified::Verified::load();
     let missing: Vec<bool> = objects
         .iter()
-        .map(|o| check_object(engine, local, o, &mut buf).is_err())
+        .map(|o| check_object(engine, (local, o), &mut buf, &verified).is_err())
         .collect();
     let need: u64 = objects
         .iter()
@@ -162,9 +163,10 @@ fn stage_objects(
             continue;
         }
         download(store, &o.name, o.size, &local.join(&o.name), &pb)?;
-        check_object(engine, local, o, &mut buf)?;
+        check_object(engine, (local, o), &mut buf, &verified)?;
     }
     pb.finish_and_clear();
+    verified.save();
     std::fs::write(local.join(MANIFEST), bytes)
         .map_err(|e| Error::io(local.join(MANIFEST).display(), e))
 }

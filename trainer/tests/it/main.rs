@@ -638,7 +638,11 @@ fn corrupt_objects_and_unknown_versions_are_refused() {
     let f = fixture();
     let e = engine();
     let manifest = f.pack.join("manifest.json");
-    // A bit flip in a segment object is caught before training.
+    // A bit flip in a segment object is caught before training, also
+    // after the object was verified (and kept as verified) once.
+    std::thread::sleep(trainer::verified::SETTLE + std::time::Duration::from_millis(100));
+    let (dir, m) = staging::resolve(manifest.to_str().unwrap(), None, &e, false).unwrap();
+    Layout::open(&dir, m, &e, false).unwrap();
     let first: offgnn_manifests::Manifest =
         serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
     let seg = f.pack.join(&first.segments[0].object);
