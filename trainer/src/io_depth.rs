@@ -293,6 +293,71 @@ pub fn resolve(path: &Path, fresh: bool) -> Result<Resolved> {
     })
 }
 
+/// `engine` again, with `depth` keeping as many reads in flight as the
+/// disk holding the layout (in `dir`, its largest object) needs (GIDS
+/// §3.2) and with `through` reading through the gaps a read of their own
+/// costs more than, both from that disk's measured curve (`--io-depth
+/// auto`, `--read-through auto`). The `pread` pool keeps its depth: it
+/// has no queue.
+pub fn engine_for_disk(
+    (dir, objects): (&Path, &[offgnn_manifests::Object]),
+    engine: IoEngine,
+    (depth, through): (bool, bool),
+) -> (IoEngine, Option<Resolved>) {
+    let largest = objects
+        .iter()
+        .map(|o| (o.size, dir.join(&o.name)))
+        .filter(|(_, path)| path.is_file())
+        .max();
+    let Some((_, path)) = largest.filter(|_| depth || through) else {
+        return (engine, None);
+    };
+    if engine.backend() != Backend::IoUring {
+        tracing::info!(
+            "--io-depth/--read-through auto: the pread pool reads one request per thread; depth unchanged, no read-through"
+        );
+        return (engine, None);
+    }
+    let opts = engine.options();
+    let found = match resolve(&path, false) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(
+                "--io-depth/--read-through auto: {e}; keeping {} per ring, no read-through",
+                opts.queue_depth
+            );
+            return (engine, None);
+        }
+    };
+    let per_ring = if depth {
+        per_ring(found.probe.chosen, opts.rings)
+    } else {
+        opts.queue_depth
+    };
+    let read_through = if through {
+        found.probe.read_through_pages() as usize * PAGE
+    } else {
+        opts.read_through
+    };
+    tracing::info!(
+        "disk {}{}: {} rings x {per_ring} reads in flight, reading through gaps of up to {} pages",
+        found.probe.disk,
+        if found.cached {
+            " (measured before)"
+        } else {
+            ""
+        },
+        opts.rings,
+        read_through / PAGE
+    );
+    let engine = IoEngine::new(IoOptions {
+        queue_depth: per_ring,
+        read_through,
+        ..opts
+    });
+    (engine, Some(found))
+}
+
 /// Reads in flight per ring for `rings` rings to keep `total` in flight.
 pub fn per_ring(total: u32, rings: usize) -> u32 {
     total.div_ceil(rings.max(1) as u32).max(1)

@@ -305,72 +305,21 @@ pub(super) fn io_options(a: &TrainArgs) -> IoOptions {
     }
 }
 
-/// `--io-depth auto` and `--read-through auto`: the engine again, keeping
-/// as many reads in flight as the disk holding the layout (in `dir`, its
-/// largest object) needs (GIDS §3.2) and reading through the gaps a read
-/// of their own costs more than, both from that disk's measured curve.
-/// The `pread` pool keeps its depth: it has no queue.
+/// The engine for the layout in `dir` with `--io-depth` and
+/// `--read-through` taken from its disk where they are `auto`.
 pub(super) fn engine_for_disk(
-    (dir, objects): (&std::path::Path, &[offgnn_manifests::Object]),
+    layout: (&std::path::Path, &[offgnn_manifests::Object]),
     engine: IoEngine,
     a: &TrainArgs,
 ) -> (IoEngine, Option<Resolved>) {
-    let (depth, through) = (
-        a.io_depth == IoDepth::Auto,
-        a.read_through == ReadThrough::Auto,
-    );
-    let largest = objects
-        .iter()
-        .map(|o| (o.size, dir.join(&o.name)))
-        .filter(|(_, path)| path.is_file())
-        .max();
-    let Some((_, path)) = largest.filter(|_| depth || through) else {
-        return (engine, None);
-    };
-    if engine.backend() != offgnn_shared::io_engine::Backend::IoUring {
-        tracing::info!(
-            "--io-depth/--read-through auto: the pread pool reads one request per thread; depth unchanged, no read-through"
-        );
-        return (engine, None);
-    }
-    let opts = engine.options();
-    let found = match crate::io_depth::resolve(&path, false) {
-        Ok(found) => found,
-        Err(e) => {
-            tracing::warn!(
-                "--io-depth/--read-through auto: {e}; keeping {} per ring, no read-through",
-                opts.queue_depth
-            );
-            return (engine, None);
-        }
-    };
-    let per_ring = if depth {
-        crate::io_depth::per_ring(found.probe.chosen, opts.rings)
-    } else {
-        opts.queue_depth
-    };
-    let read_through = if through {
-        found.probe.read_through_pages() as usize * offgnn_shared::io_engine::PAGE
-    } else {
-        opts.read_through
-    };
-    tracing::info!(
-        "disk {}{}: {} rings x {per_ring} reads in flight, reading through gaps of up to {} pages",
-        found.probe.disk,
-        if found.cached {
-            " (measured before)"
-        } else {
-            ""
-        },
-        opts.rings,
-        read_through / offgnn_shared::io_engine::PAGE
-    );
-    let engine = IoEngine::new(IoOptions {
-        queue_depth: per_ring,
-        read_through,
-        ..opts
-    });
-    (engine, Some(found))
+    crate::io_depth::engine_for_disk(
+        layout,
+        engine,
+        (
+            a.io_depth == IoDepth::Auto,
+            a.read_through == ReadThrough::Auto,
+        ),
+    )
 }
 
 /// The model's kind and hidden width, after the flags' checks: each a
