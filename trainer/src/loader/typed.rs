@@ -92,7 +92,12 @@ impl TypedLoader {
             };
             super::check_memory(limit, m)?;
         }
-        let engine = IoEngine::new(IoOptions::default());
+        // The depth and read-through the trainer takes by default.
+        let (engine, _) = crate::io_depth::engine_for_disk(
+            (dir, &manifest.objects),
+            IoEngine::new(IoOptions::default()),
+            (true, true),
+        );
         let layout = TypedLayout::open(
             dir,
             manifest.clone(),
