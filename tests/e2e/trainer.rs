@@ -193,9 +193,10 @@ fn a_layout_served_over_http_stages_and_trains() {
     assert_eq!(r.json()["summary"]["epochs"].as_array().unwrap().len(), 1);
 }
 
-/// `--io-depth auto` (GIDS §3.2): the first run measures the curve of the
-/// disk holding the layout and keeps it in the cache directory; the next
-/// run takes it from there. A depth that is neither is refused.
+/// `--io-depth auto` (GIDS §3.2) and `--read-through auto`: the first run
+/// measures the curve of the disk holding the layout (and its reads of one
+/// page and of 16) and keeps it in the cache directory; the next run takes
+/// it from there. A depth or gap that is neither is refused.
 #[test]
 fn io_depth_auto_measures_the_disk_once_and_keeps_its_curve() {
     let dir = tempfile::tempdir().unwrap();
@@ -205,8 +206,8 @@ fn io_depth_auto_measures_the_disk_once_and_keeps_its_curve() {
         ("XDG_CACHE_HOME", cache.to_str().unwrap()),
         ("RUST_LOG", "info"),
     ];
-    let train = |depth: &str| {
-        let args = [
+    let train = |flags: &[&str]| {
+        let mut args = vec![
             "--manifest",
             manifest.to_str().unwrap(),
             "--epochs",
@@ -215,15 +216,18 @@ fn io_depth_auto_measures_the_disk_once_and_keeps_its_curve() {
             "2",
             "--hidden",
             "16",
-            "--io-depth",
-            depth,
         ];
+        args.extend(flags);
         offgnn_e2e::run_with_env("trainer", &args, &env)
     };
-    let r = train("auto");
+    let r = train(&["--io-depth", "auto"]);
     assert!(r.status.success(), "{}", r.stderr);
     assert!(r.stderr.contains("probing the read depth"), "{}", r.stderr);
-    assert!(r.stderr.contains("--io-depth auto: "), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("--io-depth auto, --read-through auto: "),
+        "{}",
+        r.stderr
+    );
     let kept: serde_json::Value =
         serde_json::from_slice(&std::fs::read(cache.join("offgnn/io-depth.json")).unwrap())
             .unwrap();
@@ -231,7 +235,9 @@ fn io_depth_auto_measures_the_disk_once_and_keeps_its_curve() {
     assert_eq!(disks.len(), 1, "{kept}");
     let probe = disks.values().next().unwrap();
     assert_eq!(probe["points"].as_array().unwrap().len(), 9, "{probe}");
-    // The summary states the depth taken, and the curve it came from.
+    assert_eq!(probe["span"]["pages"], 16, "{probe}");
+    // The summary states the depth and the gap taken, and the curve they
+    // came from.
     let s = &r.json()["summary"];
     assert_eq!(s["io_depth_probe"]["probe"], *probe, "{s}");
     assert_eq!(s["io_depth_probe"]["cached"], false);
@@ -241,17 +247,39 @@ fn io_depth_auto_measures_the_disk_once_and_keeps_its_curve() {
         s["io_depth"].as_u64().unwrap(),
         chosen.div_ceil(rings).max(1)
     );
-    let r = train("auto");
+    let through = s["read_through_pages"].as_u64().unwrap();
+    assert!(through <= 64, "{s}");
+    let r = train(&[]);
     assert!(r.status.success(), "{}", r.stderr);
     assert!(!r.stderr.contains("probing the read depth"), "{}", r.stderr);
     assert!(r.stderr.contains("(measured before)"), "{}", r.stderr);
-    assert_eq!(r.json()["summary"]["io_depth_probe"]["cached"], true);
-    let r = train("3");
+    let s = &r.json()["summary"];
+    assert_eq!(s["io_depth_probe"]["cached"], true);
+    assert_eq!(s["read_through_pages"], through, "{s}");
+    // A depth given keeps the curve for the gap; both given, no curve.
+    let r = train(&["--io-depth", "3"]);
     assert!(r.status.success(), "{}", r.stderr);
-    assert_eq!(r.json()["summary"]["io_depth"], 3);
-    assert!(r.json()["summary"]["io_depth_probe"].is_null());
+    let s = &r.json()["summary"];
+    assert_eq!(
+        (&s["io_depth"], &s["read_through_pages"]),
+        (&3.into(), &through.into())
+    );
+    assert_eq!(s["io_depth_probe"]["cached"], true);
+    let r = train(&["--io-depth", "3", "--read-through", "5"]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let s = &r.json()["summary"];
+    assert_eq!(
+        (&s["io_depth"], &s["read_through_pages"]),
+        (&3.into(), &5.into())
+    );
+    assert!(s["io_depth_probe"].is_null());
+    for bad in ["65", "wide"] {
+        let r = train(&["--read-through", bad]);
+        assert!(!r.status.success());
+        assert!(r.stderr.contains("--read-through"), "{}", r.stderr);
+    }
     for bad in ["0", "deep"] {
-        let r = train(bad);
+        let r = train(&["--io-depth", bad]);
         assert!(!r.status.success());
         assert!(r.stderr.contains("--io-depth"), "{}", r.stderr);
     }

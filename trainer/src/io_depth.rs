@@ -57,7 +57,8 @@ pub struct SpanPoint {
     pub pages: u32,
     /// Reads a second of one page.
     pub page_iops: f64,
-    /// Reads a second of `pages` pages.
+    /// Reads a second of `pages` pages ([`SPAN_PAGES`], or the whole probed
+    /// file where it is shorter).
     pub span_iops: f64,
 }
 
@@ -66,10 +67,14 @@ impl SpanPoint {
     /// than a read of their own: a read's disk time is a fixed cost plus
     /// one per page (both from the two rates), and two reads merged over
     /// `g` pages save the fixed cost for `g` pages' worth.
+    /// A span of one page (a file too short to measure) tells nothing: 0.
     pub fn read_through_pages(&self) -> u32 {
+        if self.pages < 2 {
+            return 0;
+        }
         let one = 1.0 / self.page_iops.max(1e-9);
         let span = 1.0 / self.span_iops.max(1e-9);
-        let per_page = (span - one) / (self.pages.max(2) - 1) as f64;
+        let per_page = (span - one) / (self.pages - 1) as f64;
         if per_page <= 0.0 {
             return MAX_READ_THROUGH;
         }
@@ -179,10 +184,12 @@ pub fn probe(path: &Path, seconds: f64) -> Result<DepthProbe> {
         .iter()
         .find(|(depth, _, _)| *depth == chosen)
         .expect("the knee is a probed depth");
+    // A file shorter than the long read is read whole.
+    let pages = SPAN_PAGES.min((file.len() / PAGE as u64) as u32).max(1);
     let (mut page, mut span) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         page.push(random_reads(engine, file, chosen, 1, seconds)?);
-        span.push(random_reads(engine, file, chosen, SPAN_PAGES, seconds)?);
+        span.push(random_reads(engine, file, chosen, pages, seconds)?);
     }
     Ok(DepthProbe {
         disk: disk_of(path),
@@ -190,7 +197,7 @@ pub fn probe(path: &Path, seconds: f64) -> Result<DepthProbe> {
         points,
         chosen,
         span: Some(SpanPoint {
-            pages: SPAN_PAGES,
+            pages,
             page_iops: median(page),
             span_iops: median(span),
         }),
@@ -339,16 +346,19 @@ pub fn engine_for_disk(
     } else {
         opts.read_through
     };
+    let from = |auto: bool| if auto { "auto" } else { "given" };
     tracing::info!(
-        "disk {}{}: {} rings x {per_ring} reads in flight, reading through gaps of up to {} pages",
+        "--io-depth {}, --read-through {}: {} rings x {per_ring} reads in flight, gaps of up to {} pages read through, from the curve of {}{}",
+        from(depth),
+        from(through),
+        opts.rings,
+        read_through / PAGE,
         found.probe.disk,
         if found.cached {
             " (measured before)"
         } else {
             ""
-        },
-        opts.rings,
-        read_through / PAGE
+        }
     );
     let engine = IoEngine::new(IoOptions {
         queue_depth: per_ring,
@@ -426,7 +436,13 @@ mod tests {
         assert_eq!(probe.chosen, knee(&probe.points, KNEE_SHARE));
         let span = probe.span.expect("the probe measures long reads");
         assert!(span.page_iops > 0.0 && span.span_iops > 0.0, "{span:?}");
+        assert_eq!(span.pages, SPAN_PAGES);
         assert!(probe.read_through_pages() <= MAX_READ_THROUGH);
+        // A file shorter than the long read: its long reads read it whole.
+        std::fs::write(&path, vec![7u8; 3 * PAGE]).unwrap();
+        let short = super::probe(&path, 0.01).unwrap().span.unwrap();
+        assert_eq!(short.pages, 3, "{short:?}");
+        assert!(short.span_iops > 0.0, "{short:?}");
     }
 
     #[test]
@@ -448,6 +464,12 @@ mod tests {
             ..span(5e5, 1e9)
         };
         assert_eq!(flat.read_through_pages(), MAX_READ_THROUGH);
+        // A one-page file tells nothing.
+        let short = SpanPoint {
+            pages: 1,
+            ..span(92e3, 1.6e9)
+        };
+        assert_eq!(short.read_through_pages(), 0);
         // An older curve without long reads reads nothing through.
         let old: DepthProbe =
             serde_json::from_str(r#"{"disk": "d", "file": "f", "points": [], "chosen": 32}"#)
