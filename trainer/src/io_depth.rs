@@ -204,6 +204,7 @@ pub fn probe(path: &Path, seconds: f64) -> Result<DepthProbe> {
     })
 }
 
+/// The middle of `rates` (of three rounds' rates, the second highest).
 fn median(mut rates: Vec<f64>) -> f64 {
     rates.sort_by(f64::total_cmp);
     rates[rates.len() / 2]

@@ -121,8 +121,9 @@ fn narrow_to_needed(
 /// `reqs` (in file and buffer order) with neighbours whose gap in the file
 /// is at most `max_gap` bytes read as one request, through the gap, while
 /// the buffer stays within `limit` bytes: the gap's pages land between
-/// them (where the buffer has no room, the later requests move up). The
-/// rows of `disk` move with their pages. Returns the buffer's new length.
+/// them, and the requests after move along the buffer by what the gap
+/// adds (nothing where narrowing left the gap's room there). The rows of
+/// `disk` move with their pages. Returns the buffer's new length.
 fn read_through_gaps(
     reqs: &mut Vec<ReadReq>,
     disk: &mut [(u32, usize)],
