@@ -67,14 +67,24 @@ impl std::str::FromStr for IoDepth {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(IoDepth::Auto),
-            n => match n.parse::<u32>() {
-                Ok(0) => Err("must be at least 1".into()),
-                Ok(n) => Ok(IoDepth::PerRing(n)),
-                Err(_) => Err(format!("{n:?} is neither auto nor a number of requests")),
-            },
-        }
+        Ok(auto_or(s, 1..=u32::MAX, "requests")?.map_or(IoDepth::Auto, IoDepth::PerRing))
+    }
+}
+
+/// `auto` (`None`) or a number within `range` of `unit`.
+fn auto_or(
+    s: &str,
+    range: std::ops::RangeInclusive<u32>,
+    unit: &str,
+) -> Result<Option<u32>, String> {
+    if s == "auto" {
+        return Ok(None);
+    }
+    match s.parse::<u32>() {
+        Ok(n) if range.contains(&n) => Ok(Some(n)),
+        Ok(_) if *range.end() == u32::MAX => Err(format!("must be at least {}", range.start())),
+        Ok(_) => Err(format!("{} to {} {unit}", range.start(), range.end())),
+        Err(_) => Err(format!("{s:?} is neither auto nor a number of {unit}")),
     }
 }
 
@@ -90,17 +100,8 @@ impl std::str::FromStr for ReadThrough {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(ReadThrough::Auto),
-            n => match n.parse::<u32>() {
-                Ok(n) if n <= crate::io_depth::MAX_READ_THROUGH => Ok(ReadThrough::Pages(n)),
-                Ok(_) => Err(format!(
-                    "at most {} pages",
-                    crate::io_depth::MAX_READ_THROUGH
-                )),
-                Err(_) => Err(format!("{n:?} is neither auto nor a number of pages")),
-            },
-        }
+        let pages = auto_or(s, 0..=crate::io_depth::MAX_READ_THROUGH, "pages")?;
+        Ok(pages.map_or(ReadThrough::Auto, ReadThrough::Pages))
     }
 }
 
