@@ -146,12 +146,7 @@ fn main() -> anyhow::Result<()> {
     let engine = IoEngine::new(IoOptions::default());
     let (dir, m) = staging::resolve(&manifest, None, &engine, false)?;
     let layout = Layout::open(&dir, m, &engine, true)?;
-    // The depth and read-through the trainer takes by default.
-    let (engine, _) = trainer::io_depth::engine_for_disk(
-        (&layout.dir, &layout.manifest.objects),
-        engine,
-        (true, true),
-    );
+    let engine = trainer::io_depth::default_engine_for((&layout.dir, &layout.manifest.objects));
     let m = &layout.manifest;
     let mut order = m
         .schedule

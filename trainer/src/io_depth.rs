@@ -312,12 +312,15 @@ pub fn engine_for_disk(
     engine: IoEngine,
     (depth, through): (bool, bool),
 ) -> (IoEngine, Option<Resolved>) {
+    if !(depth || through) {
+        return (engine, None);
+    }
     let largest = objects
         .iter()
         .map(|o| (o.size, dir.join(&o.name)))
         .filter(|(_, path)| path.is_file())
         .max();
-    let Some((_, path)) = largest.filter(|_| depth || through) else {
+    let Some((_, path)) = largest else {
         return (engine, None);
     };
     if engine.backend() != Backend::IoUring {
@@ -367,6 +370,12 @@ pub fn engine_for_disk(
         ..opts
     });
     (engine, Some(found))
+}
+
+/// An engine for the layout in `dir` as the trainer reads it by default
+/// (`--io-depth auto --read-through auto`): the loader's, the bench's.
+pub fn default_engine_for(layout: (&Path, &[offgnn_manifests::Object])) -> IoEngine {
+    engine_for_disk(layout, IoEngine::new(IoOptions::default()), (true, true)).0
 }
 
 /// Reads in flight per ring for `rings` rings to keep `total` in flight.

@@ -139,7 +139,7 @@ pub fn check_object(
             o.name
         )));
     };
-    if verified.holds(&path, o) {
+    if verified.holds(&path, &meta, o) {
         return Ok(false);
     }
     let (size, crc) = file_crc(engine, &path, buf)?;

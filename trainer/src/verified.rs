@@ -73,15 +73,12 @@ impl Verified {
         }
     }
 
-    /// Whether `path` is as it was when verified to hold `o` (stat only).
-    pub fn holds(&self, path: &Path, o: &Object) -> bool {
-        let Ok(meta) = std::fs::metadata(path) else {
-            return false;
-        };
-        let key = key(path);
+    /// Whether `path`, whose metadata is `meta`, is as it was when
+    /// verified to hold `o`.
+    pub fn holds(&self, path: &Path, meta: &std::fs::Metadata, o: &Object) -> bool {
         self.known
-            .get(&key)
-            .is_some_and(|s| *s == Stamp::of(&meta, o.crc32c) && s.size == o.size)
+            .get(&key(path))
+            .is_some_and(|s| *s == Stamp::of(meta, o.crc32c) && s.size == o.size)
     }
 
     /// Keeps that `path`, whose metadata `meta` was taken before it was
@@ -151,16 +148,18 @@ mod tests {
         let (data, cache) = (dir.path().join("segment.bin"), dir.path().join("v.json"));
         std::fs::write(&data, vec![1u8; 10_000]).unwrap();
         let o = object(&data, 7);
+        let meta = |p: &Path| std::fs::metadata(p).unwrap();
         let later = SystemTime::now() + 2 * SETTLE;
         let v = Verified::at(Some(cache.clone()));
-        assert!(!v.holds(&data, &o));
-        v.record(&data, &std::fs::metadata(&data).unwrap(), &o, later);
+        assert!(!v.holds(&data, &meta(&data), &o));
+        v.record(&data, &meta(&data), &o, later);
         v.save();
         let v = Verified::at(Some(cache.clone()));
-        assert!(v.holds(&data, &o));
+        assert!(v.holds(&data, &meta(&data), &o));
         // Another checksum in the manifest: not held.
         assert!(!v.holds(
             &data,
+            &meta(&data),
             &Object {
                 crc32c: 8,
                 ..o.clone()
@@ -169,27 +168,22 @@ mod tests {
         // Written again, same size and bytes: its change time moves.
         std::thread::sleep(Duration::from_millis(50));
         std::fs::write(&data, vec![1u8; 10_000]).unwrap();
-        assert!(!v.holds(&data, &o));
+        assert!(!v.holds(&data, &meta(&data), &o));
         // A file changed just now is not kept (its times are coarse).
         let v = Verified::at(Some(cache.clone()));
-        v.record(
-            &data,
-            &std::fs::metadata(&data).unwrap(),
-            &o,
-            SystemTime::now(),
-        );
+        v.record(&data, &meta(&data), &o, SystemTime::now());
         v.save();
-        assert!(!Verified::at(Some(cache.clone())).holds(&data, &o));
+        assert!(!Verified::at(Some(cache.clone())).holds(&data, &meta(&data), &o));
         // A file gone is dropped from the cache at the next save.
         let other = dir.path().join("table.bin");
         std::fs::write(&other, b"x").unwrap();
         let v = Verified::at(Some(cache.clone()));
-        v.record(&data, &std::fs::metadata(&data).unwrap(), &o, later);
+        v.record(&data, &meta(&data), &o, later);
         v.save();
         std::fs::remove_file(&data).unwrap();
         let v = Verified::at(Some(cache.clone()));
         let t = object(&other, 1);
-        v.record(&other, &std::fs::metadata(&other).unwrap(), &t, later);
+        v.record(&other, &meta(&other), &t, later);
         v.save();
         let kept: BTreeMap<String, Stamp> = user_cache::load(&cache);
         assert_eq!(kept.keys().collect::<Vec<_>>(), vec![&key(&other)]);

@@ -172,12 +172,7 @@ impl Loader {
             check_memory(limit, &memory)?;
         }
         let layout = Layout::open(&dir, manifest, &engine, false)?;
-        // The depth and read-through the trainer takes by default.
-        let (engine, _) = crate::io_depth::engine_for_disk(
-            (&layout.dir, &layout.manifest.objects),
-            engine,
-            (true, true),
-        );
+        let engine = crate::io_depth::default_engine_for((&layout.dir, &layout.manifest.objects));
         let src = train::sources(&layout, &engine, (FeatureMode::Packed, opts.device))?;
         if world > 1 && src.assemble.cpu_rows.as_ref().is_some_and(|c| c.follows) {
             return Err(Error::Layout(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use offgnn_manifests::{Split, TypedManifest};
-use offgnn_shared::io_engine::{IoEngine, IoOptions};
+use offgnn_shared::io_engine::IoEngine;
 use tch::{Device, Kind, Tensor};
 
 use super::pass::{self, Pass};
@@ -92,12 +92,7 @@ impl TypedLoader {
             };
             super::check_memory(limit, m)?;
         }
-        // The depth and read-through the trainer takes by default.
-        let (engine, _) = crate::io_depth::engine_for_disk(
-            (dir, &manifest.objects),
-            IoEngine::new(IoOptions::default()),
-            (true, true),
-        );
+        let engine = crate::io_depth::default_engine_for((dir, &manifest.objects));
         let layout = TypedLayout::open(
             dir,
             manifest.clone(),
