@@ -204,7 +204,7 @@ impl Rgnn {
                     if l == last {
                         Ok(o)
                     } else {
-                        o.f_leaky_relu()?.f_dropout(self.dropout, train)
+                        crate::model::dropout_of(&o.f_leaky_relu()?, self.dropout, train)
                     }
                 })
                 .collect::<Result<_, TchError>>()?;
