@@ -135,19 +135,39 @@ fn between_layers(
 }
 
 /// Dropout as torch's: in training, each element kept with probability
-/// `1 - p` and scaled by `1 / (1 - p)`, from the global generator (which
-/// the trainer seeds per batch). On the CPU the keep mask comes from a
-/// uniform draw: libtorch's CPU Bernoulli kernel runs serially and takes
-/// MKL's vectorized path only on Intel processors; on an AMD EPYC it took
-/// 68 ms for a 40000 x 128 tensor where a uniform draw took 14 ms, a
-/// quarter of a link batch's step. The mask is kept as booleans, as
-/// torch's own dropout keeps it.
+/// `1 - p` and scaled by `1 / (1 - p)`, decided by the global generator
+/// (which the trainer seeds per batch). On the CPU the keep mask is drawn
+/// here ([`keep_mask`]): libtorch's CPU Bernoulli kernel runs serially and
+/// takes MKL's vectorized path only on Intel processors; on an AMD EPYC it
+/// took 68 ms for a 40000 x 128 tensor (its uniform draw 14 ms), a quarter
+/// of a link batch's step. The mask is kept as bytes, as torch's own
+/// dropout keeps its booleans.
 pub(crate) fn dropout_of(x: &Tensor, p: f64, train: bool) -> Result<Tensor, TchError> {
     if !train || p == 0.0 || p >= 1.0 || x.device() != Device::Cpu {
         return x.f_dropout(p, train);
     }
-    let keep = x.f_rand_like()?.f_ge(p)?;
-    x.f_mul(&keep)?.f_mul_scalar(1.0 / (1.0 - p))
+    x.f_mul(&keep_mask(&x.size(), p)?)?
+        .f_mul_scalar(1.0 / (1.0 - p))
+}
+
+/// A uint8 tensor of `shape` whose elements are 1 with probability `1 - p`
+/// (to within 2^-32), 0 otherwise: one seed drawn from torch's global
+/// generator, then PCG's 32-bit draws, one an element.
+fn keep_mask(shape: &[i64], p: f64) -> Result<Tensor, TchError> {
+    use rand::{RngCore, SeedableRng};
+    let seed = Tensor::f_randint(i64::MAX, [1], (Kind::Int64, Device::Cpu))?.f_int64_value(&[0])?;
+    let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(seed as u64);
+    // An element is dropped when its draw is below p * 2^32.
+    let below = (p * 4_294_967_296.0) as u64;
+    let n = shape.iter().product::<i64>().max(0) as usize;
+    let mut keep = vec![0u8; n];
+    for pair in keep.chunks_mut(2) {
+        let draw = rng.next_u64();
+        for (k, half) in pair.iter_mut().zip([draw & 0xFFFF_FFFF, draw >> 32]) {
+            *k = u8::from(half >= below);
+        }
+    }
+    Tensor::f_from_slice(&keep)?.f_view(shape)
 }
 
 /// `lin`'s forward pass on `x`, as `nn::Linear` computes it, but fallible.
