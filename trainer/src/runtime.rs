@@ -41,16 +41,20 @@ pub fn return_freed_memory() {
 /// The OpenMP wait policy variable, which `trainer infer` records.
 pub const OMP_WAIT_POLICY: &str = "OMP_WAIT_POLICY";
 
-/// Re-executes `trainer infer`, and training with `--historical`, with
-/// `OMP_WAIT_POLICY=PASSIVE` unless the caller chose a policy. Both run
-/// libtorch's parallel ops (OpenMP) in turn with work of their own threads
-/// (inference: the reader, the scatter; the historical cache: loaders that
-/// prune each batch once the model step `lag` steps back has published its
-/// update), and by default libgomp's idle threads spin on the cores that
-/// work needs: on two cores, a link-prediction epoch with the cache took
-/// 33 s spinning and 1.6 s passive. libgomp reads the policy once, as it
-/// loads, before `main`; hence the exec. Returns (and the run goes on as
-/// it is) where the exec fails.
+/// Re-executes `trainer infer`, training with `--historical`, and
+/// pipelined training on the CPU with `OMP_WAIT_POLICY=PASSIVE` unless the
+/// caller chose a policy. Each runs libtorch's parallel ops (OpenMP) in
+/// turn with work of its own threads (inference: the reader, the scatter;
+/// the historical cache: loaders that prune each batch once the model step
+/// `lag` steps back has published its update; the pipeline: loaders and
+/// the assembler beside the step), and by default libgomp's idle threads
+/// spin on the cores that work needs: on two cores, a link-prediction
+/// epoch with the cache took 33 s spinning and 1.6 s passive, and 30
+/// batches of the 10M-node bench's GraphSAGE 5.12-5.20 s spinning and
+/// 4.54-4.94 s passive (GAT, link and typed epochs within a few percent
+/// either way). libgomp reads the policy once, as it loads, before
+/// `main`; hence the exec. Returns (and the run goes on as it is) where
+/// the exec fails.
 pub fn passive_openmp_where_it_helps() {
     use std::os::unix::process::CommandExt;
     let mut args = std::env::args_os();
@@ -72,16 +76,34 @@ pub fn passive_openmp_where_it_helps() {
     );
 }
 
-/// Whether the command line (without the program) is `infer`, or training
-/// with `--historical`.
+/// Whether the command line (without the program) is `infer`, training
+/// with `--historical`, or pipelined training on the CPU (no `--device`
+/// other than `cpu`, no `--pipeline off`).
 fn wants_passive_openmp(args: &[std::ffi::OsString]) -> bool {
     let first = args.first().and_then(|a| a.to_str());
-    first == Some("infer")
-        || (first.is_none_or(|a| a.starts_with('-'))
-            && args.iter().any(|a| {
-                a.to_str()
-                    .is_some_and(|a| a == "--historical" || a.starts_with("--historical="))
-            }))
+    if first == Some("infer") {
+        return true;
+    }
+    if !first.is_none_or(|a| a.starts_with('-')) {
+        return false;
+    }
+    let args: Vec<&str> = args.iter().filter_map(|a| a.to_str()).collect();
+    // A flag's value, as `--flag value` or `--flag=value`.
+    let value = |flag: &str| {
+        args.iter()
+            .enumerate()
+            .find_map(|(i, a)| match a.strip_prefix(flag) {
+                Some("") => args.get(i + 1).copied(),
+                Some(rest) => rest.strip_prefix('='),
+                None => None,
+            })
+    };
+    let historical = args
+        .iter()
+        .any(|a| *a == "--historical" || a.starts_with("--historical="));
+    let on_cpu = value("--device").is_none_or(|d| d == "cpu");
+    let pipelined = value("--pipeline") != Some("off");
+    historical || (on_cpu && pipelined)
 }
 
 #[cfg(test)]
@@ -89,13 +111,21 @@ mod tests {
     use super::wants_passive_openmp;
 
     #[test]
-    fn inference_and_the_historical_cache_run_openmp_passive() {
+    fn inference_the_historical_cache_and_the_cpu_pipeline_run_openmp_passive() {
         let yes =
             |line: &str| wants_passive_openmp(&line.split(' ').map(Into::into).collect::<Vec<_>>());
         assert!(yes("infer --model m"));
         assert!(yes("--manifest m --historical"));
         assert!(yes("--manifest m --historical=p_grad=0.8"));
-        assert!(!yes("--manifest m --epochs 3"));
+        assert!(yes("--manifest m --epochs 3"));
+        assert!(yes("--manifest m --device cpu"));
+        assert!(yes("--manifest m --device=cpu --pipeline on"));
+        assert!(!yes("--manifest m --device cuda"));
+        assert!(!yes("--manifest m --device=cuda:1"));
+        assert!(!yes("--manifest m --pipeline off"));
+        assert!(!yes("--manifest m --pipeline=off"));
+        assert!(yes("--manifest m --device cuda --historical"));
         assert!(!yes("export --historical"));
+        assert!(!yes("export --model m"));
     }
 }
