@@ -127,6 +127,9 @@ fn pipeline_options() -> PipelineOptions {
         pipelined: true,
         queue_depth: 2,
         loaders: 2,
+        // The caller's model runs beside the pipeline: assembly keeps a
+        // thread of its own and one core.
+        assemble_between_steps: false,
     }
 }
 

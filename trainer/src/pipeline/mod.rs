@@ -49,6 +49,14 @@ pub struct PipelineOptions {
     /// Loader threads: each reads every `loaders`-th batch, so this many
     /// batches' reads are in flight while tables decode and rows unpack.
     pub loaders: usize,
+    /// Pipelined on the CPU: each batch assembled on every core between
+    /// model steps, on the step's thread, instead of on a thread beside
+    /// them. The CPU's model step takes every core, so an assembler beside
+    /// it only contends with it; the step's thread also reuses its own
+    /// heap's pages for each batch's matrix, where an assembler thread's
+    /// matrices are mapped afresh. Not for a caller whose model runs
+    /// beside the pipeline (the loader).
+    pub assemble_between_steps: bool,
 }
 
 impl PipelineOptions {
@@ -79,15 +87,7 @@ pub fn run_batches(
         h.begin(first);
     }
     let result = if opts.pipelined {
-        threads::run_pipelined(
-            layout,
-            engine,
-            src,
-            order,
-            (opts.queue_depth, opts.loaders),
-            historical,
-            step,
-        )
+        threads::run_pipelined(layout, engine, src, order, opts, historical, step)
     } else {
         run_in_sequence(layout, engine, src, order, historical, step)
     };

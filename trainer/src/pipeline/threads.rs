@@ -1,7 +1,9 @@
 //! The pipelined run (DiskGNN §5.3): feature loading on `loaders` threads,
 //! feature assembly and graph loading on a thread each (on CUDA each on a
 //! side stream of its own), the model step on the caller's thread, joined
-//! by bounded queues whose bound gives the back-pressure.
+//! by bounded queues whose bound gives the back-pressure. Where the options
+//! say so (the CPU's training), assembly runs on every core between the
+//! model's steps instead.
 
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::{Scope, ScopedJoinHandle};
@@ -12,7 +14,8 @@ use offgnn_shared::address_table::BatchTable;
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
 use tch::{Device, Tensor};
 
-use super::feature_assembly::assemble;
+use super::PipelineOptions;
+use super::feature_assembly::{assemble, assemble_parallel};
 use super::feature_loading::{Loaded, load};
 use super::graph_loading::{Graph, graph};
 use super::ready::Ready;
@@ -53,13 +56,13 @@ pub(super) fn run_pipelined(
     engine: &IoEngine,
     src: &Sources,
     order: &[BatchRef],
-    (queue_depth, loaders): (usize, usize),
+    opts: PipelineOptions,
     historical: Option<(&Historical, u64)>,
     mut step: impl FnMut(Ready) -> Result<()>,
 ) -> Result<StageTimes> {
     let device = src.assemble.device;
-    let depth = queue_depth.max(1);
-    let loaders = loaders.clamp(1, order.len().max(1));
+    let depth = opts.queue_depth.max(1);
+    let loaders = opts.loaders.clamp(1, order.len().max(1));
     let (load_src, asm_src) = (&src.load, src.assemble.share());
     std::thread::scope(|s| -> Result<StageTimes> {
         let Loaders {
@@ -75,22 +78,37 @@ pub(super) fn run_pipelined(
             depth,
             historical,
         );
-        let (to_model_x, model_x) = sync_channel::<Assembled>(depth);
         let (to_model_g, model_g) = sync_channel::<Graphed>(depth);
         let n = order.len();
-        let assembler =
-            s.spawn(move || assemble_all(device, &asm_src, &to_assemble, &recycle, &to_model_x, n));
+        let (mut inputs, assembler) = if opts.assemble_between_steps {
+            let inline = Inline {
+                src: asm_src,
+                loaded: to_assemble,
+                recycle,
+                busy: 0.0,
+            };
+            (Inputs::Inline(inline), None)
+        } else {
+            let (to_model_x, model_x) = sync_channel::<Assembled>(depth);
+            let assembler = s.spawn(move || {
+                assemble_all(device, &asm_src, &to_assemble, &recycle, &to_model_x, n)
+            });
+            (Inputs::Queue(model_x), Some(assembler))
+        };
         let grapher = s.spawn(move || graph_all(device, &to_graph, &to_model_g, n));
         let mut spans = DeviceSpans::default();
         let (model_busy, result) =
-            model_steps(&model_x, &model_g, n, device, &mut spans, &mut step);
-        drop(model_x);
+            model_steps(&mut inputs, &model_g, n, device, &mut spans, &mut step);
         drop(model_g);
+        let inline_busy = inputs.close();
         // A loader may wait on a step that will not come now.
         if let Some((h, _)) = historical {
             h.release();
         }
-        let assemble = assembler.join().expect("the assembler does not panic");
+        let assemble = match assembler {
+            Some(a) => a.join().expect("the assembler does not panic"),
+            None => Ok(inline_busy),
+        };
         let graph = grapher.join().expect("the graph loader does not panic");
         let mut load = 0.0;
         let mut loader_error = Ok(());
@@ -229,11 +247,58 @@ fn graph_all(
     Ok(busy)
 }
 
+/// Where the model step's assembled inputs come from.
+enum Inputs {
+    /// The assembler thread's queue.
+    Queue(Receiver<Assembled>),
+    /// The loaders' queues, each batch assembled on the step's thread.
+    Inline(Inline),
+}
+
+/// Assembly on the model step's thread: the loaders' queues, read in
+/// turn, and the queues that take their buffers back.
+struct Inline {
+    src: AssembleSources,
+    loaded: Vec<Receiver<Loaded>>,
+    recycle: Vec<SyncSender<AlignedBuf>>,
+    busy: f64,
+}
+
+impl Inputs {
+    /// Batch `k`'s assembled input; `None` where a stage stopped (its
+    /// error is collected from its thread).
+    fn next(&mut self, k: usize, device: Device) -> Option<Result<Assembled>> {
+        match self {
+            Inputs::Queue(rx) => rx.recv().ok().map(Ok),
+            Inputs::Inline(inline) => {
+                let j = k % inline.loaded.len();
+                let loaded = inline.loaded[j].recv().ok()?;
+                let t = Instant::now();
+                let assembled = timed(device, || assemble_parallel(&inline.src, &loaded));
+                inline.busy += secs(t.elapsed());
+                let _ = inline.recycle[j].try_send(loaded.buf);
+                Some(assembled.map(|((x, tiers), span)| {
+                    (x, tiers, loaded.disk_bytes, loaded.disk_rows, span)
+                }))
+            }
+        }
+    }
+
+    /// Drops the queues, so that the stages feeding them stop; returns the
+    /// seconds assembly took on this thread.
+    fn close(self) -> f64 {
+        match self {
+            Inputs::Queue(_) => 0.0,
+            Inputs::Inline(inline) => inline.busy,
+        }
+    }
+}
+
 /// The model step on this thread: each batch's assembled input and graph,
 /// which arrive in the same order, through `step`. Returns its busy
 /// seconds and how it ended (at the first error).
 fn model_steps(
-    model_x: &Receiver<Assembled>,
+    inputs: &mut Inputs,
     model_g: &Receiver<Graphed>,
     n: usize,
     device: Device,
@@ -242,11 +307,19 @@ fn model_steps(
 ) -> (f64, Result<()>) {
     let mut model_busy = 0.0;
     let mut result = Ok(());
-    for _ in 0..n {
-        let (Ok((x, tiers, disk_bytes, disk_rows, assembled)), Ok((g, plan, graphed))) =
-            (model_x.recv(), model_g.recv())
+    for k in 0..n {
+        let assembled = match inputs.next(k, device) {
+            Some(Ok(a)) => a,
+            Some(Err(e)) => {
+                result = Err(e);
+                break;
+            }
+            None => break, // a stage stopped; its error is collected below
+        };
+        let ((x, tiers, disk_bytes, disk_rows, assembled), Ok((g, plan, graphed))) =
+            (assembled, model_g.recv())
         else {
-            break; // a stage stopped; its error is collected below
+            break;
         };
         let ready = Ready {
             x,

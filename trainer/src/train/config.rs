@@ -66,6 +66,7 @@ impl TrainConfig {
             pipelined: self.pipelined,
             queue_depth: self.queue_depth,
             loaders: self.loaders,
+            assemble_between_steps: self.device == Device::Cpu,
         }
     }
 }
