@@ -141,12 +141,18 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
 /// The batches in the pipeline's queues: each loader holds one batch it
 /// reads, `queue_depth` loaded ones and `queue_depth + 2` spare buffers;
 /// the assembler one, the model step `queue_depth` assembled inputs and
-/// the one it trains on.
+/// the one it trains on. Assembled between steps, the step's thread holds
+/// one assembled input at a time.
 fn in_flight_bytes(batch: &BatchBytes, opts: PipelineOptions) -> u64 {
     let loaders = opts.loaders.max(1) as u64;
     let depth = opts.queue_depth.max(1) as u64;
+    let assembled = if opts.assemble_between_steps {
+        1
+    } else {
+        depth + 2
+    };
     if opts.pipelined {
-        loaders * (2 * depth + 3) * batch.read + (depth + 2) * batch.staged
+        loaders * (2 * depth + 3) * batch.read + assembled * batch.staged
     } else {
         batch.read + batch.staged
     }
