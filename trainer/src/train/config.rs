@@ -66,7 +66,9 @@ impl TrainConfig {
             pipelined: self.pipelined,
             queue_depth: self.queue_depth,
             loaders: self.loaders,
-            assemble_between_steps: self.device == Device::Cpu,
+            // The historical cache prunes rows a batch no longer reads;
+            // the parallel copy refuses an input without a row.
+            assemble_between_steps: self.device == Device::Cpu && self.historical.is_none(),
         }
     }
 }
