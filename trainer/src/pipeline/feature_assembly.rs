@@ -146,6 +146,13 @@ fn assemble_with(src: &AssembleSources, l: &Loaded, parallel: bool) -> Result<(T
             if parallel {
                 copy_rows_parallel(out, host, l, rb)
             } else {
+                if l.pruned {
+                    // Inputs the pruned batch does not read get no row:
+                    // zeros, as in the parallel copy, not what the
+                    // allocator left (a NaN there would reach the weight
+                    // gradients through a zero).
+                    out.fill(0);
+                }
                 copy_rows(out, host, l, rb);
                 Ok(())
             }
@@ -232,13 +239,21 @@ fn copy_rows_parallel(out: &mut [u8], host: HostRows<'_>, l: &Loaded, rb: usize)
     out.par_chunks_mut(rb)
         .zip(from.par_iter())
         .with_min_len(64)
-        .for_each(|(o, f)| o.copy_from_slice(f));
+        .for_each(|(o, f)| {
+            if f.is_empty() {
+                o.fill(0);
+            } else {
+                o.copy_from_slice(f);
+            }
+        });
     Ok(())
 }
 
 /// Each input row of batch `l`, in input order, where it lies: its tier's
 /// rows or the bytes read. A row that no tier gives is an error (a serial
-/// copy would leave it as the allocator left it).
+/// copy would leave it as the allocator left it), except in a batch pruned
+/// against the historical cache, whose pruned inputs no layer reads (an
+/// empty slice here; the copy writes zeros).
 fn row_sources<'a>(host: HostRows<'a>, l: &'a Loaded, rb: usize) -> Result<Vec<&'a [u8]>> {
     let t = &l.table;
     let n = t.num_inputs as usize;
@@ -262,6 +277,7 @@ fn row_sources<'a>(host: HostRows<'a>, l: &'a Loaded, rb: usize) -> Result<Vec<&
         from[p as usize] = &data[off..off + rb];
     }
     if rb > 0
+        && !l.pruned
         && let Some(p) = from.iter().position(|f| f.is_empty())
     {
         return Err(Error::Layout(format!(
@@ -550,6 +566,7 @@ mod tests {
             disk_bytes: RB as u64,
             disk_rows: 1,
             plan: None,
+            pruned: false,
         }
     }
 
@@ -577,7 +594,8 @@ mod tests {
     }
 
     /// The rows copied on rayon's threads are the serial copy's, packed
-    /// and in memory mode; a row no tier gives is an error there.
+    /// and in memory mode; a row no tier gives is an error there, unless
+    /// the batch was pruned.
     #[test]
     fn the_parallel_copy_gives_the_serial_copys_rows() {
         for mode in [FeatureMode::Packed, FeatureMode::Memory] {
@@ -600,6 +618,14 @@ mod tests {
             e.to_string(),
             "the address table of batch 7 gives input 2 of 3 no row"
         );
+        // Pruned against the historical cache, the input it no longer
+        // reads is zeros in both copies.
+        l.pruned = true;
+        let (serial, _) = assemble(&src, &l).unwrap();
+        let (parallel, _) = assemble_parallel(&src, &l).unwrap();
+        assert!(parallel.equal(&serial));
+        let last = Vec::<f32>::try_from(serial.get(2)).unwrap();
+        assert_eq!(last, [0.0, 0.0]);
     }
 
     /// A CPU cache that follows the batch order: after either assembly

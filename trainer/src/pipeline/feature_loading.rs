@@ -31,6 +31,9 @@ pub struct Loaded {
     /// The batch pruned against the historical cache (its table's blocks
     /// are then the pruned ones).
     pub plan: Option<Plan>,
+    /// Whether it was pruned: inputs the pruned batch no longer reads have
+    /// no row (the plan itself goes on to the model step).
+    pub pruned: bool,
 }
 
 /// Stage 1: the batch's table, then its disk reads — page runs of the
@@ -69,10 +72,12 @@ pub fn load(
             disk_bytes: 0,
             disk_rows: 0,
             plan: None,
+            pruned: false,
         },
         FeatureMode::Packed => load_packed(layout, engine, src, r, table, buf, needed.as_deref())?,
         FeatureMode::Naive => load_naive(engine, src, table, buf, needed.as_deref())?,
     };
+    loaded.pruned = plan.is_some();
     loaded.plan = plan;
     Ok(loaded)
 }
@@ -231,6 +236,7 @@ fn load_packed(
         disk_bytes,
         disk_rows,
         plan: None,
+        pruned: false,
     })
 }
 
@@ -303,6 +309,7 @@ fn load_naive(
         disk_bytes,
         disk_rows,
         plan: None,
+        pruned: false,
     })
 }
 

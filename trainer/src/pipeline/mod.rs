@@ -55,8 +55,7 @@ pub struct PipelineOptions {
     /// it only contends with it; the step's thread also reuses its own
     /// heap's pages for each batch's matrix, where an assembler thread's
     /// matrices are mapped afresh. Not for a caller whose model runs
-    /// beside the pipeline (the loader), nor with the historical cache,
-    /// whose pruned inputs have no row for the parallel copy.
+    /// beside the pipeline (the loader).
     pub assemble_between_steps: bool,
 }
 

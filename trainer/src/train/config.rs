@@ -66,9 +66,7 @@ impl TrainConfig {
             pipelined: self.pipelined,
             queue_depth: self.queue_depth,
             loaders: self.loaders,
-            // The historical cache prunes rows a batch no longer reads;
-            // the parallel copy refuses an input without a row.
-            assemble_between_steps: self.device == Device::Cpu && self.historical.is_none(),
+            assemble_between_steps: self.device == Device::Cpu,
         }
     }
 }
