@@ -143,16 +143,12 @@ fn assemble_with(src: &AssembleSources, l: &Loaded, parallel: bool) -> Result<(T
     let (n, rb) = (t.num_inputs as usize, src.row_bytes);
     let x = with_host(src, l, |host| {
         host_matrix(src, n, |out| {
-            if parallel {
-                copy_rows_parallel(out, host, l, rb)
+            // A pruned batch's unread inputs get zeros, not what the
+            // allocator left (a NaN there would reach the weight gradients
+            // through a zero): their rows are listed first.
+            if parallel || l.pruned {
+                copy_listed_rows(out, host, l, rb, parallel)
             } else {
-                if l.pruned {
-                    // Inputs the pruned batch does not read get no row:
-                    // zeros, as in the parallel copy, not what the
-                    // allocator left (a NaN there would reach the weight
-                    // gradients through a zero).
-                    out.fill(0);
-                }
                 copy_rows(out, host, l, rb);
                 Ok(())
             }
@@ -227,25 +223,37 @@ fn copy_rows(out: &mut [u8], host: HostRows<'_>, l: &Loaded, rb: usize) {
     }
 }
 
-/// [`copy_rows`] on rayon's threads: where each input row comes from is
-/// listed first ([`row_sources`]), so that the threads write disjoint runs
-/// of `out` in order.
-fn copy_rows_parallel(out: &mut [u8], host: HostRows<'_>, l: &Loaded, rb: usize) -> Result<()> {
+/// [`copy_rows`] from a list of where each input row comes from
+/// ([`row_sources`]), on rayon's threads where `parallel` (the threads
+/// write disjoint runs of `out` in order); an input without a row (a
+/// pruned batch's) gets zeros.
+fn copy_listed_rows(
+    out: &mut [u8],
+    host: HostRows<'_>,
+    l: &Loaded,
+    rb: usize,
+    parallel: bool,
+) -> Result<()> {
     use rayon::prelude::*;
     if rb == 0 || l.table.num_inputs == 0 {
         return Ok(());
     }
     let from = row_sources(host, l, rb)?;
-    out.par_chunks_mut(rb)
-        .zip(from.par_iter())
-        .with_min_len(64)
-        .for_each(|(o, f)| {
-            if f.is_empty() {
-                o.fill(0);
-            } else {
-                o.copy_from_slice(f);
-            }
-        });
+    let put = |(o, f): (&mut [u8], &&[u8])| {
+        if f.is_empty() {
+            o.fill(0);
+        } else {
+            o.copy_from_slice(f);
+        }
+    };
+    if parallel {
+        out.par_chunks_mut(rb)
+            .zip(from.par_iter())
+            .with_min_len(64)
+            .for_each(put);
+    } else {
+        out.chunks_mut(rb).zip(&from).for_each(put);
+    }
     Ok(())
 }
 

@@ -316,11 +316,10 @@ fn model_steps(
             }
             None => break, // a stage stopped; its error is collected below
         };
-        let ((x, tiers, disk_bytes, disk_rows, assembled), Ok((g, plan, graphed))) =
-            (assembled, model_g.recv())
-        else {
+        let Ok((g, plan, graphed)) = model_g.recv() else {
             break;
         };
+        let (x, tiers, disk_bytes, disk_rows, assembled) = assembled;
         let ready = Ready {
             x,
             blocks: g.blocks,
