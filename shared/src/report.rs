@@ -4,17 +4,50 @@
 use serde::Serialize;
 
 /// Prints `title`, then aligned `label  value` rows, then the JSON summary
-/// on a line of its own.
+/// on a line of its own. Every summary ends with the process's measured
+/// peak resident memory (`peak_rss_bytes` in the JSON, where the summary
+/// is an object), so that a job's memory statement can be checked against
+/// what it used.
 pub fn print_summary(title: &str, rows: &[(&str, String)], json: &impl Serialize) {
+    let peak = peak_rss_bytes();
+    let peak_row = peak.map(|b| ("memory (measured peak)", human_bytes(b)));
+    let rows: Vec<&(&str, String)> = rows.iter().chain(&peak_row).collect();
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     println!("{title}");
     for (k, v) in rows {
         println!("  {k:<width$}  {v}");
     }
     match serde_json::to_string(json) {
-        Ok(line) => println!("{line}"),
+        Ok(line) => println!("{}", with_peak(line, peak)),
         Err(e) => tracing::error!("cannot encode the JSON summary: {e}"),
     }
+}
+
+/// A JSON object with `peak_rss_bytes` added as its last field (its other
+/// fields keep their order); anything else as it is.
+fn with_peak(mut line: String, peak: Option<u64>) -> String {
+    if let Some(b) = peak
+        && line.starts_with('{')
+        && line.ends_with('}')
+    {
+        line.pop();
+        if line.len() > 1 {
+            line.push(',');
+        }
+        line.push_str(&format!("\"peak_rss_bytes\":{b}}}"));
+    }
+    line
+}
+
+/// The most resident memory this process has held so far (the kernel's
+/// high-water mark, `getrusage`'s `ru_maxrss`), `None` where it cannot say.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given, which lives here.
+    let ok = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) } == 0;
+    // SAFETY: zeroed is a valid rusage, and getrusage wrote it on success.
+    let kib = unsafe { usage.assume_init() }.ru_maxrss;
+    (ok && kib > 0).then(|| kib as u64 * 1024)
 }
 
 /// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
@@ -51,5 +84,29 @@ mod tests {
         assert_eq!(super::human_bytes(512), "512 B");
         assert_eq!(super::human_bytes(5 << 30), "5.00 GiB");
         assert_eq!(super::human_bytes(1536), "1.50 KiB");
+    }
+
+    #[test]
+    fn the_peak_ends_an_object_and_nothing_else() {
+        use super::with_peak;
+        let line = with_peak(r#"{"b":1,"a":[2]}"#.into(), Some(7));
+        assert_eq!(line, r#"{"b":1,"a":[2],"peak_rss_bytes":7}"#);
+        serde_json::from_str::<serde_json::Value>(&line).unwrap();
+        assert_eq!(with_peak("{}".into(), Some(7)), r#"{"peak_rss_bytes":7}"#);
+        assert_eq!(with_peak("[1]".into(), Some(7)), "[1]");
+        assert_eq!(with_peak(r#"{"b":1}"#.into(), None), r#"{"b":1}"#);
+    }
+
+    #[test]
+    fn the_peak_counts_memory_this_process_touched() {
+        let before = super::peak_rss_bytes().expect("Linux reports ru_maxrss");
+        let touched = vec![1u8; 64 << 20];
+        let after = super::peak_rss_bytes().unwrap();
+        assert!(after >= before);
+        assert!(
+            after >= 64 << 20,
+            "peak {after} below the 64 MiB just written"
+        );
+        drop(std::hint::black_box(touched));
     }
 }

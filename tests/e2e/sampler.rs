@@ -268,6 +268,13 @@ fn sampler_states_its_memory_and_holds_to_it() {
         peak <= stated,
         "peak RSS {peak} bytes over the stated {stated}"
     );
+    // The summary's own measured peak is the same high-water mark, taken
+    // just before the process exits.
+    let reported = r.json()["peak_rss_bytes"].as_u64().unwrap();
+    assert!(
+        reported <= peak && reported * 2 >= peak,
+        "summary's peak {reported} bytes against {peak} measured from outside"
+    );
 }
 
 /// --overwrite replaces an earlier output of the same kind and nothing
