@@ -200,25 +200,39 @@ fn assemble_all(
     to_model_x: &SyncSender<Assembled>,
     n: usize,
 ) -> Result<f64> {
-    let loaders = to_assemble.len();
     let _stream = side_stream(device)?;
     let mut busy = 0.0;
     for k in 0..n {
-        let Ok(loaded) = to_assemble[k % loaders].recv() else {
-            break; // a loader stopped; its error is collected below
+        // None: a loader stopped; its error is collected below.
+        let Some(assembled) = assemble_next(k, device, (to_assemble, recycle), &mut busy, |l| {
+            assemble(asm_src, l)
+        }) else {
+            break;
         };
-        let t = Instant::now();
-        let ((x, tiers), span) = timed(device, || assemble(asm_src, &loaded))?;
-        busy += secs(t.elapsed());
-        let _ = recycle[k % loaders].try_send(loaded.buf);
-        if to_model_x
-            .send((x, tiers, loaded.disk_bytes, loaded.disk_rows, span))
-            .is_err()
-        {
+        if to_model_x.send(assembled?).is_err() {
             break;
         }
     }
     Ok(busy)
+}
+
+/// Batch `k`, from its loader's queue (`None` where that loader stopped),
+/// assembled by `assemble` with its time added to `busy`; its buffer goes
+/// back to the loader.
+fn assemble_next(
+    k: usize,
+    device: Device,
+    (loaded, recycle): (&[Receiver<Loaded>], &[SyncSender<AlignedBuf>]),
+    busy: &mut f64,
+    assemble: impl FnOnce(&Loaded) -> Result<(Tensor, [u64; 3])>,
+) -> Option<Result<Assembled>> {
+    let j = k % loaded.len();
+    let l = loaded[j].recv().ok()?;
+    let t = Instant::now();
+    let assembled = timed(device, || assemble(&l));
+    *busy += secs(t.elapsed());
+    let _ = recycle[j].try_send(l.buf);
+    Some(assembled.map(|((x, tiers), span)| (x, tiers, l.disk_bytes, l.disk_rows, span)))
 }
 
 /// The graph loader's thread: the `n` batches' topology, from the loaders
@@ -271,15 +285,11 @@ impl Inputs {
         match self {
             Inputs::Queue(rx) => rx.recv().ok().map(Ok),
             Inputs::Inline(inline) => {
-                let j = k % inline.loaded.len();
-                let loaded = inline.loaded[j].recv().ok()?;
-                let t = Instant::now();
-                let assembled = timed(device, || assemble_parallel(&inline.src, &loaded));
-                inline.busy += secs(t.elapsed());
-                let _ = inline.recycle[j].try_send(loaded.buf);
-                Some(assembled.map(|((x, tiers), span)| {
-                    (x, tiers, loaded.disk_bytes, loaded.disk_rows, span)
-                }))
+                let src = &inline.src;
+                let queues = (inline.loaded.as_slice(), inline.recycle.as_slice());
+                assemble_next(k, device, queues, &mut inline.busy, |l| {
+                    assemble_parallel(src, l)
+                })
             }
         }
     }
