@@ -68,9 +68,10 @@ impl Task<'_> {
                     } else {
                         &task.test
                     };
-                    let queries = set.positives.len().max(1);
-                    let per_query = 1 + set.negatives.len().div_ceil(queries);
-                    (set.positives.len() as u64, (batch_size / per_query).max(1))
+                    (
+                        set.positives.len() as u64,
+                        set.queries_per_batch(batch_size),
+                    )
                 }
             },
         }

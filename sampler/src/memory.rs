@@ -4,14 +4,12 @@
 //! allocates; the end-to-end suite checks a run's peak RSS against it.
 
 use crate::topology::{CHUNK, held_bytes};
-use offgnn_shared::dataset::{Dataset, EdgeList, EdgeSource, LinkTask, Split, TypedDataset};
+use offgnn_shared::dataset::{Dataset, LinkTask, Split, TypedDataset};
 use offgnn_shared::samples::block_bounds;
 use serde::Serialize;
 
 use crate::config::SampleConfig;
 
-/// Edge pairs the CSV reader can hold per line at the least (`0,1\n`).
-const MIN_CSV_LINE: u64 = 4;
 /// The process before any data: code, thread stacks touched, allocator
 /// arenas and the Tokio runtime of the object store, stated with room over
 /// what it measures.
@@ -22,6 +20,9 @@ const ROW_GROUP_BYTES: u64 = 2 * (16 << 20);
 /// The store writer's buffer plus the multipart parts it keeps in flight
 /// (object_store's BufWriter: 16 MiB parts, up to 8 at once).
 const UPLOAD_BYTES: u64 = 9 * (16 << 20);
+/// A samples file's encoder beside its data: the compressors of its
+/// columns, page headers and the footer.
+const ENCODER_BYTES: u64 = 8 << 20;
 
 /// A statement of peak memory, by part.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -41,7 +42,8 @@ pub struct MemoryEstimate {
     /// Sampled batches between the threads and the Parquet encoder, at
     /// the fan-outs' worst case, and one Arrow copy of each.
     pub batches_in_flight_bytes: u64,
-    /// Parquet row groups, encoded pages and upload buffers of two files.
+    /// Parquet row groups, encoded pages and upload buffers of two files,
+    /// each no larger than a file's batches at their bound allow.
     pub output_bytes: u64,
     /// Every split's seeds and labels, in plan order.
     pub plan_bytes: u64,
@@ -124,21 +126,13 @@ pub struct TypedShape {
     pub fanouts: Vec<Vec<usize>>,
 }
 
-/// Edges in a file, counted from its shape (or a CSV's smallest lines).
-fn file_edges(edges: &EdgeList) -> u64 {
-    match &edges.source {
-        EdgeSource::Numpy(f) => f.shape()[1],
-        EdgeSource::Csv(path) => std::fs::metadata(path).map_or(0, |m| m.len() / MIN_CSV_LINE),
-    }
-}
-
 impl InputShape {
     pub fn of(ds: &Dataset, cfg: &SampleConfig) -> Self {
         InputShape {
             num_nodes: ds.num_nodes,
             graph_rows: ds.num_nodes,
-            input_edges: file_edges(&ds.edges),
-            largest_relation_edges: file_edges(&ds.edges),
+            input_edges: ds.edges.max_edges(),
+            largest_relation_edges: ds.edges.max_edges(),
             seeds: Split::ALL.map(|s| ds.split(s).seeds.len() as u64),
             fanouts: Fanouts::Plain(cfg.fanouts.clone()),
         }
@@ -148,7 +142,7 @@ impl InputShape {
     /// per relation).
     pub fn of_typed(ds: &TypedDataset, fanouts: &[Vec<usize>]) -> Self {
         let relations: Vec<(usize, usize, u64)> = (ds.relations.iter())
-            .map(|r| (r.src, r.dst, file_edges(&r.edges)))
+            .map(|r| (r.src, r.dst, r.edges.max_edges()))
             .collect();
         InputShape {
             num_nodes: ds.num_nodes(),
@@ -170,6 +164,38 @@ impl InputShape {
     }
 }
 
+/// Parquet's buffers for two files at once (one finishing while the next
+/// is written), each file's no more than its batches at `per_batch` bytes
+/// can fill: the open row group's columns and their encoded pages, and the
+/// upload of those pages (a page compressed is at most a little over its
+/// values). A file holds at most an epoch of one split.
+fn output_bytes(
+    shape: &InputShape,
+    cfg: &SampleConfig,
+    link: Option<&LinkTask>,
+    per_batch: u64,
+) -> u64 {
+    let batch = cfg.batch_size.max(1);
+    let epoch_batches = match link {
+        Some(t) => [&t.valid, &t.test].iter().fold(
+            (t.train.pairs.len() as u64).div_ceil(batch as u64),
+            |most, set| {
+                let per_batch = set.queries_per_batch(batch) as u64;
+                most.max((set.positives.len() as u64).div_ceil(per_batch))
+            },
+        ),
+        None => (shape.seeds.iter())
+            .map(|s| s.div_ceil(batch as u64))
+            .max()
+            .unwrap_or(0),
+    };
+    let file_batches = u64::from(cfg.batches_per_file).min(epoch_batches.max(1));
+    let file_bytes = file_batches.saturating_mul(per_batch);
+    2 * (ROW_GROUP_BYTES.min(file_bytes.saturating_mul(2))
+        + UPLOAD_BYTES.min(file_bytes.saturating_add(file_bytes / 8))
+        + ENCODER_BYTES)
+}
+
 /// States the peak memory of sampling a dataset of `shape` as `cfg` says.
 pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>) -> MemoryEstimate {
     let n = shape.num_nodes;
@@ -185,7 +211,7 @@ pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>)
     // of it between the reader and the pool (being made, queued, being
     // placed, spare); and the chunk sorted into row buckets (up to two u32
     // pairs an edge).
-    let chunk = CHUNK as u64;
+    let chunk = CHUNK.min(shape.largest_relation_edges.max(1) as usize) as u64;
     let graph_build_bytes = 8 * shape.graph_rows + chunk * (8 + 16 + 4 * 16 + 16);
     let threads = cfg.threads as u64;
     // Windows of 2 x threads batches: one being sampled, one in the
@@ -254,8 +280,7 @@ pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>)
             seeds * 8 * 2
         }
     };
-    // Two files' at once: one finishing while the next is written.
-    let output_bytes = 2 * (ROW_GROUP_BYTES + UPLOAD_BYTES);
+    let output_bytes = output_bytes(shape, cfg, link, per_batch);
     let sampling = scratch_bytes + batches_in_flight_bytes + output_bytes + plan_bytes;
     let held = held_bytes(
         shape.largest_relation_edges,

@@ -364,7 +364,14 @@ fn check_chunk(src: &[u64], dst: &[u64], num_cols: u64, num_rows: u64) -> Result
     Ok(())
 }
 
-/// Streams `edges` in chunks of [`CHUNK`] as [`EdgeList::for_each_chunk`]
+/// Edge pairs per chunk of `edges`: [`CHUNK`], or fewer where the file
+/// holds fewer (a CSV's counted from its smallest lines), so that a small
+/// graph's chunk buffers are as small as its edges.
+pub fn chunk_edges(edges: &EdgeList) -> usize {
+    CHUNK.min(edges.max_edges().max(1).try_into().unwrap_or(usize::MAX))
+}
+
+/// Streams `edges` in chunks of [`chunk_edges`] as [`EdgeList::for_each_chunk`]
 /// does: each chunk mapped from a 64-bit `.npy` file
 /// ([`EdgeList::for_each_chunk_mapped`]); from any other file, the next
 /// chunk read on a thread of its own while `f` handles this one (reading a
@@ -381,7 +388,7 @@ pub fn stream_ahead(
     let (recycle, spare) = std::sync::mpsc::channel::<Chunk>();
     std::thread::scope(|s| {
         let reader = s.spawn(move || {
-            edges.for_each_chunk_vec::<Error>(CHUNK, |src, dst| {
+            edges.for_each_chunk_vec::<Error>(chunk_edges(edges), |src, dst| {
                 // The chunk's own vectors go ahead; a spare pair takes their place.
                 let (mut a, mut b) = spare.try_recv().unwrap_or_default();
                 std::mem::swap(&mut a, src);

@@ -91,6 +91,15 @@ impl EdgeList {
         }
     }
 
+    /// At least the number of edges, known without a scan: a NumPy file's
+    /// shape, or a CSV's size over its smallest line (`0,1\n`, 4 bytes).
+    pub fn max_edges(&self) -> u64 {
+        match &self.source {
+            EdgeSource::Numpy(f) => f.shape()[1],
+            EdgeSource::Csv(path) => fs::metadata(path).map_or(0, |m| m.len() / 4),
+        }
+    }
+
     pub fn path(&self) -> &Path {
         match &self.source {
             EdgeSource::Numpy(f) => f.path(),

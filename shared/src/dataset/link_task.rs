@@ -34,6 +34,16 @@ pub struct RankedSet {
     pub offsets: Vec<u64>,
 }
 
+impl RankedSet {
+    /// Queries per batch of `batch_size` pairs: as many whole queries (a
+    /// positive and its negatives, at their mean count) as fit, at least one.
+    pub fn queries_per_batch(&self, batch_size: usize) -> usize {
+        let queries = self.positives.len().max(1);
+        let per_query = 1 + self.negatives.len().div_ceil(queries);
+        (batch_size / per_query).max(1)
+    }
+}
+
 /// The task.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LinkTask {
