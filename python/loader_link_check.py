@@ -62,7 +62,7 @@ def link_layout(bin_dir, work, name, dataset, *split_args, features=True):
         "--negatives", NEGATIVES, *split_args, "--overwrite")
     run(bin_dir, "sampler", "--dataset", lp, "--out", os.path.join(d, "samples"),
         "--task", "link", "--negatives", 1, "--fanout", "5,5", "--batch-size", 128,
-        "--epochs", 2, "--overwrite")
+        "--eval-batch-size", 128, "--epochs", 2, "--overwrite")
     extra = ["--features", os.path.join(lp, "data", "feat.npy")] if features else []
     run(bin_dir, "packer", "--samples", os.path.join(d, "samples"), *extra,
         "--out", os.path.join(d, "pack"), "--gpu-cache", "8K", "--cpu-cache", "16K",

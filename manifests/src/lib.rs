@@ -156,6 +156,10 @@ pub struct SamplesRef {
     pub run_sha256: String,
     pub fanouts: Vec<usize>,
     pub batch_size: usize,
+    /// Seeds (a link task's pairs) per validation and test batch, where
+    /// it differs from `batch_size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_batch_size: Option<usize>,
     pub epochs: u32,
     pub seed: u64,
     /// The graph the sampler built from the dataset's edges, which
@@ -549,6 +553,7 @@ mod tests {
                 run_sha256: "c".into(),
                 fanouts: vec![2],
                 batch_size: 4,
+                eval_batch_size: None,
                 epochs: 1,
                 seed: 0,
                 graph: None,

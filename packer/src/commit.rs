@@ -263,6 +263,7 @@ pub(crate) fn samples_ref_of(
         },
         fanouts: run.params.fanouts.clone(),
         batch_size: run.params.batch_size,
+        eval_batch_size: run.params.eval_batch_size,
         epochs: run.params.epochs,
         seed: run.params.seed,
         graph: Some(manifests::GraphOptions {

@@ -231,7 +231,7 @@ impl PlanMemory {
 /// value, its definition and repetition levels, and Arrow's copy), for a
 /// batch of twice the file's average size.
 fn decoded_file_memory(run: &RunSummary, f: &SampleFile) -> u64 {
-    let batch = run.params.batch_size as u64;
+    let batch = run.params.largest_batch_size() as u64;
     let per_batch = (2 * f.edges + f.input_nodes).div_ceil(u64::from(f.batches.max(1))) + 2 * batch;
     f.object.size
         + f.edges * 8
@@ -275,7 +275,7 @@ fn largest_batch(run: &RunSummary) -> (u64, u64) {
     let values = run
         .files
         .iter()
-        .map(|f| per_batch(2 * f.edges + f.input_nodes, f) + run.params.batch_size as u64)
+        .map(|f| per_batch(2 * f.edges + f.input_nodes, f) + run.params.largest_batch_size() as u64)
         .max()
         .unwrap_or(0);
     let inputs = run

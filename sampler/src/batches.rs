@@ -55,9 +55,10 @@ pub(crate) struct Links<'a> {
 
 impl Task<'_> {
     /// A split's items (seeds, pairs or queries) and how many make a batch:
-    /// `batch_size` seeds or pairs; evaluation queries such that a batch
-    /// scores about `batch_size` pairs.
-    pub fn split_size(&self, split: Split, batch_size: usize) -> (u64, usize) {
+    /// the split's batch size in seeds or pairs; evaluation queries such
+    /// that a batch scores about that many pairs.
+    pub fn split_size(&self, split: Split, cfg: &SampleConfig) -> (u64, usize) {
+        let batch_size = cfg.batch_size_for(split);
         match &self.links {
             None => (self.input.split(split).seeds.len() as u64, batch_size),
             Some(Links { task, .. }) => match split {
@@ -79,7 +80,7 @@ impl Task<'_> {
 
     /// The batches of one epoch of `split`, in order.
     fn epoch_batches(&self, split: Split, epoch: u32, cfg: &SampleConfig) -> Vec<Batch> {
-        let (_, per_batch) = self.split_size(split, cfg.batch_size);
+        let (_, per_batch) = self.split_size(split, cfg);
         let shuffle = |v: &mut Vec<(u32, u32)>| {
             if split == Split::Train {
                 let key = mix(mix(cfg.seed) ^ 0xE90C ^ u64::from(epoch));
@@ -111,7 +112,7 @@ impl Task<'_> {
                         .collect()
                 }
                 Split::Valid | Split::Test => {
-                    let (queries, _) = self.split_size(split, cfg.batch_size);
+                    let (queries, _) = self.split_size(split, cfg);
                     let all: Vec<u32> = (0..queries as u32).collect();
                     all.chunks(per_batch)
                         .map(|c| Batch::Queries(c.to_vec()))

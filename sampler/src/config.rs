@@ -1,10 +1,14 @@
 //! What a sampling run is asked to do: its flags as one value, checked
 //! before any work starts, and the sampling parameters a run records.
 
+use offgnn_shared::dataset::Split;
 use offgnn_shared::samples::SamplingParams;
 
 use crate::error::{Error, Result};
 use crate::topology::CsrOptions;
+
+/// Pairs per link-prediction evaluation batch at the least, unless given.
+pub const LINK_EVAL_PAIRS: usize = 4096;
 
 /// What one sampling run (or one shard of it) is to do.
 #[derive(Clone, Debug)]
@@ -18,6 +22,9 @@ pub struct SampleConfig {
     /// [`resolve_fanouts`]); empty for one edge type.
     pub relation_fanouts: Vec<Vec<usize>>,
     pub batch_size: usize,
+    /// Validation and test batches: seeds, or a link task's pairs (whole
+    /// queries, one at the least); `None`: `batch_size`.
+    pub eval_batch_size: Option<usize>,
     pub epochs: u32,
     pub seed: u64,
     pub threads: usize,
@@ -121,6 +128,9 @@ impl SampleConfig {
         if self.batch_size == 0 {
             return bad("--batch-size must be at least 1".into());
         }
+        if self.eval_batch_size == Some(0) {
+            return bad("--eval-batch-size must be at least 1".into());
+        }
         if self.epochs == 0 {
             return bad("--epochs must be at least 1".into());
         }
@@ -145,11 +155,20 @@ impl SampleConfig {
         Ok(())
     }
 
+    /// Seeds (or a link task's pairs) per batch of `split`.
+    pub fn batch_size_for(&self, split: Split) -> usize {
+        match split {
+            Split::Train => self.batch_size,
+            Split::Valid | Split::Test => self.eval_batch_size.unwrap_or(self.batch_size),
+        }
+    }
+
     pub(crate) fn params(&self) -> SamplingParams {
         SamplingParams {
             fanouts: self.fanouts.clone(),
             relation_fanouts: self.relation_fanouts.clone(),
             batch_size: self.batch_size,
+            eval_batch_size: self.eval_batch_size.filter(|&size| size != self.batch_size),
             epochs: self.epochs,
             seed: self.seed,
             batches_per_file: self.batches_per_file,

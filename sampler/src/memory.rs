@@ -175,17 +175,19 @@ fn output_bytes(
     link: Option<&LinkTask>,
     per_batch: u64,
 ) -> u64 {
-    let batch = cfg.batch_size.max(1);
+    let batch = |split| cfg.batch_size_for(split).max(1);
     let epoch_batches = match link {
-        Some(t) => [&t.valid, &t.test].iter().fold(
-            (t.train.pairs.len() as u64).div_ceil(batch as u64),
-            |most, set| {
-                let per_batch = set.queries_per_batch(batch) as u64;
-                most.max((set.positives.len() as u64).div_ceil(per_batch))
-            },
-        ),
-        None => (shape.seeds.iter())
-            .map(|s| s.div_ceil(batch as u64))
+        Some(t) => [(&t.valid, Split::Valid), (&t.test, Split::Test)]
+            .iter()
+            .fold(
+                (t.train.pairs.len() as u64).div_ceil(batch(Split::Train) as u64),
+                |most, &(set, split)| {
+                    let per_batch = set.queries_per_batch(batch(split)) as u64;
+                    most.max((set.positives.len() as u64).div_ceil(per_batch))
+                },
+            ),
+        None => (Split::ALL.iter().zip(shape.seeds))
+            .map(|(&split, s)| s.div_ceil(batch(split) as u64))
             .max()
             .unwrap_or(0),
     };
@@ -217,14 +219,21 @@ pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>)
     // Windows of 2 x threads batches: one being sampled, one in the
     // channel, one being encoded.
     let window = (2 * threads).max(2);
-    // A link batch's seeds are its pairs' distinct endpoints: two a
-    // positive and one a negative; its pairs 16 bytes each.
+    // A link training batch's seeds are its pairs' distinct endpoints:
+    // two a positive and one a drawn negative; an evaluation batch's at
+    // most two a given pair. Pairs take 16 bytes each.
+    let eval_batch = cfg.batch_size_for(Split::Valid) as u64;
     let (seeds_per_batch, pair_bytes) = match cfg.link {
         Some(l) => {
             let pairs = cfg.batch_size as u64 * (1 + u64::from(l.negatives));
-            (cfg.batch_size as u64 + pairs, 16 * pairs)
+            let eval_pairs = link.map_or(0, |t| {
+                (t.valid.most_pairs_per_batch(eval_batch as usize))
+                    .max(t.test.most_pairs_per_batch(eval_batch as usize))
+            });
+            let seeds = (cfg.batch_size as u64 + pairs).max(2 * eval_pairs);
+            (seeds, 16 * pairs.max(eval_pairs))
         }
-        None => (cfg.batch_size as u64, 0),
+        None => (cfg.batch_size.max(eval_batch as usize) as u64, 0),
     };
     let blocks = match &shape.fanouts {
         Fanouts::Plain(fanouts) => block_bounds(n, seeds_per_batch, fanouts),

@@ -437,7 +437,7 @@ fn commit_run(
     let mut counts = std::collections::BTreeMap::new();
     for split in Split::ALL {
         // Seeds, or a link task's pairs and queries.
-        let (seeds, per_batch) = task.split_size(split, cfg.batch_size);
+        let (seeds, per_batch) = task.split_size(split, cfg);
         let epochs = if split == Split::Train { cfg.epochs } else { 1 };
         counts.insert(
             split,

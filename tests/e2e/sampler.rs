@@ -698,6 +698,42 @@ fn link_prediction_batches_never_hold_their_own_edges_and_rank_the_given_negativ
         queries,
         task.valid.positives.len() + task.test.positives.len()
     );
+    // Evaluation batches hold whole queries: 4096 pairs' worth by default
+    // (195 queries of 21 pairs), --eval-batch-size's when given; only a
+    // split's last batch holds fewer.
+    let queries_per_batch = |batches: &[offgnn_shared::samples::SampledBatch], split| {
+        let mut per: Vec<(u32, usize)> = (batches.iter())
+            .filter(|b| b.split == split)
+            .map(|b| (b.index, b.pairs.len() / 21))
+            .collect();
+        per.sort();
+        per.into_iter().map(|(_, q)| q).collect::<Vec<_>>()
+    };
+    let small = link_batches(&sample("small-eval", &["--eval-batch-size", "42"]));
+    for split in [Split::Valid, Split::Test] {
+        for (batches, want) in [(&batches, 195), (&small, 2)] {
+            let per = queries_per_batch(batches, split);
+            let (last, full) = per.split_last().unwrap();
+            assert!(full.iter().all(|&q| q == want), "{split:?}: {per:?}");
+            assert!((1..=want).contains(last), "{split:?}: {per:?}");
+        }
+    }
+    let params = |out: &str| {
+        let store = offgnn_shared::store::Store::open(dir.path().join(out).to_str().unwrap());
+        offgnn_shared::samples::RunSummary::read(&store.unwrap())
+            .unwrap()
+            .params
+    };
+    assert_eq!(params("samples").eval_batch_size, Some(4096));
+    assert_eq!(params("small-eval").eval_batch_size, Some(42));
+    // Training batches are the same whatever the evaluation batches.
+    let train = |b: &[offgnn_shared::samples::SampledBatch]| {
+        b.iter()
+            .filter(|b| b.split == Split::Train)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(train(&small), train(&batches));
     // Threads change who samples a batch, never what is sampled.
     let again = sample("again", &["--threads", "1"]);
     assert_eq!(link_batches(&again), batches);

@@ -58,6 +58,7 @@ fn fixture_edited(cfg: GeneratorConfig, edit: impl FnOnce(&Path)) -> Fixture {
         fanouts: vec![3, 4],
         relation_fanouts: Vec::new(),
         batch_size: 50,
+        eval_batch_size: None,
         epochs: 2,
         seed: 1,
         threads: 2,

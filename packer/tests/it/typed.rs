@@ -48,6 +48,7 @@ fn typed_fixture() -> Typed {
         fanouts,
         relation_fanouts,
         batch_size: 100,
+        eval_batch_size: None,
         epochs: 2,
         seed: 1,
         threads: 2,

@@ -79,6 +79,13 @@ pub struct SampleArgs {
     pub fanout: Vec<String>,
     #[arg(long, default_value_t = 1024)]
     pub batch_size: usize,
+    /// Validation and test batches: seeds per batch, or with --task link
+    /// pairs per batch (whole queries, at least one). Default: --batch-size;
+    /// with --task link at least 4096 pairs (a query is a positive and its
+    /// 100 or 1000 negatives, and evaluation keeps no gradients: larger
+    /// batches rank several times faster).
+    #[arg(long)]
+    pub eval_batch_size: Option<usize>,
     /// Epochs of training batches to sample (validation and test are sampled once).
     #[arg(long, default_value_t = 1)]
     pub epochs: u32,
@@ -443,6 +450,9 @@ fn sample(args: SampleArgs) -> anyhow::Result<()> {
         fanouts,
         relation_fanouts,
         batch_size: args.batch_size,
+        eval_batch_size: args.eval_batch_size.or_else(|| {
+            (args.task == TaskKind::Link).then(|| args.batch_size.max(config::LINK_EVAL_PAIRS))
+        }),
         epochs: args.epochs,
         seed: args.seed,
         threads: args

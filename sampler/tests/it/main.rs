@@ -41,6 +41,7 @@ pub(crate) fn config(dataset: &Path, out: &str) -> SampleConfig {
         fanouts: vec![3, 4, 5],
         relation_fanouts: Vec::new(),
         batch_size: 64,
+        eval_batch_size: None,
         epochs: 2,
         seed: 5,
         threads: 2,
@@ -279,6 +280,13 @@ fn refuses_bad_input_and_writes_nothing() {
                 ..config(&ds_path, out_str)
             },
             "--batch-size",
+        ),
+        (
+            SampleConfig {
+                eval_batch_size: Some(0),
+                ..config(&ds_path, out_str)
+            },
+            "--eval-batch-size",
         ),
         (
             SampleConfig {

@@ -42,6 +42,16 @@ impl RankedSet {
         let per_query = 1 + self.negatives.len().div_ceil(queries);
         (batch_size / per_query).max(1)
     }
+
+    /// Pairs in a batch of `batch_size` at the most: its queries, each at
+    /// the most negatives any query has.
+    pub fn most_pairs_per_batch(&self, batch_size: usize) -> u64 {
+        let most_negatives = (self.offsets.windows(2))
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0);
+        self.queries_per_batch(batch_size) as u64 * (1 + most_negatives)
+    }
 }
 
 /// The task.

@@ -90,6 +90,10 @@ pub struct SamplingParams {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub relation_fanouts: Vec<Vec<usize>>,
     pub batch_size: usize,
+    /// Seeds (a link task's pairs) per validation and test batch, where
+    /// it differs from `batch_size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_batch_size: Option<usize>,
     pub epochs: u32,
     pub seed: u64,
     pub batches_per_file: u32,
@@ -100,6 +104,14 @@ pub struct SamplingParams {
     /// pairs and queries (absent: node classification).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<LinkParams>,
+}
+
+impl SamplingParams {
+    /// Seeds (or a link task's pairs) in the run's largest batches: its
+    /// training or its evaluation batches'.
+    pub fn largest_batch_size(&self) -> usize {
+        self.batch_size.max(self.eval_batch_size.unwrap_or(0))
+    }
 }
 
 /// How a link-prediction run drew its training negatives.

@@ -113,10 +113,13 @@ pub fn estimate(
     let batches_in_flight_bytes = p.in_flight(pipelined);
     let model_bytes = parameters(schema, cfg)? * 4 * 4;
     // A link batch's pairs: the training batch's positives and their
-    // negatives; an evaluation batch's queries fill about a batch and
-    // overflow it by less than one query, bounded here by a second batch.
+    // negatives; an evaluation batch's queries fill about its batch size
+    // and overflow it by less than one query, bounded here by a second
+    // batch.
     let pairs = m.samples.link.as_ref().map_or(0, |l| {
-        m.samples.batch_size as u64 * (2 + u64::from(l.negatives))
+        let train = m.samples.batch_size as u64 * (1 + u64::from(l.negatives));
+        let eval = m.samples.eval_batch_size.unwrap_or(m.samples.batch_size) as u64;
+        train.max(eval) + m.samples.batch_size.max(eval as usize) as u64
     });
     let activations = activation_bytes(shape, schema, cfg, pairs);
     let activation_bytes = if on_cpu { activations } else { 0 };

@@ -67,6 +67,7 @@ fn fixture() -> Fixture {
         fanouts: vec![5, 5],
         relation_fanouts: Vec::new(),
         batch_size: 128,
+        eval_batch_size: None,
         epochs: 2,
         seed: 3,
         threads: 2,
