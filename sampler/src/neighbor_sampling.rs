@@ -24,6 +24,8 @@ pub struct Scratch {
     pub(crate) picks: Vec<u64>,
     /// A relation's picks in a layer, as positions in its neighbour lists.
     pub(crate) at: Vec<u64>,
+    /// One destination's excluded positions in its list.
+    pub(crate) banned: Vec<u64>,
 }
 
 impl Scratch {
@@ -32,6 +34,7 @@ impl Scratch {
             local: vec![u32::MAX; num_nodes as usize],
             picks: Vec::new(),
             at: Vec::new(),
+            banned: Vec::new(),
         }
     }
 
@@ -101,6 +104,19 @@ pub fn sample_blocks(
     rng: &mut impl Rng,
     scratch: &mut Scratch,
 ) -> (Vec<u32>, Vec<Block>) {
+    sample_blocks_excluding(csr, fanouts, seeds, None, rng, scratch)
+}
+
+/// As [`sample_blocks`], no seed drawing the neighbours `excluded` names
+/// for it.
+pub fn sample_blocks_excluding(
+    csr: &Csr,
+    fanouts: &[usize],
+    seeds: &[u32],
+    excluded: Option<&Excluded>,
+    rng: &mut impl Rng,
+    scratch: &mut Scratch,
+) -> (Vec<u32>, Vec<Block>) {
     let offsets = csr.offsets();
     let indices = csr.indices();
     let mut nodes: Vec<u32> = Vec::with_capacity(seeds.len() * 8);
@@ -125,7 +141,8 @@ pub fn sample_blocks(
             .iter()
             .enumerate()
             .map(|(d, &(s, e))| (d as u32, s, e));
-        pick(rows, fanout, rng, scratch, &mut dst);
+        let excluded = excluded.map(|e| (e, indices, 0));
+        pick(rows, fanout, excluded, rng, scratch, &mut dst);
         let mut src = Vec::new();
         gather(indices, &scratch.at, 0, &mut src);
         relabel(&mut scratch.local, &mut src, &mut nodes, None);
@@ -184,25 +201,99 @@ pub(crate) fn relabel(
     }
 }
 
+/// Each seed's partners in a link batch's positive pairs (global ids),
+/// which its neighbour lists may not give it: the pair's edge, either way,
+/// is no candidate, and the seed draws its whole fan-out among its other
+/// neighbours (DGL's `exclude="reverse_id"`).
+#[derive(Debug, Default)]
+pub struct Excluded {
+    /// By the seed's local id (seeds come first among a batch's nodes).
+    partners: Vec<Vec<u32>>,
+}
+
+impl Excluded {
+    /// The partners of `pairs` (local ids among `seeds`) but a node's own.
+    pub fn of_pairs(seeds: &[u32], pairs: impl IntoIterator<Item = (u32, u32)>) -> Self {
+        let mut partners = vec![Vec::new(); seeds.len()];
+        for (a, b) in pairs {
+            let (u, v) = (seeds[a as usize], seeds[b as usize]);
+            if u != v {
+                partners[a as usize].push(v);
+                partners[b as usize].push(u);
+            }
+        }
+        Excluded { partners }
+    }
+
+    /// The positions in `indices[start..end]` (a sorted list of ids less
+    /// `base`) of row `d`'s partners, into `out`, ascending.
+    fn positions(
+        &self,
+        d: u32,
+        (indices, base): (&[u32], u32),
+        start: u64,
+        end: u64,
+        out: &mut Vec<u64>,
+    ) {
+        out.clear();
+        let Some(partners) = self.partners.get(d as usize) else {
+            return;
+        };
+        let row = &indices[start as usize..end as usize];
+        for &p in partners {
+            let Some(id) = p.checked_sub(base) else {
+                continue;
+            };
+            let lo = row.partition_point(|&x| x < id);
+            let hi = lo + row[lo..].partition_point(|&x| x == id);
+            out.extend((lo..hi).map(|i| start + i as u64));
+        }
+        out.sort_unstable();
+        out.dedup();
+    }
+}
+
 /// The positions in the neighbour lists of each row's picks, into
 /// `scratch.at` (cleared first), and each pick's destination `d` into
 /// `dst`: a row `(d, start, end)` of at most `fanout` neighbours gives them
-/// all, a longer one `fanout` drawn by [`choose`]. This pass loads nothing
-/// of the graph; [`gather`] then does, with prefetching: drawn from a hub's
-/// long list, each pick misses the cache, and loading it right after the
-/// draw held the loop on it (78% of the homogeneous kernel's time in that
-/// one load).
+/// all, a longer one `fanout` drawn by [`choose`]. A row's `excluded`
+/// neighbours (looked up in its list, `(indices, base)`) are not among
+/// them. This pass loads nothing of the graph but the excluded rows;
+/// [`gather`] then does, with prefetching: drawn from a hub's long list,
+/// each pick misses the cache, and loading it right after the draw held
+/// the loop on it (78% of the homogeneous kernel's time in that one load).
 pub(crate) fn pick(
     rows: impl Iterator<Item = (u32, u64, u64)>,
     fanout: usize,
+    excluded: Option<(&Excluded, &[u32], u32)>,
     rng: &mut impl Rng,
     scratch: &mut Scratch,
     dst: &mut Vec<u32>,
 ) {
-    let (at, picks) = (&mut scratch.at, &mut scratch.picks);
+    let (at, picks, banned) = (&mut scratch.at, &mut scratch.picks, &mut scratch.banned);
     at.clear();
     for (d, start, end) in rows {
+        if let Some((e, indices, base)) = excluded {
+            e.positions(d, (indices, base), start, end, banned);
+        }
         let degree = end - start;
+        if excluded.is_some() && !banned.is_empty() {
+            let allowed = degree - banned.len() as u64;
+            if allowed <= fanout as u64 {
+                at.extend((start..end).filter(|a| !banned.contains(a)));
+            } else {
+                // Draws among the allowed positions, each moved past the
+                // excluded ones at or before it.
+                choose(allowed, fanout, rng, picks);
+                at.extend(picks.iter().map(|&p| {
+                    banned
+                        .iter()
+                        .fold(start + p, |a, &b| if a >= b { a + 1 } else { a })
+                }));
+            }
+            dst.extend(std::iter::repeat_n(d, (allowed as usize).min(fanout)));
+            continue;
+        }
         if degree <= fanout as u64 {
             at.extend(start..end);
         } else {

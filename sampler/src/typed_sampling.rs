@@ -16,7 +16,7 @@ use offgnn_shared::dataset::TypedDataset;
 use offgnn_shared::samples::Block;
 
 use crate::error::{Error, Result};
-use crate::neighbor_sampling::{AHEAD, Scratch, gather, pick, relabel};
+use crate::neighbor_sampling::{AHEAD, Excluded, Scratch, gather, pick, relabel};
 use crate::topology::{Csr, CsrOptions, stream_ahead};
 use offgnn_shared::prefetch;
 
@@ -192,6 +192,19 @@ pub fn sample_typed_blocks(
     rng: &mut impl Rng,
     scratch: &mut Scratch,
 ) -> (Vec<u32>, Vec<Block>) {
+    sample_typed_blocks_excluding(g, fanouts, seeds, None, rng, scratch)
+}
+
+/// As [`sample_typed_blocks`], no seed drawing the neighbours `excluded`
+/// names for it, over any relation.
+pub fn sample_typed_blocks_excluding(
+    g: &TypedGraph,
+    fanouts: &RelationFanouts,
+    seeds: &[u32],
+    excluded: Option<&Excluded>,
+    rng: &mut impl Rng,
+    scratch: &mut Scratch,
+) -> (Vec<u32>, Vec<Block>) {
     let mut nodes: Vec<u32> = Vec::with_capacity(seeds.len() * 8);
     let mut types: Vec<u32> = Vec::with_capacity(seeds.len() * 8);
     for &s in seeds {
@@ -238,7 +251,15 @@ pub fn sample_typed_blocks(
                 (d, offsets[row], offsets[row + 1])
             }));
             let first = src.len();
-            pick(bounds.iter().copied(), fanout, rng, scratch, &mut dst);
+            let excluded = excluded.map(|e| (e, indices, src_base as u32));
+            pick(
+                bounds.iter().copied(),
+                fanout,
+                excluded,
+                rng,
+                scratch,
+                &mut dst,
+            );
             gather(indices, &scratch.at, src_base as u32, &mut src);
             relabel(
                 &mut scratch.local,
