@@ -237,6 +237,17 @@ mod tests {
         (csr, pairs)
     }
 
+    /// `v`'s partners in `pairs` (a node's own pair with itself aside).
+    fn partners(pairs: &[(u32, u32)], v: u32) -> HashSet<u32> {
+        (pairs.iter())
+            .filter_map(|&(a, b)| match (a == v, b == v) {
+                (true, false) => Some(b),
+                (false, true) => Some(a),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Every block edge between the two nodes of a positive pair.
     fn leaks(b: &LinkBatch, pairs: &[(u32, u32)]) -> usize {
         let banned: HashSet<u64> = pairs.iter().map(|&(u, v)| pair_key(u, v)).collect();
@@ -278,21 +289,12 @@ mod tests {
             // The pairs' edges are kept out of the draws, not dropped after
             // them: every destination draws min(fan-out, its neighbours
             // less its partners) in each layer.
-            let partners = |v: u32| {
-                (batch.iter())
-                    .filter_map(|&(a, b)| match (a == v, b == v) {
-                        (true, false) => Some(b),
-                        (false, true) => Some(a),
-                        _ => None,
-                    })
-                    .collect::<HashSet<u32>>()
-            };
             for b in &with.blocks {
                 let mut drawn = vec![0usize; b.num_dst as usize];
                 b.dst.iter().for_each(|&d| drawn[d as usize] += 1);
                 for (d, &got) in drawn.iter().enumerate() {
                     let v = with.nodes[d];
-                    let ps = partners(v);
+                    let ps = partners(&batch, v);
                     let allowed = csr.neighbors(v).iter().filter(|u| !ps.contains(u)).count();
                     assert_eq!(got, allowed.min(3), "batch {index}: node {v}");
                 }
@@ -412,15 +414,6 @@ mod tests {
         assert!(leaks(&without, &pairs) >= 24, "{}", leaks(&without, &pairs));
         // Kept out of the draws: every run draws as many as a destination
         // has neighbours over it less its partners, up to the fan-out.
-        let partners = |v: u32| {
-            (pairs.iter())
-                .filter_map(|&(a, b)| match (a == v, b == v) {
-                    (true, false) => Some(b),
-                    (false, true) => Some(a),
-                    _ => None,
-                })
-                .collect::<HashSet<u32>>()
-        };
         for b in &with.blocks {
             for (r, rel) in g.relations.iter().enumerate() {
                 let run = b.relations[r] as usize..b.relations[r + 1] as usize;
@@ -432,7 +425,7 @@ mod tests {
                     if g.type_of(v) != rel.dst {
                         continue;
                     }
-                    let ps = partners(v);
+                    let ps = partners(&pairs, v);
                     let allowed = (rel.csr.neighbors(v - dst_base as u32).iter())
                         .filter(|&&u| !ps.contains(&(u + src_base)))
                         .count();
