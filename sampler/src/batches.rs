@@ -61,20 +61,7 @@ impl Task<'_> {
         let batch_size = cfg.batch_size_for(split);
         match &self.links {
             None => (self.input.split(split).seeds.len() as u64, batch_size),
-            Some(Links { task, .. }) => match split {
-                Split::Train => (task.train.pairs.len() as u64, batch_size),
-                Split::Valid | Split::Test => {
-                    let set = if split == Split::Valid {
-                        &task.valid
-                    } else {
-                        &task.test
-                    };
-                    (
-                        set.positives.len() as u64,
-                        set.queries_per_batch(batch_size),
-                    )
-                }
-            },
+            Some(Links { task, .. }) => task.split_items(split, batch_size),
         }
     }
 

@@ -175,22 +175,14 @@ fn output_bytes(
     link: Option<&LinkTask>,
     per_batch: u64,
 ) -> u64 {
-    let batch = |split| cfg.batch_size_for(split).max(1);
-    let epoch_batches = match link {
-        Some(t) => [(&t.valid, Split::Valid), (&t.test, Split::Test)]
-            .iter()
-            .fold(
-                (t.train.pairs.len() as u64).div_ceil(batch(Split::Train) as u64),
-                |most, &(set, split)| {
-                    let per_batch = set.queries_per_batch(batch(split)) as u64;
-                    most.max((set.positives.len() as u64).div_ceil(per_batch))
-                },
-            ),
-        None => (Split::ALL.iter().zip(shape.seeds))
-            .map(|(&split, s)| s.div_ceil(batch(split) as u64))
-            .max()
-            .unwrap_or(0),
-    };
+    let epoch_batches = (Split::ALL.iter().zip(shape.seeds))
+        .map(|(&split, seeds)| {
+            let batch = cfg.batch_size_for(split).max(1);
+            let (items, per_batch) = link.map_or((seeds, batch), |t| t.split_items(split, batch));
+            items.div_ceil(per_batch as u64)
+        })
+        .max()
+        .unwrap_or(0);
     let file_batches = u64::from(cfg.batches_per_file).min(epoch_batches.max(1));
     let file_bytes = file_batches.saturating_mul(per_batch);
     2 * (ROW_GROUP_BYTES.min(file_bytes.saturating_mul(2))

@@ -18,13 +18,13 @@ pub fn print(cfg: &SampleConfig, o: &Outcome) {
         ),
         (
             "fan-outs / batch size",
-            match cfg.eval_batch_size.filter(|&e| e != cfg.batch_size) {
-                Some(eval) => format!(
-                    "{:?} / {} (validation and test {eval})",
-                    cfg.fanouts, cfg.batch_size
-                ),
-                None => format!("{:?} / {}", cfg.fanouts, cfg.batch_size),
-            },
+            format!(
+                "{:?} / {}{}",
+                cfg.fanouts,
+                cfg.batch_size,
+                (cfg.eval_batch_size.filter(|&e| e != cfg.batch_size))
+                    .map_or(String::new(), |e| format!(" (validation and test {e})"))
+            ),
         ),
         ("shard", format!("{} of {}", cfg.shard, cfg.num_shards)),
         ("batches", o.batches.to_string()),

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use super::checks::{require_integer, resolve};
 use super::metadata::{METADATA_FILE, Metadata, SetMeta, read_metadata};
-use super::tasks::LINK_TASK;
+use super::tasks::{LINK_TASK, Split};
 use super::typed::TypedDataset;
 use crate::error::{Error, Result};
 use crate::npy::NpyFile;
@@ -73,6 +73,22 @@ struct Ends {
 }
 
 impl LinkTask {
+    /// A split's items (training pairs, or evaluation queries) and how many
+    /// make a batch of `batch_size` pairs.
+    pub fn split_items(&self, split: Split, batch_size: usize) -> (u64, usize) {
+        let ranked = |set: &RankedSet| {
+            (
+                set.positives.len() as u64,
+                set.queries_per_batch(batch_size),
+            )
+        };
+        match split {
+            Split::Train => (self.train.pairs.len() as u64, batch_size),
+            Split::Valid => ranked(&self.valid),
+            Split::Test => ranked(&self.test),
+        }
+    }
+
     /// The `link_prediction` task of the dataset at `root` (`num_nodes`
     /// nodes), or `None` if it has none. Each fault is one error naming
     /// its file.
