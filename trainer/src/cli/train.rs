@@ -212,7 +212,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     pub scorer: Option<crate::link::ScorerKind>,
     /// Train at most this many batches per epoch (for quick checks).
-    #[arg(long, hide = true)]
+    #[arg(long)]
     pub max_batches: Option<usize>,
     /// Launched by torchrun or srun: how long a rank waits for the others
     /// (to join, and at each collective) before it gives up, in seconds.
@@ -221,7 +221,7 @@ pub struct TrainArgs {
     /// One process standing in for N data-parallel ranks: each step trains
     /// every rank's batch and averages their gradients by hand (the check
     /// of a torchrun run).
-    #[arg(long, hide = true)]
+    #[arg(long)]
     pub emulate_ranks: Option<u32>,
 }
 

@@ -26,7 +26,6 @@ pub(super) fn settings(cfg: &TrainConfig, m: &offgnn_manifests::Manifest) -> Vec
         ),
         ("--model", format!("{:?}", model.kind).to_lowercase()),
         ("--hidden", model.hidden.to_string()),
-        ("--layers", model.layers.to_string()),
         ("--heads", model.heads.to_string()),
         ("--dropout", model.dropout.to_string()),
         (
