@@ -62,7 +62,6 @@ fn pack_args<'a>(samples: &'a str, feat: &'a str, out: &'a str) -> Vec<&'a str> 
     ]
 }
 
-/// (name, size, checksum) of every file of a committed sampling run.
 /// (name without the run's id, size, checksum) of every file a run names.
 fn run_files(dir: &Path) -> Vec<serde_json::Value> {
     let run: serde_json::Value =
@@ -74,7 +73,7 @@ fn run_files(dir: &Path) -> Vec<serde_json::Value> {
         .iter()
         .map(|f| {
             let name = f["name"].as_str().unwrap().replacen(&prefix, "samples/", 1);
-            serde_json::json!([name, f["size"], f["sha256"]])
+            serde_json::json!([name, f["size"], f["crc32c"]])
         })
         .collect()
 }

@@ -62,7 +62,7 @@ pub(crate) fn config(dataset: &Path, out: &str) -> SampleConfig {
 
 /// (name without the run id, size, checksum) of every file of a committed
 /// run; the names are the run's own.
-pub(crate) fn files(store: &Store) -> Vec<(String, u64, String)> {
+pub(crate) fn files(store: &Store) -> Vec<(String, u64, Option<u32>)> {
     let run = RunSummary::read(store).unwrap();
     run.files
         .iter()
@@ -72,7 +72,7 @@ pub(crate) fn files(store: &Store) -> Vec<(String, u64, String)> {
             (
                 f.object.name.replacen(&prefix, "samples/", 1),
                 f.object.size,
-                f.object.sha256.clone(),
+                f.object.crc32c,
             )
         })
         .collect()

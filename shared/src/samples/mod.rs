@@ -60,9 +60,11 @@ pub use run::{
 pub const RUN_SUMMARY: &str = "run.json";
 /// Format identifier and version of the samples layout.
 pub const FORMAT: &str = "offgnn-samples";
-/// Version 2 packs `input_nodes`, `edge_src` and `edge_dst` ([`packed_ids`]);
-/// version 1 held them as Parquet lists, and is still read.
-pub const FORMAT_VERSION: u32 = 2;
+/// Version 3 checksums files with CRC32C (version 2 and earlier with
+/// SHA-256); version 2 packs `input_nodes`, `edge_src` and `edge_dst`
+/// ([`packed_ids`]), where version 1 held them as Parquet lists. All are
+/// still read.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// One layer's sampled edges in local ids: `src[i] -> dst[i]`, with
 /// `dst < num_dst <= num_src`, grouped by destination in increasing order
@@ -518,11 +520,9 @@ pub fn block_bounds(num_nodes: u64, batch_size: u64, fanouts: &[usize]) -> Vec<(
 /// Fetches one samples file and checks its size and checksum against the
 /// run summary; returns its bytes and its URL for errors.
 fn fetch_checked(store: &Store, file: &SampleFile) -> Result<(String, bytes::Bytes)> {
-    use sha2::Digest;
     let bytes = store.get(&file.object.name)?;
     let origin = format!("{}/{}", store.url().trim_end_matches('/'), file.object.name);
-    let sum = crate::store::hex(&sha2::Sha256::digest(&bytes));
-    if bytes.len() as u64 != file.object.size || sum != file.object.sha256 {
+    if !file.object.matches(&bytes) {
         return Err(Error::Store {
             kind: None,
             url: origin,
@@ -752,6 +752,60 @@ mod tests {
         let damaged = RecordBatch::try_new(rb.schema(), columns).unwrap();
         let e = from_record_batch("x", &damaged).unwrap_err().to_string();
         assert!(e.contains("row 0: column 'edge_src'"), "{e}");
+    }
+
+    #[test]
+    fn a_file_is_read_only_where_its_size_and_checksum_match_the_run_summary() {
+        use sha2::Digest;
+        let batches = vec![batch(), link_batch()];
+        let rb = to_record_batch(&batches).unwrap();
+        let mut bytes = Vec::new();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, rb.schema(), None).unwrap();
+        w.write(&rb).unwrap();
+        w.close().unwrap();
+        let store = Store::memory();
+        store.put_slice("f.parquet", &bytes).unwrap();
+        let file = |crc32c: Option<u32>, sha256: Option<String>| SampleFile {
+            object: crate::store::WrittenObject {
+                name: "f.parquet".into(),
+                size: bytes.len() as u64,
+                crc32c,
+                sha256,
+            },
+            split: Split::Valid,
+            epoch: 0,
+            first_batch: 3,
+            batches: 2,
+            edges: 10,
+            input_nodes: 8,
+        };
+        let crc = crc32c::crc32c(&bytes);
+        let sha = crate::store::hex(&sha2::Sha256::digest(&bytes));
+        assert_eq!(read_file(&store, &file(Some(crc), None)).unwrap(), batches);
+        // Runs of format 2 and earlier record SHA-256.
+        assert_eq!(
+            read_file(&store, &file(None, Some(sha.clone()))).unwrap(),
+            batches
+        );
+        let refused = |f: &SampleFile| read_file(&store, f).unwrap_err().to_string();
+        for wrong in [
+            file(Some(crc ^ 1), None),
+            file(None, Some(sha.replacen(&sha[..1], "x", 1))),
+            file(None, None),
+        ] {
+            assert!(refused(&wrong).contains("checksum differs"), "{wrong:?}");
+        }
+        // One bit changed, the size the same.
+        let mut damaged = bytes.clone();
+        damaged[bytes.len() / 2] ^= 4;
+        store.put_slice("f.parquet", &damaged).unwrap();
+        for f in [file(Some(crc), None), file(None, Some(sha))] {
+            let e = refused(&f);
+            assert!(
+                e.contains("f.parquet") && e.contains("checksum differs"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -526,7 +526,19 @@ mod tests {
         }
         let written = w.finish().unwrap();
         assert_eq!(written.size, big.len() as u64);
-        assert_eq!(written.sha256, hex(&Sha256::digest(&big)));
+        assert_eq!(written.crc32c, Some(crc32c::crc32c(&big)));
+        assert!(written.matches(&big));
+        let mut wrong = big.clone();
+        wrong[12345] ^= 1;
+        assert!(!written.matches(&wrong));
+        assert!(!written.matches(&big[1..]));
+        // An object of before CRC32C is checked against its SHA-256.
+        let old = WrittenObject {
+            crc32c: None,
+            sha256: Some(hex(&Sha256::digest(&big))),
+            ..written.clone()
+        };
+        assert!(old.matches(&big) && !old.matches(&wrong));
         assert_eq!(store.get("a/big.bin").unwrap().as_ref(), big.as_slice());
 
         // A large put (past the page cache on a local store), then one over

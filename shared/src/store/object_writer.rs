@@ -7,12 +7,11 @@ use std::io::Write;
 use std::sync::Arc;
 
 use object_store::buffered::BufWriter;
-use sha2::{Digest, Sha256};
 use tokio_util::io::SyncIoBridge;
 
+use super::Store;
 use super::background::Background;
 use super::client::runtime;
-use super::{Store, hex};
 use crate::error::Result;
 
 /// Objects larger than this go up as multipart uploads.
@@ -24,8 +23,8 @@ impl Store {
     /// A streaming writer for one object, checksummed. To a local store it
     /// writes a staging file past the page cache, as [`Store::staged_writer`]
     /// does (through the cache, each page written was a copy into a fresh
-    /// page, a tenth of a sampler job's cycles), hashing and writing on a
-    /// thread of its own. To any other store it uploads in parts above
+    /// page, a tenth of a sampler job's cycles), checksumming and writing
+    /// on a thread of its own. To any other store it uploads in parts above
     /// 16 MiB. Must be called from a plain thread, not from async code.
     pub fn writer(&self, rel: &str) -> Result<ObjectWriter> {
         let sink = match self.local_file(rel) {
@@ -45,7 +44,7 @@ impl Store {
         };
         Ok(ObjectWriter {
             sink: Some(sink),
-            hasher: Sha256::new(),
+            crc32c: 0,
             size: 0,
             name: rel.to_string(),
             store: self.clone(),
@@ -59,8 +58,28 @@ pub struct WrittenObject {
     /// Name relative to the store it was written to.
     pub name: String,
     pub size: u64,
-    /// Lower-case hex SHA-256 of the object's bytes.
-    pub sha256: String,
+    /// The CRC32C of the object's bytes, as the writer computes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc32c: Option<u32>,
+    /// Lower-case hex SHA-256 of the object's bytes: what writers recorded
+    /// before CRC32C (samples of format 2 and earlier), still checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+impl WrittenObject {
+    /// Whether `bytes` are this object's: its size, and its CRC32C (or
+    /// SHA-256, where it records that instead). An object that records
+    /// neither matches nothing.
+    pub fn matches(&self, bytes: &[u8]) -> bool {
+        use sha2::Digest;
+        bytes.len() as u64 == self.size
+            && match (self.crc32c, &self.sha256) {
+                (Some(crc), _) => crc32c::crc32c(bytes) == crc,
+                (None, Some(sum)) => super::hex(&sha2::Sha256::digest(bytes)) == *sum,
+                (None, None) => false,
+            }
+    }
 }
 
 /// A `std::io::Write` into an object. Nothing is visible under the name until
@@ -68,7 +87,9 @@ pub struct WrittenObject {
 pub struct ObjectWriter {
     /// `None` once finished.
     sink: Option<Sink>,
-    hasher: Sha256,
+    /// The CRC32C of what went to a remote store so far (a local one's
+    /// thread computes its own).
+    crc32c: u32,
     size: u64,
     name: String,
     store: Store,
@@ -77,7 +98,7 @@ pub struct ObjectWriter {
 /// Where an [`ObjectWriter`]'s bytes go.
 enum Sink {
     /// A local store's staging file, renamed over the object when finished,
-    /// and hashed on the same thread as it is written.
+    /// and checksummed on the same thread as it is written.
     Local(Background),
     /// Any other store's multipart upload.
     Remote(SyncIoBridge<BufWriter>),
@@ -89,7 +110,7 @@ impl Write for ObjectWriter {
             Sink::Local(w) => w.write(buf).map(|()| buf.len())?,
             Sink::Remote(bridge) => {
                 let n = bridge.write(buf)?;
-                self.hasher.update(&buf[..n]);
+                self.crc32c = crc32c::crc32c_append(self.crc32c, &buf[..n]);
                 n
             }
         };
@@ -106,24 +127,25 @@ impl Write for ObjectWriter {
 impl ObjectWriter {
     /// Completes the upload and returns the object's size and checksum.
     pub fn finish(mut self) -> Result<WrittenObject> {
-        let hasher = match self.sink.take().expect("finish called once") {
+        let crc = match self.sink.take().expect("finish called once") {
             Sink::Local(w) => {
-                let (staged, hasher) = w.finish().map_err(|e| self.store.err(&self.name, e))?;
+                let (staged, crc) = w.finish().map_err(|e| self.store.err(&self.name, e))?;
                 let size = staged.finish()?;
                 debug_assert_eq!(size, self.size);
-                hasher
+                crc
             }
             Sink::Remote(mut bridge) => {
                 bridge
                     .shutdown()
                     .map_err(|e| self.store.err(&self.name, e))?;
-                self.hasher.clone()
+                self.crc32c
             }
         };
         Ok(WrittenObject {
             name: self.name.clone(),
             size: self.size,
-            sha256: hex(&hasher.finalize()),
+            crc32c: Some(crc),
+            sha256: None,
         })
     }
 }
