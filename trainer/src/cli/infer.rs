@@ -69,6 +69,8 @@ pub struct InferArgs {
     /// 1024 destinations and extrapolated; writes no output.
     #[arg(long, default_value = "streamed")]
     pub method: String,
+    /// `--method naive`: blocks of 1024 destinations timed before the
+    /// whole run's time is extrapolated from them.
     #[arg(long, default_value_t = 16)]
     pub naive_blocks: u64,
     /// How hidden layers' outputs are stored in --work-dir: f32, or f16
