@@ -41,9 +41,8 @@ impl Scratch {
     /// Returns the map to all-`u32::MAX` after a batch whose nodes were
     /// `nodes`. Each reset entry is a store to a random line, which a
     /// sequential fill of the whole map beats once the batch touches more
-    /// than one entry in sixteen (a line holds sixteen): a typed batch
-    /// touched a third of its graph's nodes, and resetting them one by one
-    /// took 8% of the kernel's cycles.
+    /// than one entry in sixteen (a line holds sixteen), as typed batches,
+    /// which touch a large share of their graph's nodes, do.
     pub(crate) fn clear(&mut self, nodes: &[u32]) {
         if nodes.len() * 16 > self.local.len() {
             self.local.fill(u32::MAX);
@@ -76,14 +75,12 @@ pub fn batch_rng(seed: u64, split: Split, epoch: u32, index: u32) -> Pcg64Mcg {
 
 /// How many items ahead the passes below ask for the cache lines they will
 /// load: far enough for a miss to the memory to land, near enough for the
-/// lines to stay in L1. 64 against 32: the typed job's sampling 0.97 s to
-/// 0.91 s, the heavy 2M-node graph's job 16.0 s to 15.3 s (medians of
-/// alternating runs); 96 no better.
+/// lines to stay in L1 (64 beat 32 on typed and homogeneous jobs, and 96
+/// did no better).
 pub(crate) const AHEAD: usize = 64;
 
 /// As [`AHEAD`], for [`gather`]: its loop does less per item, so the
-/// lines it asks for must be asked for more items ahead to land in time
-/// (the typed job's sampling 1.23 s to 1.10 s against [`AHEAD`] of 32).
+/// lines it asks for must be asked for more items ahead to land in time.
 const GATHER_AHEAD: usize = 96;
 
 /// Samples the blocks of one batch. `fanouts` are per layer, input layer
@@ -261,7 +258,7 @@ impl Excluded {
 /// them. This pass loads nothing of the graph but the excluded rows;
 /// [`gather`] then does, with prefetching: drawn from a hub's long list,
 /// each pick misses the cache, and loading it right after the draw held
-/// the loop on it (78% of the homogeneous kernel's time in that one load).
+/// the loop on it, most of the kernel's time in that one load.
 pub(crate) fn pick(
     rows: impl Iterator<Item = (u32, u64, u64)>,
     fanout: usize,

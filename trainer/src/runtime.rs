@@ -48,11 +48,9 @@ pub const OMP_WAIT_POLICY: &str = "OMP_WAIT_POLICY";
 /// the historical cache: loaders that prune each batch once the model step
 /// `lag` steps back has published its update; the pipeline: loaders and
 /// the assembler beside the step), and by default libgomp's idle threads
-/// spin on the cores that work needs: on two cores, a link-prediction
-/// epoch with the cache took 33 s spinning and 1.6 s passive, and 30
-/// batches of the 10M-node bench's GraphSAGE 5.12-5.20 s spinning and
-/// 4.54-4.94 s passive (GAT, link and typed epochs within a few percent
-/// either way). libgomp reads the policy once, as it loads, before
+/// spin on the cores that work needs, which on two cores slowed a
+/// link-prediction epoch with the cache many times over (and other epochs
+/// a little, or not at all). libgomp reads the policy once, as it loads, before
 /// `main`; hence the exec. Returns (and the run goes on as it is) where
 /// the exec fails.
 pub fn passive_openmp_where_it_helps() {

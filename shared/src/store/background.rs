@@ -1,11 +1,9 @@
 //! [`Background`]: a local object's bytes checksummed and written past the
 //! page cache on a thread of its own, so that the thread producing them
-//! goes on: while a sampler's encoder hashed a 64 MiB row group it closed,
-//! the sampling pool, its queue full, stood idle. On the heavy 2M-node
-//! graph the job took 20.5 to 22.1 s with such a thread against 22.1 to
-//! 22.6 s hashing and writing on the encoder's (3 alternating pairs). The
-//! checksum is CRC32C, which the processor computes at several GB/s: the
-//! SHA-256 it replaced took 9% of a typed sampler job's cycles.
+//! goes on: where a sampler's encoder wrote the row groups it closed, the
+//! sampling pool, its queue full, stood idle meanwhile. The checksum is
+//! CRC32C, which the processor computes in its own instruction (SHA-256,
+//! before it, cost the sampler's cores a noticeable share).
 
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
