@@ -194,6 +194,39 @@ pub fn http_server(dir: &Path) -> (std::process::Child, u16) {
     (server, port)
 }
 
+/// A WebDAV server (wsgidav, which scripts/setup installs into .venv)
+/// serving `dir` to anyone on a free loopback port: the running server and
+/// its port, once it accepts connections. Kill it when done.
+pub fn webdav_server(dir: &Path) -> (std::process::Child, u16) {
+    let bin = workspace().join(".venv/bin/wsgidav");
+    assert!(
+        bin.exists(),
+        "{} is missing: run scripts/setup",
+        bin.display()
+    );
+    let port = free_port();
+    let mut server = Command::new(&bin)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--auth", "anonymous", "--no-config", "-q", "--root"])
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("wsgidav starts");
+    let deadline = std::time::Instant::now() + READY_TIMEOUT;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Some(status) = server.try_wait().expect("the server's status") {
+            panic!("wsgidav ended before it listened on port {port}: {status}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "wsgidav did not listen on port {port} within {READY_TIMEOUT:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    (server, port)
+}
+
 /// The Cora tables fetched by scripts/setup.
 pub fn cora_dir() -> PathBuf {
     let dir = std::env::var_os("OFFGNN_CORA_DIR")

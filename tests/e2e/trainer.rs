@@ -1,6 +1,6 @@
 //! The trainer as a user runs it: training on a packed layout (DiskGNN §5.3)
 //! with metrics and checkpoints, its memory statement, a layout staged over
-//! HTTP, and what it refuses (bad flags, a checkpoint of another run, a
+//! HTTP, the three programs over WebDAV, and what it refuses (bad flags, a checkpoint of another run, a
 //! diverged run, a future manifest, damaged segments).
 
 use offgnn_e2e::{cora_pack, run};
@@ -191,6 +191,69 @@ fn a_layout_served_over_http_stages_and_trains() {
     assert!(r.status.success(), "{}", r.stderr);
     assert!(stage.join("manifest.json").exists());
     assert_eq!(r.json()["summary"]["epochs"].as_array().unwrap().len(), 1);
+}
+
+/// A WebDAV server as the store between the programs (`http://`
+/// locations, written with PUT and MKCOL and listed with PROPFIND): the
+/// sampler commits its run there, the packer reads it and commits the
+/// layout there, `packer verify` checks it, and the trainer stages it and
+/// writes its export there.
+#[test]
+fn a_webdav_server_carries_samples_layout_and_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("cora");
+    offgnn_e2e::import_cora(&ds, &[]);
+    let root = dir.path().join("dav");
+    std::fs::create_dir(&root).unwrap();
+    let (mut server, port) = offgnn_e2e::webdav_server(&root);
+    let url = |rel: &str| format!("http://127.0.0.1:{port}/{rel}");
+    let (samples, pack, manifest) = (url("samples"), url("pack"), url("pack/manifest.json"));
+    let feat = ds.join("data/feat.npy");
+    let stage = dir.path().join("stage");
+    let ds = ds.to_str().unwrap();
+    let runs = [
+        run(
+            "sampler",
+            &["--dataset", ds, "--out", &samples, "--batch-size", "256"],
+        ),
+        run(
+            "packer",
+            &offgnn_e2e::cora_pack_args(&samples, feat.to_str().unwrap(), &pack),
+        ),
+        run("packer", &["verify", "--manifest", &manifest]),
+        run(
+            "trainer",
+            &[
+                "--manifest",
+                &manifest,
+                "--local-dir",
+                stage.to_str().unwrap(),
+                "--epochs",
+                "1",
+                "--max-batches",
+                "2",
+                "--export",
+                &url("model"),
+            ],
+        ),
+    ];
+    let _ = server.kill();
+    let _ = server.wait();
+    for r in &runs {
+        assert!(r.status.success(), "{}", r.stderr);
+    }
+    assert_eq!(runs[2].json()["ok"], true);
+    assert_eq!(
+        runs[3].json()["summary"]["epochs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    // What the server holds: each program's commit.
+    for committed in ["samples/run.json", "pack/manifest.json", "model/model.json"] {
+        assert!(root.join(committed).is_file(), "{committed}");
+    }
 }
 
 /// `--io-depth auto` (GIDS §3.2) and `--read-through auto`: the first run
