@@ -1,7 +1,8 @@
 //! The trainer as a user runs it: training on a packed layout (DiskGNN §5.3)
 //! with metrics and checkpoints, its memory statement, a layout staged over
-//! HTTP, the three programs over WebDAV, and what it refuses (bad flags, a checkpoint of another run, a
-//! diverged run, a future manifest, damaged segments).
+//! HTTP, the three programs over WebDAV, and what it refuses (bad flags, a
+//! checkpoint of another run, a diverged run, a future manifest, damaged
+//! segments).
 
 use offgnn_e2e::{cora_pack, run};
 
