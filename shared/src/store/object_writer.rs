@@ -23,9 +23,9 @@ impl Store {
     /// A streaming writer for one object, checksummed. To a local store it
     /// writes a staging file past the page cache, as [`Store::staged_writer`]
     /// does (through the cache, each page written is a copy into a fresh
-    /// page), checksumming and writing
-    /// on a thread of its own. To any other store it uploads in parts above
-    /// 16 MiB. Must be called from a plain thread, not from async code.
+    /// page), checksumming and writing on a thread of its own. To any other
+    /// store it uploads in parts above 16 MiB. Must be called from a plain
+    /// thread, not from async code.
     pub fn writer(&self, rel: &str) -> Result<ObjectWriter> {
         let sink = match self.local_file(rel) {
             Some(file) => Sink::Local(Background::new(self.local_writer(rel, &file)?)),
