@@ -68,7 +68,8 @@ pub struct SampleArgs {
     /// Dataset directory (GraphBolt OnDiskDataset with metadata.yaml).
     #[arg(long)]
     pub dataset: Option<PathBuf>,
-    /// Where the samples go: a local path, file://, s3://, gs:// or az:// URL.
+    /// Where the samples go: a local path, or a file://, s3://, gs://, az://
+    /// or http(s):// URL (a WebDAV server).
     #[arg(long)]
     pub out: Option<String>,
     /// Neighbors sampled per layer, input layer first (as DGL's
