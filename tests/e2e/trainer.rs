@@ -174,19 +174,7 @@ fn a_layout_served_over_http_stages_and_trains() {
     let (mut server, port) = offgnn_e2e::http_server(dir.path());
     let url = format!("http://127.0.0.1:{port}/pack/manifest.json");
     let stage = dir.path().join("stage");
-    let r = run(
-        "trainer",
-        &[
-            "--manifest",
-            &url,
-            "--local-dir",
-            stage.to_str().unwrap(),
-            "--epochs",
-            "1",
-            "--max-batches",
-            "2",
-        ],
-    );
+    let r = run("trainer", &staged_quick_run(&url, &stage));
     let _ = server.kill();
     let _ = server.wait();
     assert!(r.status.success(), "{}", r.stderr);
@@ -210,7 +198,7 @@ fn a_webdav_server_carries_samples_layout_and_export() {
     let url = |rel: &str| format!("http://127.0.0.1:{port}/{rel}");
     let (samples, pack, manifest) = (url("samples"), url("pack"), url("pack/manifest.json"));
     let feat = ds.join("data/feat.npy");
-    let stage = dir.path().join("stage");
+    let (stage, model) = (dir.path().join("stage"), url("model"));
     let ds = ds.to_str().unwrap();
     let runs = [
         run(
@@ -225,17 +213,10 @@ fn a_webdav_server_carries_samples_layout_and_export() {
         run(
             "trainer",
             &[
-                "--manifest",
-                &manifest,
-                "--local-dir",
-                stage.to_str().unwrap(),
-                "--epochs",
-                "1",
-                "--max-batches",
-                "2",
-                "--export",
-                &url("model"),
-            ],
+                &staged_quick_run(&manifest, &stage)[..],
+                &["--export", &model],
+            ]
+            .concat(),
         ),
     ];
     let _ = server.kill();
@@ -255,6 +236,21 @@ fn a_webdav_server_carries_samples_layout_and_export() {
     for committed in ["samples/run.json", "pack/manifest.json", "model/model.json"] {
         assert!(root.join(committed).is_file(), "{committed}");
     }
+}
+
+/// A trainer's arguments for one epoch of two batches of the layout at
+/// `manifest`, staged into `stage`.
+fn staged_quick_run<'a>(manifest: &'a str, stage: &'a std::path::Path) -> Vec<&'a str> {
+    vec![
+        "--manifest",
+        manifest,
+        "--local-dir",
+        stage.to_str().unwrap(),
+        "--epochs",
+        "1",
+        "--max-batches",
+        "2",
+    ]
 }
 
 /// `--io-depth auto` (GIDS §3.2) and `--read-through auto`: the first run
