@@ -39,10 +39,15 @@ use serde::Serialize;
 
 use crate::derived_features::link_or_copy;
 use crate::error::{Error, Result};
-use crate::link_sampling::pair_key as key;
 
 /// The random stream of the split, apart from sampling's.
 const SPLIT_STREAM: u64 = 0x6c70_5f73_706c_6974;
+
+/// The undirected key of a node pair: the same whichever way it is stored.
+pub(crate) fn pair_key(u: u32, v: u32) -> u64 {
+    let (a, b) = if u <= v { (u, v) } else { (v, u) };
+    (u64::from(a) << 32) | u64::from(b)
+}
 
 /// How the edges are split.
 #[derive(Clone, Debug)]
@@ -109,7 +114,7 @@ pub fn split_edges(edges: &[(u32, u32)], targets: Range<u32>, cfg: &SplitConfig)
         .iter()
         .enumerate()
         .filter(|(_, (u, v))| u != v)
-        .map(|(i, &(u, v))| (key(u, v), i))
+        .map(|(i, &(u, v))| (pair_key(u, v), i))
         .collect();
     first.sort_unstable();
     first.dedup_by_key(|(k, _)| *k);
@@ -124,8 +129,12 @@ pub fn split_edges(edges: &[(u32, u32)], targets: Range<u32>, cfg: &SplitConfig)
     for &j in &order[..n_valid + n_test] {
         held_out[j] = true;
     }
-    let is_held =
-        |u: u32, v: u32| u != v && keys.binary_search(&key(u, v)).is_ok_and(|j| held_out[j]);
+    let is_held = |u: u32, v: u32| {
+        u != v
+            && keys
+                .binary_search(&pair_key(u, v))
+                .is_ok_and(|j| held_out[j])
+    };
     let train_edges = edges
         .iter()
         .copied()
@@ -168,7 +177,7 @@ fn negative(u: u32, v: u32, targets: Range<u32>, keys: &[u64], rng: &mut Pcg64Mc
     let mut w = v;
     for _ in 0..64 {
         w = rng.random_range(targets.clone());
-        if w != u && w != v && keys.binary_search(&key(u, w)).is_err() {
+        if w != u && w != v && keys.binary_search(&pair_key(u, w)).is_err() {
             return w;
         }
     }
@@ -341,12 +350,12 @@ fn split_typed(
         offsets,
     )?;
     let held: HashSet<u64> = (split.valid.pairs.iter().chain(&split.test.pairs))
-        .map(|&(u, v)| key(u, v))
+        .map(|&(u, v)| pair_key(u, v))
         .collect();
     if let Some(rev) = reverse.map(|i| &ds.relations[i]) {
         let kept: Vec<(u32, u32)> = read_edges(&rev.edges, (offsets.1, offsets.0), show_progress)?
             .into_iter()
-            .filter(|&(u, v)| !held.contains(&key(u, v)))
+            .filter(|&(u, v)| !held.contains(&pair_key(u, v)))
             .collect();
         write_edges(
             &writer.path(&layout::typed_edges(&rev.name)),
@@ -613,7 +622,7 @@ mod tests {
         let edges = graph();
         let s = split_edges(&edges, 0..200, &cfg(0.1, 0.2, 5, 7));
         let pairs = |v: &[(u32, u32)]| -> std::collections::BTreeSet<u64> {
-            v.iter().map(|&(u, w)| key(u, w)).collect()
+            v.iter().map(|&(u, w)| pair_key(u, w)).collect()
         };
         let (train, valid, test) = (
             pairs(&s.train_pairs),
@@ -633,12 +642,12 @@ mod tests {
         assert_eq!(test.len(), (0.2 * all.len() as f64).round() as usize);
         // No held-out pair is left in the training graph, in either direction.
         for &(u, v) in &s.train_edges {
-            assert!(!valid.contains(&key(u, v)) && !test.contains(&key(u, v)));
+            assert!(!valid.contains(&pair_key(u, v)) && !test.contains(&pair_key(u, v)));
         }
         // The rest of the graph is all there, self-loop included.
         let kept = edges
             .iter()
-            .filter(|&&(u, v)| train.contains(&key(u, v)) || u == v)
+            .filter(|&&(u, v)| train.contains(&pair_key(u, v)) || u == v)
             .count();
         assert_eq!(s.train_edges.len(), kept);
         assert!(s.train_edges.contains(&(5, 5)));
@@ -647,7 +656,10 @@ mod tests {
             assert_eq!(held.negatives.len(), held.pairs.len() * 5);
             for (i, &(u, v)) in held.pairs.iter().enumerate() {
                 for &w in &held.negatives[i * 5..i * 5 + 5] {
-                    assert!(w != u && w != v && !all.contains(&key(u, w)), "{u} {v} {w}");
+                    assert!(
+                        w != u && w != v && !all.contains(&pair_key(u, w)),
+                        "{u} {v} {w}"
+                    );
                 }
             }
         }

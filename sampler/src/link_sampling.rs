@@ -127,12 +127,6 @@ pub struct LinkBatch {
     pub pairs: Pairs,
 }
 
-/// The undirected key of a node pair: the same whichever way it is stored.
-pub(crate) fn pair_key(u: u32, v: u32) -> u64 {
-    let (a, b) = if u <= v { (u, v) } else { (v, u) };
-    (u64::from(a) << 32) | u64::from(b)
-}
-
 /// How link-prediction training batches are sampled from a graph.
 pub struct LinkSampler<'a> {
     pub graph: BlockSource<'a>,
@@ -205,6 +199,7 @@ pub fn sample_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::edge_split::pair_key;
     use crate::neighbor_sampling::batch_rng;
     use crate::topology::CsrOptions;
     use offgnn_shared::dataset::Split;
