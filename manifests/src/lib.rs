@@ -62,7 +62,7 @@ pub enum Error {
     #[error("{origin}: invalid manifest: {reason}")]
     Invalid { origin: String, reason: String },
     #[error(
-        "{origin}: the layout of a typed graph (format {TYPED_FORMAT_VERSION}), which this reader does not take: the trainer trains typed layouts from a local directory (staging them is not built yet); `packer verify` and `packer inspect` read them"
+        "{origin}: the layout of a typed graph (format {TYPED_FORMAT_VERSION}), where a homogeneous layout's manifest was expected"
     )]
     Typed { origin: String },
 }
