@@ -4,6 +4,8 @@
 //! trained with R-SAGE and R-GAT once the type without features has
 //! derived ones.
 
+use std::path::Path;
+
 use offgnn_e2e::{assert_one_line, run, workspace};
 
 #[test]
@@ -439,9 +441,10 @@ fn strs(args: &[String]) -> Vec<&str> {
 /// `trainer infer` on a typed model, its groups small enough that every
 /// type takes several: every type's embedding and the target type's logits
 /// are PyG's `HeteroConv` model over the whole graph (python/hetero_parity.py
-/// --infer); a split writes only its rows; bad flags are one line each.
+/// --infer), also for a run killed inside its second layer and resumed; a
+/// split writes only its rows; bad flags are one line each.
 fn typed_inference(export: &str, dataset: &str, out: &str) {
-    let infer = |out: &str, extra: &[&str]| {
+    let infer_env = |out: &str, extra: &[&str], env: &[(&str, &str)]| {
         let mut args = vec![
             "infer",
             "--model",
@@ -452,9 +455,11 @@ fn typed_inference(export: &str, dataset: &str, out: &str) {
             out,
         ];
         args.extend_from_slice(extra);
-        run("trainer", &args)
+        offgnn_e2e::run_with_env("trainer", &args, env)
     };
-    let r = infer(out, &["--outputs", "logits,embeddings", "--memory", "1M"]);
+    let infer = |out: &str, extra: &[&str]| infer_env(out, extra, &[]);
+    let whole = ["--outputs", "logits,embeddings", "--memory", "1M"];
+    let r = infer(out, &whole);
     assert!(r.status.success(), "{}", r.stderr);
     let types = r.json()["summary"]["node_types"]
         .as_array()
@@ -465,19 +470,53 @@ fn typed_inference(export: &str, dataset: &str, out: &str) {
         assert_eq!(t["nodes_written"], t["nodes"], "{t}");
     }
     assert!(types[0]["groups"].as_u64().unwrap() > 1, "{}", types[0]);
+    let groups: u64 = types.iter().map(|t| t["groups"].as_u64().unwrap()).sum();
     let python = workspace().join(".venv/bin/python");
-    let parity = std::process::Command::new(&python)
-        .arg(workspace().join("python/hetero_parity.py"))
-        .args(["--infer", export, dataset, out])
-        .output()
-        .expect("python starts");
-    let said = String::from_utf8_lossy(&parity.stdout);
-    assert!(
-        parity.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&parity.stderr)
-    );
-    eprintln!("typed inference against PyG: {said}");
+    let parity = |out: &str| {
+        let parity = std::process::Command::new(&python)
+            .arg(workspace().join("python/hetero_parity.py"))
+            .args(["--infer", export, dataset, out])
+            .output()
+            .expect("python starts");
+        let said = String::from_utf8_lossy(&parity.stdout).into_owned();
+        assert!(
+            parity.status.success(),
+            "{out}: {said}{}",
+            String::from_utf8_lossy(&parity.stderr)
+        );
+        said
+    };
+    eprintln!("typed inference against PyG: {}", parity(out));
+
+    // Killed after the first group of the first layer (whose rows go to
+    // the work directory), then again inside the second layer (past its
+    // first type's groups), then the same command once more: it resumes
+    // each time and commits the same result.
+    let resumed = format!("{out}-resumed");
+    let first_type = types[0]["groups"].as_u64().unwrap();
+    for kill_at in [1, groups - 1 + first_type + 1] {
+        let r = infer_env(
+            &resumed,
+            &whole,
+            &[("OFFGNN_TEST_INTERRUPT_AFTER_GROUPS", &kill_at.to_string())],
+        );
+        assert!(
+            !r.status.success() && r.stderr.contains("interrupted"),
+            "{}",
+            r.stderr
+        );
+        assert!(!Path::new(&resumed).join("_SUCCESS.json").exists());
+    }
+    let r = infer(&resumed, &whole);
+    assert!(r.status.success(), "{}", r.stderr);
+    let layers = r.json()["summary"]["layers"].as_array().unwrap().clone();
+    let resumed_groups: Vec<u64> = layers
+        .iter()
+        .map(|l| l["groups_resumed"].as_u64().unwrap())
+        .collect();
+    assert_eq!(resumed_groups[0], groups, "{layers:?}");
+    assert_eq!(resumed_groups[1], first_type + 1, "{layers:?}");
+    parity(&resumed);
 
     let valid = format!("{out}-valid");
     let r = infer(&valid, &["--nodes", "valid"]);

@@ -348,10 +348,16 @@ pub fn typed_infer_summary(s: &crate::hetero::infer::TypedInferSummary) {
         rows.push((
             format!("layer {}", l.layer),
             format!(
-                "read {}, wrote {}, {:.2} s",
+                "{} groups, read {}, wrote {}, {:.2} s{}",
+                l.groups,
                 human_bytes(l.bytes_read),
                 human_bytes(l.bytes_written),
-                l.seconds
+                l.seconds,
+                if l.groups_resumed > 0 {
+                    format!(" ({} groups from an earlier run)", l.groups_resumed)
+                } else {
+                    String::new()
+                }
             ),
         ));
     }

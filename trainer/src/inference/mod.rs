@@ -56,7 +56,7 @@ mod output;
 mod passes;
 mod plan;
 mod pull;
-mod resume;
+pub(crate) mod resume;
 mod run;
 pub(crate) use run::outputs_of;
 mod sage;
@@ -64,7 +64,7 @@ mod stream;
 
 pub use naive::{NaiveEstimate, naive_first_layer};
 pub use run::infer;
-pub(crate) use run::{local_dataset, remove_replaced};
+pub(crate) use run::{commit_result, local_dataset};
 
 /// Groups and chunks are whole multiples of this many nodes: a row of d
 /// float32 values times 1024 is a multiple of 4 KiB, so every group's and

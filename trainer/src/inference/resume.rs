@@ -1,7 +1,9 @@
 //! Where a run stands, in its work directory: the progress a killed run
 //! left (layers and groups finished, figures, parts written), which the
 //! same command resumes, the run's lease on its parts in `--out`, and the
-//! work directory's clearing once the result is committed.
+//! work directory's clearing once the result is committed. A typed run
+//! keeps progress of its own shape ([`RunProgress`]) through the same
+//! steps.
 
 use std::fs::File;
 use std::path::Path;
@@ -9,6 +11,7 @@ use std::path::Path;
 use offgnn_shared::commit::{Previous, RunId};
 use offgnn_shared::lease::{self, LEASE, Lease, Swept};
 use offgnn_shared::store::Store;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
@@ -37,10 +40,69 @@ pub(super) struct Progress {
     pub(super) nodes_written: u64,
 }
 
+/// What a run's progress file holds: where a run stands, and what it
+/// wrote under `--out`.
+pub(crate) trait RunProgress: Serialize + DeserializeOwned {
+    /// A run's progress before it has done anything.
+    fn fresh(key: &str) -> Self;
+    fn key(&self) -> &str;
+    fn run_id(&self) -> &str;
+    fn set_run_id(&mut self, id: &RunId);
+    /// The output parts written so far.
+    fn output_files(&self) -> &[String];
+    /// Whether an object under `--out` is an output part of such a run.
+    fn owns(name: &str) -> bool;
+    /// Counts what an earlier run did as resumed; says where it stands,
+    /// where it had begun.
+    fn resumed(&mut self) -> Option<String>;
+}
+
+impl RunProgress for Progress {
+    fn fresh(key: &str) -> Self {
+        Progress {
+            key: key.to_string(),
+            ..Default::default()
+        }
+    }
+
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    fn set_run_id(&mut self, id: &RunId) {
+        self.run_id = id.to_string();
+    }
+
+    fn output_files(&self) -> &[String] {
+        &self.output_files
+    }
+
+    fn owns(name: &str) -> bool {
+        is_part(name)
+    }
+
+    fn resumed(&mut self) -> Option<String> {
+        for f in self.figures.iter_mut() {
+            f.groups_resumed = f.passes;
+        }
+        (self.layer > 0 || self.groups_done > 0).then(|| {
+            format!(
+                "layer {}, {} groups of it done",
+                self.layer + 1,
+                self.groups_done
+            )
+        })
+    }
+}
+
 const PROGRESS: &str = "progress.json";
 
 /// Saves `p` in the work directory, replacing the last progress whole.
-pub(super) fn save_progress(work: &Path, p: &Progress) -> Result<()> {
+pub(crate) fn save_progress(work: &Path, p: &impl Serialize) -> Result<()> {
     let tmp = work.join(format!("{PROGRESS}.partial"));
     let bytes = serde_json::to_vec_pretty(p).expect("progress serializes");
     std::fs::write(&tmp, bytes)
@@ -81,101 +143,85 @@ pub(super) fn run_key(
 }
 
 /// Where a run with `key` starts: where a run of the same key stopped, as
-/// its work directory says, unless that run committed (`previous`), else
-/// from the start; and the run's id, which a resumed run keeps. Figures of
-/// an earlier run are reported as resumed. Also the output parts of an
-/// unfinished run of another key, which no commit will ever name: the
-/// caller removes them.
-pub(super) fn resume(
-    cfg: &InferConfig,
+/// the work directory `work` says, unless that run committed (`previous`),
+/// else from the start; and the run's id, which a resumed run keeps.
+/// Figures of an earlier run are reported as resumed. Also the output
+/// parts of an unfinished run of another key, which no commit will ever
+/// name: the caller removes them.
+fn resume<P: RunProgress>(
+    work: &Path,
     key: &str,
     previous: Option<&Previous>,
-    (layers, groups): (usize, usize),
-) -> (Progress, RunId, Vec<String>) {
-    let left = std::fs::read(cfg.work_dir.join(PROGRESS))
+) -> (P, RunId, Vec<String>) {
+    let left = std::fs::read(work.join(PROGRESS))
         .ok()
-        .and_then(|b| serde_json::from_slice::<Progress>(&b).ok())
+        .and_then(|b| serde_json::from_slice::<P>(&b).ok())
         // A run killed after its commit (before it cleared its work
         // directory) is done: the next run is a new one, not that one again.
-        .filter(|p| previous.is_none_or(|c| c.run_id.as_deref() != Some(p.run_id.as_str())));
+        .filter(|p| previous.is_none_or(|c| c.run_id.as_deref() != Some(p.run_id())));
     let (left, stale_parts) = match left {
-        Some(p) if p.key != key => (None, p.output_files),
+        Some(p) if p.key() != key => (None, p.output_files().to_vec()),
         p => (p, Vec::new()),
     };
-    let mut progress = left.unwrap_or_else(|| Progress {
-        key: key.to_string(),
-        ..Default::default()
-    });
-    let run_id = match RunId::parse(&progress.run_id) {
+    let mut progress = left.unwrap_or_else(|| P::fresh(key));
+    let run_id = match RunId::parse(progress.run_id()) {
         Some(id) => id,
         None => {
             let id = RunId::new();
-            progress.run_id = id.to_string();
+            progress.set_run_id(&id);
             id
         }
     };
-    // What an earlier run did is reported as resumed.
-    for f in progress.figures.iter_mut() {
-        f.groups_resumed = f.passes;
-    }
-    if progress.layer > 0 || progress.groups_done > 0 {
-        tracing::info!(
-            "resuming in {}: layer {} of {}, group {} of {}",
-            cfg.work_dir.display(),
-            progress.layer + 1,
-            layers,
-            progress.groups_done,
-            groups
-        );
+    if let Some(at) = progress.resumed() {
+        tracing::info!("resuming in {}: {at}", work.display());
     }
     (progress, run_id, stale_parts)
 }
 
-/// Inference runs, for the removal of those killed before committing.
-const INFER_RUNS: lease::Kind = lease::Kind {
-    what: "inference runs",
-    roots: &[""],
-    owns: &is_part,
-    commit: COMMIT,
-};
-
 /// A run's start: where it stands, its id, its lease on its parts in
 /// `--out`, and what it removed of runs killed before committing.
-pub(super) struct Claim {
-    pub(super) progress: Progress,
-    pub(super) run_id: RunId,
-    pub(super) lease: Lease,
-    pub(super) swept: Swept,
+pub(crate) struct Claim<P> {
+    pub(crate) progress: P,
+    pub(crate) run_id: RunId,
+    pub(crate) lease: Lease,
+    pub(crate) swept: Swept,
 }
 
-/// Where the run with `key` starts ([`resume`]), holding the lease on its
-/// parts; then removes the parts of runs that ended without committing.
-/// Progress whose parts are not all in `out` (another `--out`, or removed
-/// as a dead run's) is dropped: the run starts over.
-pub(super) fn claim(
-    cfg: &InferConfig,
+/// Where the run with `key` starts ([`resume`]) in the work directory
+/// `work`, holding the lease on its parts; then removes the parts of runs
+/// that ended without committing. Progress whose parts are not all in
+/// `out` (another `--out`, or removed as a dead run's) is dropped: the run
+/// starts over.
+pub(crate) fn claim<P: RunProgress>(
+    work: &Path,
     out: &Store,
     key: &str,
     previous: Option<&Previous>,
-    dims: (usize, usize),
-) -> Result<Claim> {
-    let (mut progress, mut run_id, stale_parts) = resume(cfg, key, previous, dims);
+) -> Result<Claim<P>> {
+    let (mut progress, mut run_id, stale_parts) = resume::<P>(work, key, previous);
     remove_parts(out, &stale_parts, "an unfinished run of other settings");
     let mut lease = take_lease(out, &run_id)?;
-    let missing = missing_parts(out, &run_id, &progress.output_files)?.len();
+    let missing = missing_parts(out, &run_id, progress.output_files())?.len();
     if missing > 0 {
         tracing::warn!(
             "{missing} of the {} output parts this run wrote before it stopped are not in {}; starting over",
-            progress.output_files.len(),
+            progress.output_files().len(),
             out.url()
         );
-        remove_parts(out, &progress.output_files, "the run stopped before");
+        remove_parts(out, progress.output_files(), "the run stopped before");
         drop(lease);
-        forget_progress(&cfg.work_dir);
-        (progress, run_id, _) = resume(cfg, key, previous, dims);
+        forget_progress(work);
+        (progress, run_id, _) = resume::<P>(work, key, previous);
         lease = take_lease(out, &run_id)?;
     }
-    let swept = lease::sweep(out, &INFER_RUNS, &lease);
+    // Inference runs, for the removal of those killed before committing.
+    let runs = lease::Kind {
+        what: "inference runs",
+        roots: &[""],
+        owns: &P::owns,
+        commit: COMMIT,
+    };
+    let swept = lease::sweep(out, &runs, &lease);
     Ok(Claim {
         progress,
         run_id,
@@ -185,7 +231,7 @@ pub(super) fn claim(
 }
 
 /// The parts among `files` that are not in `out` under `run_id`'s directory.
-pub(super) fn missing_parts<'a>(
+pub(crate) fn missing_parts<'a>(
     out: &Store,
     run_id: &RunId,
     files: &'a [String],
@@ -220,7 +266,7 @@ fn remove_parts(out: &Store, parts: &[String], whom: &str) {
 }
 
 /// Forgets the run's progress: the next run starts anew.
-pub(super) fn forget_progress(work: &Path) {
+pub(crate) fn forget_progress(work: &Path) {
     let _ = std::fs::remove_file(work.join(PROGRESS));
 }
 

@@ -4,7 +4,7 @@
 //! commits the result.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use offgnn_manifests::GraphOptions;
@@ -81,13 +81,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         run_id,
         lease,
         swept,
-    } = claim(
-        cfg,
-        &out,
-        &key,
-        previous.as_ref(),
-        (card.num_layers, plan.groups.len()),
-    )?;
+    } = claim::<Progress>(&cfg.work_dir, &out, &key, previous.as_ref())?;
     let edges_bucketed = prepare_work_dir(cfg, &ds, &model, &run_plan, &mut progress)?;
     let features = Input {
         path: ds.features.path().to_path_buf(),
@@ -132,7 +126,14 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         graph_override: graph_override.clone(),
         leftovers_removed: swept,
     };
-    commit_result(cfg, &out, &summary, (&run_id, &lease), previous.as_ref())?;
+    let json = serde_json::to_vec_pretty(&summary).expect("summary serializes");
+    commit_result(
+        &cfg.work_dir,
+        &out,
+        (json, &summary.files),
+        (&run_id, &lease),
+        previous.as_ref(),
+    )?;
     // The work directory's files are ours; the result is committed.
     clear_work_dir(&cfg.work_dir, card.num_layers, plan.groups.len());
     Ok(summary)
@@ -396,33 +397,29 @@ fn columns(cfg: &InferConfig) -> Vec<String> {
     columns
 }
 
-/// Commits `summary` as the result in `out`; a replaced result's parts
-/// (`previous`'s) go only once it is in place. A run that lost the commit
-/// to another removes its parts and forgets its progress.
-fn commit_result(
-    cfg: &InferConfig,
+/// Commits `summary` (its JSON, naming its parts `files`) as the result in
+/// `out`; a replaced result's parts (`previous`'s) go only once it is in
+/// place. A run that lost the commit to another removes its parts and
+/// forgets its progress in its work directory `work`.
+pub(crate) fn commit_result(
+    work: &Path,
     out: &Store,
-    summary: &InferSummary,
+    (summary, files): (Vec<u8>, &[String]),
     (run_id, lease): (&RunId, &Lease),
     previous: Option<&Previous>,
 ) -> Result<()> {
-    check_parts(out, run_id, &summary.files)?;
-    let json = serde_json::to_vec_pretty(summary).expect("summary serializes");
-    match commit::commit(out, COMMIT, json, run_id, previous)? {
+    check_parts(out, run_id, files)?;
+    match commit::commit(out, COMMIT, summary, run_id, previous)? {
         commit::Outcome::Committed => lease.release(),
         commit::Outcome::Lost { winner } => {
-            let removed = summary
-                .files
-                .iter()
-                .filter(|f| out.delete(f).is_ok())
-                .count();
+            let removed = files.iter().filter(|f| out.delete(f).is_ok()).count();
             lease.release();
-            forget_progress(&cfg.work_dir);
+            forget_progress(work);
             return Err(commit::lost(&out.join(COMMIT), &winner, removed).into());
         }
     }
     if let Some(old) = previous {
-        remove_replaced(out, &old.body, &summary.files);
+        remove_replaced(out, &old.body, files);
         commit::fault_point(commit::REPLACED_REMOVED);
     }
     Ok(())
@@ -430,7 +427,7 @@ fn commit_result(
 
 /// Removes the parts that the replaced result `old` (its `_SUCCESS.json`)
 /// lists and this one (`ours`) does not.
-pub(crate) fn remove_replaced(out: &Store, old: &[u8], ours: &[String]) {
+fn remove_replaced(out: &Store, old: &[u8], ours: &[String]) {
     let ours: HashSet<&String> = ours.iter().collect();
     let old_files = serde_json::from_slice::<serde_json::Value>(old)
         .ok()

@@ -14,10 +14,13 @@
 //! (each type's embedding, and the target type's classes through the
 //! classifier), committed by `_SUCCESS.json`. The functions are the
 //! training model's own ([`super::Rgnn::messages`]), so inference is the
-//! trained model on blocks holding every in-edge.
+//! trained model on blocks holding every in-edge. The work directory keeps
+//! the run's progress after every group; a killed run's command, run
+//! again, resumes from it ([`progress`]).
 
 mod edges;
 mod output;
+mod progress;
 mod rows;
 
 use std::path::Path;
@@ -26,7 +29,7 @@ use std::time::Instant;
 use offgnn_shared::commit::{self, RunId};
 use offgnn_shared::dataset::TypedDataset;
 use offgnn_shared::io_engine::IoEngine;
-use offgnn_shared::lease::{self, LEASE, Lease, Swept};
+use offgnn_shared::lease::Swept;
 use offgnn_shared::store::Store;
 use serde::{Deserialize, Serialize};
 use tch::{Tensor, nn};
@@ -34,7 +37,9 @@ use tch::{Tensor, nn};
 use super::export::TypedModelCard;
 use super::{RelationalKind, Rgnn, RgnnConfig};
 use crate::error::{Error, Result};
+use crate::inference::resume::{Claim, claim, forget_progress, save_progress};
 use crate::inference::{COMMIT, InferConfig, NodeSet};
+use progress::TypedProgress;
 use rows::{HiddenWriter, Rows};
 
 /// Whether the export at `location` is a typed model's.
@@ -68,6 +73,12 @@ pub struct TypeFigures {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct TypedLayerFigures {
     pub layer: usize,
+    /// Groups computed, over every type.
+    #[serde(default)]
+    pub groups: u64,
+    /// Of those, groups an earlier run of the same command computed.
+    #[serde(default)]
+    pub groups_resumed: u64,
     /// Bytes of the layer's inputs read (feature files, then the previous
     /// layer's outputs).
     pub bytes_read: u64,
@@ -115,7 +126,8 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> 
     let result = infer_run(cfg, engine);
     match offgnn_shared::signals::received() {
         Some(signal) if result.is_err() => Err(Error::Stopped(format!(
-            "stopped by {signal}; nothing was committed under --out, and the next run starts over"
+            "stopped by {signal}: the groups finished so far are kept in {} (and their parts under --out, uncommitted); run the same command again to resume",
+            cfg.work_dir.display()
         ))),
         _ => result,
     }
@@ -140,35 +152,29 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> 
         &cfg.work_dir,
         "another trainer infer is working here; wait for it to end or pass another --work-dir",
     )?;
-    let run_id = RunId::new();
-    let lease = Lease::take(&out, &format!("{run_id}/{LEASE}"), &run_id)?;
-    let swept = lease::sweep(
-        &out,
-        &lease::Kind {
-            what: "inference runs",
-            roots: &[""],
-            owns: &output::is_part,
-            commit: COMMIT,
-        },
-        &lease,
-    );
     let mut run = Run::plan((cfg, engine), &ds, &m)?;
-    let bucketing = Instant::now();
-    let edges = run.bucket(&ds)?;
-    let edge_bucketing_seconds = bucketing.elapsed().as_secs_f64();
+    let key = progress::run_key(
+        cfg,
+        &m.card.weights_sha256,
+        &fingerprint,
+        (&run.groups, run.dedup),
+    );
+    let Claim {
+        mut progress,
+        run_id,
+        lease,
+        swept,
+    } = claim::<TypedProgress>(&cfg.work_dir, &out, &key, previous.as_ref())?;
+    if progress.edges.is_none() {
+        let bucketing = Instant::now();
+        progress.edges = Some(run.bucket(&ds)?);
+        progress.edge_bucketing_seconds = bucketing.elapsed().as_secs_f64();
+        save_progress(&cfg.work_dir, &progress)?;
+    }
     let keep = selection(cfg, &ds)?;
-    let mut files = Vec::new();
-    let mut written = vec![0u64; ds.node_types.len()];
-    let mut layers = Vec::new();
-    for l in 0..m.cfg.layers {
-        layers.push(run.layer(
-            l,
-            &ds,
-            &m,
-            (&out, &run_id),
-            &keep,
-            (&mut files, &mut written),
-        )?);
+    progress.written.resize(ds.node_types.len(), 0);
+    while progress.layer < m.cfg.layers {
+        run.layer(&ds, &m, (&out, &run_id), &keep, &mut progress)?;
     }
     let (target_columns, other_columns) = output::columns(cfg.outputs);
     let summary = TypedInferSummary {
@@ -188,39 +194,36 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> 
                 name: nt.name.clone(),
                 nodes: nt.num,
                 groups: run.groups[t].len() as u64,
-                nodes_written: written[t],
+                nodes_written: progress.written[t],
                 columns: if t == ds.target {
                     target_columns.clone()
-                } else if written[t] > 0 {
+                } else if progress.written[t] > 0 {
                     other_columns.clone()
                 } else {
                     Vec::new()
                 },
             })
             .collect(),
-        edges,
-        files: files.clone(),
+        edges: progress.edges.unwrap_or(0),
+        files: progress.files.clone(),
         memory_limit: cfg.memory,
         memory_planned: run.planned,
-        layers,
-        edge_bucketing_seconds,
+        layers: progress.figures.clone(),
+        edge_bucketing_seconds: progress.edge_bucketing_seconds,
         seconds: started.elapsed().as_secs_f64(),
         device: format!("{:?}", cfg.device),
         leftovers_removed: swept,
     };
     let json = serde_json::to_vec_pretty(&summary).expect("summary serializes");
-    match commit::commit(&out, COMMIT, json, &run_id, previous.as_ref())? {
-        commit::Outcome::Committed => lease.release(),
-        commit::Outcome::Lost { winner } => {
-            let removed = files.iter().filter(|f| out.delete(f).is_ok()).count();
-            lease.release();
-            return Err(commit::lost(&out.join(COMMIT), &winner, removed).into());
-        }
-    }
-    if let Some(old) = previous {
-        crate::inference::remove_replaced(&out, &old.body, &files);
-    }
+    crate::inference::commit_result(
+        &cfg.work_dir,
+        &out,
+        (json, &summary.files),
+        (&run_id, &lease),
+        previous.as_ref(),
+    )?;
     run.clear(&ds);
+    forget_progress(&cfg.work_dir);
     Ok(summary)
 }
 
@@ -340,6 +343,9 @@ struct Run<'c> {
     dedup: bool,
     layers: usize,
     show_progress: bool,
+    /// Groups this process computed, for the tests' stand-in for a kill.
+    groups_here: u64,
+    interrupt_after_groups: Option<u64>,
 }
 
 /// Source rows of one chunk, the rows a group reads and projects at once:
@@ -443,6 +449,8 @@ impl<'c> Run<'c> {
             },
             layers: m.cfg.layers,
             show_progress: cfg.show_progress,
+            groups_here: 0,
+            interrupt_after_groups: crate::test_hooks::current().interrupt_after_groups,
         })
     }
 
@@ -499,90 +507,150 @@ impl<'c> Run<'c> {
             .collect()
     }
 
-    /// Runs layer `l` over every type's groups: to the work directory, or
-    /// for the last layer to Parquet parts under `out`.
+    /// Runs layer `progress.layer` over every type's groups from where
+    /// `progress` stands: to the work directory, or for the last layer to
+    /// Parquet parts under `out`. Saves the progress after every group.
     fn layer(
         &mut self,
-        l: usize,
         ds: &TypedDataset,
         m: &Loaded,
         (out, run_id): (&Store, &RunId),
         keep: &[Option<Vec<bool>>],
-        (files, written): (&mut Vec<String>, &mut [u64]),
-    ) -> Result<TypedLayerFigures> {
-        let started = Instant::now();
+        progress: &mut TypedProgress,
+    ) -> Result<()> {
+        let l = progress.layer;
         let last = l + 1 == m.cfg.layers;
         let inputs = self.inputs(l, ds, m)?;
-        let mut figures = TypedLayerFigures {
-            layer: l,
-            ..Default::default()
-        };
+        if progress.figures.len() == l {
+            progress.figures.push(TypedLayerFigures {
+                layer: l,
+                ..Default::default()
+            });
+        }
         let pb = offgnn_shared::progress::bar_if(
             self.show_progress,
             ds.num_nodes(),
             &format!("layer {} of {}", l + 1, m.cfg.layers),
             "nodes",
         );
-        for t in 0..ds.node_types.len() {
+        let before: u64 = ds.node_types[..progress.node_type]
+            .iter()
+            .map(|t| t.num)
+            .sum();
+        let type_groups = &self.groups[progress.node_type.min(ds.node_types.len() - 1)];
+        pb.inc(before + type_groups.get(progress.groups_done).map_or(0, |g| g.0));
+        let mut since = Instant::now();
+        while progress.node_type < ds.node_types.len() {
+            let t = progress.node_type;
             if last && keep[t].is_none() {
                 pb.inc(ds.node_types[t].num);
+                progress.node_type += 1;
                 continue;
             }
-            let mut writer = match last {
-                false => Some(HiddenWriter::create(self.hidden_file(l, t))?),
-                true => None,
+            let mut writer = match (last, progress.groups_done) {
+                (true, _) => None,
+                (false, 0) => Some(HiddenWriter::create(self.hidden_file(l, t))?),
+                // Rows of the groups done, the type's all when every group is.
+                (false, g) => {
+                    let rows = self.groups[t].get(g).map_or(ds.node_types[t].num, |r| r.0);
+                    let bytes = rows * m.cfg.hidden as u64 * 4;
+                    Some(HiddenWriter::reopen(self.hidden_file(l, t), bytes)?)
+                }
             };
-            for (g, &(lo, hi)) in self.groups[t].iter().enumerate() {
-                if let Some(signal) = offgnn_shared::signals::received() {
-                    return Err(Error::Stopped(format!("stopped by {signal}")));
-                }
-                let h = tch::no_grad(|| {
-                    self.group(l, (t, g), (lo, hi), &inputs, m, &mut figures.bytes_read)
-                })?;
-                match writer.as_mut() {
-                    Some(w) => {
-                        let mut h = h;
-                        Rgnn::between_layers(&mut h)?;
-                        w.append(&h, rows::piece_bytes(self.cfg.memory))?
-                    }
-                    None => {
-                        let logits = (t == ds.target && m.card.scorer.is_none())
-                            .then(|| m.model.classify(&h))
-                            .transpose()?;
-                        let keep = keep[t].as_ref().expect("checked above");
-                        let part = output::Part {
-                            type_name: &ds.node_types[t].name,
-                            group: g,
-                            first: lo,
-                            keep: keep[lo as usize..hi as usize].to_vec(),
-                            embedding: &h,
-                            logits: logits.as_ref(),
-                        };
-                        for (name, rows) in output::write_parts(
-                            out,
-                            run_id,
-                            (self.cfg.outputs, self.cfg.memory),
-                            &part,
-                        )? {
-                            files.push(name);
-                            written[t] += rows;
-                        }
-                    }
-                }
+            while progress.groups_done < self.groups[t].len() {
+                let (lo, hi) = self.groups[t][progress.groups_done];
+                self.group_output(
+                    (l, t),
+                    (lo, hi),
+                    (ds, m, &inputs),
+                    (out, run_id, keep),
+                    (writer.as_mut(), progress),
+                )?;
+                progress.figures[l].groups += 1;
+                progress.groups_done += 1;
+                progress.figures[l].seconds += since.elapsed().as_secs_f64();
+                since = Instant::now();
+                save_progress(self.work(), progress)?;
                 pb.inc(hi - lo);
+                self.groups_here += 1;
+                if self.interrupt_after_groups == Some(self.groups_here) {
+                    return Err(Error::Interrupted(self.groups_here, "groups"));
+                }
             }
             if let Some(w) = writer {
-                figures.bytes_written += w.finish()?;
+                progress.figures[l].bytes_written += w.finish()?;
             }
+            progress.node_type += 1;
+            progress.groups_done = 0;
+            progress.figures[l].seconds += since.elapsed().as_secs_f64();
+            since = Instant::now();
+            save_progress(self.work(), progress)?;
         }
         pb.finish_and_clear();
+        progress.layer += 1;
+        progress.node_type = 0;
+        save_progress(self.work(), progress)?;
+        // The layer's input goes once the progress no longer needs it.
         if l > 0 {
             for t in 0..ds.node_types.len() {
                 let _ = std::fs::remove_file(self.hidden_file(l - 1, t));
             }
         }
-        figures.seconds = started.elapsed().as_secs_f64();
-        Ok(figures)
+        Ok(())
+    }
+
+    /// Group `(lo, hi)` of type `t` at layer `l`, computed and written: its
+    /// rows appended to the layer's hidden file (`writer`, flushed), or in
+    /// the last layer (no writer) its Parquet parts under `out`, named in
+    /// `progress`. A killed run's group is written again whole, its parts
+    /// under the same names.
+    fn group_output(
+        &self,
+        (l, t): (usize, usize),
+        (lo, hi): (u64, u64),
+        (ds, m, inputs): (&TypedDataset, &Loaded, &[Rows]),
+        (out, run_id, keep): (&Store, &RunId, &[Option<Vec<bool>>]),
+        (writer, progress): (Option<&mut HiddenWriter>, &mut TypedProgress),
+    ) -> Result<()> {
+        if let Some(signal) = offgnn_shared::signals::received() {
+            return Err(Error::Stopped(format!("stopped by {signal}")));
+        }
+        let g = progress.groups_done;
+        let h = tch::no_grad(|| {
+            self.group(
+                l,
+                (t, g),
+                (lo, hi),
+                inputs,
+                m,
+                &mut progress.figures[l].bytes_read,
+            )
+        })?;
+        if let Some(w) = writer {
+            let mut h = h;
+            Rgnn::between_layers(&mut h)?;
+            w.append(&h, rows::piece_bytes(self.cfg.memory))?;
+            return w.flush();
+        }
+        let logits = (t == ds.target && m.card.scorer.is_none())
+            .then(|| m.model.classify(&h))
+            .transpose()?;
+        let keep = keep[t].as_ref().expect("a type the last layer writes");
+        let part = output::Part {
+            type_name: &ds.node_types[t].name,
+            group: g,
+            first: lo,
+            keep: keep[lo as usize..hi as usize].to_vec(),
+            embedding: &h,
+            logits: logits.as_ref(),
+        };
+        for (name, rows) in
+            output::write_parts(out, run_id, (self.cfg.outputs, self.cfg.memory), &part)?
+        {
+            progress.files.push(name);
+            progress.written[t] += rows;
+        }
+        Ok(())
     }
 
     /// Group `g` of type `t` (destinations `lo..hi`) at layer `l`: the sum

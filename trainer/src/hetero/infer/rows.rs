@@ -7,7 +7,7 @@
 //! bounded memory; its own rows are one range.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{Seek, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -207,7 +207,8 @@ pub(super) fn piece_bytes(memory: u64) -> u64 {
     (memory / 128).clamp(4 << 10, 16 << 20)
 }
 
-/// A layer's output for one type, written group after group, front to back.
+/// A layer's output for one type, written group after group, front to back;
+/// a resumed run's from where the groups done end.
 pub(super) struct HiddenWriter {
     file: std::io::BufWriter<File>,
     path: PathBuf,
@@ -221,6 +222,29 @@ impl HiddenWriter {
             file: std::io::BufWriter::with_capacity(1 << 20, file),
             path,
             bytes: 0,
+        })
+    }
+
+    /// The file at `path`, cut to its first `bytes` (the rows of the groups
+    /// a killed run finished), to append to.
+    pub(super) fn reopen(path: PathBuf, bytes: u64) -> Result<HiddenWriter> {
+        let io = |e| Error::io(path.display(), e);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(io)?;
+        if file.metadata().map_err(io)?.len() < bytes {
+            return Err(Error::InvalidArgument(format!(
+                "{}: shorter than the groups its progress says are done; remove the work directory to start over",
+                path.display()
+            )));
+        }
+        file.set_len(bytes).map_err(io)?;
+        file.seek(std::io::SeekFrom::End(0)).map_err(io)?;
+        Ok(HiddenWriter {
+            file: std::io::BufWriter::with_capacity(1 << 20, file),
+            path,
+            bytes,
         })
     }
 
@@ -239,6 +263,14 @@ impl HiddenWriter {
             self.bytes += bytes.len() as u64;
         }
         Ok(())
+    }
+
+    /// Writes what is buffered and syncs it: the rows appended so far
+    /// outlast the process, before the progress names their group.
+    pub(super) fn flush(&mut self) -> Result<()> {
+        let io = |e| Error::io(self.path.display(), e);
+        self.file.flush().map_err(io)?;
+        self.file.get_ref().sync_data().map_err(io)
     }
 
     /// Flushes and syncs the file; returns its bytes.
