@@ -461,6 +461,12 @@ fn typed_inference(export: &str, dataset: &str, out: &str) {
     let whole = ["--outputs", "logits,embeddings", "--memory", "1M"];
     let r = infer(out, &whole);
     assert!(r.status.success(), "{}", r.stderr);
+    let hidden_bytes = |r: &offgnn_e2e::Run| {
+        r.json()["summary"]["layers"][0]["bytes_written"]
+            .as_u64()
+            .unwrap()
+    };
+    let float32_bytes = hidden_bytes(&r);
     let types = r.json()["summary"]["node_types"]
         .as_array()
         .unwrap()
@@ -472,10 +478,10 @@ fn typed_inference(export: &str, dataset: &str, out: &str) {
     assert!(types[0]["groups"].as_u64().unwrap() > 1, "{}", types[0]);
     let groups: u64 = types.iter().map(|t| t["groups"].as_u64().unwrap()).sum();
     let python = workspace().join(".venv/bin/python");
-    let parity = |out: &str| {
+    let parity = |out: &str, tolerance: &str| {
         let parity = std::process::Command::new(&python)
             .arg(workspace().join("python/hetero_parity.py"))
-            .args(["--infer", export, dataset, out])
+            .args(["--infer", export, dataset, out, "--tolerance", tolerance])
             .output()
             .expect("python starts");
         let said = String::from_utf8_lossy(&parity.stdout).into_owned();
@@ -486,7 +492,7 @@ fn typed_inference(export: &str, dataset: &str, out: &str) {
         );
         said
     };
-    eprintln!("typed inference against PyG: {}", parity(out));
+    eprintln!("typed inference against PyG: {}", parity(out, "1e-4"));
 
     // Killed after the first group of the first layer (whose rows go to
     // the work directory), then again inside the second layer (past its
@@ -516,7 +522,17 @@ fn typed_inference(export: &str, dataset: &str, out: &str) {
         .collect();
     assert_eq!(resumed_groups[0], groups, "{layers:?}");
     assert_eq!(resumed_groups[1], first_type + 1, "{layers:?}");
-    parity(&resumed);
+    parity(&resumed, "1e-4");
+
+    // Hidden layers stored as float16: half the bytes in the work
+    // directory, the result within float16's rounding of PyG's.
+    let half = format!("{out}-f16");
+    let r = infer(&half, &[&whole[..], &["--hidden-dtype", "f16"]].concat());
+    assert!(r.status.success(), "{}", r.stderr);
+    assert_eq!(hidden_bytes(&r) * 2, float32_bytes);
+    let said: serde_json::Value = serde_json::from_str(&parity(&half, "1e-2")).unwrap();
+    let diff = said["max_abs_diff"].as_f64().unwrap();
+    assert!(diff > 0.0, "float16 hidden rows changed nothing: {said}");
 
     let valid = format!("{out}-valid");
     let r = infer(&valid, &["--nodes", "valid"]);

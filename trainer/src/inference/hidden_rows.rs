@@ -26,7 +26,7 @@ pub(super) fn hidden_file(work: &Path, l: usize) -> PathBuf {
 
 /// Encodes hidden rows' values into `dst` as float16 or float32
 /// (little-endian), on the thread pool; returns the bytes written.
-fn encode_rows(values: &[f32], f16: bool, dst: &mut [u8]) -> usize {
+pub(crate) fn encode_rows(values: &[f32], f16: bool, dst: &mut [u8]) -> usize {
     let elem = if f16 { 2 } else { 4 };
     let bytes = values.len() * elem;
     // Slices of 64 KiB of values a task.

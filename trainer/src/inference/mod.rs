@@ -47,7 +47,7 @@ mod chunk;
 mod edges;
 mod gat;
 mod group;
-mod hidden_rows;
+pub(crate) mod hidden_rows;
 mod host_tensors;
 mod layers;
 mod naive;

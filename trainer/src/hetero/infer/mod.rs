@@ -30,6 +30,7 @@ use offgnn_shared::commit::{self, RunId};
 use offgnn_shared::dataset::TypedDataset;
 use offgnn_shared::io_engine::IoEngine;
 use offgnn_shared::lease::Swept;
+use offgnn_shared::npy::DType;
 use offgnn_shared::store::Store;
 use serde::{Deserialize, Serialize};
 use tch::{Tensor, nn};
@@ -243,11 +244,6 @@ fn check_flags(cfg: &InferConfig) -> Result<()> {
     }
     if cfg.device.is_cuda() {
         return bad("--device cuda: typed inference runs on the CPU so far; pass --device cpu");
-    }
-    if cfg.hidden_f16 {
-        return bad(
-            "--hidden-dtype f16 is not built for typed models; their hidden layers are float32",
-        );
     }
     Ok(())
 }
@@ -481,6 +477,14 @@ impl<'c> Run<'c> {
         Ok(total)
     }
 
+    /// How the hidden layers' rows are stored.
+    fn hidden_dtype(&self) -> DType {
+        match self.cfg.hidden_f16 {
+            true => DType::F16,
+            false => DType::F32,
+        }
+    }
+
     fn hidden_file(&self, l: usize, t: usize) -> std::path::PathBuf {
         self.work().join(format!("hidden-{l}-t{t:03}.bin"))
     }
@@ -501,7 +505,7 @@ impl<'c> Run<'c> {
                 _ => Rows::hidden(
                     self.engine,
                     &self.hidden_file(l - 1, t),
-                    m.cfg.hidden as usize,
+                    (m.cfg.hidden as usize, self.hidden_dtype()),
                 ),
             })
             .collect()
@@ -549,12 +553,19 @@ impl<'c> Run<'c> {
             }
             let mut writer = match (last, progress.groups_done) {
                 (true, _) => None,
-                (false, 0) => Some(HiddenWriter::create(self.hidden_file(l, t))?),
+                (false, 0) => Some(HiddenWriter::create(
+                    self.hidden_file(l, t),
+                    self.cfg.hidden_f16,
+                )?),
                 // Rows of the groups done, the type's all when every group is.
                 (false, g) => {
                     let rows = self.groups[t].get(g).map_or(ds.node_types[t].num, |r| r.0);
-                    let bytes = rows * m.cfg.hidden as u64 * 4;
-                    Some(HiddenWriter::reopen(self.hidden_file(l, t), bytes)?)
+                    let bytes = rows * m.cfg.hidden as u64 * self.hidden_dtype().size() as u64;
+                    Some(HiddenWriter::reopen(
+                        self.hidden_file(l, t),
+                        bytes,
+                        self.cfg.hidden_f16,
+                    )?)
                 }
             };
             while progress.groups_done < self.groups[t].len() {

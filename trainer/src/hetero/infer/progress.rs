@@ -77,8 +77,8 @@ impl RunProgress for TypedProgress {
 
 /// The key of a typed run's progress: the model's weights, the dataset
 /// (`fingerprint`), each type's groups, whether repeated edges count once,
-/// and the options that shape the output (`--memory` sizes its parts). A
-/// run resumes only progress with its key.
+/// how hidden rows are stored, and the options that shape the output
+/// (`--memory` sizes its parts). A run resumes only progress with its key.
 pub(super) fn run_key(
     cfg: &InferConfig,
     weights_sha256: &str,
@@ -90,8 +90,8 @@ pub(super) fn run_key(
     h.update(fingerprint);
     h.update(serde_json::to_vec(groups).expect("groups serialize"));
     h.update(format!(
-        "typed{dedup}{}{:?}{:?}{:?}",
-        cfg.memory, cfg.nodes, cfg.outputs, cfg.device
+        "typed{dedup}{}{}{:?}{:?}{:?}",
+        cfg.memory, cfg.hidden_f16, cfg.nodes, cfg.outputs, cfg.device
     ));
     offgnn_shared::store::hex(&h.finalize())
 }

@@ -55,9 +55,13 @@ impl<'e> Rows<'e> {
         Rows::open(engine, npy.path(), (npy.header().data_offset, width, dtype))
     }
 
-    /// A layer's output that [`HiddenWriter`] wrote.
-    pub(super) fn hidden(engine: &'e IoEngine, path: &Path, width: usize) -> Result<Rows<'e>> {
-        Rows::open(engine, path, (0, width, DType::F32))
+    /// A layer's output that [`HiddenWriter`] wrote, float32 or float16.
+    pub(super) fn hidden(
+        engine: &'e IoEngine,
+        path: &Path,
+        (width, dtype): (usize, DType),
+    ) -> Result<Rows<'e>> {
+        Rows::open(engine, path, (0, width, dtype))
     }
 
     fn open(
@@ -207,27 +211,30 @@ pub(super) fn piece_bytes(memory: u64) -> u64 {
     (memory / 128).clamp(4 << 10, 16 << 20)
 }
 
-/// A layer's output for one type, written group after group, front to back;
-/// a resumed run's from where the groups done end.
+/// A layer's output for one type, written group after group, front to back
+/// (float32, or float16 under `--hidden-dtype f16`); a resumed run's from
+/// where the groups done end.
 pub(super) struct HiddenWriter {
     file: std::io::BufWriter<File>,
     path: PathBuf,
     pub(super) bytes: u64,
+    f16: bool,
 }
 
 impl HiddenWriter {
-    pub(super) fn create(path: PathBuf) -> Result<HiddenWriter> {
+    pub(super) fn create(path: PathBuf, f16: bool) -> Result<HiddenWriter> {
         let file = File::create(&path).map_err(|e| Error::io(path.display(), e))?;
         Ok(HiddenWriter {
             file: std::io::BufWriter::with_capacity(1 << 20, file),
             path,
             bytes: 0,
+            f16,
         })
     }
 
     /// The file at `path`, cut to its first `bytes` (the rows of the groups
     /// a killed run finished), to append to.
-    pub(super) fn reopen(path: PathBuf, bytes: u64) -> Result<HiddenWriter> {
+    pub(super) fn reopen(path: PathBuf, bytes: u64, f16: bool) -> Result<HiddenWriter> {
         let io = |e| Error::io(path.display(), e);
         let mut file = std::fs::OpenOptions::new()
             .write(true)
@@ -245,18 +252,21 @@ impl HiddenWriter {
             file: std::io::BufWriter::with_capacity(1 << 20, file),
             path,
             bytes,
+            f16,
         })
     }
 
-    /// Appends the rows of `h` (float32, on the CPU), `piece` bytes at a
-    /// time.
+    /// Appends the rows of `h` (float32, on the CPU), encoded, `piece`
+    /// bytes of them at a time.
     pub(super) fn append(&mut self, h: &Tensor, piece: u64) -> Result<()> {
         let (rows, width) = (h.size()[0], h.size().get(1).copied().unwrap_or(1).max(1));
-        let step = (piece as i64 / (width * 4)).max(1);
+        let elem = if self.f16 { 2 } else { 4 };
+        let step = (piece as i64 / (width * elem)).max(1);
         for at in (0..rows).step_by(step as usize) {
             let piece = h.narrow(0, at, step.min(rows - at)).flatten(0, -1);
             let values = Vec::<f32>::try_from(piece).map_err(Error::from)?;
-            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let mut bytes = vec![0u8; values.len() * elem as usize];
+            crate::inference::hidden_rows::encode_rows(&values, self.f16, &mut bytes);
             self.file
                 .write_all(&bytes)
                 .map_err(|e| Error::io(self.path.display(), e))?;
@@ -294,7 +304,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.bin");
         let (rows, width) = (40_000u32, 3usize);
-        let mut w = HiddenWriter::create(path.clone()).unwrap();
+        let mut w = HiddenWriter::create(path.clone(), false).unwrap();
         let all = Tensor::arange(
             i64::from(rows) * width as i64,
             (tch::Kind::Float, tch::Device::Cpu),
@@ -303,7 +313,7 @@ mod tests {
         w.append(&all, 4096).unwrap();
         w.finish().unwrap();
         let engine = IoEngine::new(Default::default());
-        let r = Rows::hidden(&engine, &path, width).unwrap();
+        let r = Rows::hidden(&engine, &path, (width, DType::F32)).unwrap();
         // Neighbours, a gap to coalesce over and one too wide to.
         let ids = [0u32, 1, 2, 900, 30_000, 39_999];
         let mut read = 0;
