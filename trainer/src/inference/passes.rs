@@ -231,7 +231,7 @@ impl<'a> Passes<'a> {
                     .write_group(gi, (a, b), self.bits, &out_rows, embedding.as_deref())?;
             for (name, size, rows) in parts {
                 figures.written += size;
-                progress.output_files.push(name);
+                progress.run.output_files.push(name);
                 progress.nodes_written += rows;
             }
         }

@@ -22,13 +22,23 @@ use super::plan::Plan;
 use super::{COMMIT, InferConfig, LayerFigures};
 use crate::error::{Error, Result};
 
-/// Where an interrupted run stands; `key` says which run it belongs to.
+/// What any run's progress says of the run itself.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub(super) struct Progress {
-    pub(super) key: String,
+pub(crate) struct RunRecord {
+    /// Which run it belongs to: a run resumes only progress of its key.
+    pub(crate) key: String,
     /// The run whose parts these are: a resumed run keeps its id.
     #[serde(default)]
-    pub(super) run_id: String,
+    pub(crate) run_id: String,
+    /// The output parts written so far.
+    pub(crate) output_files: Vec<String>,
+}
+
+/// Where an interrupted run stands.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(super) struct Progress {
+    #[serde(flatten)]
+    pub(super) run: RunRecord,
     pub(super) edges_ready: bool,
     /// Layers finished.
     pub(super) layer: usize,
@@ -36,20 +46,14 @@ pub(super) struct Progress {
     pub(super) groups_done: usize,
     pub(super) figures: Vec<LayerFigures>,
     pub(super) edge_bucketing_seconds: f64,
-    pub(super) output_files: Vec<String>,
     pub(super) nodes_written: u64,
 }
 
-/// What a run's progress file holds: where a run stands, and what it
-/// wrote under `--out`.
-pub(crate) trait RunProgress: Serialize + DeserializeOwned {
-    /// A run's progress before it has done anything.
-    fn fresh(key: &str) -> Self;
-    fn key(&self) -> &str;
-    fn run_id(&self) -> &str;
-    fn set_run_id(&mut self, id: &RunId);
-    /// The output parts written so far.
-    fn output_files(&self) -> &[String];
+/// What a run's progress file holds: where a run stands (a fresh run's is
+/// the default), and which run it is.
+pub(crate) trait RunProgress: Serialize + DeserializeOwned + Default {
+    fn run(&self) -> &RunRecord;
+    fn run_mut(&mut self) -> &mut RunRecord;
     /// Whether an object under `--out` is an output part of such a run.
     fn owns(name: &str) -> bool;
     /// Counts what an earlier run did as resumed; says where it stands,
@@ -58,27 +62,12 @@ pub(crate) trait RunProgress: Serialize + DeserializeOwned {
 }
 
 impl RunProgress for Progress {
-    fn fresh(key: &str) -> Self {
-        Progress {
-            key: key.to_string(),
-            ..Default::default()
-        }
+    fn run(&self) -> &RunRecord {
+        &self.run
     }
 
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn run_id(&self) -> &str {
-        &self.run_id
-    }
-
-    fn set_run_id(&mut self, id: &RunId) {
-        self.run_id = id.to_string();
-    }
-
-    fn output_files(&self) -> &[String] {
-        &self.output_files
+    fn run_mut(&mut self) -> &mut RunRecord {
+        &mut self.run
     }
 
     fn owns(name: &str) -> bool {
@@ -100,6 +89,15 @@ impl RunProgress for Progress {
 }
 
 const PROGRESS: &str = "progress.json";
+
+/// Holds the work directory `work` for this run alone (creating it): two
+/// runs in it would overwrite each other's layers and progress.
+pub(crate) fn hold_work_dir(work: &Path) -> Result<offgnn_shared::commit::HeldDir> {
+    Ok(offgnn_shared::commit::hold_dir(
+        work,
+        "another trainer infer is working here; wait for it to end or pass another --work-dir",
+    )?)
+}
 
 /// Saves `p` in the work directory, replacing the last progress whole.
 pub(crate) fn save_progress(work: &Path, p: &impl Serialize) -> Result<()> {
@@ -158,17 +156,21 @@ fn resume<P: RunProgress>(
         .and_then(|b| serde_json::from_slice::<P>(&b).ok())
         // A run killed after its commit (before it cleared its work
         // directory) is done: the next run is a new one, not that one again.
-        .filter(|p| previous.is_none_or(|c| c.run_id.as_deref() != Some(p.run_id())));
+        .filter(|p| previous.is_none_or(|c| c.run_id.as_deref() != Some(&p.run().run_id)));
     let (left, stale_parts) = match left {
-        Some(p) if p.key() != key => (None, p.output_files().to_vec()),
+        Some(p) if p.run().key != key => (None, p.run().output_files.clone()),
         p => (p, Vec::new()),
     };
-    let mut progress = left.unwrap_or_else(|| P::fresh(key));
-    let run_id = match RunId::parse(progress.run_id()) {
+    let mut progress = left.unwrap_or_else(|| {
+        let mut p = P::default();
+        p.run_mut().key = key.to_string();
+        p
+    });
+    let run_id = match RunId::parse(&progress.run().run_id) {
         Some(id) => id,
         None => {
             let id = RunId::new();
-            progress.set_run_id(&id);
+            progress.run_mut().run_id = id.to_string();
             id
         }
     };
@@ -201,14 +203,14 @@ pub(crate) fn claim<P: RunProgress>(
     let (mut progress, mut run_id, stale_parts) = resume::<P>(work, key, previous);
     remove_parts(out, &stale_parts, "an unfinished run of other settings");
     let mut lease = take_lease(out, &run_id)?;
-    let missing = missing_parts(out, &run_id, progress.output_files())?.len();
+    let missing = missing_parts(out, &run_id, &progress.run().output_files)?.len();
     if missing > 0 {
         tracing::warn!(
             "{missing} of the {} output parts this run wrote before it stopped are not in {}; starting over",
-            progress.output_files().len(),
+            progress.run().output_files.len(),
             out.url()
         );
-        remove_parts(out, progress.output_files(), "the run stopped before");
+        remove_parts(out, &progress.run().output_files, "the run stopped before");
         drop(lease);
         forget_progress(work);
         (progress, run_id, _) = resume::<P>(work, key, previous);

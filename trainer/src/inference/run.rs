@@ -22,7 +22,8 @@ use super::output::{OutputWriter, selection};
 use super::passes::Passes;
 use super::plan::{RunPlan, plan_run};
 use super::resume::{
-    Claim, Progress, claim, clear_work_dir, forget_progress, missing_parts, run_key, save_progress,
+    Claim, Progress, claim, clear_work_dir, forget_progress, hold_work_dir, missing_parts, run_key,
+    save_progress,
 };
 use super::stream::Input;
 use super::{COMMIT, InferConfig, InferSummary, Outputs, PAGE};
@@ -66,12 +67,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let previous = commit::read(&out, COMMIT)?;
     check_output(cfg, card, &out, previous.as_ref())?;
     let bits = selection(&ds, &cfg.nodes)?;
-    // The work directory is this run's alone (created here): two runs in it
-    // would overwrite each other's layers and progress.
-    let _held = offgnn_shared::commit::hold_dir(
-        &cfg.work_dir,
-        "another trainer infer is working here; wait for it to end or pass another --work-dir",
-    )?;
+    let _held = hold_work_dir(&cfg.work_dir)?;
     let run_plan = plan_run(cfg, &model, &ds, &bits, &out)?;
     let plan = &run_plan.plan;
     // Resume where a run of the same model, data and plan stopped.
@@ -112,7 +108,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         edges,
         nodes_written: progress.nodes_written,
         columns: columns(cfg),
-        files: progress.output_files.clone(),
+        files: progress.run.output_files.clone(),
         groups: plan.groups.len() as u64,
         chunk_rows: plan.chunk_rows,
         omp_wait_policy: std::env::var(crate::OMP_WAIT_POLICY).unwrap_or_default(),

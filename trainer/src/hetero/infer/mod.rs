@@ -38,7 +38,7 @@ use tch::{Tensor, nn};
 use super::export::TypedModelCard;
 use super::{RelationalKind, Rgnn, RgnnConfig};
 use crate::error::{Error, Result};
-use crate::inference::resume::{Claim, claim, forget_progress, save_progress};
+use crate::inference::resume::{Claim, claim, forget_progress, hold_work_dir, save_progress};
 use crate::inference::{COMMIT, InferConfig, NodeSet};
 use progress::TypedProgress;
 use rows::{HiddenWriter, Rows};
@@ -149,10 +149,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> 
             out.url()
         )));
     }
-    let _held = commit::hold_dir(
-        &cfg.work_dir,
-        "another trainer infer is working here; wait for it to end or pass another --work-dir",
-    )?;
+    let _held = hold_work_dir(&cfg.work_dir)?;
     let mut run = Run::plan((cfg, engine), &ds, &m)?;
     let key = progress::run_key(
         cfg,
@@ -206,7 +203,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> 
             })
             .collect(),
         edges: progress.edges.unwrap_or(0),
-        files: progress.files.clone(),
+        files: progress.run.output_files.clone(),
         memory_limit: cfg.memory,
         memory_planned: run.planned,
         layers: progress.figures.clone(),
@@ -658,7 +655,7 @@ impl<'c> Run<'c> {
         for (name, rows) in
             output::write_parts(out, run_id, (self.cfg.outputs, self.cfg.memory), &part)?
         {
-            progress.files.push(name);
+            progress.run.output_files.push(name);
             progress.written[t] += rows;
         }
         Ok(())

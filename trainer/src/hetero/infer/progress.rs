@@ -4,18 +4,17 @@
 //! after every group; the same command resumes from it
 //! ([`crate::inference::resume`] holds the steps both kinds of run share).
 
-use offgnn_shared::commit::RunId;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
 use super::TypedLayerFigures;
 use crate::inference::InferConfig;
-use crate::inference::resume::RunProgress;
+use crate::inference::resume::{RunProgress, RunRecord};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(super) struct TypedProgress {
-    pub(super) key: String,
-    pub(super) run_id: String,
+    #[serde(flatten)]
+    pub(super) run: RunRecord,
     /// The edges bucketed, once every relation's are.
     pub(super) edges: Option<u64>,
     pub(super) edge_bucketing_seconds: f64,
@@ -26,33 +25,17 @@ pub(super) struct TypedProgress {
     /// Groups of that type finished.
     pub(super) groups_done: usize,
     pub(super) figures: Vec<TypedLayerFigures>,
-    pub(super) files: Vec<String>,
     /// Rows written under `--out`, per node type.
     pub(super) written: Vec<u64>,
 }
 
 impl RunProgress for TypedProgress {
-    fn fresh(key: &str) -> Self {
-        TypedProgress {
-            key: key.to_string(),
-            ..Default::default()
-        }
+    fn run(&self) -> &RunRecord {
+        &self.run
     }
 
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn run_id(&self) -> &str {
-        &self.run_id
-    }
-
-    fn set_run_id(&mut self, id: &RunId) {
-        self.run_id = id.to_string();
-    }
-
-    fn output_files(&self) -> &[String] {
-        &self.files
+    fn run_mut(&mut self) -> &mut RunRecord {
+        &mut self.run
     }
 
     fn owns(name: &str) -> bool {
