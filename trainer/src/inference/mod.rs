@@ -47,7 +47,7 @@ mod chunk;
 mod edges;
 mod gat;
 mod group;
-pub(crate) mod hidden_rows;
+mod hidden_rows;
 mod host_tensors;
 mod layers;
 mod naive;
@@ -62,6 +62,7 @@ pub(crate) use run::outputs_of;
 mod sage;
 mod stream;
 
+pub(crate) use hidden_rows::encode_rows;
 pub use naive::{NaiveEstimate, naive_first_layer};
 pub use run::infer;
 pub(crate) use run::{commit_result, local_dataset};

@@ -534,12 +534,15 @@ impl<'c> Run<'c> {
             &format!("layer {} of {}", l + 1, m.cfg.layers),
             "nodes",
         );
-        let before: u64 = ds.node_types[..progress.node_type]
+        // The nodes an earlier run finished: its types done, then its groups.
+        let types_done: u64 = ds.node_types[..progress.node_type]
             .iter()
             .map(|t| t.num)
             .sum();
-        let type_groups = &self.groups[progress.node_type.min(ds.node_types.len() - 1)];
-        pb.inc(before + type_groups.get(progress.groups_done).map_or(0, |g| g.0));
+        let groups_done = (self.groups.get(progress.node_type))
+            .and_then(|g| g.get(progress.groups_done))
+            .map_or(0, |g| g.0);
+        pb.inc(types_done + groups_done);
         let mut since = Instant::now();
         while progress.node_type < ds.node_types.len() {
             let t = progress.node_type;

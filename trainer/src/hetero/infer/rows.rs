@@ -266,7 +266,7 @@ impl HiddenWriter {
             let piece = h.narrow(0, at, step.min(rows - at)).flatten(0, -1);
             let values = Vec::<f32>::try_from(piece).map_err(Error::from)?;
             let mut bytes = vec![0u8; values.len() * elem as usize];
-            crate::inference::hidden_rows::encode_rows(&values, self.f16, &mut bytes);
+            crate::inference::encode_rows(&values, self.f16, &mut bytes);
             self.file
                 .write_all(&bytes)
                 .map_err(|e| Error::io(self.path.display(), e))?;
