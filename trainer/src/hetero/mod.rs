@@ -246,14 +246,19 @@ impl Rgnn {
 
     /// An accumulator of relation `r`'s messages at layer `l` into `n`
     /// destinations, fed source rows a chunk at a time
-    /// ([`Aggregator::add`]); R-GAT needs the destinations' own rows `x_dst`.
+    /// ([`Aggregator::add`]), on the model's device; R-GAT needs the
+    /// destinations' own rows `x_dst` there.
     pub fn aggregator(
         &self,
         (l, r): (usize, usize),
         x_dst: Option<&Tensor>,
         n: i64,
     ) -> Result<Aggregator<'_>, TchError> {
-        let opts = (Kind::Float, tch::Device::Cpu);
+        let device = match &self.convs[l][r] {
+            Conv::Sage { lin_l } => lin_l.ws.device(),
+            Conv::Gat { lin_src, .. } => lin_src.ws.device(),
+        };
+        let opts = (Kind::Float, device);
         Ok(match &self.convs[l][r] {
             Conv::Sage { lin_l } => Aggregator::Sage {
                 lin_l,
@@ -384,7 +389,7 @@ impl Aggregator<'_> {
         match self {
             Aggregator::Sage { sum, count, .. } => {
                 let _ = sum.f_index_add_(0, dst, &p.z.f_index_select(0, src)?)?;
-                let ones = Tensor::f_ones([dst.size()[0]], (Kind::Float, tch::Device::Cpu))?;
+                let ones = Tensor::f_ones([dst.size()[0]], (Kind::Float, dst.device()))?;
                 let _ = count.f_index_add_(0, dst, &ones)?;
             }
             Aggregator::Gat {

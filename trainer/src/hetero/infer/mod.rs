@@ -33,13 +33,13 @@ use offgnn_shared::lease::Swept;
 use offgnn_shared::npy::DType;
 use offgnn_shared::store::Store;
 use serde::{Deserialize, Serialize};
-use tch::{Tensor, nn};
+use tch::{Device, Tensor, nn};
 
 use super::export::TypedModelCard;
 use super::{RelationalKind, Rgnn, RgnnConfig};
 use crate::error::{Error, Result};
 use crate::inference::resume::{Claim, claim, forget_progress, hold_work_dir, save_progress};
-use crate::inference::{COMMIT, InferConfig, NodeSet};
+use crate::inference::{Aggregate, COMMIT, InferConfig, NodeSet};
 use progress::TypedProgress;
 use rows::{HiddenWriter, Rows};
 
@@ -239,8 +239,10 @@ fn check_flags(cfg: &InferConfig) -> Result<()> {
             "--nodes FILE.npy names homogeneous node ids; for a typed model pass all or a split (train, valid, test) of the target type",
         );
     }
-    if cfg.device.is_cuda() {
-        return bad("--device cuda: typed inference runs on the CPU so far; pass --device cpu");
+    if cfg.device.is_cuda() && cfg.aggregate == Aggregate::Host {
+        return bad(
+            "--aggregate host is for homogeneous models; a typed model's relations aggregate with torch's ops on --device",
+        );
     }
     Ok(())
 }
@@ -384,10 +386,53 @@ fn costs(m: &Loaded, t: usize, memory: u64) -> (u64, u64, u64, usize) {
     (per_edge, per_node, fixed, slice_edges as usize)
 }
 
+/// The memory a group's working state may take: three quarters of
+/// `--memory` (the rest is libtorch's runtime, the model and the degrees),
+/// and on CUDA, where the state lives, no more than the device has free
+/// less its context.
+struct Room {
+    bytes: u64,
+    /// What bounds it, and what to do where it is too little.
+    what: String,
+    remedy: &'static str,
+}
+
+impl Room {
+    fn of(cfg: &InferConfig) -> Result<Room> {
+        let human = offgnn_shared::report::human_bytes;
+        let host = Room {
+            bytes: cfg.memory / 4 * 3,
+            what: format!("three quarters of --memory {}", human(cfg.memory)),
+            remedy: "give more --memory",
+        };
+        let Device::Cuda(index) = cfg.device else {
+            return Ok(host);
+        };
+        let Some((free, _)) = crate::memory::cuda_free_memory(index) else {
+            tracing::warn!(
+                "cuda:{index}: the CUDA runtime's free memory could not be read; groups are planned by --memory alone"
+            );
+            return Ok(host);
+        };
+        let usable = (free >> 30 << 30).saturating_sub(crate::memory::CUDA_CONTEXT_BYTES);
+        Ok(match usable < host.bytes {
+            true => Room {
+                bytes: usable,
+                what: format!(
+                    "the {} cuda:{index} has free, less {} for its context",
+                    human(free),
+                    human(crate::memory::CUDA_CONTEXT_BYTES)
+                ),
+                remedy: "free the device's memory, or infer on the CPU (--device cpu)",
+            },
+            false => host,
+        })
+    }
+}
+
 impl<'c> Run<'c> {
-    /// Counts in-degrees and cuts each type's groups from them. Three
-    /// quarters of `--memory` hold a group's working state; the rest is for
-    /// libtorch's runtime, the model and the degrees themselves.
+    /// Counts in-degrees and cuts each type's groups from them, each
+    /// group's working state in its [`Room`].
     fn plan(
         (cfg, engine): (&'c InferConfig, &'c IoEngine),
         ds: &TypedDataset,
@@ -404,13 +449,15 @@ impl<'c> Run<'c> {
         pb.finish_and_clear();
         let mut groups = Vec::with_capacity(ds.node_types.len());
         let mut planned = 0;
+        let room = Room::of(cfg)?;
         for (t, deg) in degrees.iter().enumerate() {
             let (per_edge, per_node, fixed, _) = costs(m, t, cfg.memory);
-            let budget = (cfg.memory / 4 * 3).checked_sub(fixed).ok_or_else(|| {
+            let budget = room.bytes.checked_sub(fixed).ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "--memory {}: a group's source chunk and edge slice alone take {}, more than three quarters of it; give more --memory",
-                    offgnn_shared::report::human_bytes(cfg.memory),
-                    offgnn_shared::report::human_bytes(fixed)
+                    "a group's source chunk and edge slice alone take {}, more than {}: {}",
+                    offgnn_shared::report::human_bytes(fixed),
+                    room.what,
+                    room.remedy
                 ))
             })?;
             let name = &ds.node_types[t].name;
@@ -419,10 +466,11 @@ impl<'c> Run<'c> {
                 budget,
                 &|v, c| {
                     format!(
-                        "node {v} of type '{name}' has {} in-edges, whose working state ({}) is more than three quarters of --memory {}: give more --memory",
+                        "node {v} of type '{name}' has {} in-edges, whose working state ({}) is more than {}: {}",
                         deg[v as usize],
                         offgnn_shared::report::human_bytes(c),
-                        offgnn_shared::report::human_bytes(cfg.memory)
+                        room.what,
+                        room.remedy
                     )
                 },
             )?;
@@ -640,12 +688,16 @@ impl<'c> Run<'c> {
         if let Some(w) = writer {
             let mut h = h;
             Rgnn::between_layers(&mut h)?;
-            w.append(&h, rows::piece_bytes(self.cfg.memory))?;
+            w.append(
+                &h.f_to_device(Device::Cpu)?,
+                rows::piece_bytes(self.cfg.memory),
+            )?;
             return w.flush();
         }
         let logits = (t == ds.target && m.card.scorer.is_none())
-            .then(|| m.model.classify(&h))
+            .then(|| m.model.classify(&h)?.f_to_device(Device::Cpu))
             .transpose()?;
+        let h = h.f_to_device(Device::Cpu)?;
         let keep = keep[t].as_ref().expect("a type the last layer writes");
         let part = output::Part {
             type_name: &ds.node_types[t].name,
@@ -666,8 +718,8 @@ impl<'c> Run<'c> {
 
     /// Group `g` of type `t` (destinations `lo..hi`) at layer `l`: the sum
     /// over the relations that reach `t` of each one's messages, its source
-    /// rows read a chunk at a time (only the rows the group's edges need),
-    /// on the CPU.
+    /// rows read a chunk at a time (only the rows the group's edges need)
+    /// and computed on `--device`, where the sum stays.
     fn group(
         &self,
         l: usize,
@@ -677,11 +729,13 @@ impl<'c> Run<'c> {
         m: &Loaded,
         read: &mut u64,
     ) -> Result<Tensor> {
+        let device = self.cfg.device;
         let x_dst = match m.model.reads_destinations() {
-            true => Some(inputs[t].range((lo, hi), read)?),
+            true => Some(inputs[t].range((lo, hi), read)?.f_to_device(device)?),
             false => None,
         };
         let mut sum: Option<Tensor> = None;
+        let mut indices: Vec<i64> = Vec::new();
         for (r, &(s, d)) in m.model.relations().iter().enumerate() {
             if d != t {
                 continue;
@@ -700,14 +754,17 @@ impl<'c> Run<'c> {
                 let j = i + edges[i..].partition_point(|e| e.0 < end);
                 let mut sources: Vec<u32> = edges[i..j].iter().map(|e| e.0).collect();
                 sources.dedup();
-                let x = agg.project(&inputs[s].gather(&sources, read)?)?;
+                let x = agg.project(&inputs[s].gather(&sources, read)?.f_to_device(device)?)?;
                 for slice in edges[i..j].chunks(slice_edges) {
-                    let src: Vec<i64> = slice
-                        .iter()
-                        .map(|e| sources.binary_search(&e.0).expect("a source of the chunk") as i64)
-                        .collect();
-                    let dst: Vec<i64> = slice.iter().map(|e| i64::from(e.1)).collect();
-                    agg.add(&x, &Tensor::from_slice(&src), &Tensor::from_slice(&dst))?;
+                    // Sources then destinations, one copy to the device.
+                    let n = slice.len() as i64;
+                    indices.clear();
+                    indices.extend(slice.iter().map(|e| {
+                        sources.binary_search(&e.0).expect("a source of the chunk") as i64
+                    }));
+                    indices.extend(slice.iter().map(|e| i64::from(e.1)));
+                    let both = Tensor::f_from_slice(&indices)?.f_to_device(device)?;
+                    agg.add(&x, &both.f_narrow(0, 0, n)?, &both.f_narrow(0, n, n)?)?;
                 }
                 i = j;
             }
