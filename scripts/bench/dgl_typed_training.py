@@ -1,7 +1,7 @@
 """DGL 2.1's R-SAGE and R-GAT on an offgnn typed dataset, for
 scripts/bench-typed-accuracy: the heterograph from the dataset's relations
 (repeated edges kept once, as offgnn's sampler keeps them), each type's
-features, the papers' labels and splits; a `HeteroGraphConv` of one
+features, the target type's splits and their labels; a `HeteroGraphConv` of one
 `SAGEConv(mean)` or `GATConv(hidden / heads, heads)` per relation, summed
 per type, leaky ReLU and dropout between layers, a linear layer on the
 target type; trained with Adam over `NeighborSampler` blocks. Prints one
@@ -39,18 +39,24 @@ import dgl_typed_data  # noqa: E402  (beside this script)
 
 root = args.dataset
 meta, g, feats = dgl_typed_data.load(root)
-label_path = next(os.path.join(root, fd["path"]) for fd in meta["feature_data"] if fd["name"] == "label")
 task = meta["tasks"][0]
 target = task["train_set"][0]["type"]
-labels = torch.from_numpy(np.load(label_path).astype(np.int64))
 
 
-def seeds(name):
+def split_set(name):
     part = task[name][0]["data"]
-    return torch.from_numpy(np.load(os.path.join(root, next(p["path"] for p in part if p["name"] == "seeds"))).astype(np.int64))
+    load = lambda what: torch.from_numpy(  # noqa: E731
+        np.load(os.path.join(root, next(p["path"] for p in part if p["name"] == what))).astype(np.int64))
+    return load("seeds"), load("labels")
 
 
-splits = {name: seeds(f"{name}_set" if name != "valid" else "validation_set") for name in ("train", "valid", "test")}
+# The splits carry their labels (a graph may label only some of its target
+# nodes); every other node's label is -1 and never read.
+splits, labels = {}, torch.full((g.num_nodes(target),), -1, dtype=torch.int64)
+for name in ("train", "valid", "test"):
+    seeds, y = split_set(f"{name}_set" if name != "valid" else "validation_set")
+    splits[name] = seeds
+    labels[seeds] = y
 
 
 class RGNN(nn.Module):

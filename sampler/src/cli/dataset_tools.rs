@@ -156,8 +156,12 @@ pub fn import_parquet(args: &ImportArgs) -> anyhow::Result<()> {
             (
                 "split",
                 format!(
-                    "train {} / valid {} / test {} (seed {})",
-                    s.train, s.valid, s.test, cfg.split_seed
+                    "train {} / valid {} / test {} (seed {}){}",
+                    s.train,
+                    s.valid,
+                    s.test,
+                    cfg.split_seed,
+                    unlabeled_note(s.unlabeled)
                 ),
             ),
             (
@@ -527,6 +531,14 @@ pub fn derive_features(args: &DeriveArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the split line adds where some labels were null.
+fn unlabeled_note(unlabeled: u64) -> String {
+    match unlabeled {
+        0 => String::new(),
+        n => format!("; {n} unlabeled (null label), in no split"),
+    }
+}
+
 /// `import-parquet` with `TYPE=PATH` tables: a typed graph.
 fn import_typed(args: &ImportArgs) -> anyhow::Result<()> {
     let tables = |list: &[String], what: &str| -> anyhow::Result<Vec<(String, PathBuf)>> {
@@ -589,7 +601,13 @@ fn import_typed(args: &ImportArgs) -> anyhow::Result<()> {
     ));
     rows.push((
         "train / valid / test".into(),
-        format!("{} / {} / {}", s.train, s.valid, s.test),
+        format!(
+            "{} / {} / {}{}",
+            s.train,
+            s.valid,
+            s.test,
+            unlabeled_note(s.unlabeled)
+        ),
     ));
     let rows: Vec<(&str, String)> = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     print_summary(

@@ -7,9 +7,10 @@
 //! Typed graphs, one table per node type and per relation, are imported
 //! by `typed` with the same readers.
 //!
-//! The split is fixed and documented: a seeded shuffle of the dense ids
-//! ([`offgnn_shared::dataset::seeded_split`]), by default seed 0 with 60% train, 20%
-//! validation and 20% test.
+//! The split is fixed and documented: a seeded shuffle of the labeled
+//! nodes' dense ids ([`offgnn_shared::dataset::seeded_split`]), by default
+//! seed 0 with 60% train, 20% validation and 20% test. A null label leaves
+//! its node unlabeled, in the graph and in no split.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -94,6 +95,8 @@ pub struct ImportSummary {
     pub num_edges: u64,
     pub num_classes: u32,
     pub feature_dim: u64,
+    /// Nodes whose label is null: in the graph, in no split.
+    pub unlabeled: u64,
     pub train: usize,
     pub valid: usize,
     pub test: usize,
@@ -171,8 +174,11 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         },
     )?;
     let labels = nodes.labels.expect("a label column was read");
-    let num_classes = class_count(&cfg.nodes, &labels)?;
-    npy::write_i64(writer.path(layout::LABELS), &labels)?;
+    let num_classes = class_count(&cfg.nodes, &cfg.columns.label, &labels)?;
+    let unlabeled = labels.iter().filter(|&&l| l == UNLABELED).count() as u64;
+    if unlabeled == 0 {
+        npy::write_i64(writer.path(layout::LABELS), &labels)?;
+    }
     let (input_edges, num_edges) = write_edge_table(
         &writer,
         &EdgeTable {
@@ -190,11 +196,9 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         },
     )?;
 
-    let [train, valid, test] = seeded_split(
-        nodes.num_nodes,
-        cfg.train_fraction,
-        cfg.valid_fraction,
-        None,
+    let [train, valid, test] = split_labeled(
+        &labels,
+        (cfg.train_fraction, cfg.valid_fraction),
         cfg.split_seed,
     )?;
     for (split, seeds) in [
@@ -209,7 +213,7 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         name: cfg.name.clone(),
         num_nodes: nodes.num_nodes,
         num_classes,
-        node_labels: true,
+        node_labels: unlabeled == 0,
         extra_tasks: Vec::new(),
     })?;
     Ok(ImportSummary {
@@ -219,6 +223,7 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         num_edges,
         num_classes,
         feature_dim: nodes.feature_dim.expect("features are required"),
+        unlabeled,
         train: train.len(),
         valid: valid.len(),
         test: test.len(),
@@ -240,7 +245,8 @@ pub(crate) struct NodeTable<'a> {
 }
 
 /// What a node table gave: each node id's dense id (its row), the labels in
-/// row order, and the feature width (where it has features).
+/// row order ([`UNLABELED`] where null), and the feature width (where it has
+/// features).
 pub(crate) struct Nodes {
     pub ids: HashMap<i64, u32>,
     pub labels: Option<Vec<u64>>,
@@ -269,8 +275,7 @@ pub(crate) fn read_node_table(writer: &DatasetWriter, t: &NodeTable) -> Result<N
         let batch_ids = int_column(t.path, &batch, t.id_column)?;
         add_ids(t.path, &mut ids, batch_ids, row)?;
         if let Some(label_column) = t.label_column {
-            let batch_labels = int_column(t.path, &batch, label_column)?;
-            add_labels(t.path, &mut labels, batch_labels, row)?;
+            add_labels(t.path, &mut labels, (&batch, label_column), row)?;
         }
         if has_features {
             write_feature_rows(writer, t, num_nodes, &batch, row, &mut features)?;
@@ -292,9 +297,21 @@ pub(crate) fn read_node_table(writer: &DatasetWriter, t: &NodeTable) -> Result<N
     })
 }
 
-/// The class count of `labels`: at least 2, below 2^32.
-pub(crate) fn class_count(path: &Path, labels: &[u64]) -> Result<u32> {
-    let num_classes = labels.iter().max().map_or(0, |&m| m + 1);
+/// A node's label where its label column is null: the node is in the
+/// graph and in no split.
+pub(crate) const UNLABELED: u64 = u64::MAX;
+
+/// The class count of the labels read from `column` of `path`: at least 2,
+/// below 2^32; refuses a column that labels no node.
+pub(crate) fn class_count(path: &Path, column: &str, labels: &[u64]) -> Result<u32> {
+    let labeled = labels.iter().filter(|&&l| l != UNLABELED);
+    let Some(&max) = labeled.max() else {
+        return Err(Error::parquet(
+            path,
+            format!("column '{column}' is null in every row: no node has a label"),
+        ));
+    };
+    let num_classes = max + 1;
     if num_classes < 2 || num_classes > u32::MAX as u64 {
         return Err(Error::parquet(
             path,
@@ -302,6 +319,22 @@ pub(crate) fn class_count(path: &Path, labels: &[u64]) -> Result<u32> {
         ));
     }
     Ok(num_classes as u32)
+}
+
+/// The train, validation and test nodes: a seeded shuffle of the labeled
+/// nodes ([`seeded_split`] over them, so that a table whose every node is
+/// labeled splits as the whole table), the test set the rest.
+pub(crate) fn split_labeled(
+    labels: &[u64],
+    (train, valid): (f64, f64),
+    seed: u64,
+) -> Result<[Vec<u64>; 3]> {
+    let labeled: Vec<u64> = (0..labels.len() as u64)
+        .filter(|&v| labels[v as usize] != UNLABELED)
+        .collect();
+    let sets = seeded_split(labeled.len() as u64, train, valid, None, seed)?;
+    // Ascending positions map to ascending nodes: each set stays sorted.
+    Ok(sets.map(|set| set.into_iter().map(|i| labeled[i as usize]).collect()))
 }
 
 /// Gives a batch's node ids, from table row `row` on, their dense ids (their
@@ -320,16 +353,37 @@ fn add_ids(path: &Path, ids: &mut HashMap<i64, u32>, batch_ids: Vec<i64>, row: u
     Ok(())
 }
 
-/// Appends a batch's labels, from table row `row` on; refuses a negative one.
-fn add_labels(path: &Path, labels: &mut Vec<u64>, batch_labels: Vec<i64>, row: u64) -> Result<()> {
-    for (k, l) in batch_labels.into_iter().enumerate() {
-        if l < 0 {
-            return Err(Error::parquet(
-                path,
-                format!("negative label {l} at row {}", row + k as u64),
-            ));
+/// Appends the labels in `column` of a batch, from table row `row` on:
+/// [`UNLABELED`] where null; refuses a negative one.
+fn add_labels(
+    path: &Path,
+    labels: &mut Vec<u64>,
+    (batch, name): (&RecordBatch, &str),
+    row: u64,
+) -> Result<()> {
+    let col = column(path, batch, name)?;
+    if !col.data_type().is_integer() {
+        return Err(Error::parquet(
+            path,
+            format!(
+                "column '{name}' has type {}, an integer column is required",
+                col.data_type()
+            ),
+        ));
+    }
+    let cast = arrow::compute::cast(col, &DataType::Int64)
+        .map_err(|e| Error::parquet(path, format!("column '{name}': {e}")))?;
+    for (k, l) in cast.as_primitive::<Int64Type>().iter().enumerate() {
+        match l {
+            None => labels.push(UNLABELED),
+            Some(l) if l < 0 => {
+                return Err(Error::parquet(
+                    path,
+                    format!("negative label {l} at row {}", row + k as u64),
+                ));
+            }
+            Some(l) => labels.push(l as u64),
         }
-        labels.push(l as u64);
     }
     Ok(())
 }

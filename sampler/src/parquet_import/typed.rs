@@ -4,16 +4,17 @@
 //! (source ids from the source type's table, target ids from the
 //! destination type's). Each type's ids are remapped to dense type-local
 //! ids in its table's row order; the split is the homogeneous importer's
-//! seeded shuffle, over the target type's nodes.
+//! seeded shuffle, over the target type's labeled nodes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use offgnn_shared::dataset::{DatasetWriter, Split, TypedSpec, layout, seeded_split};
+use offgnn_shared::dataset::{DatasetWriter, Split, TypedSpec, layout};
 use offgnn_shared::npy::{self, DType};
 
 use super::{
-    Columns, EdgeTable, NodeTable, Reverse, class_count, read_node_table, write_edge_table,
+    Columns, EdgeTable, NodeTable, Reverse, UNLABELED, class_count, read_node_table, split_labeled,
+    write_edge_table,
 };
 use crate::error::{Error, Result};
 
@@ -44,6 +45,8 @@ pub struct TypedImportSummary {
     pub node_types: Vec<ImportedType>,
     pub relations: Vec<ImportedRelation>,
     pub num_classes: u32,
+    /// Target nodes whose label is null: in the graph, in no split.
+    pub unlabeled: u64,
     pub train: usize,
     pub valid: usize,
     pub test: usize,
@@ -183,8 +186,11 @@ pub fn import_typed(
     }
     let labels = target_labels.expect("the target type's table was read");
     let target_path = &cfg.node_tables[planned_target(cfg)].1;
-    let num_classes = class_count(target_path, &labels)?;
-    npy::write_i64(writer.path(&layout::typed_labels(&cfg.target)), &labels)?;
+    let num_classes = class_count(target_path, &cfg.columns.label, &labels)?;
+    let unlabeled = labels.iter().filter(|&&l| l == UNLABELED).count() as u64;
+    if unlabeled == 0 {
+        npy::write_i64(writer.path(&layout::typed_labels(&cfg.target)), &labels)?;
+    }
 
     let mut relations = Vec::new();
     for p in &planned {
@@ -218,12 +224,9 @@ pub fn import_typed(
         }
     }
 
-    let target = planned_target(cfg);
-    let [train, valid, test] = seeded_split(
-        node_types[target].nodes,
-        cfg.train_fraction,
-        cfg.valid_fraction,
-        None,
+    let [train, valid, test] = split_labeled(
+        &labels,
+        (cfg.train_fraction, cfg.valid_fraction),
         cfg.split_seed,
     )?;
     for (split, seeds) in Split::ALL.into_iter().zip([&train, &valid, &test]) {
@@ -239,12 +242,14 @@ pub fn import_typed(
         relations: relations.iter().map(|r| r.name.clone()).collect(),
         target: cfg.target.clone(),
         num_classes,
+        node_labels: unlabeled == 0,
     })?;
     Ok(TypedImportSummary {
         dataset,
         node_types,
         relations,
         num_classes,
+        unlabeled,
         train: train.len(),
         valid: valid.len(),
         test: test.len(),

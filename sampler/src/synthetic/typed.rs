@@ -261,6 +261,7 @@ pub fn generate_typed(
         relations: relations.iter().map(|r| r.name.clone()).collect(),
         target: "paper".into(),
         num_classes: cfg.num_classes,
+        node_labels: true,
     })?;
     let summary = TypedGenerateSummary {
         node_types,

@@ -447,3 +447,106 @@ fn typed_tables_that_do_not_fit_are_refused_in_one_line() {
     );
     assert!(!out.exists(), "a refused import leaves nothing");
 }
+
+/// Every node of a split, over the three splits, sorted, with its label.
+fn split_nodes(sets: [&offgnn_shared::dataset::SeedSet; 3]) -> Vec<(u32, u32)> {
+    let mut all: Vec<(u32, u32)> = sets
+        .iter()
+        .flat_map(|s| s.seeds.iter().copied().zip(s.labels.iter().copied()))
+        .collect();
+    all.sort_unstable();
+    all
+}
+
+#[test]
+fn a_null_label_leaves_its_node_in_the_graph_and_in_no_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let labels = || {
+        Arc::new(Int64Array::from(vec![
+            Some(0),
+            None,
+            Some(1),
+            None,
+            Some(1),
+            Some(0),
+        ]))
+    };
+    write_table(
+        &dir.path().join("nodes.parquet"),
+        vec![
+            (
+                "id",
+                Arc::new(Int64Array::from(vec![10, 11, 12, 13, 14, 15])),
+            ),
+            ("features", features(&[&[1.0f32] as &[f32]; 6])),
+            ("label", labels()),
+        ],
+    );
+    write_table(
+        &dir.path().join("edges.parquet"),
+        vec![
+            ("source", Arc::new(Int64Array::from(vec![11, 13, 10]))),
+            ("target", Arc::new(Int64Array::from(vec![10, 12, 15]))),
+        ],
+    );
+    let cfg = ImportConfig {
+        name: "partly labeled".into(),
+        nodes: dir.path().join("nodes.parquet"),
+        edges: dir.path().join("edges.parquet"),
+        columns: columns(),
+        add_reverse: false,
+        dtype: DType::F32,
+        train_fraction: 0.5,
+        valid_fraction: 0.25,
+        split_seed: 3,
+    };
+    let s = import(&dir.path().join("out"), &cfg, false).unwrap();
+    assert_eq!((s.num_nodes, s.unlabeled, s.num_classes), (6, 2, 2));
+    assert_eq!((s.train, s.valid, s.test), (2, 1, 1));
+    let ds = Dataset::open(dir.path().join("out")).unwrap();
+    assert_eq!(ds.num_nodes, 6);
+    assert_eq!(
+        split_nodes([&ds.train, &ds.valid, &ds.test]),
+        [(0, 0), (2, 1), (4, 1), (5, 0)]
+    );
+    // No per-node label file: an unlabeled node has no value to hold there.
+    assert!(!dir.path().join("out/data/label.npy").exists());
+
+    // The typed importer's target type, the same way.
+    let mut typed = typed_tables(dir.path());
+    write_table(
+        &dir.path().join("papers.parquet"),
+        vec![
+            ("id", Arc::new(Int64Array::from(vec![100, 200, 300, 400]))),
+            ("features", features(&[&[1.0f32, 0.0] as &[f32]; 4])),
+            (
+                "label",
+                Arc::new(Int64Array::from(vec![Some(1), Some(0), None, Some(1)])),
+            ),
+        ],
+    );
+    typed.train_fraction = 0.34;
+    let s = import_typed(&dir.path().join("typed"), &typed, false).unwrap();
+    assert_eq!((s.unlabeled, s.train + s.valid + s.test), (1, 3));
+    let ds = TypedDataset::open(dir.path().join("typed")).unwrap();
+    assert!(ds.node_types[ds.target].labels.is_none());
+    assert_eq!(
+        split_nodes([&ds.train, &ds.valid, &ds.test]),
+        [(0, 1), (1, 0), (3, 1)]
+    );
+
+    // A label column null in every row labels nothing to learn.
+    write_table(
+        &dir.path().join("nodes.parquet"),
+        vec![
+            ("id", Arc::new(Int64Array::from(vec![10, 11]))),
+            ("features", features(&[&[1.0f32] as &[f32]; 2])),
+            ("label", Arc::new(Int64Array::from(vec![None, None]))),
+        ],
+    );
+    let err = import(&dir.path().join("none"), &cfg, false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("column 'label' is null in every row"), "{err}");
+    assert!(!dir.path().join("none").exists());
+}

@@ -148,9 +148,12 @@ pub struct TypedSpec {
     pub node_types: Vec<(String, u64, bool)>,
     /// Relations `src:relation:dst`.
     pub relations: Vec<String>,
-    /// The node type the task classifies; it has the label file.
+    /// The node type the task classifies.
     pub target: String,
     pub num_classes: u32,
+    /// Whether the target type's label file (every node's label) was
+    /// written; without it, the splits' label files carry the labels.
+    pub node_labels: bool,
 }
 
 pub mod layout {
@@ -341,7 +344,9 @@ impl DatasetWriter {
             .filter(|(_, _, features)| *features)
             .map(|(t, _, _)| feature(t, "feat", layout::typed_features(t), false))
             .collect();
-        feature_data.push(feature(target, "label", layout::typed_labels(target), true));
+        if spec.node_labels {
+            feature_data.push(feature(target, "label", layout::typed_labels(target), true));
+        }
         let meta = Metadata {
             dataset_name: Some(spec.name.clone()),
             graph: GraphMeta {
