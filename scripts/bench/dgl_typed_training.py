@@ -2,7 +2,8 @@
 scripts/bench-typed-accuracy: the heterograph from the dataset's relations
 (repeated edges kept once, as offgnn's sampler keeps them), each type's
 features, the target type's splits and their labels; a `HeteroGraphConv` of one
-`SAGEConv(mean)` or `GATConv(hidden / heads, heads)` per relation, summed
+`GraphConv(norm="right")` (PyG's `SAGEConv(root_weight=False)`) or
+`GATConv(hidden / heads, heads)` per relation, summed
 per type, leaky ReLU and dropout between layers, a linear layer on the
 target type; trained with Adam over `NeighborSampler` blocks. Prints one
 JSON line: the test accuracy at the best validation epoch, and each epoch's.
@@ -68,7 +69,11 @@ class RGNN(nn.Module):
             for s, r, d in etypes:
                 ins = (in_dims[s], in_dims[d]) if layer == 0 else (hidden, hidden)
                 if model == "sage":
-                    convs[r] = dglnn.SAGEConv(ins, hidden, "mean")
+                    # The mean of the relation's in-neighbours through one
+                    # linear map: PyG's SAGEConv(root_weight=False), as
+                    # offgnn and MLPerf's reference build R-SAGE (DGL's
+                    # SAGEConv would add the destination's own row).
+                    convs[r] = dglnn.GraphConv(ins[0], hidden, norm="right", allow_zero_in_degree=True)
                 else:
                     convs[r] = dglnn.GATConv(ins, hidden // heads, heads, allow_zero_in_degree=True)
             self.convs.append(dglnn.HeteroGraphConv(convs, aggregate="sum"))
