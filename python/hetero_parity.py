@@ -5,7 +5,8 @@ export's), a typed batch (each type's input
 rows, each block's edges per relation as positions among the types' rows,
 each block's destination rows per type), offgnn's parameters and offgnn's
 logits. This builds the model as MLPerf's GNN reference builds it (one
-SAGEConv(root_weight=False) or GATConv(heads, add_self_loops=False) per
+SAGEConv(root_weight=False; True where the card says `root_weight`) or
+GATConv(heads, add_self_loops=False) per
 relation in a HeteroConv, leaky ReLU between layers, a Linear on the target
 type), loads offgnn's parameters with strict=True, runs PyG's layers on the
 same blocks, and compares logits (within 1e-4, absolute).
@@ -55,7 +56,7 @@ def build(card):
             w_src, w_dst = (widths[src], widths[dst]) if layer == 0 else (hidden, hidden)
             ins = w_src if w_src == w_dst else (w_src, w_dst)
             if card["architecture"] == "rsage":
-                conv = SAGEConv(ins, hidden, root_weight=False)
+                conv = SAGEConv(ins, hidden, root_weight=card.get("root_weight", False))
             else:
                 conv = GATConv(ins, hidden // heads, heads=heads, add_self_loops=False)
             per_relation[(src, rel, dst)] = conv

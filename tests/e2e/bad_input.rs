@@ -501,6 +501,12 @@ fn trainer_cases(f: &Fixture, b: &Broken) -> Vec<Case> {
             "unknown device",
             None,
         ),
+        (
+            "trainer",
+            trainer_args(&manifest, &["--root-weight"]),
+            "has its root weight always",
+            None,
+        ),
     ]
 }
 

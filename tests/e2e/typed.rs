@@ -154,35 +154,42 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
     );
     assert!(r.status.success(), "{}", r.stderr);
     let mut losses = Vec::new();
-    for model in ["sage", "gat"] {
-        let export = path(&format!("export-{model}"));
-        let dump = path(&format!("dump-{model}.safetensors"));
-        let r = run(
-            "trainer",
-            &[
-                "--manifest",
-                &pack2,
-                "--model",
-                model,
-                "--epochs",
-                "4",
-                "--hidden",
-                "32",
-                "--export",
-                &export,
-                "--dump-batches",
-                &dump,
-                "--dump-count",
-                "2",
-            ],
-        );
-        assert!(r.status.success(), "{model}: {}", r.stderr);
+    // R-SAGE, R-SAGE with PyG's root weight (whose inference is checked
+    // once, the kills and float16 being the same code), and R-GAT.
+    for (name, model, root) in [
+        ("sage", "sage", false),
+        ("sage-root", "sage", true),
+        ("gat", "gat", false),
+    ] {
+        let export = path(&format!("export-{name}"));
+        let dump = path(&format!("dump-{name}.safetensors"));
+        let mut args = vec![
+            "--manifest",
+            &pack2,
+            "--model",
+            model,
+            "--epochs",
+            "4",
+            "--hidden",
+            "32",
+            "--export",
+            &export,
+            "--dump-batches",
+            &dump,
+            "--dump-count",
+            "2",
+        ];
+        if root {
+            args.push("--root-weight");
+        }
+        let r = run("trainer", &args);
+        assert!(r.status.success(), "{name}: {}", r.stderr);
         let s = &r.json()["summary"];
         assert_eq!(r.json()["typed"], true);
         let epochs = s["epochs"].as_array().unwrap();
         assert_eq!(epochs.len(), 4);
         let loss = |e: &serde_json::Value| e["loss"].as_f64().unwrap();
-        assert!(loss(&epochs[3]) < loss(&epochs[0]), "{model}: {}", r.stdout);
+        assert!(loss(&epochs[3]) < loss(&epochs[0]), "{name}: {}", r.stdout);
         assert!(epochs.iter().all(|e| e["disk_bytes"].as_u64().unwrap() > 0));
         assert!(s["test_accuracy_at_best"].as_f64().unwrap() > 0.0);
         losses = epochs.iter().map(loss).collect::<Vec<f64>>();
@@ -201,7 +208,7 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
             .expect("python starts");
         assert!(
             out.status.success(),
-            "{model}: {}{}",
+            "{name}: {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
@@ -214,10 +221,14 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         let said = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success() && said.contains("\"batches\": 2"),
-            "{model}: {said}{}",
+            "{name}: {said}{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        typed_inference(&export, &derived, &path(&format!("inf-{model}")));
+        let card: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(Path::new(&export).join("model.json")).unwrap())
+                .unwrap();
+        assert_eq!(card["root_weight"], root, "{card}");
+        typed_inference(&export, &derived, &path(&format!("inf-{name}")), !root);
     }
     // R-GAT on the layout for `epochs` epochs, with `extra` flags.
     let gat = |epochs: &str, extra: &[&str]| {
@@ -370,6 +381,13 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         &run("trainer", &["--manifest", &pack2, "--model", "mlp"]),
         "--model mlp",
     );
+    assert_one_line(
+        &run(
+            "trainer",
+            &["--manifest", &pack2, "--model", "gat", "--root-weight"],
+        ),
+        "R-GAT's attention has none",
+    );
 }
 
 /// Each epoch's training loss, from a trainer run's JSON summary.
@@ -442,8 +460,9 @@ fn strs(args: &[String]) -> Vec<&str> {
 /// type takes several: every type's embedding and the target type's logits
 /// are PyG's `HeteroConv` model over the whole graph (python/hetero_parity.py
 /// --infer), also for a run killed inside its second layer and resumed; a
-/// split writes only its rows; bad flags are one line each.
-fn typed_inference(export: &str, dataset: &str, out: &str) {
+/// split writes only its rows; bad flags are one line each. Without
+/// `all`, only the first: the whole graph against PyG.
+fn typed_inference(export: &str, dataset: &str, out: &str, all: bool) {
     let infer_env = |out: &str, extra: &[&str], env: &[(&str, &str)]| {
         let mut args = vec![
             "infer",
@@ -493,6 +512,9 @@ fn typed_inference(export: &str, dataset: &str, out: &str) {
         said
     };
     eprintln!("typed inference against PyG: {}", parity(out, "1e-4"));
+    if !all {
+        return;
+    }
 
     // Killed after the first group of the first layer (whose rows go to
     // the work directory), then again inside the second layer (past its

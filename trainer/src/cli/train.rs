@@ -125,6 +125,11 @@ pub struct TrainArgs {
     /// GAT attention heads.
     #[arg(long, default_value_t = 4)]
     pub heads: i64,
+    /// Typed graphs, R-SAGE: each relation's convolution also maps the
+    /// destination's own row (PyG's SAGEConv default, root_weight=True);
+    /// without it, MLPerf's R-SAGE (root_weight=False).
+    #[arg(long)]
+    pub root_weight: bool,
     #[arg(long, default_value_t = 0.5)]
     pub dropout: f64,
     #[arg(long, default_value_t = 0)]
@@ -257,6 +262,11 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
             (device, kind, hidden),
             launch.as_ref(),
             (&dir, &bytes),
+        );
+    }
+    if a.root_weight {
+        anyhow::bail!(
+            "--root-weight is for typed graphs' R-SAGE; GraphSAGE on a homogeneous graph has its root weight always"
         );
     }
     let group = join_group(launch.as_ref(), device, a.dist_timeout)?;

@@ -93,6 +93,7 @@ pub(super) fn train_typed_command(
         hidden,
         heads: a.heads,
         dropout: a.dropout,
+        root_weight: a.root_weight,
         lr: a.lr,
         epochs: a.epochs,
         seed: a.seed,

@@ -2,7 +2,7 @@
 //! as PyTorch Geometric names them (see [`super`]), and `model.json`
 //! (format 3), which says how to build the model in PyG: for each layer a
 //! `HeteroConv` over `relations`, one `SAGEConv(in, hidden_channels,
-//! root_weight=False)` or `GATConv(in, hidden_channels // heads, heads,
+//! root_weight=root_weight)` or `GATConv(in, hidden_channels // heads, heads,
 //! add_self_loops=False)` per relation, where `in` is the relation's
 //! source and destination widths (the type's `in_channels` in the first
 //! layer, `hidden_channels` after; one number where they agree, else the
@@ -51,6 +51,10 @@ pub struct TypedModelCard {
     pub out_channels: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heads: Option<i64>,
+    /// R-SAGE: `SAGEConv(..., root_weight=True)`, each convolution's
+    /// `lin_r` on the destination's own row (exports before it: false).
+    #[serde(default)]
+    pub root_weight: bool,
     /// `leaky_relu` (slope 0.01) between layers, then dropout.
     pub act: String,
     pub dropout: f64,
@@ -117,6 +121,7 @@ impl TypedModelCard {
             layers: self.num_layers,
             heads: self.heads.unwrap_or(1),
             dropout: self.dropout,
+            root_weight: self.root_weight,
             scorer: self.scorer,
         };
         Ok((schema, cfg))
@@ -194,6 +199,7 @@ pub fn write(
                     false => cfg.classes,
                 },
                 heads: (cfg.kind == RelationalKind::Rgat).then_some(cfg.heads),
+                root_weight: cfg.root_weight,
                 act: "leaky_relu".into(),
                 dropout: cfg.dropout,
                 aggr: "sum".into(),

@@ -229,10 +229,12 @@ fn activation_bytes(shape: &TypedBatchShape, schema: &Schema, cfg: &RgnnConfig, 
             let (e, s, d, d_in) = (b.edges[r], src[st], b.dst[dt], width[st]);
             elements = elements.saturating_add(match cfg.kind {
                 // The edge-to-destination map of the mean (int64: two
-                // elements an edge), the means, the projection.
-                RelationalKind::Rsage => e
-                    .saturating_mul(2)
-                    .saturating_add(d.saturating_mul(d_in + 2 * hidden)),
+                // elements an edge), the means, the projection; with a
+                // root weight, the destinations' own rows' projection and
+                // the sum.
+                RelationalKind::Rsage => e.saturating_mul(2).saturating_add(
+                    d.saturating_mul(d_in + 2 * hidden + u64::from(cfg.root_weight) * 2 * hidden),
+                ),
                 // Both sides' projections and scores, per-edge scores
                 // through the softmax and messages, the sums.
                 RelationalKind::Rgat => s

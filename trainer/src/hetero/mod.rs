@@ -2,14 +2,16 @@
 //! reference builds them with PyTorch Geometric. Each layer is a
 //! `HeteroConv` of one convolution per relation, summed over the relations
 //! that reach a type: `SAGEConv(in, hidden, root_weight=False)` (mean of
-//! the relation's in-neighbours, then `lin_l`) or `GATConv((in_src,
+//! the relation's in-neighbours, then `lin_l`; with `root_weight`, PyG's
+//! default, plus `lin_r` of the destination's own row) or `GATConv((in_src,
 //! in_dst), hidden / heads, heads=heads, add_self_loops=False)` (attention
 //! over the relation's in-edges only, heads concatenated, then `bias`);
 //! leaky ReLU (slope 0.01) and dropout between layers; a linear layer on
 //! the target type's rows. A link-prediction model has no linear layer:
 //! its last layer's rows of every type are the embeddings its scorer
 //! ([`crate::link::Scorer`]) takes. Parameters are named as PyG names them
-//! (`convs.{l}.convs.<src___rel___dst>.lin_l.weight`, `...lin.weight` or
+//! (`convs.{l}.convs.<src___rel___dst>.lin_l.weight`, `...lin_r.weight`,
+//! `...lin.weight` or
 //! `lin_src` / `lin_dst` where the two types' widths differ, `att_src`,
 //! `att_dst`, `bias`; `lin.weight`, `lin.bias`).
 
@@ -50,6 +52,12 @@ pub struct RgnnConfig {
     pub layers: usize,
     pub heads: i64,
     pub dropout: f64,
+    /// R-SAGE: each convolution adds `lin_r` (no bias) of the destination's
+    /// own row, as PyG's `SAGEConv` does by default and DGL's always; MLPerf's
+    /// reference builds it without (`root_weight=False`), where a type
+    /// reaches its own rows only through its neighbours.
+    #[serde(default)]
+    pub root_weight: bool,
     /// Link prediction: the scorer over the last layer's rows (`classes`
     /// is then 0: no linear layer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -60,6 +68,8 @@ pub struct RgnnConfig {
 enum Conv {
     Sage {
         lin_l: nn::Linear,
+        /// With a root weight: the destination's own row's map.
+        lin_r: Option<nn::Linear>,
     },
     Gat {
         lin_src: nn::Linear,
@@ -117,6 +127,17 @@ impl Rgnn {
                                 cfg.hidden,
                                 crate::model::torch_linear_init(width(*s)),
                             ),
+                            lin_r: cfg.root_weight.then(|| {
+                                nn::linear(
+                                    &p / "lin_r",
+                                    width(*d),
+                                    cfg.hidden,
+                                    nn::LinearConfig {
+                                        bias: false,
+                                        ..crate::model::torch_linear_init(width(*d))
+                                    },
+                                )
+                            }),
                         },
                         RelationalKind::Rgat => gat_conv(&p, (width(*s), width(*d)), cfg),
                     }
@@ -223,11 +244,11 @@ impl Rgnn {
     }
 
     /// Whether a convolution reads its destinations' own rows (R-GAT's
-    /// attention does; R-SAGE without a root weight does not).
+    /// attention and R-SAGE's root weight do).
     pub fn reads_destinations(&self) -> bool {
         matches!(
             self.convs.first().and_then(|c| c.first()),
-            Some(Conv::Gat { .. })
+            Some(Conv::Gat { .. } | Conv::Sage { lin_r: Some(_), .. })
         )
     }
 
@@ -246,8 +267,8 @@ impl Rgnn {
 
     /// An accumulator of relation `r`'s messages at layer `l` into `n`
     /// destinations, fed source rows a chunk at a time
-    /// ([`Aggregator::add`]), on the model's device; R-GAT needs the
-    /// destinations' own rows `x_dst` there.
+    /// ([`Aggregator::add`]), on the model's device; R-GAT and a root
+    /// weight need the destinations' own rows `x_dst` there.
     pub fn aggregator(
         &self,
         (l, r): (usize, usize),
@@ -255,15 +276,22 @@ impl Rgnn {
         n: i64,
     ) -> Result<Aggregator<'_>, TchError> {
         let device = match &self.convs[l][r] {
-            Conv::Sage { lin_l } => lin_l.ws.device(),
+            Conv::Sage { lin_l, .. } => lin_l.ws.device(),
             Conv::Gat { lin_src, .. } => lin_src.ws.device(),
         };
         let opts = (Kind::Float, device);
         Ok(match &self.convs[l][r] {
-            Conv::Sage { lin_l } => Aggregator::Sage {
+            Conv::Sage { lin_l, lin_r } => Aggregator::Sage {
                 lin_l,
                 sum: Tensor::f_zeros([n, lin_l.ws.size()[0]], opts)?,
                 count: Tensor::f_zeros([n], opts)?,
+                root: match lin_r {
+                    Some(lin_r) => {
+                        let x_dst = x_dst.expect("a root weight reads its destinations' rows");
+                        Some(x_dst.f_linear::<Tensor>(&lin_r.ws, None)?)
+                    }
+                    None => None,
+                },
             },
             Conv::Gat {
                 lin_src,
@@ -334,6 +362,8 @@ pub enum Aggregator<'m> {
         lin_l: &'m nn::Linear,
         sum: Tensor,
         count: Tensor,
+        /// The root weight's map of the destinations' own rows.
+        root: Option<Tensor>,
     },
     Gat {
         lin_src: &'m nn::Linear,
@@ -429,10 +459,14 @@ impl Aggregator<'_> {
                 lin_l,
                 mut sum,
                 count,
+                root,
             } => {
                 let _ = sum.f_div_(&count.f_clamp_min(1.0)?.f_unsqueeze(1)?)?;
                 if let Some(b) = &lin_l.bs {
                     let _ = sum.f_add_(b)?;
+                }
+                if let Some(root) = &root {
+                    let _ = sum.f_add_(root)?;
                 }
                 Ok(sum)
             }
@@ -503,7 +537,10 @@ impl Conv {
     /// in-neighbours' rows, taken already ([`first_layer`]).
     fn of_mean(&self, mean: &Tensor) -> Result<Tensor, TchError> {
         match self {
-            Conv::Sage { lin_l } => mean.f_linear(&lin_l.ws, lin_l.bs.as_ref()),
+            Conv::Sage { lin_l, lin_r: None } => mean.f_linear(&lin_l.ws, lin_l.bs.as_ref()),
+            Conv::Sage { lin_r: Some(_), .. } => Err(TchError::Kind(
+                "a root weight reads the destinations' rows, not only their means".into(),
+            )),
             Conv::Gat { .. } => Err(TchError::Kind(
                 "R-GAT's attention reads its rows, not their means".into(),
             )),
@@ -520,7 +557,7 @@ impl Conv {
     ) -> Result<Tensor, TchError> {
         let nd = x_dst.size()[0];
         match self {
-            Conv::Sage { lin_l } => {
+            Conv::Sage { lin_l, lin_r } => {
                 // The mean of each destination row's in-neighbours (0
                 // without any) as an embedding bag per row: it never holds
                 // an `[edges, width]` matrix.
@@ -528,7 +565,11 @@ impl Conv {
                 let (mean, _, _, _) = Tensor::f_embedding_bag::<Tensor>(
                     x_src, &e.src, &e.offsets, false, MEAN, false, None, true,
                 )?;
-                mean.f_linear(&lin_l.ws, lin_l.bs.as_ref())
+                let y = mean.f_linear(&lin_l.ws, lin_l.bs.as_ref())?;
+                match lin_r {
+                    Some(lin_r) => y.f_add(&x_dst.f_linear::<Tensor>(&lin_r.ws, None)?),
+                    None => Ok(y),
+                }
             }
             Conv::Gat {
                 lin_src,
@@ -615,6 +656,11 @@ fn check(schema: &Schema, cfg: &RgnnConfig) -> Result<()> {
         return bad(
             "layers and hidden must be positive, and classes too unless the model scores links (then 0)"
                 .into(),
+        );
+    }
+    if cfg.kind == RelationalKind::Rgat && cfg.root_weight {
+        return bad(
+            "--root-weight is R-SAGE's (SAGEConv's lin_r); R-GAT's attention has none".into(),
         );
     }
     if cfg.kind == RelationalKind::Rgat && (cfg.heads <= 0 || cfg.hidden % cfg.heads != 0) {

@@ -37,6 +37,8 @@ pub struct TypedTrainConfig {
     pub hidden: i64,
     pub heads: i64,
     pub dropout: f64,
+    /// R-SAGE with `lin_r` on the destinations' own rows.
+    pub root_weight: bool,
     pub lr: f64,
     pub epochs: u32,
     pub seed: u64,
@@ -557,6 +559,7 @@ pub fn model_config(m: &TypedManifest, cfg: &TypedTrainConfig) -> RgnnConfig {
         layers: m.samples.fanouts.len(),
         heads: cfg.heads,
         dropout: cfg.dropout,
+        root_weight: cfg.root_weight,
         scorer: cfg.scorer,
     }
 }

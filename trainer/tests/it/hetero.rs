@@ -100,7 +100,14 @@ fn relational_models_compute_pyg_heteroconv_logits() {
     let (inputs, blocks) = batch(&schema);
     let typed = TypedBlocks::new(&schema, &inputs, &blocks, Device::Cpu).unwrap();
     let dims = [8i64, 5, 8];
-    for kind in [RelationalKind::Rsage, RelationalKind::Rgat] {
+    // R-SAGE as MLPerf's reference has it, with PyG's default root weight
+    // (each destination's own row through lin_r, of the destination type's
+    // width), and R-GAT.
+    for (kind, root_weight) in [
+        (RelationalKind::Rsage, false),
+        (RelationalKind::Rsage, true),
+        (RelationalKind::Rgat, false),
+    ] {
         let work = tempfile::tempdir().unwrap();
         let cfg = RgnnConfig {
             kind,
@@ -110,6 +117,7 @@ fn relational_models_compute_pyg_heteroconv_logits() {
             layers: 2,
             heads: 2,
             dropout: 0.5,
+            root_weight,
             scorer: None,
         };
         let vs = nn::VarStore::new(Device::Cpu);
@@ -128,7 +136,11 @@ fn relational_models_compute_pyg_heteroconv_logits() {
             .collect();
         let logits = model.forward(Inputs::Rows(&x), &typed, false).unwrap();
         assert_eq!(logits.size(), [4, 3]);
-        if kind == RelationalKind::Rsage {
+        assert_eq!(
+            model.reads_destinations(),
+            kind == RelationalKind::Rgat || root_weight
+        );
+        if !model.reads_destinations() {
             // The first layer's means taken where each row lies (the CPU
             // path that assembles no matrix) give the same logits.
             let bytes: Vec<Vec<u8>> = (x.iter())
@@ -175,6 +187,7 @@ fn relational_models_compute_pyg_heteroconv_logits() {
             "relations": schema.relations.iter().map(|(s, r, d)| [&schema.types[*s].0, r, &schema.types[*d].0]).collect::<Vec<_>>(),
             "hidden_channels": cfg.hidden,
             "heads": cfg.heads,
+            "root_weight": root_weight,
             "num_layers": cfg.layers,
             "out_channels": cfg.classes,
             "target": "paper",
@@ -188,7 +201,7 @@ fn relational_models_compute_pyg_heteroconv_logits() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
-            "{kind:?}: hetero_parity.py failed:\n{stdout}\n{}",
+            "{kind:?}, root weight {root_weight}: hetero_parity.py failed:\n{stdout}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
         println!("{stdout}");
@@ -215,6 +228,7 @@ fn typed_blocks_refuse_edges_across_the_wrong_types_and_models_name_what_they_la
         layers: 2,
         heads: 4,
         dropout: 0.0,
+        root_weight: false,
         scorer: None,
     };
     let err = Rgnn::new(&vs.root(), &schema, &cfg)
@@ -231,4 +245,14 @@ fn typed_blocks_refuse_edges_across_the_wrong_types_and_models_name_what_they_la
         .unwrap()
         .to_string();
     assert!(err.contains("multiple of --heads"), "{err}");
+    let cfg = RgnnConfig {
+        heads: 2,
+        root_weight: true,
+        ..cfg
+    };
+    let err = Rgnn::new(&vs.root(), &schema, &cfg)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("R-GAT's attention has none"), "{err}");
 }

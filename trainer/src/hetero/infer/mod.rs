@@ -372,6 +372,9 @@ fn costs(m: &Loaded, t: usize, memory: u64) -> (u64, u64, u64, usize) {
     let mut per_node = 2 * 4 * hidden + 4 + 3 * 4 * classes;
     if gat {
         per_node += 2 * 4 * width(t) + 2 * 4 * hidden + 4 * 4 * heads;
+    } else if m.cfg.root_weight {
+        // The own rows, read and widened, and their projection.
+        per_node += 2 * 4 * width(t) + 4 * hidden;
     }
     // A chunk's rows as read and widened, projected; a slice of edges'
     // indices, scores and messages.
