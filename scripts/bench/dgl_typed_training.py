@@ -2,8 +2,9 @@
 scripts/bench-typed-accuracy: the heterograph from the dataset's relations
 (repeated edges kept once, as offgnn's sampler keeps them), each type's
 features, the target type's splits and their labels; a `HeteroGraphConv` of one
-`GraphConv(norm="right")` (PyG's `SAGEConv(root_weight=False)`) or
-`GATConv(hidden / heads, heads)` per relation, summed
+`GraphConv(norm="right")` (PyG's `SAGEConv(root_weight=False)`), with
+`--model sage-root` `SAGEConv(mean)` (PyG's `SAGEConv` with its root
+weight), or `GATConv(hidden / heads, heads)` per relation, summed
 per type, leaky ReLU and dropout between layers, a linear layer on the
 target type; trained with Adam over `NeighborSampler` blocks. Prints one
 JSON line: the test accuracy at the best validation epoch, and each epoch's.
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--dataset", required=True)
-ap.add_argument("--model", choices=["sage", "gat"], required=True)
+ap.add_argument("--model", choices=["sage", "sage-root", "gat"], required=True)
 ap.add_argument("--fanout", default="10,5")
 ap.add_argument("--batch-size", type=int, default=512)
 ap.add_argument("--epochs", type=int, default=8)
@@ -74,6 +75,11 @@ class RGNN(nn.Module):
                     # offgnn and MLPerf's reference build R-SAGE (DGL's
                     # SAGEConv would add the destination's own row).
                     convs[r] = dglnn.GraphConv(ins[0], hidden, norm="right", allow_zero_in_degree=True)
+                elif model == "sage-root":
+                    # PyG's SAGEConv with its root weight (offgnn's
+                    # --root-weight): the destination's own row through
+                    # fc_self, beside the neighbours' mean through fc_neigh.
+                    convs[r] = dglnn.SAGEConv(ins, hidden, "mean")
                 else:
                     convs[r] = dglnn.GATConv(ins, hidden // heads, heads, allow_zero_in_degree=True)
             self.convs.append(dglnn.HeteroGraphConv(convs, aggregate="sum"))
