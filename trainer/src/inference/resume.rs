@@ -144,22 +144,32 @@ pub(super) fn run_key(
 /// the work directory `work` says, unless that run committed (`previous`),
 /// else from the start; and the run's id, which a resumed run keeps.
 /// Figures of an earlier run are reported as resumed. Also the output
-/// parts of an unfinished run of another key, which no commit will ever
-/// name: the caller removes them.
+/// parts of an unfinished run of another key or of the other kind (a typed
+/// run's progress in a homogeneous run's work directory, or the other way
+/// round), which no commit will ever name: the caller removes them.
 fn resume<P: RunProgress>(
     work: &Path,
     key: &str,
     previous: Option<&Previous>,
 ) -> (P, RunId, Vec<String>) {
-    let left = std::fs::read(work.join(PROGRESS))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<P>(&b).ok())
+    // Every run's progress holds its record, a homogeneous run's and a
+    // typed one's alike; only a run of the same kind's parses as `P`.
+    let bytes = std::fs::read(work.join(PROGRESS)).ok();
+    let record = bytes.as_deref().and_then(|b| {
+        let record = serde_json::from_slice::<RunRecord>(b).ok()?;
+        Some((record, serde_json::from_slice::<P>(b).ok()))
+    });
+    let (left, stale_parts) = match record {
         // A run killed after its commit (before it cleared its work
         // directory) is done: the next run is a new one, not that one again.
-        .filter(|p| previous.is_none_or(|c| c.run_id.as_deref() != Some(&p.run().run_id)));
-    let (left, stale_parts) = match left {
-        Some(p) if p.run().key != key => (None, p.run().output_files.clone()),
-        p => (p, Vec::new()),
+        Some((r, _)) if previous.is_some_and(|c| c.run_id.as_deref() == Some(&r.run_id)) => {
+            (None, Vec::new())
+        }
+        Some((r, Some(p))) if r.key == key => (Some(p), Vec::new()),
+        // Another key's run, or the other kind's: its parts are no
+        // commit's.
+        Some((r, _)) => (None, r.output_files),
+        None => (None, Vec::new()),
     };
     let mut progress = left.unwrap_or_else(|| {
         let mut p = P::default();
@@ -283,4 +293,75 @@ pub(super) fn clear_work_dir(work: &Path, layers: usize, groups: usize) {
         let _ = std::fs::remove_file(edge_file(work, g));
     }
     forget_progress(work);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Progress of another shape than [`Progress`], as a typed run's is.
+    #[derive(Default, Serialize, Deserialize)]
+    struct Other {
+        #[serde(flatten)]
+        run: RunRecord,
+        node_type: usize,
+    }
+
+    impl RunProgress for Other {
+        fn run(&self) -> &RunRecord {
+            &self.run
+        }
+        fn run_mut(&mut self) -> &mut RunRecord {
+            &mut self.run
+        }
+        fn owns(_: &str) -> bool {
+            false
+        }
+        fn resumed(&mut self) -> Option<String> {
+            None
+        }
+    }
+
+    fn left_by(work: &Path, key: &str, run_id: &RunId) {
+        let p = Progress {
+            run: RunRecord {
+                key: key.into(),
+                run_id: run_id.to_string(),
+                output_files: vec![format!("{run_id}/part-00000.parquet")],
+            },
+            layer: 1,
+            ..Default::default()
+        };
+        save_progress(work, &p).unwrap();
+    }
+
+    #[test]
+    fn progress_of_another_key_or_kind_names_parts_to_remove_unless_committed() {
+        let work = tempfile::tempdir().unwrap();
+        let id = RunId::new();
+        let part = vec![format!("{id}/part-00000.parquet")];
+        // The same kind and key resumes, keeping the run's id.
+        left_by(work.path(), "k", &id);
+        let (p, run_id, stale) = resume::<Progress>(work.path(), "k", None);
+        assert_eq!((p.layer, run_id.as_str(), stale.len()), (1, id.as_str(), 0));
+        // Another key's run starts over, its parts stale.
+        let (p, run_id, stale) = resume::<Progress>(work.path(), "other", None);
+        assert_eq!((p.layer, stale), (0, part.clone()));
+        assert_ne!(run_id.as_str(), id.as_str());
+        // Progress of the other kind does not parse as this kind's, and
+        // its parts are stale all the same, whatever the key.
+        assert!(
+            serde_json::from_slice::<Other>(&std::fs::read(work.path().join(PROGRESS)).unwrap())
+                .is_err()
+        );
+        let (_, _, stale) = resume::<Other>(work.path(), "k", None);
+        assert_eq!(stale, part);
+        // A run that committed left nothing to remove.
+        let committed = Previous {
+            run_id: Some(id.to_string()),
+            body: Default::default(),
+        };
+        let (_, _, stale) = resume::<Other>(work.path(), "k", Some(&committed));
+        assert!(stale.is_empty());
+    }
 }
