@@ -131,8 +131,12 @@ fn column<'a>(path: &Path, batch: &'a RecordBatch, name: &str) -> Result<&'a Arr
     })
 }
 
-/// A column of integer ids as i64, refusing nulls.
-fn int_column(path: &Path, batch: &RecordBatch, name: &str) -> Result<Vec<i64>> {
+/// A column of integers as i64, nulls kept.
+fn nullable_int_column(
+    path: &Path,
+    batch: &RecordBatch,
+    name: &str,
+) -> Result<arrow::array::Int64Array> {
     let col = column(path, batch, name)?;
     if !col.data_type().is_integer() {
         return Err(Error::parquet(
@@ -143,12 +147,18 @@ fn int_column(path: &Path, batch: &RecordBatch, name: &str) -> Result<Vec<i64>> 
             ),
         ));
     }
+    let cast = arrow::compute::cast(col, &DataType::Int64)
+        .map_err(|e| Error::parquet(path, format!("column '{name}': {e}")))?;
+    Ok(cast.as_primitive::<Int64Type>().clone())
+}
+
+/// A column of integer ids as i64, refusing nulls.
+fn int_column(path: &Path, batch: &RecordBatch, name: &str) -> Result<Vec<i64>> {
+    let col = nullable_int_column(path, batch, name)?;
     if col.null_count() > 0 {
         return Err(Error::parquet(path, format!("column '{name}' holds nulls")));
     }
-    let cast = arrow::compute::cast(col, &DataType::Int64)
-        .map_err(|e| Error::parquet(path, format!("column '{name}': {e}")))?;
-    Ok(cast.as_primitive::<Int64Type>().values().to_vec())
+    Ok(col.values().to_vec())
 }
 
 /// Imports the tables, writing the dataset to `out` (refused when it exists,
@@ -361,19 +371,8 @@ fn add_labels(
     (batch, name): (&RecordBatch, &str),
     row: u64,
 ) -> Result<()> {
-    let col = column(path, batch, name)?;
-    if !col.data_type().is_integer() {
-        return Err(Error::parquet(
-            path,
-            format!(
-                "column '{name}' has type {}, an integer column is required",
-                col.data_type()
-            ),
-        ));
-    }
-    let cast = arrow::compute::cast(col, &DataType::Int64)
-        .map_err(|e| Error::parquet(path, format!("column '{name}': {e}")))?;
-    for (k, l) in cast.as_primitive::<Int64Type>().iter().enumerate() {
+    let col = nullable_int_column(path, batch, name)?;
+    for (k, l) in col.iter().enumerate() {
         match l {
             None => labels.push(UNLABELED),
             Some(l) if l < 0 => {
