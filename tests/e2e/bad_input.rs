@@ -507,6 +507,12 @@ fn trainer_cases(f: &Fixture, b: &Broken) -> Vec<Case> {
             "has its root weight always",
             None,
         ),
+        (
+            "trainer",
+            trainer_args(&manifest, &["--init", "glorot"]),
+            "--init is for typed graphs",
+            None,
+        ),
     ]
 }
 

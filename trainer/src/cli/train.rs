@@ -130,6 +130,11 @@ pub struct TrainArgs {
     /// without it, MLPerf's R-SAGE (root_weight=False).
     #[arg(long)]
     pub root_weight: bool,
+    /// Typed graphs, R-SAGE: how its linear maps start: pyg (the default,
+    /// PyG's SAGEConv's) or glorot (DGL's: Glorot-uniform weights, zero
+    /// bias; larger where rows are wide).
+    #[arg(long)]
+    pub init: Option<String>,
     #[arg(long, default_value_t = 0.5)]
     pub dropout: f64,
     #[arg(long, default_value_t = 0)]
@@ -268,6 +273,9 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         anyhow::bail!(
             "--root-weight is for typed graphs' R-SAGE; GraphSAGE on a homogeneous graph has its root weight always"
         );
+    }
+    if a.init.is_some() {
+        anyhow::bail!("--init is for typed graphs' R-SAGE");
     }
     let group = join_group(launch.as_ref(), device, a.dist_timeout)?;
     let writer = group.as_ref().is_none_or(|g| g.rank == 0);

@@ -94,6 +94,11 @@ pub(super) fn train_typed_command(
         heads: a.heads,
         dropout: a.dropout,
         root_weight: a.root_weight,
+        init: match a.init.as_deref() {
+            None | Some("pyg") => crate::hetero::LinearInit::Pyg,
+            Some("glorot") => crate::hetero::LinearInit::Glorot,
+            Some(other) => anyhow::bail!("--init {other}: expected pyg or glorot"),
+        },
         lr: a.lr,
         epochs: a.epochs,
         seed: a.seed,

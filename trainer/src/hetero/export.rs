@@ -122,6 +122,7 @@ impl TypedModelCard {
             heads: self.heads.unwrap_or(1),
             dropout: self.dropout,
             root_weight: self.root_weight,
+            init: Default::default(),
             scorer: self.scorer,
         };
         Ok((schema, cfg))

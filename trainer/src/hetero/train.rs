@@ -39,6 +39,8 @@ pub struct TypedTrainConfig {
     pub dropout: f64,
     /// R-SAGE with `lin_r` on the destinations' own rows.
     pub root_weight: bool,
+    /// How R-SAGE's linear maps start.
+    pub init: super::LinearInit,
     pub lr: f64,
     pub epochs: u32,
     pub seed: u64,
@@ -560,6 +562,7 @@ pub fn model_config(m: &TypedManifest, cfg: &TypedTrainConfig) -> RgnnConfig {
         heads: cfg.heads,
         dropout: cfg.dropout,
         root_weight: cfg.root_weight,
+        init: cfg.init,
         scorer: cfg.scorer,
     }
 }

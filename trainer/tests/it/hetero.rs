@@ -9,7 +9,7 @@ use std::path::Path;
 use offgnn_shared::samples::Block;
 use tch::{Device, Kind, Tensor, nn};
 use trainer::hetero::first_layer::neighbour_means;
-use trainer::hetero::{Inputs, RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks};
+use trainer::hetero::{Inputs, LinearInit, RelationalKind, Rgnn, RgnnConfig, Schema, TypedBlocks};
 
 /// paper (ids 0..30, 8-d), author (30..70, 5-d), fos (70..80, 8-d).
 fn schema() -> Schema {
@@ -118,6 +118,7 @@ fn relational_models_compute_pyg_heteroconv_logits() {
             heads: 2,
             dropout: 0.5,
             root_weight,
+            init: Default::default(),
             scorer: None,
         };
         let vs = nn::VarStore::new(Device::Cpu);
@@ -229,6 +230,7 @@ fn typed_blocks_refuse_edges_across_the_wrong_types_and_models_name_what_they_la
         heads: 4,
         dropout: 0.0,
         root_weight: false,
+        init: Default::default(),
         scorer: None,
     };
     let err = Rgnn::new(&vs.root(), &schema, &cfg)
@@ -255,4 +257,61 @@ fn typed_blocks_refuse_edges_across_the_wrong_types_and_models_name_what_they_la
         .unwrap()
         .to_string();
     assert!(err.contains("R-GAT's attention has none"), "{err}");
+    let cfg = RgnnConfig {
+        root_weight: false,
+        init: LinearInit::Glorot,
+        ..cfg
+    };
+    let err = Rgnn::new(&vs.root(), &schema, &cfg)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("--init is R-SAGE's"), "{err}");
+}
+
+/// R-SAGE's linear maps start as PyG's (within 1 / sqrt(fan_in), bias
+/// too) or, with `--init glorot`, as DGL's (within sqrt(6 / (fan_in +
+/// fan_out)), bias zero).
+#[test]
+fn rsage_starts_as_pyg_or_glorot_asks() {
+    let schema = schema();
+    let (fan_in, hidden) = (200i64, 8i64);
+    for (init, root_weight) in [(LinearInit::Pyg, true), (LinearInit::Glorot, true)] {
+        let cfg = RgnnConfig {
+            kind: RelationalKind::Rsage,
+            in_dims: vec![Some(fan_in); 3],
+            hidden,
+            classes: 3,
+            layers: 1,
+            heads: 1,
+            dropout: 0.0,
+            root_weight,
+            init,
+            scorer: None,
+        };
+        let vs = nn::VarStore::new(Device::Cpu);
+        Rgnn::new(&vs.root(), &schema, &cfg).unwrap();
+        let bound = match init {
+            LinearInit::Pyg => 1.0 / (fan_in as f64).sqrt(),
+            LinearInit::Glorot => (6.0 / (fan_in + hidden) as f64).sqrt(),
+        };
+        let vars = vs.variables();
+        let mut maps = 0;
+        for (name, t) in &vars {
+            let max = t.abs().max().double_value(&[]);
+            if name.ends_with("lin_l.weight") || name.ends_with("lin_r.weight") {
+                maps += 1;
+                // Within the bound, and filling it (the larger bound is
+                // 2.4 times the smaller here).
+                assert!(
+                    max <= bound && max > 0.9 * bound,
+                    "{init:?} {name}: {max} against {bound}"
+                );
+            }
+            if name.ends_with("lin_l.bias") && init == LinearInit::Glorot {
+                assert_eq!(max, 0.0, "{name}");
+            }
+        }
+        assert_eq!(maps, 2 * schema.relations.len(), "{:?}", vars.keys());
+    }
 }
