@@ -11,9 +11,8 @@
 //! its last layer's rows of every type are the embeddings its scorer
 //! ([`crate::link::Scorer`]) takes. Parameters are named as PyG names them
 //! (`convs.{l}.convs.<src___rel___dst>.lin_l.weight`, `...lin_r.weight`,
-//! `...lin.weight` or
-//! `lin_src` / `lin_dst` where the two types' widths differ, `att_src`,
-//! `att_dst`, `bias`; `lin.weight`, `lin.bias`).
+//! `...lin.weight` or `lin_src` / `lin_dst` where the two types' widths
+//! differ, `att_src`, `att_dst`, `bias`; `lin.weight`, `lin.bias`).
 
 pub mod blocks;
 pub mod checkpoint;
