@@ -186,6 +186,7 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         assert!(r.status.success(), "{name}: {}", r.stderr);
         let s = &r.json()["summary"];
         assert_eq!(r.json()["typed"], true);
+        assert_eq!(s["root_weight"], root, "{name}");
         let epochs = s["epochs"].as_array().unwrap();
         assert_eq!(epochs.len(), 4);
         let loss = |e: &serde_json::Value| e["loss"].as_f64().unwrap();

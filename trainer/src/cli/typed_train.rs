@@ -192,9 +192,10 @@ fn report(s: &TypedTrainSummary, memory: Option<&MemoryEstimate>) {
                 "model",
                 format!(
                     "{} over {} relations of {} node types, {} parameters",
-                    match s.model {
-                        RelationalKind::Rsage => "R-SAGE",
-                        RelationalKind::Rgat => "R-GAT",
+                    match (s.model, s.root_weight) {
+                        (RelationalKind::Rsage, false) => "R-SAGE",
+                        (RelationalKind::Rsage, true) => "R-SAGE with root weights",
+                        (RelationalKind::Rgat, _) => "R-GAT",
                     },
                     s.relations,
                     s.node_types.len(),

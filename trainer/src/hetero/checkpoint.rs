@@ -156,7 +156,7 @@ pub fn resume(
     };
     if &meta.model != key.model {
         return Err(differs(
-            "model (--model, --hidden, --heads, --dropout, or the layout's types)",
+            "model (--model, --hidden, --heads, --dropout, --root-weight, --init, or the layout's types)",
         ));
     }
     if meta.lr != key.lr || meta.seed != key.seed {

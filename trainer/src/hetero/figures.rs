@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::RelationalKind;
+use super::{LinearInit, RelationalKind};
 use crate::link::RankMetrics;
 use crate::pipeline::FeatureMode;
 
@@ -51,6 +51,9 @@ pub struct StageSeconds {
 #[derive(Clone, Debug, Serialize)]
 pub struct TypedTrainSummary {
     pub model: RelationalKind,
+    /// R-SAGE: `--root-weight` and `--init`.
+    pub root_weight: bool,
+    pub init: LinearInit,
     /// Where the rows came from.
     pub features: FeatureMode,
     /// The ranks that trained it.

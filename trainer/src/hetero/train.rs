@@ -393,6 +393,8 @@ pub fn train_typed(
     };
     Ok(TypedTrainSummary {
         model: cfg.kind,
+        root_weight: cfg.root_weight,
+        init: cfg.init,
         features: layout.features,
         world_size: ranks.world(),
         node_types: layout.schema.types.iter().map(|t| t.0.clone()).collect(),
