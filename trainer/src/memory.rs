@@ -359,6 +359,21 @@ fn activation_bytes(mc: &ModelConfig, blocks: &[(u64, u64, u64)], widths: &[u64]
     elements.saturating_mul(4 * ACTIVATION_FACTOR)
 }
 
+/// What inference planning its groups on CUDA device `index` counts on:
+/// the free bytes in whole GiB (so that a resumed run plans the same groups
+/// while the free figure moves a little), then the free and total bytes as
+/// read; `None` where the runtime cannot tell, said in a warning (groups are
+/// then planned by `--memory` alone).
+pub(crate) fn cuda_free_for_groups(index: usize) -> Option<(u64, u64, u64)> {
+    let Some((free, total)) = cuda_free_memory(index) else {
+        tracing::warn!(
+            "cuda:{index}: the CUDA runtime's free memory could not be read; groups are planned by --memory alone"
+        );
+        return None;
+    };
+    Some((free >> 30 << 30, free, total))
+}
+
 /// Free and total bytes of CUDA device `index`, from the CUDA runtime that
 /// libtorch loaded (`cudaMemGetInfo`, found at run time so that the trainer
 /// links no CUDA library of its own); `None` where there is none.

@@ -321,23 +321,18 @@ fn chunk_merges(row_costs: &[(u64, u64)], per_chunk_row: u64, device_row: u64) -
 
 /// The device's budget for destination groups when the aggregation runs on
 /// CUDA device `index`, each node costing `node_bytes` there: its free
-/// memory, in whole GiB (so that a resumed run plans the same groups while
-/// the free figure moves a little), less a source chunk's state
-/// (`chunk_bytes`), an edge batch's temporaries and the CUDA context.
+/// memory ([`crate::memory::cuda_free_for_groups`]) less a source chunk's
+/// state (`chunk_bytes`), an edge batch's temporaries and the CUDA context.
 /// `None` where the free memory cannot be read.
 fn device_budget(
     index: usize,
     node_bytes: u64,
     chunk_bytes: u64,
 ) -> Result<Option<(Budget, usize)>> {
-    let Some((free, total)) = crate::memory::cuda_free_memory(index) else {
-        tracing::warn!(
-            "cuda:{index}: the CUDA runtime's free memory could not be read; groups are planned by --memory alone"
-        );
+    let Some((usable, free, total)) = crate::memory::cuda_free_for_groups(index) else {
         return Ok(None);
     };
     let fixed = chunk_bytes + on_device::EDGE_BATCH_BYTES + crate::memory::CUDA_CONTEXT_BYTES;
-    let usable = free >> 30 << 30;
     let bytes = usable.checked_sub(fixed).filter(|b| *b > 0).ok_or_else(|| {
         Error::InvalidArgument(format!(
             "cuda:{index} has {} free of {}, below the {} aggregating there needs before any group (a source chunk's state {}, edge batches {}, the CUDA context {}); aggregate on the host (--aggregate host)",

@@ -401,7 +401,7 @@ struct Room {
 }
 
 impl Room {
-    fn of(cfg: &InferConfig) -> Result<Room> {
+    fn of(cfg: &InferConfig) -> Room {
         let human = offgnn_shared::report::human_bytes;
         let host = Room {
             bytes: cfg.memory / 4 * 3,
@@ -409,16 +409,13 @@ impl Room {
             remedy: "give more --memory",
         };
         let Device::Cuda(index) = cfg.device else {
-            return Ok(host);
+            return host;
         };
-        let Some((free, _)) = crate::memory::cuda_free_memory(index) else {
-            tracing::warn!(
-                "cuda:{index}: the CUDA runtime's free memory could not be read; groups are planned by --memory alone"
-            );
-            return Ok(host);
+        let Some((whole, free, _)) = crate::memory::cuda_free_for_groups(index) else {
+            return host;
         };
-        let usable = (free >> 30 << 30).saturating_sub(crate::memory::CUDA_CONTEXT_BYTES);
-        Ok(match usable < host.bytes {
+        let usable = whole.saturating_sub(crate::memory::CUDA_CONTEXT_BYTES);
+        match usable < host.bytes {
             true => Room {
                 bytes: usable,
                 what: format!(
@@ -429,7 +426,7 @@ impl Room {
                 remedy: "free the device's memory, or infer on the CPU (--device cpu)",
             },
             false => host,
-        })
+        }
     }
 }
 
@@ -452,7 +449,7 @@ impl<'c> Run<'c> {
         pb.finish_and_clear();
         let mut groups = Vec::with_capacity(ds.node_types.len());
         let mut planned = 0;
-        let room = Room::of(cfg)?;
+        let room = Room::of(cfg);
         for (t, deg) in degrees.iter().enumerate() {
             let (per_edge, per_node, fixed, _) = costs(m, t, cfg.memory);
             let budget = room.bytes.checked_sub(fixed).ok_or_else(|| {
