@@ -184,11 +184,13 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         },
     )?;
     let labels = nodes.labels.expect("a label column was read");
-    let num_classes = class_count(&cfg.nodes, &cfg.columns.label, &labels)?;
-    let unlabeled = labels.iter().filter(|&&l| l == UNLABELED).count() as u64;
-    if unlabeled == 0 {
-        npy::write_i64(writer.path(layout::LABELS), &labels)?;
-    }
+    let task = Task::of(
+        &writer,
+        (&cfg.nodes, &cfg.columns.label),
+        &labels,
+        layout::LABELS,
+        (cfg.train_fraction, cfg.valid_fraction, cfg.split_seed),
+    )?;
     let (input_edges, num_edges) = write_edge_table(
         &writer,
         &EdgeTable {
@@ -206,37 +208,28 @@ pub fn import(out: &Path, cfg: &ImportConfig, overwrite: bool) -> Result<ImportS
         },
     )?;
 
-    let [train, valid, test] = split_labeled(
-        &labels,
-        (cfg.train_fraction, cfg.valid_fraction),
-        cfg.split_seed,
-    )?;
-    for (split, seeds) in [
-        (Split::Train, &train),
-        (Split::Valid, &valid),
-        (Split::Test, &test),
-    ] {
-        let split_labels: Vec<u64> = seeds.iter().map(|&s| labels[s as usize]).collect();
-        writer.write_split(split, seeds, &split_labels)?;
+    for (split, (seeds, labels)) in Split::ALL.into_iter().zip(&task.sets) {
+        writer.write_split(split, seeds, labels)?;
     }
     let dataset = writer.commit(&DatasetSpec {
         name: cfg.name.clone(),
         num_nodes: nodes.num_nodes,
-        num_classes,
-        node_labels: unlabeled == 0,
+        num_classes: task.num_classes,
+        node_labels: task.unlabeled == 0,
         extra_tasks: Vec::new(),
     })?;
+    let [train, valid, test] = task.sizes();
     Ok(ImportSummary {
         dataset,
         num_nodes: nodes.num_nodes,
         input_edges,
         num_edges,
-        num_classes,
+        num_classes: task.num_classes,
         feature_dim: nodes.feature_dim.expect("features are required"),
-        unlabeled,
-        train: train.len(),
-        valid: valid.len(),
-        test: test.len(),
+        unlabeled: task.unlabeled,
+        train,
+        valid,
+        test,
     })
 }
 
@@ -311,9 +304,51 @@ pub(crate) fn read_node_table(writer: &DatasetWriter, t: &NodeTable) -> Result<N
 /// graph and in no split.
 pub(crate) const UNLABELED: u64 = u64::MAX;
 
+/// The classification task of an import: the class count, the nodes
+/// without a label, and each split's nodes (train, validation, test) with
+/// their labels.
+pub(crate) struct Task {
+    pub num_classes: u32,
+    pub unlabeled: u64,
+    pub sets: [(Vec<u64>, Vec<u64>); 3],
+}
+
+impl Task {
+    /// The task over `labels`, read from `column` of `path`, split by
+    /// `(train, valid, seed)` ([`split_labeled`]); every node's label is
+    /// written to the dataset's `label_file` where each node has one.
+    pub(crate) fn of(
+        writer: &DatasetWriter,
+        (path, column): (&Path, &str),
+        labels: &[u64],
+        label_file: &str,
+        (train, valid, seed): (f64, f64, u64),
+    ) -> Result<Task> {
+        let num_classes = class_count(path, column, labels)?;
+        let unlabeled = labels.iter().filter(|&&l| l == UNLABELED).count() as u64;
+        if unlabeled == 0 {
+            npy::write_i64(writer.path(label_file), labels)?;
+        }
+        let sets = split_labeled(labels, (train, valid), seed)?.map(|seeds| {
+            let of_seeds = seeds.iter().map(|&s| labels[s as usize]).collect();
+            (seeds, of_seeds)
+        });
+        Ok(Task {
+            num_classes,
+            unlabeled,
+            sets,
+        })
+    }
+
+    /// Each split's nodes.
+    pub(crate) fn sizes(&self) -> [usize; 3] {
+        self.sets.each_ref().map(|(seeds, _)| seeds.len())
+    }
+}
+
 /// The class count of the labels read from `column` of `path`: at least 2,
 /// below 2^32; refuses a column that labels no node.
-pub(crate) fn class_count(path: &Path, column: &str, labels: &[u64]) -> Result<u32> {
+fn class_count(path: &Path, column: &str, labels: &[u64]) -> Result<u32> {
     let labeled = labels.iter().filter(|&&l| l != UNLABELED);
     let Some(&max) = labeled.max() else {
         return Err(Error::parquet(
@@ -334,11 +369,7 @@ pub(crate) fn class_count(path: &Path, column: &str, labels: &[u64]) -> Result<u
 /// The train, validation and test nodes: a seeded shuffle of the labeled
 /// nodes ([`seeded_split`] over them, so that a table whose every node is
 /// labeled splits as the whole table), the test set the rest.
-pub(crate) fn split_labeled(
-    labels: &[u64],
-    (train, valid): (f64, f64),
-    seed: u64,
-) -> Result<[Vec<u64>; 3]> {
+fn split_labeled(labels: &[u64], (train, valid): (f64, f64), seed: u64) -> Result<[Vec<u64>; 3]> {
     let labeled: Vec<u64> = (0..labels.len() as u64)
         .filter(|&v| labels[v as usize] != UNLABELED)
         .collect();

@@ -10,12 +10,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use offgnn_shared::dataset::{DatasetWriter, Split, TypedSpec, layout};
-use offgnn_shared::npy::{self, DType};
+use offgnn_shared::npy::DType;
 
-use super::{
-    Columns, EdgeTable, NodeTable, Reverse, UNLABELED, class_count, read_node_table, split_labeled,
-    write_edge_table,
-};
+use super::{Columns, EdgeTable, NodeTable, Reverse, Task, read_node_table, write_edge_table};
 use crate::error::{Error, Result};
 
 /// The tables of a typed import, and the columns they share.
@@ -186,11 +183,13 @@ pub fn import_typed(
     }
     let labels = target_labels.expect("the target type's table was read");
     let target_path = &cfg.node_tables[planned_target(cfg)].1;
-    let num_classes = class_count(target_path, &cfg.columns.label, &labels)?;
-    let unlabeled = labels.iter().filter(|&&l| l == UNLABELED).count() as u64;
-    if unlabeled == 0 {
-        npy::write_i64(writer.path(&layout::typed_labels(&cfg.target)), &labels)?;
-    }
+    let task = Task::of(
+        &writer,
+        (target_path, &cfg.columns.label),
+        &labels,
+        &layout::typed_labels(&cfg.target),
+        (cfg.train_fraction, cfg.valid_fraction, cfg.split_seed),
+    )?;
 
     let mut relations = Vec::new();
     for p in &planned {
@@ -224,14 +223,8 @@ pub fn import_typed(
         }
     }
 
-    let [train, valid, test] = split_labeled(
-        &labels,
-        (cfg.train_fraction, cfg.valid_fraction),
-        cfg.split_seed,
-    )?;
-    for (split, seeds) in Split::ALL.into_iter().zip([&train, &valid, &test]) {
-        let split_labels: Vec<u64> = seeds.iter().map(|&s| labels[s as usize]).collect();
-        writer.write_typed_split(&cfg.target, split, seeds, &split_labels)?;
+    for (split, (seeds, labels)) in Split::ALL.into_iter().zip(&task.sets) {
+        writer.write_typed_split(&cfg.target, split, seeds, labels)?;
     }
     let dataset = writer.commit_typed(&TypedSpec {
         name: cfg.name.clone(),
@@ -241,18 +234,19 @@ pub fn import_typed(
             .collect(),
         relations: relations.iter().map(|r| r.name.clone()).collect(),
         target: cfg.target.clone(),
-        num_classes,
-        node_labels: unlabeled == 0,
+        num_classes: task.num_classes,
+        node_labels: task.unlabeled == 0,
     })?;
+    let [train, valid, test] = task.sizes();
     Ok(TypedImportSummary {
         dataset,
         node_types,
         relations,
-        num_classes,
-        unlabeled,
-        train: train.len(),
-        valid: valid.len(),
-        test: test.len(),
+        num_classes: task.num_classes,
+        unlabeled: task.unlabeled,
+        train,
+        valid,
+        test,
     })
 }
 
