@@ -130,9 +130,10 @@ pub struct TrainArgs {
     /// without it, MLPerf's R-SAGE (root_weight=False).
     #[arg(long)]
     pub root_weight: bool,
-    /// Typed graphs, R-SAGE: how its linear maps start: pyg (the default,
-    /// PyG's SAGEConv's) or glorot (DGL's: Glorot-uniform weights, zero
-    /// bias; larger where rows are wide).
+    /// Typed graphs, R-SAGE: how its linear maps start: pyg (PyG's
+    /// SAGEConv's; the default for node classification) or glorot (DGL's:
+    /// Glorot-uniform weights, zero bias, larger where rows are wide; the
+    /// default for link prediction).
     #[arg(long)]
     pub init: Option<String>,
     #[arg(long, default_value_t = 0.5)]

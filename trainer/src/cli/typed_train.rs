@@ -94,11 +94,7 @@ pub(super) fn train_typed_command(
         heads: a.heads,
         dropout: a.dropout,
         root_weight: a.root_weight,
-        init: match a.init.as_deref() {
-            None | Some("pyg") => crate::hetero::LinearInit::Pyg,
-            Some("glorot") => crate::hetero::LinearInit::Glorot,
-            Some(other) => anyhow::bail!("--init {other}: expected pyg or glorot"),
-        },
+        init: linear_init(a.init.as_deref(), kind, scorer.is_some())?,
         lr: a.lr,
         epochs: a.epochs,
         seed: a.seed,
@@ -313,6 +309,24 @@ fn refuse_unsupported(a: &TrainArgs) -> anyhow::Result<()> {
 
 /// The scorer of a typed link-prediction layout (`--scorer`, else the
 /// MLP); none for a node layout, which refuses `--scorer`.
+/// R-SAGE's start: `--init`, or by default PyG's for node classification
+/// and DGL's (Glorot) for link prediction, where PyG's narrower start left
+/// the dot products of wide, sparse rows' embeddings near zero (IMDB's
+/// links, docs/guide.md). R-GAT's maps always start as PyG's GATConv's.
+fn linear_init(
+    flag: Option<&str>,
+    kind: RelationalKind,
+    link: bool,
+) -> anyhow::Result<crate::hetero::LinearInit> {
+    use crate::hetero::LinearInit;
+    Ok(match flag {
+        None if link && kind == RelationalKind::Rsage => LinearInit::Glorot,
+        None | Some("pyg") => LinearInit::Pyg,
+        Some("glorot") => LinearInit::Glorot,
+        Some(other) => anyhow::bail!("--init {other}: expected pyg or glorot"),
+    })
+}
+
 fn typed_scorer(
     a: &TrainArgs,
     m: &TypedManifest,
@@ -325,5 +339,23 @@ fn typed_scorer(
         (None, Some(_)) => anyhow::bail!(
             "--scorer is for link-prediction layouts (sampler --task link); {at} is a node-classification layout"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hetero::LinearInit;
+
+    #[test]
+    fn rsage_starts_as_glorot_for_links_and_as_pyg_for_nodes_unless_told() {
+        let (sage, gat) = (RelationalKind::Rsage, RelationalKind::Rgat);
+        assert_eq!(linear_init(None, sage, true).unwrap(), LinearInit::Glorot);
+        assert_eq!(linear_init(None, sage, false).unwrap(), LinearInit::Pyg);
+        assert_eq!(linear_init(None, gat, true).unwrap(), LinearInit::Pyg);
+        assert_eq!(linear_init(Some("pyg"), sage, true).unwrap(), LinearInit::Pyg);
+        assert_eq!(linear_init(Some("glorot"), sage, false).unwrap(), LinearInit::Glorot);
+        let err = linear_init(Some("xavier"), sage, false).unwrap_err();
+        assert_eq!(err.to_string(), "--init xavier: expected pyg or glorot");
     }
 }
