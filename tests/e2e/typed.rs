@@ -352,10 +352,39 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         losses_of(&r)
     };
     let (whole, stopped) = (path("ck-whole"), path("ck-stopped"));
-    let straight = train(&whole, "4", &[]);
+    let from_run = path("export-from-run");
+    let straight = train(&whole, "4", &["--export", &from_run]);
     assert_eq!(train(&stopped, "2", &[]).len(), 2);
     let resumed = train(&stopped, "4", &["--resume"]);
     assert!(same(&resumed, &straight), "{resumed:?} {straight:?}");
+    // `trainer export` writes the checkpoint's best epoch as the run's own
+    // export did: the same weights. A typed checkpoint needs its layout.
+    let from_checkpoint = path("export-from-checkpoint");
+    let export = |extra: &[&str]| {
+        let mut args = vec![
+            "export",
+            "--checkpoint-dir",
+            &whole,
+            "--out",
+            &from_checkpoint,
+        ];
+        args.extend(extra);
+        run("trainer", &args)
+    };
+    assert_one_line(&export(&[]), "pass --manifest");
+    let r = export(&["--manifest", &pack2]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let card = |dir: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(format!("{dir}/model.json")).unwrap()).unwrap()
+    };
+    assert_eq!(
+        card(&from_checkpoint)["weights_sha256"],
+        card(&from_run)["weights_sha256"]
+    );
+    assert_eq!(card(&from_checkpoint)["epoch"], card(&from_run)["epoch"]);
+    let shown = run("trainer", &["show-model", "--model", &from_checkpoint]);
+    assert!(shown.status.success(), "{}", shown.stderr);
+    assert_eq!(shown.json()["export"]["card"]["architecture"], "rgat");
     assert_one_line(
         &run(
             "trainer",

@@ -513,7 +513,7 @@ pub fn read_with_scorer(
     ];
     if typed.contains(&(version as u32)) {
         return Err(Error::InvalidArgument(format!(
-            "{card_url}: a typed graph's model (R-SAGE or R-GAT), which only `trainer infer` and `trainer score` read so far"
+            "{card_url}: a typed graph's model (R-SAGE or R-GAT), which `trainer infer`, `trainer score` and `trainer show-model` read, and this command does not"
         )));
     }
     if version > u64::from(FORMAT_VERSION) {

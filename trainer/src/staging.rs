@@ -111,9 +111,10 @@ pub fn stage_typed(
 }
 
 /// The directory and manifest file name of a manifest location.
-fn split_location(location: &str) -> (String, String) {
+pub(crate) fn split_location(location: &str) -> (String, String) {
     match location.rsplit_once('/') {
         Some((dir, name)) if name.ends_with(".json") => (dir.to_string(), name.to_string()),
+        None if location.ends_with(".json") => (".".to_string(), location.to_string()),
         _ => (
             location.trim_end_matches('/').to_string(),
             MANIFEST.to_string(),
@@ -257,4 +258,20 @@ pub fn resolve_dataset(location: &str, local: &Path, show: bool) -> Result<PathB
     }
     pb.finish_and_clear();
     Ok(local.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_location;
+
+    #[test]
+    fn a_manifest_location_is_a_directory_or_its_json_file() {
+        let split = split_location;
+        let pair = |d: &str, n: &str| (d.to_string(), n.to_string());
+        assert_eq!(split("pack/manifest.json"), pair("pack", "manifest.json"));
+        assert_eq!(split("pack/"), pair("pack", "manifest.json"));
+        assert_eq!(split("pack"), pair("pack", "manifest.json"));
+        assert_eq!(split("manifest.json"), pair(".", "manifest.json"));
+        assert_eq!(split("s3://b/p/m.json"), pair("s3://b/p", "m.json"));
+    }
 }

@@ -23,7 +23,9 @@ pub struct ExportArgs {
     /// Replace an export already at --out.
     #[arg(long)]
     pub overwrite: bool,
-    /// Refuse unless the checkpoint was trained on this layout's manifest.
+    /// Refuse unless the checkpoint was trained on this layout's manifest
+    /// (a directory or its manifest.json). A typed run's checkpoint needs
+    /// it: its types and relations name the export's parameters.
     #[arg(long)]
     pub manifest: Option<String>,
 }
@@ -31,6 +33,13 @@ pub struct ExportArgs {
 /// `trainer show-model`: reads the export at `model` (checking it) and
 /// prints what it holds.
 pub(super) fn show_model(model: &str) -> anyhow::Result<()> {
+    if crate::hetero::infer::is_typed_model(model)? {
+        let (card, named) = crate::hetero::export::read(model)?;
+        let weights_bytes = named.values().map(|t| t.numel() as u64 * 4).sum();
+        let location = offgnn_shared::store::redact(model);
+        report::typed_export_summary("show-model", &location, weights_bytes, &card);
+        return Ok(());
+    }
     let (card, vs) = export::read(model, tch::Device::Cpu)?;
     let weights_bytes = vs.variables().values().map(|t| t.numel() as u64 * 4).sum();
     report::export_summary(
@@ -45,17 +54,17 @@ pub(super) fn show_model(model: &str) -> anyhow::Result<()> {
 }
 
 /// `trainer export`: the model of a checkpoint, read with the manifest
-/// it must have been trained on (if given), written to `--out`.
+/// it must have been trained on (if given; a typed run's checkpoint needs
+/// it, for its types and relations), written to `--out`.
 pub(super) fn export_command(a: ExportArgs) -> anyhow::Result<()> {
     use anyhow::Context;
     let manifest = a
         .manifest
         .as_deref()
         .map(|location| {
-            let (dir, name) = location.rsplit_once('/').unwrap_or((".", location));
-            let store = offgnn_shared::store::Store::open(dir)?;
-            let bytes = store.get(name)?;
-            anyhow::Ok(offgnn_manifests::Manifest::parse(location, &bytes)?)
+            let (dir, name) = crate::staging::split_location(location);
+            let store = offgnn_shared::store::Store::open(&dir)?;
+            anyhow::Ok((location, store.get(&name)?))
         })
         .transpose()
         .with_context(|| {
@@ -64,6 +73,36 @@ pub(super) fn export_command(a: ExportArgs) -> anyhow::Result<()> {
                 offgnn_shared::store::redact(a.manifest.as_deref().unwrap_or_default())
             )
         })?;
+    if crate::hetero::checkpoint::is_typed(&a.checkpoint_dir) {
+        let Some((location, bytes)) = manifest else {
+            anyhow::bail!(
+                "{} holds a typed run's checkpoint: pass --manifest with the layout it was trained on (its types and relations name the export's parameters)",
+                a.checkpoint_dir.display()
+            );
+        };
+        let m = offgnn_manifests::TypedManifest::parse(location, &bytes)?;
+        let (location, card) = crate::hetero::checkpoint::export(
+            &a.checkpoint_dir,
+            &a.out,
+            (a.last, a.overwrite),
+            &m,
+        )?;
+        let weights_bytes = card.parameters as u64 * 4;
+        report::typed_export_summary("export", &location, weights_bytes, &card);
+        return Ok(());
+    }
+    let manifest = manifest
+        .map(|(location, bytes)| {
+            if offgnn_manifests::is_typed(&bytes) {
+                anyhow::bail!(
+                    "{}: a typed layout, and {} holds a homogeneous run's checkpoint",
+                    offgnn_shared::store::redact(location),
+                    a.checkpoint_dir.display()
+                );
+            }
+            anyhow::Ok(offgnn_manifests::Manifest::parse(location, &bytes)?)
+        })
+        .transpose()?;
     let written = train::export_checkpoint(
         &a.checkpoint_dir,
         &a.out,

@@ -221,6 +221,58 @@ pub fn export_summary(command: &str, w: &Written) {
     );
 }
 
+/// What `trainer export` wrote or `trainer show-model` read of a typed
+/// model: the card and the weights' size.
+pub fn typed_export_summary(
+    command: &str,
+    location: &str,
+    weights_bytes: u64,
+    c: &crate::hetero::export::TypedModelCard,
+) {
+    let figures = match (c.valid_mrr, c.test_mrr) {
+        (Some(v), Some(t)) => format!("validation MRR {v:.4}, test MRR {t:.4}"),
+        _ => format!("validation {:.4}, test {:.4}", c.valid_acc, c.test_acc),
+    };
+    let types: Vec<String> = c
+        .node_types
+        .iter()
+        .map(|t| format!("{} ({})", t.name, t.in_channels))
+        .collect();
+    let rows = vec![
+        ("export", location.to_string()),
+        (
+            "model",
+            format!(
+                "{}, {} layers, hidden {}, {} relations, target {}{}",
+                match c.architecture {
+                    crate::hetero::RelationalKind::Rsage => "R-SAGE",
+                    crate::hetero::RelationalKind::Rgat => "R-GAT",
+                },
+                c.num_layers,
+                c.hidden_channels,
+                c.relations.len(),
+                c.target,
+                c.scorer
+                    .map_or(String::new(), |s| format!(", scorer {s:?}").to_lowercase()),
+            ),
+        ),
+        ("node types (width)", types.join(", ")),
+        (
+            "parameters",
+            format!("{} ({})", c.parameters, human_bytes(weights_bytes)),
+        ),
+        ("epoch", format!("{} ({}): {figures}", c.epoch, c.which)),
+    ];
+    print_summary(
+        command,
+        &rows,
+        &serde_json::json!({
+            "command": command,
+            "export": { "location": location, "weights_bytes": weights_bytes, "card": c },
+        }),
+    );
+}
+
 pub fn infer_summary(s: &InferSummary) {
     let mut rows = vec![
         (

@@ -353,8 +353,14 @@ mod tests {
         assert_eq!(linear_init(None, sage, true).unwrap(), LinearInit::Glorot);
         assert_eq!(linear_init(None, sage, false).unwrap(), LinearInit::Pyg);
         assert_eq!(linear_init(None, gat, true).unwrap(), LinearInit::Pyg);
-        assert_eq!(linear_init(Some("pyg"), sage, true).unwrap(), LinearInit::Pyg);
-        assert_eq!(linear_init(Some("glorot"), sage, false).unwrap(), LinearInit::Glorot);
+        assert_eq!(
+            linear_init(Some("pyg"), sage, true).unwrap(),
+            LinearInit::Pyg
+        );
+        assert_eq!(
+            linear_init(Some("glorot"), sage, false).unwrap(),
+            LinearInit::Glorot
+        );
         let err = linear_init(Some("xavier"), sage, false).unwrap_err();
         assert_eq!(err.to_string(), "--init xavier: expected pyg or glorot");
     }

@@ -238,3 +238,108 @@ pub(super) fn start(
         _ => Ok((Vec::new(), None, None)),
     }
 }
+
+/// Whether `dir`'s `checkpoint.json` is a typed run's (by its `format`; a
+/// file that is not JSON is left to the reader that reports it).
+pub fn is_typed(dir: &Path) -> bool {
+    std::fs::read(dir.join(META))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .is_some_and(|v| v.get("format").and_then(|f| f.as_str()) == Some(FORMAT))
+}
+
+/// `trainer export` of a typed checkpoint: its best validation epoch's
+/// parameters (or with `last` those it was taken with) to `out`. The
+/// layout it was trained on gives the types and relations the export
+/// names, and must be that layout.
+pub fn export(
+    dir: &Path,
+    out: &str,
+    (last, overwrite): (bool, bool),
+    manifest: &offgnn_manifests::TypedManifest,
+) -> Result<(String, super::export::TypedModelCard)> {
+    let meta = read(dir)?.ok_or_else(|| {
+        Error::Checkpoint(format!(
+            "{}: no checkpoint (checkpoint.json) there",
+            dir.display()
+        ))
+    })?;
+    if meta.samples_run_sha256 != manifest.samples.run_sha256
+        || meta.dataset_fingerprint != manifest.dataset.dataset_fingerprint
+    {
+        return Err(Error::Checkpoint(format!(
+            "{}: the checkpoint was trained on another layout than that manifest (other samples or dataset)",
+            dir.display()
+        )));
+    }
+    if meta.tensors.contains('/') {
+        return Err(Error::Checkpoint(format!(
+            "{}: names tensor file {:?} outside {}",
+            dir.join(META).display(),
+            meta.tensors,
+            dir.display()
+        )));
+    }
+    crate::export::check_target(out, overwrite)?;
+    let (which, prefix, epoch) = if last {
+        if meta.in_epoch.is_some() {
+            tracing::warn!(
+                "the checkpoint was taken inside epoch {}: its parameters are those of that moment",
+                meta.epoch
+            );
+        }
+        ("last", "model.", meta.history.last().map(|e| e.epoch))
+    } else {
+        let best = meta.best_epoch.ok_or_else(|| {
+            Error::Checkpoint(format!(
+                "{}: no epoch with a validation figure yet; pass --last to export the parameters it holds",
+                dir.display()
+            ))
+        })?;
+        ("best", "best.model.", Some(best))
+    };
+    let figures = epoch
+        .and_then(|e| meta.history.iter().find(|h| h.epoch == e))
+        .ok_or_else(|| {
+            Error::Checkpoint(format!(
+                "{}: no completed epoch to export",
+                dir.join(META).display()
+            ))
+        })?;
+    let named = load_tensors(
+        &dir.join(&meta.tensors),
+        Some(meta.tensors_digest),
+        Device::Cpu,
+    )?;
+    let params: HashMap<String, Tensor> = named
+        .iter()
+        .filter_map(|(k, v)| {
+            k.strip_prefix(prefix)
+                .map(|k| (k.to_string(), v.shallow_clone()))
+        })
+        .collect();
+    // Through a fresh model: every parameter present, with its shape.
+    let schema = super::Schema::of(manifest)?;
+    let vs = nn::VarStore::new(Device::Cpu);
+    super::Rgnn::new(&vs.root(), &schema, &meta.model)?;
+    let tensors = dir.join(&meta.tensors).display().to_string();
+    crate::export::load_into(&vs, &params, &tensors)?;
+    let from = super::export::TypedProvenance {
+        manifest,
+        which,
+        epoch: figures.epoch,
+        valid_acc: figures.valid_accuracy.unwrap_or(0.0),
+        test_acc: figures.test_accuracy.unwrap_or(0.0),
+        mrr: figures
+            .valid_rank
+            .zip(figures.test_rank)
+            .map(|(v, t)| (v.mrr, t.mrr)),
+    };
+    super::export::write(
+        out,
+        (&schema, &meta.model),
+        &crate::export::snapshot(&vs)?,
+        &from,
+        overwrite,
+    )
+}
