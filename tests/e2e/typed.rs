@@ -607,6 +607,45 @@ fn typed_inference(export: &str, dataset: &str, out: &str, all: bool) {
         &infer(&format!("{out}-dup"), &["--keep-duplicate-edges"]),
         "kept each edge once",
     );
+    // A type's feature file swapped for another of its shape (its rows'
+    // values in reverse order) is refused: the topology and labels match,
+    // the features are not those the model was trained on.
+    let swapped = format!("{out}-swapped-dataset");
+    let status = std::process::Command::new("cp")
+        .args(["-r", dataset, &swapped])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut files: Vec<_> = std::fs::read_dir(Path::new(&swapped).join("data"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with("-feat.npy"))
+        .collect();
+    files.sort();
+    let file = &files[0];
+    let mut bytes = std::fs::read(file).unwrap();
+    let start = 10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let values: Vec<[u8; 4]> = bytes[start..]
+        .chunks_exact(4)
+        .rev()
+        .map(|c| c.try_into().unwrap())
+        .collect();
+    bytes.truncate(start);
+    bytes.extend(values.concat());
+    std::fs::write(file, bytes).unwrap();
+    let r = run(
+        "trainer",
+        &[
+            "infer",
+            "--model",
+            export,
+            "--dataset",
+            &swapped,
+            "--out",
+            &format!("{out}-swapped"),
+        ],
+    );
+    assert_one_line(&r, "is not the feature file");
 }
 
 /// A typed sampling run states its memory type by type (each type's nodes

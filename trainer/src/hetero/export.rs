@@ -33,6 +33,11 @@ pub const TYPED_LINK_FORMAT_VERSION: u32 = 4;
 pub struct TypedNodeType {
     pub name: String,
     pub in_channels: i64,
+    /// The type's feature file's fingerprint (its size and sampled blocks,
+    /// as the layout recorded it), which inference checks; absent for a
+    /// type without features and in exports of older trainers.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub feature_fingerprint: String,
 }
 
 /// `model.json` of a typed model.
@@ -180,6 +185,7 @@ pub fn write(
                     .map(|(t, d)| TypedNodeType {
                         name: t.0.clone(),
                         in_channels: d.unwrap_or(0),
+                        feature_fingerprint: feature_fingerprint(from.manifest, &t.0),
                     })
                     .collect(),
                 relations: schema
@@ -226,6 +232,17 @@ pub fn write(
             json
         })?;
     Ok((location, card.expect("the card was made")))
+}
+
+/// The fingerprint `m`'s layout recorded of type `name`'s feature file
+/// (empty for a type without features).
+fn feature_fingerprint(m: &offgnn_manifests::TypedManifest, name: &str) -> String {
+    m.node_types
+        .iter()
+        .find(|t| t.name == name)
+        .and_then(|t| t.layout.as_ref())
+        .map(|l| l.dataset.feature_fingerprint.clone())
+        .unwrap_or_default()
 }
 
 /// Writes the best validation epoch's parameters `best` to the export

@@ -57,7 +57,7 @@ mod passes;
 mod plan;
 mod pull;
 pub(crate) mod resume;
-mod run;
+pub(crate) mod run;
 pub(crate) use run::outputs_of;
 mod sage;
 mod stream;

@@ -449,7 +449,7 @@ fn check_parts(out: &Store, run_id: &RunId, files: &[String]) -> Result<()> {
     }
 }
 
-fn short(s: &str) -> &str {
+pub(crate) fn short(s: &str) -> &str {
     &s[..s.len().min(12)]
 }
 

@@ -275,19 +275,7 @@ fn load(cfg: &InferConfig, ds: &TypedDataset, fingerprint: &str) -> Result<Loade
             "{model_url} convolves relations {card_relations:?}, the dataset has {dataset_relations:?}"
         )));
     }
-    // The schema's types are the dataset's, in its order.
-    if let Some(t) = ds.node_types.iter().enumerate().position(|(t, nt)| {
-        let width = nt
-            .features
-            .as_ref()
-            .map(|f| f.shape().get(1).copied().unwrap_or(1) as i64);
-        width != model_cfg.in_dims[t]
-    }) {
-        return Err(Error::InvalidArgument(format!(
-            "node type '{}': the dataset's feature width is not the model's ({:?})",
-            ds.node_types[t].name, model_cfg.in_dims[t]
-        )));
-    }
+    check_features(ds, &card, &model_cfg, &model_url)?;
     if let Some(t) = ds.node_types.iter().find(|t| t.num > u64::from(u32::MAX)) {
         return Err(Error::InvalidArgument(format!(
             "node type '{}' has {} nodes; inference takes up to {} of a type",
@@ -305,6 +293,57 @@ fn load(cfg: &InferConfig, ds: &TypedDataset, fingerprint: &str) -> Result<Loade
         model,
         _vs: vs,
     })
+}
+
+/// Each type's feature file must be as wide as the model takes (the
+/// schema's types are the dataset's, in its order) and, where the export
+/// records its fingerprint, the file the model was trained on.
+fn check_features(
+    ds: &TypedDataset,
+    card: &super::export::TypedModelCard,
+    model_cfg: &RgnnConfig,
+    model_url: &str,
+) -> Result<()> {
+    let width = |d: Option<i64>| d.map_or("none".to_string(), |d| format!("{d} wide"));
+    for (t, nt) in ds.node_types.iter().enumerate() {
+        let rows = nt
+            .features
+            .as_ref()
+            .map(|f| f.shape().get(1).copied().unwrap_or(1) as i64);
+        if rows != model_cfg.in_dims[t] {
+            return Err(Error::InvalidArgument(format!(
+                "node type '{}': the dataset's feature rows are {}, {model_url} takes {}",
+                nt.name,
+                width(rows),
+                width(model_cfg.in_dims[t])
+            )));
+        }
+        let recorded = card
+            .node_types
+            .iter()
+            .find(|c| c.name == nt.name)
+            .map_or("", |c| c.feature_fingerprint.as_str());
+        let Some(file) = &nt.features else { continue };
+        if recorded.is_empty() {
+            tracing::warn!(
+                "{model_url} does not record node type '{}''s feature file's fingerprint (an older trainer wrote it), so {} cannot be checked against the file it was trained on",
+                nt.name,
+                file.path().display()
+            );
+            continue;
+        }
+        let found = offgnn_shared::dataset::file_fingerprint(file.path())?;
+        if found != recorded {
+            return Err(Error::InvalidArgument(format!(
+                "node type '{}': {} is not the feature file {model_url} was trained on (fingerprint {}, this file's is {}); the topology and labels match",
+                nt.name,
+                file.path().display(),
+                crate::inference::run::short(recorded),
+                crate::inference::run::short(&found)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Which of each type's nodes get a row: every node of the target type
