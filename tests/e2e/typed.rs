@@ -507,7 +507,20 @@ fn typed_inference(export: &str, dataset: &str, out: &str, all: bool) {
         offgnn_e2e::run_with_env("trainer", &args, env)
     };
     let infer = |out: &str, extra: &[&str]| infer_env(out, extra, &[]);
-    let whole = ["--outputs", "logits,embeddings", "--memory", "1M"];
+    // Too little --memory for libtorch's runtime, the model and a group of
+    // one node is refused, naming the least that works; a MiB over it
+    // makes groups of a few nodes.
+    let r = infer(out, &["--memory", "700M"]);
+    assert_one_line(&r, "--memory 700.00 MiB is too little");
+    let least: f64 = r
+        .stderr
+        .rsplit("at least about ")
+        .next()
+        .and_then(|t| t.trim().strip_suffix(" MiB"))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no least memory in {}", r.stderr));
+    let memory = format!("{:.2}M", least + 1.0);
+    let whole = ["--outputs", "logits,embeddings", "--memory", &memory];
     let r = infer(out, &whole);
     assert!(r.status.success(), "{}", r.stderr);
     let hidden_bytes = |r: &offgnn_e2e::Run| {

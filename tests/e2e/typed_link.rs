@@ -340,7 +340,7 @@ fn a_typed_relation_splits_into_a_link_task_and_samples_without_its_own_edges() 
                 "--outputs",
                 outputs,
                 "--memory",
-                "1M",
+                "1G",
             ],
         )
     };

@@ -390,7 +390,7 @@ pub fn typed_infer_summary(s: &crate::hetero::infer::TypedInferSummary) {
     rows.push((
         "plan".into(),
         format!(
-            "largest group {} (limit {}), edge bucketing {:.2} s",
+            "memory planned {} (--memory {}), edge bucketing {:.2} s",
             human_bytes(s.memory_planned),
             human_bytes(s.memory_limit),
             s.edge_bucketing_seconds

@@ -103,8 +103,13 @@ pub struct TypedInferSummary {
     /// once where the sampler kept it once).
     pub edges: u64,
     pub files: Vec<String>,
+    /// The OpenMP wait policy libtorch's threads ran with
+    /// (`OMP_WAIT_POLICY`).
+    #[serde(default)]
+    pub omp_wait_policy: String,
     pub memory_limit: u64,
-    /// The largest group's working state, as planned.
+    /// What the run holds at most, as planned: the process's runtime, the
+    /// model, the in-degrees and the largest group's working state.
     pub memory_planned: u64,
     pub layers: Vec<TypedLayerFigures>,
     pub edge_bucketing_seconds: f64,
@@ -204,6 +209,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> 
             .collect(),
         edges: progress.edges.unwrap_or(0),
         files: progress.run.output_files.clone(),
+        omp_wait_policy: std::env::var(crate::OMP_WAIT_POLICY).unwrap_or_default(),
         memory_limit: cfg.memory,
         memory_planned: run.planned,
         layers: progress.figures.clone(),
@@ -372,7 +378,12 @@ struct Run<'c> {
     engine: &'c IoEngine,
     /// Each type's groups of type-local ids.
     groups: Vec<Vec<(u64, u64)>>,
-    /// The largest group's planned working state.
+    /// What `--memory` leaves once the process's runtime, the model and
+    /// the in-degrees are counted: the groups, chunks and output buffers
+    /// are planned in it.
+    working: u64,
+    /// The largest group's planned working state, and what the run holds
+    /// besides.
     planned: u64,
     dedup: bool,
     layers: usize,
@@ -380,6 +391,39 @@ struct Run<'c> {
     /// Groups this process computed, for the tests' stand-in for a kill.
     groups_here: u64,
     interrupt_after_groups: Option<u64>,
+}
+
+/// What the run holds before any group (libtorch's runtime and the
+/// process's, the model's parameters, each node's in-degree), and what
+/// `--memory` leaves besides; a `--memory` that leaves too little for a
+/// group of one node is refused, naming the parts.
+fn working_memory(cfg: &InferConfig, ds: &TypedDataset, m: &Loaded) -> Result<(u64, u64)> {
+    let human = offgnn_shared::report::human_bytes;
+    let nodes: u64 = ds.node_types.iter().map(|t| t.num).sum();
+    let model = 4 * m.card.parameters.max(0) as u64;
+    let base = crate::memory::RUNTIME_BYTES + model + 4 * nodes;
+    // A group of one node at the least chunk: its fixed costs.
+    let least = (0..ds.node_types.len())
+        .map(|t| {
+            let (per_edge, per_node, fixed, _) = costs(m, t, 0);
+            fixed + per_node + per_edge
+        })
+        .max()
+        .unwrap_or(0)
+        / 3
+        * 4;
+    match cfg.memory.checked_sub(base).filter(|w| *w >= least) {
+        Some(working) => Ok((base, working)),
+        None => Err(Error::InvalidArgument(format!(
+            "--memory {} is too little: the run holds {} before any group (libtorch's runtime {}, the model's parameters {}, 4 bytes per node for {nodes} nodes) and its smallest group takes {} more; give --memory at least about {}",
+            human(cfg.memory),
+            human(base),
+            human(crate::memory::RUNTIME_BYTES),
+            human(model),
+            human(least),
+            human(base + least)
+        ))),
+    }
 }
 
 /// Source rows of one chunk, the rows a group reads and projects at once:
@@ -440,11 +484,16 @@ struct Room {
 }
 
 impl Room {
-    fn of(cfg: &InferConfig) -> Room {
+    /// The room in `working` bytes of host memory (what --memory leaves).
+    fn of(cfg: &InferConfig, working: u64) -> Room {
         let human = offgnn_shared::report::human_bytes;
         let host = Room {
-            bytes: cfg.memory / 4 * 3,
-            what: format!("three quarters of --memory {}", human(cfg.memory)),
+            bytes: working / 4 * 3,
+            what: format!(
+                "three quarters of the {} --memory {} leaves",
+                human(working),
+                human(cfg.memory)
+            ),
             remedy: "give more --memory",
         };
         let Device::Cuda(index) = cfg.device else {
@@ -486,11 +535,12 @@ impl<'c> Run<'c> {
         );
         let degrees = edges::in_degrees(ds, &|n| pb.inc(n))?;
         pb.finish_and_clear();
+        let (base, working) = working_memory(cfg, ds, m)?;
         let mut groups = Vec::with_capacity(ds.node_types.len());
         let mut planned = 0;
-        let room = Room::of(cfg);
+        let room = Room::of(cfg, working);
         for (t, deg) in degrees.iter().enumerate() {
-            let (per_edge, per_node, fixed, _) = costs(m, t, cfg.memory);
+            let (per_edge, per_node, fixed, _) = costs(m, t, working);
             let budget = room.bytes.checked_sub(fixed).ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "a group's source chunk and edge slice alone take {}, more than {}: {}",
@@ -514,12 +564,13 @@ impl<'c> Run<'c> {
                 },
             )?;
             groups.push(g);
-            planned = u64::max(planned, largest + fixed);
+            planned = u64::max(planned, base + largest + fixed);
         }
         Ok(Run {
             cfg,
             engine,
             groups,
+            working,
             planned,
             // A flag left out takes the card's graph; one that contradicts
             // it was refused without --graph-override.
@@ -729,7 +780,7 @@ impl<'c> Run<'c> {
             Rgnn::between_layers(&mut h)?;
             w.append(
                 &h.f_to_device(Device::Cpu)?,
-                rows::piece_bytes(self.cfg.memory),
+                rows::piece_bytes(self.working),
             )?;
             return w.flush();
         }
@@ -747,7 +798,7 @@ impl<'c> Run<'c> {
             logits: logits.as_ref(),
         };
         for (name, rows) in
-            output::write_parts(out, run_id, (self.cfg.outputs, self.cfg.memory), &part)?
+            output::write_parts(out, run_id, (self.cfg.outputs, self.working), &part)?
         {
             progress.run.output_files.push(name);
             progress.written[t] += rows;
@@ -783,9 +834,9 @@ impl<'c> Run<'c> {
             let mut agg = m
                 .model
                 .aggregator((l, r), x_dst.as_ref(), (hi - lo) as i64)?;
-            let chunk_rows = (chunk_bytes(self.cfg.memory) / (inputs[s].width() as u64 * 4).max(1))
-                .max(1) as u32;
-            let (_, _, _, slice_edges) = costs(m, t, self.cfg.memory);
+            let chunk_rows =
+                (chunk_bytes(self.working) / (inputs[s].width() as u64 * 4).max(1)).max(1) as u32;
+            let (_, _, _, slice_edges) = costs(m, t, self.working);
             let mut i = 0;
             while i < edges.len() {
                 // The edges whose sources are in the chunk of edge i's.
