@@ -376,13 +376,17 @@ fn state_memory(
         && memory.total_bytes > limit
     {
         return Err(Error::InvalidArgument(format!(
-            "--memory {}: this run needs up to {} (graph {}, {} threads' scratch {}, batches in flight {}); give more memory, or fewer --threads or a smaller --batch-size",
+            "--memory {}: this run needs up to {} (runtime {}, graph {}, and the more of its build {} and the sampling: {} threads' scratch {}, batches in flight {}, output buffers {}, seeds {}); give more memory, or fewer --threads or a smaller --batch-size",
             human_bytes(limit),
             human_bytes(memory.total_bytes),
+            human_bytes(memory.runtime_bytes),
             human_bytes(memory.graph_bytes),
+            human_bytes(memory.graph_build_bytes),
             cfg.threads,
             human_bytes(memory.scratch_bytes),
             human_bytes(memory.batches_in_flight_bytes),
+            human_bytes(memory.output_bytes),
+            human_bytes(memory.plan_bytes),
         )));
     }
     Ok(memory)

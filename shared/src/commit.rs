@@ -260,6 +260,22 @@ pub fn fault_point(phase: &str) {
 /// `DIR/.lock`, released when dropped (or when the process dies).
 pub struct HeldDir {
     _lock: std::fs::File,
+    dir: std::path::PathBuf,
+    /// Whether taking it created the directory.
+    created: bool,
+}
+
+impl HeldDir {
+    /// Lets the directory go once its work is done: removes the lock file
+    /// and, where taking it created the directory and nothing else is left
+    /// in it, the directory. A process that opens the lock meanwhile finds
+    /// it held and is refused, as while the work ran.
+    pub fn release_done(self) {
+        let _ = std::fs::remove_file(self.dir.join(".lock"));
+        if self.created {
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
 }
 
 /// Takes the local directory `dir` for this process, creating it; where
@@ -268,6 +284,7 @@ pub struct HeldDir {
 /// checkpoints, an inference run's work), which two runs would corrupt.
 pub fn hold_dir(dir: &std::path::Path, why: &str) -> Result<HeldDir> {
     use std::io::Write;
+    let created = !dir.exists();
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let path = dir.join(".lock");
     let mut file = std::fs::OpenOptions::new()
@@ -291,7 +308,11 @@ pub fn hold_dir(dir: &std::path::Path, why: &str) -> Result<HeldDir> {
     file.set_len(0)
         .and_then(|()| write!(file, "process {}", std::process::id()))
         .map_err(|e| Error::io(&path, e))?;
-    Ok(HeldDir { _lock: file })
+    Ok(HeldDir {
+        _lock: file,
+        dir: dir.to_path_buf(),
+        created,
+    })
 }
 
 /// How long a commit on an object store waits before it reads back who won.
@@ -444,5 +465,23 @@ mod tests {
         );
         drop(held);
         hold_dir(&work, "another run works there").expect("released with its holder");
+    }
+
+    #[test]
+    fn a_directory_done_with_goes_where_its_holder_made_it_and_left_it_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = dir.path().join("made");
+        hold_dir(&made, "busy").unwrap().release_done();
+        assert!(!made.exists());
+        // One with files left keeps them; one the caller made stays.
+        let kept = dir.path().join("kept");
+        let held = hold_dir(&kept, "busy").unwrap();
+        std::fs::write(kept.join("f"), b"x").unwrap();
+        held.release_done();
+        assert!(kept.join("f").exists() && !kept.join(".lock").exists());
+        let given = dir.path().join("given");
+        std::fs::create_dir(&given).unwrap();
+        hold_dir(&given, "busy").unwrap().release_done();
+        assert!(given.exists() && !given.join(".lock").exists());
     }
 }

@@ -94,6 +94,17 @@ fn pack_typed_run(cfg: &PackConfig) -> Result<TypedPackSummary> {
         .filter(|(_, t)| t.feature_dim.is_some())
         .map(|(i, t)| TypeView::of(i, t, &run.dataset.target_type))
         .collect::<Result<_>>()?;
+    for t in run
+        .dataset
+        .node_types
+        .iter()
+        .filter(|t| t.feature_dim.is_none())
+    {
+        tracing::warn!(
+            "node type '{}' has no features, so the layout holds none of its rows: `trainer` (R-SAGE and R-GAT read every type's rows) refuses it; derive them first (sampler derive-features) unless your own model gives the type its rows (offgnn.Loader yields its node ids)",
+            t.name
+        );
+    }
     let locations = feature_locations(&cfg.features, &run, &views)?;
     let parts: Vec<Inputs> = views
         .iter()
@@ -263,6 +274,7 @@ fn pack_type(
         share.gpu,
         share.cpu
     );
+    let started = Instant::now();
     let dir = target.staging.join(view.prefix(&target.prefix));
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(dir.display(), e))?;
     let batches = load_batches(
@@ -275,6 +287,7 @@ fn pack_type(
     .pop()
     .expect("one list per view");
     crate::heap::release_freed();
+    let load_seconds = started.elapsed().as_secs_f64();
     let type_cfg = PackConfig {
         features: inputs.features.describe(),
         gpu_cache: share.gpu,
@@ -283,12 +296,18 @@ fn pack_type(
         ..cfg.clone()
     };
     let packed = crate::pack::pack_part(&type_cfg, inputs, target, batches, loading);
-    packed.map_err(|e| match e {
+    let (layout, mut summary) = packed.map_err(|e| match e {
         Error::InvalidArgument(_) | Error::Plan(_) => {
             Error::InvalidArgument(format!("node type '{}': {e}", view.name))
         }
         e => e,
-    })
+    })?;
+    // The type's part of the job: its batches loaded, then its layout;
+    // the manifest is the typed layout's.
+    summary.manifest = target.manifest_url();
+    summary.load_seconds = load_seconds;
+    summary.total_seconds = started.elapsed().as_secs_f64();
+    Ok((layout, summary))
 }
 
 /// Every type's feature file: as the dataset names it, or as `given`

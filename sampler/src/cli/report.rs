@@ -19,8 +19,8 @@ pub fn print(cfg: &SampleConfig, o: &Outcome) {
         (
             "fan-outs / batch size",
             format!(
-                "{:?} / {}{}",
-                cfg.fanouts,
+                "{} / {}{}",
+                fanouts(cfg),
                 cfg.batch_size,
                 (cfg.eval_batch_size.filter(|&e| e != cfg.batch_size))
                     .map_or(String::new(), |e| format!(" (validation and test {e})"))
@@ -76,4 +76,28 @@ pub fn print(cfg: &SampleConfig, o: &Outcome) {
         "run": &o.run,
     });
     print_summary("sampling run", &rows, &json);
+}
+
+/// The fan-outs per layer; a typed graph's whose relations draw
+/// differently, each list with the number of relations that draw it.
+fn fanouts(cfg: &SampleConfig) -> String {
+    let relations = cfg.relation_fanouts.first().map_or(0, Vec::len);
+    let per_relation: Vec<Vec<usize>> = (0..relations)
+        .map(|r| cfg.relation_fanouts.iter().map(|l| l[r]).collect())
+        .collect();
+    let mut lists: Vec<(Vec<usize>, usize)> = Vec::new();
+    for f in per_relation {
+        match lists.iter_mut().find(|(l, _)| *l == f) {
+            Some((_, n)) => *n += 1,
+            None => lists.push((f, 1)),
+        }
+    }
+    if lists.len() < 2 {
+        return format!("{:?}", cfg.fanouts);
+    }
+    let said: Vec<String> = lists
+        .iter()
+        .map(|(l, n)| format!("{l:?} for {n} relation{}", if *n == 1 { "" } else { "s" }))
+        .collect();
+    said.join(", ")
 }

@@ -57,6 +57,20 @@ pub(super) fn open_feature_file(
         ));
     }
     let feat_path = resolve(root, meta_path, &feat_meta.path)?;
+    if !feat_path.exists() {
+        let of_type = feat_meta
+            .node_type
+            .as_ref()
+            .map_or(String::new(), |t| format!(" of node type '{t}'"));
+        return Err(Error::dataset(
+            meta_path,
+            format!(
+                "feature '{}'{of_type} names {}, which does not exist",
+                feat_meta.name,
+                feat_path.display()
+            ),
+        ));
+    }
     let features = NpyFile::open(&feat_path)?;
     if !matches!(features.dtype(), DType::F32 | DType::F16) {
         return Err(Error::npy(

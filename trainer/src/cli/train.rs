@@ -566,11 +566,17 @@ pub(super) fn check_statement(
         && memory.total_bytes > limit
     {
         anyhow::bail!(
-            "--memory {}: this run needs up to {} (caches {}, batches in flight {}, activations {}); give more memory, or {fewer}",
+            "--memory {}: this run needs up to {} (libtorch's runtime {}, caches {}, batches in flight {}, model and optimizer {}{}, activations {}); give more memory, or {fewer}",
             human_bytes(limit),
             human_bytes(memory.total_bytes),
+            human_bytes(memory.runtime_bytes),
             human_bytes(memory.cache_bytes),
             human_bytes(memory.batches_in_flight_bytes),
+            human_bytes(memory.model_bytes),
+            match memory.historical_bytes {
+                0 => String::new(),
+                h => format!(", historical embeddings {}", human_bytes(h)),
+            },
             human_bytes(memory.activation_bytes),
         );
     }

@@ -452,7 +452,11 @@ impl Aggregator<'_> {
                     .f_add(&a_dst.f_index_select(0, dst)?)?;
                 let score =
                     score.f_maximum(&score.f_mul_scalar(crate::model::GAT_NEGATIVE_SLOPE)?)?;
-                let grown = max.f_index_reduce(0, dst, &score, "amax", true)?;
+                // scatter_reduce (index_reduce is torch's beta API, which
+                // warns on every run); the destinations repeated across
+                // the heads.
+                let at = dst.f_unsqueeze(1)?.f_expand_as(&score)?.f_contiguous()?;
+                let grown = max.f_internal_scatter_reduce(0, &at, &score, "amax", true)?;
                 // exp(-inf - -inf) is NaN where a destination has no edge
                 // yet: its sums are 0, and stay so.
                 let scale = max.f_sub(&grown)?.f_exp()?.f_nan_to_num(0.0, None, None)?;
