@@ -310,6 +310,16 @@ pub fn packed_typed(s: &TypedPackSummary) {
         };
         rows.push((format!("type {}", t.name), line));
     }
+    if let Some(m) = &s.memory {
+        rows.push((
+            "memory (stated peak)".into(),
+            format!(
+                "at most {} of --memory {} (the most of any type's packing; types pack one after another)",
+                human_bytes(m.total_bytes),
+                human_bytes(m.limit_bytes)
+            ),
+        ));
+    }
     rows.push((
         "phases".into(),
         format!(

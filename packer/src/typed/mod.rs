@@ -39,6 +39,9 @@ pub struct TypedPackSummary {
     pub blow_up: f64,
     pub topology_bytes: u64,
     pub node_types: Vec<TypePackSummary>,
+    /// The statement of the type whose packing states the most (types are
+    /// packed one after another); absent where no type has features.
+    pub memory: Option<crate::memory::MemoryStatement>,
     pub load_seconds: f64,
     pub topology_seconds: f64,
     pub total_seconds: f64,
@@ -188,7 +191,12 @@ fn pack_typed_run(cfg: &PackConfig) -> Result<TypedPackSummary> {
     }
     let body = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
     target.commit_body(written, body, manifest.objects.len())?;
+    let memory = type_summaries
+        .iter()
+        .filter_map(|t| t.layout.as_ref().map(|l| l.memory.clone()))
+        .max_by_key(|m| m.total_bytes);
     Ok(TypedPackSummary {
+        memory,
         manifest: target.manifest_url(),
         disk_budget,
         disk_bytes: manifest.disk_bytes,
