@@ -167,15 +167,7 @@ pub fn resume(
     {
         return Err(differs("layout (its samples or dataset differ)"));
     }
-    if meta.tensors.contains('/') {
-        return Err(Error::Checkpoint(format!(
-            "{}: names tensor file {:?} outside {}",
-            dir.join(META).display(),
-            meta.tensors,
-            dir.display()
-        )));
-    }
-    let named = load_tensors(&dir.join(&meta.tensors), Some(meta.tensors_digest), device)?;
+    let named = tensors(dir, meta, device)?;
     let prefixed = |prefix: &str| -> HashMap<String, Tensor> {
         named
             .iter()
@@ -195,6 +187,20 @@ pub fn resume(
     let mut best: Vec<(String, Tensor)> = best.into_iter().collect();
     best.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(Some(best))
+}
+
+/// The tensors of `meta`'s file in `dir` (which it must name), checked
+/// against the digest it records.
+fn tensors(dir: &Path, meta: &TypedCheckpoint, device: Device) -> Result<HashMap<String, Tensor>> {
+    if meta.tensors.contains('/') {
+        return Err(Error::Checkpoint(format!(
+            "{}: names tensor file {:?} outside {}",
+            dir.join(META).display(),
+            meta.tensors,
+            dir.display()
+        )));
+    }
+    load_tensors(&dir.join(&meta.tensors), Some(meta.tensors_digest), device)
 }
 
 /// Where the run starts: afresh, or after the epochs of the checkpoint it
@@ -272,14 +278,6 @@ pub fn export(
             dir.display()
         )));
     }
-    if meta.tensors.contains('/') {
-        return Err(Error::Checkpoint(format!(
-            "{}: names tensor file {:?} outside {}",
-            dir.join(META).display(),
-            meta.tensors,
-            dir.display()
-        )));
-    }
     crate::export::check_target(out, overwrite)?;
     let (which, prefix, epoch) = if last {
         if meta.in_epoch.is_some() {
@@ -306,11 +304,7 @@ pub fn export(
                 dir.join(META).display()
             ))
         })?;
-    let named = load_tensors(
-        &dir.join(&meta.tensors),
-        Some(meta.tensors_digest),
-        Device::Cpu,
-    )?;
+    let named = tensors(dir, &meta, Device::Cpu)?;
     let params: HashMap<String, Tensor> = named
         .iter()
         .filter_map(|(k, v)| {

@@ -312,6 +312,7 @@ fn check_features(
     model_url: &str,
 ) -> Result<()> {
     let width = |d: Option<i64>| d.map_or("none".to_string(), |d| format!("{d} wide"));
+    let mut unchecked = Vec::new();
     for (t, nt) in ds.node_types.iter().enumerate() {
         let rows = nt
             .features
@@ -332,11 +333,7 @@ fn check_features(
             .map_or("", |c| c.feature_fingerprint.as_str());
         let Some(file) = &nt.features else { continue };
         if recorded.is_empty() {
-            tracing::warn!(
-                "{model_url} does not record node type '{}''s feature file's fingerprint (an older trainer wrote it), so {} cannot be checked against the file it was trained on",
-                nt.name,
-                file.path().display()
-            );
+            unchecked.push(nt.name.as_str());
             continue;
         }
         let found = offgnn_shared::dataset::file_fingerprint(file.path())?;
@@ -349,6 +346,12 @@ fn check_features(
                 crate::inference::run::short(&found)
             )));
         }
+    }
+    if !unchecked.is_empty() {
+        tracing::warn!(
+            "{model_url} records no feature-file fingerprint of type {} (an older trainer wrote it), so those files cannot be checked against the ones it was trained on",
+            unchecked.join(", ")
+        );
     }
     Ok(())
 }
