@@ -29,7 +29,7 @@ impl Inputs {
     /// Opens the samples and the feature file and checks that they come
     /// from the same dataset.
     pub(crate) fn open(samples: &str, features: &str) -> Result<Inputs> {
-        let samples = Store::open(samples)?;
+        let samples = Store::open_read(samples)?;
         let run = RunSummary::read(&samples)?;
         if !run.dataset.node_types.is_empty() {
             return Err(Error::InvalidArgument(format!(

@@ -45,7 +45,7 @@ pub fn layout_location(location: &str) -> Result<(Store, String, String)> {
         Some((dir, name)) if name.ends_with(".json") => (dir.to_string(), name.to_string()),
         _ => (location.to_string(), MANIFEST.to_string()),
     };
-    let store = Store::open(if dir.is_empty() { "." } else { &dir })?;
+    let store = Store::open_read(if dir.is_empty() { "." } else { &dir })?;
     let origin = format!("{}/{name}", store.url().trim_end_matches('/'));
     Ok((store, name, origin))
 }
@@ -454,7 +454,7 @@ pub(crate) fn verify_layout(
             )));
         }
     }
-    let samples = Store::open(&m.samples.location)?;
+    let samples = Store::open_read(&m.samples.location)?;
     let run = RunSummary::read(&samples)?;
     let d = &m.dataset;
     let rows = Rows {

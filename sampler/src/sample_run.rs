@@ -153,13 +153,18 @@ fn remove_replaced(store: &Store, old: &Previous, run_id: &RunId) {
 /// Runs sampling as configured, into the store that `cfg.out` names.
 pub fn run(cfg: &SampleConfig) -> Result<Outcome> {
     cfg.validate()?;
+    let created = Store::to_be_created(&cfg.out);
     let store = Store::open(&cfg.out)?;
-    if is_typed(&cfg.dataset)? {
-        let ds = TypedDataset::open(&cfg.dataset)?;
-        return run_typed_in(cfg, &ds, &store);
+    let result = (|| {
+        if is_typed(&cfg.dataset)? {
+            return run_typed_in(cfg, &TypedDataset::open(&cfg.dataset)?, &store);
+        }
+        run_in(cfg, &Dataset::open(&cfg.dataset)?, &store)
+    })();
+    if result.is_err() {
+        offgnn_shared::store::remove_if_empty(created.as_deref());
     }
-    let ds = Dataset::open(&cfg.dataset)?;
-    run_in(cfg, &ds, &store)
+    result
 }
 
 /// Runs sampling into an already opened store (tests use an in-memory one).

@@ -761,7 +761,16 @@ fn link_prediction_batches_never_hold_their_own_edges_and_rank_the_given_negativ
         let r = run("sampler", &args);
         assert!(!r.status.success());
         offgnn_e2e::assert_one_line(&r, says);
+        // The refused run leaves no output directory behind.
+        assert!(!none.exists(), "{}", none.display());
     }
+    // Reading a model that is not there creates nothing either.
+    let r = run(
+        "trainer",
+        &["show-model", "--model", none.to_str().unwrap()],
+    );
+    offgnn_e2e::assert_one_line(&r, "no such directory");
+    assert!(!none.exists());
 }
 
 /// The query of `set` whose positive is `pair`.

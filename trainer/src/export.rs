@@ -493,7 +493,7 @@ pub fn read_with_scorer(
     device: Device,
 ) -> Result<(ModelCard, nn::VarStore, Option<Scorer>)> {
     refuse_a_file(location)?;
-    let store = Store::open(location)?;
+    let store = Store::open_read(location)?;
     let card_url = store.join(CARD);
     if !store.exists(CARD)? {
         return Err(Error::InvalidArgument(format!(

@@ -99,7 +99,7 @@ pub fn stage_typed(
     let Some(local) = local_dir.filter(|_| remote) else {
         return Ok(None);
     };
-    let store = Store::open(&dir)?;
+    let store = Store::open_read(&dir)?;
     let bytes = store.get(&name)?;
     if !offgnn_manifests::is_typed(&bytes) {
         return Ok(None);

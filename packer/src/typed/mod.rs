@@ -64,7 +64,7 @@ pub struct TypePackSummary {
 
 /// Whether the samples at `location` are of a typed graph.
 pub fn is_typed_run(location: &str) -> Result<bool> {
-    let store = Store::open(location)?;
+    let store = Store::open_read(location)?;
     Ok(!RunSummary::read(&store)?.dataset.node_types.is_empty())
 }
 
@@ -85,7 +85,7 @@ pub fn pack_typed(cfg: &PackConfig) -> Result<TypedPackSummary> {
 
 fn pack_typed_run(cfg: &PackConfig) -> Result<TypedPackSummary> {
     let started = Instant::now();
-    let samples = Store::open(&cfg.samples)?;
+    let samples = Store::open_read(&cfg.samples)?;
     let run = RunSummary::read(&samples)?;
     let run_bytes = samples.get(offgnn_shared::samples::RUN_SUMMARY)?;
     refuse_unsupported(cfg, &run)?;

@@ -28,7 +28,7 @@ pub fn verify_typed(
     let started = std::time::Instant::now();
     let m = TypedManifest::parse(&origin, bytes)?;
     let object_bytes = check_objects(store, &m.objects)?;
-    let samples = Store::open(&m.samples.location)?;
+    let samples = Store::open_read(&m.samples.location)?;
     let run = RunSummary::read(&samples)?;
     if run.dataset.fingerprint != m.dataset.dataset_fingerprint {
         return Err(Error::Mismatch(format!(

@@ -78,12 +78,54 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// Removes `dir` if it is an empty directory (a run's output location it
+/// created and then wrote nothing to); leaves anything else alone.
+pub fn remove_if_empty(dir: Option<&std::path::Path>) {
+    if let Some(d) = dir {
+        let _ = std::fs::remove_dir(d);
+    }
+}
+
 impl Store {
     /// Opens a location. A plain path is a local directory (created if
     /// missing, so that a first run has somewhere to write). Credentials and
     /// settings come from the environment.
     pub fn open(location: &str) -> Result<Store> {
         Store::open_with(location, &[])
+    }
+
+    /// The local directory `location` names, where it does not exist yet:
+    /// what [`Store::open`] will create, for a run that fails before
+    /// writing anything to remove again ([`remove_if_empty`]).
+    pub fn to_be_created(location: &str) -> Option<std::path::PathBuf> {
+        let path = match location.strip_prefix("file://") {
+            Some(p) => p,
+            None if !location.contains("://") => location,
+            None => return None,
+        };
+        let path = std::path::PathBuf::from(path);
+        (!path.as_os_str().is_empty() && !path.exists()).then_some(path)
+    }
+
+    /// Opens a location to read from: unlike [`Store::open`], a local
+    /// directory that does not exist is an error, not created (a command
+    /// given a wrong path leaves nothing behind).
+    pub fn open_read(location: &str) -> Result<Store> {
+        let path = match location.strip_prefix("file://") {
+            Some(p) => Some(p),
+            None if !location.contains("://") => Some(location),
+            None => None,
+        };
+        if let Some(p) = path
+            && !std::path::Path::new(if p.is_empty() { "." } else { p }).is_dir()
+        {
+            return Err(Error::Store {
+                kind: Some(std::io::ErrorKind::NotFound),
+                url: redact(location),
+                fault: "no such directory".into(),
+            });
+        }
+        Store::open(location)
     }
 
     /// Opens a location with settings (`object_store` keys such as
@@ -610,6 +652,20 @@ mod tests {
         assert_eq!(names, vec!["a/big.bin", "a/one.bin"]);
         assert_eq!(store.delete_prefix("a").unwrap(), 2);
         assert!(store.list("a").unwrap().is_empty());
+    }
+
+    #[test]
+    fn opening_a_missing_directory_to_read_creates_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        let err = Store::open_read(missing.to_str().unwrap()).err().unwrap();
+        assert_eq!(err.io_kind(), Some(std::io::ErrorKind::NotFound));
+        assert!(err.to_string().contains("no such directory"), "{err}");
+        assert!(!missing.exists());
+        let file_url = format!("file://{}", missing.display());
+        assert!(Store::open_read(&file_url).is_err() && !missing.exists());
+        std::fs::create_dir(&missing).unwrap();
+        Store::open_read(missing.to_str().unwrap()).unwrap();
     }
 
     #[test]

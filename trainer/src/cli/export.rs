@@ -63,7 +63,7 @@ pub(super) fn export_command(a: ExportArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(|location| {
             let (dir, name) = crate::staging::split_location(location);
-            let store = offgnn_shared::store::Store::open(&dir)?;
+            let store = offgnn_shared::store::Store::open_read(&dir)?;
             anyhow::Ok((location, store.get(&name)?))
         })
         .transpose()

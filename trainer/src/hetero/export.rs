@@ -137,7 +137,7 @@ impl TypedModelCard {
 /// Reads a typed export at `location`: its card and weights, checked
 /// against the card's checksum.
 pub fn read(location: &str) -> Result<(TypedModelCard, std::collections::HashMap<String, Tensor>)> {
-    let store = offgnn_shared::store::Store::open(location)?;
+    let store = offgnn_shared::store::Store::open_read(location)?;
     let card_url = store.join(crate::export::CARD);
     let card: TypedModelCard = serde_json::from_slice(&store.get(crate::export::CARD)?)
         .map_err(|e| Error::Checkpoint(format!("{card_url}: malformed typed model card: {e}")))?;

@@ -155,7 +155,7 @@ pub(crate) fn committed<T: serde::de::DeserializeOwned>(
     weights_of: impl Fn(&T) -> &str,
     weights_sha256: &str,
 ) -> Result<T> {
-    let store = Store::open(&cfg.embeddings)?;
+    let store = Store::open_read(&cfg.embeddings)?;
     let shown = offgnn_shared::store::redact(&cfg.embeddings);
     let commit = offgnn_shared::commit::read(&store, COMMIT)?.ok_or_else(|| {
         Error::InvalidArgument(format!(
@@ -233,7 +233,7 @@ pub(crate) fn read_embeddings(
     width: usize,
     written: (u64, &str),
 ) -> Result<Vec<f32>> {
-    let store = Store::open(&cfg.embeddings)?;
+    let store = Store::open_read(&cfg.embeddings)?;
     let mut table = vec![0f32; endpoints.len() * width];
     let mut found = vec![false; endpoints.len()];
     let bad = |name: &str, what: String| {
