@@ -501,7 +501,9 @@ def refusals(manifest, work):
         (lambda: offgnn.Loader(manifest, device="cpu", memory="1M"), MemoryError),
         (lambda: offgnn.Loader(manifest, device="tpu"), ValueError),
         (lambda: offgnn.Loader(manifest, device="cpu", prefetch=0), ValueError),
-        (lambda: len(offgnn.Loader(manifest, split="training", device="cpu")), ValueError),
+        (lambda: offgnn.Loader(manifest, device="cpu", prefetch=-1), ValueError),
+        (lambda: offgnn.Loader(manifest, split="training", device="cpu"), ValueError),
+        (lambda: offgnn.Loader(manifest, device="cpu").set_epoch("a"), ValueError),
     ]
     lines = []
     for make, kind in cases:

@@ -51,6 +51,9 @@ def _hetero(d):
     return data
 
 
+SPLITS = ("train", "valid", "test")
+
+
 class Loader:
     """Iterates the mini-batches of one split of a packed layout.
 
@@ -113,6 +116,10 @@ class Loader:
         prefetch=2,
         seed=0,
     ):
+        if split not in SPLITS:
+            raise ValueError(f'split {split!r}: expected "train", "valid" or "test"')
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"prefetch {prefetch!r}: expected a whole number of batches, 1 or more")
         if isinstance(device, torch.device):
             device = str(device)
         if memory is not None and not isinstance(memory, str):
@@ -141,6 +148,8 @@ class Loader:
 
     def set_epoch(self, epoch):
         """The epoch the next pass reads (training batches' order)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise ValueError(f"epoch {epoch!r}: expected a whole number")
         if epoch < 0:
             raise ValueError(f"epoch {epoch}: epochs count from 0")
         self.epoch = epoch

@@ -75,7 +75,7 @@ fn the_loader_yields_the_trainers_batches_to_pyg_models() {
     assert_eq!(ctrl_c["threads_after"], ctrl_c["base"], "{ctrl_c}");
     assert_eq!(
         summary["refusals"].as_array().unwrap().len(),
-        5,
+        7,
         "{summary}"
     );
     assert_eq!(summary["typed"]["batches"], 3, "{summary}");
