@@ -170,6 +170,18 @@ pub fn split_edges(edges: &[(u32, u32)], targets: Range<u32>, cfg: &SplitConfig)
     }
 }
 
+/// Refuses more negatives per held-out edge than there are other
+/// destinations to draw (`others`: the candidates less the positive and,
+/// where it is one, the source): they would repeat.
+fn enough_negatives(negatives: u32, others: u64, what: &str) -> Result<()> {
+    if u64::from(negatives) > others {
+        return Err(Error::InvalidArgument(format!(
+            "--negatives {negatives}: a held-out edge has at most {others} other {what} to rank against; ask for at most that many"
+        )));
+    }
+    Ok(())
+}
+
 /// A destination in `targets` for source `u` that is neither `v`, `u` nor
 /// a neighbour of `u` in the whole graph; after 64 draws that all hit one
 /// (a node joined to nearly every other), any node but `v`.
@@ -266,6 +278,7 @@ pub fn split_dataset(
             ds.num_nodes
         )));
     }
+    enough_negatives(cfg.negatives, ds.num_nodes - 2, "nodes")?;
     let edges = read_edges(&ds.edges, (0, 0), show_progress)?;
     let split = split_edges(&edges, 0..ds.num_nodes as u32, cfg);
     let writer = DatasetWriter::create(out, overwrite)?;
@@ -318,6 +331,12 @@ fn split_typed(
             rel.name, dst.num, dst.name
         )));
     }
+    let others = dst.num - 1 - u64::from(rel.src == rel.dst);
+    enough_negatives(
+        cfg.negatives,
+        others,
+        &format!("nodes of type '{}'", dst.name),
+    )?;
     let split = split_edges(&edges, targets, cfg);
     let writer = DatasetWriter::create(out, overwrite)?;
     let mut meta = Metadata::read(dataset)?;

@@ -189,8 +189,10 @@ fn link_models_export_and_give_every_nodes_embedding_and_scores_for_pairs() {
         (&card["format_version"], &card["scorer"]),
         (&2.into(), &"mlp".into())
     );
+    assert_eq!(card["test_mrr"].as_f64(), Some(sampled_mrr), "{card}");
     let shown = run("trainer", &["show-model", "--model", x]);
     assert!(shown.status.success(), "{}", shown.stderr);
+    assert!(shown.stdout.contains("test MRR"), "{}", shown.stdout);
 
     // Every node's embedding, over its whole neighbourhood, out of core.
     let lp = dir.path().join("lp");

@@ -579,6 +579,10 @@ fn split_edges_writes_a_link_prediction_dataset_without_its_held_out_edges() {
             "none would be left to train on",
         ),
         (vec!["--negatives", "0"], "--negatives must be at least 1"),
+        (
+            vec!["--negatives", "100000"],
+            "--negatives 100000: a held-out edge has at most",
+        ),
     ] {
         let r = offgnn_e2e::split_edges(&ds, &other, &flags);
         assert!(!r.status.success());

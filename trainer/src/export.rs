@@ -102,6 +102,13 @@ pub struct ModelCard {
     pub epoch: u32,
     pub valid_acc: f64,
     pub test_acc: f64,
+    /// A link-prediction model's epoch: its validation and test MRR (the
+    /// accuracies are then the share of pairs scored on their label's
+    /// side of 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_mrr: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_mrr: Option<f64>,
     pub parameters: i64,
     pub weights: String,
     pub weights_sha256: String,
@@ -119,6 +126,8 @@ pub struct Provenance {
     pub epoch: u32,
     pub valid_acc: f64,
     pub test_acc: f64,
+    /// A link model's epoch: its validation and test MRR.
+    pub mrr: Option<(f64, f64)>,
 }
 
 impl ModelCard {
@@ -190,6 +199,8 @@ impl ModelCard {
             epoch: from.epoch,
             valid_acc: from.valid_acc,
             test_acc: from.test_acc,
+            valid_mrr: from.mrr.map(|m| m.0),
+            test_mrr: from.mrr.map(|m| m.1),
             parameters,
             weights: weights_name(run_id),
             weights_sha256,
@@ -593,6 +604,7 @@ mod tests {
             epoch: 3,
             valid_acc: 0.5,
             test_acc: 0.25,
+            mrr: None,
         }
     }
 

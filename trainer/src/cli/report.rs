@@ -198,8 +198,15 @@ pub fn export_summary(command: &str, w: &Written) {
         (
             "model",
             format!(
-                "PyG {}, {} layers, {} -> {} -> {}, act {}",
-                c.pyg.class, c.num_layers, c.in_channels, c.hidden_channels, c.out_channels, c.act
+                "PyG {}, {} layers, {} -> {} -> {}, act {}{}",
+                c.pyg.class,
+                c.num_layers,
+                c.in_channels,
+                c.hidden_channels,
+                c.out_channels,
+                c.act,
+                c.scorer
+                    .map_or(String::new(), |s| format!(", scorer {s:?}").to_lowercase())
             ),
         ),
         (
@@ -208,10 +215,16 @@ pub fn export_summary(command: &str, w: &Written) {
         ),
         (
             "epoch",
-            format!(
-                "{} ({}): validation {:.4}, test {:.4}",
-                c.epoch, c.which, c.valid_acc, c.test_acc
-            ),
+            match (c.valid_mrr, c.test_mrr) {
+                (Some(v), Some(t)) => format!(
+                    "{} ({}): validation MRR {v:.4}, test MRR {t:.4}",
+                    c.epoch, c.which
+                ),
+                _ => format!(
+                    "{} ({}): validation {:.4}, test {:.4}",
+                    c.epoch, c.which, c.valid_acc, c.test_acc
+                ),
+            },
         ),
     ];
     print_summary(

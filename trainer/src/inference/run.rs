@@ -486,6 +486,7 @@ mod tests {
             epoch: 0,
             valid_acc: 0.0,
             test_acc: 0.0,
+            mrr: None,
         };
         let named = export::snapshot(&vs).unwrap();
         export::write(dir.path().to_str().unwrap(), &cfg, &named, &from, false)

@@ -106,6 +106,14 @@ pub(crate) fn write_scores(
     position: &dyn Fn(usize, u64) -> i64,
 ) -> Result<()> {
     let n = pairs.shape()[0];
+    let parent = cfg.out.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(dir) = parent.filter(|p| !p.is_dir()) {
+        return Err(Error::InvalidArgument(format!(
+            "--out {}: {} is not a directory",
+            cfg.out.display(),
+            dir.display()
+        )));
+    }
     let tmp = cfg.out.with_extension("npy.partial");
     let mut w = NpyWriter::create(&tmp, DType::F32, &[n])?;
     let mut at = 0;

@@ -295,6 +295,10 @@ pub fn export_checkpoint(
         epoch,
         valid_acc: figures.valid_acc,
         test_acc: figures.test_acc,
+        mrr: figures
+            .valid_rank
+            .zip(figures.test_rank)
+            .map(|(v, t)| (v.mrr, t.mrr)),
     };
     export::write(
         out,

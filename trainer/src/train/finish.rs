@@ -155,6 +155,7 @@ fn write_exports(
         epoch: e.epoch,
         valid_acc: e.valid_acc,
         test_acc: e.test_acc,
+        mrr: e.valid_rank.zip(e.test_rank).map(|(v, t)| (v.mrr, t.mrr)),
     };
     let mut exports = Vec::new();
     let at_best = &history[best.epoch as usize];
