@@ -170,6 +170,7 @@ fn main() {
         epoch: 0,
         valid_acc: 0.0,
         test_acc: 0.0,
+        mrr: None,
     };
     let model_loc = model_dir.to_str().unwrap().to_string();
     export::write(
