@@ -85,6 +85,7 @@ fn exported_with(
         epoch: 0,
         valid_acc: 0.0,
         test_acc: 0.0,
+        mrr: None,
     };
     let location = location.to_str().unwrap().to_string();
     export::write(
