@@ -292,6 +292,9 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
     )?;
     let (engine, probe) = engine_for_disk((&layout.dir, &layout.manifest.objects), engine, &a);
     let m = &layout.manifest;
+    if writer {
+        warn_without_validation(&m.schedule);
+    }
     let scorer = scorer_of(&a, m, &location)?;
     let cfg = train_config(&a, (kind, hidden, scorer), device, m, writer);
     let memory = state_memory(m, &cfg, memory_limit)?;
@@ -535,6 +538,19 @@ fn state_memory(
         ),
     )?;
     Ok(memory)
+}
+
+/// Warns where a layout has no validation batches: every epoch's
+/// validation figure is then 0 and the first epoch counts as the best.
+pub(super) fn warn_without_validation<T>(
+    schedule: &std::collections::BTreeMap<offgnn_manifests::Split, Vec<Vec<T>>>,
+) {
+    let valid = schedule.get(&offgnn_manifests::Split::Valid);
+    if valid.is_none_or(|epochs| epochs.iter().all(Vec::is_empty)) {
+        tracing::warn!(
+            "the layout has no validation batches (its dataset holds out none): validation figures read 0 and the first epoch counts as the best, so --export writes that epoch's parameters; --export-last writes the last"
+        );
+    }
 }
 
 /// Logs a run's statement and refuses it over `--memory` (`memory_limit`),

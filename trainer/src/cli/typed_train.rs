@@ -86,6 +86,7 @@ pub(super) fn train_typed_command(
     };
     let origin = dir.join(MANIFEST).display().to_string();
     let manifest = TypedManifest::parse(&origin, bytes)?;
+    super::train::warn_without_validation(&manifest.topology.schedule);
     let scorer = typed_scorer(a, &manifest, &origin)?;
     let cfg = TypedTrainConfig {
         scorer,
