@@ -183,12 +183,12 @@ pub struct GenerateArgs {
     /// Communities, which are the class labels.
     #[arg(long, default_value_t = 16)]
     pub classes: u32,
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     pub train_fraction: f64,
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     pub valid_fraction: f64,
     /// Test fraction (default: every node not in train or validation).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub test_fraction: Option<f64>,
     /// Probability that an edge stays inside its community.
     #[arg(long, default_value_t = 0.8)]
@@ -280,9 +280,9 @@ pub struct ImportArgs {
     pub add_reverse: bool,
     #[arg(long, value_enum, default_value_t = FeatureDtype::F32)]
     pub dtype: FeatureDtype,
-    #[arg(long, default_value_t = 0.6)]
+    #[arg(long, default_value_t = 0.6, allow_negative_numbers = true)]
     pub train_fraction: f64,
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
     pub valid_fraction: f64,
     #[arg(long, default_value_t = 0)]
     pub split_seed: u64,
@@ -299,10 +299,10 @@ pub struct SplitEdgesArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Share of the node pairs held out for validation.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     pub valid: f64,
     /// Share of the node pairs held out for test.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     pub test: f64,
     /// Negatives drawn for each held-out pair (OGB's citation2 ranks
     /// against 1000).
