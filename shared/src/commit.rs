@@ -265,12 +265,14 @@ pub struct HeldDir {
     created: bool,
 }
 
-impl HeldDir {
-    /// Lets the directory go once its work is done: removes the lock file
-    /// and, where taking it created the directory and nothing else is left
-    /// in it, the directory. A process that opens the lock meanwhile finds
-    /// it held and is refused, as while the work ran.
-    pub fn release_done(self) {
+impl Drop for HeldDir {
+    /// Lets the directory go: removes the lock file and, where taking it
+    /// created the directory and nothing else is left in it (a run done,
+    /// or refused before it wrote), the directory. A process that opens
+    /// the lock meanwhile finds it held and is refused, as while the work
+    /// ran; a process killed leaves the lock file, which the next holder
+    /// takes over.
+    fn drop(&mut self) {
         let _ = std::fs::remove_file(self.dir.join(".lock"));
         if self.created {
             let _ = std::fs::remove_dir(&self.dir);
@@ -471,17 +473,17 @@ mod tests {
     fn a_directory_done_with_goes_where_its_holder_made_it_and_left_it_empty() {
         let dir = tempfile::tempdir().unwrap();
         let made = dir.path().join("made");
-        hold_dir(&made, "busy").unwrap().release_done();
+        drop(hold_dir(&made, "busy").unwrap());
         assert!(!made.exists());
         // One with files left keeps them; one the caller made stays.
         let kept = dir.path().join("kept");
         let held = hold_dir(&kept, "busy").unwrap();
         std::fs::write(kept.join("f"), b"x").unwrap();
-        held.release_done();
+        drop(held);
         assert!(kept.join("f").exists() && !kept.join(".lock").exists());
         let given = dir.path().join("given");
         std::fs::create_dir(&given).unwrap();
-        hold_dir(&given, "busy").unwrap().release_done();
+        drop(hold_dir(&given, "busy").unwrap());
         assert!(given.exists() && !given.join(".lock").exists());
     }
 }

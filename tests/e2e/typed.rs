@@ -512,6 +512,8 @@ fn typed_inference(export: &str, dataset: &str, out: &str, all: bool) {
     // makes groups of a few nodes.
     let r = infer(out, &["--memory", "700M"]);
     assert_one_line(&r, "--memory 700.00 MiB is too little");
+    // Refused, it leaves neither its output nor its work directory.
+    assert!(!Path::new(out).exists() && !Path::new(&format!("{out}.work")).exists());
     let least: f64 = r
         .stderr
         .rsplit("at least about ")

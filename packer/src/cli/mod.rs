@@ -262,13 +262,21 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 show_progress: true,
             };
             let context = || format!("packing into {}", offgnn_shared::store::redact(&cfg.out));
-            if typed {
-                let s = crate::typed::pack_typed(&cfg).with_context(context)?;
-                report::packed_typed(&s);
+            // A run refused before its commit removes its objects; the
+            // directories it made for them go too, where left empty.
+            let created = offgnn_shared::store::Store::to_be_created(&cfg.out);
+            let packed = if typed {
+                crate::typed::pack_typed(&cfg).map(|s| report::packed_typed(&s))
             } else {
-                let s = pack::pack(&cfg).with_context(context)?;
-                report::packed(&cfg, &s);
+                pack::pack(&cfg).map(|s| report::packed(&cfg, &s))
+            };
+            if packed.is_err()
+                && let Some(dir) = &created
+            {
+                offgnn_shared::store::remove_if_empty(Some(&dir.join("pack")));
+                offgnn_shared::store::remove_if_empty(Some(dir));
             }
+            packed.with_context(context)?;
             Ok(())
         }
     }

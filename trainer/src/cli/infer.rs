@@ -100,23 +100,38 @@ pub(super) fn infer_command(a: InferArgs) -> anyhow::Result<()> {
     let engine = offgnn_shared::io_engine::IoEngine::new(Default::default());
     let (method, naive_blocks) = (a.method.clone(), a.naive_blocks);
     let cfg = infer_config(a, nodes, outputs, device, memory)?;
+    // A run refused before it writes leaves no output directory it made.
+    let created = offgnn_shared::store::Store::to_be_created(&cfg.out);
+    let result = run_infer(&cfg, &engine, (&method, naive_blocks));
+    if result.is_err() {
+        offgnn_shared::store::remove_if_empty(created.as_deref());
+    }
+    result
+}
+
+/// Runs the inference `cfg` asks for by `method` and prints its summary.
+fn run_infer(
+    cfg: &inference::InferConfig,
+    engine: &offgnn_shared::io_engine::IoEngine,
+    (method, naive_blocks): (&str, u64),
+) -> anyhow::Result<()> {
     if crate::hetero::infer::is_typed_model(&cfg.model)? {
         if method != "streamed" {
             anyhow::bail!(
                 "--method {method}: a typed model's inference has one method, layer by layer per relation"
             );
         }
-        let summary = crate::hetero::infer::infer(&cfg, &engine)?;
+        let summary = crate::hetero::infer::infer(cfg, engine)?;
         report::typed_infer_summary(&summary);
         return Ok(());
     }
-    match method.as_str() {
+    match method {
         "streamed" => {
-            let summary = inference::infer(&cfg, &engine)?;
+            let summary = inference::infer(cfg, engine)?;
             report::infer_summary(&summary);
         }
         "naive" => {
-            let e = inference::naive_first_layer(&cfg, &engine, naive_blocks)?;
+            let e = inference::naive_first_layer(cfg, engine, naive_blocks)?;
             report::naive_summary(&e);
         }
         other => anyhow::bail!("--method {other}: expected streamed or naive"),

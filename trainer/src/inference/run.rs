@@ -67,7 +67,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     let previous = commit::read(&out, COMMIT)?;
     check_output(cfg, card, &out, previous.as_ref())?;
     let bits = selection(&ds, &cfg.nodes)?;
-    let held = hold_work_dir(&cfg.work_dir)?;
+    let _held = hold_work_dir(&cfg.work_dir)?;
     let run_plan = plan_run(cfg, &model, &ds, &bits, &out)?;
     let plan = &run_plan.plan;
     // Resume where a run of the same model, data and plan stopped.
@@ -132,7 +132,6 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
     )?;
     // The work directory's files are ours; the result is committed.
     clear_work_dir(&cfg.work_dir, card.num_layers, plan.groups.len());
-    held.release_done();
     Ok(summary)
 }
 

@@ -154,7 +154,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> 
             out.url()
         )));
     }
-    let held = hold_work_dir(&cfg.work_dir)?;
+    let _held = hold_work_dir(&cfg.work_dir)?;
     let mut run = Run::plan((cfg, engine), &ds, &m)?;
     let key = progress::run_key(
         cfg,
@@ -228,7 +228,6 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> 
     )?;
     run.clear(&ds);
     forget_progress(&cfg.work_dir);
-    held.release_done();
     Ok(summary)
 }
 
