@@ -26,4 +26,12 @@ else
   rendezvous=(--nnodes="$NNODES" --rdzv-backend=c10d --rdzv-id="${RDZV_ID:-offgnn}"
     --rdzv-endpoint="${RDZV:?set RDZV to HOST:PORT of one of the machines, the same on each}")
 fi
-exec torchrun "${rendezvous[@]}" --nproc-per-node="${NPROC:-gpu}" --no-python trainer "$@"
+nproc="${NPROC:-gpu}"
+# torchrun's own Python (its script's interpreter) says whether torch sees a GPU.
+python="$(sed -n '1s/^#!//p' "$(command -v torchrun)" 2>/dev/null || true)"
+if [ "$nproc" = gpu ] && [ -x "${python%% *}" ] &&
+  ! $python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  echo "deploy/torchrun.sh: this machine has no GPU torch can see; set NPROC to the number of processes (e.g. NPROC=2 with --device cpu)" >&2
+  exit 2
+fi
+exec torchrun "${rendezvous[@]}" --nproc-per-node="$nproc" --no-python trainer "$@"

@@ -169,7 +169,10 @@ impl Policy {
     fn name(self) -> String {
         match self {
             Policy::Belady => "belady".into(),
-            Policy::Window { batches } => format!("window of {batches} batches"),
+            Policy::Window { batches } => format!(
+                "window of {}",
+                offgnn_shared::report::count(batches, "batch", "batches")
+            ),
         }
     }
 }

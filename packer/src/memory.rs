@@ -160,11 +160,11 @@ impl PlanMemory {
             .filter(|&b| b >= read_ahead)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "--memory {} is too small: the plan needs {} bytes and packing at least {} more; give at least {}",
-                    memory,
-                    plan_bytes,
-                    least,
-                    plan_bytes + least
+                    "--memory {} is too small: the plan needs {} and packing at least {} more; give at least {}",
+                    human_bytes(memory),
+                    human_bytes(plan_bytes),
+                    human_bytes(least),
+                    human_bytes(plan_bytes + least)
                 ))
             })?;
         Ok(PlanMemory {

@@ -413,6 +413,18 @@ impl CpuPlan {
             CpuCachePolicy::Window { batches } => (Policy::Window { batches }, CachePolicy::Window),
         };
         if tiers.cpu_nodes().is_empty() || !trains {
+            // Said once a run (a typed layout plans each type).
+            static SAID: std::sync::Once = std::sync::Once::new();
+            if policy != CpuCachePolicy::Auto {
+                SAID.call_once(|| tracing::warn!(
+                    "CPU cache policy: static, not the one asked for: {}",
+                    if trains {
+                        "the CPU cache holds no rows (--cpu-cache 0, or a budget the GPU cache takes whole), so there is nothing for a policy to follow"
+                    } else {
+                        "the samples hold no training batches for a policy to follow"
+                    }
+                ));
+            }
             return CpuPlan::default();
         }
         let (used, forecast) = crate::belady::simulate(batches, tiers, row_bytes, simulated);

@@ -109,7 +109,7 @@ impl Input<'_> {
         Ok(match self {
             Input::Plain(ds) => DatasetInfo {
                 name: ds.name.clone(),
-                location: ds.root.display().to_string(),
+                location: absolute(&ds.root),
                 fingerprint: ds.fingerprint()?,
                 feature_fingerprint: file_fingerprint(ds.features.path())?,
                 num_nodes: ds.num_nodes,
@@ -141,7 +141,7 @@ impl Input<'_> {
                 let target = &node_types[ds.target];
                 DatasetInfo {
                     name: ds.name.clone(),
-                    location: ds.root.display().to_string(),
+                    location: absolute(&ds.root),
                     fingerprint: ds.fingerprint()?,
                     feature_fingerprint: target.feature_fingerprint.clone().unwrap_or_default(),
                     num_nodes: ds.num_nodes(),
@@ -188,4 +188,14 @@ impl Graph {
             Graph::Typed(..) => None,
         }
     }
+}
+
+/// `root` as an absolute path where it can be made one: the run summary
+/// records where the dataset is, for readers in other directories
+/// (`packer --rank-by graph`).
+fn absolute(root: &std::path::Path) -> String {
+    std::fs::canonicalize(root)
+        .unwrap_or_else(|_| root.to_path_buf())
+        .display()
+        .to_string()
 }

@@ -61,6 +61,12 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// `n` and the noun for it: `one` where `n` is 1, else `many`.
+pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Human-readable bytes (binary units).
 pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];

@@ -112,6 +112,9 @@ pub struct Resolved {
     pub probe: DepthProbe,
     /// Whether it came from the cache (else it was measured now).
     pub cached: bool,
+    /// Whether the reads in flight came from it (`--io-depth auto`), not
+    /// only the read-through.
+    pub depth_auto: bool,
 }
 
 /// The knee of `points` (in depth order): the fewest reads in flight from
@@ -279,6 +282,7 @@ pub fn resolve(path: &Path, fresh: bool) -> Result<Resolved> {
         return Ok(Resolved {
             probe: probe.clone(),
             cached: true,
+            depth_auto: false,
         });
     }
     tracing::info!(
@@ -298,6 +302,7 @@ pub fn resolve(path: &Path, fresh: bool) -> Result<Resolved> {
     Ok(Resolved {
         probe,
         cached: false,
+        depth_auto: false,
     })
 }
 
@@ -325,13 +330,21 @@ pub fn engine_for_disk(
     };
     if engine.backend() != Backend::IoUring {
         tracing::info!(
-            "--io-depth/--read-through auto: the pread pool reads one request per thread; depth unchanged, no read-through"
+            "--io-depth/--read-through auto: the pread pool reads one request per thread, with no queue to size and no curve measured; gaps of up to {} read through, as given",
+            offgnn_shared::report::count(
+                (engine.options().read_through / PAGE) as u64,
+                "page",
+                "pages"
+            )
         );
         return (engine, None);
     }
     let opts = engine.options();
     let found = match resolve(&path, false) {
-        Ok(found) => found,
+        Ok(found) => Resolved {
+            depth_auto: depth,
+            ..found
+        },
         Err(e) => {
             tracing::warn!(
                 "--io-depth/--read-through auto: {e}; keeping {} per ring, no read-through",
@@ -352,11 +365,11 @@ pub fn engine_for_disk(
     };
     let from = |auto: bool| if auto { "auto" } else { "given" };
     tracing::info!(
-        "--io-depth {}, --read-through {}: {} rings x {per_ring} reads in flight, gaps of up to {} pages read through, from the curve of {}{}",
+        "--io-depth {}, --read-through {}: {} rings x {per_ring} reads in flight, gaps of up to {} read through, from the curve of {}{}",
         from(depth),
         from(through),
         opts.rings,
-        read_through / PAGE,
+        offgnn_shared::report::count((read_through / PAGE) as u64, "page", "pages"),
         found.probe.disk,
         if found.cached {
             " (measured before)"

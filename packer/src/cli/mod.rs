@@ -171,9 +171,9 @@ pub struct PackArgs {
     /// samples came from).
     #[arg(long, value_enum, default_value_t = RankByArg::Samples)]
     pub rank_by: RankByArg,
-    /// The window policy's look-ahead, in batches.
-    #[arg(long, default_value_t = 8)]
-    pub cpu_cache_window: u32,
+    /// The window policy's look-ahead, in batches (default 8).
+    #[arg(long)]
+    pub cpu_cache_window: Option<u32>,
     #[arg(long)]
     pub overwrite: bool,
 }
@@ -247,10 +247,21 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     RowOrderArg::Minhash => pack::RowOrder::MinHash { functions: 2 },
                 },
                 cpu_cache_policy: match a.cpu_cache_policy {
+                    p if a.cpu_cache_window.is_some()
+                        && !matches!(p, CpuCachePolicyArg::Window) =>
+                    {
+                        anyhow::bail!(
+                            "--cpu-cache-window is the window policy's look-ahead: pass --cpu-cache-policy window with it"
+                        )
+                    }
                     CpuCachePolicyArg::Static => pack::CpuCachePolicy::Static,
                     CpuCachePolicyArg::Belady => pack::CpuCachePolicy::Belady,
                     CpuCachePolicyArg::Window => pack::CpuCachePolicy::Window {
-                        batches: a.cpu_cache_window,
+                        batches: match a.cpu_cache_window {
+                            Some(0) => anyhow::bail!("--cpu-cache-window must be at least 1 batch"),
+                            Some(w) => w,
+                            None => 8,
+                        },
                     },
                     CpuCachePolicyArg::Auto => pack::CpuCachePolicy::Auto,
                 },

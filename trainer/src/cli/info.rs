@@ -96,6 +96,20 @@ pub(super) fn print_info() -> anyhow::Result<()> {
 /// measured now), the depth `--io-depth auto` takes from it and the gap
 /// `--read-through auto` reads through.
 pub(super) fn probe_disk(file: &std::path::Path, fresh: bool) -> anyhow::Result<()> {
+    // Random reads over a few pages measure the disk's cache, not the
+    // disk, and the curve is kept for the whole disk.
+    const LEAST: u64 = 4 << 20;
+    let size = std::fs::metadata(file)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?
+        .len();
+    if size < LEAST {
+        anyhow::bail!(
+            "{}: {} is too small to measure the disk by (random reads over it would hit the disk's cache, and the curve is kept for the whole disk); give a file of at least {}, such as a layout's segment",
+            file.display(),
+            offgnn_shared::report::human_bytes(size),
+            offgnn_shared::report::human_bytes(LEAST)
+        );
+    }
     let found = crate::io_depth::resolve(file, fresh)?;
     let p = &found.probe;
     let best = p.points.iter().map(|x| x.iops).fold(0.0, f64::max);
@@ -136,12 +150,12 @@ pub(super) fn probe_disk(file: &std::path::Path, fresh: bool) -> anyhow::Result<
         rows.push((
             "read-through",
             format!(
-                "{:.0} reads a second of 1 page, {:.0} of {} pages, at {} in flight: gaps of up to {} pages are read through",
+                "{:.0} reads a second of 1 page, {:.0} of {}, at {} in flight: gaps of up to {} are read through",
                 span.page_iops,
                 span.span_iops,
-                span.pages,
+                offgnn_shared::report::count(span.pages, "page", "pages"),
                 p.chosen,
-                span.read_through_pages()
+                offgnn_shared::report::count(span.read_through_pages(), "page", "pages")
             ),
         ));
     }

@@ -54,16 +54,16 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
         (
             "device",
             format!(
-                "{} (I/O: {}, {} x {} reads in flight{}, gaps of up to {} pages read through)",
+                "{} (I/O: {}, {} x {} reads in flight{}, gaps of up to {} read through)",
                 s.device,
                 s.io_backend,
                 s.io_rings,
                 s.io_depth,
                 match &s.io_depth_probe {
-                    Some(p) => format!(", the knee of {}'s curve", p.probe.disk),
-                    None => String::new(),
+                    Some(p) if p.depth_auto => format!(", the knee of {}'s curve", p.probe.disk),
+                    _ => String::new(),
                 },
-                s.read_through_pages
+                offgnn_shared::report::count(s.read_through_pages as u64, "page", "pages")
             ),
         ),
         (

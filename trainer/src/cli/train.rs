@@ -258,8 +258,16 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
             "--emulate-ranks stands in for a launch by torchrun or srun; it cannot run under one"
         );
     }
-    if a.emulate_ranks == Some(0) || a.dist_timeout == 0 {
-        anyhow::bail!("--emulate-ranks and --dist-timeout must be at least 1");
+    if a.emulate_ranks == Some(0) {
+        anyhow::bail!("--emulate-ranks must be at least 1");
+    }
+    if a.dist_timeout == 0 {
+        anyhow::bail!("--dist-timeout must be at least 1 (seconds)");
+    }
+    if a.resume && a.overwrite {
+        anyhow::bail!(
+            "--resume continues the checkpoint in --checkpoint-dir and --overwrite starts afresh over it: pass one"
+        );
     }
     // A typed graph's layout trains R-SAGE or R-GAT.
     if let Some((dir, bytes)) = super::typed_train::typed_layout(&location, &a)? {

@@ -62,12 +62,17 @@ impl HistoricalConfig {
     /// their defaults.
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut c = HistoricalConfig::default();
+        let mut seen: Vec<&str> = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = part.split_once('=').ok_or_else(|| {
                 format!(
                     "--historical: {part:?} is not key=value (keys: p_grad, t_stale, start, memory)"
                 )
             })?;
+            if seen.contains(&key.trim()) {
+                return Err(format!("--historical: {} is given twice", key.trim()));
+            }
+            seen.push(key.trim());
             let bad = |what: &str| format!("--historical: {key}={value:?} is not {what}");
             match key.trim() {
                 "p_grad" => {
@@ -91,6 +96,17 @@ impl HistoricalConfig {
             }
         }
         Ok(c)
+    }
+
+    /// Why the cache would stay unused with these settings, if it would
+    /// (the run then computes exactly as without it).
+    pub fn unused(&self) -> Option<&'static str> {
+        match (self.p_grad, self.t_stale, self.memory) {
+            (0.0, _, _) => Some("p_grad=0 admits no embedding"),
+            (_, 0, _) => Some("t_stale=0 lets no embedding be used"),
+            (_, _, 0) => Some("memory=0 holds no embedding"),
+            _ => None,
+        }
     }
 }
 
@@ -384,11 +400,16 @@ mod tests {
             HistoricalConfig::parse("").unwrap(),
             HistoricalConfig::default()
         );
+        assert_eq!(HistoricalConfig::default().unused(), None);
+        let unused = |t: &str| HistoricalConfig::parse(t).unwrap().unused();
+        assert_eq!(unused("p_grad=0"), Some("p_grad=0 admits no embedding"));
+        assert!(unused("t_stale=0").is_some() && unused("memory=0").is_some());
         for (bad, says) in [
             ("p_grad=1.5", "p_grad=\"1.5\" is not a fraction"),
             ("t_stale=-1", "t_stale=\"-1\" is not a number"),
             ("stale=3", "unknown key \"stale\""),
             ("p_grad", "is not key=value"),
+            ("p_grad=0.9,p_grad=0.5", "p_grad is given twice"),
         ] {
             let e = HistoricalConfig::parse(bad).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");

@@ -113,17 +113,31 @@ pub fn train_ranks(
     let mut in_epoch = start.in_epoch;
     if cfg.epochs as usize > schedule.len() && job.writer() {
         tracing::info!(
-            "{} epochs over {} sampled: epochs {}..{} reuse the sampled batches, {}",
+            "{} epochs over {} sampled: {} the sampled batches, {}",
             cfg.epochs,
             schedule.len(),
-            schedule.len(),
-            cfg.epochs - 1,
+            match cfg.epochs as usize - 1 {
+                last if last == schedule.len() => format!("epoch {last} reuses"),
+                last => format!("epochs {}..{last} reuse", schedule.len()),
+            },
             if job.cpu_cache_follows() {
                 "in the sampled order, which the layout's CPU cache follows (sample more epochs for new orders)"
             } else {
                 "in a new order each epoch"
             }
         );
+    }
+    let (n, world) = (schedule[0].len(), job.world() as usize);
+    if world > 1 && n % world != 0 && job.writer() {
+        let padded = n.div_ceil(world) * world;
+        let said = format!(
+            "an epoch's {n} training batches are dealt to {world} ranks as {padded}, its first {} repeated (as torch's DistributedSampler pads)",
+            padded - n
+        );
+        match world > n {
+            true => tracing::warn!("{said}: more ranks than batches"),
+            false => tracing::info!("{said}"),
+        }
     }
     for t in run.history.len() as u32..cfg.epochs {
         let mut e = epoch::train_epoch(&job, schedule, &mut model, &mut run, t, in_epoch.take())?;
@@ -162,6 +176,11 @@ fn historical_cache(cfg: &TrainConfig, world: u32) -> Result<Option<Historical>>
         return Err(Error::InvalidArgument(
             "--historical trains one process: it is not built for data-parallel training (--emulate-ranks, torchrun, srun)".into(),
         ));
+    }
+    if let Some(why) = h.unused() {
+        tracing::warn!(
+            "--historical: {why}, so the cache stays unused and the run computes as without it"
+        );
     }
     Ok(Some(Historical::new(
         h.clone(),
