@@ -97,17 +97,7 @@ fn pack_typed_run(cfg: &PackConfig) -> Result<TypedPackSummary> {
         .filter(|(_, t)| t.feature_dim.is_some())
         .map(|(i, t)| TypeView::of(i, t, &run.dataset.target_type))
         .collect::<Result<_>>()?;
-    for t in run
-        .dataset
-        .node_types
-        .iter()
-        .filter(|t| t.feature_dim.is_none())
-    {
-        tracing::warn!(
-            "node type '{}' has no features, so the layout holds none of its rows: `trainer` (R-SAGE and R-GAT read every type's rows) refuses it; derive them first (sampler derive-features) unless your own model gives the type its rows (offgnn.Loader yields its node ids)",
-            t.name
-        );
-    }
+    warn_featureless(&run);
     let locations = feature_locations(&cfg.features, &run, &views)?;
     let parts: Vec<Inputs> = views
         .iter()
@@ -209,6 +199,22 @@ fn pack_typed_run(cfg: &PackConfig) -> Result<TypedPackSummary> {
         total_seconds: started.elapsed().as_secs_f64(),
         leftovers_removed: target.swept.clone(),
     })
+}
+
+/// Warns of each type without features: the layout holds none of its
+/// rows, which the trainer's models need.
+fn warn_featureless(run: &RunSummary) {
+    for t in run
+        .dataset
+        .node_types
+        .iter()
+        .filter(|t| t.feature_dim.is_none())
+    {
+        tracing::warn!(
+            "node type '{}' has no features, so the layout holds none of its rows: `trainer` (R-SAGE and R-GAT read every type's rows) refuses it; derive them first (sampler derive-features) unless your own model gives the type its rows (offgnn.Loader yields its node ids)",
+            t.name
+        );
+    }
 }
 
 /// One pass over the samples measures the topology's records and each
