@@ -307,6 +307,16 @@ pub fn hold_dir(dir: &std::path::Path, why: &str) -> Result<HeldDir> {
             dir.display()
         )));
     }
+    // A holder that let the directory go removed the lock file it held:
+    // a lock taken on that file, opened just before, holds nothing.
+    use std::os::unix::fs::MetadataExt;
+    let inode = |m: std::io::Result<std::fs::Metadata>| m.map(|m| (m.dev(), m.ino())).ok();
+    if inode(file.metadata()) != inode(std::fs::metadata(&path)) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: {why} (a process let it go just now; run again)",
+            dir.display()
+        )));
+    }
     file.set_len(0)
         .and_then(|()| write!(file, "process {}", std::process::id()))
         .map_err(|e| Error::io(&path, e))?;

@@ -477,7 +477,7 @@ pub fn write_with(
 
 /// An export is a directory: a location that names its card, or any local
 /// file, is refused with the directory to pass instead.
-fn refuse_a_file(location: &str) -> Result<()> {
+pub(crate) fn refuse_a_file(location: &str) -> Result<()> {
     let trimmed = location.trim_end_matches('/');
     let is_file = !trimmed.contains("://") && std::path::Path::new(trimmed).is_file();
     if trimmed.ends_with(CARD) || is_file {

@@ -97,7 +97,12 @@ fn fanouts(cfg: &SampleConfig) -> String {
     }
     let said: Vec<String> = lists
         .iter()
-        .map(|(l, n)| format!("{l:?} for {n} relation{}", if *n == 1 { "" } else { "s" }))
+        .map(|(l, n)| {
+            format!(
+                "{l:?} for {}",
+                offgnn_shared::report::count(*n as u64, "relation", "relations")
+            )
+        })
         .collect();
     said.join(", ")
 }

@@ -404,7 +404,7 @@ fn refuses_missing_files() {
     fs::remove_file(root.join("data/feat.npy")).unwrap();
     let err = open_err(&root);
     assert!(
-        err.contains("feat.npy") && err.contains("No such file"),
+        err.contains("feature 'feat' names") && err.contains("feat.npy, which does not exist"),
         "{err}"
     );
 

@@ -215,16 +215,12 @@ pub fn export_summary(command: &str, w: &Written) {
         ),
         (
             "epoch",
-            match (c.valid_mrr, c.test_mrr) {
-                (Some(v), Some(t)) => format!(
-                    "{} ({}): validation MRR {v:.4}, test MRR {t:.4}",
-                    c.epoch, c.which
-                ),
-                _ => format!(
-                    "{} ({}): validation {:.4}, test {:.4}",
-                    c.epoch, c.which, c.valid_acc, c.test_acc
-                ),
-            },
+            format!(
+                "{} ({}): {}",
+                c.epoch,
+                c.which,
+                epoch_figures((c.valid_acc, c.test_acc), c.valid_mrr.zip(c.test_mrr))
+            ),
         ),
     ];
     print_summary(
@@ -232,6 +228,15 @@ pub fn export_summary(command: &str, w: &Written) {
         &rows,
         &serde_json::json!({ "command": command, "export": w }),
     );
+}
+
+/// An export's epoch figures: a link model's MRR, a node model's
+/// accuracy.
+fn epoch_figures((valid_acc, test_acc): (f64, f64), mrr: Option<(f64, f64)>) -> String {
+    match mrr {
+        Some((v, t)) => format!("validation MRR {v:.4}, test MRR {t:.4}"),
+        None => format!("validation {valid_acc:.4}, test {test_acc:.4}"),
+    }
 }
 
 /// What `trainer export` wrote or `trainer show-model` read of a typed
@@ -242,10 +247,7 @@ pub fn typed_export_summary(
     weights_bytes: u64,
     c: &crate::hetero::export::TypedModelCard,
 ) {
-    let figures = match (c.valid_mrr, c.test_mrr) {
-        (Some(v), Some(t)) => format!("validation MRR {v:.4}, test MRR {t:.4}"),
-        _ => format!("validation {:.4}, test {:.4}", c.valid_acc, c.test_acc),
-    };
+    let figures = epoch_figures((c.valid_acc, c.test_acc), c.valid_mrr.zip(c.test_mrr));
     let types: Vec<String> = c
         .node_types
         .iter()

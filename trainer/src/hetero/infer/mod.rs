@@ -45,6 +45,7 @@ use rows::{HiddenWriter, Rows};
 
 /// Whether the export at `location` is a typed model's.
 pub fn is_typed_model(location: &str) -> Result<bool> {
+    crate::export::refuse_a_file(location)?;
     let store = Store::open_read(location)?;
     if !store.exists(crate::export::CARD)? {
         return Ok(false);
