@@ -622,6 +622,10 @@ fn typed_inference(export: &str, dataset: &str, out: &str, all: bool) {
         &infer(&format!("{out}-dup"), &["--keep-duplicate-edges"]),
         "kept each edge once",
     );
+    assert_one_line(
+        &infer(&format!("{out}-host"), &["--aggregate", "host"]),
+        "--aggregate host is for homogeneous models",
+    );
     // A type's feature file swapped for another of its shape (its rows'
     // values in reverse order) is refused: the topology and labels match,
     // the features are not those the model was trained on.

@@ -99,10 +99,11 @@ pub(super) fn infer_command(a: InferArgs) -> anyhow::Result<()> {
     };
     let engine = offgnn_shared::io_engine::IoEngine::new(Default::default());
     let (method, naive_blocks) = (a.method.clone(), a.naive_blocks);
+    let host_asked = a.aggregate == "host";
     let cfg = infer_config(a, nodes, outputs, device, memory)?;
     // A run refused before it writes leaves no output directory it made.
     let created = offgnn_shared::store::Store::to_be_created(&cfg.out);
-    let result = run_infer(&cfg, &engine, (&method, naive_blocks));
+    let result = run_infer(&cfg, &engine, (&method, naive_blocks), host_asked);
     if result.is_err() {
         offgnn_shared::store::remove_if_empty(created.as_deref());
     }
@@ -114,8 +115,14 @@ fn run_infer(
     cfg: &inference::InferConfig,
     engine: &offgnn_shared::io_engine::IoEngine,
     (method, naive_blocks): (&str, u64),
+    host_asked: bool,
 ) -> anyhow::Result<()> {
     if crate::hetero::infer::is_typed_model(&cfg.model)? {
+        if host_asked {
+            anyhow::bail!(
+                "--aggregate host is for homogeneous models; a typed model's relations aggregate with torch's ops on --device"
+            );
+        }
         if method != "streamed" {
             anyhow::bail!(
                 "--method {method}: a typed model's inference has one method, layer by layer per relation"
