@@ -432,13 +432,34 @@ fn losses_of(r: &offgnn_e2e::Run) -> Vec<f64> {
 
 /// `--checkpoint-every`: a run killed inside an epoch (the test hook stands
 /// in for the kill, just after a checkpoint due there) resumes from the
-/// steps it had done and ends as one never stopped.
+/// steps it had done and ends as one never stopped; also where the CPU
+/// caches follow the batch order (Belady), which the resumed run rebuilds.
 #[test]
 fn a_typed_run_resumes_inside_an_epoch() {
     let dir = tempfile::tempdir().unwrap();
     let pack = offgnn_e2e::typed_pack(dir.path());
-    let ck = dir.path().join("ck");
-    let (pack, ck) = (pack.to_str().unwrap(), ck.to_str().unwrap());
+    resumes_inside_an_epoch(&pack, &dir.path().join("ck"), false);
+    let belady = dir.path().join("pack-belady");
+    let mut flags = offgnn_e2e::TYPED_PACK_FLAGS;
+    *flags.last_mut().unwrap() = "belady";
+    let samples = dir.path().join("samples");
+    let mut args = vec![
+        "--samples",
+        samples.to_str().unwrap(),
+        "--out",
+        belady.to_str().unwrap(),
+    ];
+    args.extend(flags);
+    let r = run("packer", &args);
+    assert!(r.status.success(), "{}", r.stderr);
+    resumes_inside_an_epoch(&belady, &dir.path().join("ck-belady"), true);
+}
+
+/// Trains `pack` for two epochs straight, then killed after the second
+/// step with a checkpoint every step in `ck`, then resumed: the same
+/// losses; the resumed run says it rebuilt the CPU caches where `rebuilds`.
+fn resumes_inside_an_epoch(pack: &Path, ck: &Path, rebuilds: bool) {
+    let (pack, ck_dir) = (pack.to_str().unwrap(), ck.to_str().unwrap());
     let common = [
         "--manifest",
         pack,
@@ -454,7 +475,7 @@ fn a_typed_run_resumes_inside_an_epoch() {
     let straight = losses_of(&r);
     let with_checkpoints = [
         &common[..],
-        &["--checkpoint-dir", ck, "--checkpoint-every", "1"],
+        &["--checkpoint-dir", ck_dir, "--checkpoint-every", "1"],
     ]
     .concat();
     // Killed after the second step of the first epoch (of three).
@@ -465,12 +486,11 @@ fn a_typed_run_resumes_inside_an_epoch() {
     );
     assert!(!r.status.success());
     let meta: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("ck/checkpoint.json")).unwrap())
-            .unwrap();
+        serde_json::from_slice(&std::fs::read(ck.join("checkpoint.json")).unwrap()).unwrap();
     assert_eq!(meta["epoch"], 0);
     assert_eq!(meta["in_epoch"]["steps"], 2);
     let resumed = [&with_checkpoints[..], &["--resume"]].concat();
-    let r = run("trainer", &resumed);
+    let r = offgnn_e2e::run_with_env("trainer", &resumed, &[("RUST_LOG", "info")]);
     assert!(r.status.success(), "{}", r.stderr);
     let after = losses_of(&r);
     let same = straight.len() == after.len()
@@ -479,6 +499,12 @@ fn a_typed_run_resumes_inside_an_epoch() {
             .zip(&after)
             .all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs());
     assert!(same, "{straight:?} {after:?}");
+    assert_eq!(
+        r.stderr.contains("rebuilt the CPU caches"),
+        rebuilds,
+        "{}",
+        r.stderr
+    );
 }
 
 /// Owned arguments as the runner takes them.

@@ -28,6 +28,8 @@ use crate::model::Adam;
 use crate::pipeline::{self, AssembleSources, FeatureMode, LoadSources, Sources};
 use crate::train::Ranks;
 
+mod cpu_caches;
+
 pub use super::figures::{StageSeconds, TypedEpoch, TypedTrainSummary};
 
 /// What a typed training run is asked.
@@ -138,30 +140,6 @@ impl TypedLayout {
             .schedule
             .get(&Split::Train)
             .map_or(0, |e| e.len() as u32)
-    }
-
-    /// Reads back the rows each type's CPU cache changed, where it follows
-    /// the batch order (Belady): evaluation and the next epoch start from
-    /// the tier's own rows. Returns the bytes read.
-    pub(crate) fn restore_cpu_caches(&self) -> Result<u64> {
-        let mut bytes = 0;
-        for cache in self
-            .assembles
-            .iter()
-            .flatten()
-            .filter_map(|a| a.cpu_rows.as_ref())
-        {
-            bytes += cache.restore()?;
-        }
-        Ok(bytes)
-    }
-
-    /// Whether some type's CPU cache follows the sampled batch order.
-    fn cpu_cache_follows(&self) -> bool {
-        self.assembles
-            .iter()
-            .flatten()
-            .any(|a| a.cpu_rows.as_ref().is_some_and(|c| c.follows))
     }
 
     /// What the loader thread reads.
@@ -418,20 +396,13 @@ pub fn train_typed(
 }
 
 /// Refuses what the run cannot train, before anything is built: a CPU
-/// cache that follows the batch order under ranks or mid-epoch
-/// checkpoints, a layout without training epochs. Returns the sampled
-/// epochs.
+/// cache that follows the batch order under ranks, a layout without
+/// training epochs. Returns the sampled epochs.
 fn check_run(layout: &TypedLayout, cfg: &TypedTrainConfig, ranks: Ranks<'_>) -> Result<u32> {
-    let follows = "a node type's CPU cache follows the sampled batch order (packer --cpu-cache-policy belady, window or auto)";
-    if cfg.checkpoint_every.is_some() && layout.cpu_cache_follows() {
-        return Err(Error::Layout(format!(
-            "--checkpoint-every: {follows}, which a run resumed inside an epoch cannot rebuild for typed layouts yet; pack with --cpu-cache-policy static"
-        )));
-    }
     if ranks.world() > 1 && layout.cpu_cache_follows() {
-        return Err(Error::Layout(format!(
-            "{follows}, which one process trains; for data-parallel training pack it with --cpu-cache-policy static"
-        )));
+        return Err(Error::Layout(
+            "a node type's CPU cache follows the sampled batch order (packer --cpu-cache-policy belady, window or auto), which one process trains; for data-parallel training pack it with --cpu-cache-policy static".into(),
+        ));
     }
     let sampled = layout.sampled_epochs();
     if sampled == 0 {
@@ -617,9 +588,15 @@ fn train_epoch(
     let steps = shares.first().map_or(0, Vec::len) as u64;
     // Resumed inside the epoch: the steps done are skipped, their sums kept.
     let at = resume_at.unwrap_or_default();
-    let order: Vec<usize> = (at.steps.min(steps) as usize..steps as usize)
-        .flat_map(|s| shares.iter().map(move |share| share[s]))
-        .collect();
+    let from = |s: std::ops::Range<usize>| -> Vec<usize> {
+        s.flat_map(|s| shares.iter().map(move |share| share[s]))
+            .collect()
+    };
+    let skip = at.steps.min(steps) as usize;
+    if skip > 0 && layout.cpu_cache_follows() {
+        layout.rebuild_cpu_caches((epoch, sampled), &from(0..skip), run.engine)?;
+    }
+    let order = from(skip..steps as usize);
     let pb = offgnn_shared::progress::bar_if(
         cfg.show_progress,
         order.len() as u64,
