@@ -358,30 +358,44 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
     let resumed = train(&stopped, "4", &["--resume"]);
     assert!(same(&resumed, &straight), "{resumed:?} {straight:?}");
     // `trainer export` writes the checkpoint's best epoch as the run's own
-    // export did: the same weights. A typed checkpoint needs its layout.
+    // export did: the same weights, from the layout the checkpoint records
+    // (its types and relations name the parameters) or the one named.
     let from_checkpoint = path("export-from-checkpoint");
-    let export = |extra: &[&str]| {
-        let mut args = vec![
-            "export",
-            "--checkpoint-dir",
-            &whole,
-            "--out",
-            &from_checkpoint,
-        ];
+    let export = |ck: &str, extra: &[&str]| {
+        let mut args = vec!["export", "--checkpoint-dir", ck, "--out", &from_checkpoint];
         args.extend(extra);
         run("trainer", &args)
     };
-    assert_one_line(&export(&[]), "pass --manifest");
-    let r = export(&["--manifest", &pack2]);
-    assert!(r.status.success(), "{}", r.stderr);
     let card = |dir: &str| -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(format!("{dir}/model.json")).unwrap()).unwrap()
     };
-    assert_eq!(
-        card(&from_checkpoint)["weights_sha256"],
-        card(&from_run)["weights_sha256"]
+    for extra in [&[][..], &["--manifest", &pack2, "--overwrite"]] {
+        let r = export(&whole, extra);
+        assert!(r.status.success(), "{extra:?}: {}", r.stderr);
+        assert_eq!(
+            card(&from_checkpoint)["weights_sha256"],
+            card(&from_run)["weights_sha256"]
+        );
+        assert_eq!(card(&from_checkpoint)["epoch"], card(&from_run)["epoch"]);
+    }
+    // A layout moved since: refused in one line, unless --manifest names it.
+    let moved = path("ck-moved");
+    std::fs::create_dir(&moved).unwrap();
+    for entry in std::fs::read_dir(&whole).unwrap() {
+        let from = entry.unwrap().path();
+        std::fs::copy(&from, Path::new(&moved).join(from.file_name().unwrap())).unwrap();
+    }
+    let meta = Path::new(&moved).join("checkpoint.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+    assert!(
+        m["layout"].as_str().unwrap().ends_with("manifest.json"),
+        "{m}"
     );
-    assert_eq!(card(&from_checkpoint)["epoch"], card(&from_run)["epoch"]);
+    m["layout"] = path("gone/manifest.json").into();
+    std::fs::write(&meta, serde_json::to_vec(&m).unwrap()).unwrap();
+    assert_one_line(&export(&moved, &["--overwrite"]), "cannot be read");
+    let r = export(&moved, &["--manifest", &pack2, "--overwrite"]);
+    assert!(r.status.success(), "{}", r.stderr);
     let shown = run("trainer", &["show-model", "--model", &from_checkpoint]);
     assert!(shown.status.success(), "{}", shown.stderr);
     assert_eq!(shown.json()["export"]["card"]["architecture"], "rgat");

@@ -24,8 +24,9 @@ pub struct ExportArgs {
     #[arg(long)]
     pub overwrite: bool,
     /// Refuse unless the checkpoint was trained on this layout's manifest
-    /// (a directory or its manifest.json). A typed run's checkpoint needs
-    /// it: its types and relations name the export's parameters.
+    /// (a directory or its manifest.json). A typed run's checkpoint reads
+    /// the layout it records without it (its types and relations name the
+    /// export's parameters); this names the layout where it has moved.
     #[arg(long)]
     pub manifest: Option<String>,
 }
@@ -54,33 +55,21 @@ pub(super) fn show_model(model: &str) -> anyhow::Result<()> {
 }
 
 /// `trainer export`: the model of a checkpoint, read with the manifest
-/// it must have been trained on (if given; a typed run's checkpoint needs
-/// it, for its types and relations), written to `--out`.
+/// it must have been trained on (if given; a typed run's checkpoint reads
+/// the one it records otherwise, for its types and relations), written to
+/// `--out`.
 pub(super) fn export_command(a: ExportArgs) -> anyhow::Result<()> {
-    use anyhow::Context;
     let manifest = a
         .manifest
         .as_deref()
-        .map(|location| {
-            let (dir, name) = crate::staging::split_location(location);
-            let store = offgnn_shared::store::Store::open_read(&dir)?;
-            anyhow::Ok((location, store.get(&name)?))
-        })
-        .transpose()
-        .with_context(|| {
-            format!(
-                "reading {}",
-                offgnn_shared::store::redact(a.manifest.as_deref().unwrap_or_default())
-            )
-        })?;
+        .map(|location| anyhow::Ok((location, read_manifest(location)?)))
+        .transpose()?;
     if crate::hetero::checkpoint::is_typed(&a.checkpoint_dir) {
-        let Some((location, bytes)) = manifest else {
-            anyhow::bail!(
-                "{} holds a typed run's checkpoint: pass --manifest with the layout it was trained on (its types and relations name the export's parameters)",
-                a.checkpoint_dir.display()
-            );
+        let (location, bytes) = match manifest {
+            Some((location, bytes)) => (location.to_string(), bytes),
+            None => recorded_layout(&a.checkpoint_dir)?,
         };
-        let m = offgnn_manifests::TypedManifest::parse(location, &bytes)?;
+        let m = offgnn_manifests::TypedManifest::parse(&location, &bytes)?;
         let (location, card) = crate::hetero::checkpoint::export(
             &a.checkpoint_dir,
             &a.out,
@@ -112,4 +101,37 @@ pub(super) fn export_command(a: ExportArgs) -> anyhow::Result<()> {
     )?;
     report::export_summary("export", &written);
     Ok(())
+}
+
+/// The manifest at `location` (a layout's directory or its manifest file,
+/// local or in an object store).
+fn read_manifest(location: &str) -> anyhow::Result<Vec<u8>> {
+    use anyhow::Context;
+    let (dir, name) = crate::staging::split_location(location);
+    let read = || {
+        anyhow::Ok(Vec::from(
+            offgnn_shared::store::Store::open_read(&dir)?.get(&name)?,
+        ))
+    };
+    read().with_context(|| format!("reading {}", offgnn_shared::store::redact(location)))
+}
+
+/// The layout a typed checkpoint in `dir` records it was trained on: its
+/// location and manifest.
+fn recorded_layout(dir: &std::path::Path) -> anyhow::Result<(String, Vec<u8>)> {
+    let recorded = crate::hetero::checkpoint::read(dir)?.and_then(|m| m.layout);
+    let Some(location) = recorded else {
+        anyhow::bail!(
+            "{} holds a typed run's checkpoint that does not record its layout: pass --manifest with the layout it was trained on (its types and relations name the export's parameters)",
+            dir.display()
+        );
+    };
+    let bytes = read_manifest(&location).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: the layout it was trained on, {location}, cannot be read ({e:#}); pass --manifest with that layout where it is now",
+            dir.display()
+        )
+    })?;
+    tracing::info!("the layout {location}, as the checkpoint records it");
+    Ok((location, bytes))
 }

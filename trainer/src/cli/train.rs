@@ -270,12 +270,12 @@ pub(super) fn train_command(a: TrainArgs) -> anyhow::Result<()> {
         );
     }
     // A typed graph's layout trains R-SAGE or R-GAT.
-    if let Some((dir, bytes)) = super::typed_train::typed_layout(&location, &a)? {
+    if let Some(src) = super::typed_train::typed_layout(&location, &a)? {
         return super::typed_train::train_typed_command(
             &a,
             (device, kind, hidden),
             launch.as_ref(),
-            (&dir, &bytes),
+            &src,
         );
     }
     if a.root_weight {

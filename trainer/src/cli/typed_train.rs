@@ -24,22 +24,29 @@ use crate::model::ModelKind;
 use crate::pipeline::FeatureMode;
 use crate::train::Ranks;
 
-/// The directory and manifest bytes of `location` when it names a typed
-/// layout: a local one read in place, a remote one staged into
-/// `--local-dir` first.
-pub(super) fn typed_layout(
-    location: &str,
-    a: &TrainArgs,
-) -> anyhow::Result<Option<(PathBuf, Vec<u8>)>> {
+/// A typed layout at the location `--manifest` gave.
+pub(super) struct TypedSource {
+    /// Where its objects are read (a remote layout's staged copy).
+    pub(super) dir: PathBuf,
+    /// Its manifest.
+    pub(super) bytes: Vec<u8>,
+    /// Where its manifest is, as checkpoints record it: a local file's
+    /// absolute path, or the URL without its credentials.
+    pub(super) location: String,
+}
+
+/// The layout at `location` when it is a typed one: a local one read in
+/// place, a remote one staged into `--local-dir` first.
+pub(super) fn typed_layout(location: &str, a: &TrainArgs) -> anyhow::Result<Option<TypedSource>> {
     let location = location.trim_start_matches("file://");
     if location.contains("://") {
         let engine = IoEngine::new(super::train::io_options(a));
-        return Ok(crate::staging::stage_typed(
-            location,
-            a.local_dir.as_deref(),
-            &engine,
-            true,
-        )?);
+        let staged = crate::staging::stage_typed(location, a.local_dir.as_deref(), &engine, true)?;
+        return Ok(staged.map(|(dir, bytes)| TypedSource {
+            dir,
+            bytes,
+            location: offgnn_shared::store::redact(location),
+        }));
     }
     let path = Path::new(location);
     let (dir, file) = if location.ends_with(".json") {
@@ -64,16 +71,25 @@ pub(super) fn typed_layout(
             dir.display()
         );
     }
-    Ok(Some((dir, bytes)))
+    let location = std::path::absolute(&file)
+        .map_or(file, |f| f)
+        .display()
+        .to_string();
+    Ok(Some(TypedSource {
+        dir,
+        bytes,
+        location,
+    }))
 }
 
-/// Trains the typed layout in `dir` whose manifest is `bytes`.
+/// Trains the typed layout `src`.
 pub(super) fn train_typed_command(
     a: &TrainArgs,
     (device, kind, hidden): (tch::Device, ModelKind, i64),
     launch: Option<&Launch>,
-    (dir, bytes): (&Path, &[u8]),
+    src: &TypedSource,
 ) -> anyhow::Result<()> {
+    let (dir, bytes) = (src.dir.as_path(), src.bytes.as_slice());
     refuse_unsupported(a)?;
     let group = super::train::join_group(launch, device, a.dist_timeout)?;
     let writer = group.as_ref().is_none_or(|g| g.rank == 0);
@@ -103,6 +119,7 @@ pub(super) fn train_typed_command(
         max_batches: a.max_batches,
         pipelined: a.pipeline == OnOff::On,
         checkpoint_dir: a.checkpoint_dir.clone(),
+        layout_location: Some(src.location.clone()),
         checkpoint_every: a.checkpoint_every,
         resume: a.resume,
         overwrite: a.overwrite,

@@ -31,6 +31,10 @@ pub struct TypedCheckpoint {
     pub seed: u64,
     pub samples_run_sha256: String,
     pub dataset_fingerprint: String,
+    /// Where the run read its layout's manifest (`trainer export` reads it
+    /// from there unless `--manifest` says otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
     /// Epochs completed, and their figures.
     pub epoch: u32,
     pub history: Vec<TypedEpoch>,
@@ -66,6 +70,8 @@ pub struct RunKey<'a> {
     pub lr: f64,
     pub seed: u64,
     pub manifest: &'a offgnn_manifests::TypedManifest,
+    /// Where the run read that manifest.
+    pub layout: Option<&'a str>,
 }
 
 /// Saves the state after `history`'s epochs (and `in_epoch`'s steps of
@@ -104,6 +110,7 @@ pub fn save(
         seed: key.seed,
         samples_run_sha256: key.manifest.samples.run_sha256.clone(),
         dataset_fingerprint: key.manifest.dataset.dataset_fingerprint.clone(),
+        layout: key.layout.map(str::to_string),
         epoch,
         history: history.to_vec(),
         best_epoch,

@@ -57,6 +57,10 @@ pub struct TypedTrainConfig {
     /// A checkpoint after every epoch goes here; `resume` continues from
     /// the one there, `overwrite` starts afresh over it.
     pub checkpoint_dir: Option<PathBuf>,
+    /// Where the layout's manifest was given (a local file made absolute,
+    /// or an object store's URL without its credentials): checkpoints
+    /// record it, so that `trainer export` reads the layout from there.
+    pub layout_location: Option<String>,
     /// Also a checkpoint every this many steps inside an epoch.
     pub checkpoint_every: Option<u64>,
     pub resume: bool,
@@ -300,6 +304,7 @@ pub fn train_typed(
         lr: cfg.lr,
         seed: cfg.seed,
         manifest: &layout.manifest,
+        layout: cfg.layout_location.as_deref(),
     };
     // Rank 0 reads the checkpoint; every rank starts from its model.
     let decided = if writer {
