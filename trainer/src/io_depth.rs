@@ -15,6 +15,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use offgnn_shared::io_engine::{AlignedBuf, Backend, IoEngine, IoFile, IoOptions, PAGE, ReadReq};
+use offgnn_shared::report::human_bytes;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +50,10 @@ pub const SPAN_PAGES: u32 = 16;
 
 /// Read through at most this many pages (256 KiB) between two reads.
 pub const MAX_READ_THROUGH: u32 = 64;
+
+/// The least file whose curve stands for its whole disk: random reads over
+/// fewer pages measure the disk's cache rather than the disk.
+pub const STANDS_FOR_DISK: u64 = 4 << 20;
 
 /// Reads of one page and of `pages` pages at the chosen depth, measured
 /// side by side.
@@ -97,9 +102,21 @@ pub struct DepthProbe {
     /// by earlier versions, which are measured again).
     #[serde(default)]
     pub span: Option<SpanPoint>,
+    /// The file's size (0 in curves kept by earlier versions): a curve
+    /// measured on less than [`STANDS_FOR_DISK`] stands for files as small
+    /// only, and a larger one measures the disk again.
+    #[serde(default)]
+    pub file_bytes: u64,
 }
 
 impl DepthProbe {
+    /// Whether this curve stands for reads of a file of `bytes`: it was
+    /// measured on a file large enough to stand for the disk, or that file
+    /// is as small.
+    fn stands_for(&self, bytes: u64) -> bool {
+        self.file_bytes >= STANDS_FOR_DISK || bytes < STANDS_FOR_DISK
+    }
+
     /// Pages between two reads worth reading through (0 without a span).
     pub fn read_through_pages(&self) -> u32 {
         self.span.map_or(0, |s| s.read_through_pages())
@@ -204,6 +221,7 @@ pub fn probe(path: &Path, seconds: f64) -> Result<DepthProbe> {
             page_iops: median(page),
             span_iops: median(span),
         }),
+        file_bytes: file.len(),
     })
 }
 
@@ -262,8 +280,9 @@ fn disk_of(path: &Path) -> String {
     format!("{host}:{name}")
 }
 
-/// The curve of the disk holding `path`: the cached one, unless `fresh`;
-/// else measured now (and cached).
+/// The curve of the disk holding `path`: the cached one, unless `fresh`
+/// or it was measured on a file too small to stand for the disk and
+/// `path` is not; else measured now (and cached).
 ///
 /// Processes on one machine take turns (a lock beside the cache file): the
 /// ranks of a data-parallel launch would otherwise probe the same disk at
@@ -275,19 +294,39 @@ pub fn resolve(path: &Path, fresh: bool) -> Result<Resolved> {
     let _turn = cache.as_deref().and_then(user_cache::take_turn);
     let mut known: BTreeMap<String, DepthProbe> =
         cache.as_deref().map(user_cache::load).unwrap_or_default();
-    if !fresh
-        && let Some(probe) = known.get(&disk)
-        && probe.span.is_some()
-    {
-        return Ok(Resolved {
-            probe: probe.clone(),
-            cached: true,
-            depth_auto: false,
-        });
+    let size = std::fs::metadata(path)
+        .map_err(|e| Error::io(path.display(), e))?
+        .len();
+    let kept = known.get(&disk).filter(|p| p.span.is_some());
+    if !fresh && let Some(probe) = kept {
+        if probe.stands_for(size) {
+            return Ok(Resolved {
+                probe: probe.clone(),
+                cached: true,
+                depth_auto: false,
+            });
+        }
+        let on = match probe.file_bytes {
+            0 => "a file whose size it does not record".to_string(),
+            b => format!("{}, too little to stand for the disk", human_bytes(b)),
+        };
+        tracing::info!(
+            "the curve kept for {disk} was measured on {on}: measuring it again on {}",
+            path.display()
+        );
     }
     tracing::info!(
-        "probing the read depth of {disk} ({} depths, {ROUNDS} rounds of {SECONDS_PER_DEPTH} s each)",
-        DEPTHS.len()
+        "probing the read depth of {disk} ({} depths, {ROUNDS} rounds of {SECONDS_PER_DEPTH} s each){}",
+        DEPTHS.len(),
+        if size < STANDS_FOR_DISK {
+            format!(
+                " on {}: it stands for files under {} only, and a larger one measures the disk again",
+                human_bytes(size),
+                human_bytes(STANDS_FOR_DISK)
+            )
+        } else {
+            String::new()
+        }
     );
     let probe = probe(path, SECONDS_PER_DEPTH)?;
     known.insert(disk, probe.clone());
@@ -440,6 +479,24 @@ mod tests {
     }
 
     #[test]
+    fn a_curve_of_a_small_file_stands_for_small_files_only() {
+        let kept = |file_bytes| DepthProbe {
+            disk: "host:vda".into(),
+            file: "f".into(),
+            points: curve(&[1e3; 9]),
+            chosen: 1,
+            span: None,
+            file_bytes,
+        };
+        let big = STANDS_FOR_DISK;
+        assert!(kept(big).stands_for(1) && kept(big).stands_for(100 * big));
+        assert!(kept(big - 1).stands_for(big - 1));
+        assert!(!kept(big - 1).stands_for(big));
+        // Kept by an earlier version, its file's size unknown.
+        assert!(!kept(0).stands_for(big) && kept(0).stands_for(PAGE as u64));
+    }
+
+    #[test]
     fn a_probe_measures_every_depth_and_chooses_one_of_them() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("probe.bin");
@@ -457,6 +514,7 @@ mod tests {
         assert!(probe.points.iter().all(|p| p.iops > 0.0), "{probe:?}");
         assert!(DEPTHS.contains(&probe.chosen));
         assert_eq!(probe.chosen, knee(&probe.points, KNEE_SHARE));
+        assert_eq!(probe.file_bytes, 8 << 20);
         let span = probe.span.expect("the probe measures long reads");
         assert!(span.page_iops > 0.0 && span.span_iops > 0.0, "{span:?}");
         assert_eq!(span.pages, SPAN_PAGES);

@@ -96,9 +96,7 @@ pub(super) fn print_info() -> anyhow::Result<()> {
 /// measured now), the depth `--io-depth auto` takes from it and the gap
 /// `--read-through auto` reads through.
 pub(super) fn probe_disk(file: &std::path::Path, fresh: bool) -> anyhow::Result<()> {
-    // Random reads over a few pages measure the disk's cache, not the
-    // disk, and the curve is kept for the whole disk.
-    const LEAST: u64 = 4 << 20;
+    const LEAST: u64 = crate::io_depth::STANDS_FOR_DISK;
     let size = std::fs::metadata(file)
         .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?
         .len();
