@@ -315,10 +315,6 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
             "{features}: {baseline:?} {losses:?}"
         );
     }
-    assert_one_line(
-        &run("trainer", &["--manifest", &pack2, "--historical"]),
-        "not built for typed layouts yet",
-    );
     // The run's memory is stated before training (from the largest batch
     // the packer recorded) and holds: too small a --memory is refused in
     // one line; the peak RSS stays within the statement.

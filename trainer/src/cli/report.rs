@@ -166,7 +166,7 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
 }
 
 /// The historical cache's settings and what it did, in one row.
-fn historical_row(h: &crate::historical::HistoricalSummary) -> String {
+pub(super) fn historical_row(h: &crate::historical::HistoricalSummary) -> String {
     let levels: Vec<String> = h
         .stats
         .level_cached

@@ -1,8 +1,7 @@
 //! `trainer --manifest` on a typed graph's layout: R-SAGE (`--model sage`)
 //! or R-GAT (`--model gat`), alone or as ranks of a torchrun or srun
 //! launch, its rows from the packed layout or (`--features naive|memory`)
-//! from each type's feature file. The flags typed training does not take
-//! yet are refused in one line each.
+//! from each type's feature file.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -90,7 +89,6 @@ pub(super) fn train_typed_command(
     src: &TypedSource,
 ) -> anyhow::Result<()> {
     let (dir, bytes) = (src.dir.as_path(), src.bytes.as_slice());
-    refuse_unsupported(a)?;
     let group = super::train::join_group(launch, device, a.dist_timeout)?;
     let writer = group.as_ref().is_none_or(|g| g.rank == 0);
     let kind = match kind {
@@ -119,6 +117,7 @@ pub(super) fn train_typed_command(
         max_batches: a.max_batches,
         pipelined: a.pipeline == OnOff::On,
         checkpoint_dir: a.checkpoint_dir.clone(),
+        historical: a.historical.clone(),
         layout_location: Some(src.location.clone()),
         checkpoint_every: a.checkpoint_every,
         resume: a.resume,
@@ -199,63 +198,67 @@ pub(super) fn train_typed_command(
 /// The run's summary, for a person and (last line) for a program.
 fn report(s: &TypedTrainSummary, memory: Option<&MemoryEstimate>) {
     let acc = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{a:.4}"));
+    let mut rows = vec![
+        (
+            "model",
+            format!(
+                "{} over {} relations of {} node types, {} parameters",
+                match (s.model, s.root_weight) {
+                    (RelationalKind::Rsage, false) => "R-SAGE",
+                    (RelationalKind::Rsage, true) => "R-SAGE with root weights",
+                    (RelationalKind::Rgat, _) => "R-GAT",
+                },
+                s.relations,
+                s.node_types.len(),
+                s.parameters
+            ),
+        ),
+        ("features", format!("{:?}", s.features).to_lowercase()),
+        ("ranks", s.world_size.to_string()),
+        (
+            "best epoch",
+            match (&s.best_valid_rank, &s.test_rank_at_best_valid) {
+                (Some(v), Some(t)) => format!(
+                    "{} by validation MRR {:.4} (test MRR then {:.4}, Hits@10 {:.4}, Hits@50 {:.4}, Hits@100 {:.4})",
+                    s.best_epoch.map_or("-".to_string(), |e| e.to_string()),
+                    v.mrr,
+                    t.mrr,
+                    t.hits_at_10,
+                    t.hits_at_50,
+                    t.hits_at_100
+                ),
+                _ => format!(
+                    "{} (test accuracy then {})",
+                    s.best_epoch.map_or("-".to_string(), |e| e.to_string()),
+                    acc(s.test_accuracy_at_best)
+                ),
+            },
+        ),
+        (
+            "export",
+            if s.exports.is_empty() {
+                "none (--export DIR writes the best epoch's model)".to_string()
+            } else {
+                s.exports.join(", ")
+            },
+        ),
+        (
+            "memory",
+            memory.map_or("not stated".to_string(), |m| {
+                format!(
+                    "at most {} (stated before training)",
+                    human_bytes(m.total_bytes)
+                )
+            }),
+        ),
+    ];
+    if let Some(h) = &s.historical {
+        rows.push(("historical cache", super::report::historical_row(h)));
+    }
+    rows.push(("wall time", format!("{:.1} s", s.seconds)));
     print_summary(
         "trained typed layout",
-        &[
-            (
-                "model",
-                format!(
-                    "{} over {} relations of {} node types, {} parameters",
-                    match (s.model, s.root_weight) {
-                        (RelationalKind::Rsage, false) => "R-SAGE",
-                        (RelationalKind::Rsage, true) => "R-SAGE with root weights",
-                        (RelationalKind::Rgat, _) => "R-GAT",
-                    },
-                    s.relations,
-                    s.node_types.len(),
-                    s.parameters
-                ),
-            ),
-            ("features", format!("{:?}", s.features).to_lowercase()),
-            ("ranks", s.world_size.to_string()),
-            (
-                "best epoch",
-                match (&s.best_valid_rank, &s.test_rank_at_best_valid) {
-                    (Some(v), Some(t)) => format!(
-                        "{} by validation MRR {:.4} (test MRR then {:.4}, Hits@10 {:.4}, Hits@50 {:.4}, Hits@100 {:.4})",
-                        s.best_epoch.map_or("-".to_string(), |e| e.to_string()),
-                        v.mrr,
-                        t.mrr,
-                        t.hits_at_10,
-                        t.hits_at_50,
-                        t.hits_at_100
-                    ),
-                    _ => format!(
-                        "{} (test accuracy then {})",
-                        s.best_epoch.map_or("-".to_string(), |e| e.to_string()),
-                        acc(s.test_accuracy_at_best)
-                    ),
-                },
-            ),
-            (
-                "export",
-                if s.exports.is_empty() {
-                    "none (--export DIR writes the best epoch's model)".to_string()
-                } else {
-                    s.exports.join(", ")
-                },
-            ),
-            (
-                "memory",
-                memory.map_or("not stated".to_string(), |m| {
-                    format!(
-                        "at most {} (stated before training)",
-                        human_bytes(m.total_bytes)
-                    )
-                }),
-            ),
-            ("wall time", format!("{:.1} s", s.seconds)),
-        ],
+        &rows,
         &serde_json::json!({ "command": "train", "typed": true, "summary": s, "memory": memory }),
     );
 }
@@ -275,13 +278,18 @@ fn state_memory(
     let schema = Schema::of(m)?;
     let model = model_config(m, cfg);
     let run = (a.features.mode(), cfg.device, cfg.pipelined);
-    let Some(memory) = crate::hetero::memory::estimate(m, &schema, &model, run)? else {
+    let Some(mut memory) = crate::hetero::memory::estimate(m, &schema, &model, run)? else {
         if let Some(limit) = limit {
             return Err(crate::hetero::memory::unstated("--memory", limit).into());
         }
         tracing::info!("memory: not stated (the layout records no largest batch; pack it again)");
         return Ok(None);
     };
+    // The historical cache holds at most its `memory` of embeddings.
+    if let Some(h) = &cfg.historical {
+        memory.historical_bytes = h.memory;
+        memory.total_bytes = memory.total_bytes.saturating_add(h.memory);
+    }
     let gpu_cache = match a.features.mode() {
         FeatureMode::Packed => m
             .node_types
@@ -312,17 +320,6 @@ fn open_metrics(a: &TrainArgs) -> anyhow::Result<Option<(PathBuf, std::fs::File)
     }
     let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     Ok(Some((path.clone(), f)))
-}
-
-/// The flags typed training does not take yet, each refused in one line.
-fn refuse_unsupported(a: &TrainArgs) -> anyhow::Result<()> {
-    let not_yet = |what: &str| -> anyhow::Result<()> {
-        anyhow::bail!("{what}: not built for typed layouts yet")
-    };
-    if a.historical.is_some() {
-        return not_yet("--historical");
-    }
-    Ok(())
 }
 
 /// The scorer of a typed link-prediction layout (`--scorer`, else the

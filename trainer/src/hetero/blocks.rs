@@ -69,7 +69,7 @@ impl Schema {
     }
 
     /// The type of homogenized node `v`.
-    fn type_of(&self, v: u64) -> Option<usize> {
+    pub(crate) fn type_of(&self, v: u64) -> Option<usize> {
         let t = self.types.partition_point(|t| t.1 <= v).checked_sub(1)?;
         (v < self.types[t].1 + self.types[t].2).then_some(t)
     }

@@ -9,8 +9,10 @@ use offgnn_shared::address_table::{self, BatchTable};
 use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
 use tch::{Device, Tensor};
 
+use super::historical::{self, TypedPlan};
 use super::{Schema, TypedBlocks};
 use crate::error::{Error, Result};
+use crate::historical::Historical;
 use crate::layout::{Layout, TableFile};
 use crate::link::PairTensors;
 use crate::pipeline::{self, LoadSources};
@@ -25,6 +27,8 @@ pub(super) struct Reader<'a> {
     pub(super) topology: &'a [TableFile],
     /// Whether a signal stops the fetch (else the step's all-reduce).
     pub(super) stops_on_signal: bool,
+    /// The historical cache training batches are pruned against.
+    pub(super) historical: Option<&'a Historical>,
 }
 
 /// A batch as the loader thread leaves it: each type's rows read, its
@@ -36,16 +40,20 @@ pub(super) struct Fetched {
     pub(super) pairs: Option<PairTensors>,
     pub(super) disk_bytes: u64,
     pub(super) device: Device,
+    /// The batch's part of the historical cache (a training step's).
+    pub(super) plan: Option<TypedPlan>,
 }
 
 impl Reader<'_> {
     /// Batch `k` of `split` in sampled epoch `epoch`: its topology record
     /// and blocks, and each type's table and disk reads, into `bufs` (a
     /// buffer per node type, as [`Fetched::spare_buffers`] hands back;
-    /// empty: fresh ones).
+    /// empty: fresh ones). As training step `step`, with the historical
+    /// cache, it is pruned against the cache first.
     pub(super) fn fetch(
         &self,
         (split, epoch, k): (Split, u32, usize),
+        step: Option<u64>,
         engine: &IoEngine,
         device: Device,
         mut bufs: Vec<AlignedBuf>,
@@ -68,7 +76,12 @@ impl Reader<'_> {
             r.record,
             self.schema.relations.len(),
         )?;
-        let blocks = TypedBlocks::new(self.schema, &top.input_nodes, &top.blocks, device)?;
+        let pruned = match (self.historical, step) {
+            (Some(h), Some(step)) => historical::prune(h, step, &top, self.schema)?,
+            _ => None,
+        };
+        let kept = pruned.as_ref().map_or(&top.blocks, |p| &p.blocks);
+        let blocks = TypedBlocks::new(self.schema, &top.input_nodes, kept, device)?;
         let mut loaded = Vec::with_capacity(self.reads.len());
         let mut disk_bytes = 0;
         for (t, part) in self.reads.iter().enumerate() {
@@ -81,7 +94,8 @@ impl Reader<'_> {
                 || AlignedBuf::new(0),
                 |b| std::mem::replace(b, AlignedBuf::new(0)),
             );
-            let l = pipeline::load(layout, engine, src, r, buf, None)?;
+            let inputs = pruned.as_ref().map(|p| p.inputs[t].as_slice());
+            let l = pipeline::load_inputs(layout, engine, src, r, buf, inputs)?;
             if (l.table.index, i64::from(l.table.num_inputs)) != (top.index, blocks.num_inputs[t]) {
                 return Err(Error::InvalidArgument(format!(
                     "node type '{}': {split} epoch {epoch} batch {k} is not the topology's (its rows do not match)",
@@ -102,6 +116,7 @@ impl Reader<'_> {
             pairs,
             disk_bytes,
             device,
+            plan: pruned.map(|p| p.plan),
         })
     }
 }
@@ -176,6 +191,8 @@ pub(crate) struct Batch {
     /// A link batch's pairs.
     pub(crate) pairs: Option<PairTensors>,
     pub(super) disk_bytes: u64,
+    /// The batch's part of the historical cache (a training step's).
+    pub(super) plan: Option<TypedPlan>,
 }
 
 impl Batch {

@@ -80,5 +80,8 @@ pub struct TypedTrainSummary {
     /// reads that were read through.
     pub io_depth: u32,
     pub read_through_pages: usize,
+    /// `--historical`: the cache's settings and what it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub historical: Option<crate::historical::HistoricalSummary>,
     pub seconds: f64,
 }

@@ -67,7 +67,7 @@ pub(super) fn batch_means(
 /// Each destination row's mean over its in-neighbours' rows along `e`
 /// (zeros without any), as `embedding_bag` in mean mode gives it: `rows`
 /// holds the source type's input rows, each its `dim` float32 values where
-/// they lie. Destinations are shared out over rayon's threads; each sums
+/// they lie (an empty one where no edge reads it). Destinations are shared out over rayon's threads; each sums
 /// its neighbours in edge order, the next edge's row prefetched.
 pub fn neighbour_means(rows: &[&[u8]], dim: usize, e: &RelationEdges) -> Result<Tensor> {
     let src = Vec::<i64>::try_from(&e.src)?;
@@ -79,7 +79,13 @@ pub fn neighbour_means(rows: &[&[u8]], dim: usize, e: &RelationEdges) -> Result<
             rows.len()
         )));
     }
-    if let Some(row) = rows.iter().find(|r| r.len() != 4 * dim) {
+    // Rows no edge reads may be absent (a batch pruned against the
+    // historical cache reads only the rows its kept edges reach).
+    if let Some(row) = src
+        .iter()
+        .map(|&s| rows[s as usize])
+        .find(|r| r.len() != 4 * dim)
+    {
         return Err(Error::Internal(format!(
             "a row of {} bytes where {dim} float32 values were expected",
             row.len()

@@ -21,6 +21,7 @@ pub mod export;
 mod fetch;
 mod figures;
 pub mod first_layer;
+mod historical;
 pub mod infer;
 pub mod memory;
 mod ranks;
@@ -186,7 +187,20 @@ impl Rgnn {
         blocks: &TypedBlocks,
         train: bool,
     ) -> Result<Tensor, TchError> {
-        let h = self.layers(x, blocks, train)?;
+        self.forward_levels(x, blocks, train, &mut |_, h| Ok(h))
+    }
+
+    /// [`Rgnn::forward`] with `level` called on each level's rows of every
+    /// type (levels `1..layers`; after the activation, before dropout),
+    /// which it may replace (the historical cache lays its rows in).
+    pub fn forward_levels(
+        &self,
+        x: Inputs<'_>,
+        blocks: &TypedBlocks,
+        train: bool,
+        level: &mut TypedLevelHook<'_>,
+    ) -> Result<Tensor, TchError> {
+        let h = self.layers(x, blocks, train, level)?;
         self.classify(&h[self.target])
     }
 
@@ -199,7 +213,19 @@ impl Rgnn {
         blocks: &TypedBlocks,
         train: bool,
     ) -> Result<Tensor, TchError> {
-        Tensor::f_cat(&self.layers(x, blocks, train)?, 0)
+        self.embed_levels(x, blocks, train, &mut |_, h| Ok(h))
+    }
+
+    /// [`Rgnn::embed`] with `level` called as [`Rgnn::forward_levels`]
+    /// calls it.
+    pub fn embed_levels(
+        &self,
+        x: Inputs<'_>,
+        blocks: &TypedBlocks,
+        train: bool,
+        level: &mut TypedLevelHook<'_>,
+    ) -> Result<Tensor, TchError> {
+        Tensor::f_cat(&self.layers(x, blocks, train, level)?, 0)
     }
 
     /// The scorer of a link model.
@@ -213,6 +239,7 @@ impl Rgnn {
         x: Inputs<'_>,
         blocks: &TypedBlocks,
         train: bool,
+        level: &mut TypedLevelHook<'_>,
     ) -> Result<Vec<Tensor>, TchError> {
         let mut h: Vec<Tensor> = match x {
             Inputs::Rows(x) => x.iter().map(Tensor::shallow_clone).collect(),
@@ -235,16 +262,19 @@ impl Rgnn {
                     None => y,
                 });
             }
-            h = out
+            let out = out
                 .into_iter()
-                .map(|o| o.expect("checked: every type is some relation's destination"))
-                .map(|o| {
-                    if l == last {
-                        Ok(o)
-                    } else {
-                        crate::model::dropout_of(&o.f_leaky_relu()?, self.dropout, train)
-                    }
-                })
+                .map(|o| o.expect("checked: every type is some relation's destination"));
+            if l == last {
+                h = out.collect();
+                break;
+            }
+            let active = out
+                .map(|o| o.f_leaky_relu())
+                .collect::<Result<Vec<_>, TchError>>()?;
+            h = level(l + 1, active)?
+                .iter()
+                .map(|o| crate::model::dropout_of(o, self.dropout, train))
                 .collect::<Result<_, TchError>>()?;
         }
         Ok(h)
@@ -355,6 +385,11 @@ impl Rgnn {
         h.f_linear(&lin.ws, lin.bs.as_ref())
     }
 }
+
+/// A level's rows of every type between two layers, after the activation
+/// and before dropout: `(level, each type's rows)` in, the rows the next
+/// layer reads out ([`Rgnn::forward_levels`]).
+pub type TypedLevelHook<'a> = dyn FnMut(usize, Vec<Tensor>) -> Result<Vec<Tensor>, TchError> + 'a;
 
 /// A batch's input to a model.
 #[derive(Clone, Copy)]

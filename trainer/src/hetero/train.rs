@@ -12,22 +12,23 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use offgnn_manifests::{Split, TypedManifest};
-use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
+use offgnn_shared::io_engine::IoEngine;
 use tch::nn;
 use tch::{Device, Kind, Reduction, Tensor};
 
 use super::checkpoint::InEpoch;
 pub(crate) use super::fetch::Batch;
-use super::fetch::{Fetched, Reader};
 use super::ranks::Named;
 use super::{RelationalKind, Rgnn, RgnnConfig, Schema, checkpoint, first_layer};
 use crate::error::{Error, Result};
+use crate::historical::{Historical, HistoricalConfig};
 use crate::layout::{Layout, TableFile};
 use crate::link::{self, RankMetrics, RankSums};
 use crate::model::Adam;
-use crate::pipeline::{self, AssembleSources, FeatureMode, LoadSources, Sources};
+use crate::pipeline::{AssembleSources, FeatureMode, LoadSources, Sources};
 use crate::train::Ranks;
 
+mod batches;
 mod cpu_caches;
 
 pub use super::figures::{StageSeconds, TypedEpoch, TypedTrainSummary};
@@ -70,6 +71,8 @@ pub struct TypedTrainConfig {
     pub dump: Option<crate::train::DumpTarget>,
     /// A link-prediction layout's scorer (none for node classification).
     pub scorer: Option<crate::link::ScorerKind>,
+    /// FreshGNN's historical embedding cache, off without it.
+    pub historical: Option<HistoricalConfig>,
 }
 
 /// A typed layout opened for training: each featured type's layout and
@@ -145,136 +148,6 @@ impl TypedLayout {
             .get(&Split::Train)
             .map_or(0, |e| e.len() as u32)
     }
-
-    /// What the loader thread reads.
-    fn reader(&self) -> Reader<'_> {
-        Reader {
-            manifest: &self.manifest,
-            schema: &self.schema,
-            reads: &self.reads,
-            topology: &self.topology,
-            stops_on_signal: true,
-        }
-    }
-
-    /// A fetched batch assembled: each type's rows, float32 on `device`
-    /// (copied on every core if `run.parallel_assembly`), or where
-    /// `run.first_means`, R-SAGE's first-layer means taken where the rows
-    /// lie; and its read buffers, spare now.
-    fn ready(&self, mut f: Fetched, run: Run<'_>) -> Result<(Batch, Vec<AlignedBuf>)> {
-        let (x, first_means) = if run.first_means && first_layer::rows_are_float32(&self.assembles)
-        {
-            let means = first_layer::batch_means(&f, &self.assembles, &self.schema)?;
-            (Vec::new(), Some(means))
-        } else {
-            (self.assemble(&f, run.parallel_assembly)?, None)
-        };
-        let spare = f.spare_buffers();
-        let b = Batch {
-            x,
-            first_means,
-            blocks: f.blocks,
-            labels: f.labels,
-            pairs: f.pairs,
-            disk_bytes: f.disk_bytes,
-        };
-        Ok((b, spare))
-    }
-
-    /// Each type's rows of batch `f` in one matrix.
-    fn assemble(&self, f: &Fetched, parallel: bool) -> Result<Vec<Tensor>> {
-        let assemble = if parallel {
-            pipeline::assemble_parallel
-        } else {
-            pipeline::assemble
-        };
-        let mut x = Vec::with_capacity(f.loaded.len());
-        for (t, loaded) in f.loaded.iter().enumerate() {
-            match (loaded, &self.assembles[t]) {
-                (Some(loaded), Some(src)) => x.push(assemble(src, loaded)?.0),
-                _ => x.push(Tensor::f_zeros(
-                    [f.blocks.num_inputs[t], 0],
-                    (Kind::Float, f.device),
-                )?),
-            }
-        }
-        Ok(x)
-    }
-
-    /// Runs `step` on the batches `order` names (positions into `split`'s
-    /// sampled epoch `epoch`), in turn: pipelined, a loader thread fetches
-    /// up to two batches ahead; else each is fetched when its turn comes.
-    /// `step` sees each batch's index in `order`.
-    pub(crate) fn for_each_batch(
-        &self,
-        (split, epoch, order): (Split, u32, &[usize]),
-        run: Run<'_>,
-        step: &mut dyn FnMut(usize, Batch) -> Result<()>,
-    ) -> Result<StageSeconds> {
-        let (engine, device) = (run.engine, run.device);
-        let mut stages = StageSeconds::default();
-        let since = |t: Instant| t.elapsed().as_secs_f64();
-        // A rank of a group is stopped by a signal at its next step's
-        // all-reduce, with the others; anywhere else, at its next batch.
-        let reader = Reader {
-            stops_on_signal: run.ranks.group().is_none(),
-            ..self.reader()
-        };
-        let mut train = |k: usize, f: Fetched, stages: &mut StageSeconds| {
-            let t = Instant::now();
-            let (b, spare) = self.ready(f, run)?;
-            stages.assemble += since(t);
-            let t = Instant::now();
-            step(k, b)?;
-            stages.step += since(t);
-            Ok::<_, Error>(spare)
-        };
-        if !run.pipelined {
-            let mut bufs = Vec::new();
-            for (k, &b) in order.iter().enumerate() {
-                let t = Instant::now();
-                let f = reader.fetch((split, epoch, b), engine, device, bufs)?;
-                stages.fetch += since(t);
-                stages.wait += since(t);
-                bufs = train(k, f, &mut stages)?;
-            }
-            return Ok(stages);
-        }
-        std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Fetched>>(2);
-            // Read buffers back from assembled batches, for the next ones.
-            let (give_back, spares) = std::sync::mpsc::sync_channel::<Vec<AlignedBuf>>(2);
-            let loader = s.spawn(move || {
-                let mut busy = 0.0;
-                for &b in order {
-                    let t = Instant::now();
-                    let bufs = spares.try_recv().unwrap_or_default();
-                    let fetched = reader.fetch((split, epoch, b), engine, device, bufs);
-                    busy += since(t);
-                    let failed = fetched.is_err();
-                    // The receiver is gone when the step failed: stop.
-                    if tx.send(fetched).is_err() || failed {
-                        break;
-                    }
-                }
-                busy
-            });
-            for k in 0..order.len() {
-                let t = Instant::now();
-                let f = rx
-                    .recv()
-                    .map_err(|_| Error::Internal("the typed loader stopped early".into()))??;
-                stages.wait += since(t);
-                let spare = train(k, f, &mut stages)?;
-                // A full queue (the loader ahead on fresh buffers) drops them.
-                let _ = give_back.try_send(spare);
-            }
-            stages.fetch = loader
-                .join()
-                .map_err(|_| Error::Internal("the typed loader panicked".into()))?;
-            Ok(stages)
-        })
-    }
 }
 
 /// Trains `cfg`'s model on `layout` as `ranks` take part: every epoch's
@@ -322,7 +195,13 @@ pub fn train_typed(
     };
     let keep_best =
         writer && (cfg.export.is_some() || cfg.checkpoint_dir.is_some() || cfg.dump.is_some());
+    let cache = super::historical::cache(cfg, &model_cfg, ranks)?;
     let run = Run::training(engine, cfg, &model, ranks);
+    // Only the training batches are pruned against the cache.
+    let training = Run {
+        historical: cache.as_ref().map(|h| (h, 0)),
+        ..run
+    };
     for epoch in epochs.len() as u32..cfg.epochs {
         // A checkpoint inside the epoch (rank 0's; every rank sums).
         let mut inside = |adam: &Adam, p: InEpoch| -> Result<()> {
@@ -338,7 +217,14 @@ pub fn train_typed(
             checkpoint::save(dir, &state, &key, (&epochs, best), Some(p))
         };
         let at = (resume_at.take(), &mut inside as &mut MidEpoch, &mut done);
-        let row = run_epoch(layout, (&model, &mut opt), (epoch, sampled), run, cfg, at)?;
+        let row = run_epoch(
+            layout,
+            (&model, &mut opt),
+            (epoch, sampled),
+            training,
+            cfg,
+            at,
+        )?;
         on_epoch(&row);
         let improved = epochs
             .iter()
@@ -396,6 +282,7 @@ pub fn train_typed(
         dump: cfg.dump.as_ref().filter(|_| writer).map(|d| d.path.clone()),
         io_depth: engine.options().queue_depth,
         read_through_pages: engine.options().read_through / offgnn_shared::io_engine::PAGE,
+        historical: cache.as_ref().map(Historical::summary),
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -458,6 +345,9 @@ pub(crate) struct Run<'a> {
     /// not wanted themselves: not for `--dump-batches`).
     first_means: bool,
     ranks: Ranks<'a>,
+    /// The historical cache training batches are pruned against, and the
+    /// training step of the first batch.
+    historical: Option<(&'a Historical, u64)>,
 }
 
 impl<'a> Run<'a> {
@@ -485,6 +375,7 @@ impl<'a> Run<'a> {
             parallel_assembly: true,
             first_means: cfg.device == Device::Cpu && !model.reads_destinations(),
             ranks,
+            historical: None,
         }
     }
 
@@ -497,6 +388,7 @@ impl<'a> Run<'a> {
             parallel_assembly: false,
             first_means: false,
             ranks: Ranks::One,
+            historical: None,
         }
     }
 }
@@ -514,7 +406,11 @@ fn run_epoch(
     let t = Instant::now();
     let mut row = train_epoch(layout, (model, opt), (epoch, epoch % sampled), run, cfg, at)?;
     row.train_seconds = t.elapsed().as_secs_f64();
-    let evaluate = |split| evaluate(layout, model, (split, 0), run);
+    let plain = Run {
+        historical: None,
+        ..run
+    };
+    let evaluate = |split| evaluate(layout, model, (split, 0), plain);
     (row.valid_accuracy, row.valid_rank) = evaluate(Split::Valid)?;
     (row.test_accuracy, row.test_rank) = evaluate(Split::Test)?;
     row.seconds = t.elapsed().as_secs_f64();
@@ -611,6 +507,11 @@ fn train_epoch(
     let mut sums = [at.loss_sum, at.right, at.seen, at.disk_bytes];
     let mut step_no = at.steps;
     let mut diverged = None;
+    // The cache counts optimizer steps across epochs.
+    let run = Run {
+        historical: run.historical.map(|(h, _)| (h, opt.step as u64)),
+        ..run
+    };
     let stages = layout.for_each_batch((Split::Train, sampled, &order), run, &mut |k, b| {
         if k % per_step == 0 {
             opt.zero_grad();
@@ -619,8 +520,15 @@ fn train_epoch(
         // rank trains it: a resumed run draws what one never stopped does.
         tch::manual_seed(crate::train::batch_seed(cfg.seed, epoch, order[k] as u64));
         sums[3] += b.disk_bytes as f64;
-        let (loss, right, seen) = step_loss(model, &b)?;
+        let mut kept = Vec::new();
+        let (loss, right, seen) = match &b.plan {
+            Some(p) => step_loss(model, &b, &mut p.lay_in(&mut kept))?,
+            None => step_loss(model, &b, &mut |_, h| Ok(h))?,
+        };
         loss.f_backward()?;
+        if let Some((h, first)) = run.historical {
+            super::historical::publish(h, first + k as u64, b.plan.as_ref(), &kept)?;
+        }
         let value = loss.f_double_value(&[])?;
         if !value.is_finite() {
             diverged.get_or_insert(format!(
@@ -688,16 +596,21 @@ fn hits(logits: &Tensor, labels: &Tensor) -> Result<i64> {
 
 /// A training batch's loss (the mean over its seeds, or over its pairs in
 /// a link batch), with the seeds or pairs it got right and how many it has.
-fn step_loss(model: &Rgnn, b: &Batch) -> Result<(Tensor, f64, f64)> {
+/// `level` sees each level's rows ([`Rgnn::forward_levels`]).
+fn step_loss(
+    model: &Rgnn,
+    b: &Batch,
+    level: &mut super::TypedLevelHook<'_>,
+) -> Result<(Tensor, f64, f64)> {
     if let (Some(pairs), Some(scorer)) = (&b.pairs, model.scorer()) {
-        let h = model.embed(b.inputs(), &b.blocks, true)?;
+        let h = model.embed_levels(b.inputs(), &b.blocks, true, level)?;
         let scores = scorer.score(&h, &pairs.src, &pairs.dst)?;
         let right = link::pairs_right(&scores, pairs)?.f_int64_value(&[])?;
         let seen = scores.size()[0] as f64;
         return Ok((link::pair_loss(&scores, pairs)?, right as f64, seen));
     }
     refuse_pairs(model, b)?;
-    let logits = model.forward(b.inputs(), &b.blocks, true)?;
+    let logits = model.forward_levels(b.inputs(), &b.blocks, true, level)?;
     let loss = logits
         .f_log_softmax(-1, Kind::Float)?
         .f_nll_loss::<Tensor>(&b.labels, None, Reduction::Mean, -100)?;

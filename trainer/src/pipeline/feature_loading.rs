@@ -52,19 +52,57 @@ pub fn load(
     let mut table = layout.record(r.segment, r.record)?;
     let mut plan =
         historical.and_then(|(h, step)| h.lookup(step, &table.blocks, &table.input_nodes));
-    // The rows still needed: the pruned batch's inputs, and the rows a CPU
-    // cache that follows the batch order admits from this batch's reads.
-    let needed = plan.as_ref().map(|p| {
-        let mut needed = vec![false; table.num_inputs as usize];
-        for &i in p.pruned.inputs.iter().chain(&table.admit_pos) {
-            needed[i as usize] = true;
-        }
-        needed
-    });
+    let needed = plan.as_ref().map(|p| needed_rows(&table, &p.pruned.inputs));
     if let Some(p) = plan.as_mut() {
         table.blocks = std::mem::take(&mut p.pruned.blocks);
     }
-    let mut loaded = match src.mode {
+    let mut loaded = load_table(layout, engine, src, (r, table), buf, needed)?;
+    loaded.pruned = plan.is_some();
+    loaded.plan = plan;
+    Ok(loaded)
+}
+
+/// Stage 1 for one node type of a typed batch pruned against the
+/// historical cache (`inputs`: the type's input positions the pruned batch
+/// reads; none: every row), as [`load`] reads a pruned batch.
+pub fn load_inputs(
+    layout: &Layout,
+    engine: &IoEngine,
+    src: &LoadSources,
+    r: BatchRef,
+    buf: AlignedBuf,
+    inputs: Option<&[u32]>,
+) -> Result<Loaded> {
+    let table = layout.record(r.segment, r.record)?;
+    let needed = inputs.map(|i| needed_rows(&table, i));
+    let mut loaded = load_table(layout, engine, src, (r, table), buf, needed)?;
+    loaded.pruned = inputs.is_some();
+    Ok(loaded)
+}
+
+/// The rows a pruned batch still reads: its `inputs`, and the rows a CPU
+/// cache that follows the batch order admits from this batch's reads.
+fn needed_rows(table: &BatchTable, inputs: &[u32]) -> Vec<bool> {
+    let mut needed = vec![false; table.num_inputs as usize];
+    for &i in inputs.iter().chain(&table.admit_pos) {
+        if let Some(n) = needed.get_mut(i as usize) {
+            *n = true;
+        }
+    }
+    needed
+}
+
+/// Batch `r`'s reads as its `table` addresses them, only the `needed`
+/// rows where given.
+fn load_table(
+    layout: &Layout,
+    engine: &IoEngine,
+    src: &LoadSources,
+    (r, table): (BatchRef, BatchTable),
+    buf: AlignedBuf,
+    needed: Option<Vec<bool>>,
+) -> Result<Loaded> {
+    Ok(match src.mode {
         FeatureMode::Memory => Loaded {
             table,
             buf,
@@ -76,10 +114,7 @@ pub fn load(
         },
         FeatureMode::Packed => load_packed(layout, engine, src, r, table, buf, needed.as_deref())?,
         FeatureMode::Naive => load_naive(engine, src, table, buf, needed.as_deref())?,
-    };
-    loaded.pruned = plan.is_some();
-    loaded.plan = plan;
-    Ok(loaded)
+    })
 }
 
 /// `reqs` narrowed to the pages that hold a row of `disk` (`(input, byte

@@ -28,7 +28,7 @@ use offgnn_shared::io_engine::{AlignedBuf, IoEngine};
 
 pub use cpu_cache::CpuCache;
 pub use feature_assembly::{assemble, assemble_parallel, assemble_staged, with_host_rows};
-pub use feature_loading::{Loaded, load};
+pub use feature_loading::{Loaded, load, load_inputs};
 pub use graph_loading::{Graph, graph};
 pub use ready::Ready;
 pub use sources::{AssembleSources, FeatureMode, LoadSources, Sources};
