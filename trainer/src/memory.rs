@@ -212,19 +212,32 @@ pub fn loader_estimate(
 /// between its lookup and its update being applied, `lag` plus the
 /// pipeline's lookahead.
 fn historical_bytes(cfg: &TrainConfig, blocks: &[(u64, u64, u64)]) -> u64 {
-    /// A hash-map entry (node, slot, step) with the table's slack, and four
-    /// admission records of 16 bytes.
-    const PER_ENTRY: u64 = 40 + 4 * 16;
     let Some(h) = &cfg.historical else {
         return 0;
     };
-    let dim = cfg.model.hidden.max(1) as u64;
-    let levels = cfg.model.layers.saturating_sub(1).max(1) as u64;
+    let level_rows: u64 = blocks.iter().skip(1).map(|b| b.0).sum();
+    let shape = (cfg.model.hidden, cfg.model.layers);
+    historical_cache_bytes(h, shape, level_rows, cfg.pipeline_options().lookahead())
+}
+
+/// The historical cache `h` of a model of `(hidden, layers)`: each level's
+/// rows with their bookkeeping, and the embeddings of the `2 x lag + 1`
+/// batches between a lookup and its update, each `level_rows` nodes (the
+/// largest batch's, every level above the inputs).
+pub(crate) fn historical_cache_bytes(
+    h: &crate::historical::HistoricalConfig,
+    (hidden, layers): (i64, usize),
+    level_rows: u64,
+    lag: u64,
+) -> u64 {
+    /// A hash-map entry (node, slot, step) with the table's slack, and four
+    /// admission records of 16 bytes.
+    const PER_ENTRY: u64 = 40 + 4 * 16;
+    let dim = hidden.max(1) as u64;
+    let levels = layers.saturating_sub(1).max(1) as u64;
     let entries = h.memory / levels / (dim * 4);
     let held = levels * entries * (dim * 4 + PER_ENTRY);
-    let level_rows: u64 = blocks.iter().skip(1).map(|b| b.0).sum();
-    let in_flight = 2 * cfg.pipeline_options().lookahead() + 1;
-    held + in_flight * level_rows * dim * 4
+    held + (2 * lag + 1) * level_rows * dim * 4
 }
 
 /// Feature rows held for the whole run. Host rows, once; on CUDA the GPU

@@ -285,10 +285,9 @@ fn state_memory(
         tracing::info!("memory: not stated (the layout records no largest batch; pack it again)");
         return Ok(None);
     };
-    // The historical cache holds at most its `memory` of embeddings.
     if let Some(h) = &cfg.historical {
-        memory.historical_bytes = h.memory;
-        memory.total_bytes = memory.total_bytes.saturating_add(h.memory);
+        memory.historical_bytes = crate::hetero::memory::historical_bytes(m, &model, h);
+        memory.total_bytes = memory.total_bytes.saturating_add(memory.historical_bytes);
     }
     let gpu_cache = match a.features.mode() {
         FeatureMode::Packed => m

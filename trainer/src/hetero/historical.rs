@@ -24,6 +24,9 @@ use super::Schema;
 use crate::error::{Error, Result};
 use crate::historical::{Historical, LevelUpdate, Plan, decide};
 
+/// How many steps behind the step a batch is pruned: see [`cache`].
+pub(crate) const LAG: u64 = 4;
+
 /// FreshGNN's cache as `--historical` asks (none without it), refused as
 /// for homogeneous training where it does not apply: a model without
 /// levels between layers, and ranks of a data-parallel launch. Batches
@@ -58,7 +61,7 @@ pub(super) fn cache(
         h.clone(),
         model.layers - 1,
         model.hidden as usize,
-        4,
+        LAG,
     )))
 }
 

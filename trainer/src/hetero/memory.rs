@@ -158,6 +158,26 @@ pub fn estimate(
     }))
 }
 
+/// The historical cache `h` of a run of `cfg`'s model on `m` (as for
+/// homogeneous training, [`crate::memory::historical_cache_bytes`]): the
+/// largest batch's nodes of every level above the inputs are each block's
+/// destinations but the last's.
+pub fn historical_bytes(
+    m: &TypedManifest,
+    cfg: &RgnnConfig,
+    h: &crate::historical::HistoricalConfig,
+) -> u64 {
+    let level_rows = m.topology.largest_batch.as_ref().map_or(0, |s| {
+        let below_last = s.blocks.len().saturating_sub(1);
+        s.blocks[..below_last]
+            .iter()
+            .map(|b| b.dst.iter().sum::<u64>())
+            .sum()
+    });
+    let shape = (cfg.hidden, cfg.layers);
+    crate::memory::historical_cache_bytes(h, shape, level_rows, super::historical::LAG)
+}
+
 /// States the peak host memory of a loader over `m` (the Python
 /// `offgnn.Loader`): every type's caches, the batches its pipeline reads
 /// ahead, and `held` finished batches beyond them (those it has ready and

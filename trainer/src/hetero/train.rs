@@ -167,6 +167,7 @@ pub fn train_typed(
     let vs = nn::VarStore::new(cfg.device);
     let model = Rgnn::new(&vs.root(), &layout.schema, &model_cfg)?;
     let mut opt = Adam::new(&vs, cfg.lr);
+    let cache = super::historical::cache(cfg, &model_cfg, ranks)?;
     let writer = ranks.writer();
     // An export target that would be refused is refused before training.
     if let Some(x) = cfg.export.as_ref().filter(|_| writer) {
@@ -179,23 +180,14 @@ pub fn train_typed(
         manifest: &layout.manifest,
         layout: cfg.layout_location.as_deref(),
     };
-    // Rank 0 reads the checkpoint; every rank starts from its model.
-    let decided = if writer {
-        checkpoint::start(cfg, (&vs, &mut opt), &key)
-    } else {
-        Ok((Vec::new(), None, None))
-    };
-    let (mut epochs, mut best_params, mut resume_at) = match ranks.group() {
-        Some(g) => super::ranks::share_start(g, decided, &mut opt, cfg.device)?,
-        None => decided?,
-    };
+    let (mut epochs, mut best_params, mut resume_at) =
+        start(cfg, (&vs, &mut opt), &key, (ranks, cache.is_some()))?;
     let mut done = Done {
         here: 0,
         interrupt_after: crate::test_hooks::current().interrupt_after,
     };
     let keep_best =
         writer && (cfg.export.is_some() || cfg.checkpoint_dir.is_some() || cfg.dump.is_some());
-    let cache = super::historical::cache(cfg, &model_cfg, ranks)?;
     let run = Run::training(engine, cfg, &model, ranks);
     // Only the training batches are pruned against the cache.
     let training = Run {
@@ -260,7 +252,57 @@ pub fn train_typed(
         )?,
         None => Vec::new(),
     };
-    Ok(TypedTrainSummary {
+    let historical = cache.as_ref().map(Historical::summary);
+    let run_of = (ranks, engine, started);
+    Ok(summary(
+        layout,
+        cfg,
+        run_of,
+        &vs,
+        (epochs, exports),
+        historical,
+    ))
+}
+
+/// Where the run starts: rank 0 reads the checkpoint, and every rank
+/// starts from its model. A run resumed `historical` says its cache
+/// starts empty.
+fn start(
+    cfg: &TypedTrainConfig,
+    (vs, opt): (&nn::VarStore, &mut Adam),
+    key: &checkpoint::RunKey<'_>,
+    (ranks, historical): (Ranks<'_>, bool),
+) -> Result<Started> {
+    let decided = if ranks.writer() {
+        checkpoint::start(cfg, (vs, opt), key)
+    } else {
+        Ok((Vec::new(), None, None))
+    };
+    let started = match ranks.group() {
+        Some(g) => super::ranks::share_start(g, decided, opt, cfg.device)?,
+        None => decided?,
+    };
+    if historical && (!started.0.is_empty() || started.2.is_some()) {
+        tracing::info!(
+            "resumed with --historical: the historical cache is not in the checkpoint and starts empty, so from here the run differs from one never stopped"
+        );
+    }
+    Ok(started)
+}
+
+/// The run's summary: its model, its epochs and what they made.
+fn summary(
+    layout: &TypedLayout,
+    cfg: &TypedTrainConfig,
+    (ranks, engine, started): (Ranks<'_>, &IoEngine, Instant),
+    vs: &nn::VarStore,
+    (epochs, exports): (Vec<TypedEpoch>, Vec<String>),
+    historical: Option<crate::historical::HistoricalSummary>,
+) -> TypedTrainSummary {
+    let best = best_epoch(&epochs).cloned();
+    let best = best.as_ref();
+    let writer = ranks.writer();
+    TypedTrainSummary {
         model: cfg.kind,
         root_weight: cfg.root_weight,
         init: cfg.init,
@@ -282,9 +324,9 @@ pub fn train_typed(
         dump: cfg.dump.as_ref().filter(|_| writer).map(|d| d.path.clone()),
         io_depth: engine.options().queue_depth,
         read_through_pages: engine.options().read_through / offgnn_shared::io_engine::PAGE,
-        historical: cache.as_ref().map(Historical::summary),
+        historical,
         seconds: started.elapsed().as_secs_f64(),
-    })
+    }
 }
 
 /// Refuses what the run cannot train, before anything is built: a CPU
