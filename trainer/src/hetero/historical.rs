@@ -29,7 +29,8 @@ pub(crate) const LAG: u64 = 4;
 
 /// FreshGNN's cache as `--historical` asks (none without it), refused as
 /// for homogeneous training where it does not apply: a model without
-/// levels between layers, and ranks of a data-parallel launch. Batches
+/// levels between layers, and ranks of a data-parallel launch
+/// ([`crate::historical::for_run`]). Batches
 /// are pruned on the loader thread up to four steps ahead of the step
 /// (two queued, one fetched, one stepping): against the cache as the step
 /// four back left it, also where each batch is fetched in its turn, so
@@ -47,22 +48,8 @@ pub(super) fn cache(
             "--historical caches embeddings between layers: it needs a layout sampled with at least 2 layers (--fanout)".into(),
         ));
     }
-    if ranks.world() > 1 {
-        return Err(Error::InvalidArgument(
-            "--historical trains one process: it is not built for data-parallel training (--emulate-ranks, torchrun, srun)".into(),
-        ));
-    }
-    if let Some(why) = h.unused() {
-        tracing::warn!(
-            "--historical: {why}, so the cache stays unused and the run computes as without it"
-        );
-    }
-    Ok(Some(Historical::new(
-        h.clone(),
-        model.layers - 1,
-        model.hidden as usize,
-        LAG,
-    )))
+    let shape = (model.layers - 1, model.hidden as usize, LAG);
+    crate::historical::for_run(h, ranks.world(), shape).map(Some)
 }
 
 /// Step `step`'s update to the cache once its backward pass is through:
@@ -185,7 +172,7 @@ fn edges_into(b: &Block, computed: &[u32]) -> Block {
 pub(crate) type LevelRows = Vec<(Tensor, Tensor)>;
 
 impl TypedPlan {
-    /// The level hook of [`super::Rgnn::forward_levels`]: at each level,
+    /// The level hook of [`super::Rgnn::output_levels`]: at each level,
     /// each type's cached nodes' rows laid in, and a zero leaf added to
     /// every type's rows; `kept` gets each level's rows and leaves.
     pub(crate) fn lay_in<'a>(
@@ -396,7 +383,7 @@ mod tests {
                     .collect();
                 let mut levels: Vec<Vec<Tensor>> = Vec::new();
                 let full = model
-                    .forward_levels(Inputs::Rows(&x), &full_blocks, true, &mut |_, h| {
+                    .output_levels(Inputs::Rows(&x), &full_blocks, true, &mut |_, h| {
                         levels.push(h.iter().map(Tensor::detach).collect());
                         Ok(h)
                     })
@@ -462,7 +449,7 @@ mod tests {
                     TypedBlocks::new(&schema, &top.input_nodes, &p.blocks, Device::Cpu).unwrap();
                 let mut kept = Vec::new();
                 let logits = model
-                    .forward_levels(
+                    .output_levels(
                         Inputs::Rows(&kept_x),
                         &blocks,
                         true,

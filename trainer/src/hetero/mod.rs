@@ -187,20 +187,7 @@ impl Rgnn {
         blocks: &TypedBlocks,
         train: bool,
     ) -> Result<Tensor, TchError> {
-        self.forward_levels(x, blocks, train, &mut |_, h| Ok(h))
-    }
-
-    /// [`Rgnn::forward`] with `level` called on each level's rows of every
-    /// type (levels `1..layers`; after the activation, before dropout),
-    /// which it may replace (the historical cache lays its rows in).
-    pub fn forward_levels(
-        &self,
-        x: Inputs<'_>,
-        blocks: &TypedBlocks,
-        train: bool,
-        level: &mut TypedLevelHook<'_>,
-    ) -> Result<Tensor, TchError> {
-        let h = self.layers(x, blocks, train, level)?;
+        let h = self.layers(x, blocks, train, &mut |_, h| Ok(h))?;
         self.classify(&h[self.target])
     }
 
@@ -213,19 +200,26 @@ impl Rgnn {
         blocks: &TypedBlocks,
         train: bool,
     ) -> Result<Tensor, TchError> {
-        self.embed_levels(x, blocks, train, &mut |_, h| Ok(h))
+        Tensor::f_cat(&self.layers(x, blocks, train, &mut |_, h| Ok(h))?, 0)
     }
 
-    /// [`Rgnn::embed`] with `level` called as [`Rgnn::forward_levels`]
-    /// calls it.
-    pub fn embed_levels(
+    /// The model's output, [`Rgnn::forward`]'s for a node model and
+    /// [`Rgnn::embed`]'s for a link model, with `level` called on each
+    /// level's rows of every type (levels `1..layers`; after the
+    /// activation, before dropout), which it may replace (the historical
+    /// cache lays its rows in).
+    pub fn output_levels(
         &self,
         x: Inputs<'_>,
         blocks: &TypedBlocks,
         train: bool,
         level: &mut TypedLevelHook<'_>,
     ) -> Result<Tensor, TchError> {
-        Tensor::f_cat(&self.layers(x, blocks, train, level)?, 0)
+        let h = self.layers(x, blocks, train, level)?;
+        match self.scorer {
+            Some(_) => Tensor::f_cat(&h, 0),
+            None => self.classify(&h[self.target]),
+        }
     }
 
     /// The scorer of a link model.
@@ -388,7 +382,7 @@ impl Rgnn {
 
 /// A level's rows of every type between two layers, after the activation
 /// and before dropout: `(level, each type's rows)` in, the rows the next
-/// layer reads out ([`Rgnn::forward_levels`]).
+/// layer reads out ([`Rgnn::output_levels`]).
 pub type TypedLevelHook<'a> = dyn FnMut(usize, Vec<Tensor>) -> Result<Vec<Tensor>, TchError> + 'a;
 
 /// A batch's input to a model.

@@ -638,21 +638,21 @@ fn hits(logits: &Tensor, labels: &Tensor) -> Result<i64> {
 
 /// A training batch's loss (the mean over its seeds, or over its pairs in
 /// a link batch), with the seeds or pairs it got right and how many it has.
-/// `level` sees each level's rows ([`Rgnn::forward_levels`]).
+/// `level` sees each level's rows ([`Rgnn::output_levels`]).
 fn step_loss(
     model: &Rgnn,
     b: &Batch,
     level: &mut super::TypedLevelHook<'_>,
 ) -> Result<(Tensor, f64, f64)> {
     if let (Some(pairs), Some(scorer)) = (&b.pairs, model.scorer()) {
-        let h = model.embed_levels(b.inputs(), &b.blocks, true, level)?;
+        let h = model.output_levels(b.inputs(), &b.blocks, true, level)?;
         let scores = scorer.score(&h, &pairs.src, &pairs.dst)?;
         let right = link::pairs_right(&scores, pairs)?.f_int64_value(&[])?;
         let seen = scores.size()[0] as f64;
         return Ok((link::pair_loss(&scores, pairs)?, right as f64, seen));
     }
     refuse_pairs(model, b)?;
-    let logits = model.forward_levels(b.inputs(), &b.blocks, true, level)?;
+    let logits = model.output_levels(b.inputs(), &b.blocks, true, level)?;
     let loss = logits
         .f_log_softmax(-1, Kind::Float)?
         .f_nll_loss::<Tensor>(&b.labels, None, Reduction::Mean, -100)?;

@@ -110,6 +110,29 @@ impl HistoricalConfig {
     }
 }
 
+/// The cache `h` asks for a run of `world` ranks, of `levels` levels of
+/// `dim`-wide embeddings with lookups `lag` steps behind: refused in
+/// data-parallel training (its cache would be one rank's alone, which
+/// FreshGNN's multi-GPU design does not keep either, and is not built),
+/// and settings that leave it unused are warned about.
+pub fn for_run(
+    h: &HistoricalConfig,
+    world: u32,
+    (levels, dim, lag): (usize, usize, u64),
+) -> crate::error::Result<Historical> {
+    if world > 1 {
+        return Err(crate::error::Error::InvalidArgument(
+            "--historical trains one process: it is not built for data-parallel training (--emulate-ranks, torchrun, srun)".into(),
+        ));
+    }
+    if let Some(why) = h.unused() {
+        tracing::warn!(
+            "--historical: {why}, so the cache stays unused and the run computes as without it"
+        );
+    }
+    Ok(Historical::new(h.clone(), levels, dim, lag))
+}
+
 /// A batch's part of the cache, found when its reads are planned.
 pub struct Plan {
     /// The training step the batch is.

@@ -160,8 +160,7 @@ pub fn train_ranks(
 
 /// FreshGNN's historical cache as `--historical` asks, refused where it
 /// does not apply: a model without levels between layers, and
-/// data-parallel training (its cache would be one rank's alone, which
-/// FreshGNN's multi-GPU design does not keep either, and is not built).
+/// data-parallel training ([`crate::historical::for_run`]).
 fn historical_cache(cfg: &TrainConfig, world: u32) -> Result<Option<Historical>> {
     let Some(h) = &cfg.historical else {
         return Ok(None);
@@ -172,22 +171,8 @@ fn historical_cache(cfg: &TrainConfig, world: u32) -> Result<Option<Historical>>
             "--historical caches embeddings between GNN layers: it needs --model sage or gat with at least 2 layers".into(),
         ));
     }
-    if world > 1 {
-        return Err(Error::InvalidArgument(
-            "--historical trains one process: it is not built for data-parallel training (--emulate-ranks, torchrun, srun)".into(),
-        ));
-    }
-    if let Some(why) = h.unused() {
-        tracing::warn!(
-            "--historical: {why}, so the cache stays unused and the run computes as without it"
-        );
-    }
-    Ok(Some(Historical::new(
-        h.clone(),
-        m.layers - 1,
-        m.hidden as usize,
-        cfg.pipeline_options().lookahead(),
-    )))
+    let lag = cfg.pipeline_options().lookahead();
+    crate::historical::for_run(h, world, (m.layers - 1, m.hidden as usize, lag)).map(Some)
 }
 
 /// The sampled epochs of training batches; a layout without any is refused.
