@@ -210,6 +210,13 @@ fn typed_batches_prune_against_the_historical_cache() {
     let sage = |extra: &[&str]| train(pack, &[&["--model", "sage"][..], extra].concat());
     let plain = sage(&[]);
     assert!(plain.json()["summary"]["historical"].is_null());
+    // Each epoch states the row bytes it needed from disk beside the pages
+    // it read.
+    for e in plain.json()["summary"]["epochs"].as_array().unwrap() {
+        let (read, rows) = (&e["disk_bytes"], &e["disk_rows_bytes"]);
+        let (read, rows) = (read.as_u64().unwrap(), rows.as_u64().unwrap());
+        assert!(0 < rows && rows <= read, "{e}");
+    }
     // Admitting nothing prunes nothing: the same rows, the same losses.
     let none = sage(&["--historical", "p_grad=0"]);
     assert_eq!(typed_epochs(&none), typed_epochs(&plain));

@@ -55,6 +55,8 @@ pub struct InEpoch {
     pub right: f64,
     pub seen: f64,
     pub disk_bytes: f64,
+    #[serde(default)]
+    pub disk_rows_bytes: f64,
 }
 
 /// What a run saves and resumes: its model, optimizer and best parameters.

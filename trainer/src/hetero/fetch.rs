@@ -39,6 +39,8 @@ pub(super) struct Fetched {
     pub(super) labels: Tensor,
     pub(super) pairs: Option<PairTensors>,
     pub(super) disk_bytes: u64,
+    /// Bytes of the rows read from disk (without the rest of their pages).
+    pub(super) disk_rows_bytes: u64,
     pub(super) device: Device,
     /// The batch's part of the historical cache (a training step's).
     pub(super) plan: Option<TypedPlan>,
@@ -83,7 +85,7 @@ impl Reader<'_> {
         let kept = pruned.as_ref().map_or(&top.blocks, |p| &p.blocks);
         let blocks = TypedBlocks::new(self.schema, &top.input_nodes, kept, device)?;
         let mut loaded = Vec::with_capacity(self.reads.len());
-        let mut disk_bytes = 0;
+        let (mut disk_bytes, mut disk_rows_bytes) = (0, 0);
         for (t, part) in self.reads.iter().enumerate() {
             let Some((layout, src)) = part else {
                 loaded.push(None);
@@ -103,6 +105,7 @@ impl Reader<'_> {
                 )));
             }
             disk_bytes += l.disk_bytes;
+            disk_rows_bytes += l.disk_rows * src.row_bytes as u64;
             loaded.push(Some(l));
         }
         let labels =
@@ -115,6 +118,7 @@ impl Reader<'_> {
             labels,
             pairs,
             disk_bytes,
+            disk_rows_bytes,
             device,
             plan: pruned.map(|p| p.plan),
         })
@@ -191,6 +195,7 @@ pub(crate) struct Batch {
     /// A link batch's pairs.
     pub(crate) pairs: Option<PairTensors>,
     pub(super) disk_bytes: u64,
+    pub(super) disk_rows_bytes: u64,
     /// The batch's part of the historical cache (a training step's).
     pub(super) plan: Option<TypedPlan>,
 }

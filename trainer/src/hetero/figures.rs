@@ -26,6 +26,10 @@ pub struct TypedEpoch {
     pub test_rank: Option<RankMetrics>,
     /// Feature bytes the epoch's training batches read from disk.
     pub disk_bytes: u64,
+    /// Bytes of the rows they needed from disk, without the rest of the
+    /// pages read (`disk_bytes` over this: the read amplification).
+    #[serde(default)]
+    pub disk_rows_bytes: u64,
     /// Where the training batches' time went.
     #[serde(default)]
     pub stages: StageSeconds,

@@ -546,7 +546,13 @@ fn train_epoch(
         &format!("epoch {epoch}"),
         "batches",
     );
-    let mut sums = [at.loss_sum, at.right, at.seen, at.disk_bytes];
+    let mut sums = [
+        at.loss_sum,
+        at.right,
+        at.seen,
+        at.disk_bytes,
+        at.disk_rows_bytes,
+    ];
     let mut step_no = at.steps;
     let mut diverged = None;
     // The cache counts optimizer steps across epochs.
@@ -562,6 +568,7 @@ fn train_epoch(
         // rank trains it: a resumed run draws what one never stopped does.
         tch::manual_seed(crate::train::batch_seed(cfg.seed, epoch, order[k] as u64));
         sums[3] += b.disk_bytes as f64;
+        sums[4] += b.disk_rows_bytes as f64;
         let mut kept = Vec::new();
         let (loss, right, seen) = match &b.plan {
             Some(p) => step_loss(model, &b, &mut p.lay_in(&mut kept))?,
@@ -606,6 +613,7 @@ fn train_epoch(
                     right: total[1],
                     seen: total[2],
                     disk_bytes: total[3],
+                    disk_rows_bytes: total[4],
                 };
                 inside(opt, p)?;
             }
@@ -626,6 +634,7 @@ fn train_epoch(
         loss: sums[0] / seen,
         train_accuracy: sums[1] / seen,
         disk_bytes: sums[3] as u64,
+        disk_rows_bytes: sums[4] as u64,
         stages,
         ..Default::default()
     })

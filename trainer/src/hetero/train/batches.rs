@@ -45,6 +45,7 @@ impl TypedLayout {
             labels: f.labels,
             pairs: f.pairs,
             disk_bytes: f.disk_bytes,
+            disk_rows_bytes: f.disk_rows_bytes,
             plan: f.plan.take(),
         };
         Ok((b, spare))
