@@ -140,24 +140,61 @@ impl TypedBlocks {
         blocks: &[Block],
         device: Device,
     ) -> Result<TypedBlocks> {
-        let mut num_inputs = vec![0i64; schema.types.len()];
-        let mut n_id = vec![Vec::new(); schema.types.len()];
-        let mut type_of = Vec::with_capacity(input_nodes.len());
-        let mut position = Vec::with_capacity(input_nodes.len());
-        for &v in input_nodes {
-            let t = schema.type_of(u64::from(v)).ok_or_else(|| {
-                Error::InvalidArgument(format!("input node {v} is of no node type"))
+        let inputs = Typed::of(schema, input_nodes.iter().copied())?;
+        let levels = vec![&inputs; blocks.len()];
+        Self::with_levels(schema, &inputs, &levels, blocks, device)
+    }
+
+    /// The blocks of a batch pruned against the historical cache, each
+    /// with its own nodes: block `l`'s sources are `input_nodes` at the
+    /// positions `orders[l]` (its destinations a prefix of them), block 0's
+    /// the rows the model reads.
+    pub fn pruned(
+        schema: &Schema,
+        input_nodes: &[u32],
+        orders: &[&[u32]],
+        blocks: &[Block],
+        device: Device,
+    ) -> Result<TypedBlocks> {
+        let nodes = |order: &[u32]| {
+            let ids = order.iter().map(|&p| input_nodes.get(p as usize).copied());
+            let ids: Option<Vec<u32>> = ids.collect();
+            let ids = ids.ok_or_else(|| {
+                Error::InvalidArgument("a pruned level names a node past the batch's inputs".into())
             })?;
-            type_of.push(t);
-            n_id[t].push((u64::from(v) - schema.types[t].1) as i64);
-            position.push(num_inputs[t]);
-            num_inputs[t] += 1;
-        }
+            Typed::of(schema, ids.into_iter())
+        };
+        let levels = orders
+            .iter()
+            .map(|o| nodes(o))
+            .collect::<Result<Vec<_>>>()?;
+        let empty = Typed::of(schema, std::iter::empty())?;
+        let inputs = levels.first().unwrap_or(&empty);
+        Self::with_levels(
+            schema,
+            inputs,
+            &levels.iter().collect::<Vec<_>>(),
+            blocks,
+            device,
+        )
+    }
+
+    /// The blocks over `levels` (each block's sources), `inputs` the rows
+    /// the model reads.
+    fn with_levels(
+        schema: &Schema,
+        inputs: &Typed,
+        levels: &[&Typed],
+        blocks: &[Block],
+        device: Device,
+    ) -> Result<TypedBlocks> {
         let layers = blocks
             .iter()
+            .zip(levels)
             .enumerate()
-            .map(|(l, b)| {
-                layer(schema, b, (&type_of, &position), device).map_err(|e| match e {
+            .map(|(l, (b, nodes))| {
+                let at = (&nodes.type_of[..], &nodes.position[..]);
+                layer(schema, b, at, device).map_err(|e| match e {
                     Error::InvalidArgument(m) => Error::InvalidArgument(format!("block {l}: {m}")),
                     e => e,
                 })
@@ -165,25 +202,55 @@ impl TypedBlocks {
             .collect::<Result<Vec<TypedLayer>>>()?;
         // The seeds are the last block's destinations, each type's a prefix
         // of its rows.
-        let seed_rows = match layers.last() {
-            Some(last) => {
+        let seed_rows = match (layers.last(), levels.last()) {
+            (Some(last), Some(nodes)) => {
                 let mut base = vec![0i64; last.num_dst.len()];
                 for t in 1..base.len() {
                     base[t] = base[t - 1] + last.num_dst[t - 1];
                 }
                 let seeds: i64 = last.num_dst.iter().sum();
                 (0..seeds as usize)
-                    .map(|i| base[type_of[i]] + position[i])
+                    .map(|i| base[nodes.type_of[i]] + nodes.position[i])
                     .collect()
             }
-            None => Vec::new(),
+            _ => Vec::new(),
         };
         Ok(TypedBlocks {
-            num_inputs,
-            n_id,
+            num_inputs: inputs.count.clone(),
+            n_id: inputs.n_id.clone(),
             layers,
             seed_rows,
         })
+    }
+}
+
+/// Nodes (homogenized ids) as their types see them: each one's type and
+/// place among its type's, and each type's count and type-local ids.
+struct Typed {
+    type_of: Vec<usize>,
+    position: Vec<i64>,
+    count: Vec<i64>,
+    n_id: Vec<Vec<i64>>,
+}
+
+impl Typed {
+    fn of(schema: &Schema, nodes: impl Iterator<Item = u32>) -> Result<Typed> {
+        let mut t = Typed {
+            type_of: Vec::new(),
+            position: Vec::new(),
+            count: vec![0; schema.types.len()],
+            n_id: vec![Vec::new(); schema.types.len()],
+        };
+        for v in nodes {
+            let k = schema.type_of(u64::from(v)).ok_or_else(|| {
+                Error::InvalidArgument(format!("input node {v} is of no node type"))
+            })?;
+            t.type_of.push(k);
+            t.n_id[k].push((u64::from(v) - schema.types[k].1) as i64);
+            t.position.push(t.count[k]);
+            t.count[k] += 1;
+        }
+        Ok(t)
     }
 }
 

@@ -79,11 +79,18 @@ impl Reader<'_> {
             self.schema.relations.len(),
         )?;
         let pruned = match (self.historical, step) {
-            (Some(h), Some(step)) => historical::prune(h, step, &top, self.schema)?,
+            (Some(h), Some(step)) => historical::prune(h, step, &top, self.schema, device)?,
             _ => None,
         };
-        let kept = pruned.as_ref().map_or(&top.blocks, |p| &p.blocks);
-        let blocks = TypedBlocks::new(self.schema, &top.input_nodes, kept, device)?;
+        // Each type's rows in the whole batch, and the blocks it trains on.
+        let (blocks, plan, rows) = match pruned {
+            Some(p) => (p.blocks, Some(p.plan), p.rows),
+            None => {
+                let blocks = TypedBlocks::new(self.schema, &top.input_nodes, &top.blocks, device)?;
+                let rows = blocks.num_inputs.clone();
+                (blocks, None, rows)
+            }
+        };
         let mut loaded = Vec::with_capacity(self.reads.len());
         let (mut disk_bytes, mut disk_rows_bytes) = (0, 0);
         for (t, part) in self.reads.iter().enumerate() {
@@ -96,9 +103,9 @@ impl Reader<'_> {
                 || AlignedBuf::new(0),
                 |b| std::mem::replace(b, AlignedBuf::new(0)),
             );
-            let inputs = pruned.as_ref().map(|p| p.inputs[t].as_slice());
+            let inputs = plan.as_ref().map(|p| p.inputs(t));
             let l = pipeline::load_inputs(layout, engine, src, r, buf, inputs)?;
-            if (l.table.index, i64::from(l.table.num_inputs)) != (top.index, blocks.num_inputs[t]) {
+            if (l.table.index, i64::from(l.table.num_inputs)) != (top.index, rows[t]) {
                 return Err(Error::InvalidArgument(format!(
                     "node type '{}': {split} epoch {epoch} batch {k} is not the topology's (its rows do not match)",
                     self.schema.types[t].0
@@ -120,7 +127,7 @@ impl Reader<'_> {
             disk_bytes,
             disk_rows_bytes,
             device,
-            plan: pruned.map(|p| p.plan),
+            plan,
         })
     }
 }

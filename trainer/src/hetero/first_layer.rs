@@ -44,6 +44,15 @@ pub(super) fn batch_means(
             .map(|(r, _)| r);
         match (loaded, &assembles[t]) {
             (Some(loaded), Some(src)) => pipeline::with_host_rows(src, loaded, |rows| {
+                // A pruned batch's edges count its kept rows only.
+                let kept: Vec<&[u8]>;
+                let rows = match &f.plan {
+                    Some(p) => {
+                        kept = p.inputs(t).iter().map(|&r| rows[r as usize]).collect();
+                        &kept[..]
+                    }
+                    None => rows,
+                };
                 for r in from_t {
                     let e = &layer.relations[r];
                     means[r] = Some(neighbour_means(rows, src.dim as usize, e)?);
@@ -67,7 +76,7 @@ pub(super) fn batch_means(
 /// Each destination row's mean over its in-neighbours' rows along `e`
 /// (zeros without any), as `embedding_bag` in mean mode gives it: `rows`
 /// holds the source type's input rows, each its `dim` float32 values where
-/// they lie (an empty one where no edge reads it). Destinations are shared out over rayon's threads; each sums
+/// they lie. Destinations are shared out over rayon's threads; each sums
 /// its neighbours in edge order, the next edge's row prefetched.
 pub fn neighbour_means(rows: &[&[u8]], dim: usize, e: &RelationEdges) -> Result<Tensor> {
     let src = Vec::<i64>::try_from(&e.src)?;
@@ -79,13 +88,7 @@ pub fn neighbour_means(rows: &[&[u8]], dim: usize, e: &RelationEdges) -> Result<
             rows.len()
         )));
     }
-    // Rows no edge reads may be absent (a batch pruned against the
-    // historical cache reads only the rows its kept edges reach).
-    if let Some(row) = src
-        .iter()
-        .map(|&s| rows[s as usize])
-        .find(|r| r.len() != 4 * dim)
-    {
+    if let Some(row) = rows.iter().find(|r| r.len() != 4 * dim) {
         return Err(Error::Internal(format!(
             "a row of {} bytes where {dim} float32 values were expected",
             row.len()

@@ -1,26 +1,17 @@
 //! FreshGNN's historical cache (`--historical`, [`crate::historical`]) on
 //! typed batches. The cache is the homogeneous one: one per level, keyed
 //! by homogenized node id, every type's embeddings `hidden` wide. A batch
-//! is pruned against it on its homogenized blocks; the typed batch keeps
-//! its shape (every type's rows at every level) and loses what the cached
-//! nodes stand in for:
-//!
-//! - each type reads only the input rows the pruned batch needs (the rest
-//!   are zeros, never reached);
-//! - each block keeps only the edges into the nodes it must compute, so
-//!   the rows left out are neither aggregated nor read;
-//! - at each level between layers the cached nodes' rows are laid in over
-//!   what was computed for them.
-//!
-//! The computed nodes' values are those of the full batch; after the
-//! backward pass each level's gradients decide what the cache admits and
-//! evicts, as for homogeneous batches.
+//! is pruned against it on its homogenized blocks, as a homogeneous one
+//! is, and then typed level by level: each type reads and computes only
+//! its nodes the pruned batch still needs, and between two layers each
+//! type's rows are its computed nodes' and its cached nodes', laid out in
+//! the next block's order. After the backward pass each level's gradients
+//! decide what the cache admits and evicts, as for homogeneous batches.
 
 use offgnn_shared::address_table::BatchTable;
-use offgnn_shared::samples::Block;
 use tch::{Device, Kind, TchError, Tensor};
 
-use super::Schema;
+use super::{Schema, TypedBlocks};
 use crate::error::{Error, Result};
 use crate::historical::{Historical, LevelUpdate, Plan, decide};
 
@@ -73,17 +64,24 @@ pub(super) fn publish(
 /// A typed batch's part of the cache.
 pub(crate) struct TypedPlan {
     plan: Plan,
-    /// Each input position's type and row among that type's inputs.
-    at: Vec<(usize, i64)>,
+    /// Each type's input rows the pruned batch reads, as rows of its
+    /// assembled matrix, in the pruned order.
+    inputs: Vec<Vec<u32>>,
+    /// Per level, per type: the level's rows as rows of `[computed;
+    /// cached]` (the block below's outputs, then the cached rows), and
+    /// which of the level's cached rows are the type's.
+    gather: Vec<Vec<(Vec<i64>, Vec<i64>)>>,
+    /// Per level: each of its nodes' type, in the level's order.
+    types: Vec<Vec<usize>>,
 }
 
 /// What pruning a typed batch gives its fetch.
 pub(super) struct Pruned {
     pub(super) plan: TypedPlan,
-    /// The blocks with only the edges into nodes that are computed.
-    pub(super) blocks: Vec<Block>,
-    /// Each type's input rows still read.
-    pub(super) inputs: Vec<Vec<u32>>,
+    /// The pruned blocks, typed.
+    pub(super) blocks: TypedBlocks,
+    /// Each type's inputs in the whole batch (its table's rows).
+    pub(super) rows: Vec<i64>,
 }
 
 /// Training step `step`'s batch `top` pruned against `h` (none in the
@@ -93,16 +91,18 @@ pub(super) fn prune(
     step: u64,
     top: &BatchTable,
     schema: &Schema,
+    device: Device,
 ) -> Result<Option<Pruned>> {
     match h.lookup(step, &top.blocks, &top.input_nodes) {
-        Some(plan) => Ok(Some(typed(plan, top, schema)?)),
+        Some(plan) => Ok(Some(typed(plan, top, schema, device)?)),
         None => Ok(None),
     }
 }
 
 /// The typed batch `top` as `plan` prunes its homogenized blocks.
-fn typed(plan: Plan, top: &BatchTable, schema: &Schema) -> Result<Pruned> {
-    let mut rows = vec![0i64; schema.types.len()];
+fn typed(mut plan: Plan, top: &BatchTable, schema: &Schema, device: Device) -> Result<Pruned> {
+    let types = schema.types.len();
+    let mut rows = vec![0i64; types];
     let at = top
         .input_nodes
         .iter()
@@ -114,56 +114,52 @@ fn typed(plan: Plan, top: &BatchTable, schema: &Schema) -> Result<Pruned> {
             Ok((t, rows[t] - 1))
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut inputs = vec![Vec::new(); schema.types.len()];
+    let mut inputs = vec![Vec::new(); types];
     for &p in &plan.pruned.inputs {
         let (t, row) = at[p as usize];
         inputs[t].push(row as u32);
     }
-    let layers = top.blocks.len();
-    let blocks = top
-        .blocks
-        .iter()
-        .enumerate()
-        .map(|(l, b)| match plan.pruned.levels.get(l) {
-            // Block l computes level l + 1's computed nodes; the last
-            // block, every seed.
-            Some(above) if l + 1 < layers => edges_into(b, &above.computed),
-            _ => b.clone(),
-        })
-        .collect();
-    Ok(Pruned {
-        plan: TypedPlan { plan, at },
-        blocks,
-        inputs,
-    })
-}
-
-/// Block `b` with only the edges into `computed` (destination positions,
-/// ascending), its relation offsets renumbered.
-fn edges_into(b: &Block, computed: &[u32]) -> Block {
-    let mut keep = vec![false; b.num_dst as usize];
-    for &d in computed {
-        keep[d as usize] = true;
-    }
-    let (mut src, mut dst) = (Vec::new(), Vec::new());
-    let mut relations = Vec::with_capacity(b.relations.len());
-    relations.push(0u32);
-    for r in b.relations.windows(2) {
-        for e in r[0] as usize..r[1] as usize {
-            if keep.get(b.dst[e] as usize).copied().unwrap_or(false) {
-                src.push(b.src[e]);
-                dst.push(b.dst[e]);
-            }
+    let mut gather = Vec::with_capacity(plan.pruned.levels.len());
+    let mut level_types = Vec::with_capacity(plan.pruned.levels.len());
+    for lv in &plan.pruned.levels {
+        // Each computed and cached node's place among its type's.
+        let mut place = std::collections::HashMap::new();
+        let (mut computed, mut cached) = (vec![0i64; types], vec![Vec::new(); types]);
+        for &p in &lv.computed {
+            let t = at[p as usize].0;
+            place.insert(p, computed[t]);
+            computed[t] += 1;
         }
-        relations.push(src.len() as u32);
+        for (i, &p) in lv.cached.iter().enumerate() {
+            let t = at[p as usize].0;
+            place.insert(p, computed[t] + cached[t].len() as i64);
+            cached[t].push(i as i64);
+        }
+        let mut per_type: Vec<(Vec<i64>, Vec<i64>)> =
+            cached.into_iter().map(|c| (Vec::new(), c)).collect();
+        let mut of = Vec::with_capacity(lv.positions.len());
+        for &p in &lv.positions {
+            let t = at[p as usize].0;
+            per_type[t].0.push(place[&p]);
+            of.push(t);
+        }
+        gather.push(per_type);
+        level_types.push(of);
     }
-    Block {
-        num_src: b.num_src,
-        num_dst: b.num_dst,
-        src,
-        dst,
-        relations,
-    }
+    let pruned = std::mem::take(&mut plan.pruned.blocks);
+    let mut orders: Vec<&[u32]> = vec![&plan.pruned.inputs];
+    orders.extend(plan.pruned.levels.iter().map(|lv| lv.positions.as_slice()));
+    let blocks = TypedBlocks::pruned(schema, &top.input_nodes, &orders, &pruned, device)?;
+    Ok(Pruned {
+        plan: TypedPlan {
+            plan,
+            inputs,
+            gather,
+            types: level_types,
+        },
+        blocks,
+        rows,
+    })
 }
 
 /// One level's rows as the forward pass left them, for the update: each
@@ -172,9 +168,22 @@ fn edges_into(b: &Block, computed: &[u32]) -> Block {
 pub(crate) type LevelRows = Vec<(Tensor, Tensor)>;
 
 impl TypedPlan {
+    /// Type `t`'s input rows the pruned batch reads, as rows of its
+    /// assembled matrix (and of its table).
+    pub(crate) fn inputs(&self, t: usize) -> &[u32] {
+        &self.inputs[t]
+    }
+
+    /// Type `t`'s assembled rows `x`, those the pruned batch reads.
+    pub(crate) fn select(&self, t: usize, x: &Tensor) -> Result<Tensor, TchError> {
+        let rows: Vec<i64> = self.inputs[t].iter().map(|&r| i64::from(r)).collect();
+        x.f_index_select(0, &Tensor::from_slice(&rows).f_to_device(x.device())?)
+    }
+
     /// The level hook of [`super::Rgnn::output_levels`]: at each level,
-    /// each type's cached nodes' rows laid in, and a zero leaf added to
-    /// every type's rows; `kept` gets each level's rows and leaves.
+    /// each type's rows laid out from the block below's outputs and the
+    /// cached rows, and a zero leaf added to them; `kept` gets each
+    /// level's rows and leaves.
     pub(crate) fn lay_in<'a>(
         &'a self,
         kept: &'a mut Vec<LevelRows>,
@@ -182,28 +191,17 @@ impl TypedPlan {
         move |l, h| {
             let lv = &self.plan.pruned.levels[l - 1];
             let rows = &self.plan.cached_rows[l - 1];
-            let dim = (rows.len() / lv.cached.len().max(1)) as i64;
-            let (mut to, mut from) = (vec![Vec::new(); h.len()], vec![Vec::new(); h.len()]);
-            for (i, &p) in lv.cached.iter().enumerate() {
-                let (t, row) = self.at[p as usize];
-                to[t].push(row);
-                from[t].push(i as i64);
-            }
+            let dim = h.first().map_or(0, |x| x.size()[1]);
             let device = h.first().map_or(Device::Cpu, Tensor::device);
             let cached = Tensor::from_slice(rows)
                 .f_view([lv.cached.len() as i64, dim])?
                 .f_to_device(device)?;
             let mut level = Vec::with_capacity(h.len());
             let mut out = Vec::with_capacity(h.len());
-            for (t, x) in h.into_iter().enumerate() {
-                let full = if to[t].is_empty() {
-                    x
-                } else {
-                    let idx = Tensor::from_slice(&to[t]).f_to_device(device)?;
-                    let sel = Tensor::from_slice(&from[t]).f_to_device(device)?;
-                    let values = cached.f_index_select(0, &sel)?.f_to_kind(x.kind())?;
-                    x.f_index_put(&[Some(idx)], &values, false)?
-                };
+            for (x, (order, mine)) in h.into_iter().zip(&self.gather[l - 1]) {
+                let on = |v: &[i64]| Tensor::from_slice(v).f_to_device(device);
+                let from_cache = cached.f_index_select(0, &on(mine)?)?.f_to_kind(x.kind())?;
+                let full = Tensor::f_cat(&[x, from_cache], 0)?.f_index_select(0, &on(order)?)?;
                 let leaf = full.f_zeros_like()?.set_requires_grad(true);
                 out.push(full.f_add(&leaf)?);
                 level.push((full.f_detach()?, leaf));
@@ -217,44 +215,30 @@ impl TypedPlan {
     /// fraction of its nodes with the smallest embedding gradient, newly
     /// computed ones with their rows) and evictions, published for `step`.
     pub(crate) fn publish(&self, h: &Historical, step: u64, kept: &[LevelRows]) -> Result<()> {
+        let host = |x: &Tensor| -> Result<Vec<f32>> {
+            let x = x.f_to_kind(Kind::Float)?.f_to_device(Device::Cpu)?;
+            Ok(Vec::<f32>::try_from(&x.f_contiguous()?.f_flatten(0, -1)?)?)
+        };
         let mut updates = Vec::with_capacity(kept.len());
         for (l, level) in kept.iter().enumerate() {
             let lv = &self.plan.pruned.levels[l];
-            // Each type's rows among the level's nodes, in their order.
-            let mut rows = vec![Vec::new(); level.len()];
-            for &p in &lv.positions {
-                let (t, row) = self.at[p as usize];
-                rows[t].push(row);
-            }
-            let mut norms = Vec::with_capacity(level.len());
-            let mut embeddings = Vec::with_capacity(level.len());
-            for ((full, leaf), rows) in level.iter().zip(&rows) {
-                let idx = Tensor::from_slice(rows).f_to_device(full.device())?;
-                let host = |x: Tensor| -> Result<Vec<f32>> {
-                    let x = x.f_to_kind(Kind::Float)?.f_to_device(Device::Cpu)?;
-                    Ok(Vec::<f32>::try_from(&x.f_contiguous()?.f_flatten(0, -1)?)?)
-                };
+            let (mut norms, mut embeddings) = (Vec::new(), Vec::new());
+            for (full, leaf) in level {
                 let grad = leaf.grad();
                 norms.push(if grad.defined() {
-                    host(grad.f_index_select(0, &idx)?.f_norm_scalaropt_dim(
-                        2,
-                        [1i64].as_slice(),
-                        false,
-                    )?)?
+                    host(&grad.f_norm_scalaropt_dim(2, [1i64].as_slice(), false)?)?
                 } else {
-                    vec![0.0; rows.len()]
+                    vec![0.0; full.size()[0] as usize]
                 });
-                embeddings.push(host(full.f_index_select(0, &idx)?)?);
+                embeddings.push(host(full)?);
             }
             let dim = level.first().map_or(0, |(f, _)| f.size()[1] as usize);
-            // The level's nodes in order: each one's type and its place
+            // The level's nodes in order: each one's type and its row
             // among that type's.
             let mut next = vec![0usize; level.len()];
-            let place: Vec<(usize, usize)> = lv
-                .positions
+            let place: Vec<(usize, usize)> = self.types[l]
                 .iter()
-                .map(|&p| {
-                    let t = self.at[p as usize].0;
+                .map(|&t| {
                     next[t] += 1;
                     (t, next[t] - 1)
                 })
@@ -288,6 +272,7 @@ mod tests {
     use super::*;
     use crate::hetero::{Inputs, RelationalKind, Rgnn, RgnnConfig, TypedBlocks};
     use crate::historical::HistoricalConfig;
+    use offgnn_shared::samples::Block;
     use tch::nn;
 
     /// Types a (ids 0..100) and b (100..200), three relations; 40 inputs
@@ -345,10 +330,10 @@ mod tests {
     }
 
     /// With the cache holding exactly the rows the full batch computes,
-    /// the pruned batch (its unread inputs zero, only the edges into
-    /// computed nodes kept, the cached rows laid in) gives the full
-    /// batch's logits; its update admits the nodes with the smallest
-    /// gradients, with the rows the batch computed for them.
+    /// the pruned batch (its kept input rows only, its blocks relabelled
+    /// level by level, the cached rows laid in) gives the full batch's
+    /// logits; its update admits the nodes with the smallest gradients,
+    /// with the rows the batch computed for them.
     #[test]
     fn pruned_typed_batches_with_exact_cached_rows_give_the_full_logits() {
         let kinds = [
@@ -432,26 +417,19 @@ mod tests {
                     nodes,
                     cached_rows,
                 };
-                let p = typed(plan, &top, &schema).unwrap();
-                // The rows the pruned batch does not read are zeros.
+                let p = typed(plan, &top, &schema, Device::Cpu).unwrap();
+                // The pruned batch reads its kept rows only.
                 let kept_x: Vec<Tensor> = x
                     .iter()
-                    .zip(&p.inputs)
-                    .map(|(x, rows)| {
-                        let mut keep = vec![0f32; x.size()[0] as usize];
-                        for &r in rows {
-                            keep[r as usize] = 1.0;
-                        }
-                        x * Tensor::from_slice(&keep).unsqueeze(1)
-                    })
+                    .enumerate()
+                    .map(|(t, x)| p.plan.select(t, x).unwrap())
                     .collect();
-                let blocks =
-                    TypedBlocks::new(&schema, &top.input_nodes, &p.blocks, Device::Cpu).unwrap();
+                assert!(kept_x[0].size()[0] + kept_x[1].size()[0] < 40);
                 let mut kept = Vec::new();
                 let logits = model
                     .output_levels(
                         Inputs::Rows(&kept_x),
-                        &blocks,
+                        &p.blocks,
                         true,
                         &mut p.plan.lay_in(&mut kept),
                     )

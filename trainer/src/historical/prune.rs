@@ -104,20 +104,39 @@ pub fn prune(blocks: &[Block], is_cached: impl Fn(usize, u32) -> bool) -> Pruned
 }
 
 /// Block `b` restricted to the destinations `dst` (ascending, a prefix of
-/// `order`) and renumbered in `order`.
+/// `order`) and renumbered in `order`; a typed block's relation offsets
+/// count its kept edges.
 fn relabel(b: &Block, order: &[u32], dst: &[u32]) -> Block {
     let mut new_id = vec![u32::MAX; b.num_src as usize];
     for (i, &p) in order.iter().enumerate() {
         new_id[p as usize] = i as u32;
     }
     let (mut src, mut dst_out) = (Vec::new(), Vec::new());
-    // Edges are grouped by destination, ascending; `dst` ascends and is
-    // renumbered 0.. in order, so the kept edges stay grouped and sorted.
-    for (&s, &d) in b.src.iter().zip(&b.dst) {
-        let nd = new_id[d as usize];
-        if (nd as usize) < dst.len() {
-            src.push(new_id[s as usize]);
-            dst_out.push(nd);
+    let segments: Vec<(usize, usize)> = if b.relations.is_empty() {
+        vec![(0, b.src.len())]
+    } else {
+        b.relations
+            .windows(2)
+            .map(|w| (w[0] as usize, w[1] as usize))
+            .collect()
+    };
+    let mut relations = Vec::with_capacity(b.relations.len());
+    if !b.relations.is_empty() {
+        relations.push(0);
+    }
+    // Edges are grouped by destination, ascending (a typed block's within
+    // each relation); `dst` ascends and is renumbered 0.. in order, so the
+    // kept edges stay grouped and sorted.
+    for (from, to) in segments {
+        for e in from..to {
+            let nd = new_id[b.dst[e] as usize];
+            if (nd as usize) < dst.len() {
+                src.push(new_id[b.src[e] as usize]);
+                dst_out.push(nd);
+            }
+        }
+        if !b.relations.is_empty() {
+            relations.push(src.len() as u32);
         }
     }
     Block {
@@ -125,7 +144,7 @@ fn relabel(b: &Block, order: &[u32], dst: &[u32]) -> Block {
         num_dst: dst.len() as u32,
         src,
         dst: dst_out,
-        relations: Vec::new(),
+        relations,
     }
 }
 

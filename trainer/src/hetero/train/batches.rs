@@ -61,7 +61,14 @@ impl TypedLayout {
         let mut x = Vec::with_capacity(f.loaded.len());
         for (t, loaded) in f.loaded.iter().enumerate() {
             match (loaded, &self.assembles[t]) {
-                (Some(loaded), Some(src)) => x.push(assemble(src, loaded)?.0),
+                (Some(loaded), Some(src)) => {
+                    let rows = assemble(src, loaded)?.0;
+                    // A pruned batch's model reads its kept rows only.
+                    x.push(match &f.plan {
+                        Some(p) => p.select(t, &rows)?,
+                        None => rows,
+                    });
+                }
                 _ => x.push(Tensor::f_zeros(
                     [f.blocks.num_inputs[t], 0],
                     (Kind::Float, f.device),
