@@ -255,9 +255,18 @@ fn typed_batches_prune_against_the_historical_cache() {
     let gat = train(pack, &[&["--model", "gat"][..], &cache[..]].concat());
     let h = &gat.json()["summary"]["historical"];
     assert!(h["level_cached"][0].as_u64().unwrap() > 0, "{h}");
+    // Refused before the memory statement, which would fail first here.
     let r = run_env(
         "trainer",
-        &["--manifest", pack, "--historical", "--emulate-ranks", "2"],
+        &[
+            "--manifest",
+            pack,
+            "--historical",
+            "--emulate-ranks",
+            "2",
+            "--memory",
+            "1M",
+        ],
         &[],
     );
     assert!(!r.status.success());

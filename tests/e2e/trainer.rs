@@ -343,4 +343,16 @@ fn io_depth_auto_measures_the_disk_once_and_keeps_its_curve() {
         assert!(!r.status.success());
         assert!(r.stderr.contains("--io-depth"), "{}", r.stderr);
     }
+    // The curve kept names the file it was measured on by its whole path.
+    let file = probe["file"].as_str().unwrap();
+    assert!(std::path::Path::new(file).is_absolute(), "{probe}");
+    // probe-disk refuses a file too small to stand for the disk.
+    let tiny = dir.path().join("tiny.bin");
+    std::fs::write(&tiny, vec![0u8; 1 << 20]).unwrap();
+    let r = offgnn_e2e::run_with_env(
+        "trainer",
+        &["probe-disk", "--file", tiny.to_str().unwrap()],
+        &env,
+    );
+    offgnn_e2e::assert_one_line(&r, "too small to measure the disk by");
 }

@@ -213,7 +213,10 @@ pub fn probe(path: &Path, seconds: f64) -> Result<DepthProbe> {
     }
     Ok(DepthProbe {
         disk: disk_of(path),
-        file: path.display().to_string(),
+        file: std::path::absolute(path)
+            .unwrap_or_else(|_| path.to_path_buf())
+            .display()
+            .to_string(),
         points,
         chosen,
         span: Some(SpanPoint {

@@ -297,9 +297,10 @@ pub fn packed_typed(s: &TypedPackSummary) {
     for t in &s.node_types {
         let line = match (&t.layout, t.feature_dim, &t.store_dtype) {
             (Some(l), Some(dim), Some(dtype)) => format!(
-                "{} rows of {dim} x {dtype}: {}; {} of a {} share, {} segments of {} batches; predicted read amp. {:.3}",
+                "{} rows of {dim} x {dtype}: {}, CPU cache {}; {} of a {} share, {} segments of {} batches; predicted read amp. {:.3}",
                 t.rows,
                 tiers(l),
+                format!("{:?}", l.cpu_cache_policy).to_lowercase(),
                 human_bytes(l.disk_bytes),
                 human_bytes(t.disk_budget),
                 l.segments,

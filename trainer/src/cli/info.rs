@@ -102,7 +102,7 @@ pub(super) fn probe_disk(file: &std::path::Path, fresh: bool) -> anyhow::Result<
         .len();
     if size < LEAST {
         anyhow::bail!(
-            "{}: {} is too small to measure the disk by (random reads over it would hit the disk's cache, and the curve is kept for the whole disk); give a file of at least {}, such as a layout's segment",
+            "{}: {} is too small to measure the disk by (random reads over it would hit the disk's cache); give a file of at least {}, such as a layout's largest segment (training on a layout this small measures its largest object, a curve that only layouts as small use)",
             file.display(),
             offgnn_shared::report::human_bytes(size),
             offgnn_shared::report::human_bytes(LEAST)

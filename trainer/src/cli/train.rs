@@ -589,8 +589,12 @@ pub(super) fn check_statement(
     if let Some(limit) = memory_limit
         && memory.total_bytes > limit
     {
+        let smaller_cache = match memory.historical_bytes {
+            0 => "",
+            _ => ", or give --historical a smaller memory=",
+        };
         anyhow::bail!(
-            "--memory {}: this run needs up to {} (libtorch's runtime {}, caches {}, batches in flight {}, model and optimizer {}{}, activations {}); give more memory, or {fewer}",
+            "--memory {}: this run needs up to {} (libtorch's runtime {}, caches {}, batches in flight {}, model and optimizer {}{}, activations {}); give more memory, or {fewer}{smaller_cache}",
             human_bytes(limit),
             human_bytes(memory.total_bytes),
             human_bytes(memory.runtime_bytes),

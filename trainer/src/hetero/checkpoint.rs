@@ -19,6 +19,7 @@ use super::train::{Started, TypedEpoch, TypedTrainConfig};
 use crate::error::{Error, Result};
 use crate::model::Adam;
 use crate::train::{FileDigest, META, commit_meta, load_tensors, write_tensor_file};
+use offgnn_shared::report;
 
 const FORMAT: &str = "offgnn-typed-checkpoint";
 
@@ -57,6 +58,22 @@ pub struct InEpoch {
     pub disk_bytes: f64,
     #[serde(default)]
     pub disk_rows_bytes: f64,
+}
+
+impl InEpoch {
+    /// `steps` done and the sums of their loss, seeds right, seeds seen,
+    /// disk bytes and row bytes, in that order.
+    pub fn of(steps: u64, sums: &[f64]) -> InEpoch {
+        let at = |i: usize| sums.get(i).copied().unwrap_or(0.0);
+        InEpoch {
+            steps,
+            loss_sum: at(0),
+            right: at(1),
+            seen: at(2),
+            disk_bytes: at(3),
+            disk_rows_bytes: at(4),
+        }
+    }
 }
 
 /// What a run saves and resumes: its model, optimizer and best parameters.
@@ -231,13 +248,20 @@ pub(super) fn start(
     match (read(dir)?, cfg.resume) {
         (Some(meta), true) => {
             let best = resume(dir, &meta, (vs, adam), key, cfg.device)?;
+            // Epochs count from 0, as the epoch lines number them.
             tracing::info!(
-                "resuming after epoch {}{} from {}",
-                meta.epoch,
-                meta.in_epoch.map_or(String::new(), |p| format!(
-                    " and {} steps of the next",
-                    p.steps
-                )),
+                "resuming {} from {}",
+                match meta.in_epoch {
+                    Some(p) => format!(
+                        "inside epoch {}, after its first {} steps",
+                        meta.epoch, p.steps
+                    ),
+                    None => format!(
+                        "at epoch {}, {} done",
+                        meta.epoch,
+                        report::count(u64::from(meta.epoch), "epoch", "epochs")
+                    ),
+                },
                 dir.display()
             );
             Ok((meta.history, best, meta.in_epoch))

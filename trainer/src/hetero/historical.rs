@@ -34,13 +34,32 @@ pub(super) fn cache(
     let Some(h) = &cfg.historical else {
         return Ok(None);
     };
+    check(cfg, model, ranks.world())?;
+    let shape = (model.layers - 1, model.hidden as usize, LAG);
+    crate::historical::for_run(h, ranks.world(), shape).map(Some)
+}
+
+/// Refuses `--historical` where it does not apply: a model without levels
+/// between layers, and a run of several ranks.
+pub(crate) fn check(
+    cfg: &super::train::TypedTrainConfig,
+    model: &super::RgnnConfig,
+    world: u32,
+) -> Result<()> {
+    if cfg.historical.is_none() {
+        return Ok(());
+    }
     if model.layers < 2 {
         return Err(Error::InvalidArgument(
             "--historical caches embeddings between layers: it needs a layout sampled with at least 2 layers (--fanout)".into(),
         ));
     }
-    let shape = (model.layers - 1, model.hidden as usize, LAG);
-    crate::historical::for_run(h, ranks.world(), shape).map(Some)
+    if world > 1 {
+        return Err(Error::InvalidArgument(
+            crate::historical::ONE_PROCESS.into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Step `step`'s update to the cache once its backward pass is through:

@@ -21,7 +21,7 @@ pub mod export;
 mod fetch;
 mod figures;
 pub mod first_layer;
-mod historical;
+pub(crate) mod historical;
 pub mod infer;
 pub mod memory;
 mod ranks;

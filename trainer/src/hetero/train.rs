@@ -569,16 +569,8 @@ fn train_epoch(
         tch::manual_seed(crate::train::batch_seed(cfg.seed, epoch, order[k] as u64));
         sums[3] += b.disk_bytes as f64;
         sums[4] += b.disk_rows_bytes as f64;
-        let mut kept = Vec::new();
-        let (loss, right, seen) = match &b.plan {
-            Some(p) => step_loss(model, &b, &mut p.lay_in(&mut kept))?,
-            None => step_loss(model, &b, &mut |_, h| Ok(h))?,
-        };
-        loss.f_backward()?;
-        if let Some((h, first)) = run.historical {
-            super::historical::publish(h, first + k as u64, b.plan.as_ref(), &kept)?;
-        }
-        let value = loss.f_double_value(&[])?;
+        let cache = run.historical.map(|(h, first)| (h, first + k as u64));
+        let (value, right, seen) = batch_pass(model, &b, cache)?;
         if !value.is_finite() {
             diverged.get_or_insert(format!(
                 "epoch {epoch} batch {}: the loss is {value}",
@@ -607,15 +599,7 @@ fn train_epoch(
                 && step_no < steps
             {
                 let total = super::ranks::summed(run.ranks, &sums, run.device)?;
-                let p = InEpoch {
-                    steps: step_no,
-                    loss_sum: total[0],
-                    right: total[1],
-                    seen: total[2],
-                    disk_bytes: total[3],
-                    disk_rows_bytes: total[4],
-                };
-                inside(opt, p)?;
+                inside(opt, InEpoch::of(step_no, &total))?;
             }
             done.here += 1;
             if done.interrupt_after == Some(done.here) {
@@ -638,6 +622,27 @@ fn train_epoch(
         stages,
         ..Default::default()
     })
+}
+
+/// A training batch's forward and backward pass, as training step `cache`
+/// of the historical cache where there is one (its update published once
+/// the backward pass is through): the loss, the seeds or pairs right, and
+/// how many the batch has.
+fn batch_pass(
+    model: &Rgnn,
+    b: &Batch,
+    cache: Option<(&Historical, u64)>,
+) -> Result<(f64, f64, f64)> {
+    let mut kept = Vec::new();
+    let (loss, right, seen) = match &b.plan {
+        Some(p) => step_loss(model, b, &mut p.lay_in(&mut kept))?,
+        None => step_loss(model, b, &mut |_, h| Ok(h))?,
+    };
+    loss.f_backward()?;
+    if let Some((h, step)) = cache {
+        super::historical::publish(h, step, b.plan.as_ref(), &kept)?;
+    }
+    Ok((loss.f_double_value(&[])?, right, seen))
 }
 
 /// How many rows' largest logit is their label.

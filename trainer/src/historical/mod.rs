@@ -110,6 +110,9 @@ impl HistoricalConfig {
     }
 }
 
+/// Why a run of several ranks is refused the cache.
+pub const ONE_PROCESS: &str = "--historical trains one process: it is not built for data-parallel training (--emulate-ranks, torchrun, srun)";
+
 /// The cache `h` asks for a run of `world` ranks, of `levels` levels of
 /// `dim`-wide embeddings with lookups `lag` steps behind: refused in
 /// data-parallel training (its cache would be one rank's alone, which
@@ -121,9 +124,7 @@ pub fn for_run(
     (levels, dim, lag): (usize, usize, u64),
 ) -> crate::error::Result<Historical> {
     if world > 1 {
-        return Err(crate::error::Error::InvalidArgument(
-            "--historical trains one process: it is not built for data-parallel training (--emulate-ranks, torchrun, srun)".into(),
-        ));
+        return Err(crate::error::Error::InvalidArgument(ONE_PROCESS.into()));
     }
     if let Some(why) = h.unused() {
         tracing::warn!(
