@@ -136,17 +136,10 @@ pub(super) fn train_typed_command(
             batches: a.dump_count,
         }),
     };
-    // What the run cannot take is refused before the disk is probed or the
-    // memory stated.
     let world = group
         .as_ref()
         .map_or(a.emulate_ranks.unwrap_or(1), |g| g.world);
-    crate::hetero::historical::check(&cfg, &model_config(&manifest, &cfg), world)?;
-    if (a.loaders, a.queue_depth) != (2, 2) {
-        tracing::warn!(
-            "--loaders and --queue-depth are not used on a typed layout: one loader thread reads up to two batches ahead"
-        );
-    }
+    check_flags(a, (&cfg, &manifest), world)?;
     let engine = IoEngine::new(super::train::io_options(a));
     let (engine, _) = super::train::engine_for_disk((dir, &manifest.objects), engine, a);
     let memory = state_memory(&manifest, &cfg, a)?;
@@ -318,6 +311,22 @@ fn state_memory(
         ),
     )?;
     Ok(Some(memory))
+}
+
+/// Refuses what the run of `world` ranks cannot take before the disk is
+/// probed or the memory stated, and warns of flags a typed run ignores.
+fn check_flags(
+    a: &TrainArgs,
+    (cfg, m): (&TypedTrainConfig, &TypedManifest),
+    world: u32,
+) -> anyhow::Result<()> {
+    crate::hetero::historical::check(cfg, &model_config(m, cfg), world)?;
+    if (a.loaders, a.queue_depth) != (2, 2) {
+        tracing::warn!(
+            "--loaders and --queue-depth are not used on a typed layout: one loader thread reads up to two batches ahead"
+        );
+    }
+    Ok(())
 }
 
 /// `--metrics`, created (refused where a file is, unless --overwrite).
