@@ -251,6 +251,31 @@ fn typed_batches_prune_against_the_historical_cache() {
         bytes(&naive),
         bytes(&naive_plain)
     );
+    // A resume without the cache's settings goes on without it, and says so.
+    let ck = dir.path().join("ck");
+    let ck = ck.to_str().unwrap();
+    let with_ck = |extra: &[&str]| {
+        let mut args = vec![
+            "--manifest",
+            pack,
+            "--max-batches",
+            "3",
+            "--checkpoint-dir",
+            ck,
+        ];
+        args.extend_from_slice(extra);
+        run_env("trainer", &args, &[])
+    };
+    let r = with_ck(&["--historical", "t_stale=10", "--epochs", "2"]);
+    assert!(r.status.success(), "{}", r.stderr);
+    let r = with_ck(&["--resume", "--epochs", "3"]);
+    assert!(r.status.success(), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the checkpoint's run trained with --historical p_grad=0.9,t_stale=10"),
+        "{}",
+        r.stderr
+    );
     // R-GAT reads its destinations' own rows: they stay among those read.
     let gat = train(pack, &[&["--model", "gat"][..], &cache[..]].concat());
     let h = &gat.json()["summary"]["historical"];

@@ -36,6 +36,9 @@ pub struct TypedCheckpoint {
     /// from there unless `--manifest` says otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
+    /// `--historical`'s settings (absent without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub historical: Option<crate::historical::HistoricalConfig>,
     /// Epochs completed, and their figures.
     pub epoch: u32,
     pub history: Vec<TypedEpoch>,
@@ -91,6 +94,7 @@ pub struct RunKey<'a> {
     pub manifest: &'a offgnn_manifests::TypedManifest,
     /// Where the run read that manifest.
     pub layout: Option<&'a str>,
+    pub historical: Option<&'a crate::historical::HistoricalConfig>,
 }
 
 /// Saves the state after `history`'s epochs (and `in_epoch`'s steps of
@@ -130,6 +134,7 @@ pub fn save(
         samples_run_sha256: key.manifest.samples.run_sha256.clone(),
         dataset_fingerprint: key.manifest.dataset.dataset_fingerprint.clone(),
         layout: key.layout.map(str::to_string),
+        historical: key.historical.cloned(),
         epoch,
         history: history.to_vec(),
         best_epoch,
@@ -188,6 +193,7 @@ pub fn resume(
     if meta.lr != key.lr || meta.seed != key.seed {
         return Err(differs("--lr or --seed"));
     }
+    crate::historical::warn_if_changed(meta.historical.as_ref(), key.historical);
     if meta.samples_run_sha256 != key.manifest.samples.run_sha256
         || meta.dataset_fingerprint != key.manifest.dataset.dataset_fingerprint
     {

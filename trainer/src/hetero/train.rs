@@ -179,6 +179,7 @@ pub fn train_typed(
         seed: cfg.seed,
         manifest: &layout.manifest,
         layout: cfg.layout_location.as_deref(),
+        historical: cfg.historical.as_ref(),
     };
     let (mut epochs, mut best_params, mut resume_at) =
         start(cfg, (&vs, &mut opt), &key, (ranks, cache.is_some()))?;

@@ -33,7 +33,7 @@ use level_cache::LevelCache;
 pub use prune::{Pruned, prune};
 
 /// `--historical p_grad=0.9,t_stale=200,start=0,memory=1GiB`.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct HistoricalConfig {
     /// The fraction of a level's nodes, smallest gradient norms first,
     /// admitted after each step.
@@ -108,6 +108,30 @@ impl HistoricalConfig {
             _ => None,
         }
     }
+}
+
+/// Warns where a resumed run's cache settings (`now`) are not those its
+/// checkpoint's run trained with (`saved`): from there it trains another
+/// way than the run it continues.
+pub fn warn_if_changed(saved: Option<&HistoricalConfig>, now: Option<&HistoricalConfig>) {
+    if saved == now {
+        return;
+    }
+    let with = |h: Option<&HistoricalConfig>| match h {
+        Some(h) => format!(
+            "with --historical p_grad={},t_stale={},start={},memory={}",
+            h.p_grad,
+            h.t_stale,
+            h.start,
+            offgnn_shared::report::human_bytes(h.memory)
+        ),
+        None => "without --historical".into(),
+    };
+    tracing::warn!(
+        "the checkpoint's run trained {}, and this run trains {}: from here it trains another way than the run it continues",
+        with(saved),
+        with(now)
+    );
 }
 
 /// Why a run of several ranks is refused the cache.

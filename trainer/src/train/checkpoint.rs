@@ -65,6 +65,10 @@ pub(super) struct Hyper {
     pub(super) lr: f64,
     pub(super) seed: u64,
     pub(super) max_batches: Option<usize>,
+    /// `--historical`'s settings (absent without it, and in checkpoints of
+    /// older trainers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) historical: Option<crate::historical::HistoricalConfig>,
 }
 
 impl Hyper {
@@ -73,6 +77,7 @@ impl Hyper {
             lr: cfg.lr,
             seed: cfg.seed,
             max_batches: cfg.max_batches,
+            historical: cfg.historical.clone(),
         }
     }
 }

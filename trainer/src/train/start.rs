@@ -90,6 +90,7 @@ fn resume(
     }
     if let Some(saved) = &meta.hyper {
         let now = Hyper::of(cfg);
+        crate::historical::warn_if_changed(saved.historical.as_ref(), now.historical.as_ref());
         let mut changed = Vec::new();
         if saved.lr != now.lr {
             changed.push(format!("--lr {:?} (now {:?})", saved.lr, now.lr));
