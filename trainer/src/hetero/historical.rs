@@ -140,18 +140,19 @@ fn typed(mut plan: Plan, top: &BatchTable, schema: &Schema, device: Device) -> R
     }
     let mut gather = Vec::with_capacity(plan.pruned.levels.len());
     let mut level_types = Vec::with_capacity(plan.pruned.levels.len());
+    // Each computed and cached node's place among its type's, by input
+    // position (a level's nodes are a prefix of the inputs).
+    let mut place = vec![0i64; at.len()];
     for lv in &plan.pruned.levels {
-        // Each computed and cached node's place among its type's.
-        let mut place = std::collections::HashMap::new();
         let (mut computed, mut cached) = (vec![0i64; types], vec![Vec::new(); types]);
         for &p in &lv.computed {
             let t = at[p as usize].0;
-            place.insert(p, computed[t]);
+            place[p as usize] = computed[t];
             computed[t] += 1;
         }
         for (i, &p) in lv.cached.iter().enumerate() {
             let t = at[p as usize].0;
-            place.insert(p, computed[t] + cached[t].len() as i64);
+            place[p as usize] = computed[t] + cached[t].len() as i64;
             cached[t].push(i as i64);
         }
         let mut per_type: Vec<(Vec<i64>, Vec<i64>)> =
@@ -159,7 +160,7 @@ fn typed(mut plan: Plan, top: &BatchTable, schema: &Schema, device: Device) -> R
         let mut of = Vec::with_capacity(lv.positions.len());
         for &p in &lv.positions {
             let t = at[p as usize].0;
-            per_type[t].0.push(place[&p]);
+            per_type[t].0.push(place[p as usize]);
             of.push(t);
         }
         gather.push(per_type);
