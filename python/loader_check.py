@@ -275,7 +275,11 @@ def no_threads_left(manifest):
         it = iter(l2)
         next(it)
     assert settles_to(base), ("a with block left mid-pass", threads(), base)
-    assert next(it, None) is None
+    try:
+        next(it)
+        raise AssertionError("a pass went on after its loader was closed")
+    except ValueError as e:
+        assert str(e) == "the loader was closed during this pass", e
     try:
         iter(l2).__next__()
         raise AssertionError("a closed loader iterated")
@@ -286,6 +290,32 @@ def no_threads_left(manifest):
     loader.close()
     del it, loader
     return {"batches": n, "threads": base, "after_close": threads()}
+
+
+def one_pass_at_a_time(manifest):
+    """An iterator a newer pass replaced raises, and dropping it leaves
+    the newer pass whole. NumPy's integers are whole numbers too."""
+    loader = offgnn.Loader(manifest, split="train", device="cpu", prefetch=np.int64(2),
+                           epoch=np.int64(0))
+    n = len(loader)
+    stale = iter(loader)
+    next(stale)
+    got = 0
+    for i, _ in enumerate(loader):
+        got += 1
+        if i == 1:
+            del stale
+    assert got == n, ("a dropped iterator ended the newer pass", got, n)
+    outer = iter(loader)
+    next(outer)
+    assert sum(1 for _ in loader) == n
+    try:
+        next(outer)
+        raise AssertionError("a replaced pass went on")
+    except RuntimeError as e:
+        assert "a newer pass over this loader ended this one" in str(e), e
+    loader.close()
+    return {"batches": n}
 
 
 CTRL_C = r"""
@@ -504,6 +534,9 @@ def refusals(manifest, work):
         (lambda: offgnn.Loader(manifest, device="cpu", prefetch=-1), ValueError),
         (lambda: offgnn.Loader(manifest, split="training", device="cpu"), ValueError),
         (lambda: offgnn.Loader(manifest, device="cpu").set_epoch("a"), ValueError),
+        (lambda: offgnn.Loader(manifest, device="cpu").set_epoch(2**32), ValueError),
+        (lambda: offgnn.Loader(manifest, device="cpu", memory=1.5), ValueError),
+        (lambda: offgnn.Loader(manifest, device="cpu", seed=-1), ValueError),
     ]
     lines = []
     for make, kind in cases:
@@ -539,6 +572,7 @@ def main():
             f16 = pack(a.bin_dir, a.work, name, dataset, "--store-dtype", "f16")
             out["same_batches"].append(same_batches(a.bin_dir, a.work, name, dataset, f16, "f16"))
             out["threads"] = no_threads_left(manifest)
+            out["one_pass"] = one_pass_at_a_time(manifest)
             out["ctrl_c"] = ctrl_c(manifest)
             out["ranks"] = rank_shares(manifest)
             out["refusals"] = refusals(manifest, a.work)

@@ -2,6 +2,7 @@
 ``Data``, read and assembled ahead of the Python loop by the trainer's
 pipeline in Rust (``offgnn._offgnn``)."""
 
+import operator
 import os
 import warnings
 
@@ -54,6 +55,19 @@ def _hetero(d):
 SPLITS = ("train", "valid", "test")
 
 
+def _whole(name, value, most, least=0, unit=""):
+    # A Python or NumPy integer in [least, most], else a ValueError.
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} {value!r}: expected a whole number{unit}") from None
+    if not least <= v <= most:
+        raise ValueError(f"{name} {v}: expected a whole number{unit} from {least} to {most}")
+    return v
+
+
 class Loader:
     """Iterates the mini-batches of one split of a packed layout.
 
@@ -102,7 +116,11 @@ class Loader:
 
     Iterating starts a pass on background threads; leaving the loop early
     or a KeyboardInterrupt stops them and joins them before returning.
-    ``close()`` (or the end of a ``with`` block) also lets the layout go.
+    A loader runs one pass at a time: a new pass ends an unfinished one,
+    whose iterator then raises ``RuntimeError`` (open a second loader to
+    read two passes at once). ``close()`` (or the end of a ``with`` block)
+    also lets the layout go; an iterator of the pass it ended raises
+    ``ValueError``.
     """
 
     def __init__(
@@ -118,12 +136,12 @@ class Loader:
     ):
         if split not in SPLITS:
             raise ValueError(f'split {split!r}: expected "train", "valid" or "test"')
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise ValueError(f"prefetch {prefetch!r}: expected a whole number of batches, 1 or more")
+        prefetch = _whole("prefetch", prefetch, 2**32 - 1, least=1, unit=" of batches")
+        seed = _whole("seed", seed, 2**64 - 1)
         if isinstance(device, torch.device):
             device = str(device)
         if memory is not None and not isinstance(memory, str):
-            memory = str(int(memory))
+            memory = str(_whole("memory", memory, 2**64 - 1, unit=' of bytes, or text such as "8G"'))
         if local_dir is not None:
             local_dir = os.fspath(local_dir)
         self._inner = _offgnn.Loader(
@@ -144,33 +162,45 @@ class Loader:
         self.memory_bytes = info["memory_bytes"]
         self.split = split
         self._said_reuse = False
-        self.set_epoch(epoch)
+        # Passes started, and whether close() ended this loader.
+        self._passes = 0
+        self._closed = False
+        self._set_epoch(epoch, stacklevel=3)
 
     def set_epoch(self, epoch):
         """The epoch the next pass reads (training batches' order)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise ValueError(f"epoch {epoch!r}: expected a whole number")
-        if epoch < 0:
-            raise ValueError(f"epoch {epoch}: epochs count from 0")
-        self.epoch = epoch
+        self._set_epoch(epoch, stacklevel=3)
+
+    def _set_epoch(self, epoch, stacklevel):
+        # stacklevel: the warning names the user's line, not this module's.
+        self.epoch = _whole("epoch", epoch, 2**32 - 1)
         sampled = self._inner.sampled_epochs()
-        if self.split == "train" and epoch >= sampled and not self._said_reuse:
+        if self.split == "train" and self.epoch >= sampled and not self._said_reuse:
             self._said_reuse = True
             warnings.warn(
-                f"epoch {epoch} is past the layout's {sampled} sampled epoch(s): "
+                f"epoch {self.epoch} is past the layout's {sampled} sampled epoch(s): "
                 "it reads the sampled batches again, reshuffled (sample more epochs for new ones)",
-                stacklevel=2,
+                stacklevel=stacklevel,
             )
 
     def __len__(self):
         return self._inner.num_batches(self.split, self.epoch)
 
     def __iter__(self):
+        self._passes += 1
+        mine = self._passes
         self._inner.start(self.split, self.epoch)
         try:
             while True:
+                if self._passes != mine:
+                    raise RuntimeError(
+                        "a newer pass over this loader ended this one: a loader runs one pass "
+                        "at a time (open a second Loader to read two at once)"
+                    )
                 d = self._inner.next()
                 if d is None:
+                    if self._closed:
+                        raise ValueError("the loader was closed during this pass")
                     return
                 if "types" in d:
                     yield _hetero(d)
@@ -190,12 +220,15 @@ class Loader:
                 data.blocks = [(_tensor(e), size) for e, size in d["blocks"]]
                 yield data
         finally:
-            self._inner.stop()
+            # An iterator a newer pass replaced leaves that pass alone.
+            if self._passes == mine:
+                self._inner.stop()
 
     def close(self):
         """Stops a pass in progress and lets the layout go (the I/O
         threads, the caches); the threads are joined on return. A closed
         loader refuses to iterate."""
+        self._closed = True
         self._inner.close()
 
     def __enter__(self):

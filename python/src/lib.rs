@@ -187,8 +187,14 @@ impl PyLoader {
         world: Option<u32>,
         rank: Option<u32>,
     ) -> PyResult<Self> {
-        let mut device = trainer::device::parse_device(device)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let mut device = trainer::device::parse_device(device).map_err(|e| {
+            // The trainer's line names its flag; here it is an argument.
+            let line = e.to_string();
+            PyValueError::new_err(match line.strip_prefix("--device ") {
+                Some(rest) => format!("device={rest} (device=\"cpu\" reads onto the CPU)"),
+                None => line,
+            })
+        })?;
         let memory = memory
             .map(offgnn_shared::sizes::parse_bytes)
             .transpose()

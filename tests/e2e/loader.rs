@@ -75,9 +75,10 @@ fn the_loader_yields_the_trainers_batches_to_pyg_models() {
     assert_eq!(ctrl_c["threads_after"], ctrl_c["base"], "{ctrl_c}");
     assert_eq!(
         summary["refusals"].as_array().unwrap().len(),
-        7,
+        10,
         "{summary}"
     );
+    assert_eq!(summary["one_pass"]["batches"], 3, "{summary}");
     assert_eq!(summary["typed"]["batches"], 3, "{summary}");
     let ranks = &summary["ranks"];
     for split in ["train0", "train3", "test0"] {
