@@ -95,15 +95,16 @@ pub fn resolve_fanouts(
 
 /// Parses `10,15,20`: positive fan-outs, input layer first.
 pub fn parse_fanouts(text: &str) -> Result<Vec<usize>> {
-    let parts: Vec<&str> = text
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .collect();
-    if parts.is_empty() {
+    if text.trim().is_empty() {
         return Err(Error::InvalidArgument(
             "--fanout is empty: give one fan-out per layer, e.g. 10,15,20".into(),
         ));
+    }
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(Error::InvalidArgument(format!(
+            "--fanout {text}: a layer's fan-out is missing between commas"
+        )));
     }
     parts
         .iter()

@@ -228,7 +228,11 @@ pub fn estimate(shape: &InputShape, cfg: &SampleConfig, link: Option<&LinkTask>)
         None => (cfg.batch_size.max(eval_batch as usize) as u64, 0),
     };
     let blocks = match &shape.fanouts {
-        Fanouts::Plain(fanouts) => block_bounds(n, seeds_per_batch, fanouts),
+        // A layer draws each of the graph's edges at most once.
+        Fanouts::Plain(fanouts) => block_bounds(n, seeds_per_batch, fanouts)
+            .into_iter()
+            .map(|(src, dst, edges)| (src, dst, edges.min(graph_edges)))
+            .collect(),
         Fanouts::Typed(typed) => {
             // A node batch's seeds are of the task's type; a link batch's
             // are endpoints of its relation's two types.

@@ -133,7 +133,8 @@ pub fn sample_blocks_excluding(
             }
             (offsets[v as usize], offsets[v as usize + 1])
         }));
-        let mut dst = Vec::with_capacity(num_dst * fanout);
+        // A layer picks each edge at most once, whatever the fan-out.
+        let mut dst = Vec::with_capacity(num_dst.saturating_mul(fanout).min(indices.len()));
         let rows = bounds
             .iter()
             .enumerate()

@@ -226,9 +226,12 @@ pub fn sample_typed_blocks_excluding(
             let t = t as usize;
             by_type[t].push((d as u32, (v as u64 - g.offsets[t]) as usize));
         }
-        // At most each destination's fan-out over each relation reaching it.
+        // At most each destination's fan-out over each relation reaching
+        // it, and each of the relation's edges once.
         let most: usize = (g.relations.iter().zip(layer))
-            .map(|(rel, &fanout)| by_type[rel.dst].len() * fanout)
+            .map(|(rel, &fanout)| {
+                (by_type[rel.dst].len().saturating_mul(fanout)).min(rel.csr.indices().len())
+            })
             .sum();
         let (mut src, mut dst) = (Vec::with_capacity(most), Vec::with_capacity(most));
         let mut relations = vec![0u32];

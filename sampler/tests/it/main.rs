@@ -112,6 +112,58 @@ fn identical_output_for_any_thread_count() {
 }
 
 #[test]
+fn a_fan_out_past_every_degree_takes_every_neighbour_in_bounded_memory() {
+    // Stated and allocated as the graph's edges bound it, not the fan-out:
+    // 2^40 a layer once asked for TiBs and aborted.
+    let dir = tempfile::tempdir().unwrap();
+    let ds_path = dataset(dir.path());
+    let ds = Dataset::open(&ds_path).unwrap();
+    let store = Store::memory();
+    let cfg = SampleConfig {
+        fanouts: vec![1 << 40, 1 << 40],
+        memory_limit: Some(512 << 20),
+        ..config(&ds_path, "memory://")
+    };
+    let outcome = run_in(&cfg, &ds, &store).unwrap();
+    assert!(outcome.edges > 0 && outcome.memory.total_bytes < 512 << 20);
+}
+
+#[test]
+fn a_dataset_another_run_commits_meanwhile_is_kept_without_overwrite() {
+    // Two runs on one --out, neither given --overwrite: the later commit
+    // is refused and the earlier dataset stays, as a run started after the
+    // first committed would be refused.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("g");
+    let cfg = GeneratorConfig {
+        num_nodes: 200_000,
+        feature_dim: 16,
+        ..Default::default()
+    };
+    let writing = {
+        let out = out.clone();
+        std::thread::spawn(move || generate(&out, &cfg, false, false))
+    };
+    let partial = || {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .any(|e| e.unwrap().file_name().to_string_lossy().starts_with(".g.partial-"))
+    };
+    let since = std::time::Instant::now();
+    while !partial() && since.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(partial(), "the generator never started its partial dataset");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("metadata.yaml"), "the other run's").unwrap();
+    let err = writing.join().unwrap().unwrap_err().to_string();
+    assert!(err.contains("another run put a dataset there"), "{err}");
+    let kept = std::fs::read_to_string(out.join("metadata.yaml")).unwrap();
+    assert_eq!(kept, "the other run's");
+    assert!(!partial(), "the refused run left its partial dataset");
+}
+
+#[test]
 fn shards_add_up_to_the_single_run() {
     let dir = tempfile::tempdir().unwrap();
     let ds_path = dataset(dir.path());
@@ -269,6 +321,8 @@ fn refuses_bad_input_and_writes_nothing() {
         ("", "empty"),
         ("10,0,5", "0 samples nothing"),
         ("10,x", "'x'"),
+        ("10,,5", "missing between commas"),
+        ("10,", "missing between commas"),
     ] {
         let err = parse_fanouts(text).unwrap_err().to_string();
         assert!(err.contains(want), "{text}: {err}");

@@ -21,6 +21,8 @@ use crate::npy;
 pub struct DatasetWriter {
     out: PathBuf,
     tmp: PathBuf,
+    /// Whether a dataset found at `out` when committing may be replaced.
+    overwrite: bool,
     committed: bool,
 }
 
@@ -286,6 +288,7 @@ impl DatasetWriter {
         Ok(DatasetWriter {
             out,
             tmp,
+            overwrite,
             committed: false,
         })
     }
@@ -473,19 +476,29 @@ impl DatasetWriter {
         // The new dataset goes in first, in one step: over an old one the
         // two directories are swapped (renameat2's RENAME_EXCHANGE), so a
         // reader sees the old dataset or the new one, never neither; the
-        // old one, now at the partial name, goes after.
-        let replaced = self.out.exists();
-        if replaced {
-            rustix::fs::renameat_with(
-                rustix::fs::CWD,
-                &self.tmp,
-                rustix::fs::CWD,
-                &self.out,
-                rustix::fs::RenameFlags::EXCHANGE,
-            )
-            .map_err(|e| Error::io(&self.out, std::io::Error::from(e)))?;
-        } else {
-            fs::rename(&self.tmp, &self.out).map_err(|e| Error::io(&self.out, e))?;
+        // old one, now at the partial name, goes after. Without
+        // `overwrite`, a dataset another run put there meanwhile stays.
+        let replaced = self.overwrite && self.out.exists();
+        let flags = match replaced {
+            true => rustix::fs::RenameFlags::EXCHANGE,
+            false => rustix::fs::RenameFlags::NOREPLACE,
+        };
+        let moved = rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &self.tmp,
+            rustix::fs::CWD,
+            &self.out,
+            flags,
+        );
+        match moved {
+            Ok(()) => {}
+            Err(rustix::io::Errno::EXIST | rustix::io::Errno::NOTEMPTY) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: another run put a dataset there while this one wrote its own; it stays, and this one was not committed (pass --overwrite to replace it)",
+                    self.out.display()
+                )));
+            }
+            Err(e) => return Err(Error::io(&self.out, std::io::Error::from(e))),
         }
         w.committed.push(self.out.clone());
         self.committed = true;
