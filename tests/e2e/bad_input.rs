@@ -483,6 +483,18 @@ fn trainer_cases(f: &Fixture, b: &Broken) -> Vec<Case> {
         ),
         (
             "trainer",
+            trainer_args(&manifest, &["--model", "gat", "--heads", "0"]),
+            "--heads",
+            None,
+        ),
+        (
+            "trainer",
+            trainer_args(&manifest, &["--max-batches", "0"]),
+            "--max-batches must be at least 1",
+            None,
+        ),
+        (
+            "trainer",
             trainer_args(
                 &manifest,
                 &[

@@ -65,7 +65,7 @@ fn cora_trains_through_the_binary_and_refuses_bad_input() {
             "--checkpoint-dir",
             ckpt.to_str().unwrap(),
         ]),
-        "another model",
+        "another model: --model sage (now gat)",
     );
     // An earlier run's checkpoint or metrics are not replaced unless asked.
     let (c, mf) = (ckpt.to_str().unwrap(), metrics.to_str().unwrap());

@@ -483,9 +483,11 @@ fn resumes_inside_an_epoch(pack: &Path, ck: &Path, rebuilds: bool) {
     let r = run("trainer", &common);
     assert!(r.status.success(), "{}", r.stderr);
     let straight = losses_of(&r);
+    let metrics = ck.with_extension("metrics.jsonl");
     let with_checkpoints = [
         &common[..],
         &["--checkpoint-dir", ck_dir, "--checkpoint-every", "1"],
+        &["--metrics", metrics.to_str().unwrap()],
     ]
     .concat();
     // Killed after the second step of the first epoch (of three).
@@ -500,9 +502,34 @@ fn resumes_inside_an_epoch(pack: &Path, ck: &Path, rebuilds: bool) {
     assert_eq!(meta["epoch"], 0);
     assert_eq!(meta["in_epoch"]["steps"], 2);
     let resumed = [&with_checkpoints[..], &["--resume"]].concat();
+    // Another world or batch cap is another run: refused, not resumed
+    // (a layout whose CPU caches follow the batch order refuses ranks
+    // anyway).
+    let others: [(&[&str], &str); 2] = [
+        (
+            &["--emulate-ranks", "2"],
+            "a run of 1 rank(s), and this run has 2",
+        ),
+        (&["--max-batches", "1"], "every batch (now --max-batches 1)"),
+    ];
+    for (other, says) in others.iter().filter(|_| !rebuilds) {
+        let r = run("trainer", &[&resumed[..], other].concat());
+        offgnn_e2e::assert_one_line(&r, says);
+    }
     let r = offgnn_e2e::run_with_env("trainer", &resumed, &[("RUST_LOG", "info")]);
     assert!(r.status.success(), "{}", r.stderr);
     let after = losses_of(&r);
+    // The resumed run appends to the metrics file it started.
+    let epochs: Vec<u64> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["epoch"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(epochs, [0, 1]);
     let same = straight.len() == after.len()
         && straight
             .iter()

@@ -377,11 +377,8 @@ fn model_shape(a: &TrainArgs) -> anyhow::Result<(ModelKind, i64)> {
     if a.checkpoint_every == Some(0) {
         anyhow::bail!("--checkpoint-every must be at least 1");
     }
-    if kind == ModelKind::Gat && hidden % a.heads != 0 {
-        anyhow::bail!(
-            "--hidden {hidden} is not a multiple of --heads {}: GAT's hidden layers split their width evenly across heads",
-            a.heads
-        );
+    if a.max_batches == Some(0) {
+        anyhow::bail!("--max-batches must be at least 1");
     }
     if hidden <= 0
         || a.heads <= 0
@@ -396,6 +393,12 @@ fn model_shape(a: &TrainArgs) -> anyhow::Result<(ModelKind, i64)> {
             a.dropout,
             a.heads,
             a.epochs
+        );
+    }
+    if kind == ModelKind::Gat && hidden % a.heads != 0 {
+        anyhow::bail!(
+            "--hidden {hidden} is not a multiple of --heads {}: GAT's hidden layers split their width evenly across heads",
+            a.heads
         );
     }
     Ok((kind, hidden))

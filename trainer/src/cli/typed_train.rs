@@ -329,15 +329,13 @@ fn check_flags(
     Ok(())
 }
 
-/// `--metrics`, created (refused where a file is, unless --overwrite).
+/// `--metrics`, held by this run: appended to by a resumed run, else
+/// started afresh (over a file with lines only with --overwrite).
 fn open_metrics(a: &TrainArgs) -> anyhow::Result<Option<(PathBuf, std::fs::File)>> {
     let Some(path) = &a.metrics else {
         return Ok(None);
     };
-    if path.exists() && !a.overwrite {
-        anyhow::bail!("{} exists: pass --overwrite to replace it", path.display());
-    }
-    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let f = crate::train::metrics::open_metrics(path, a.resume, a.overwrite)?;
     Ok(Some((path.clone(), f)))
 }
 

@@ -39,6 +39,13 @@ pub struct TypedCheckpoint {
     /// `--historical`'s settings (absent without it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub historical: Option<crate::historical::HistoricalConfig>,
+    /// The ranks that took it (absent in checkpoints from before it was
+    /// recorded: one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
+    /// `--max-batches` (absent: every batch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batches: Option<usize>,
     /// Epochs completed, and their figures.
     pub epoch: u32,
     pub history: Vec<TypedEpoch>,
@@ -95,6 +102,9 @@ pub struct RunKey<'a> {
     /// Where the run read that manifest.
     pub layout: Option<&'a str>,
     pub historical: Option<&'a crate::historical::HistoricalConfig>,
+    /// The ranks taking part.
+    pub world: u32,
+    pub max_batches: Option<usize>,
 }
 
 /// Saves the state after `history`'s epochs (and `in_epoch`'s steps of
@@ -135,6 +145,8 @@ pub fn save(
         dataset_fingerprint: key.manifest.dataset.dataset_fingerprint.clone(),
         layout: key.layout.map(str::to_string),
         historical: key.historical.cloned(),
+        world_size: Some(key.world),
+        max_batches: key.max_batches,
         epoch,
         history: history.to_vec(),
         best_epoch,
@@ -187,11 +199,19 @@ pub fn resume(
     };
     if &meta.model != key.model {
         return Err(differs(
-            "model (--model, --hidden, --heads, --dropout, --root-weight, --init, or the layout's types)",
+            "model (--model, --hidden, --heads, --dropout, --root-weight, --init, --scorer, or the layout's types)",
         ));
     }
     if meta.lr != key.lr || meta.seed != key.seed {
         return Err(differs("--lr or --seed"));
+    }
+    crate::train::start::same_world(dir, meta.world_size, key.world)?;
+    if meta.max_batches != key.max_batches {
+        return Err(Error::Checkpoint(format!(
+            "{}: the checkpoint's run used {}; a resume continues the same run, so pass the same settings, or start a new run with --overwrite",
+            dir.display(),
+            crate::train::start::max_batches_changed(meta.max_batches, key.max_batches)
+        )));
     }
     crate::historical::warn_if_changed(meta.historical.as_ref(), key.historical);
     if meta.samples_run_sha256 != key.manifest.samples.run_sha256

@@ -180,6 +180,8 @@ pub fn train_typed(
         manifest: &layout.manifest,
         layout: cfg.layout_location.as_deref(),
         historical: cfg.historical.as_ref(),
+        world: ranks.world(),
+        max_batches: cfg.max_batches,
     };
     let (mut epochs, mut best_params, mut resume_at) =
         start(cfg, (&vs, &mut opt), &key, (ranks, cache.is_some()))?;

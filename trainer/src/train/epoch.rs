@@ -168,8 +168,8 @@ pub(super) fn record(
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<()> {
     let cfg = job.cfg;
-    if let Some(f) = run.metrics_file.as_mut() {
-        append_metrics(f, &e)?;
+    if let (Some(f), Some(path)) = (run.metrics_file.as_mut(), cfg.metrics.as_deref()) {
+        append_metrics(f, path, &e)?;
     }
     if job.writer() {
         on_epoch(&e);

@@ -3,7 +3,7 @@
 //! mid-epoch checkpoint), and the summary of the whole run.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, TchError, Tensor};
@@ -229,29 +229,88 @@ impl DeviceSums {
 /// The `--metrics` file, on the rank that writes: appended to by a resumed
 /// run, else started afresh.
 pub(super) fn open_metrics_file(cfg: &TrainConfig, writer: bool) -> Result<Option<std::fs::File>> {
-    Ok(match cfg.metrics.as_ref().filter(|_| writer) {
-        Some(p) => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(cfg.resume)
-                .write(true)
-                .truncate(!cfg.resume)
-                .open(p)
-                .map_err(|e| Error::io(p.display(), e))?,
-        ),
-        None => None,
-    })
+    match cfg.metrics.as_ref().filter(|_| writer) {
+        Some(p) => open_metrics(p, cfg.resume, cfg.overwrite).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Opens the metrics file `path` for one run: held under an exclusive lock
+/// while the run writes it (a second run on it is refused, not mixed in),
+/// appended to where `resume`, else emptied, which a file with lines in it
+/// needs `overwrite` for.
+pub(crate) fn open_metrics(path: &Path, resume: bool, overwrite: bool) -> Result<std::fs::File> {
+    let io = |e| Error::io(path.display(), e);
+    if path.is_dir() {
+        return Err(Error::InvalidArgument(format!(
+            "{}: a directory, not a metrics file",
+            path.display()
+        )));
+    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
+    if let Err(e) = f.try_lock() {
+        return Err(match e {
+            std::fs::TryLockError::WouldBlock => Error::InvalidArgument(format!(
+                "{}: another run is writing this metrics file; give this run its own --metrics",
+                path.display()
+            )),
+            std::fs::TryLockError::Error(e) => io(e),
+        });
+    }
+    if !resume {
+        if !overwrite && f.metadata().map_err(io)?.len() > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{}: the metrics file exists; pass --overwrite to replace it (or --resume to append to it)",
+                path.display()
+            )));
+        }
+        f.set_len(0).map_err(io)?;
+    }
+    Ok(f)
 }
 
 /// Appends an epoch's figures to the `--metrics` file as a JSON line.
-pub(super) fn append_metrics(f: &mut std::fs::File, e: &EpochMetrics) -> Result<()> {
+pub(super) fn append_metrics(f: &mut std::fs::File, path: &Path, e: &EpochMetrics) -> Result<()> {
     let line = serde_json::to_string(e).expect("metrics serialize");
-    writeln!(f, "{line}").map_err(|err| Error::io("metrics", err))
+    writeln!(f, "{line}").map_err(|err| Error::io(path.display(), err))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // One run holds its metrics file: a second is refused while it does,
+    // not interleaved; a resume appends, a fresh start needs --overwrite
+    // over lines and then empties the file.
+    #[test]
+    fn a_metrics_file_is_one_runs_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.jsonl");
+        let mut first = open_metrics(&path, false, false).unwrap();
+        writeln!(first, "one").unwrap();
+        let err = open_metrics(&path, true, false).unwrap_err().to_string();
+        assert!(
+            err.contains("another run is writing this metrics file"),
+            "{err}"
+        );
+        drop(first);
+        let err = open_metrics(&path, false, false).unwrap_err().to_string();
+        assert!(err.contains("pass --overwrite"), "{err}");
+        let mut resumed = open_metrics(&path, true, false).unwrap();
+        writeln!(resumed, "two").unwrap();
+        drop(resumed);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\ntwo\n");
+        drop(open_metrics(&path, false, true).unwrap());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+        let err = open_metrics(dir.path(), false, true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a directory"), "{err}");
+    }
 
     // The device sums add in batch order from the restored progress, as
     // the host did: the same f64 sum bit for bit, and the last non-finite

@@ -26,11 +26,11 @@ mod epoch;
 mod eval;
 mod finish;
 mod historical_step;
-mod metrics;
+pub(crate) mod metrics;
 mod order;
 mod ranks;
 mod sources;
-mod start;
+pub(crate) mod start;
 mod step;
 
 use offgnn_manifests::{BatchRef, Split};

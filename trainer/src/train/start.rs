@@ -16,7 +16,7 @@ use super::ranks::Ranks;
 use crate::distributed::Group;
 use crate::error::{Error, Result};
 use crate::export;
-use crate::model::Adam;
+use crate::model::{Adam, ModelConfig, ModelKind};
 
 /// Where a run starts: completed epochs, progress inside the next.
 pub(super) struct Start {
@@ -59,18 +59,12 @@ fn resume(
             meta_path.display()
         ))
     })?;
-    if meta.model != cfg.model {
+    let changed = model_changes(&meta.model, &cfg.model);
+    if !changed.is_empty() {
         return Err(Error::Checkpoint(format!(
-            "{}: the checkpoint is of another model ({:?}, hidden {}, {} layers{}), not {:?} hidden {}, {} layers{}",
+            "{}: the checkpoint is of another model: {}; resume with the flags it was taken with, or start a new run with --overwrite",
             dir.display(),
-            meta.model.kind,
-            meta.model.hidden,
-            meta.model.layers,
-            scorer_words(&meta.model),
-            cfg.model.kind,
-            cfg.model.hidden,
-            cfg.model.layers,
-            scorer_words(&cfg.model),
+            changed.join(", ")
         )));
     }
     if meta.manifest_run_sha256 != m.samples.run_sha256
@@ -81,13 +75,7 @@ fn resume(
             dir.display()
         )));
     }
-    let saved_world = meta.world_size.unwrap_or(1);
-    if saved_world != world {
-        return Err(Error::Checkpoint(format!(
-            "{}: the checkpoint was taken by a run of {saved_world} rank(s), and this run has {world}: ranks are dealt their shares of each epoch by the world size, so resume with {saved_world} (torchrun --nproc-per-node, or srun --ntasks), or start a new run with --overwrite",
-            dir.display()
-        )));
-    }
+    same_world(dir, meta.world_size, world)?;
     if let Some(saved) = &meta.hyper {
         let now = Hyper::of(cfg);
         crate::historical::warn_if_changed(saved.historical.as_ref(), now.historical.as_ref());
@@ -99,10 +87,7 @@ fn resume(
             changed.push(format!("--seed {} (now {})", saved.seed, now.seed));
         }
         if saved.max_batches != now.max_batches {
-            changed.push(format!(
-                "batches per epoch capped at {:?} (now {:?})",
-                saved.max_batches, now.max_batches
-            ));
+            changed.push(max_batches_changed(saved.max_batches, now.max_batches));
         }
         if !changed.is_empty() {
             return Err(Error::Checkpoint(format!(
@@ -286,8 +271,70 @@ pub(super) fn start_run(
 
 /// A link model's scorer, as the refusal of another model's checkpoint
 /// names it.
-fn scorer_words(m: &crate::model::ModelConfig) -> String {
-    m.scorer
-        .map(|s| format!(", {} scorer", s.name()))
-        .unwrap_or_default()
+/// How model `now` differs from a checkpoint's `saved`, flag by flag
+/// (`--heads` only where both are GAT: the others have no heads).
+fn model_changes(saved: &ModelConfig, now: &ModelConfig) -> Vec<String> {
+    let kind = |m: &ModelConfig| format!("{:?}", m.kind).to_lowercase();
+    let scorer = |m: &ModelConfig| m.scorer.map_or("none", |s| s.name()).to_string();
+    let gat = saved.kind == ModelKind::Gat && now.kind == ModelKind::Gat;
+    let fields = [
+        ("--model", kind(saved), kind(now)),
+        ("--hidden", saved.hidden.to_string(), now.hidden.to_string()),
+        (
+            "--dropout",
+            saved.dropout.to_string(),
+            now.dropout.to_string(),
+        ),
+        ("--scorer", scorer(saved), scorer(now)),
+        (
+            "layers (the layout's fan-outs)",
+            saved.layers.to_string(),
+            now.layers.to_string(),
+        ),
+        (
+            "feature width (the layout)",
+            saved.in_dim.to_string(),
+            now.in_dim.to_string(),
+        ),
+        (
+            "outputs (the layout's classes)",
+            saved.classes.to_string(),
+            now.classes.to_string(),
+        ),
+        (
+            "--heads",
+            saved.heads.to_string(),
+            if gat {
+                now.heads.to_string()
+            } else {
+                saved.heads.to_string()
+            },
+        ),
+    ];
+    fields
+        .into_iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(what, a, b)| format!("{what} {a} (now {b})"))
+        .collect()
+}
+
+/// Refuses to resume in `dir` a checkpoint taken by `saved` ranks (one
+/// where it does not say) with `world`.
+pub(crate) fn same_world(dir: &Path, saved: Option<u32>, world: u32) -> Result<()> {
+    let saved = saved.unwrap_or(1);
+    if saved == world {
+        return Ok(());
+    }
+    Err(Error::Checkpoint(format!(
+        "{}: the checkpoint was taken by a run of {saved} rank(s), and this run has {world}: ranks are dealt their shares of each epoch by the world size, so resume with {saved} (torchrun --nproc-per-node, srun --ntasks, or --emulate-ranks), or start a new run with --overwrite",
+        dir.display()
+    )))
+}
+
+/// How `--max-batches` changed between a checkpoint's run and this one.
+pub(crate) fn max_batches_changed(saved: Option<usize>, now: Option<usize>) -> String {
+    let words = |cap: Option<usize>| {
+        cap.map_or("every batch".to_string(), |n| format!("--max-batches {n}"))
+    };
+    format!("{} (now {})", words(saved), words(now))
 }
