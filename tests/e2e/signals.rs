@@ -314,6 +314,15 @@ fn the_trainer_stops_with_a_checkpoint_that_resumes() {
     trainer_stops_and_resumes(&manifest, &dir.path().join("ckpt"), "TERM");
 }
 
+/// A typed run (R-SAGE) stops as a homogeneous one: at the next step or
+/// epoch boundary, with a checkpoint of it that resumes.
+#[test]
+fn the_typed_trainer_stops_with_a_checkpoint_that_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = offgnn_e2e::typed_pack(dir.path());
+    trainer_stops_and_resumes(&pack.join("manifest.json"), &dir.path().join("ckpt"), "INT");
+}
+
 /// SIGINT (Ctrl-C) as SIGTERM: a checkpoint at the next batch boundary
 /// that resumes. A second SIGINT ends the run at once.
 #[test]

@@ -87,5 +87,8 @@ pub struct TypedTrainSummary {
     /// `--historical`: the cache's settings and what it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub historical: Option<crate::historical::HistoricalSummary>,
+    /// A resumed run's start: the epochs its checkpoint had done, and the
+    /// steps of the next.
+    pub resumed_from: Option<(u32, u64)>,
     pub seconds: f64,
 }

@@ -7,9 +7,9 @@
 use tch::{Device, Kind, Tensor};
 
 use super::checkpoint::InEpoch;
-use super::train::{Started, TypedEpoch};
+use super::train::{Started, TypedEpoch, TypedTrainConfig};
 use crate::distributed::Group;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::Adam;
 use crate::train::{Ranks, all_reduce_gradients, divide_gradients, share_model};
 
@@ -42,38 +42,47 @@ pub(super) fn share_start(
 }
 
 /// The step's gradients averaged over the ranks (by hand for emulated
-/// ranks); refuses the step where a rank's loss was not finite (`diverged`
-/// here) and stops every rank where one was signalled.
+/// ranks), and whether any rank's loss was not finite (`diverged` here)
+/// and whether any rank was signalled: every rank then stops after the
+/// same step.
 pub(super) fn average_gradients(
     ranks: Ranks<'_>,
     adam: &Adam,
     diverged: bool,
     device: Device,
-) -> Result<bool> {
+) -> Result<(bool, bool)> {
+    let signalled = offgnn_shared::signals::received().is_some();
     match ranks {
-        Ranks::One => Ok(diverged),
+        Ranks::One => Ok((diverged, signalled)),
         Ranks::Emulated(n) => {
             divide_gradients(adam, n)?;
-            Ok(diverged)
+            Ok((diverged, signalled))
         }
         Ranks::Group(g) => {
             let mut flags =
                 vec![Tensor::f_from_slice(&[f32::from(u8::from(diverged))])?.f_to_device(device)?];
-            let stop = offgnn_shared::signals::received().is_some();
-            all_reduce_gradients(g, adam, g.world, stop, &mut flags)?;
+            all_reduce_gradients(g, adam, g.world, signalled, &mut flags)?;
             let set = |t: &Tensor| -> Result<bool> {
                 Ok(t.f_to_kind(Kind::Int64)?.f_int64_value(&[0])? != 0)
             };
-            if set(&flags[2])? {
-                offgnn_shared::signals::check()?;
-                return Err(Error::Distributed(format!(
-                    "rank {} of {}: another rank was signalled; stopping",
-                    g.rank, g.world
-                )));
-            }
-            set(&flags[1])
+            Ok((set(&flags[1])?, set(&flags[2])?))
         }
     }
+}
+
+/// A signal to any rank stops every rank after epoch `epoch`, whose
+/// checkpoint is written.
+pub(super) fn stop_on_signal(ranks: Ranks<'_>, cfg: &TypedTrainConfig, epoch: u32) -> Result<()> {
+    let mine = f64::from(u8::from(offgnn_shared::signals::received().is_some()));
+    if summed(ranks, &[mine], cfg.device)?[0] == 0.0 {
+        return Ok(());
+    }
+    let place = format!("after epoch {epoch}");
+    Err(crate::train::stopped(
+        cfg.checkpoint_dir.as_deref(),
+        &place,
+        "epoch",
+    ))
 }
 
 /// `values` summed over the ranks of a group (as they are elsewhere).

@@ -185,6 +185,8 @@ pub fn train_typed(
     };
     let (mut epochs, mut best_params, mut resume_at) =
         start(cfg, (&vs, &mut opt), &key, (ranks, cache.is_some()))?;
+    let resumed_from = (!epochs.is_empty() || resume_at.is_some())
+        .then(|| (epochs.len() as u32, resume_at.map_or(0, |p| p.steps)));
     let mut done = Done {
         here: 0,
         interrupt_after: crate::test_hooks::current().interrupt_after,
@@ -237,6 +239,9 @@ pub fn train_typed(
             let best = best_epoch(&epochs).map(|e| e.epoch);
             checkpoint::save(dir, &state, &key, (&epochs, best), None)?;
         }
+        if epoch + 1 < cfg.epochs {
+            super::ranks::stop_on_signal(ranks, cfg, epoch)?;
+        }
     }
     let best = best_epoch(&epochs);
     let last_params = crate::export::snapshot(&vs)?;
@@ -264,6 +269,7 @@ pub fn train_typed(
         &vs,
         (epochs, exports),
         historical,
+        resumed_from,
     ))
 }
 
@@ -301,6 +307,7 @@ fn summary(
     vs: &nn::VarStore,
     (epochs, exports): (Vec<TypedEpoch>, Vec<String>),
     historical: Option<crate::historical::HistoricalSummary>,
+    resumed_from: Option<(u32, u64)>,
 ) -> TypedTrainSummary {
     let best = best_epoch(&epochs).cloned();
     let best = best.as_ref();
@@ -328,6 +335,7 @@ fn summary(
         io_depth: engine.options().queue_depth,
         read_through_pages: engine.options().read_through / offgnn_shared::io_engine::PAGE,
         historical,
+        resumed_from,
         seconds: started.elapsed().as_secs_f64(),
     }
 }
@@ -393,6 +401,10 @@ pub(crate) struct Run<'a> {
     /// The historical cache training batches are pruned against, and the
     /// training step of the first batch.
     historical: Option<(&'a Historical, u64)>,
+    /// Whether a signal stops the run at its next step or epoch boundary,
+    /// where a checkpoint is kept (training and its evaluation), not at
+    /// its next fetch.
+    stops_at_boundaries: bool,
 }
 
 impl<'a> Run<'a> {
@@ -421,6 +433,7 @@ impl<'a> Run<'a> {
             first_means: cfg.device == Device::Cpu && !model.reads_destinations(),
             ranks,
             historical: None,
+            stops_at_boundaries: true,
         }
     }
 
@@ -434,6 +447,7 @@ impl<'a> Run<'a> {
             first_means: false,
             ranks: Ranks::One,
             historical: None,
+            stops_at_boundaries: false,
         }
     }
 }
@@ -585,7 +599,7 @@ fn train_epoch(
         sums[2] += seen;
         pb.inc(1);
         if k % per_step == per_step - 1 {
-            let any =
+            let (any, stop) =
                 super::ranks::average_gradients(run.ranks, opt, diverged.is_some(), run.device)?;
             if any {
                 return Err(Error::InvalidArgument(format!(
@@ -607,6 +621,19 @@ fn train_epoch(
             done.here += 1;
             if done.interrupt_after == Some(done.here) {
                 return Err(Error::Interrupted(done.here, "training batches"));
+            }
+            // SIGINT or SIGTERM (on any rank): every rank stops after this
+            // step, with a checkpoint of it. (At the epoch's last step the
+            // epoch goes on to its evaluation and its own checkpoint.)
+            if stop && step_no < steps {
+                let total = super::ranks::summed(run.ranks, &sums, run.device)?;
+                inside(opt, InEpoch::of(step_no, &total))?;
+                let place = format!("at epoch {epoch}, batch {step_no}");
+                return Err(crate::train::stopped(
+                    cfg.checkpoint_dir.as_deref(),
+                    &place,
+                    "step",
+                ));
             }
         }
         Ok(())

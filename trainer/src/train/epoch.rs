@@ -13,7 +13,7 @@ use super::metrics::{DeviceSums, EpochMetrics, EpochProgress, StageBusy, append_
 use super::order::EpochPlan;
 use super::ranks::summed;
 use super::step::{EpochRun, step, train_batch};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::export;
 use crate::pipeline::{self, Ready};
 
@@ -212,17 +212,12 @@ pub(super) fn stop_on_signal(job: &Job, t: u32) -> Result<()> {
         None => signal.is_some(),
     };
     if stop {
-        return Err(Error::Stopped(format!(
-            "stopped by {} after epoch {t}: {}",
-            signal.map_or_else(|| "a signal to another rank".to_string(), |s| s.to_string()),
-            match &cfg.checkpoint_dir {
-                Some(dir) => format!(
-                    "checkpoint of that epoch written to {}; run again with --resume to continue",
-                    dir.display()
-                ),
-                None => "no --checkpoint-dir, so nothing of this run was kept".into(),
-            }
-        )));
+        let place = format!("after epoch {t}");
+        return Err(super::step::stopped(
+            cfg.checkpoint_dir.as_deref(),
+            &place,
+            "epoch",
+        ));
     }
     Ok(())
 }

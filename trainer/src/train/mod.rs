@@ -48,6 +48,7 @@ pub use ranks::Ranks;
 pub(crate) use ranks::{all_reduce_gradients, divide_gradients};
 pub use sources::sources;
 pub(crate) use start::share_model;
+pub(crate) use step::stopped;
 
 use crate::error::{Error, Result};
 use crate::historical::Historical;

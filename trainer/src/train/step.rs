@@ -155,24 +155,31 @@ pub(super) fn step(
     // checkpoint directory. (At the epoch's last step the epoch
     // ends first and its own checkpoint is kept.)
     if stop && (ep.p.batches as usize) < ep.steps {
-        let kept = match &cfg.checkpoint_dir {
-            Some(dir) => {
-                checkpoint_step(job, model, run, ep, dir)?;
-                format!(
-                    "checkpoint of that step written to {}; run again with --resume to continue",
-                    dir.display()
-                )
-            }
-            None => "no --checkpoint-dir, so nothing of this run was kept".into(),
-        };
-        return Err(Error::Stopped(format!(
-            "stopped by {} at epoch {}, batch {}: {kept}",
-            signal.map_or_else(|| "a signal to another rank".to_string(), |s| s.to_string()),
-            ep.t,
-            ep.p.batches
-        )));
+        if let Some(dir) = &cfg.checkpoint_dir {
+            checkpoint_step(job, model, run, ep, dir)?;
+        }
+        let place = format!("at epoch {}, batch {}", ep.t, ep.p.batches);
+        return Err(stopped(cfg.checkpoint_dir.as_deref(), &place, "step"));
     }
     Ok(())
+}
+
+/// The one line of a run a signal stopped `place` (`at epoch 3, batch 7`,
+/// `after epoch 3`): which signal, and whether the checkpoint of that
+/// `what` (step, epoch) was kept in `dir`.
+pub(crate) fn stopped(dir: Option<&std::path::Path>, place: &str, what: &str) -> Error {
+    let kept = match dir {
+        Some(dir) => format!(
+            "checkpoint of that {what} written to {}; run again with --resume to continue",
+            dir.display()
+        ),
+        None => "no --checkpoint-dir, so nothing of this run was kept".into(),
+    };
+    let signal = offgnn_shared::signals::received();
+    Error::Stopped(format!(
+        "stopped by {} {place}: {kept}",
+        signal.map_or_else(|| "a signal to another rank".to_string(), |s| s.to_string()),
+    ))
 }
 
 /// Every rank's gradient of the step, averaged, and in one read-back

@@ -90,10 +90,11 @@ impl TypedLayout {
         run: Run<'_>,
         step: &mut dyn FnMut(usize, Batch) -> Result<()>,
     ) -> Result<StageSeconds> {
-        // A rank of a group is stopped by a signal at its next step's
-        // all-reduce, with the others; anywhere else, at its next batch.
+        // Training stops on a signal at a step or epoch boundary (every
+        // rank of a group at the same one); anything else at its next
+        // batch.
         let reader = Reader {
-            stops_on_signal: run.ranks.group().is_none(),
+            stops_on_signal: run.ranks.group().is_none() && !run.stops_at_boundaries,
             historical: run.historical.map(|(h, _)| h),
             ..self.reader()
         };
