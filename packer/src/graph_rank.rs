@@ -1,8 +1,10 @@
 //! The cache tiers' hot set from the graph alone (GIDS §3.3, after Data
 //! Tiering's weighted reverse PageRank), as an alternative to counting the
 //! samples: each node's expected reads under node-wise sampling with the
-//! run's fan-outs, from the training seeds outward. A seed is read by its
-//! own batch; a node read `p` times, with `k` in-neighbours, passes each
+//! run's fan-outs, from the training seeds outward (a link-prediction
+//! run's: its training pairs' endpoints, each as often as it is one; the
+//! negatives, drawn at random, are left out). A seed is read by its own
+//! batch; a node read `p` times, with `k` in-neighbours, passes each
 //! of them `p · min(fanout, k) / k` reads at the next hop (the chance that
 //! the sampler picks it), hop after hop for as many layers as the model
 //! has. Where samples exist they count exactly what training reads, so
@@ -11,7 +13,7 @@
 
 use std::path::Path;
 
-use offgnn_shared::dataset::Dataset;
+use offgnn_shared::dataset::{Dataset, LinkTask};
 use offgnn_shared::samples::RunSummary;
 
 use crate::access_rank::AccessCounts;
@@ -45,7 +47,24 @@ pub fn expected_reads(run: &RunSummary) -> Result<AccessCounts> {
         add_reverse: run.params.add_reverse_edges,
         keep_self_loops: run.params.keep_self_loops,
     };
-    let reads = graph.expected_reads(&stream, &ds.train.seeds, &run.params.fanouts)?;
+    let link_seeds;
+    let seeds = match run.params.link {
+        None => &ds.train.seeds,
+        Some(_) => {
+            let task = LinkTask::open(Path::new(location), ds.num_nodes)
+                .map_err(|e| Error::InvalidArgument(format!("--rank-by graph: {e}")))?
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "--rank-by graph: the samples are a link-prediction run's, and the dataset at {location} has no link-prediction task"
+                    ))
+                })?;
+            link_seeds = (task.train.pairs.iter())
+                .flat_map(|&(u, v)| [u, v])
+                .collect::<Vec<u32>>();
+            &link_seeds
+        }
+    };
+    let reads = graph.expected_reads(&stream, seeds, &run.params.fanouts)?;
     let most = reads.iter().copied().fold(0.0, f64::max);
     let counts: Vec<u32> = reads
         .iter()
@@ -94,9 +113,9 @@ impl Graph {
         })
     }
 
-    /// Each node's expected reads per epoch: the seeds once each, then
-    /// hop by hop (`fanouts`' last applies first) what each node's reads
-    /// pass to its in-neighbours.
+    /// Each node's expected reads per epoch: each seed as often as it is
+    /// listed, then hop by hop (`fanouts`' last applies first) what each
+    /// node's reads pass to its in-neighbours.
     fn expected_reads(
         &self,
         stream: &EdgeStream,
@@ -109,7 +128,7 @@ impl Graph {
         let mut reads = vec![0f64; n];
         let mut hop = vec![0f64; n];
         for &s in seeds {
-            hop[s as usize] = 1.0;
+            hop[s as usize] += 1.0;
         }
         for &fanout in fanouts.iter().rev() {
             for (r, h) in reads.iter_mut().zip(&hop) {

@@ -93,11 +93,25 @@ fn a_graph_for_link_prediction_alone_samples_packs_and_trains() {
     let tasks: Vec<&str> = meta.tasks.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(tasks, ["link_prediction"]);
     let features = lp.join("data/feat.npy");
-    let packing = ["--features", features.to_str().unwrap()];
+    // The tiers ranked from the graph start from the training pairs'
+    // endpoints (the node task's seeds, of which there are none here).
+    let packing = [
+        "--features",
+        features.to_str().unwrap(),
+        "--rank-by",
+        "graph",
+        "--cpu-cache-policy",
+        "static",
+    ];
     let s = sample_pack_train(&dir.path().join("plain-run"), &lp, &packing, &[]);
     assert!(
         s["test_rank_at_best_valid"]["mrr"].as_f64().unwrap() > 0.0,
         "{s}"
+    );
+    let cached = &s["epochs"][0];
+    assert!(
+        cached["hit_gpu"].as_f64().unwrap() + cached["hit_cpu"].as_f64().unwrap() > 0.0,
+        "{cached}"
     );
 
     let typed = generate(
