@@ -21,6 +21,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use offgnn_shared::Error;
 use offgnn_shared::dataset::Split;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
@@ -86,7 +87,7 @@ pub fn simulate(
     tiers: &Tiers,
     row_bytes: u64,
     policy: Policy,
-) -> (Vec<Option<BatchCpu>>, Forecast) {
+) -> Result<(Vec<Option<BatchCpu>>, Forecast), Error> {
     let mut out: Vec<Option<BatchCpu>> = vec![None; batches.len()];
     let mut fc = Forecast {
         policy: policy.name(),
@@ -124,7 +125,7 @@ pub fn simulate(
             .flatten()
             .filter(|&&v| tiers.locate(v) == Location::Disk)
             .count() as u64;
-        let (used, misses, restores) = sim.epoch(&access);
+        let (used, misses, restores) = sim.epoch(&access)?;
         fc.rows += misses;
         fc.restore_rows += restores;
         fc.restore_bytes += sim.restore_pages() * PAGE;
@@ -134,7 +135,7 @@ pub fn simulate(
     }
     fc.static_bytes = fc.static_rows * row_bytes;
     fc.bytes = fc.rows * row_bytes;
-    (out, fc)
+    Ok((out, fc))
 }
 
 /// At most the bytes [`simulate`] holds over `batches` of a graph of
@@ -213,8 +214,9 @@ impl<'a> Simulator<'a> {
 
     /// One epoch of batches reading `access` (sorted node lists), from the
     /// static state: each batch's hits and admissions, the rows missed,
-    /// and the slots whose rows differ from the static ones at the end.
-    fn epoch(&mut self, access: &[Vec<u32>]) -> (Vec<BatchCpu>, u64, u64) {
+    /// and the slots whose rows differ from the static ones at the end. A
+    /// signal stops it between batches.
+    fn epoch(&mut self, access: &[Vec<u32>]) -> Result<(Vec<BatchCpu>, u64, u64), Error> {
         // Each access's next reading batch, by one backward walk.
         let mut next_use: Vec<Vec<u32>> = vec![Vec::new(); access.len()];
         for (k, a) in access.iter().enumerate().rev() {
@@ -252,6 +254,7 @@ impl<'a> Simulator<'a> {
         let (mut used, mut misses) = (Vec::with_capacity(access.len()), 0u64);
         let mut missed: Vec<(u32, u32)> = Vec::new();
         for (a, nexts) in access.iter().zip(&next_use) {
+            offgnn_shared::signals::check()?;
             let mut u = BatchCpu::default();
             missed.clear();
             for (&v, &n) in a.iter().zip(nexts) {
@@ -291,7 +294,7 @@ impl<'a> Simulator<'a> {
         for &v in &self.node {
             self.slot_of[v as usize] = NONE;
         }
-        (used, misses, dirty)
+        Ok((used, misses, dirty))
     }
 
     /// Belady's choice for a batch's `missed` rows `(next use, node)`,
@@ -518,7 +521,7 @@ mod tests {
             let (nodes, initial, access) = workload(&mut rng);
             let capacity = initial.len();
             let mut sim = Simulator::new(u64::from(nodes), &initial, 1000, Policy::Belady);
-            let (used, misses, dirty) = sim.epoch(&access);
+            let (used, misses, dirty) = sim.epoch(&access).unwrap();
             assert_eq!(misses, brute_misses(&initial, &access), "round {round}");
             let cache = replay(&initial, &access, &used, |_, _| ());
             let changed: Vec<u64> = (0..capacity as u64)
@@ -534,7 +537,7 @@ mod tests {
             pages.dedup();
             assert_eq!(sim.restore_pages(), pages.len() as u64, "round {round}");
             // Reused for a second epoch, it starts from the static rows again.
-            assert_eq!(sim.epoch(&access).1, misses, "round {round}");
+            assert_eq!(sim.epoch(&access).unwrap().1, misses, "round {round}");
         }
     }
 
@@ -553,9 +556,9 @@ mod tests {
                 1000,
                 Policy::Window { batches: w },
             );
-            let (used, misses, _) = sim.epoch(&access);
+            let (used, misses, _) = sim.epoch(&access).unwrap();
             let mut best = Simulator::new(u64::from(nodes), &initial, 1000, Policy::Belady);
-            assert!(misses >= best.epoch(&access).1, "round {round}");
+            assert!(misses >= best.epoch(&access).unwrap().1, "round {round}");
             replay(&initial, &access, &used, |k, gone| {
                 let ahead = &access[k + 1..(k + 1 + w as usize).min(access.len())];
                 assert!(!ahead.iter().any(|a| a.contains(&gone)), "round {round}");

@@ -337,7 +337,7 @@ pub fn rank_and_split(
         }
     };
     let tiers = crate::access_rank::assign_tiers(counts, row_bytes, gpu_bytes, cpu_bytes)?;
-    let cpu = CpuPlan::choose(batches, &tiers, row_bytes, (policy, memory));
+    let cpu = CpuPlan::choose(batches, &tiers, row_bytes, (policy, memory))?;
     batches.par_iter_mut().enumerate().for_each(|(i, b)| {
         let mut cold: Vec<u32> = match cpu.of(i) {
             // Under Belady: what the GPU cache and the cache's state then
@@ -396,7 +396,7 @@ impl CpuPlan {
         tiers: &Tiers,
         row_bytes: u64,
         (policy, memory): (CpuCachePolicy, u64),
-    ) -> CpuPlan {
+    ) -> Result<CpuPlan, offgnn_shared::Error> {
         let trains = batches.iter().any(|b| b.split == Split::Train);
         let bound = crate::belady::memory_bound(batches, tiers.num_nodes());
         if policy == CpuCachePolicy::Auto && bound > memory / 2 {
@@ -405,10 +405,10 @@ impl CpuPlan {
                 offgnn_shared::report::human_bytes(bound),
                 offgnn_shared::report::human_bytes(memory)
             );
-            return CpuPlan::default();
+            return Ok(CpuPlan::default());
         }
         let (simulated, manifest) = match policy {
-            CpuCachePolicy::Static => return CpuPlan::default(),
+            CpuCachePolicy::Static => return Ok(CpuPlan::default()),
             CpuCachePolicy::Belady | CpuCachePolicy::Auto => (Policy::Belady, CachePolicy::Belady),
             CpuCachePolicy::Window { batches } => (Policy::Window { batches }, CachePolicy::Window),
         };
@@ -425,12 +425,12 @@ impl CpuPlan {
                     }
                 ));
             }
-            return CpuPlan::default();
+            return Ok(CpuPlan::default());
         }
-        let (used, forecast) = crate::belady::simulate(batches, tiers, row_bytes, simulated);
+        let (used, forecast) = crate::belady::simulate(batches, tiers, row_bytes, simulated)?;
         let follows =
             policy != CpuCachePolicy::Auto || forecast.total_bytes() < forecast.static_bytes;
-        CpuPlan {
+        Ok(CpuPlan {
             policy: if follows {
                 manifest
             } else {
@@ -438,7 +438,7 @@ impl CpuPlan {
             },
             batches: if follows { used } else { Vec::new() },
             forecast: Some(forecast),
-        }
+        })
     }
 
     /// Bytes the hits and admissions hold until the tables are written.
@@ -485,7 +485,8 @@ mod tests {
             .collect();
         let counts = AccessCounts::from_counts(vec![6, 6]);
         let tiers = crate::access_rank::assign_tiers(counts, 4096, 0, 4096).unwrap();
-        let plan = |policy, memory| CpuPlan::choose(&batches, &tiers, 4096, (policy, memory));
+        let plan =
+            |policy, memory| CpuPlan::choose(&batches, &tiers, 4096, (policy, memory)).unwrap();
         let roomy = plan(CpuCachePolicy::Auto, 1 << 30);
         assert_eq!(roomy.policy, CachePolicy::Belady, "{:?}", roomy.forecast);
         assert!(roomy.held_bytes() > 0);

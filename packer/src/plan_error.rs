@@ -29,4 +29,7 @@ pub enum PlanError {
         caches: u64,
         tables: u64,
     },
+    /// A signal arrived while the layout was being planned.
+    #[error(transparent)]
+    Stopped(#[from] offgnn_shared::Error),
 }

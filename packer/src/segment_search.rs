@@ -388,8 +388,10 @@ fn bytes_of(rows: u64, segments: u64, row_bytes: u64) -> u64 {
 }
 
 /// A batch's cold list must be strictly ascending (sorted, unique) with ids
-/// below `num_nodes`: the counting above relies on both.
+/// below `num_nodes`: the counting above relies on both. A signal stops
+/// the search here, batch by batch.
 fn check_batch(index: usize, batch: &[u32], num_nodes: u64) -> Result<(), PlanError> {
+    offgnn_shared::signals::check()?;
     if let Some(w) = batch.windows(2).find(|w| w[0] >= w[1]) {
         return Err(PlanError::InvalidArgument(format!(
             "batch {index}: cold nodes must be sorted and unique, but {} comes before {}",
