@@ -88,13 +88,21 @@ pub(crate) fn write_units(
 /// After a file failed for good: removes an unsharded run's objects, and
 /// turns a stop by a signal or a full disk into one line that says what
 /// became of what the run wrote; any other failure is returned as it is.
-fn abandon(
+pub(crate) fn abandon(
     store: &Store,
     cfg: &SampleConfig,
     run_id: &RunId,
     previous_committed: bool,
     e: Error,
 ) -> Error {
+    // A full disk: how full, before this run's objects go.
+    let full = e.io_kind() == Some(std::io::ErrorKind::StorageFull);
+    let free = store
+        .local_file("")
+        .filter(|_| full)
+        .and_then(|d| offgnn_shared::io_engine::free_bytes(&d).ok())
+        .map(|b| format!("; {} free there", human_bytes(b)))
+        .unwrap_or_default();
     // A shard's files are rewritten by its rerun; an unsharded
     // run's would never be read again.
     let removed = (cfg.num_shards == 1).then(|| remove_run(store, run_id));
@@ -115,13 +123,7 @@ fn abandon(
             ),
         });
     }
-    if e.io_kind() == Some(std::io::ErrorKind::StorageFull) {
-        // A full disk: say how full, and what went.
-        let free = store
-            .local_file("")
-            .and_then(|d| offgnn_shared::io_engine::free_bytes(&d).ok())
-            .map(|b| format!("; {} free there", human_bytes(b)))
-            .unwrap_or_default();
+    if full {
         let removed = removed
             .map(|n| format!("; removed the {n} objects this run wrote"))
             .unwrap_or_default();

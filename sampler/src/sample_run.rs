@@ -282,7 +282,9 @@ fn run_input(cfg: &SampleConfig, input: Input, store: &Store) -> Result<Outcome>
         files,
         seconds: started.elapsed().as_secs_f64(),
     };
-    let run = commit_shard(store, &task, cfg, &run_id, &shard, previous.as_ref())?;
+    // A commit that fails (a full disk) leaves nothing of the run behind.
+    let run = commit_shard(store, &task, cfg, &run_id, &shard, previous.as_ref())
+        .map_err(|e| crate::sample_files::abandon(store, cfg, &run_id, previous.is_some(), e))?;
     // Committed, or a finished shard of a run whose other shards commit it.
     lease.release();
     Ok(Outcome {

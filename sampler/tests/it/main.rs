@@ -145,9 +145,12 @@ fn a_dataset_another_run_commits_meanwhile_is_kept_without_overwrite() {
         std::thread::spawn(move || generate(&out, &cfg, false, false))
     };
     let partial = || {
-        std::fs::read_dir(dir.path())
-            .unwrap()
-            .any(|e| e.unwrap().file_name().to_string_lossy().starts_with(".g.partial-"))
+        std::fs::read_dir(dir.path()).unwrap().any(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".g.partial-")
+        })
     };
     let since = std::time::Instant::now();
     while !partial() && since.elapsed().as_secs() < 60 {
