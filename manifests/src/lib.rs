@@ -46,6 +46,9 @@ pub const OLDEST_FORMAT_VERSION: u32 = 3;
 pub const MANIFEST: &str = "manifest.json";
 /// Disk pages, and the alignment of every region of every object.
 pub const PAGE: u64 = 4096;
+/// The most an `.npy` header before a feature file's rows takes (format 1's
+/// 16-bit header length, and its preamble).
+const NPY_HEADER_MOST: u64 = 10 + u16::MAX as u64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -500,15 +503,40 @@ impl Manifest {
                 d.row_bytes, d.feature_dim, d.feature_dtype
             ));
         }
+        // The feature file's rows, an .npy header before them.
+        let rows_bytes = d.num_nodes.checked_mul(d.row_bytes);
+        if d.feature_file_bytes > 0
+            && rows_bytes.is_none_or(|r| {
+                r > d.feature_file_bytes || d.feature_file_bytes - r > NPY_HEADER_MOST
+            })
+        {
+            return Err(format!(
+                "feature_file_bytes {} cannot hold num_nodes {} rows of row_bytes {} and an .npy header",
+                d.feature_file_bytes, d.num_nodes, d.row_bytes
+            ));
+        }
+        if self.samples.link.is_none() && d.num_classes == 0 {
+            return Err("num_classes is 0 in a node-classification layout".into());
+        }
         let stored = d.store_row_bytes();
         for (name, tier) in [
             ("gpu_cache", &self.gpu_cache),
             ("cpu_cache", &self.cpu_cache),
         ] {
-            if tier.rows.checked_mul(stored).is_none() {
+            let Some(bytes) = tier.rows.checked_mul(stored) else {
                 return Err(format!(
                     "{name} holds {} rows of {stored} bytes: more bytes than a 64-bit size",
                     tier.rows
+                ));
+            };
+            // The tier's object holds its rows, padded to whole pages.
+            let object = tier.object.as_deref().and_then(|o| self.object(o));
+            if let Some(o) = object
+                && o.size != bytes.div_ceil(PAGE) * PAGE
+            {
+                return Err(format!(
+                    "{name} holds {} rows of {stored} bytes, but its object {} is {} bytes",
+                    tier.rows, o.name, o.size
                 ));
             }
         }
@@ -625,6 +653,36 @@ mod tests {
         let m = sample();
         let bytes = serde_json::to_vec(&m).unwrap();
         assert_eq!(Manifest::parse("m.json", &bytes).unwrap(), m);
+    }
+
+    // Numbers edited by hand that the layout's objects contradict: a
+    // narrower row over the same feature file, a cache object of another
+    // size than its rows, no classes for node labels.
+    #[test]
+    fn numbers_the_layout_contradicts_are_refused() {
+        let refused = |edit: &dyn Fn(&mut Manifest), says: &str| {
+            let mut m = sample();
+            edit(&mut m);
+            let err = Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap_err();
+            assert!(err.to_string().contains(says), "{err}");
+        };
+        let wide = |m: &mut Manifest| {
+            m.dataset.num_nodes = 100_000;
+            m.dataset.feature_file_bytes = 128 + 100_000 * 16;
+        };
+        let mut m = sample();
+        wide(&mut m);
+        Manifest::parse("m.json", &serde_json::to_vec(&m).unwrap()).unwrap();
+        refused(
+            &|m| {
+                wide(m);
+                m.dataset.feature_dim = 2;
+                m.dataset.row_bytes = 8;
+            },
+            "cannot hold num_nodes 100000 rows of row_bytes 8",
+        );
+        refused(&|m| m.dataset.num_classes = 0, "num_classes is 0");
+        refused(&|m| m.gpu_cache.rows = 1000, "but its object");
     }
 
     #[test]
