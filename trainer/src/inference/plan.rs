@@ -38,6 +38,10 @@ impl Plan {
     }
 }
 
+/// Bytes a group holds per in-edge of its destinations: the pair, and its
+/// sorted copy while bucketing.
+const EDGE_BYTES: u64 = 16;
+
 /// The run's plan, and the sizes the passes take from it.
 pub(super) struct RunPlan {
     pub(super) plan: Plan,
@@ -94,22 +98,6 @@ pub(super) fn plan_run(
     };
     let chunk_bytes = chunk_rows * costs.per_chunk_row;
     let merges = chunk_merges(&costs.row_costs, costs.per_chunk_row, costs.device_floats.1);
-    let budget = cfg
-        .memory
-        .checked_sub(fixed + chunk_bytes)
-        .filter(|b| *b > 0)
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "--memory {} is below the {} this run needs before any group (libtorch's runtime {}, 4 bytes per node for {n} nodes, {} for a source chunk of {chunk_rows} rows, {} of read and write buffers, {} for {encoders} output parts encoded at once and one being stored); the least that works is about {}",
-                human_bytes(cfg.memory),
-                human_bytes(fixed + chunk_bytes),
-                human_bytes(crate::memory::RUNTIME_BYTES),
-                human_bytes(chunk_bytes),
-                human_bytes((2 * REQUEST * PER_CALL + 2 * write_piece) as u64),
-                human_bytes(encoding_bytes),
-                human_bytes(fixed + chunk_bytes + ALIGN_NODES * costs.per_node * 2)
-            ))
-        })?;
     let mut indegree = vec![0u32; n as usize];
     let mut edge_upper_bound = 0u64;
     for_each_edge(ds, cfg, |_, dst| {
@@ -117,9 +105,32 @@ pub(super) fn plan_run(
         edge_upper_bound += 1;
         Ok(())
     })?;
+    // The groups need room for their largest block of nodes at least.
+    let block = largest_block(&indegree, costs.per_node, model.mlp.is_empty());
+    let budget = cfg.memory.saturating_sub(fixed + chunk_bytes);
+    if budget < block {
+        // A source chunk sized from --memory grows with it: the least that
+        // works leaves the block its room beside the chunk it then takes.
+        let least_chunk = ALIGN_NODES * costs.per_chunk_row;
+        let least = match cfg.chunk_rows {
+            Some(_) => fixed + chunk_bytes + block,
+            None => fixed + (block + least_chunk).max((8 * block).div_ceil(7)),
+        };
+        return Err(Error::InvalidArgument(format!(
+            "--memory {} is below the {} this run needs (libtorch's runtime {}, 4 bytes per node for {n} nodes, {} for a source chunk of {chunk_rows} rows, {} of read and write buffers, {} for {encoders} output parts encoded at once and one being stored, and {} for its largest block of {ALIGN_NODES} destinations); give --memory at least {}",
+            human_bytes(cfg.memory),
+            human_bytes(fixed + chunk_bytes + block),
+            human_bytes(crate::memory::RUNTIME_BYTES),
+            human_bytes(chunk_bytes),
+            human_bytes((2 * REQUEST * PER_CALL + 2 * write_piece) as u64),
+            human_bytes(encoding_bytes),
+            human_bytes(block),
+            human_bytes(least.div_ceil(1 << 20) << 20)
+        )));
+    }
     let host = Budget {
         node_bytes: costs.per_node,
-        edge_bytes: 16,
+        edge_bytes: EDGE_BYTES,
         bytes: budget,
     };
     let device = match (cfg.aggregate, cfg.device, model.mlp.is_empty()) {
@@ -250,6 +261,20 @@ impl Budget {
 /// pairs, and their sorted copy while bucketing) and, with the aggregation
 /// on a CUDA device, that device's (`device`, with the device's index).
 /// Returns the groups and the largest group's cost on the host.
+/// The most any block of [`ALIGN_NODES`] destinations takes in a group:
+/// `node_bytes` each and, where the model aggregates (`edges`), each
+/// in-edge's [`EDGE_BYTES`].
+fn largest_block(indegree: &[u32], node_bytes: u64, edges: bool) -> u64 {
+    indegree
+        .chunks(ALIGN_NODES as usize)
+        .map(|b| {
+            let in_edges: u64 = b.iter().map(|&d| u64::from(d)).sum();
+            b.len() as u64 * node_bytes + if edges { in_edges * EDGE_BYTES } else { 0 }
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 fn plan_groups(
     indegree: &[u32],
     host: Budget,

@@ -722,11 +722,26 @@ fn a_killed_inference_resumes_and_bad_input_is_refused() {
     // A committed result is not replaced without --overwrite.
     let err = infer(&cfg, &engine).err().unwrap().to_string();
     assert!(err.contains("holds a committed inference result"), "{err}");
-    // --memory below one group: the message says how much more.
-    let mut small = config(&location, &ds_path, &dir.path().join("o3"), &work);
-    small.memory = memory - (64 << 10);
-    let err = infer(&small, &engine).err().unwrap().to_string();
-    assert!(err.contains("give --memory at least"), "{err}");
+    // --memory below one group is refused naming the least that works,
+    // from far below it and from just below it; that least works.
+    for short in [
+        memory - (64 << 10),
+        trainer::memory::RUNTIME_BYTES + (1 << 20),
+    ] {
+        let o3 = dir.path().join(format!("o3-{short}"));
+        let mut small = config(&location, &ds_path, &o3, &work);
+        small.memory = short;
+        let err = infer(&small, &engine).err().unwrap().to_string();
+        let least: f64 = err
+            .rsplit("give --memory at least ")
+            .next()
+            .and_then(|t| t.trim().strip_suffix(" MiB"))
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("no least memory in {err}"));
+        small.memory = (least * f64::from(1 << 20)) as u64;
+        small.overwrite = true;
+        infer(&small, &engine).unwrap_or_else(|e| panic!("{least} MiB, named least: {e}"));
+    }
     // A model of another dataset.
     let other = generated(&dir.path().join("other"), NODES, 24, 12);
     let err = infer(
