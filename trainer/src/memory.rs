@@ -114,7 +114,7 @@ pub fn estimate(m: &Manifest, cfg: &TrainConfig) -> MemoryEstimate {
         .fold(0u64, u64::saturating_add)
     };
 
-    let historical_bytes = historical_bytes(cfg, &blocks);
+    let historical_bytes = historical_bytes(cfg, &blocks, m.dataset.num_nodes);
     let runtime_bytes = TORCH_RUNTIME_BYTES + PROCESS_BYTES;
     let total_bytes = [
         cache_bytes,
@@ -206,28 +206,30 @@ pub fn loader_estimate(
 }
 
 /// The historical cache's host memory: each level's rows (its share of the
-/// `memory` setting, whole rows) with, per entry, its index entry and up
-/// to four records of its admission order; and a level's nodes in rows
-/// (cached rows in a plan, or an update's admissions) for each batch
-/// between its lookup and its update being applied, `lag` plus the
-/// pipeline's lookahead.
-fn historical_bytes(cfg: &TrainConfig, blocks: &[(u64, u64, u64)]) -> u64 {
+/// `memory` setting, whole rows, and at most one per node of the graph's
+/// `num_nodes`) with, per entry, its index entry and up to four records of
+/// its admission order; and a level's nodes in rows (cached rows in a
+/// plan, or an update's admissions) for each batch between its lookup and
+/// its update being applied, `lag` plus the pipeline's lookahead.
+fn historical_bytes(cfg: &TrainConfig, blocks: &[(u64, u64, u64)], num_nodes: u64) -> u64 {
     let Some(h) = &cfg.historical else {
         return 0;
     };
     let level_rows: u64 = blocks.iter().skip(1).map(|b| b.0).sum();
     let shape = (cfg.model.hidden, cfg.model.layers);
-    historical_cache_bytes(h, shape, level_rows, cfg.pipeline_options().lookahead())
+    let lookahead = cfg.pipeline_options().lookahead();
+    historical_cache_bytes(h, shape, (level_rows, num_nodes), lookahead)
 }
 
-/// The historical cache `h` of a model of `(hidden, layers)`: each level's
-/// rows with their bookkeeping, and the embeddings of the `2 x lag + 1`
-/// batches between a lookup and its update, each `level_rows` nodes (the
-/// largest batch's, every level above the inputs).
+/// The historical cache `h` of a model of `(hidden, layers)` over a graph
+/// of `num_nodes`: each level's rows (no more than a node each) with their
+/// bookkeeping, and the embeddings of the `2 x lag + 1` batches between a
+/// lookup and its update, each `level_rows` nodes (the largest batch's,
+/// every level above the inputs).
 pub(crate) fn historical_cache_bytes(
     h: &crate::historical::HistoricalConfig,
     (hidden, layers): (i64, usize),
-    level_rows: u64,
+    (level_rows, num_nodes): (u64, u64),
     lag: u64,
 ) -> u64 {
     /// A hash-map entry (node, slot, step) with the table's slack, and four
@@ -235,7 +237,7 @@ pub(crate) fn historical_cache_bytes(
     const PER_ENTRY: u64 = 40 + 4 * 16;
     let dim = hidden.max(1) as u64;
     let levels = layers.saturating_sub(1).max(1) as u64;
-    let entries = h.memory / levels / (dim * 4);
+    let entries = (h.memory / levels / (dim * 4)).min(num_nodes);
     let held = levels * entries * (dim * 4 + PER_ENTRY);
     held + (2 * lag + 1) * level_rows * dim * 4
 }

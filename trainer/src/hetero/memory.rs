@@ -175,7 +175,8 @@ pub fn historical_bytes(
             .sum()
     });
     let shape = (cfg.hidden, cfg.layers);
-    crate::memory::historical_cache_bytes(h, shape, level_rows, super::historical::LAG)
+    let rows = (level_rows, m.dataset.num_nodes);
+    crate::memory::historical_cache_bytes(h, shape, rows, super::historical::LAG)
 }
 
 /// States the peak host memory of a loader over `m` (the Python
