@@ -501,6 +501,16 @@ fn resumes_inside_an_epoch(pack: &Path, ck: &Path, rebuilds: bool) {
         serde_json::from_slice(&std::fs::read(ck.join("checkpoint.json")).unwrap()).unwrap();
     assert_eq!(meta["epoch"], 0);
     assert_eq!(meta["in_epoch"]["steps"], 2);
+    // Before its first epoch ends, there is nothing to export.
+    let out = ck.with_extension("export");
+    for last in [&[][..], &["--last"]] {
+        let export = [
+            &["export", "--checkpoint-dir", ck_dir][..],
+            &["--out", out.to_str().unwrap()],
+            last,
+        ];
+        assert_one_line(&run("trainer", &export.concat()), "nothing to export yet");
+    }
     let resumed = [&with_checkpoints[..], &["--resume"]].concat();
     // Another world or batch cap is another run: refused, not resumed
     // (a layout whose CPU caches follow the batch order refuses ranks

@@ -338,6 +338,12 @@ pub fn export(
         )));
     }
     crate::export::check_target(out, overwrite)?;
+    if meta.history.is_empty() {
+        return Err(Error::Checkpoint(format!(
+            "{}: taken inside epoch 0, before any epoch ended: nothing to export yet; resume the run (--resume) to finish an epoch",
+            dir.display()
+        )));
+    }
     let (which, prefix, epoch) = if last {
         if meta.in_epoch.is_some() {
             tracing::warn!(

@@ -259,6 +259,12 @@ pub fn export_checkpoint(
     export::check_target(out, overwrite)?;
     let tensors = tensor_file(dir, &meta)?;
     let named = load_tensors(&tensors, meta.tensors_digest, Device::Cpu)?;
+    if meta.history.is_empty() {
+        return Err(Error::Checkpoint(format!(
+            "{}: taken inside epoch 0, before any epoch ended: nothing to export yet; resume the run (--resume) to finish an epoch",
+            dir.display()
+        )));
+    }
     let (which, epoch, prefix) = if last {
         if meta.in_epoch.is_some() {
             tracing::warn!(
