@@ -359,9 +359,12 @@ pub fn engine_for_disk(
     engine: IoEngine,
     (depth, through): (bool, bool),
 ) -> (IoEngine, Option<Resolved>) {
-    if !(depth || through) {
-        return (engine, None);
-    }
+    let which = match (depth, through) {
+        (false, false) => return (engine, None),
+        (true, false) => "--io-depth auto",
+        (false, true) => "--read-through auto",
+        (true, true) => "--io-depth/--read-through auto",
+    };
     let largest = objects
         .iter()
         .map(|o| (o.size, dir.join(&o.name)))
@@ -372,7 +375,7 @@ pub fn engine_for_disk(
     };
     if engine.backend() != Backend::IoUring {
         tracing::info!(
-            "--io-depth/--read-through auto: the pread pool reads one request per thread, with no queue to size and no curve measured; gaps of up to {} read through, as given",
+            "{which}: the pread pool reads one request per thread, with no queue to size and no curve measured; gaps of up to {} read through",
             offgnn_shared::report::count(
                 (engine.options().read_through / PAGE) as u64,
                 "page",
@@ -389,7 +392,7 @@ pub fn engine_for_disk(
         },
         Err(e) => {
             tracing::warn!(
-                "--io-depth/--read-through auto: {e}; keeping {} per ring, no read-through",
+                "{which}: {e}; keeping {} per ring, no read-through",
                 opts.queue_depth
             );
             return (engine, None);
