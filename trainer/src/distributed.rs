@@ -377,6 +377,24 @@ impl Drop for Group {
     }
 }
 
+/// Says how an epoch's `n` training batches are dealt to `world` ranks
+/// where they do not divide evenly: a warning where the ranks outnumber
+/// the batches.
+pub(crate) fn say_padding(n: usize, world: usize) {
+    if world <= 1 || n.is_multiple_of(world) {
+        return;
+    }
+    let padded = n.div_ceil(world) * world;
+    let said = format!(
+        "an epoch's {n} training batches are dealt to {world} ranks as {padded}, its first {} repeated (as torch's DistributedSampler pads)",
+        padded - n
+    );
+    match world > n {
+        true => tracing::warn!("{said}: more ranks than batches"),
+        false => tracing::info!("{said}"),
+    }
+}
+
 /// Rank `rank`'s share of an epoch's `n` batches (positions into the
 /// epoch's order), for a world of `world`: as torch's DistributedSampler
 /// deals, the order is padded to a multiple of the world by repeating its

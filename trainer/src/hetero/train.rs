@@ -162,6 +162,11 @@ pub fn train_typed(
 ) -> Result<TypedTrainSummary> {
     let started = Instant::now();
     let sampled = check_run(layout, cfg, ranks)?;
+    if ranks.writer() {
+        let n = layout.batches(Split::Train, 0);
+        let n = cfg.max_batches.map_or(n, |m| m.min(n));
+        crate::distributed::say_padding(n, ranks.world() as usize);
+    }
     tch::manual_seed(cfg.seed as i64);
     let model_cfg = model_config(&layout.manifest, cfg);
     let vs = nn::VarStore::new(cfg.device);

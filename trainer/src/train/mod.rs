@@ -128,17 +128,10 @@ pub fn train_ranks(
             }
         );
     }
-    let (n, world) = (schedule[0].len(), job.world() as usize);
-    if world > 1 && n % world != 0 && job.writer() {
-        let padded = n.div_ceil(world) * world;
-        let said = format!(
-            "an epoch's {n} training batches are dealt to {world} ranks as {padded}, its first {} repeated (as torch's DistributedSampler pads)",
-            padded - n
-        );
-        match world > n {
-            true => tracing::warn!("{said}: more ranks than batches"),
-            false => tracing::info!("{said}"),
-        }
+    if job.writer() {
+        let n = schedule[0].len();
+        let n = cfg.max_batches.map_or(n, |m| m.min(n));
+        crate::distributed::say_padding(n, job.world() as usize);
     }
     for t in run.history.len() as u32..cfg.epochs {
         let mut e = epoch::train_epoch(&job, schedule, &mut model, &mut run, t, in_epoch.take())?;
