@@ -109,7 +109,8 @@ class Loader:
     ``split`` is ``"train"``, ``"valid"`` or ``"test"``. Training batches
     come in the order the trainer reads epoch ``epoch`` (``set_epoch``);
     past the sampled epochs they are the sampled ones again, reshuffled per
-    epoch with ``seed`` as the trainer does. Under torchrun or srun, each
+    epoch with ``seed`` as the trainer does (a typed layout's replayed in
+    their sampled order, as the trainer does). Under torchrun or srun, each
     rank reads its share, as the trainer deals it. ``memory`` (bytes, or
     text such as ``"8G"``) refuses a layout whose loader would need more;
     ``prefetch`` is how many finished batches wait ahead of the loop.
