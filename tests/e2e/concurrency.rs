@@ -472,6 +472,18 @@ fn two_inference_runs_on_one_out_one_commits() {
             .filter(|n| !n.starts_with('.'))
             .collect();
         assert_eq!(all, listed, "round {round}");
+        // Neither run keeps its work: the winner's is done, and no rerun
+        // resumes the loser's.
+        for side in ["a", "b"] {
+            let work = dir.path().join(format!("work-{round}-{side}"));
+            let kept: Vec<String> = std::fs::read_dir(&work)
+                .into_iter()
+                .flatten()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("edges-") || n.ends_with(".f32"))
+                .collect();
+            assert!(kept.is_empty(), "round {round}: {side} kept {kept:?}");
+        }
     }
     eprintln!("concurrency: of 10 inference rounds, the loser reached the commit in {raced}");
 

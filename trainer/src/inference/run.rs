@@ -123,15 +123,16 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
         leftovers_removed: swept,
     };
     let json = serde_json::to_vec_pretty(&summary).expect("summary serializes");
+    let clear = || clear_work_dir(&cfg.work_dir, card.num_layers, plan.groups.len());
     commit_result(
-        &cfg.work_dir,
+        (&cfg.work_dir, &clear),
         &out,
         (json, &summary.files),
         (&run_id, &lease),
         previous.as_ref(),
     )?;
     // The work directory's files are ours; the result is committed.
-    clear_work_dir(&cfg.work_dir, card.num_layers, plan.groups.len());
+    clear();
     Ok(summary)
 }
 
@@ -396,9 +397,10 @@ fn columns(cfg: &InferConfig) -> Vec<String> {
 /// Commits `summary` (its JSON, naming its parts `files`) as the result in
 /// `out`; a replaced result's parts (`previous`'s) go only once it is in
 /// place. A run that lost the commit to another removes its parts and
-/// forgets its progress in its work directory `work`.
+/// its work in `work` (`clear`: its files, then its progress), which no
+/// rerun on `out` would resume.
 pub(crate) fn commit_result(
-    work: &Path,
+    (work, clear): (&Path, &dyn Fn()),
     out: &Store,
     (summary, files): (Vec<u8>, &[String]),
     (run_id, lease): (&RunId, &Lease),
@@ -410,6 +412,7 @@ pub(crate) fn commit_result(
         commit::Outcome::Lost { winner } => {
             let removed = files.iter().filter(|f| out.delete(f).is_ok()).count();
             lease.release();
+            clear();
             forget_progress(work);
             return Err(commit::lost(&out.join(COMMIT), &winner, removed).into());
         }

@@ -223,7 +223,7 @@ fn infer_run(cfg: &InferConfig, engine: &IoEngine) -> Result<TypedInferSummary> 
     };
     let json = serde_json::to_vec_pretty(&summary).expect("summary serializes");
     crate::inference::commit_result(
-        &cfg.work_dir,
+        (&cfg.work_dir, &|| run.clear(&ds)),
         &out,
         (json, &summary.files),
         (&run_id, &lease),
