@@ -256,6 +256,13 @@ pub fn fault_point(phase: &str) {
     }
 }
 
+/// Takes an exclusive `flock` on `file` for as long as it is open (one
+/// file one run writes in place, such as a metrics file); false where
+/// another open of it holds one.
+pub fn try_lock_file(file: &std::fs::File) -> bool {
+    rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
+}
+
 /// A local directory held by one process: an exclusive `flock` on
 /// `DIR/.lock`, released when dropped (or when the process dies).
 pub struct HeldDir {

@@ -162,11 +162,6 @@ pub fn train_typed(
 ) -> Result<TypedTrainSummary> {
     let started = Instant::now();
     let sampled = check_run(layout, cfg, ranks)?;
-    if ranks.writer() {
-        let n = layout.batches(Split::Train, 0);
-        let n = cfg.max_batches.map_or(n, |m| m.min(n));
-        crate::distributed::say_padding(n, ranks.world() as usize);
-    }
     tch::manual_seed(cfg.seed as i64);
     let model_cfg = model_config(&layout.manifest, cfg);
     let vs = nn::VarStore::new(cfg.device);
@@ -347,7 +342,8 @@ fn summary(
 
 /// Refuses what the run cannot train, before anything is built: a CPU
 /// cache that follows the batch order under ranks, a layout without
-/// training epochs. Returns the sampled epochs.
+/// training epochs; says how the epochs are dealt and reused. Returns the
+/// sampled epochs.
 fn check_run(layout: &TypedLayout, cfg: &TypedTrainConfig, ranks: Ranks<'_>) -> Result<u32> {
     if ranks.world() > 1 && layout.cpu_cache_follows() {
         return Err(Error::Layout(
@@ -359,6 +355,11 @@ fn check_run(layout: &TypedLayout, cfg: &TypedTrainConfig, ranks: Ranks<'_>) -> 
         return Err(Error::InvalidArgument(
             "the layout has no training epochs".into(),
         ));
+    }
+    if ranks.writer() {
+        let n = layout.batches(Split::Train, 0);
+        let n = cfg.max_batches.map_or(n, |m| m.min(n));
+        crate::distributed::say_padding(n, ranks.world() as usize);
     }
     if cfg.epochs > sampled {
         tracing::info!(
@@ -607,19 +608,20 @@ fn train_epoch(
             let (any, stop) =
                 super::ranks::average_gradients(run.ranks, opt, diverged.is_some(), run.device)?;
             if any {
-                return Err(Error::InvalidArgument(format!(
-                    "{}; lower --lr",
-                    diverged.take().unwrap_or_else(|| format!(
-                        "epoch {epoch}: another rank's loss is not finite"
-                    ))
-                )));
+                let another = || format!("epoch {epoch}: another rank's loss is not finite");
+                let why = diverged.take().unwrap_or_else(another);
+                return Err(Error::InvalidArgument(format!("{why}; lower --lr")));
             }
             opt.step()?;
             step_no += 1;
-            if let Some(every) = cfg.checkpoint_every
-                && step_no.is_multiple_of(every)
-                && step_no < steps
-            {
+            // A checkpoint every --checkpoint-every steps, and where SIGINT
+            // or SIGTERM reached any rank: every rank stops after this step
+            // with a checkpoint of it. (At the epoch's last step the epoch
+            // goes on to its evaluation and its own checkpoint.)
+            let every = cfg
+                .checkpoint_every
+                .is_some_and(|n| step_no.is_multiple_of(n));
+            if (every || stop) && step_no < steps {
                 let total = super::ranks::summed(run.ranks, &sums, run.device)?;
                 inside(opt, InEpoch::of(step_no, &total))?;
             }
@@ -627,18 +629,10 @@ fn train_epoch(
             if done.interrupt_after == Some(done.here) {
                 return Err(Error::Interrupted(done.here, "training batches"));
             }
-            // SIGINT or SIGTERM (on any rank): every rank stops after this
-            // step, with a checkpoint of it. (At the epoch's last step the
-            // epoch goes on to its evaluation and its own checkpoint.)
             if stop && step_no < steps {
-                let total = super::ranks::summed(run.ranks, &sums, run.device)?;
-                inside(opt, InEpoch::of(step_no, &total))?;
                 let place = format!("at epoch {epoch}, batch {step_no}");
-                return Err(crate::train::stopped(
-                    cfg.checkpoint_dir.as_deref(),
-                    &place,
-                    "step",
-                ));
+                let dir = cfg.checkpoint_dir.as_deref();
+                return Err(crate::train::stopped(dir, &place, "step"));
             }
         }
         Ok(())

@@ -252,14 +252,11 @@ pub(crate) fn open_metrics(path: &Path, resume: bool, overwrite: bool) -> Result
         .append(true)
         .open(path)
         .map_err(io)?;
-    if let Err(e) = f.try_lock() {
-        return Err(match e {
-            std::fs::TryLockError::WouldBlock => Error::InvalidArgument(format!(
-                "{}: another run is writing this metrics file; give this run its own --metrics",
-                path.display()
-            )),
-            std::fs::TryLockError::Error(e) => io(e),
-        });
+    if !offgnn_shared::commit::try_lock_file(&f) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: another run is writing this metrics file; give this run its own --metrics",
+            path.display()
+        )));
     }
     if !resume {
         if !overwrite && f.metadata().map_err(io)?.len() > 0 {
