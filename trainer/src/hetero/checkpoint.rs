@@ -172,14 +172,7 @@ pub fn read(dir: &Path) -> Result<Option<TypedCheckpoint>> {
             path.display()
         ))
     })?;
-    if meta.epoch as usize != meta.history.len() {
-        return Err(Error::Checkpoint(format!(
-            "{}: says {} epochs done but holds the figures of {}: edited or damaged",
-            path.display(),
-            meta.epoch,
-            meta.history.len()
-        )));
-    }
+    crate::train::check_epochs(&path, meta.epoch, meta.history.len())?;
     if meta.format != FORMAT {
         return Err(Error::Checkpoint(format!(
             "{}: a checkpoint of format {:?}, not a typed run's",

@@ -371,6 +371,18 @@ pub(super) fn save_checkpoint(
     commit_meta(dir, &body, &tensors)
 }
 
+/// Refuses the checkpoint at `path` whose `epoch` (epochs done) its
+/// history of `history` epochs contradicts: edited or damaged.
+pub(crate) fn check_epochs(path: &Path, epoch: u32, history: usize) -> Result<()> {
+    if epoch as usize == history {
+        return Ok(());
+    }
+    Err(Error::Checkpoint(format!(
+        "{}: says {epoch} epochs done but holds the figures of {history}: edited or damaged",
+        path.display()
+    )))
+}
+
 /// Writes `named` as the checkpoint's tensor file `tensors` in `dir`: a
 /// partial file first, synced, then renamed; refused before writing where
 /// the disk cannot hold it. Returns its digest.

@@ -37,7 +37,9 @@ use offgnn_manifests::{BatchRef, Split};
 use offgnn_shared::io_engine::IoEngine;
 
 pub use checkpoint::export_checkpoint;
-pub(crate) use checkpoint::{FileDigest, META, commit_meta, load_tensors, write_tensor_file};
+pub(crate) use checkpoint::{
+    FileDigest, META, check_epochs, commit_meta, load_tensors, write_tensor_file,
+};
 pub use config::{DumpTarget, ExportTarget, TrainConfig};
 use context::{Job, ModelState, RunState};
 pub(crate) use metrics::correct;

@@ -59,14 +59,7 @@ fn resume(
             meta_path.display()
         ))
     })?;
-    if meta.epoch as usize != meta.history.len() {
-        return Err(Error::Checkpoint(format!(
-            "{}: says {} epochs done but holds the figures of {}: edited or damaged",
-            meta_path.display(),
-            meta.epoch,
-            meta.history.len()
-        )));
-    }
+    super::checkpoint::check_epochs(&meta_path, meta.epoch, meta.history.len())?;
     let changed = model_changes(&meta.model, &cfg.model);
     if !changed.is_empty() {
         return Err(Error::Checkpoint(format!(

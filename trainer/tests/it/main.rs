@@ -631,6 +631,16 @@ fn a_corrupted_checkpoint_is_refused_naming_its_file() {
     one_line(export("x-old-short").unwrap_err(), "libtorch");
     std::fs::write(&tensors, &whole).unwrap();
     export("x-old").unwrap();
+
+    // An epoch count its history contradicts: edited, refused.
+    let mut edited = meta.clone();
+    edited["epoch"] = 0.into();
+    std::fs::write(&meta_path, serde_json::to_vec(&edited).unwrap()).unwrap();
+    let resumed = train(&layout, &e, &cfg(2, true)).unwrap_err().to_string();
+    assert!(
+        resumed.contains("says 0 epochs done but holds the figures of 1"),
+        "{resumed}"
+    );
 }
 
 #[test]
