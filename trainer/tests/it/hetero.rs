@@ -90,6 +90,8 @@ fn batch(schema: &Schema) -> (Vec<u32>, Vec<Block>) {
 
 #[test]
 fn relational_models_compute_pyg_heteroconv_logits() {
+    // Its models draw from the generator a parallel training seeds.
+    let _serial = super::serial();
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
     assert!(
         python.exists(),
@@ -211,6 +213,8 @@ fn relational_models_compute_pyg_heteroconv_logits() {
 
 #[test]
 fn typed_blocks_refuse_edges_across_the_wrong_types_and_models_name_what_they_lack() {
+    // Its models draw from the generator a parallel training seeds.
+    let _serial = super::serial();
     let schema = schema();
     let (inputs, mut blocks) = batch(&schema);
     // The first edge of paper:cites:paper now leaves an author.
@@ -274,6 +278,8 @@ fn typed_blocks_refuse_edges_across_the_wrong_types_and_models_name_what_they_la
 /// fan_out)), bias zero).
 #[test]
 fn rsage_starts_as_pyg_or_glorot_asks() {
+    // Its models draw from the generator a parallel training seeds.
+    let _serial = super::serial();
     let schema = schema();
     let (fan_in, hidden) = (200i64, 8i64);
     for (init, root_weight) in [(LinearInit::Pyg, true), (LinearInit::Glorot, true)] {
