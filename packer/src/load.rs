@@ -140,6 +140,26 @@ impl RowFormat {
     }
 }
 
+/// Checks that every seed's label is a class of the run's dataset: the
+/// trainer indexes its output by them, and a label past the classes would
+/// fail deep in libtorch without naming the file.
+fn check_labels(
+    batches: &[offgnn_shared::samples::SampledBatch],
+    num_classes: u32,
+) -> std::result::Result<(), String> {
+    for b in batches {
+        if let Some(l) = b.labels.iter().find(|&&l| l >= num_classes) {
+            return Err(format!(
+                "batch {} of {} epoch {} labels a seed {l}, out of range for the run's {num_classes} classes",
+                b.index,
+                b.split.name(),
+                b.epoch
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads every batch of the run, in the order the trainer consumes them:
 /// training epochs in turn, then validation, then test, and measures each
 /// batch's address-table record (its topology compressed as the table
@@ -174,6 +194,14 @@ pub(crate) fn load_batches(
     let load = |(split, epoch, file): (Split, u32, &SampleFile)| -> Result<Vec<Vec<BatchInfo>>> {
         offgnn_shared::signals::check()?;
         let batches = offgnn_shared::samples::read_file(store, file)?;
+        check_labels(&batches, run.dataset.num_classes).map_err(|fault| {
+            let url = store.url();
+            Error::InvalidArgument(format!(
+                "{}/{}: {fault}",
+                url.trim_end_matches('/'),
+                file.object.name
+            ))
+        })?;
         let infos: Vec<Vec<BatchInfo>> = batches
             .into_par_iter()
             .map_init(
@@ -369,4 +397,30 @@ fn check_match(run: &RunSummary, features: &FeatureSource) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use offgnn_shared::samples::{Pairs, SampledBatch};
+
+    #[test]
+    fn a_label_past_the_classes_is_refused_with_its_batch() {
+        let batch = |labels: Vec<u32>| SampledBatch {
+            split: Split::Train,
+            epoch: 2,
+            index: 5,
+            seeds: vec![0, 1],
+            labels,
+            input_nodes: vec![0, 1],
+            blocks: Vec::new(),
+            pairs: Pairs::default(),
+        };
+        assert_eq!(check_labels(&[batch(vec![0, 6])], 7), Ok(()));
+        let e = check_labels(&[batch(vec![0, 7])], 7).unwrap_err();
+        assert!(
+            e.contains("batch 5 of train epoch 2") && e.contains("7 classes"),
+            "{e}"
+        );
+    }
 }
