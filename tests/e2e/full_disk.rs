@@ -206,8 +206,8 @@ fn staging_onto_a_disk_too_small_is_refused_up_front() {
 }
 
 /// `trainer infer` whose --out fills as its parts are stored fails in one
-/// line naming the space, commits nothing, and leaves no staging file
-/// there.
+/// line naming the space and what a rerun resumes from, commits nothing,
+/// and leaves no staging file there.
 #[test]
 fn inference_whose_output_does_not_fit_commits_nothing() {
     let Some(fs) = SmallFs::mount(1 << 20) else {
@@ -237,6 +237,13 @@ fn inference_whose_output_does_not_fit_commits_nothing() {
         ],
     );
     assert_one_line(&r, "No space left on device");
+    assert!(
+        r.stderr
+            .contains("the disk is full; the groups finished so far are kept in")
+            && r.stderr.contains("run the same command again to resume"),
+        "{}",
+        r.stderr
+    );
     let left = files(&preds);
     assert!(
         !left

@@ -85,6 +85,19 @@ impl Error {
         }
     }
 
+    /// Whether a full disk (ENOSPC) caused this error.
+    pub fn disk_full(&self) -> bool {
+        let full = Some(std::io::ErrorKind::StorageFull);
+        match self {
+            Error::Io { cause, .. } => cause.kind() == std::io::ErrorKind::StorageFull,
+            Error::Shared(e) => e.io_kind() == full,
+            Error::Parquet {
+                cause: parquet::errors::ParquetError::External(e),
+            } => offgnn_shared::error::io_kind_in(e.as_ref()) == full,
+            _ => false,
+        }
+    }
+
     /// A libtorch failure while doing `during` (a clause: "training at
     /// epoch 2, batch 7").
     pub fn torch(during: impl Into<String>, cause: tch::TchError) -> Self {

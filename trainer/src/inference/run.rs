@@ -39,7 +39,16 @@ pub fn infer(cfg: &InferConfig, engine: &IoEngine) -> Result<InferSummary> {
             "stopped by {signal}: the groups finished so far are kept in {} (and their parts under --out, uncommitted); run the same command again to resume",
             cfg.work_dir.display()
         ))),
-        _ => result,
+        _ => result.map_err(|e| {
+            if e.disk_full() {
+                Error::Stopped(format!(
+                    "{e}: the disk is full; the groups finished so far are kept in {} (and their parts under --out, uncommitted): free space and run the same command again to resume",
+                    cfg.work_dir.display()
+                ))
+            } else {
+                e
+            }
+        }),
     }
 }
 
