@@ -141,11 +141,7 @@ fn figures(
     e.train_acc = all.correct as f64 / all.seen.max(1) as f64;
     e.disk_bytes = all.disk_bytes;
     e.disk_rows_bytes = all.disk_rows_bytes;
-    e.read_amplification = if all.disk_rows_bytes == 0 {
-        1.0
-    } else {
-        all.disk_bytes as f64 / all.disk_rows_bytes as f64
-    };
+    e.set_read_amplification();
     let total: u64 = all.tiers.iter().sum::<u64>().max(1);
     (e.hit_gpu, e.hit_cpu, e.hit_disk) = (
         all.tiers[0] as f64 / total as f64,

@@ -54,6 +54,25 @@ pub struct EpochMetrics {
 }
 
 impl EpochMetrics {
+    /// `disk_bytes` over `disk_rows_bytes`: every byte read, the CPU
+    /// cache's restore included, over the bytes of the rows the batches
+    /// needed from disk.
+    pub(super) fn set_read_amplification(&mut self) {
+        self.read_amplification = if self.disk_rows_bytes == 0 {
+            1.0
+        } else {
+            self.disk_bytes as f64 / self.disk_rows_bytes as f64
+        };
+    }
+
+    /// Counts the CPU cache's restore at the epoch's end among the
+    /// epoch's reads.
+    pub(super) fn add_restored(&mut self, bytes: u64) {
+        self.cpu_cache_restored_bytes = bytes;
+        self.disk_bytes += bytes;
+        self.set_read_amplification();
+    }
+
     /// What picks the best epoch: validation MRR in a link-prediction run,
     /// else validation accuracy.
     pub fn valid_score(&self) -> f64 {
@@ -279,6 +298,22 @@ pub(super) fn append_metrics(f: &mut std::fs::File, path: &Path, e: &EpochMetric
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The CPU cache's restore counts in the epoch's reads and in their
+    /// ratio to the rows needed.
+    #[test]
+    fn a_restore_counts_in_the_read_amplification() {
+        let mut e = EpochMetrics {
+            disk_bytes: 100,
+            disk_rows_bytes: 80,
+            ..Default::default()
+        };
+        e.set_read_amplification();
+        assert_eq!(e.read_amplification, 1.25);
+        e.add_restored(20);
+        assert_eq!((e.disk_bytes, e.cpu_cache_restored_bytes), (120, 20));
+        assert_eq!(e.read_amplification, 1.5);
+    }
 
     // One run holds its metrics file: a second is refused while it does,
     // not interleaved; a resume appends, a fresh start needs --overwrite

@@ -139,8 +139,7 @@ pub fn train_ranks(
         let mut e = epoch::train_epoch(&job, schedule, &mut model, &mut run, t, in_epoch.take())?;
         // Evaluation and the next epoch read the static rows again.
         if let Some(cache) = job.src.assemble.cpu_rows.as_ref() {
-            e.cpu_cache_restored_bytes = cache.restore()?;
-            e.disk_bytes += e.cpu_cache_restored_bytes;
+            e.add_restored(cache.restore()?);
         }
         eval::evaluate(
             &job,
