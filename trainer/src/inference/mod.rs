@@ -52,7 +52,7 @@ mod host_tensors;
 mod layers;
 mod naive;
 mod on_device;
-mod output;
+pub(crate) mod output;
 mod passes;
 mod plan;
 mod pull;

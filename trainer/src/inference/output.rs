@@ -385,6 +385,26 @@ fn list_columns<'v>(
     lists
 }
 
+/// The writer properties of an output part, homogeneous or typed, whose
+/// float-list columns are `lists`. Uncompressed and plain: float columns
+/// barely compress, and a codec or a dictionary would cost more time than
+/// the bytes it saves (the classes, few and repeated, keep their
+/// dictionary). Statistics on the node ids and classes only, which readers
+/// filter on.
+pub(crate) fn part_properties<'a>(lists: impl IntoIterator<Item = &'a str>) -> WriterProperties {
+    let mut props = WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::UNCOMPRESSED)
+        .set_dictionary_enabled(false)
+        .set_column_dictionary_enabled(ColumnPath::from("class"), true);
+    for name in lists {
+        props = props.set_column_statistics_enabled(
+            ColumnPath::from(vec![name.to_string(), "list".into(), "item".into()]),
+            EnabledStatistics::None,
+        );
+    }
+    props.build()
+}
+
 /// A part's Parquet schema and writer properties, with the Arrow schema in
 /// the footer.
 fn part_schema(lists: &[List], class: bool) -> Result<(SchemaDescriptor, WriterProperties)> {
@@ -398,21 +418,7 @@ fn part_schema(lists: &[List], class: bool) -> Result<(SchemaDescriptor, WriterP
         fields.push(Field::new(*name, list_type(*width), false));
     }
     let schema = Schema::new(fields);
-    // Uncompressed and plain: float columns barely compress, and a codec or
-    // a dictionary would cost more time than the bytes it saves (the
-    // classes, few and repeated, keep their dictionary). Statistics on the
-    // node ids and classes only, which readers filter on.
-    let mut props = WriterProperties::builder()
-        .set_compression(parquet::basic::Compression::UNCOMPRESSED)
-        .set_dictionary_enabled(false)
-        .set_column_dictionary_enabled(ColumnPath::from("class"), true);
-    for (name, _, _) in lists {
-        props = props.set_column_statistics_enabled(
-            ColumnPath::from(vec![name.to_string(), "list".into(), "item".into()]),
-            EnabledStatistics::None,
-        );
-    }
-    let mut props = props.build();
+    let mut props = part_properties(lists.iter().map(|(name, _, _)| *name));
     // The Parquet schema and the Arrow schema in the footer, as Arrow's
     // writer makes them, so that readers see fixed-size lists.
     let descr = parquet::arrow::ArrowSchemaConverter::new()
@@ -676,6 +682,35 @@ fn store_pieces(out: &Store, pieces: Receiver<Piece>, pool: &Mutex<Vec<AlignedBu
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::fs::File;
+
+    /// Every output part, homogeneous or typed, is uncompressed, with a
+    /// dictionary only on `class` and no statistics on the float lists.
+    #[test]
+    fn parts_keep_dictionaries_and_statistics_off_the_float_lists() {
+        let props = part_properties(["probabilities", "embedding"]);
+        let col = |name: &str| ColumnPath::from(name);
+        let item = |name: &str| ColumnPath::from(vec![name.into(), "list".into(), "item".into()]);
+        assert!(props.dictionary_enabled(&col("class")));
+        assert!(!props.dictionary_enabled(&col("node_id")));
+        assert!(!props.dictionary_enabled(&item("embedding")));
+        for list in ["probabilities", "embedding"] {
+            assert_eq!(
+                props.statistics_enabled(&item(list)),
+                EnabledStatistics::None
+            );
+        }
+        assert_ne!(
+            props.statistics_enabled(&col("node_id")),
+            EnabledStatistics::None
+        );
+        assert_eq!(
+            props.compression(&item("embedding")),
+            parquet::basic::Compression::UNCOMPRESSED
+        );
+    }
+
     #[test]
     fn a_node_list_that_selection_changes_is_said_to() {
         let p = std::path::Path::new("n.npy");
@@ -688,9 +723,6 @@ mod tests {
         let line = super::merged(p, &[7, 3]).unwrap();
         assert!(line.contains("not ascending"), "{line}");
     }
-
-    use super::*;
-    use std::fs::File;
 
     #[test]
     fn parts_go_to_the_store_in_pieces_and_appear_whole() {

@@ -543,7 +543,7 @@ impl<'c> Run<'c> {
         let inputs = self.inputs(l, ds, m)?;
         if progress.figures.len() == l {
             progress.figures.push(TypedLayerFigures {
-                layer: l,
+                layer: l + 1,
                 ..Default::default()
             });
         }

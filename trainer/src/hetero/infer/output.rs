@@ -121,9 +121,12 @@ fn write_part(
     let batch = RecordBatch::try_new(schema.clone(), columns)
         .map_err(|e| Error::InvalidArgument(format!("output rows: {e}")))?;
     let mut bytes = Vec::new();
-    let props = parquet::file::properties::WriterProperties::builder()
-        .set_compression(parquet::basic::Compression::UNCOMPRESSED)
-        .build();
+    let lists = schema
+        .fields()
+        .iter()
+        .filter(|f| matches!(f.data_type(), DataType::FixedSizeList(..)))
+        .map(|f| f.name().as_str());
+    let props = crate::inference::output::part_properties(lists);
     let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, schema, Some(props))
         .map_err(|cause| Error::Parquet { cause })?;
     w.write(&batch).map_err(|cause| Error::Parquet { cause })?;
