@@ -62,6 +62,12 @@ pub fn derive_features(
     show_progress: bool,
 ) -> Result<DeriveSummary> {
     let start = Instant::now();
+    if !offgnn_shared::dataset::is_typed(dataset)? {
+        return Err(Error::InvalidArgument(format!(
+            "{}: a homogeneous dataset (one node type); derive-features gives a typed dataset's featureless node types rows averaged from another type over a relation",
+            dataset.display()
+        )));
+    }
     let ds = TypedDataset::open(dataset)?;
     let mut meta = Metadata::read(dataset)?;
     let plan = plan(&ds, &cfg.relations)?;
@@ -490,6 +496,18 @@ mod tests {
         );
         let e = err(&["paper:written_by:author"], 1 << 10);
         assert!(e.contains("raise --memory"), "{e}");
+        assert!(!out.exists(), "a refused run leaves nothing");
+        let flat = dir.path().join("flat");
+        let cfg = GeneratorConfig {
+            num_nodes: 100,
+            feature_dim: 4,
+            ..GeneratorConfig::default()
+        };
+        crate::synthetic::generate(&flat, &cfg, false, false).unwrap();
+        let e = derive(&flat, &out, &["a:b:c"], 1 << 30)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a homogeneous dataset (one node type)"), "{e}");
         assert!(!out.exists(), "a refused run leaves nothing");
     }
 }

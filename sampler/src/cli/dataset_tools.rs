@@ -15,7 +15,6 @@ use offgnn_shared::{npy, progress};
 use super::{DeriveArgs, GenerateArgs, ImportArgs, InspectArgs, Preset, Schema, SplitEdgesArgs};
 
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
-    let defaults = GeneratorConfig::default();
     let cfg = GeneratorConfig {
         name: args
             .out
@@ -32,7 +31,7 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         test_fraction: args.test_fraction,
         homophily: args.homophily,
         power_law_exponent: args.power_law,
-        signal: args.signal.unwrap_or(defaults.signal),
+        signal: args.signal,
         seed: args.seed,
     };
     if args.schema == Schema::Igbh {
@@ -427,7 +426,7 @@ fn inspect_typed(args: &InspectArgs) -> anyhow::Result<()> {
             "num": t.num,
             "offset": t.offset,
             "feature_dim": t.features.as_ref().map(|f| f.shape()[1]),
-            "feature_dtype": t.features.as_ref().map(|f| f.dtype().name()),
+            "feature_dtype": t.features.as_ref().map(|f| f.dtype()),
             "labels": t.labels.is_some(),
         }));
     }

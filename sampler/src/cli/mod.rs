@@ -197,8 +197,8 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 2.5)]
     pub power_law: f64,
     /// Strength of the class signal in the features, against unit noise.
-    #[arg(long)]
-    pub signal: Option<f32>,
+    #[arg(long, default_value_t = crate::synthetic::GeneratorConfig::default().signal)]
+    pub signal: f32,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     #[arg(long)]
