@@ -28,17 +28,7 @@ pub fn epoch_row(e: &EpochMetrics) {
         e.stage_busy.model,
     );
     if let (Some(v), Some(t)) = (&e.valid_rank, &e.test_rank) {
-        println!(
-            "          ranking: valid MRR {:.4} hits@10/50/100 {:.3}/{:.3}/{:.3}  test MRR {:.4} hits@10/50/100 {:.3}/{:.3}/{:.3}",
-            v.mrr,
-            v.hits_at_10,
-            v.hits_at_50,
-            v.hits_at_100,
-            t.mrr,
-            t.hits_at_10,
-            t.hits_at_50,
-            t.hits_at_100
-        );
+        println!("{}", ranking_row(v, t));
     }
     if let Some(d) = &e.stage_busy.device {
         println!(
@@ -46,6 +36,22 @@ pub fn epoch_row(e: &EpochMetrics) {
             d.assemble, d.graph, d.model
         );
     }
+}
+
+/// A link-prediction epoch's ranking figures, homogeneous or typed, on
+/// one line under its epoch's.
+pub(super) fn ranking_row(v: &crate::link::RankMetrics, t: &crate::link::RankMetrics) -> String {
+    format!(
+        "          ranking: valid MRR {:.4} hits@10/50/100 {:.3}/{:.3}/{:.3}  test MRR {:.4} hits@10/50/100 {:.3}/{:.3}/{:.3}",
+        v.mrr,
+        v.hits_at_10,
+        v.hits_at_50,
+        v.hits_at_100,
+        t.mrr,
+        t.hits_at_10,
+        t.hits_at_50,
+        t.hits_at_100
+    )
 }
 
 pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {

@@ -167,11 +167,8 @@ pub(super) fn train_typed_command(
             acc(e.test_accuracy),
             human_bytes(e.disk_bytes)
         );
-        if let (Some(v), Some(t)) = (e.valid_rank, e.test_rank) {
-            println!(
-                "           valid MRR {:.4}  Hits@50 {:.4}   test MRR {:.4}  Hits@50 {:.4}",
-                v.mrr, v.hits_at_50, t.mrr, t.hits_at_50
-            );
+        if let (Some(v), Some(t)) = (&e.valid_rank, &e.test_rank) {
+            println!("{}", super::report::ranking_row(v, t));
         }
         if let Some((path, f)) = &mut metrics
             && let Err(err) = writeln!(f, "{}", serde_json::to_string(e).expect("epochs serialize"))
