@@ -467,3 +467,60 @@ fn typed_ranks_train_as_emulated_ranks_do() {
         }
     }
 }
+
+/// A rank whose peers never come gives up after `--dist-timeout` (libtorch
+/// alone waited twice as long, its client trying twice), and one sent
+/// SIGTERM while it waits stops at once with the signal's status.
+#[test]
+fn a_rank_waiting_for_its_peers_times_out_and_stops_on_a_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = offgnn_e2e::cora_pack(dir.path());
+    let waiting = |port: &str| {
+        rank_of_two(1, 1, 2, port)
+            .args([
+                "--manifest",
+                manifest.to_str().unwrap(),
+                "--dist-timeout",
+                "4",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let started = Instant::now();
+    let out = waiting(&free_port().to_string())
+        .wait_with_output()
+        .unwrap();
+    let waited = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("rank 1 of 2"), "{err}");
+    // 4 s, half a second's grace for libtorch's own message, and the
+    // program's start and exit (about 1.5 s in a debug build, more on a
+    // loaded machine); libtorch's two tries, the random delay between them
+    // and the same start and exit took 9.5 s and more, without the line.
+    assert!(waited < Duration::from_secs(12), "waited {waited:?}: {err}");
+    assert!(err.contains("did not join within 4 s"), "{err}");
+
+    let child = waiting(&free_port().to_string());
+    std::thread::sleep(Duration::from_millis(1500));
+    let sent = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{err}");
+    assert!(
+        err.contains("stopped by SIGTERM while waiting for the other ranks to join"),
+        "{err}"
+    );
+    assert!(
+        sent.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        sent.elapsed()
+    );
+}

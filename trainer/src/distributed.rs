@@ -227,6 +227,69 @@ pub fn support() -> (bool, bool) {
     }
 }
 
+/// What forming a process group returned: the group, or null and the
+/// shim's message.
+#[cfg(offgnn_c10d)]
+struct Joined {
+    ptr: *mut offgnn_c10d_group,
+    err: *mut libc::c_char,
+}
+
+// SAFETY: handed once from the thread that formed the group to the one
+// that uses it, as `Group` itself may be.
+#[cfg(offgnn_c10d)]
+unsafe impl Send for Joined {}
+
+/// Runs `join` (which blocks in libtorch until the other ranks join, or
+/// its timeout passes) on a thread of its own, and returns what it
+/// returned; or an error once SIGINT or SIGTERM arrives or `timeout` (and
+/// a little) has passed, leaving the thread blocked until the process
+/// ends. libtorch's wait polls no signal, so a rank whose peers never came
+/// sat out the whole wait, which is longer than the timeout: its client
+/// tries to connect twice, a random delay between (41 s for 20).
+/// `at` names the rank and the store.
+#[cfg(offgnn_c10d)]
+fn join_or_stop(
+    join: impl FnOnce() -> Joined + Send + 'static,
+    timeout: Duration,
+    at: &str,
+) -> Result<Joined> {
+    // libtorch's own failure, with its reason, first where it comes in time.
+    const GRACE: Duration = Duration::from_millis(500);
+    let started = std::time::Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("c10d-join".into())
+        .spawn(move || {
+            // The receiver is gone only once the process is stopping.
+            let _ = tx.send(join());
+        })
+        .map_err(|e| Error::Distributed(format!("cannot start a thread to join the group: {e}")))?;
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_millis(100)) {
+            Ok(joined) => return Ok(joined),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if let Some(signal) = offgnn_shared::signals::received() {
+                    return Err(Error::Stopped(format!(
+                        "{at}: stopped by {signal} while waiting for the other ranks to join; nothing was written"
+                    )));
+                }
+                if started.elapsed() > timeout + GRACE {
+                    return Err(Error::Distributed(format!(
+                        "{at}: the other ranks did not join within {} s (--dist-timeout): check that every rank was started with the same MASTER_ADDR and MASTER_PORT and can reach it",
+                        timeout.as_secs()
+                    )));
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(Error::Internal(
+                    "the thread joining the process group ended without an answer".into(),
+                ));
+            }
+        }
+    }
+}
+
 /// A c10d process group of the job's ranks. Collectives block until every
 /// rank has called them (or the group's timeout passes, or a rank's
 /// connection closes: then they fail with libtorch's message).
@@ -257,22 +320,33 @@ impl Group {
                 None => "offgnn/".into(),
             })
             .expect("no NUL");
-            let mut err = std::ptr::null_mut();
-            // SAFETY: valid C strings for the call's duration; err is an
-            // out-pointer the shim sets on failure.
-            let ptr = unsafe {
-                offgnn_c10d_new(
-                    host.as_ptr(),
-                    launch.master_port,
-                    (launch.agent_store.is_none() && launch.rank == 0) as libc::c_int,
-                    prefix.as_ptr(),
-                    launch.rank as libc::c_int,
-                    launch.world as libc::c_int,
-                    device.is_cuda() as libc::c_int,
-                    timeout.as_millis().min(i64::MAX as u128) as i64,
-                    &mut err,
-                )
+            let (port, rank, world) = (launch.master_port, launch.rank, launch.world);
+            let is_server = launch.agent_store.is_none() && launch.rank == 0;
+            let cuda = device.is_cuda();
+            let join = move || {
+                let mut err = std::ptr::null_mut();
+                // SAFETY: valid C strings for the call's duration; err is an
+                // out-pointer the shim sets on failure.
+                let ptr = unsafe {
+                    offgnn_c10d_new(
+                        host.as_ptr(),
+                        port,
+                        is_server as libc::c_int,
+                        prefix.as_ptr(),
+                        rank as libc::c_int,
+                        world as libc::c_int,
+                        cuda as libc::c_int,
+                        timeout.as_millis().min(i64::MAX as u128) as i64,
+                        &mut err,
+                    )
+                };
+                Joined { ptr, err }
             };
+            let at = format!(
+                "{what}: the store at {}:{}",
+                launch.master_addr, launch.master_port
+            );
+            let Joined { ptr, err } = join_or_stop(join, timeout, &at)?;
             if ptr.is_null() {
                 return Err(Error::Distributed(format!(
                     "{what}: cannot form the {backend} process group through the store at {}:{}: {}",
