@@ -82,7 +82,7 @@ pub fn packed(cfg: &PackConfig, s: &PackSummary) {
         (
             "memory",
             format!(
-                "at most {} of --memory {}: loading {} ({} samples file{} at a time), then plan {}, read pieces 2 x {}, disk-cache staging {} ({} partition{})",
+                "at most {} of --memory {}: loading {} ({} samples file{} at a time), then plan {}, read pieces 2 x {}, disk-cache staging {} ({} partition{}), buffers and runtime {}",
                 human_bytes(s.memory.total_bytes),
                 human_bytes(s.memory.limit_bytes),
                 human_bytes(s.memory.loading_bytes),
@@ -92,7 +92,8 @@ pub fn packed(cfg: &PackConfig, s: &PackSummary) {
                 human_bytes(s.piece_bytes),
                 human_bytes(s.staging_bytes),
                 s.partitions,
-                if s.partitions == 1 { "" } else { "s" }
+                if s.partitions == 1 { "" } else { "s" },
+                human_bytes(s.memory.baseline_bytes)
             ),
         ),
         (
