@@ -455,18 +455,28 @@ impl Drop for Group {
 /// where they do not divide evenly: a warning where the ranks outnumber
 /// the batches.
 pub(crate) fn say_padding(n: usize, world: usize) {
+    match padding_line(n, world) {
+        Some(said) if world > n => tracing::warn!("{said}: more ranks than batches"),
+        Some(said) => tracing::info!("{said}"),
+        None => {}
+    }
+}
+
+/// The line [`say_padding`] says, where there is one.
+fn padding_line(n: usize, world: usize) -> Option<String> {
     if world <= 1 || n.is_multiple_of(world) {
-        return;
+        return None;
     }
     let padded = n.div_ceil(world) * world;
-    let said = format!(
-        "an epoch's {n} training batches are dealt to {world} ranks as {padded}, its first {} repeated (as torch's DistributedSampler pads)",
-        padded - n
-    );
-    match world > n {
-        true => tracing::warn!("{said}: more ranks than batches"),
-        false => tracing::info!("{said}"),
-    }
+    let extra = padded - n;
+    let repeated = if extra <= n {
+        format!("its first {extra} repeated")
+    } else {
+        format!("its batches repeated in turn for {extra} more")
+    };
+    Some(format!(
+        "an epoch's {n} training batches are dealt to {world} ranks as {padded}, {repeated} (as torch's DistributedSampler pads)"
+    ))
 }
 
 /// Rank `rank`'s share of an epoch's `n` batches (positions into the
@@ -494,6 +504,20 @@ pub fn eval_share(n: usize, world: usize, rank: usize) -> std::ops::Range<usize>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The padding is said as it is dealt, also where it repeats every
+    /// batch more than once.
+    #[test]
+    fn padding_is_said_as_dealt() {
+        assert_eq!(padding_line(8, 2), None);
+        let line = padding_line(7, 2).unwrap();
+        assert!(line.contains("as 8, its first 1 repeated"), "{line}");
+        let line = padding_line(7, 20).unwrap();
+        assert!(
+            line.contains("as 20, its batches repeated in turn for 13 more"),
+            "{line}"
+        );
+    }
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {

@@ -222,7 +222,9 @@ pub struct TrainArgs {
     /// three linear layers on `h_u * h_v`; `dot` is `<h_u, h_v>`.
     #[arg(long, value_enum)]
     pub scorer: Option<crate::link::ScorerKind>,
-    /// Train at most this many batches per epoch (for quick checks).
+    /// Train at most this many batches per epoch (for quick checks); under
+    /// data-parallel training, padded up to a multiple of the ranks as
+    /// every epoch is.
     #[arg(long)]
     pub max_batches: Option<usize>,
     /// Launched by torchrun or srun: how long a rank waits for the others

@@ -36,13 +36,26 @@ pub(super) fn settings(cfg: &TrainConfig, m: &offgnn_manifests::Manifest) -> Vec
         ("--epochs", cfg.epochs.to_string()),
         ("--seed", cfg.seed.to_string()),
         ("--features", format!("{:?}", cfg.features).to_lowercase()),
-        ("--max-batches", format!("{:?}", cfg.max_batches)),
-        ("--checkpoint-dir", cfg.checkpoint_dir.is_some().to_string()),
-        ("--checkpoint-every", format!("{:?}", cfg.checkpoint_every)),
+        ("--max-batches", or_none(cfg.max_batches)),
+        (
+            "--checkpoint-dir",
+            if cfg.checkpoint_dir.is_some() {
+                "given"
+            } else {
+                "none"
+            }
+            .to_string(),
+        ),
+        ("--checkpoint-every", or_none(cfg.checkpoint_every)),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect()
+}
+
+/// A flag's value as a user would write it, `none` where it is not given.
+fn or_none(value: Option<impl std::fmt::Display>) -> String {
+    value.map_or_else(|| "none".to_string(), |v| v.to_string())
 }
 
 /// The first setting of `ours` that differs from rank 0's `theirs`.
@@ -96,7 +109,7 @@ pub(super) fn check(g: &Group, ours: &[(String, String)], device: Device) -> Res
     let differing = g.sum_f64(&[f64::from(u8::from(differs.is_some()))], device)?[0];
     if let Some(what) = differs {
         return Err(Error::InvalidArgument(format!(
-            "rank {} of {}: {what}; data-parallel ranks must be launched with the same settings (only the device index and local directories may differ)",
+            "rank {} of {}: {what}; data-parallel ranks must be launched with the same settings (only the device index, local paths, the pipeline's depth and threads, and progress output may differ)",
             g.rank, g.world
         )));
     }
