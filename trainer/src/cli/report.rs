@@ -60,11 +60,15 @@ pub fn summary(s: &TrainSummary, memory: &MemoryEstimate) {
         (
             "device",
             format!(
-                "{} (I/O: {}, {} x {} reads in flight{}, gaps of up to {} read through)",
+                "{} (I/O: {}, {}{}, gaps of up to {} read through)",
                 s.device,
                 s.io_backend,
-                s.io_rings,
-                s.io_depth,
+                if s.io_backend == "pread" {
+                    // Each thread of the pool has one read in flight.
+                    offgnn_shared::report::count(s.io_rings as u64, "thread", "threads")
+                } else {
+                    format!("{} x {} reads in flight", s.io_rings, s.io_depth)
+                },
                 match &s.io_depth_probe {
                     Some(p) if p.depth_auto => format!(", the knee of {}'s curve", p.probe.disk),
                     _ => String::new(),
