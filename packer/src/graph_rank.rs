@@ -14,6 +14,7 @@
 use std::path::Path;
 
 use offgnn_shared::dataset::{Dataset, LinkTask};
+use offgnn_shared::report::human_bytes;
 use offgnn_shared::samples::RunSummary;
 
 use crate::access_rank::AccessCounts;
@@ -24,11 +25,47 @@ const CHUNK: usize = 1 << 20;
 /// The expected reads are scaled to counts up to this before ranking.
 const SCALE: f64 = (1u64 << 30) as f64;
 
+/// What [`expected_reads`] holds at most for a graph of `num_nodes`: four
+/// 8-byte values per node (its reads, this hop's, what it passes on, the
+/// next hop's) and a 4-byte in-degree, an edge chunk of both endpoints,
+/// and the seeds (for a link-prediction run, each training pair's two
+/// endpoints, at most `seeds` of them).
+pub fn memory_bytes(num_nodes: u64, seeds: u64) -> u64 {
+    num_nodes * (4 * 8 + 4) + CHUNK as u64 * 16 + seeds * 8
+}
+
+/// [`memory_bytes`], or an error where it exceeds `memory`.
+fn check_memory(num_nodes: u64, seeds: u64, memory: u64) -> Result<u64> {
+    let needs = memory_bytes(num_nodes, seeds);
+    if needs > memory {
+        return Err(Error::InvalidArgument(format!(
+            "--rank-by graph holds {} for the graph's {num_nodes} nodes (36 bytes a node, an edge chunk of {}, the seeds), over --memory {}: raise --memory or rank by the samples",
+            human_bytes(needs),
+            human_bytes(CHUNK as u64 * 16),
+            human_bytes(memory)
+        )));
+    }
+    Ok(needs)
+}
+
 /// Each node's expected reads over one epoch of `run`'s sampling of the
 /// dataset at `run.dataset.location`, as counts the tiers rank by (the
 /// same order; a node never reached counts 0, as an unread one does).
-pub fn expected_reads(run: &RunSummary) -> Result<AccessCounts> {
+/// Refused before any work where [`memory_bytes`] exceeds `memory`.
+pub fn expected_reads(run: &RunSummary, memory: u64) -> Result<AccessCounts> {
     let location = &run.dataset.location;
+    // The training seeds, or twice the pairs: as many as the samples' seeds.
+    let seeds = run
+        .counts
+        .get(&offgnn_shared::dataset::Split::Train)
+        .map_or(0, |c| c.seeds)
+        * 2;
+    let needs = check_memory(run.dataset.num_nodes, seeds, memory)?;
+    tracing::info!(
+        "ranking by the graph: at most {} ({} nodes at 36 bytes, an edge chunk, the seeds)",
+        human_bytes(needs),
+        run.dataset.num_nodes
+    );
     let ds = Dataset::open(Path::new(location)).map_err(|e| {
         Error::InvalidArgument(format!(
             "--rank-by graph reads the graph the samples came from, at {location}: {e}"
@@ -157,6 +194,23 @@ impl Graph {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 100M nodes need 3.6 GB besides the chunk: refused under 2 GiB, in
+    /// one line with the figures.
+    #[test]
+    fn a_graph_whose_ranking_exceeds_the_memory_is_refused_first() {
+        let needs = memory_bytes(100_000_000, 1000);
+        assert_eq!(needs, 3_600_000_000 + (16 << 20) + 8000);
+        assert_eq!(check_memory(100_000_000, 1000, needs).unwrap(), needs);
+        let e = check_memory(100_000_000, 1000, 2 << 30)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--rank-by graph holds 3.37 GiB for the graph's 100000000 nodes")
+                && e.contains("over --memory 2.00 GiB"),
+            "{e}"
+        );
+    }
 
     /// A star into node 0 from 1..=4, and 5 -> 1 and 6 -> 1: seed 0,
     /// fan-outs 2 then 1 (the seeds' layer is the last). Hop 1: each of

@@ -220,7 +220,7 @@ fn plan_layout(
     let row_bytes = rows.row_bytes;
     let ranking = match cfg.rank_by {
         RankBy::Samples => None,
-        RankBy::Graph => Some(crate::graph_rank::expected_reads(&inputs.run)?),
+        RankBy::Graph => Some(crate::graph_rank::expected_reads(&inputs.run, cfg.memory)?),
     };
     let (cache, cpu) = plan::rank_and_split(
         batches,
