@@ -13,7 +13,7 @@ fn main() -> ExitCode {
     match sampler::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            offgnn_shared::report::print_error(&format!("{e:#}"));
             offgnn_shared::signals::failure_code()
         }
     }

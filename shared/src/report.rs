@@ -50,6 +50,16 @@ pub fn peak_rss_bytes() -> Option<u64> {
     (ok && kib > 0).then(|| kib as u64 * 1024)
 }
 
+/// Prints a program's failure as its one line, `error: MESSAGE`, in one
+/// write: ranks of a data-parallel job share one stderr under their
+/// launcher, and lines written piece by piece would interleave.
+pub fn print_error(message: &dyn std::fmt::Display) {
+    use std::io::Write;
+    let line = format!("error: {message}\n");
+    // Nothing to do where stderr is gone.
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

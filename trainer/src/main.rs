@@ -15,7 +15,7 @@ fn main() -> ExitCode {
     match trainer::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            offgnn_shared::report::print_error(&format!("{e:#}"));
             offgnn_shared::signals::failure_code()
         }
     }
