@@ -428,6 +428,23 @@ fn a_typed_graph_samples_packs_and_verifies_through_the_binaries() {
         ),
         "R-GAT's attention has none",
     );
+    // A flipped bit in a topology table is refused before training, as
+    // one in any other object of the layout is.
+    let manifest2: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{pack2}/manifest.json")).unwrap()).unwrap();
+    let table = Path::new(&pack2).join(
+        manifest2["topology"]["tables"][0]["object"]
+            .as_str()
+            .unwrap(),
+    );
+    let mut bytes = std::fs::read(&table).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&table, &bytes).unwrap();
+    assert_one_line(
+        &run("trainer", &["--manifest", &pack2, "--epochs", "1"]),
+        "checksum mismatch",
+    );
 }
 
 /// Each epoch's training loss, from a trainer run's JSON summary.

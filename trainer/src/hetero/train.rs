@@ -114,6 +114,7 @@ impl TypedLayout {
             reads.push(Some((layout, load)));
             assembles.push(Some(assemble));
         }
+        check_topology(dir, &manifest, engine)?;
         let topology = manifest
             .topology
             .tables
@@ -759,4 +760,29 @@ fn evaluate(
     })?;
     let sums = super::ranks::summed(run.ranks, &[right as f64, seen as f64], run.device)?;
     Ok((Some(sums[0] / sums[1].max(1.0)), None))
+}
+
+/// Checks the topology tables of a typed layout as every type's objects
+/// are checked ([`crate::layout::check_object`]): present, their size and
+/// CRC32C, unless unchanged since they last matched. A flipped bit in a
+/// table would otherwise change a batch's edges without a word.
+fn check_topology(dir: &Path, manifest: &TypedManifest, engine: &IoEngine) -> Result<()> {
+    let verified = crate::verified::Verified::load();
+    let mut buf = crate::layout::crc_buffer();
+    for t in &manifest.topology.tables {
+        let o = manifest
+            .objects
+            .iter()
+            .find(|o| o.name == t.object)
+            .ok_or_else(|| {
+                Error::Layout(format!(
+                    "{}: the manifest lists no object {} among its objects",
+                    dir.display(),
+                    t.object
+                ))
+            })?;
+        crate::layout::check_object(engine, (dir, o), &mut buf, &verified)?;
+    }
+    verified.save();
+    Ok(())
 }
