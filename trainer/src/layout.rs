@@ -145,14 +145,14 @@ pub fn check_object(
     let (size, crc) = file_crc(engine, &path, buf)?;
     if size != o.size {
         return Err(Error::Layout(format!(
-            "{}: {size} bytes, the manifest says {}",
+            "{}: {size} bytes, the manifest says {} (cut short or replaced): copy the layout again from where it was packed, or pack it again",
             path.display(),
             o.size
         )));
     }
     if crc != o.crc32c {
         return Err(Error::Layout(format!(
-            "{}: checksum mismatch (corrupt or replaced)",
+            "{}: checksum mismatch (corrupt or replaced): copy the layout again from where it was packed, or pack it again",
             path.display()
         )));
     }
@@ -279,10 +279,17 @@ impl Layout {
                 table.records.len()
             ))
         })??;
-        Ok(address_table::decode(
-            &table.path.display().to_string(),
-            &buf,
-        )?)
+        let t = address_table::decode(&table.path.display().to_string(), &buf)?;
+        // The model's output has `num_classes` columns; a label past them
+        // would fail in libtorch without naming a file.
+        let classes = self.manifest.dataset.num_classes;
+        if let Some(l) = t.labels.iter().find(|&&l| l >= classes) {
+            return Err(Error::Layout(format!(
+                "{}: record {record} labels a seed {l}, past the manifest's {classes} classes: the manifest or the table was edited or damaged; copy the layout again from where it was packed, or pack it again",
+                table.path.display()
+            )));
+        }
+        Ok(t)
     }
 
     /// Where an object of the layout is on this machine.
