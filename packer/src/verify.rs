@@ -403,7 +403,7 @@ pub fn check_objects(store: &Store, objects: &[offgnn_manifests::Object]) -> Res
         }
         if crc != o.crc32c {
             return Err(Error::Verify(format!(
-                "object {}: checksum mismatch (corrupt or replaced)",
+                "object {}: checksum mismatch (corrupt or replaced): copy the layout again from where it was packed, or pack it again",
                 o.name
             )));
         }

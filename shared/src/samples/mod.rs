@@ -527,7 +527,7 @@ fn fetch_checked(store: &Store, file: &SampleFile) -> Result<(String, bytes::Byt
             kind: None,
             url: origin,
             fault:
-                "size or checksum differs from the run summary: the file is corrupt or was replaced"
+                "size or checksum differs from the run summary: the file is corrupt or was replaced; copy the samples again, or sample again"
                     .into(),
         });
     }
