@@ -305,13 +305,18 @@ pub(super) fn start(
     }
 }
 
-/// Whether `dir`'s `checkpoint.json` is a typed run's (by its `format`; a
-/// file that is not JSON is left to the reader that reports it).
+/// Whether `dir`'s `checkpoint.json` is a typed run's, by its `format`; a
+/// file damaged past parsing that still names the format goes to the typed
+/// reader too, which says what is wrong with it (the homogeneous one would
+/// say it knows no model 'rsage').
 pub fn is_typed(dir: &Path) -> bool {
-    std::fs::read(dir.join(META))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .is_some_and(|v| v.get("format").and_then(|f| f.as_str()) == Some(FORMAT))
+    let Ok(bytes) = std::fs::read(dir.join(META)) else {
+        return false;
+    };
+    match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(v) => v.get("format").and_then(|f| f.as_str()) == Some(FORMAT),
+        Err(_) => String::from_utf8_lossy(&bytes).contains(&format!("\"{FORMAT}\"")),
+    }
 }
 
 /// `trainer export` of a typed checkpoint: its best validation epoch's
