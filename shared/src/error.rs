@@ -23,7 +23,7 @@ pub enum Error {
     /// An object-store operation that failed (URL without credentials), with
     /// the I/O kind at its root where there is one (a full disk, a missing
     /// object), so that callers tell failures apart by kind, not by text.
-    #[error("{url}: {fault}")]
+    #[error("{url}: {}", without_credentials(fault))]
     Store {
         url: String,
         fault: String,
@@ -35,6 +35,32 @@ pub enum Error {
     /// SIGINT or SIGTERM arrived: the run stops at its next safe point.
     #[error("stopped by {0}")]
     Interrupted(&'static str),
+}
+
+/// `text` with the user name and password of every URL in it removed
+/// (`http://user:secret@host/x` becomes `http://host/x`): the object-store
+/// library's messages quote the URLs it requested as given, credentials
+/// and all, and a credential in a URL never reaches a log or a terminal.
+pub fn without_credentials(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        // The authority runs to the path, the query or the end of the word.
+        let end = tail
+            .find(|c: char| matches!(c, '/' | '?' | '#') || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        out.push_str(
+            authority
+                .rfind('@')
+                .map_or(authority, |i| &authority[i + 1..]),
+        );
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 impl Error {
@@ -93,6 +119,20 @@ pub fn io_kind_in(e: &(dyn std::error::Error + 'static)) -> Option<std::io::Erro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A URL's user name and password never show in a store error's line.
+    #[test]
+    fn store_errors_show_no_credentials() {
+        let e = Error::Store {
+            url: "http://127.0.0.1:1/dav/x".into(),
+            fault: "Error performing HEAD http://alice:TOPSECRET@127.0.0.1:1/dav/x/run.json and s3://k@b/o, at http://host/a@b".into(),
+            kind: None,
+        };
+        assert_eq!(
+            e.to_string(),
+            "http://127.0.0.1:1/dav/x: Error performing HEAD http://127.0.0.1:1/dav/x/run.json and s3://b/o, at http://host/a@b"
+        );
+    }
 
     /// A missing object and an I/O error wrapped by object_store's writers
     /// keep their kinds, so callers match kinds, not messages.
