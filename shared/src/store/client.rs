@@ -38,7 +38,7 @@ fn transient(e: &object_store::Error) -> bool {
 /// default three minutes. The waits are jittered, so only their floor is
 /// sure: 10 x 300 ms = 3 s, a floor set high enough that a short outage
 /// cannot use up every retry.
-fn http_retry() -> object_store::RetryConfig {
+pub(super) fn http_retry() -> object_store::RetryConfig {
     object_store::RetryConfig {
         backoff: object_store::BackoffConfig {
             init_backoff: std::time::Duration::from_millis(300),
@@ -51,7 +51,8 @@ fn http_retry() -> object_store::RetryConfig {
 }
 
 /// The store behind a URL, configured by `options` (object_store keys),
-/// with [`http_retry`] for S3, GCS and Azure.
+/// with [`http_retry`] for S3, GCS and Azure (and http(s):// in
+/// `super::http`).
 pub(super) fn build_store(
     url: &url::Url,
     options: Vec<(String, String)>,

@@ -61,6 +61,7 @@ pub(super) fn build(
     let base = &url[..url::Position::BeforePath];
     let mut builder = object_store::http::HttpBuilder::new()
         .with_url(base)
+        .with_retry(super::client::http_retry())
         .with_http_connector(Connector::default());
     for (key, value) in options {
         if let Ok(key) = key.parse() {
