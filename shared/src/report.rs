@@ -60,10 +60,12 @@ pub fn print_error(message: &dyn std::fmt::Display) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
-/// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
+/// Logs to stderr at `info` unless `RUST_LOG` says otherwise, the
+/// object-store library's at `warn` (it logs each retry of a request at
+/// `info`: dozens of lines while a store is unreachable).
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,object_store=warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
