@@ -7,9 +7,7 @@ use crate::error::{Error, Result};
 use crate::npy::NpyFile;
 
 /// Resolves a path from metadata.yaml inside the dataset root, refusing
-/// absolute paths, `..`, symbolic links that lead outside it, and a file
-/// that is not there (named from metadata.yaml, which may be the damaged
-/// one: a truncated file names a path cut short).
+/// absolute paths, `..` and symbolic links that lead outside it.
 pub(super) fn resolve(root: &Path, meta_path: &Path, rel: &str) -> Result<PathBuf> {
     let p = Path::new(rel);
     if p.is_absolute()
@@ -33,12 +31,6 @@ pub(super) fn resolve(root: &Path, meta_path: &Path, rel: &str) -> Result<PathBu
                 "path '{rel}' resolves to {} outside the dataset directory",
                 canon.display()
             ),
-        ));
-    }
-    if !full.exists() {
-        return Err(Error::dataset(
-            meta_path,
-            format!("names '{rel}', which is not in the dataset directory"),
         ));
     }
     Ok(full)

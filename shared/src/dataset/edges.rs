@@ -56,6 +56,15 @@ pub(super) fn open_edges(root: &Path, meta_path: &Path, meta: &Metadata) -> Resu
 /// One entry of `graph.edges`: its file opened and its shape checked.
 pub(super) fn open_edge_file(root: &Path, meta_path: &Path, edge: &EdgeMeta) -> Result<EdgeSource> {
     let edge_path = resolve(root, meta_path, &edge.path)?;
+    if !edge_path.exists() {
+        return Err(Error::dataset(
+            meta_path,
+            format!(
+                "graph.edges names {}, which does not exist",
+                edge_path.display()
+            ),
+        ));
+    }
     let source = match edge.format.as_str() {
         "numpy" => {
             let f = NpyFile::open(&edge_path)?;

@@ -178,6 +178,16 @@ pub(super) fn read_set_entry(
             )));
         }
         let path = resolve(root, meta_path, &data.path)?;
+        if !path.exists() {
+            // metadata.yaml may be the damaged file: a truncated one names
+            // a path cut short.
+            return Err(bad(format!(
+                "{} '{}' names {}, which does not exist",
+                yaml_key(split),
+                data.name,
+                path.display()
+            )));
+        }
         match data.name.as_str() {
             // GraphBolt named the column `seed_nodes` before 2.1 and `seeds` since.
             "seeds" | "seed_nodes" => seeds = Some(path),

@@ -431,6 +431,18 @@ fn refuses_missing_files() {
         err.contains("metadata.yaml") && err.contains("malformed"),
         "{err}"
     );
+
+    // A set file or an edge file that is not there is named against
+    // metadata.yaml (which may be the damaged file), not as a bare path.
+    for (name, file) in [("e", "edges/edges.npy"), ("f", "set/train_seeds.npy")] {
+        let root = tiny(&dir.path().join(name));
+        fs::remove_file(root.join(file)).unwrap();
+        let err = open_err(&root);
+        assert!(
+            err.contains("metadata.yaml: ") && err.contains("which does not exist"),
+            "{file}: {err}"
+        );
+    }
 }
 
 #[test]
